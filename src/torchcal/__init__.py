@@ -1,0 +1,26 @@
+"""torchcal: calibration-aware training, calibration metrics and post-hoc calibration for PyTorch.
+
+Sub-packages are imported on first use: ``torchcal.metrics``, ``torchcal.losses``,
+``torchcal.functional``, ``torchcal.posthoc``, ``torchcal.uncertainty``, ``torchcal.data``,
+``torchcal.models``, ``torchcal.train``, ``torchcal.report``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_SUBPACKAGES = (
+    "metrics", "losses", "functional", "posthoc", "uncertainty", "data", "models", "train",
+    "report", "evaluate", "errors",
+)
+
+__all__ = ["__version__", *_SUBPACKAGES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'torchcal' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""torchcal.data (under construction)."""

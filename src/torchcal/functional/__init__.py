@@ -1,0 +1,1 @@
+"""Plain-function forms of torchcal's losses (the ``nn.Module`` losses call these)."""

@@ -1,0 +1,98 @@
+"""Argument checking, log-probabilities and reduction shared by every loss.
+
+The conventions are ``F.cross_entropy``'s: ``input`` of shape (N, C) or (N, C, d1, ...),
+integer class-index ``target`` of shape (N,) or (N, d1, ...), ``reduction`` in
+{"mean", "sum", "none"}, ``ignore_index`` (default -100) entries contribute 0 and are left out
+of the mean's denominator (a mean over zero kept entries is NaN, as in PyTorch).
+Computation happens in float32 (float64 stays float64), also for half/bfloat16 inputs and
+under autocast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_loss_args", "target_log_probs", "reduce_loss", "REDUCTIONS"]
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_loss_args(input: torch.Tensor, target: torch.Tensor, reduction: str) -> None:
+    """Validate shapes, dtypes and ``reduction`` (ranges are checked in ``target_log_probs``)."""
+    if not isinstance(input, torch.Tensor) or not input.is_floating_point():
+        raise TypeError(
+            "Expected `input` to be a floating-point tensor of logits, got "
+            + (str(input.dtype) if isinstance(input, torch.Tensor) else type(input).__name__)
+        )
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"Expected `target` to be a torch.Tensor, got {type(target).__name__}")
+    if target.is_floating_point() or target.dtype == torch.bool or target.is_complex():
+        raise TypeError(
+            f"Expected `target` to hold integer class indices (torch.long), got {target.dtype}"
+        )
+    if input.ndim < 2:
+        raise ValueError(
+            f"Expected `input` of shape (N, C) or (N, C, d1, ...), got shape {tuple(input.shape)}"
+        )
+    expected = (input.shape[0],) + tuple(input.shape[2:])
+    if tuple(target.shape) != expected:
+        raise ValueError(
+            f"Expected `target` of shape {expected} to match `input` {tuple(input.shape)}, "
+            f"got {tuple(target.shape)}"
+        )
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"Expected `reduction` to be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def _compute_dtype(input: torch.Tensor) -> torch.dtype:
+    return torch.float64 if input.dtype == torch.float64 else torch.float32
+
+
+def target_log_probs(
+    input: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+    *, validate_args: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Return ``(log_p, log_p_y, safe_target, valid)``.
+
+    ``log_p`` is ``log_softmax`` over dim 1 in float32/float64 (shape of ``input``),
+    ``log_p_y`` the true-class log-probability (shape of ``target``; 0 where ignored),
+    ``safe_target`` the targets with ignored entries replaced by 0, and ``valid`` a boolean
+    mask of kept entries (``None`` when nothing is ignored, to keep the hot path cheap).
+    Autocast is disabled inside so that the computation stays in full precision.
+    """
+    c = input.shape[1]
+    with torch.autocast(device_type=input.device.type, enabled=False):
+        log_p = torch.log_softmax(input.to(_compute_dtype(input)), dim=1)
+    ignored = target == ignore_index
+    if validate_args:
+        bad = ((target < 0) | (target >= c)) & ~ignored
+        if bool(bad.any()):
+            v = target[bad][0]
+            raise ValueError(
+                f"Expected `target` values in [0, {c - 1}] (or ignore_index={ignore_index}), "
+                f"got {int(v)}"
+            )
+    any_ignored = bool(ignored.any())
+    if any_ignored:
+        valid = ~ignored
+        safe_target = torch.where(valid, target, torch.zeros_like(target))
+    else:
+        valid = None
+        safe_target = target
+    log_p_y = log_p.gather(1, safe_target.long().unsqueeze(1)).squeeze(1)
+    if valid is not None:
+        log_p_y = torch.where(valid, log_p_y, torch.zeros_like(log_p_y))
+    return log_p, log_p_y, safe_target, valid
+
+
+def reduce_loss(loss: torch.Tensor, valid: torch.Tensor | None, reduction: str) -> torch.Tensor:
+    """Zero ignored entries and reduce like ``F.cross_entropy`` (mean over kept entries)."""
+    if valid is not None:
+        loss = torch.where(valid, loss, torch.zeros_like(loss))
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if valid is None:
+        return loss.mean()
+    return loss.sum() / valid.sum()

@@ -1,0 +1,1 @@
+"""torchcal.metrics (under construction)."""

@@ -1,0 +1,109 @@
+"""The single home of bin edges and bin assignment.
+
+Equal-width bins (ECE, MCE, RMSCE, Classwise-ECE, reliability diagrams)
+    Edges are ``k/B`` computed in the values' own dtype
+    (``torch.arange(B + 1, dtype=x.dtype) / B``).  Bins are right-closed ``(e_k, e_{k+1}]``
+    and the first bin also holds 0, so bin index = ``#{k in 1..B-1 : e_k < x}``: a value of
+    exactly 0 is in bin 0, exactly 1.0 is in bin B-1, and a value equal to an interior edge
+    ``e_k`` is in bin k-1.  The same holds in float16, bfloat16, float32 and float64.
+
+Equal-mass bins (AdaECE, AdaFocal)
+    Sort the values ``s_0 <= ... <= s_{N-1}``; interior edges are
+    ``e_k = s_{max(floor(kN/B) - 1, 0)}`` for k = 1..B-1, and a value x goes to bin
+    ``#{k : e_k < x}`` (right-closed).  Every sample lands in exactly one bin, tied values
+    stay together, and the result does not depend on sample order.  Without ties bin k holds
+    ``floor((k+1)N/B) - floor(kN/B)`` samples.
+
+Comparisons are made after an exact up-cast of values and edges to float32 (or float64), so
+half-precision inputs follow their own-dtype edges exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._validation import check_positive_int
+
+__all__ = [
+    "equal_width_edges",
+    "equal_mass_edges",
+    "bin_index",
+    "equal_width_bin_index",
+    "equal_mass_bin_index",
+]
+
+
+def _cmp_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def equal_width_edges(
+    n_bins: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Return the ``B + 1`` equal-width edges ``k/B`` computed in ``dtype``.
+
+    >>> equal_width_edges(4)
+    tensor([0.0000, 0.2500, 0.5000, 0.7500, 1.0000])
+    """
+    n_bins = check_positive_int(n_bins, "n_bins")
+    return torch.arange(n_bins + 1, dtype=dtype, device=device) / n_bins
+
+
+def bin_index(values: torch.Tensor, interior_edges: torch.Tensor, *, right_closed: bool = True) -> torch.Tensor:
+    """Assign each value to a bin given the ``B - 1`` sorted interior edges.
+
+    ``right_closed=True`` (the metrics' convention): index = ``#{k : e_k < x}``, bins
+    ``(e_k, e_{k+1}]``.  ``right_closed=False`` (AdaFocal's training-sample lookup):
+    index = ``#{k : e_k <= x}``, bins ``[e_k, e_{k+1})``.  Values below the first edge go to
+    bin 0 and values above the last to bin B-1 either way.  Returns int64, same shape as
+    ``values``.
+
+    >>> bin_index(torch.tensor([0.0, 0.5, 0.6, 1.0]), torch.tensor([0.5]))
+    tensor([0, 0, 1, 1])
+    >>> bin_index(torch.tensor([0.0, 0.5, 0.6, 1.0]), torch.tensor([0.5]), right_closed=False)
+    tensor([0, 1, 1, 1])
+    """
+    cd = _cmp_dtype(values.dtype)
+    edges = interior_edges.to(device=values.device, dtype=cd).contiguous()
+    return torch.bucketize(values.to(cd), edges, right=not right_closed)
+
+
+def equal_width_bin_index(values: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Equal-width bin index of each value in [0, 1] (see the module docstring).
+
+    >>> equal_width_bin_index(torch.tensor([0.0, 0.25, 0.2501, 1.0]), 4)
+    tensor([0, 0, 1, 3])
+    """
+    edges = equal_width_edges(n_bins, dtype=values.dtype, device=values.device)
+    return bin_index(values, edges[1:-1])
+
+
+def equal_mass_edges(values: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Interior equal-mass edges (``B - 1`` values) of a 1-D tensor of values.
+
+    ``e_k = s_{max(floor(kN/B) - 1, 0)}`` with ``s`` the sorted values.
+
+    >>> equal_mass_edges(torch.tensor([0.9, 0.1, 0.3, 0.7]), 2)
+    tensor([0.3000])
+    """
+    n_bins = check_positive_int(n_bins, "n_bins")
+    if values.ndim != 1 or values.numel() == 0:
+        raise ValueError(
+            f"Expected `values` to be a non-empty 1-D tensor, got shape {tuple(values.shape)}"
+        )
+    n = values.shape[0]
+    s = torch.sort(values).values
+    k = torch.arange(1, n_bins, device=values.device)
+    pos = torch.clamp(torch.div(k * n, n_bins, rounding_mode="floor") - 1, min=0)
+    return s[pos]
+
+
+def equal_mass_bin_index(values: torch.Tensor, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Equal-mass bin index of each value; returns ``(index, interior_edges)``.
+
+    >>> idx, e = equal_mass_bin_index(torch.tensor([0.9, 0.1, 0.3, 0.7]), 2)
+    >>> idx
+    tensor([1, 0, 0, 1])
+    """
+    edges = equal_mass_edges(values, n_bins)
+    return bin_index(values, edges), edges

@@ -1,0 +1,1 @@
+"""torchcal.models (under construction)."""

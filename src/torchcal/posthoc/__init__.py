@@ -1,0 +1,1 @@
+"""torchcal.posthoc (under construction)."""

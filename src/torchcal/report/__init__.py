@@ -1,0 +1,1 @@
+"""torchcal.report (under construction)."""

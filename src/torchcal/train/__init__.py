@@ -1,0 +1,1 @@
+"""torchcal.train (under construction)."""

@@ -1,0 +1,1 @@
+"""torchcal.uncertainty (under construction)."""
