@@ -1,0 +1,172 @@
+"""Tests of the shared foundation: input validation, the loss registry and protocol, the CLI shell."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from torchcal._validation import (
+    as_tensor,
+    check_finite,
+    check_labels,
+    check_nonneg_finite,
+    check_positive_int,
+    resolve_probs,
+)
+from torchcal.functional._loss_utils import check_loss_args, reduce_loss, target_log_probs
+from torchcal.losses import base
+from torchcal.losses._registry import create_loss, list_losses, register_loss
+
+
+def test_resolve_probs_exactly_one():
+    z = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="exactly one of `logits` or `probs`, got both"):
+        resolve_probs(logits=z, probs=z.softmax(1))
+    with pytest.raises(ValueError, match="got neither"):
+        resolve_probs()
+
+
+def test_resolve_probs_softmax_and_dtype():
+    z = torch.tensor([[0.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    p = resolve_probs(logits=z)
+    assert p.dtype == torch.float64
+    assert torch.allclose(p[1, 0], torch.tensor(np.e / (np.e + 1), dtype=torch.float64))
+    ph = resolve_probs(logits=z.half())
+    assert ph.dtype == torch.float16
+    pn = resolve_probs(logits=np.zeros((2, 4), dtype=np.float32))
+    assert torch.equal(pn, torch.full((2, 4), 0.25))
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, msg",
+    [
+        ({"probs": torch.tensor([[0.5, 0.6]])}, ValueError, "sum to 1"),
+        ({"probs": torch.tensor([[1.5, -0.5]])}, ValueError, r"lie in \[0, 1\]"),
+        ({"logits": torch.tensor([[float("nan"), 0.0]])}, ValueError, "finite"),
+        ({"logits": torch.tensor([[float("inf"), 0.0]])}, ValueError, "finite"),
+        ({"logits": torch.zeros(0, 3)}, ValueError, "non-empty"),
+        ({"logits": torch.zeros(3)}, ValueError, "2-D"),
+        ({"logits": torch.zeros(3, 1)}, ValueError, "at least 2 classes"),
+        ({"logits": torch.zeros(3, 2, dtype=torch.long)}, TypeError, "floating dtype"),
+        ({"logits": "abc"}, TypeError, "torch.Tensor or numpy.ndarray"),
+    ],
+)
+def test_resolve_probs_bad_input(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        resolve_probs(**kwargs)
+
+
+def test_resolve_probs_tolerance_accepts_rounding():
+    p = torch.tensor([[0.3333, 0.3333, 0.3334]])
+    assert resolve_probs(probs=p) is p
+
+
+def test_check_labels():
+    y = check_labels(np.array([0, 2, 1], dtype=np.int32), n=3, num_classes=3)
+    assert y.dtype == torch.int64 and y.tolist() == [0, 2, 1]
+    with pytest.raises(TypeError, match="integer dtype"):
+        check_labels(torch.tensor([0.0, 1.0]), n=2, num_classes=2)
+    with pytest.raises(ValueError, match=r"in \[0, 1\], got values in \[0, 2\]"):
+        check_labels(torch.tensor([0, 2]), n=2, num_classes=2)
+    with pytest.raises(ValueError, match="have 3 entries"):
+        check_labels(torch.tensor([0, 1]), n=3, num_classes=2)
+    with pytest.raises(ValueError, match="1-D"):
+        check_labels(torch.zeros(2, 2, dtype=torch.long), n=2, num_classes=2)
+
+
+def test_scalar_checks():
+    assert check_positive_int(3, "n_bins") == 3
+    for bad in (0, -1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match="Expected `n_bins` to be a positive integer"):
+            check_positive_int(bad, "n_bins")
+    assert check_nonneg_finite(0, "gamma") == 0.0
+    for bad in (-0.1, float("nan"), float("inf"), None):
+        with pytest.raises(ValueError, match="`gamma`"):
+            check_nonneg_finite(bad, "gamma")
+    with pytest.raises(ValueError, match="2 NaN/Inf"):
+        check_finite(torch.tensor([1.0, float("nan"), float("-inf")]), "x")
+    assert as_tensor([1, 2], "x").tolist() == [1, 2]
+
+
+def test_loss_utils_match_cross_entropy():
+    torch.manual_seed(0)
+    z = torch.randn(5, 4, 3, dtype=torch.float64)
+    y = torch.randint(0, 4, (5, 3))
+    y[0, 1] = -100
+    check_loss_args(z, y, "mean")
+    _, log_p_y, _, valid = target_log_probs(z, y, -100)
+    for red in ("mean", "sum", "none"):
+        ours = reduce_loss(-log_p_y, valid, red)
+        ref = nn.functional.cross_entropy(z, y, reduction=red)
+        torch.testing.assert_close(ours, ref)
+    with pytest.raises(ValueError, match="target` values in"):
+        target_log_probs(z, torch.full((5, 3), 4), -100)
+    with pytest.raises(ValueError, match="shape"):
+        check_loss_args(z, y[:, :2], "mean")
+    with pytest.raises(ValueError, match="reduction"):
+        check_loss_args(z, y, "avg")
+    with pytest.raises(TypeError, match="integer class indices"):
+        check_loss_args(z, y.double(), "mean")
+
+
+def test_loss_utils_bfloat16_computes_in_float32():
+    z = torch.randn(4, 3).bfloat16()
+    log_p, *_ = target_log_probs(z, torch.tensor([0, 1, 2, 0]))
+    assert log_p.dtype == torch.float32
+
+
+def test_registry_unknown_and_kwargs():
+    @register_loss("_test_dummy")
+    class Dummy(base.CalibrationLoss):
+        def __init__(self, gamma: float = 1.0, *, reduction="mean", ignore_index=-100):
+            super().__init__(reduction=reduction, ignore_index=ignore_index)
+            self.gamma = gamma
+
+    try:
+        assert "_test_dummy" in list_losses("_test_*")
+        assert create_loss("_test_dummy", gamma=2.0).gamma == 2.0
+        with pytest.raises(TypeError, match="unexpected argument"):
+            create_loss("_test_dummy", beta=1)
+        with pytest.raises(ValueError, match="Unknown loss 'nope'; expected one of"):
+            create_loss("nope")
+        with pytest.raises(ValueError, match="already registered"):
+            register_loss("_test_dummy")(type("Other", (), {}))
+        with pytest.raises(ValueError, match="reduction"):
+            Dummy(reduction="avg")
+    finally:
+        from torchcal.losses import _registry
+
+        _registry._LOSSES.pop("_test_dummy", None)
+
+
+def test_protocol_helpers_on_plain_and_stateful_losses():
+    calls = []
+
+    class Stateful(base.CalibrationLoss):
+        wants_validation = True
+
+        def set_epoch(self, epoch):
+            calls.append(("epoch", epoch))
+
+        def on_validation(self, *, logits, labels):
+            calls.append(("val", logits.shape[0]))
+
+    plain = nn.CrossEntropyLoss()
+    base.loss_set_epoch(plain, 3)
+    base.loss_on_validation(plain, logits=torch.zeros(2, 2), labels=torch.zeros(2, dtype=torch.long))
+    assert not base.loss_wants_validation(plain)
+    s = Stateful()
+    base.loss_set_epoch(s, 1)
+    base.loss_on_validation(s, logits=torch.zeros(4, 2), labels=torch.zeros(4, dtype=torch.long))
+    assert calls == [("epoch", 1), ("val", 4)]
+    assert base.published_reduction(plain) == "sum"
+
+
+def test_cli_help_and_no_command(capsys):
+    from torchcal.cli import main
+
+    assert main([]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert "torchcal" in capsys.readouterr().out
