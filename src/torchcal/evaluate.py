@@ -1,0 +1,434 @@
+"""Evaluation from saved logits: logits -> post-hoc temperatures -> metrics -> ``results.json``.
+
+Logits are the interchange format (DESIGN.md): training writes ``RUN_DIR/logits/{val,test}.npz``
+and ``ood_<name>.npz``; this module turns them into the ``torchcal.results/1`` document that
+``torchcal report`` aggregates.  Nothing here needs the model.
+
+``results.json`` (schema ``"torchcal.results/1"``)::
+
+    {"schema": "torchcal.results/1",
+     "meta": {"dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epoch", "checkpoint", ...},
+     "temperatures": {"grid_ece": T, "grid_adaece": T, "grid_nll": T, "nll": T},
+     "test": {"pre": {metric: value}, "post": {method: {metric: value}, ...}},
+     "val": {"pre": {metric: value}},
+     "ood": {name: {"auroc_entropy", "auroc_max_prob", "fpr95_entropy", "aupr_entropy",
+                    "post_auroc_entropy", ...}},
+     "n": {"val": int, "test": int},
+     "n_bins": int, "num_classes": int}
+
+Metric keys are those of :meth:`torchcal.metrics.CalibrationMeter.compute`; values are
+fractions (0..1), never percent.  A metric that is undefined (``s99_accuracy`` when no sample
+reaches 0.99 confidence) is NaN in memory and ``null`` in the JSON file.  Every post-hoc
+method's temperature is kept; tables use ``grid_ece`` (and ``grid_adaece`` for equal-mass ECE).
+
+OOD detection treats the OOD set as the positive class.  Scores: the softmax entropy
+(``*_entropy``) and the negative maximum probability (``*_max_prob``); ``post_*`` entries use
+the logits divided by the ``grid_ece`` temperature.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._validation import as_tensor, check_finite, check_labels, check_positive_int
+from .errors import ResultsFileError
+
+__all__ = [
+    "SCHEMA",
+    "METRIC_KEYS",
+    "TEMPERATURE_METHODS",
+    "save_logits",
+    "load_logits",
+    "compute_metrics",
+    "ood_metrics",
+    "evaluate_logits",
+    "evaluate_run_logits",
+    "write_results",
+    "read_results",
+    "atomic_write_bytes",
+    "atomic_write_text",
+]
+
+SCHEMA = "torchcal.results/1"
+METRIC_KEYS = (
+    "ece", "adaptive_ece", "classwise_ece", "mce", "rmsce", "nll", "brier", "error",
+    "topk_error", "s99_share", "s99_accuracy",
+)
+TEMPERATURE_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll")
+
+
+# --------------------------------------------------------------------------------------------
+# atomic files
+# --------------------------------------------------------------------------------------------
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """:func:`atomic_write_bytes` for UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain-JSON version of ``x``: NaN/Inf -> None, tensors/arrays -> lists/floats."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, torch.Tensor):
+        return _jsonable(x.detach().cpu().tolist() if x.ndim else x.item())
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return v if math.isfinite(v) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+# --------------------------------------------------------------------------------------------
+# logits files
+# --------------------------------------------------------------------------------------------
+def save_logits(path: str | os.PathLike, logits: Any, labels: Any) -> Path:
+    """Save ``logits`` (N, C) as float32 and ``labels`` (N,) as int64 to an ``.npz`` file, atomically.
+
+    OOD sets may use label -1 (unknown).  Returns the path written.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> p = save_logits(d / "test.npz", np.array([[2.0, 0.0]]), np.array([0]))
+    >>> z, y = load_logits(p)
+    >>> z.dtype, z.tolist(), y.dtype, y.tolist()
+    (dtype('float32'), [[2.0, 0.0]], dtype('int64'), [0])
+    """
+    z = as_tensor(logits, "logits").detach().cpu()
+    if not z.is_floating_point():
+        raise TypeError(f"Expected `logits` to have a floating dtype, got {z.dtype}")
+    if z.ndim != 2:
+        raise ValueError(f"Expected `logits` to be 2-D of shape (N, C), got shape {tuple(z.shape)}")
+    y = as_tensor(labels, "labels").detach().cpu()
+    if y.is_floating_point() or y.dtype == torch.bool or y.ndim != 1 or y.shape[0] != z.shape[0]:
+        raise ValueError(
+            f"Expected `labels` to be 1-D integers with {z.shape[0]} entries, "
+            f"got dtype {y.dtype} and shape {tuple(y.shape)}"
+        )
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, logits=z.float().numpy(), labels=y.long().numpy())
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Load ``(logits float32 (N, C), labels int64 (N,))`` saved by :func:`save_logits`.
+
+    Raises :class:`~torchcal.errors.ResultsFileError` naming the file when it is missing,
+    unreadable or does not hold a 2-D floating ``logits`` and matching 1-D integer ``labels``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ResultsFileError(f"Logits file {str(path)!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            keys = set(f.files)
+            missing = {"logits", "labels"} - keys
+            if missing:
+                raise ResultsFileError(
+                    f"Logits file {str(path)!r} is malformed: missing array(s) {sorted(missing)} "
+                    f"(found {sorted(keys)})"
+                )
+            z = f["logits"]
+            y = f["labels"]
+    except ResultsFileError:
+        raise
+    except Exception as exc:  # zipfile.BadZipFile, OSError, ValueError (pickled data), EOFError
+        raise ResultsFileError(
+            f"Logits file {str(path)!r} is malformed or truncated: {type(exc).__name__}: {exc}"
+        ) from exc
+    if z.ndim != 2 or not np.issubdtype(z.dtype, np.floating):
+        raise ResultsFileError(
+            f"Logits file {str(path)!r} is malformed: expected `logits` 2-D floating, "
+            f"got dtype {z.dtype} shape {z.shape}"
+        )
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or y.shape[0] != z.shape[0]:
+        raise ResultsFileError(
+            f"Logits file {str(path)!r} is malformed: expected `labels` 1-D integer with "
+            f"{z.shape[0]} entries, got dtype {y.dtype} shape {y.shape}"
+        )
+    return z.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+# --------------------------------------------------------------------------------------------
+def _check_logits(x: Any, name: str, num_classes: int | None = None) -> torch.Tensor:
+    t = as_tensor(x, name)
+    if not t.is_floating_point():
+        raise TypeError(f"Expected `{name}` to have a floating dtype, got {t.dtype}")
+    if t.ndim != 2 or t.shape[0] == 0:
+        raise ValueError(f"Expected `{name}` to be non-empty 2-D of shape (N, C), got shape {tuple(t.shape)}")
+    if num_classes is not None and t.shape[1] != num_classes:
+        raise ValueError(
+            f"Expected `{name}` to have {num_classes} classes (columns) like `val_logits`, got {t.shape[1]}"
+        )
+    if t.shape[1] < 2:
+        raise ValueError(f"Expected `{name}` to have at least 2 classes (columns), got {t.shape[1]}")
+    check_finite(t, name)
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.float()
+    return t
+
+
+def compute_metrics(logits: Any, labels: Any, *, n_bins: int = 15) -> dict[str, float]:
+    """Every :class:`~torchcal.metrics.CalibrationMeter` metric of ``logits`` as Python floats.
+
+    ``topk_error`` is the top-5 error (``k = min(5, C)``; it is 0 for C <= 5).
+    """
+    from .metrics import CalibrationMeter
+
+    z = _check_logits(logits, "logits")
+    y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+    meter = CalibrationMeter(z.shape[1], n_bins=n_bins, adaptive=True, topk=min(5, z.shape[1]))
+    meter.update(logits=z, labels=y)
+    out = meter.compute()
+    return {k: float(out[k]) for k in METRIC_KEYS if k in out}
+
+
+def _entropy(z: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(z, dim=1)
+    return -(logp.exp() * logp).sum(dim=1)
+
+
+def ood_metrics(id_logits: Any, ood_logits: Any, *, temperature: float | None = None) -> dict[str, float]:
+    """OOD detection with the OOD set as the positive class.
+
+    Returns ``auroc_entropy``, ``auroc_max_prob``, ``fpr95_entropy``, ``fpr95_max_prob``,
+    ``aupr_entropy``, ``aupr_max_prob`` (fractions).  Scores: softmax entropy and
+    ``-max_c p_c`` of ``logits / temperature`` (``temperature=None`` means 1).
+    """
+    from .metrics import aupr, fpr_at_tpr, ood_auroc
+
+    zi = _check_logits(id_logits, "id_logits")
+    zo = _check_logits(ood_logits, "ood_logits", zi.shape[1])
+    if temperature is not None:
+        zi, zo = zi / temperature, zo / temperature
+    labels = torch.cat([torch.zeros(zi.shape[0], dtype=torch.long, device=zi.device),
+                        torch.ones(zo.shape[0], dtype=torch.long, device=zi.device)])
+    out: dict[str, float] = {}
+    for score in ("entropy", "max_prob"):
+        if score == "entropy":
+            s = torch.cat([_entropy(zi), _entropy(zo)])
+        else:
+            s = -torch.cat([zi.softmax(1).amax(1), zo.softmax(1).amax(1)])
+        out[f"auroc_{score}"] = float(ood_auroc(id_logits=zi, ood_logits=zo, score=score))
+        out[f"fpr95_{score}"] = float(fpr_at_tpr(scores=s, labels=labels, tpr=0.95))
+        out[f"aupr_{score}"] = float(aupr(scores=s, labels=labels))
+    return out
+
+
+def evaluate_logits(
+    *,
+    val_logits: Any,
+    val_labels: Any,
+    test_logits: Any,
+    test_labels: Any,
+    ood_logits: Mapping[str, Any] | None = None,
+    n_bins: int = 15,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Fit every temperature on the validation logits and measure the test (and OOD) logits.
+
+    Args:
+        val_logits, val_labels: validation logits (N_v, C) and labels (N_v,), used to fit the
+            temperatures (:func:`torchcal.posthoc.fit_temperatures`).
+        test_logits, test_labels: test logits (N_t, C) and labels (N_t,).
+        ood_logits: optional ``{name: logits (N_o, C)}`` of out-of-distribution sets.
+        n_bins: bins of every binned metric and of the grid temperature searches.
+        meta: run description copied into ``results["meta"]`` (dataset, model, loss, seed, ...).
+
+    Returns:
+        The ``torchcal.results/1`` dict described in the module docstring (floats; NaN where a
+        metric is undefined).
+    """
+    from .posthoc import fit_temperatures
+
+    n_bins = check_positive_int(n_bins, "n_bins")
+    zv = _check_logits(val_logits, "val_logits")
+    C = zv.shape[1]
+    zt = _check_logits(test_logits, "test_logits", C)
+    yv = check_labels(val_labels, n=zv.shape[0], num_classes=C, name="val_labels", device=zv.device)
+    yt = check_labels(test_labels, n=zt.shape[0], num_classes=C, name="test_labels", device=zt.device)
+    ood = dict(ood_logits or {})
+    ood_t = {str(k): _check_logits(v, f"ood_logits[{k!r}]", C) for k, v in ood.items()}
+
+    temps = fit_temperatures(zv, yv, n_bins=n_bins)
+    temperatures = {m: float(temps[m]) for m in TEMPERATURE_METHODS if m in temps}
+    for m, t in temps.items():
+        temperatures.setdefault(str(m), float(t))
+
+    test_pre = compute_metrics(zt, yt, n_bins=n_bins)
+    test_post = {m: compute_metrics(zt / t, yt, n_bins=n_bins) for m, t in temperatures.items()}
+    val_pre = compute_metrics(zv, yv, n_bins=n_bins)
+
+    t_grid = temperatures.get("grid_ece")
+    ood_out: dict[str, dict[str, float]] = {}
+    for name, zo in ood_t.items():
+        d = ood_metrics(zt, zo)
+        if t_grid is not None:
+            d.update({f"post_{k}": v for k, v in ood_metrics(zt, zo, temperature=t_grid).items()})
+        d["n"] = int(zo.shape[0])
+        ood_out[name] = d
+
+    return {
+        "schema": SCHEMA,
+        "meta": dict(meta or {}),
+        "temperatures": temperatures,
+        "test": {"pre": test_pre, "post": test_post},
+        "val": {"pre": val_pre},
+        "ood": ood_out,
+        "n": {"val": int(zv.shape[0]), "test": int(zt.shape[0])},
+        "n_bins": n_bins,
+        "num_classes": int(C),
+    }
+
+
+def evaluate_run_logits(
+    run_dir: str | os.PathLike, *, n_bins: int = 15, meta: Mapping[str, Any] | None = None,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Evaluate the saved logits of a run directory and (by default) write ``results.json``.
+
+    Reads ``RUN_DIR/logits/val.npz``, ``test.npz`` and every ``ood_<name>.npz``; ``meta``
+    defaults to the fields of ``RUN_DIR/config.json`` (dataset, model, loss, loss_kwargs, seed,
+    recipe, epochs) when that file exists.
+    """
+    run_dir = Path(run_dir)
+    ld = run_dir / "logits"
+    zv, yv = load_logits(ld / "val.npz")
+    zt, yt = load_logits(ld / "test.npz")
+    ood = {p.stem[len("ood_"):]: load_logits(p)[0] for p in sorted(ld.glob("ood_*.npz"))}
+    if meta is None:
+        meta = meta_from_config(run_dir / "config.json") if (run_dir / "config.json").exists() else {}
+    res = evaluate_logits(val_logits=zv, val_labels=yv, test_logits=zt, test_labels=yt,
+                          ood_logits=ood, n_bins=n_bins, meta=meta)
+    if write:
+        write_results(run_dir, res)
+    return res
+
+
+_META_FIELDS = ("dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epochs")
+
+
+def meta_from_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The run-describing fields of a ``config.json`` (ResultsFileError naming the file if bad)."""
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ResultsFileError(f"Config file {str(path)!r} does not exist") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultsFileError(f"Config file {str(path)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ResultsFileError(f"Config file {str(path)!r} is malformed: expected a JSON object")
+    return {k: cfg[k] for k in _META_FIELDS if k in cfg}
+
+
+# --------------------------------------------------------------------------------------------
+# results.json
+# --------------------------------------------------------------------------------------------
+def write_results(run_dir: str | os.PathLike, results: Mapping[str, Any]) -> Path:
+    """Write ``results`` to ``RUN_DIR/results.json`` atomically (NaN written as ``null``).
+
+    ``run_dir`` may also be a path ending in ``.json``, written as is.
+    """
+    p = Path(run_dir)
+    path = p if p.suffix == ".json" else p / "results.json"
+    text = json.dumps(_jsonable(results), indent=2, sort_keys=False, allow_nan=False)
+    return atomic_write_text(path, text + "\n")
+
+
+def _nan_for_none(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _nan_for_none(v) for k, v in x.items()}
+    return float("nan") if x is None else x
+
+
+def read_results(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check a ``results.json`` (a file, or a run directory holding one).
+
+    Raises :class:`~torchcal.errors.ResultsFileError` naming the file when it is missing, not
+    JSON, of another schema, or lacks the ``test.pre`` metrics.  ``null`` metric values come
+    back as NaN.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ResultsFileError(f"Results file {str(path)!r} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsFileError(f"Results file {str(path)!r} cannot be read: {exc}") from exc
+    try:
+        res = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsFileError(f"Results file {str(path)!r} is not valid JSON: {exc}") from exc
+
+    def bad(msg: str) -> ResultsFileError:
+        return ResultsFileError(f"Results file {str(path)!r} is malformed: {msg}")
+
+    if not isinstance(res, dict):
+        raise bad("expected a JSON object")
+    if res.get("schema") != SCHEMA:
+        raise bad(f"expected schema {SCHEMA!r}, got {res.get('schema')!r}")
+    test = res.get("test")
+    if not isinstance(test, dict) or not isinstance(test.get("pre"), dict):
+        raise bad("missing the 'test' -> 'pre' metrics")
+    for section in ("meta", "temperatures", "val", "ood", "n"):
+        if section in res and not isinstance(res[section], dict):
+            raise bad(f"expected {section!r} to be an object")
+    for k, v in test["pre"].items():
+        if v is not None and not isinstance(v, (int, float)):
+            raise bad(f"expected test.pre[{k!r}] to be a number, got {v!r}")
+    for k, v in (res.get("temperatures") or {}).items():
+        if not isinstance(v, (int, float)) or not (v > 0):
+            raise bad(f"expected temperatures[{k!r}] to be a positive number, got {v!r}")
+    post = test.get("post", {})
+    if not isinstance(post, dict) or not all(isinstance(v, dict) for v in post.values()):
+        raise bad("expected 'test' -> 'post' to map methods to metric objects")
+    res.setdefault("meta", {})
+    res.setdefault("temperatures", {})
+    res.setdefault("ood", {})
+    res["test"] = _nan_for_none(test)
+    if isinstance(res.get("val"), dict):
+        res["val"] = _nan_for_none(res["val"])
+    res["ood"] = _nan_for_none(res["ood"])
+    return res

@@ -1,0 +1,266 @@
+"""Find evaluated runs, read their ``results.json``, group them and average over seeds.
+
+A *run* is a directory holding ``results.json`` (written by :func:`torchcal.evaluate.write_results`)
+and usually ``config.json``, ``logits/`` and ``log.jsonl``.  Runs are grouped by
+``(dataset, model, loss, loss_kwargs)``: two focal runs with different γ are different rows.
+Within a group every number is averaged over the runs (seeds): ``mean`` and the sample standard
+deviation (``ddof=1``; NaN for a single run), ignoring NaN entries (an undefined metric such as
+``s99_accuracy`` with no confident sample).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ResultsFileError
+from ..evaluate import meta_from_config, read_results
+
+__all__ = [
+    "RunRecord",
+    "Group",
+    "LoadReport",
+    "find_result_files",
+    "load_run",
+    "load_runs",
+    "flatten_results",
+    "group_runs",
+    "mean_std",
+    "loss_label",
+    "LOSS_ORDER",
+]
+
+#: Display order and names of the registry's losses (others follow alphabetically).
+LOSS_ORDER = (
+    "ce", "ls", "brier", "mmce", "focal", "inverse_focal", "flsd53", "flsd532", "flsc531",
+    "flsc532", "dual_focal", "adafocal", "bsce", "bsce_gra", "focal_gra", "dual_focal_gra",
+)
+_PRETTY = {
+    "ce": "Cross-entropy", "ls": "Label smoothing", "brier": "Brier", "mmce": "MMCE",
+    "focal": "Focal", "inverse_focal": "Inverse focal", "flsd53": "FLSD-53",
+    "flsd532": "FLSD-532", "flsc531": "FLSc-531", "flsc532": "FLSc-532",
+    "dual_focal": "Dual focal", "adafocal": "AdaFocal", "bsce": "BSCE", "bsce_gra": "BSCE-GRA",
+    "focal_gra": "Focal-GRA", "dual_focal_gra": "Dual focal-GRA",
+}
+_GREEK = {"gamma": "γ", "alpha": "α", "lam": "λ", "beta": "β"}
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def loss_label(loss: str, loss_kwargs: Mapping[str, Any] | None = None) -> str:
+    """A table label: ``loss_label("focal", {"gamma": 3.0})`` -> ``'Focal (γ=3)'``.
+
+    >>> loss_label("flsd53")
+    'FLSD-53'
+    >>> loss_label("adafocal", {"lam": 0.1, "n_bins": 15})
+    'AdaFocal (λ=0.1, n_bins=15)'
+    """
+    name = _PRETTY.get(loss, loss)
+    if loss_kwargs:
+        args = ", ".join(f"{_GREEK.get(k, k)}={_fmt_value(v)}" for k, v in sorted(loss_kwargs.items()))
+        name = f"{name} ({args})"
+    return name
+
+
+@dataclass
+class RunRecord:
+    """One evaluated run: its directory, the parsed results and the flattened numbers."""
+
+    run_dir: Path
+    results_path: Path
+    results: dict[str, Any]
+    meta: dict[str, Any]
+    flat: dict[str, float]
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        kw = json.dumps(self.meta.get("loss_kwargs") or {}, sort_keys=True)
+        return (str(self.meta.get("dataset", "?")), str(self.meta.get("model", "?")),
+                str(self.meta.get("loss", "?")), kw)
+
+    @property
+    def seed(self) -> Any:
+        return self.meta.get("seed")
+
+
+@dataclass
+class Group:
+    """Runs sharing (dataset, model, loss, loss_kwargs) with per-key mean and std over seeds."""
+
+    dataset: str
+    model: str
+    loss: str
+    loss_kwargs: dict[str, Any]
+    runs: list[RunRecord]
+    mean: dict[str, float] = field(default_factory=dict)
+    std: dict[str, float] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return loss_label(self.loss, self.loss_kwargs)
+
+    @property
+    def seeds(self) -> list[Any]:
+        return [r.seed for r in self.runs]
+
+
+@dataclass
+class LoadReport:
+    """Runs read successfully and ``(path, message)`` for every file that could not be used."""
+
+    runs: list[RunRecord]
+    errors: list[tuple[str, str]]
+
+
+def find_result_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Every ``results.json`` under ``paths`` (a path may also be a results file itself).
+
+    Returns the sorted, de-duplicated files and ``(path, message)`` for arguments that do not
+    exist or hold no ``results.json``.
+    """
+    found: dict[Path, None] = {}
+    errors: list[tuple[str, str]] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_file():
+            found[p.resolve()] = None
+        elif p.is_dir():
+            hits = sorted(p.rglob("results.json"))
+            if not hits:
+                errors.append((str(p), f"No results.json found under {str(p)!r} "
+                                       "(evaluate the run first: `torchcal eval RUN_DIR`)"))
+            for h in hits:
+                found[h.resolve()] = None
+        else:
+            errors.append((str(p), f"Run directory {str(p)!r} does not exist"))
+    return sorted(found), errors
+
+
+def flatten_results(results: Mapping[str, Any]) -> dict[str, float]:
+    """Every number of a results dict under a dotted key.
+
+    Keys: ``temperature.<method>``, ``test.pre.<metric>``, ``test.post.<method>.<metric>``,
+    ``val.pre.<metric>``, ``ood.<name>.<metric>``, ``n.<split>``.
+
+    >>> flatten_results({"temperatures": {"grid_ece": 1.5}, "test": {"pre": {"ece": 0.1}}})
+    {'temperature.grid_ece': 1.5, 'test.pre.ece': 0.1}
+    """
+    out: dict[str, float] = {}
+
+    def num(v: Any) -> float | None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and v is not None:
+            return None
+        return float("nan") if v is None else float(v)
+
+    for m, t in (results.get("temperatures") or {}).items():
+        if (v := num(t)) is not None:
+            out[f"temperature.{m}"] = v
+
+    def walk(prefix: str, d: Any) -> None:
+        if isinstance(d, Mapping):
+            for k, v in d.items():
+                walk(f"{prefix}.{k}", v)
+        elif (v := num(d)) is not None:
+            out[prefix] = v
+
+    for section in ("test", "val", "ood", "n"):
+        if isinstance(results.get(section), Mapping):
+            walk(section, results[section])
+    return out
+
+
+def load_run(results_path: str | os.PathLike) -> RunRecord:
+    """Read one run; ``meta`` comes from ``results.json`` and falls back to ``config.json``.
+
+    Raises :class:`~torchcal.errors.ResultsFileError` naming the bad file.
+    """
+    results_path = Path(results_path)
+    res = read_results(results_path)
+    run_dir = results_path.parent
+    meta = dict(res.get("meta") or {})
+    cfg_path = run_dir / "config.json"
+    if cfg_path.exists():
+        for k, v in meta_from_config(cfg_path).items():
+            meta.setdefault(k, v)
+    if not meta.get("loss"):
+        raise ResultsFileError(
+            f"Results file {str(results_path)!r} names no loss (neither meta.loss nor a config.json)"
+        )
+    if meta.get("loss_kwargs") is not None and not isinstance(meta["loss_kwargs"], dict):
+        raise ResultsFileError(
+            f"Results file {str(results_path)!r} is malformed: meta.loss_kwargs is not an object"
+        )
+    return RunRecord(run_dir=run_dir, results_path=results_path, results=res, meta=meta,
+                     flat=flatten_results(res))
+
+
+def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
+    """Find and read every run under ``paths``; a bad file is recorded, never fatal."""
+    files, errors = find_result_files(paths)
+    runs: list[RunRecord] = []
+    for f in files:
+        try:
+            runs.append(load_run(f))
+        except ResultsFileError as exc:
+            errors.append((str(f), str(exc)))
+    return LoadReport(runs=runs, errors=errors)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
+    """NaN-ignoring mean, sample std (ddof=1, NaN below two values) and count.
+
+    >>> mean_std([1.0, 2.0, 3.0, float("nan")])
+    (2.0, 1.0, 3)
+    """
+    a = np.asarray(values, dtype=np.float64)
+    a = a[~np.isnan(a)]
+    n = int(a.size)
+    if n == 0:
+        return math.nan, math.nan, 0
+    m = float(a.mean())
+    s = float(a.std(ddof=1)) if n > 1 else math.nan
+    return m, s, n
+
+
+def _loss_rank(loss: str) -> tuple[int, str]:
+    return (LOSS_ORDER.index(loss) if loss in LOSS_ORDER else len(LOSS_ORDER), loss)
+
+
+def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
+    """Group runs by (dataset, model, loss, loss_kwargs) and average every number over them.
+
+    Groups come sorted by dataset, model, then the canonical loss order (:data:`LOSS_ORDER`),
+    then loss arguments; runs within a group by seed.
+    """
+    buckets: dict[tuple[str, str, str, str], list[RunRecord]] = {}
+    for r in runs:
+        buckets.setdefault(r.key, []).append(r)
+    groups = []
+    for (ds, model, loss, kw), rs in buckets.items():
+        rs = sorted(rs, key=lambda r: (str(type(r.seed)), r.seed if r.seed is not None else 0,
+                                       str(r.run_dir)))
+        g = Group(dataset=ds, model=model, loss=loss, loss_kwargs=json.loads(kw), runs=rs)
+        keys: dict[str, None] = {}
+        for r in rs:
+            keys.update(dict.fromkeys(r.flat))
+        for k in keys:
+            m, s, n = mean_std([r.flat.get(k, math.nan) for r in rs])
+            g.mean[k], g.std[k], g.count[k] = m, s, n
+        groups.append(g)
+    groups.sort(key=lambda g: (g.dataset, g.model, _loss_rank(g.loss),
+                               json.dumps(g.loss_kwargs, sort_keys=True)))
+    return groups

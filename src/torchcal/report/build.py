@@ -1,0 +1,442 @@
+"""``build_report``: evaluated runs -> report.md, report.html, figures, results.json/csv.
+
+Output directory layout::
+
+    OUT/report.md        tables (papers' layout) + figures linked from figures/
+    OUT/report.html      the same, figures embedded as base64 PNG (one self-contained file)
+    OUT/results.json     every number: per group mean/std over seeds, per run, skipped files
+    OUT/results.csv      one row per run, every number (fractions)
+    OUT/summary.csv      one row per group, mean and std of every number
+    OUT/figures/*.png    reliability diagrams per loss (pre/post T, test logits pooled over seeds),
+                         confidence histograms, OOD ROC curves, AdaFocal's γ per bin over epochs
+
+A run whose ``results.json`` is missing or malformed is listed (with the file and the reason)
+in the report and in ``results.json["errors"]``; the other runs are still reported.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ResultsFileError
+from ..evaluate import _jsonable, atomic_write_text, load_logits
+from . import tables as T
+from .aggregate import Group, LoadReport, RunRecord, group_runs, load_runs
+
+__all__ = ["ReportOutput", "build_report", "gamma_history"]
+
+REPORT_SCHEMA = "torchcal.report/1"
+
+
+@dataclass
+class Figure:
+    title: str
+    path: Path  # absolute
+    caption: str = ""
+
+
+@dataclass
+class ReportOutput:
+    """What :func:`build_report` wrote and the text of its main tables."""
+
+    out_dir: Path
+    report_md: Path
+    report_html: Path
+    results_json: Path
+    results_csv: Path
+    summary_csv: Path
+    figures: list[Path]
+    groups: list[Group]
+    errors: list[tuple[str, str]]
+    text: str  # the main table(s) as plain text, for printing
+    markdown_tables: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _slug(*parts: str) -> str:
+    s = "_".join(p for p in parts if p)
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", s).strip("_")[:120]
+
+
+def _group_slug(g: Group) -> str:
+    kw = "_".join(f"{k}={v}" for k, v in sorted(g.loss_kwargs.items()))
+    return _slug(g.dataset, g.model, g.loss, kw)
+
+
+# --------------------------------------------------------------------------------------------
+# AdaFocal history
+# --------------------------------------------------------------------------------------------
+def _as_gamma_rows(obj: Any) -> np.ndarray | None:
+    """(E, B) array from a history object: a list of γ vectors or of dicts holding 'gammas'."""
+    if isinstance(obj, dict):
+        for k in ("gammas", "gamma", "history"):
+            if k in obj:
+                return _as_gamma_rows(obj[k])
+        return None
+    if isinstance(obj, (list, tuple)) and obj:
+        rows = []
+        for item in obj:
+            if isinstance(item, dict):
+                item = item.get("gammas", item.get("gamma"))
+            try:
+                a = np.asarray(item, dtype=np.float64).ravel()
+            except (TypeError, ValueError):
+                return None
+            rows.append(a)
+        if rows and all(r.shape == rows[0].shape and r.size > 1 for r in rows):
+            return np.stack(rows)
+    if hasattr(obj, "ndim") and getattr(obj, "ndim", 0) == 2:
+        return np.asarray(obj, dtype=np.float64)
+    return None
+
+
+def gamma_history(run_dir: str | os.PathLike) -> np.ndarray | None:
+    """AdaFocal's per-bin γ over epochs, shape (E, B), from a run's ``log.jsonl`` (or None).
+
+    Each log line may carry the loss state as ``"adafocal": {"gammas": [...]}``,
+    ``"loss_state": {"gammas": [...]}`` or ``"gammas": [...]``; the last line may instead hold
+    the whole history (``"adafocal_history"``).  Falls back to the ``history`` kept in the
+    checkpoint's loss state (``checkpoints/last.pt``).
+    """
+    run_dir = Path(run_dir)
+    log = run_dir / "log.jsonl"
+    if log.is_file():
+        rows: list[Any] = []
+        try:
+            lines = [json.loads(s) for s in log.read_text(encoding="utf-8").splitlines() if s.strip()]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            lines = []
+        for rec in lines:
+            if not isinstance(rec, dict):
+                continue
+            for k in ("adafocal_history", "gamma_history"):
+                if k in rec and (h := _as_gamma_rows(rec[k])) is not None:
+                    return h
+            for k in ("adafocal", "loss_state", "gammas", "loss_gammas"):
+                if k in rec:
+                    v = rec[k]
+                    if isinstance(v, dict):
+                        v = v.get("gammas", v.get("gamma"))
+                    if v is not None:
+                        rows.append(v)
+                        break
+        h = _as_gamma_rows(rows) if rows else None
+        if h is not None:
+            return h
+    ckpt = run_dir / "checkpoints" / "last.pt"
+    if ckpt.is_file():
+        try:
+            import torch
+
+            state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        except Exception:
+            return None
+        stack = [state]
+        while stack:
+            obj = stack.pop()
+            if isinstance(obj, dict):
+                for k, v in obj.items():
+                    if k in ("history", "gamma_history") and (h := _as_gamma_rows(v)) is not None:
+                        return h
+                    if isinstance(v, dict):
+                        stack.append(v)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------
+def _pooled_test_logits(g: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray, float] | None:
+    """Test logits of every run of ``g`` concatenated, also divided by each run's grid-ECE T."""
+    pre, post, ys, ts = [], [], [], []
+    for r in g.runs:
+        p = r.run_dir / "logits" / "test.npz"
+        if not p.is_file():
+            continue
+        try:
+            z, y = load_logits(p)
+        except ResultsFileError:
+            continue
+        t = r.results.get("temperatures", {}).get("grid_ece", 1.0) or 1.0
+        pre.append(z)
+        post.append(z / float(t))
+        ys.append(y)
+        ts.append(float(t))
+    if not pre:
+        return None
+    return np.concatenate(pre), np.concatenate(post), np.concatenate(ys), float(np.mean(ts))
+
+
+def _entropy(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    return -(np.exp(logp) * logp).sum(axis=1)
+
+
+def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int,
+                  notes: list[str]) -> dict[tuple[str, str], list[Figure]]:
+    from . import figures as F
+
+    out: dict[tuple[str, str], list[Figure]] = {}
+    by_dm: dict[tuple[str, str], list[Group]] = {}
+    for g in groups:
+        by_dm.setdefault((g.dataset, g.model), []).append(g)
+    for (ds, model), gs in by_dm.items():
+        figs: list[Figure] = []
+        conf: dict[str, np.ndarray] = {}
+        pooled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
+        for g in gs:
+            pt = _pooled_test_logits(g)
+            if pt is None:
+                notes.append(f"{g.label} ({ds}/{model}): no saved test logits, no reliability diagram.")
+                continue
+            pooled[g.label] = pt
+            pre, post, y, t = pt
+            seeds = f"{len(g.runs)} seed(s) pooled" if len(g.runs) > 1 else "1 run"
+            fig = F.reliability_pair(pre, post, y, n_bins=n_bins, temperature=t,
+                                     title=f"{g.label} - {ds}/{model} test ({seeds})")
+            path = F.save_figure(fig, fig_dir / f"reliability_{_group_slug(g)}.png")
+            figs.append(Figure(f"Reliability: {g.label}", path,
+                               f"Reliability diagram of {g.label} on the {ds} test set ({seeds}), "
+                               f"before and after temperature scaling (grid-ECE T, mean {t:.2f})."))
+            p = np.exp(pre - pre.max(1, keepdims=True))
+            conf[g.label] = (p / p.sum(1, keepdims=True)).max(1)
+        if conf:
+            fig = F.confidence_histograms(conf, n_bins=n_bins, title=f"Top-1 confidence, {ds}/{model} test (pre T)")
+            path = F.save_figure(fig, fig_dir / f"confidence_{_slug(ds, model)}.png")
+            figs.append(Figure("Confidence histograms", path,
+                               "Histogram of the top-1 confidence on the test set, before temperature scaling."))
+        # OOD ROC curves
+        ood_names: list[str] = []
+        for g in gs:
+            for r in g.runs:
+                for n in (r.results.get("ood") or {}):
+                    if n not in ood_names:
+                        ood_names.append(n)
+        for name in ood_names:
+            curves = {}
+            for g in gs:
+                if g.label not in pooled:
+                    continue
+                s_id, s_ood = [], []
+                for r in g.runs:
+                    pi, po = r.run_dir / "logits" / "test.npz", r.run_dir / "logits" / f"ood_{name}.npz"
+                    if not (pi.is_file() and po.is_file()):
+                        continue
+                    try:
+                        s_id.append(_entropy(load_logits(pi)[0]))
+                        s_ood.append(_entropy(load_logits(po)[0]))
+                    except ResultsFileError:
+                        continue
+                if not s_id:
+                    continue
+                scores = np.concatenate(s_id + s_ood)
+                pos = np.r_[np.zeros(sum(map(len, s_id))), np.ones(sum(map(len, s_ood)))]
+                fpr, tpr = F.roc_curve(scores, pos)
+                auc = g.mean.get(f"ood.{name}.auroc_entropy", math.nan)
+                curves[g.label] = (fpr, tpr, auc)
+            if curves:
+                fig = F.roc_figure(curves, title=f"OOD ROC (entropy), {ds}/{model} test vs {name}")
+                path = F.save_figure(fig, fig_dir / f"roc_{_slug(ds, model, name)}.png")
+                figs.append(Figure(f"OOD ROC: {name}", path,
+                                   f"ROC curves of OOD detection by softmax entropy ({ds} test as "
+                                   f"negatives, {name} as positives), seeds pooled; legend: mean AUROC %."))
+        # AdaFocal gamma per bin
+        for g in gs:
+            hist = {f"seed {r.seed}": h for r in g.runs if (h := gamma_history(r.run_dir)) is not None}
+            if not hist:
+                if g.loss == "adafocal":
+                    notes.append(f"{g.label}: no γ history found in log.jsonl or checkpoints, no γ plot.")
+                continue
+            gmax = g.loss_kwargs.get("gamma_max", 20.0) if g.loss == "adafocal" else None
+            fig = F.gamma_history_figure(hist, title=f"{g.label}: γ per bin over epochs ({ds}/{model})",
+                                         gamma_max=gmax)
+            path = F.save_figure(fig, fig_dir / f"gamma_{_group_slug(g)}.png")
+            figs.append(Figure(f"γ per bin: {g.label}", path,
+                               "AdaFocal's γ of each of the equal-mass validation bins after each "
+                               "epoch's update (dark: low-confidence bins, light: high); dashed: γ_max."))
+        out[(ds, model)] = figs
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# documents
+# --------------------------------------------------------------------------------------------
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;
+padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}
+th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
+td.best{background:#e8f4e8} p.note{font-size:12px;color:#555;margin:.2em 0}
+figure{display:inline-block;margin:.6em;vertical-align:top;max-width:100%}
+figure img{max-width:100%} figcaption{font-size:12px;color:#555;max-width:800px}
+pre{background:#f6f6f6;padding:.6em;overflow:auto} .err{color:#a00}
+"""
+
+
+def _md_to_html_blocks(md: str) -> str:
+    """A tiny Markdown subset (paragraphs, '#' headings, '-' lists, `code`) for intro notes."""
+    out: list[str] = []
+    for block in md.strip().split("\n\n"):
+        lines = block.splitlines()
+        if all(s.lstrip().startswith("- ") for s in lines if s.strip()):
+            out.append("<ul>" + "".join(f"<li>{_inline(s.lstrip()[2:])}</li>" for s in lines if s.strip())
+                       + "</ul>")
+            continue
+        m = re.match(r"^(#{1,4}) (.*)$", lines[0]) if lines else None
+        if m and len(lines) == 1:
+            k = len(m.group(1)) + 1
+            out.append(f"<h{k}>{_inline(m.group(2))}</h{k}>")
+        else:
+            out.append(f"<p>{_inline(' '.join(lines))}</p>")
+    return "\n".join(out)
+
+
+def _inline(s: str) -> str:
+    s = html.escape(s)
+    s = re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
+    s = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", s)
+    return s
+
+
+def build_report(
+    paths: Iterable[str | os.PathLike] | None = None,
+    out_dir: str | os.PathLike = "torchcal-report",
+    *,
+    runs: LoadReport | None = None,
+    title: str = "torchcal report",
+    intro: str = "",
+    n_bins: int = 15,
+    figures: bool = True,
+) -> ReportOutput:
+    """Aggregate the evaluated runs found under ``paths`` into ``out_dir``.
+
+    Args:
+        paths: run directories (searched recursively for ``results.json``) or results files.
+        out_dir: output directory (created).
+        runs: an already loaded :class:`LoadReport` instead of ``paths``.
+        title: report title.
+        intro: Markdown paragraphs placed under the title (the demo describes its setup here).
+        n_bins: bins of the reliability diagrams and histograms.
+        figures: draw the figures (needs the runs' saved logits).
+
+    Raises:
+        ResultsFileError: when no run could be read at all (the message lists every bad file).
+    """
+    if runs is None:
+        if paths is None:
+            raise ValueError("Expected `paths` or `runs`, got neither")
+        runs = load_runs(paths)
+    errors = list(runs.errors)
+    if not runs.runs:
+        detail = "; ".join(msg for _p, msg in errors) or "nothing given"
+        raise ResultsFileError(f"No evaluated run could be read: {detail}")
+    groups = group_runs(runs.runs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig_dir = out / "figures"
+    notes: list[str] = []
+    figs = _make_figures(groups, fig_dir, n_bins, notes) if figures else {}
+    table_sets = T.tables_for(groups)
+
+    # ---- markdown
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    md = [f"# {title}", "", f"Generated {stamp} from {len(runs.runs)} evaluated run(s) in "
+          f"{len(groups)} group(s).", ""]
+    if intro:
+        md += [intro.strip(), ""]
+    text_parts, md_tables = [], []
+    for key, tabs in table_sets:
+        md += [f"## {key[0]} / {key[1]}", ""]
+        for tab in tabs:
+            md += [tab.to_markdown(), ""]
+        md_tables.append(tabs[0].to_markdown())
+        text_parts.append(tabs[0].to_text())
+        for f in figs.get(key, []):
+            rel = f.path.relative_to(out).as_posix()
+            md += [f"#### {f.title}", "", f"![{f.title}]({rel})", "", f"_{f.caption}_", ""]
+    md += ["## Runs", "", "| group | seeds | run directories |", "|---|---|---|"]
+    for g in groups:
+        dirs = ", ".join(f"`{_rel(r.run_dir, out)}`" for r in g.runs)
+        md.append(f"| {g.label} ({g.dataset}/{g.model}) | {', '.join(map(str, g.seeds))} | {dirs} |")
+    md.append("")
+    if notes:
+        md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    if errors:
+        md += ["## Skipped files", ""] + [f"- `{p}`: {m}" for p, m in errors] + [""]
+    md_text = "\n".join(md).rstrip() + "\n"
+
+    # ---- html
+    h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
+         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+         f"<h1>{html.escape(title)}</h1>",
+         f"<p>Generated {stamp} from {len(runs.runs)} evaluated run(s) in {len(groups)} group(s).</p>"]
+    if intro:
+        h.append(_md_to_html_blocks(intro))
+    for key, tabs in table_sets:
+        h.append(f"<h2>{html.escape(key[0])} / {html.escape(key[1])}</h2>")
+        h += [t.to_html() for t in tabs]
+        for f in figs.get(key, []):
+            b64 = base64.b64encode(f.path.read_bytes()).decode("ascii")
+            h.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{b64}\">"
+                     f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
+    if notes:
+        h.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+    if errors:
+        h.append("<h2>Skipped files</h2><ul>" + "".join(
+            f"<li class=\"err\"><code>{html.escape(p)}</code>: {html.escape(m)}</li>" for p, m in errors)
+            + "</ul>")
+    h.append("</body></html>")
+
+    # ---- data
+    doc = {
+        "schema": REPORT_SCHEMA,
+        "generated": stamp,
+        "groups": [{
+            "dataset": g.dataset, "model": g.model, "loss": g.loss, "loss_kwargs": g.loss_kwargs,
+            "label": g.label, "n_runs": len(g.runs), "seeds": g.seeds,
+            "runs": [str(r.run_dir) for r in g.runs],
+            "mean": g.mean, "std": g.std, "count": g.count,
+        } for g in groups],
+        "runs": [{"run_dir": str(r.run_dir), "meta": r.meta, "results": r.results}
+                 for g in groups for r in g.runs],
+        "errors": [{"path": p, "error": m} for p, m in errors],
+    }
+    paths_out = dict(
+        report_md=atomic_write_text(out / "report.md", md_text),
+        report_html=atomic_write_text(out / "report.html", "\n".join(h) + "\n"),
+        results_json=atomic_write_text(out / "results.json",
+                                       json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n"),
+        results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups)),
+        summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),
+    )
+    all_figs = [f.path for fs in figs.values() for f in fs]
+    return ReportOutput(out_dir=out, figures=all_figs, groups=groups, errors=errors,
+                        text="\n".join(text_parts), markdown_tables="\n".join(md_tables),
+                        notes=notes, **paths_out)
+
+
+def _rel(p: Path, base: Path) -> str:
+    try:
+        return os.path.relpath(p, base)
+    except ValueError:  # different drives on Windows
+        return str(p)
+
+
+def runs_from_records(records: Sequence[RunRecord]) -> LoadReport:
+    """Wrap already loaded runs for :func:`build_report`."""
+    return LoadReport(runs=list(records), errors=[])

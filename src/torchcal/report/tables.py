@@ -1,0 +1,298 @@
+"""Tables in the papers' layout, rendered as Markdown, HTML, plain text and CSV.
+
+The main table (one per data set and model, one row per loss) follows Mukhoti et al. 2020 and
+Ghosh et al. 2022: ECE, AdaECE, Classwise-ECE and NLL before temperature scaling ("pre T") and
+after it ("post T (T)"), then the test error.  Calibration errors and the error are in percent,
+NLL in nats.  Post-T columns use the grid-ECE temperature, except AdaECE which uses the
+grid-AdaECE temperature (AdaFocal's tables).  Each cell is ``mean ± std`` over seeds (sample
+std; a single run shows the mean only).  The best value of each column is marked (bold in
+Markdown/HTML, ``*`` in plain text): the lowest, or the highest for AUROC/AUPR; values equal at
+the displayed precision are all marked.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .aggregate import Group
+
+__all__ = [
+    "Cell",
+    "Table",
+    "fmt_mean_std",
+    "main_table",
+    "temperature_table",
+    "ood_tables",
+    "extra_metrics_table",
+    "tables_for",
+    "groups_csv",
+    "runs_csv",
+]
+
+
+@dataclass
+class Cell:
+    text: str
+    value: float = math.nan  # rounded value used for best marking (NaN: not comparable)
+    best: bool = False
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[Cell]]
+    notes: list[str] = field(default_factory=list)
+
+    def to_markdown(self) -> str:
+        def esc(s: str) -> str:
+            return s.replace("|", "\\|")
+
+        lines = [f"### {self.title}", "", "| " + " | ".join(esc(h) for h in self.header) + " |",
+                 "|" + "|".join(["---"] + ["---:"] * (len(self.header) - 1)) + "|"]
+        for row in self.rows:
+            cells = [f"**{esc(c.text)}**" if c.best else esc(c.text) for c in row]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        lines += [f"{n}" for n in self.notes]
+        return "\n".join(lines).rstrip() + "\n"
+
+    def to_html(self) -> str:
+        out = [f"<h3>{html.escape(self.title)}</h3>", "<table>", "<thead><tr>"]
+        out += [f"<th>{html.escape(h)}</th>" for h in self.header]
+        out.append("</tr></thead><tbody>")
+        for row in self.rows:
+            out.append("<tr>" + "".join(
+                f"<td class=\"{'best' if c.best else ''}\">"
+                + (f"<b>{html.escape(c.text)}</b>" if c.best else html.escape(c.text)) + "</td>"
+                for c in row) + "</tr>")
+        out.append("</tbody></table>")
+        out += [f"<p class=\"note\">{html.escape(n)}</p>" for n in self.notes]
+        return "\n".join(out) + "\n"
+
+    def to_text(self) -> str:
+        cells = [self.header] + [[(c.text + " *") if c.best else c.text for c in r] for r in self.rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
+        lines = [self.title]
+        for j, r in enumerate(cells):
+            lines.append("  ".join(s.ljust(w) if i == 0 else s.rjust(w)
+                                   for i, (s, w) in enumerate(zip(r, widths, strict=True))))
+            if j == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines) + "\n"
+
+
+def fmt_mean_std(mean: float, std: float, digits: int) -> str:
+    """``'21.03 ± 1.20'``; a NaN std (single run) shows the mean only; NaN mean shows ``'-'``.
+
+    >>> fmt_mean_std(21.034, 1.2, 2), fmt_mean_std(0.5, float("nan"), 3), fmt_mean_std(float("nan"), 0.0, 1)
+    ('21.03 ± 1.20', '0.500', '-')
+    """
+    if math.isnan(mean):
+        return "-"
+    if math.isnan(std):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _cell(g: Group, key: str, scale: float, digits: int, temp_key: str | None = None) -> Cell:
+    m = g.mean.get(key, math.nan) * scale
+    s = g.std.get(key, math.nan) * scale
+    text = fmt_mean_std(m, s, digits)
+    if temp_key is not None and not math.isnan(m):
+        t = g.mean.get(temp_key, math.nan)
+        if not math.isnan(t):
+            text += f" ({t:.2f})"
+    return Cell(text=text, value=round(m, digits) if not math.isnan(m) else math.nan)
+
+
+def _mark_best(rows: list[list[Cell]], higher_better: Sequence[bool | None]) -> None:
+    """Mark per column (from column 1) the best rounded value; None in ``higher_better`` skips."""
+    for j, hb in enumerate(higher_better, start=1):
+        if hb is None:
+            continue
+        vals = [r[j].value for r in rows if not math.isnan(r[j].value)]
+        if len(vals) < 2:
+            continue
+        best = max(vals) if hb else min(vals)
+        for r in rows:
+            if r[j].value == best:
+                r[j].best = True
+
+
+#: (column name, metric key, scale, digits, post-T method or None)
+MAIN_COLUMNS = (
+    ("ECE", "ece", 100.0, 2, "grid_ece"),
+    ("AdaECE", "adaptive_ece", 100.0, 2, "grid_adaece"),
+    ("Classwise-ECE", "classwise_ece", 100.0, 2, "grid_ece"),
+    ("NLL", "nll", 1.0, 3, "grid_ece"),
+)
+
+
+def _title(groups: Sequence[Group], what: str) -> str:
+    g = groups[0]
+    return f"{what}: {g.dataset} / {g.model}"
+
+
+def _seeds_note(groups: Sequence[Group]) -> str:
+    ns = sorted({len(g.runs) for g in groups})
+    n = "/".join(str(x) for x in ns)
+    return f"mean ± std over {n} seed(s) (sample std)."
+
+
+def main_table(groups: Sequence[Group]) -> Table:
+    """The papers' table for groups of one (dataset, model): pre T | post T (T) per metric."""
+    header = ["Loss"]
+    for name, _key, _s, _d, _m in MAIN_COLUMNS:
+        header += [f"{name} pre T", f"{name} post T (T)"]
+    header += ["Error"]
+    rows = []
+    for g in groups:
+        row = [Cell(g.label)]
+        for _name, key, scale, digits, method in MAIN_COLUMNS:
+            row.append(_cell(g, f"test.pre.{key}", scale, digits))
+            row.append(_cell(g, f"test.post.{method}.{key}", scale, digits, f"temperature.{method}"))
+        row.append(_cell(g, "test.pre.error", 100.0, 2))
+        rows.append(row)
+    _mark_best(rows, [False] * (len(header) - 1))
+    notes = [
+        "ECE, AdaECE (equal-mass ECE), Classwise-ECE and error in %, NLL in nats; "
+        f"{groups[0].runs[0].results.get('n_bins', 15)} bins; test set. " + _seeds_note(groups),
+        "post T: after temperature scaling with T chosen on the validation set by grid search "
+        "(0.1..10, step 0.1) on ECE (on AdaECE for the AdaECE column); (T) is the mean temperature. "
+        "Bold: best in the column.",
+    ]
+    return Table(_title(groups, "Calibration"), header, rows, notes)
+
+
+def temperature_table(groups: Sequence[Group]) -> Table:
+    methods = []
+    for g in groups:
+        for k in g.mean:
+            if k.startswith("temperature.") and k[12:] not in methods:
+                methods.append(k[12:])
+    order = ["grid_ece", "grid_adaece", "grid_nll", "nll"]
+    methods.sort(key=lambda m: (order.index(m) if m in order else len(order), m))
+    header = ["Loss"] + [f"T {m}" for m in methods]
+    rows = [[Cell(g.label)] + [_cell(g, f"temperature.{m}", 1.0, 2) for m in methods] for g in groups]
+    notes = ["Optimal temperatures fitted on the validation set: grid_ece / grid_adaece / grid_nll "
+             "choose T in 0.1..10 by the lowest validation ECE / AdaECE / NLL; nll minimises the "
+             "NLL continuously (Guo et al. 2017). T > 1: over-confident, T < 1: under-confident."]
+    return Table(_title(groups, "Temperatures"), header, rows, notes)
+
+
+#: (column, key suffix, scale, digits, higher is better)
+OOD_COLUMNS = (
+    ("AUROC entropy pre T", "auroc_entropy", 100.0, 2, True),
+    ("AUROC entropy post T", "post_auroc_entropy", 100.0, 2, True),
+    ("AUROC max-prob", "auroc_max_prob", 100.0, 2, True),
+    ("FPR@95 entropy", "fpr95_entropy", 100.0, 2, False),
+    ("AUPR entropy", "aupr_entropy", 100.0, 2, True),
+)
+
+
+def ood_tables(groups: Sequence[Group]) -> list[Table]:
+    names: list[str] = []
+    for g in groups:
+        for k in g.mean:
+            if k.startswith("ood."):
+                n = k.split(".")[1]
+                if n not in names:
+                    names.append(n)
+    tables = []
+    for name in names:
+        header = ["Loss"] + [c[0] for c in OOD_COLUMNS]
+        rows = [[Cell(g.label)] + [_cell(g, f"ood.{name}.{key}", sc, d) for _c, key, sc, d, _h in OOD_COLUMNS]
+                for g in groups if any(k.startswith(f"ood.{name}.") for k in g.mean)]
+        _mark_best(rows, [c[4] for c in OOD_COLUMNS])
+        notes = [f"Out-of-distribution detection, in-distribution test set vs {name!r} (the positive "
+                 "class), in %. Scores: softmax entropy, or minus the maximum probability; "
+                 "post T uses the grid-ECE temperature. " + _seeds_note(groups)]
+        tables.append(Table(_title(groups, f"OOD detection ({name})"), header, rows, notes))
+    return tables
+
+
+EXTRA_COLUMNS = (
+    ("MCE", "mce", 100.0, 2), ("RMSCE", "rmsce", 100.0, 2), ("Brier", "brier", 1.0, 4),
+    ("Top-5 error", "topk_error", 100.0, 2), ("S99 share", "s99_share", 100.0, 2),
+    ("S99 accuracy", "s99_accuracy", 100.0, 2),
+)
+
+
+def extra_metrics_table(groups: Sequence[Group]) -> Table:
+    header = ["Loss"] + [c[0] for c in EXTRA_COLUMNS] + ["ECE post T (NLL-fitted T)"]
+    rows = []
+    for g in groups:
+        row = [Cell(g.label)] + [_cell(g, f"test.pre.{k}", sc, d) for _c, k, sc, d in EXTRA_COLUMNS]
+        row.append(_cell(g, "test.post.nll.ece", 100.0, 2, "temperature.nll"))
+        rows.append(row)
+    _mark_best(rows, [False, False, False, False, None, True, False])
+    notes = ["Pre-temperature test metrics in % (Brier: mean squared error summed over classes, "
+             "not divided by C). S99: share of samples with confidence >= 0.99 and the accuracy on "
+             "them ('-' when there are none)."]
+    return Table(_title(groups, "Further metrics"), header, rows, notes)
+
+
+def _by_dataset_model(groups: Sequence[Group]) -> list[list[Group]]:
+    out: dict[tuple[str, str], list[Group]] = {}
+    for g in groups:
+        out.setdefault((g.dataset, g.model), []).append(g)
+    return list(out.values())
+
+
+def tables_for(groups: Sequence[Group]) -> list[tuple[tuple[str, str], list[Table]]]:
+    """Per (dataset, model): ``((dataset, model), [main, temperatures, OOD..., further metrics])``."""
+    return [((gs[0].dataset, gs[0].model),
+             [main_table(gs), temperature_table(gs), *ood_tables(gs), extra_metrics_table(gs)])
+            for gs in _by_dataset_model(groups)]
+
+
+def _csv(header: list[str], rows: list[list[object]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    for r in rows:
+        w.writerow(["" if isinstance(v, float) and math.isnan(v) else
+                    (repr(v) if isinstance(v, float) else v) for v in r])
+    return buf.getvalue()
+
+
+def _all_keys(dicts: Sequence[dict[str, float]]) -> list[str]:
+    keys: dict[str, None] = {}
+    for d in dicts:
+        keys.update(dict.fromkeys(d))
+    return sorted(keys)
+
+
+def runs_csv(groups: Sequence[Group]) -> str:
+    """One row per run with every number (fractions; empty cell = NaN/missing)."""
+    runs = [r for g in groups for r in g.runs]
+    keys = _all_keys([r.flat for r in runs])
+    header = ["dataset", "model", "loss", "loss_kwargs", "seed", "run_dir"] + keys
+    rows = []
+    for g in groups:
+        for r in g.runs:
+            rows.append([g.dataset, g.model, g.loss, r.key[3], r.seed, str(r.run_dir)]
+                        + [r.flat.get(k, math.nan) for k in keys])
+    return _csv(header, rows)
+
+
+def groups_csv(groups: Sequence[Group]) -> str:
+    """One row per group: every number's mean and std over seeds (fractions)."""
+    keys = _all_keys([g.mean for g in groups])
+    header = ["dataset", "model", "loss", "loss_kwargs", "n_runs", "seeds"]
+    for k in keys:
+        header += [f"{k}.mean", f"{k}.std"]
+    rows = []
+    for g in groups:
+        row: list[object] = [g.dataset, g.model, g.loss, g.runs[0].key[3], len(g.runs),
+                             " ".join(str(s) for s in g.seeds)]
+        for k in keys:
+            row += [g.mean.get(k, math.nan), g.std.get(k, math.nan)]
+        rows.append(row)
+    return _csv(header, rows)
