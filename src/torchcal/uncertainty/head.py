@@ -1,0 +1,161 @@
+"""Pretrained uncertainty heads (Kirchhof et al. 2024): the head and its ranking loss.
+
+A frozen classifier gives a pre-logit embedding ``z = f(x)`` of shape (N, D).  The uncertainty
+head is a small MLP ``u = g(stopgrad(z))`` with a strictly positive output (Softplus + 1e-6)
+trained to *rank* samples like the classifier's per-sample cross-entropy: samples on which the
+classifier is wrong (large loss) should get a large uncertainty.  The loss is a pairwise hinge
+over consecutive pairs of the batch, so it is scale-free and the head transfers across data sets.
+
+The stop-gradient is part of :class:`UncertaintyHead` itself (its ``forward`` detaches its input),
+so training the head, alone or beside the classifier (``L_cls + lam * L_rank``), never changes the
+backbone's or the classifier's gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .._validation import check_nonneg_finite, check_positive_int
+
+__all__ = ["UncertaintyHead", "ranking_loss", "per_sample_cross_entropy"]
+
+_EPS = 1e-6
+
+
+class UncertaintyHead(nn.Module):
+    """MLP ``D -> width -> ... -> width -> 1`` with LeakyReLU, Softplus output plus ``1e-6``.
+
+    ``forward(features)`` detaches ``features`` first (the stop-gradient of the paper), so no
+    gradient ever flows from the head into whatever produced the features.
+
+    Args:
+        in_features: embedding width ``D`` (e.g. ``model.num_features``).
+        width: hidden width (512 in the paper).
+        depth: number of hidden layers (2 in the paper: ``D -> 512 -> 512 -> 1``).
+
+    Shapes:
+        features (N, D) -> uncertainty (N,), every entry ``> 1e-6``.
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> head = UncertaintyHead(8, width=16)
+        >>> u = head(torch.randn(4, 8, requires_grad=True))
+        >>> u.shape, bool((u > 1e-6).all()), u.requires_grad
+        (torch.Size([4]), True, True)
+        >>> sum(p.numel() for p in head.parameters())  # 8*16+16 + 16*16+16 + 16+1
+        433
+    """
+
+    def __init__(self, in_features: int, width: int = 512, depth: int = 2) -> None:
+        super().__init__()
+        self.in_features = check_positive_int(in_features, "in_features")
+        self.width = check_positive_int(width, "width")
+        self.depth = check_positive_int(depth, "depth")
+        layers: list[nn.Module] = []
+        d = self.in_features
+        for _ in range(self.depth):
+            layers += [nn.Linear(d, self.width), nn.LeakyReLU()]
+            d = self.width
+        layers += [nn.Linear(d, 1), nn.Softplus()]
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if not isinstance(features, torch.Tensor) or not features.is_floating_point():
+            raise TypeError(
+                "Expected `features` to be a floating-point torch.Tensor, got "
+                + (str(features.dtype) if isinstance(features, torch.Tensor) else type(features).__name__)
+            )
+        if features.ndim != 2 or features.shape[1] != self.in_features:
+            raise ValueError(
+                f"Expected `features` of shape (N, {self.in_features}), got {tuple(features.shape)}"
+            )
+        x = features.detach()  # the stop-gradient: the head never trains the backbone
+        w = self.mlp[0].weight
+        if x.dtype != w.dtype:
+            x = x.to(w.dtype)
+        return self.mlp(x).squeeze(1) + _EPS
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, width={self.width}, depth={self.depth}"
+
+
+def _as_vector(t: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"Expected `{name}` to be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"Expected `{name}` to have a floating dtype, got {t.dtype}")
+    if t.ndim == 2 and t.shape[1] == 1:
+        t = t.squeeze(1)
+    if t.ndim != 1:
+        raise ValueError(f"Expected `{name}` to be of shape (N,) or (N, 1), got {tuple(t.shape)}")
+    return t
+
+
+def ranking_loss(
+    uncertainty: torch.Tensor, target_loss: torch.Tensor, margin: float = 0.1
+) -> torch.Tensor:
+    """Pairwise ranking hinge of the pretrained-uncertainty paper.
+
+    The batch is paired consecutively as (0, 1), (2, 3), ...; for a pair ``(a, b)``::
+
+        s = +1 if l_a > l_b else -1          (ties count as -1)
+        L = mean_pairs max(0, -s * (u_a - u_b) + margin)
+
+    ``target_loss`` (the frozen classifier's per-sample cross-entropy) is detached here, so only
+    ``uncertainty`` receives gradients.
+
+    Args:
+        uncertainty: predicted uncertainties, shape (N,) or (N, 1), N even and > 0.
+        target_loss: per-sample target losses, same number of entries.
+        margin: hinge margin (0.1 in the paper), finite and >= 0.
+
+    Returns:
+        0-d tensor (the mean over the N/2 pairs), in the uncertainty's dtype and device.
+
+    Raises:
+        ValueError: odd or empty batch, shape mismatch, negative margin.
+
+    Example:
+        >>> u = torch.tensor([0.1, 0.2, 0.3, 0.3])
+        >>> l = torch.tensor([2.0, 1.0, 1.0, 1.0])
+        >>> ranking_loss(u, l)  # pair 1: s=+1, 0.1+0.1=0.2; pair 2 (tie): s=-1, 0+0.1
+        tensor(0.1500)
+    """
+    u = _as_vector(uncertainty, "uncertainty")
+    t = _as_vector(target_loss, "target_loss").detach()
+    margin = check_nonneg_finite(margin, "margin")
+    n = u.shape[0]
+    if t.shape[0] != n:
+        raise ValueError(
+            f"Expected `target_loss` to have {n} entries (one per `uncertainty`), got {t.shape[0]}"
+        )
+    if n == 0 or n % 2:
+        raise ValueError(
+            f"Expected an even, non-zero batch size for the pairwise ranking loss, got {n}"
+        )
+    if t.device != u.device:
+        t = t.to(u.device)
+    u_a, u_b = u[0::2], u[1::2]
+    t_a, t_b = t[0::2], t[1::2]
+    sign = torch.where(t_a > t_b, 1.0, -1.0).to(u.dtype)
+    return torch.clamp(margin - sign * (u_a - u_b), min=0).mean()
+
+
+def per_sample_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Detached per-sample cross-entropy ``-log softmax(logits)[y]`` in float32 (float64 kept),
+    the head's training target.  Shapes: (N, C), (N,) -> (N,).
+
+    Example:
+        >>> per_sample_cross_entropy(torch.zeros(2, 4), torch.tensor([0, 3]))
+        tensor([1.3863, 1.3863])
+    """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.ndim != 2:
+        raise ValueError(
+            "Expected `logits` to be a floating-point tensor of shape (N, C), got "
+            + (f"{logits.dtype} {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__)
+        )
+    work = logits.detach()
+    if work.dtype not in (torch.float32, torch.float64):
+        work = work.float()
+    return torch.nn.functional.cross_entropy(work, labels.to(work.device).long(), reduction="none")
