@@ -166,8 +166,19 @@ def _train_config(job: dict[str, Any]):
         "loss": job["loss"], "loss_kwargs": dict(job["loss_kwargs"]), "seed": job["seed"],
         "out_dir": job["run_dir"], "device": "cpu", "num_threads": 1, "progress": False,
     }
-    if job.get("epochs") is not None:
-        upd["epochs"] = int(job["epochs"])
+    if job.get("epochs") is not None and int(job["epochs"]) != cfg.epochs:
+        # keep the recipe's schedule shape: milestones at the same fractions of training
+        e = int(job["epochs"])
+        upd["epochs"] = e
+        upd["milestones"] = sorted({max(1, round(m * e / cfg.epochs)) for m in cfg.milestones
+                                    if m < cfg.epochs})
+    # the demo evaluates the last epoch only: no per-epoch test pass, no best checkpoint,
+    # one checkpoint at the end
+    for k, v in (("eval_test_every", 0), ("select_best_by", "none"),
+                 ("checkpoint_every", upd.get("epochs", cfg.epochs)), ("evaluate", True),
+                 ("n_bins", int(job.get("n_bins", 15)))):
+        if k in fields:
+            upd[k] = v
     if "data_kwargs" in fields:
         dk = dict(cfg.data_kwargs or {})
         dk["noise_std"] = job["noise_std"]
