@@ -1,1 +1,46 @@
-"""torchcal.metrics (under construction)."""
+"""Calibration, scoring and ranking metrics (exact, vectorised, torch or NumPy input).
+
+Every metric takes keyword arguments only: exactly one of ``logits=`` / ``probs=`` of shape
+(N, C) plus ``labels=`` (N,), and returns 0-d tensors on the input's device.  Bin conventions
+live in :mod:`torchcal.metrics.binning`.
+"""
+
+from __future__ import annotations
+
+from .binning import (
+    bin_index,
+    equal_mass_bin_index,
+    equal_mass_edges,
+    equal_width_bin_index,
+    equal_width_edges,
+)
+from .calibration import (
+    ReliabilityCurve,
+    adaptive_ece,
+    classwise_ece,
+    ece,
+    mce,
+    reliability_curve,
+    rmsce,
+)
+from .scoring import brier, error, nll, s99, topk_error
+
+__all__ = [
+    "ece",
+    "mce",
+    "rmsce",
+    "adaptive_ece",
+    "classwise_ece",
+    "reliability_curve",
+    "ReliabilityCurve",
+    "nll",
+    "brier",
+    "error",
+    "topk_error",
+    "s99",
+    "bin_index",
+    "equal_width_edges",
+    "equal_width_bin_index",
+    "equal_mass_edges",
+    "equal_mass_bin_index",
+]

@@ -1,0 +1,235 @@
+"""Binned calibration errors: ECE, MCE, RMSCE, AdaECE (equal-mass), Classwise-ECE, and the
+reliability curve behind them.
+
+Conventions (shared with :mod:`torchcal.metrics.binning`, the single home of bin assignment):
+
+* Inputs: exactly one of ``logits=`` / ``probs=`` of shape (N, C) (torch or NumPy, any float
+  dtype, any device) and ``labels=`` (N,) integer class indices.  Logits go through ``softmax``.
+  The value range is never used to guess which one was passed.
+* Top-label metrics bin the top-1 confidence ``conf_i = max_c p_ic``; sample i is correct when
+  ``argmax_c p_ic = y_i``.  With ``n_b`` samples in bin b, ``acc_b`` their accuracy and ``conf_b``
+  their mean confidence.
+* Equal-width bins: edges ``k/B`` computed in the input's own dtype
+  (``torch.arange(B + 1, dtype=x.dtype) / B``), bins right-closed ``(e_k, e_{k+1}]``, the first
+  bin also holds 0.  A confidence of 1.0 is in the last bin, 0 in the first, and a confidence
+  exactly equal to edge ``e_k`` in bin k-1, in float16, bfloat16, float32 and float64 alike.
+* Equal-mass bins (AdaECE): sort ``s_0 <= ... <= s_{N-1}``, interior edges
+  ``e_k = s_{max(floor(kN/B) - 1, 0)}``, a value x goes to bin ``#{k : e_k < x}``: ties stay
+  together, the result does not depend on sample order.
+* Per-bin sums are accumulated in float64 (``torch.bincount``); results are 0-d tensors on the
+  input's device, in the input's float dtype promoted to at least float32 (float16 -> float32,
+  float64 stays float64).  Values are fractions in [0, 1], not percent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from .._validation import check_positive_int
+from ._common import (
+    binned_sums,
+    calibration_from_sums,
+    classwise_sums,
+    prepare,
+    result_dtype,
+    top1,
+)
+from .binning import equal_mass_bin_index, equal_width_bin_index, equal_width_edges
+
+__all__ = [
+    "ece",
+    "mce",
+    "rmsce",
+    "adaptive_ece",
+    "classwise_ece",
+    "reliability_curve",
+    "ReliabilityCurve",
+]
+
+
+def _top_label(
+    logits: Any, probs: Any, labels: Any, n_bins: int, validate_args: bool, norm: str,
+    equal_mass: bool = False,
+) -> torch.Tensor:
+    n_bins = check_positive_int(n_bins, "n_bins")
+    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    conf, correct = top1(p, y)
+    if equal_mass:
+        idx, _ = equal_mass_bin_index(conf, n_bins)
+    else:
+        idx = equal_width_bin_index(conf, n_bins)
+    sums = binned_sums(idx, conf, correct, n_bins)
+    return calibration_from_sums(sums, norm).to(result_dtype(p.dtype))
+
+
+def ece(
+    *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Expected calibration error with ``n_bins`` equal-width bins.
+
+    ``ECE = sum_b (n_b / N) |acc_b - conf_b|`` over the top-1 confidence (see the module
+    docstring for the bin convention: right-closed bins ``(k/B, (k+1)/B]``, 0 in the first bin,
+    1.0 in the last).
+
+    Args:
+        logits: (N, C) scores, turned into probabilities with softmax.  Exactly one of
+            ``logits`` / ``probs``.
+        probs: (N, C) probabilities, rows summing to 1.
+        labels: (N,) integer class indices in [0, C).
+        n_bins: number of equal-width bins B (>= 1).
+        validate_args: check the inputs for NaN/Inf, range and row sums (the cheap shape and
+            label checks always run).
+
+    Returns:
+        0-d tensor on the input's device.
+
+    Example:
+        >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
+        ...                       [0.1, 0.8, 0.1]])
+        >>> ece(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
+        tensor(0.2000)
+    """
+    return _top_label(logits, probs, labels, n_bins, validate_args, "l1")
+
+
+def mce(
+    *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Maximum calibration error: ``max_b |acc_b - conf_b|`` over the non-empty equal-width bins.
+
+    Same inputs and bin convention as :func:`ece`.
+
+    Example:
+        >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
+        ...                       [0.1, 0.8, 0.1]])
+        >>> mce(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
+        tensor(0.3500)
+    """
+    return _top_label(logits, probs, labels, n_bins, validate_args, "max")
+
+
+def rmsce(
+    *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Root-mean-square calibration error: ``sqrt(sum_b (n_b / N) (acc_b - conf_b)^2)``.
+
+    Same inputs and bin convention as :func:`ece`.
+
+    Example:
+        >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
+        ...                       [0.1, 0.8, 0.1]])
+        >>> rmsce(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
+        tensor(0.2500)
+    """
+    return _top_label(logits, probs, labels, n_bins, validate_args, "l2")
+
+
+def adaptive_ece(
+    *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """AdaECE (ECE_EM): ECE with ``n_bins`` equal-mass bins on the top-1 confidence.
+
+    Sort the confidences ``s_0 <= ... <= s_{N-1}``; interior edges
+    ``e_k = s_{max(floor(kN/B) - 1, 0)}`` (k = 1..B-1); a confidence x goes to bin
+    ``#{k : e_k < x}``.  Without ties each bin holds ``floor((k+1)N/B) - floor(kN/B)`` samples;
+    tied confidences always share a bin (bins may then be uneven or empty), and the result does
+    not depend on sample order.  ``AdaECE = sum_b (n_b / N) |acc_b - conf_b|``.  This is the
+    binning AdaFocal uses (:func:`torchcal.metrics.binning.equal_mass_bin_index`).  The
+    focal-calibration code instead uses ``e_k = s_{kN/B}`` and drops the smallest sample.
+
+    Example:
+        >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
+        ...                       [0.1, 0.8, 0.1]])
+        >>> adaptive_ece(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
+        tensor(0.2000)
+    """
+    return _top_label(logits, probs, labels, n_bins, validate_args, "l1", equal_mass=True)
+
+
+def classwise_ece(
+    *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Classwise-ECE: the mean over classes of the equal-width ECE of ``p_k`` vs ``[y = k]``.
+
+    ``CW-ECE = (1/C) sum_k sum_b (n_bk / N) |acc_bk - conf_bk|`` where bin ``b`` of class ``k``
+    holds the samples whose ``p_ik`` falls in it (all N samples for every class), ``acc_bk`` is
+    the share of them with label k and ``conf_bk`` their mean ``p_ik``.  Computed as one float64
+    ``bincount`` over the flattened (class, bin) pairs: ``sum_{k,b} |sum_{i in bk} (p_ik -
+    [y_i = k])| / (N C)``; O(N C) time, memory bounded by chunking.
+
+    Example:
+        >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
+        ...                       [0.1, 0.8, 0.1]])
+        >>> classwise_ece(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
+        tensor(0.1333)
+    """
+    n_bins = check_positive_int(n_bins, "n_bins")
+    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    sums = classwise_sums(p, y, n_bins)
+    n, c = p.shape
+    return (sums.abs().sum() / (n * c)).to(result_dtype(p.dtype))
+
+
+class ReliabilityCurve(NamedTuple):
+    """Per-bin statistics of the top-1 confidence.
+
+    Attributes:
+        counts: (B,) int64 number of samples per bin.
+        confidences: (B,) mean confidence per bin (NaN for an empty bin).
+        accuracies: (B,) accuracy per bin (NaN for an empty bin).
+        edges: (B + 1,) bin edges, first 0 and last 1, in the input's dtype.
+    """
+
+    counts: torch.Tensor
+    confidences: torch.Tensor
+    accuracies: torch.Tensor
+    edges: torch.Tensor
+
+
+def reliability_curve(
+    *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
+    strategy: str = "uniform", validate_args: bool = True,
+) -> ReliabilityCurve:
+    """Per-bin count, mean confidence and accuracy of the top-1 prediction.
+
+    ``strategy="uniform"``: equal-width bins (the ECE convention); ``"quantile"``: equal-mass bins
+    (the AdaECE convention), whose edges are ``[0, e_1, ..., e_{B-1}, 1]``.  The curve gives
+    ``ece = sum(counts * |accuracies - confidences|) / N`` over the non-empty bins.
+
+    Example:
+        >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
+        ...                       [0.1, 0.8, 0.1]])
+        >>> curve = reliability_curve(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=4)
+        >>> curve.counts
+        tensor([0, 2, 0, 2])
+        >>> curve.confidences
+        tensor([   nan, 0.4500,    nan, 0.8500])
+    """
+    n_bins = check_positive_int(n_bins, "n_bins")
+    if strategy not in ("uniform", "quantile"):
+        raise ValueError(f"Expected `strategy` to be 'uniform' or 'quantile', got {strategy!r}")
+    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    conf, correct = top1(p, y)
+    if strategy == "uniform":
+        idx = equal_width_bin_index(conf, n_bins)
+        edges = equal_width_edges(n_bins, dtype=conf.dtype, device=conf.device)
+    else:
+        idx, interior = equal_mass_bin_index(conf, n_bins)
+        edges = torch.cat([conf.new_zeros(1), interior.to(conf.dtype), conf.new_ones(1)])
+    sums = binned_sums(idx, conf, correct, n_bins)
+    counts = sums[0]
+    out = result_dtype(p.dtype)
+    denom = torch.where(counts > 0, counts, torch.full_like(counts, float("nan")))
+    return ReliabilityCurve(
+        counts=counts.to(torch.int64),
+        confidences=(sums[1] / denom).to(out),
+        accuracies=(sums[2] / denom).to(out),
+        edges=edges,
+    )

@@ -1,0 +1,130 @@
+"""Proper scoring rules and accuracy-type metrics: NLL, Brier, error, top-k error, S99.
+
+Same input conventions as :mod:`torchcal.metrics.calibration`: exactly one of ``logits=`` /
+``probs=`` (N, C), ``labels=`` (N,) integer class indices; 0-d results on the input's device in
+the input's float dtype promoted to at least float32; sums accumulated in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._validation import as_tensor, check_labels, check_positive_int, resolve_probs
+from ._common import check_unit_interval, prepare, result_dtype, top1
+
+__all__ = ["nll", "brier", "error", "topk_error", "s99"]
+
+
+def nll(
+    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
+) -> torch.Tensor:
+    """Negative log-likelihood ``mean_i -log p_{i, y_i}``.
+
+    From ``logits`` it uses ``log_softmax`` (exact for very small probabilities); from ``probs``
+    it takes ``-log p_y`` directly, so a zero true-class probability gives ``inf``.
+
+    Example:
+        >>> nll(probs=torch.tensor([[0.5, 0.5], [0.25, 0.75]]), labels=torch.tensor([0, 1]))
+        tensor(0.4904)
+        >>> nll(logits=torch.zeros(2, 4), labels=torch.tensor([0, 3]))  # log 4
+        tensor(1.3863)
+    """
+    p = resolve_probs(logits, probs, validate_args=validate_args)
+    y = check_labels(labels, n=p.shape[0], num_classes=p.shape[1], device=p.device)
+    out = result_dtype(p.dtype)
+    if logits is not None:
+        z = as_tensor(logits, "logits").to(device=p.device, dtype=out)
+        logp_y = torch.log_softmax(z, dim=1).gather(1, y[:, None]).squeeze(1)
+    else:
+        logp_y = p.gather(1, y[:, None]).squeeze(1).to(torch.float64).log()
+    return (-logp_y.to(torch.float64).mean()).to(out)
+
+
+def brier(
+    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
+) -> torch.Tensor:
+    """Multiclass Brier score ``mean_i sum_c (p_ic - [y_i = c])^2``.
+
+    The **sum** over the C classes, not divided by C (range [0, 2]); libraries that divide by C
+    (e.g. some reporting code) give this value / C.
+
+    Example:
+        >>> brier(probs=torch.tensor([[0.5, 0.5], [0.25, 0.75]]), labels=torch.tensor([0, 1]))
+        tensor(0.3125)
+    """
+    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    w = p.to(result_dtype(p.dtype)).clone()
+    w[torch.arange(w.shape[0], device=w.device), y] -= 1
+    per_sample = (w * w).sum(dim=1, dtype=torch.float64)
+    return per_sample.mean().to(result_dtype(p.dtype))
+
+
+def error(
+    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
+) -> torch.Tensor:
+    """Top-1 error ``1 - accuracy`` (the prediction is ``argmax_c p_c``, first index on ties).
+
+    Example:
+        >>> error(probs=torch.tensor([[0.5, 0.5], [0.25, 0.75], [0.9, 0.1]]),
+        ...       labels=torch.tensor([0, 1, 1]))
+        tensor(0.3333)
+    """
+    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    _, correct = top1(p, y)
+    return (1.0 - correct.to(torch.float64).mean()).to(result_dtype(p.dtype))
+
+
+def topk_error(
+    *, logits: Any = None, probs: Any = None, labels: Any, k: int = 5, validate_args: bool = True
+) -> torch.Tensor:
+    """Top-k error: share of samples whose label is not among the k most probable classes.
+
+    A sample is a hit when fewer than k classes have a strictly larger probability than its
+    true class (so ties at the k-th place count in the sample's favour and the result does
+    not depend on how ``topk`` breaks ties).  ``k`` must not exceed C.
+
+    Example:
+        >>> probs = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]])
+        >>> topk_error(probs=probs, labels=torch.tensor([1, 2]), k=2)
+        tensor(0.5000)
+    """
+    k = check_positive_int(k, "k")
+    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    if k > p.shape[1]:
+        raise ValueError(
+            f"Expected `k` to be at most the number of classes C={p.shape[1]}, got {k}"
+        )
+    hits = topk_hits(p, y, k)
+    return (1.0 - hits.to(torch.float64).mean()).to(result_dtype(p.dtype))
+
+
+def topk_hits(p: torch.Tensor, y: torch.Tensor, k: int) -> torch.Tensor:
+    """(N,) bool: fewer than ``k`` classes strictly more probable than the true class."""
+    p_y = p.gather(1, y[:, None])
+    return (p > p_y).sum(dim=1) < k
+
+
+def s99(
+    *, logits: Any = None, probs: Any = None, labels: Any, threshold: float = 0.99,
+    validate_args: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Share of samples with top-1 confidence ``>= threshold`` and the accuracy on them.
+
+    Returns ``(share, accuracy)``; ``accuracy`` is NaN when no sample reaches the threshold.
+
+    Example:
+        >>> probs = torch.tensor([[0.995, 0.005], [0.5, 0.5], [0.001, 0.999], [0.3, 0.7]])
+        >>> s99(probs=probs, labels=torch.tensor([0, 0, 0, 1]))
+        (tensor(0.5000), tensor(0.5000))
+    """
+    threshold = check_unit_interval(threshold, "threshold")
+    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    conf, correct = top1(p, y)
+    confident = conf >= threshold
+    n_conf = confident.sum().to(torch.float64)
+    share = n_conf / conf.shape[0]
+    acc = (confident & correct).sum().to(torch.float64) / n_conf
+    out = result_dtype(p.dtype)
+    return share.to(out), acc.to(out)
