@@ -170,8 +170,9 @@ def _train_config(job: dict[str, Any]):
         # keep the recipe's schedule shape: milestones at the same fractions of training
         e = int(job["epochs"])
         upd["epochs"] = e
-        upd["milestones"] = sorted({max(1, round(m * e / cfg.epochs)) for m in cfg.milestones
-                                    if m < cfg.epochs})
+        if not getattr(cfg, "milestone_fractions", None):  # else the trainer scales them
+            upd["milestones"] = sorted({max(1, round(m * e / cfg.epochs)) for m in cfg.milestones
+                                        if m < cfg.epochs})
     # the demo evaluates the last epoch only: no per-epoch test pass, no best checkpoint,
     # one checkpoint at the end
     for k, v in (("eval_test_every", 0), ("select_best_by", "none"),

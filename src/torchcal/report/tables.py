@@ -48,6 +48,7 @@ class Table:
     header: list[str]
     rows: list[list[Cell]]
     notes: list[str] = field(default_factory=list)
+    short_header: list[str] | None = None  # for the plain-text (terminal) rendering
 
     def to_markdown(self) -> str:
         def esc(s: str) -> str:
@@ -76,7 +77,7 @@ class Table:
         return "\n".join(out) + "\n"
 
     def to_text(self) -> str:
-        cells = [self.header] + [[(c.text + " *") if c.best else c.text for c in r] for r in self.rows]
+        cells = [self.short_header or self.header] + [[(c.text + " *") if c.best else c.text for c in r] for r in self.rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
         lines = [self.title]
         for j, r in enumerate(cells):
@@ -167,7 +168,11 @@ def main_table(groups: Sequence[Group]) -> Table:
         "(0.1..10, step 0.1) on ECE (on AdaECE for the AdaECE column); (T) is the mean temperature. "
         "Bold: best in the column.",
     ]
-    return Table(_title(groups, "Calibration"), header, rows, notes)
+    short = ["Loss"]
+    for name, *_ in MAIN_COLUMNS:
+        name = name.replace("Classwise-", "CW-")
+        short += [name, "post T (T)"]
+    return Table(_title(groups, "Calibration"), header, rows, notes, short_header=short + ["Error"])
 
 
 def temperature_table(groups: Sequence[Group]) -> Table:
