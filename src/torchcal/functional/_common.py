@@ -1,0 +1,74 @@
+"""Small helpers shared by torchcal's loss functions (hyperparameter checks, autocast guard)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+from typing import Any
+
+import torch
+
+__all__ = ["check_hyper", "check_alpha", "no_autocast", "as_gamma"]
+
+
+def check_hyper(value: Any, name: str, *, allow_negative: bool = False) -> float:
+    """Return ``value`` as float if it is a finite real number (>= 0 unless ``allow_negative``)."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad:
+        value = value.item()
+    kind = "finite number" if allow_negative else "finite non-negative number"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"Expected `{name}` to be a {kind}, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or (v < 0 and not allow_negative):
+        raise ValueError(f"Expected `{name}` to be a {kind}, got {value!r}")
+    return v
+
+
+def check_alpha(value: Any, name: str = "alpha") -> float:
+    """Return ``value`` as float if it is in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+        0.0 <= float(value) < 1.0
+    ):
+        raise ValueError(f"Expected `{name}` to be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def no_autocast(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """A context that disables autocast on ``t``'s device (losses compute in full precision)."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
+
+def as_gamma(
+    gamma: Any, like: torch.Tensor, *, allow_negative: bool, validate_args: bool = True,
+    name: str = "gamma",
+) -> torch.Tensor | float:
+    """Validate ``gamma``: a finite number or a tensor of ``like``'s shape (one per sample).
+
+    Returns a float for a number, else a detached tensor in ``like``'s dtype and device.
+    Values must be >= 0 unless ``allow_negative``.
+    """
+    if not isinstance(gamma, torch.Tensor) or gamma.ndim == 0:
+        if isinstance(gamma, torch.Tensor):
+            gamma = gamma.detach().item()
+        return check_hyper(gamma, name, allow_negative=allow_negative)
+    if tuple(gamma.shape) != tuple(like.shape):
+        raise ValueError(
+            f"Expected `{name}` to be a number or a tensor of the target's shape "
+            f"{tuple(like.shape)}, got shape {tuple(gamma.shape)}"
+        )
+    if gamma.is_complex() or gamma.dtype == torch.bool:
+        raise TypeError(f"Expected `{name}` to be a real tensor, got {gamma.dtype}")
+    g = gamma.detach().to(device=like.device, dtype=like.dtype)
+    if validate_args and g.numel():
+        lo, hi = torch.aminmax(g)
+        ok = torch.isfinite(lo) & torch.isfinite(hi)
+        if not allow_negative:
+            ok = ok & (lo >= 0)
+        if not bool(ok):
+            kind = "finite" if allow_negative else "finite and non-negative"
+            raise ValueError(
+                f"Expected every value of `{name}` to be {kind}, got values in "
+                f"[{float(lo)}, {float(hi)}]"
+            )
+    return g

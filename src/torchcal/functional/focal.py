@@ -1,0 +1,347 @@
+"""Focal-family losses: focal, inverse focal, signed (AdaFocal's), sample-dependent (FLSD), γ*.
+
+Per-sample terms (``lp = log p_y`` from ``log_softmax``, ``q = 1 - p_y`` computed as
+``-expm1(lp)``, so it is exact near ``p_y = 1``):
+
+* focal ``FL_γ = -(1 - p_y)^γ log p_y`` (γ >= 0; the weight is **not** detached);
+* inverse focal ``-(1 + p_y)^γ log p_y``;
+* signed focal (AdaFocal): focal with γ for γ >= 0, inverse focal with |γ| for γ < 0.
+
+Numerics.  The per-sample term is a custom :class:`torch.autograd.Function` of ``lp`` whose
+backward uses the closed form
+
+    dFL/dl = -w · (1 + |γ| · p_y · t),   w = base^|γ|,
+    t = -lp / q (focal; t = 1 where q = 0)   or   t = lp / (1 + p_y) (inverse focal),
+
+which is finite everywhere: autograd through ``(1 - p)^γ`` would multiply ``γ (1-p)^(γ-1) = ∞``
+by ``log p = 0`` at ``p_y = 1`` when ``0 < γ < 1`` and return NaN; the closed form instead gives
+the true limit (``-lp/q → 1``, so the derivative is ``-w → 0``).  Nothing is clamped: values
+are exact everywhere.  γ itself gets no gradient (it is a hyperparameter or, for FLSD and
+AdaFocal, picked without gradient).  The gradient flows into the logits through
+``gather``/``log_softmax`` as for cross-entropy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._common import as_gamma, check_hyper, no_autocast
+from ._loss_utils import check_loss_args, reduce_loss, target_log_probs
+
+__all__ = [
+    "signed_focal_loss",
+    "focal_loss",
+    "inverse_focal_loss",
+    "sample_dependent_gamma",
+    "sample_dependent_focal_loss",
+    "flsd53_loss",
+    "flsd532_loss",
+    "focal_gamma_star",
+    "FLSD53",
+    "FLSD532",
+]
+
+#: (thresholds, gammas) of FLSD-53: γ=5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 3 for p_y >= 0.5.
+FLSD53: tuple[tuple[float, ...], tuple[float, ...]] = ((0.2, 0.5), (5.0, 3.0, 3.0))
+#: (thresholds, gammas) of FLSD-532: as FLSD-53 but γ=2 for p_y >= 0.5.
+FLSD532: tuple[tuple[float, ...], tuple[float, ...]] = ((0.2, 0.5), (5.0, 3.0, 2.0))
+
+
+def _weights(lp: torch.Tensor, gamma: torch.Tensor | float):
+    """Return (w, g, focal, p) with w = base^g; ``focal`` is a bool or a bool tensor."""
+    p = lp.exp()
+    if isinstance(gamma, float):
+        focal: torch.Tensor | bool = gamma >= 0
+        base = -torch.expm1(lp) if focal else 1.0 + p
+        g: torch.Tensor | float = abs(gamma)
+    else:
+        focal = gamma >= 0
+        base = torch.where(focal, -torch.expm1(lp), 1.0 + p)
+        g = gamma.abs()
+    return base.pow(g), g, focal, p
+
+
+class _SignedFocalFunction(torch.autograd.Function):
+    """Per-sample ``-base^|γ| · lp`` with a closed-form, everywhere-finite backward."""
+
+    @staticmethod
+    def forward(ctx, lp: torch.Tensor, gamma: torch.Tensor | float) -> torch.Tensor:
+        w, _, _, _ = _weights(lp, gamma)
+        if isinstance(gamma, torch.Tensor):
+            ctx.save_for_backward(lp, w, gamma)
+            ctx.gamma = None
+        else:
+            ctx.save_for_backward(lp, w)
+            ctx.gamma = gamma
+        return -w * lp
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        if ctx.gamma is None:
+            lp, w, gamma = ctx.saved_tensors
+        else:
+            (lp, w), gamma = ctx.saved_tensors, ctx.gamma
+        p = lp.exp()
+        q = -torch.expm1(lp)
+        pos = q > 0
+        t_focal = torch.where(pos, -lp / torch.where(pos, q, torch.ones_like(q)), torch.ones_like(q))
+        if isinstance(gamma, float):
+            g = abs(gamma)
+            t = t_focal if gamma >= 0 else lp / (1.0 + p)
+        else:
+            g = gamma.abs()
+            t = torch.where(gamma >= 0, t_focal, lp / (1.0 + p))
+        return grad * (-w * (1.0 + g * p * t)), None
+
+
+def _signed_focal(
+    input: torch.Tensor, target: torch.Tensor, gamma: Any, *, reduction: str, ignore_index: int,
+    allow_negative: bool, sign: float = 1.0, validate_args: bool = True,
+) -> torch.Tensor:
+    check_loss_args(input, target, reduction)
+    with no_autocast(input):
+        _, lp, _, valid = target_log_probs(input, target, ignore_index, validate_args=validate_args)
+        g = as_gamma(gamma, lp, allow_negative=allow_negative, validate_args=validate_args)
+        if sign < 0:
+            g = -g
+        loss = _SignedFocalFunction.apply(lp, g)
+        return reduce_loss(loss, valid, reduction)
+
+
+def signed_focal_loss(
+    input: torch.Tensor, target: torch.Tensor, gamma: float | torch.Tensor, *,
+    reduction: str = "mean", ignore_index: int = -100, validate_args: bool = True,
+) -> torch.Tensor:
+    r"""Focal loss for γ >= 0 and inverse focal loss with |γ| for γ < 0 (AdaFocal's per-bin loss).
+
+    .. math::
+        \ell_i = \begin{cases} -(1-p_{y_i})^{\gamma_i} \log p_{y_i} & \gamma_i \ge 0 \\
+                 -(1+p_{y_i})^{|\gamma_i|} \log p_{y_i} & \gamma_i < 0 \end{cases}
+
+    Args:
+        input: logits of shape (N, C) or (N, C, d1, ...).
+        target: class indices of shape (N,) or (N, d1, ...).
+        gamma: a finite number, or a tensor of ``target``'s shape with one γ per sample (any
+            sign; no gradient flows into it).
+        reduction: ``"mean"`` (over entries not equal to ``ignore_index``), ``"sum"`` or ``"none"``.
+        ignore_index: target value whose entries contribute 0 and are left out of the mean.
+        validate_args: check target range and γ values (one host sync each); set False in hot loops.
+
+    Returns:
+        The reduced loss in float32 (float64 for float64 input), or per-entry losses of
+        ``target``'s shape for ``reduction="none"``.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
+        >>> signed_focal_loss(x, torch.tensor([0, 1]), torch.tensor([1.0, -1.0]), reduction="none")
+        tensor([0.3466, 1.0397])
+    """
+    return _signed_focal(input, target, gamma, reduction=reduction, ignore_index=ignore_index,
+                         allow_negative=True, validate_args=validate_args)
+
+
+def focal_loss(
+    input: torch.Tensor, target: torch.Tensor, gamma: float | torch.Tensor = 3.0, *,
+    reduction: str = "mean", ignore_index: int = -100, validate_args: bool = True,
+) -> torch.Tensor:
+    r"""Focal loss (Lin et al. 2017; Mukhoti et al. 2020): ``-(1 - p_y)^γ log p_y``.
+
+    The weight is not detached.  ``gamma=0`` is cross-entropy.
+
+    Args:
+        input: logits of shape (N, C) or (N, C, d1, ...).
+        target: class indices of shape (N,) or (N, d1, ...).
+        gamma: a finite number >= 0 (default 3, the paper's best fixed value), or a tensor of
+            ``target``'s shape with one γ >= 0 per sample (no gradient flows into it).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (as ``F.cross_entropy``).
+        ignore_index: target value to ignore.
+        validate_args: check target range and γ values.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0]])
+        >>> focal_loss(x, torch.tensor([0]), gamma=1.0)  # 0.5 * log 2
+        tensor(0.3466)
+    """
+    return _signed_focal(input, target, gamma, reduction=reduction, ignore_index=ignore_index,
+                         allow_negative=False, validate_args=validate_args)
+
+
+def inverse_focal_loss(
+    input: torch.Tensor, target: torch.Tensor, gamma: float | torch.Tensor = 3.0, *,
+    reduction: str = "mean", ignore_index: int = -100, validate_args: bool = True,
+) -> torch.Tensor:
+    r"""Inverse focal loss ``-(1 + p_y)^γ log p_y`` (pushes confidence up; used by AdaFocal).
+
+    Args:
+        input: logits of shape (N, C) or (N, C, d1, ...).
+        target: class indices of shape (N,) or (N, d1, ...).
+        gamma: a finite number >= 0 (default 3) or a tensor of ``target``'s shape of values >= 0.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        ignore_index: target value to ignore.
+        validate_args: check target range and γ values.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0]])
+        >>> inverse_focal_loss(x, torch.tensor([0]), gamma=1.0)  # 1.5 * log 2
+        tensor(1.0397)
+    """
+    return _signed_focal(input, target, gamma, reduction=reduction, ignore_index=ignore_index,
+                         allow_negative=False, sign=-1.0, validate_args=validate_args)
+
+
+def _check_schedule(
+    thresholds: Sequence[float], gammas: Sequence[float], names: tuple[str, str] = (
+        "thresholds", "gammas"),
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    tn, gn = names
+    try:
+        thr = tuple(float(check_hyper(t, tn, allow_negative=True)) for t in thresholds)
+        gam = tuple(float(check_hyper(g, gn)) for g in gammas)
+    except TypeError as e:  # not iterable
+        raise ValueError(f"Expected `{tn}` and `{gn}` to be sequences of numbers") from e
+    if any(b <= a for a, b in zip(thr, thr[1:], strict=False)):
+        raise ValueError(f"Expected `{tn}` to be strictly increasing, got {list(thresholds)}")
+    if len(gam) != len(thr) + 1:
+        raise ValueError(
+            f"Expected `{gn}` to have len(`{tn}`) + 1 = {len(thr) + 1} entries, got {len(gam)}"
+        )
+    return thr, gam
+
+
+def sample_dependent_gamma(
+    p_y: torch.Tensor, thresholds: Sequence[float] = FLSD53[0],
+    gammas: Sequence[float] = FLSD53[1],
+) -> torch.Tensor:
+    """Per-sample γ of sample-dependent focal loss: ``gammas[k]`` for ``thresholds[k-1] <= p_y <
+    thresholds[k]`` (``gammas[0]`` below the first threshold, ``gammas[-1]`` at or above the last).
+
+    Example:
+        >>> sample_dependent_gamma(torch.tensor([0.1, 0.2, 0.3, 0.5, 0.9]))
+        tensor([5., 3., 3., 3., 3.])
+        >>> sample_dependent_gamma(torch.tensor([0.1, 0.2, 0.3, 0.5, 0.9]), *FLSD532)
+        tensor([5., 3., 3., 2., 2.])
+    """
+    thr, gam = _check_schedule(thresholds, gammas)
+    p = p_y.detach()
+    t = torch.tensor(thr, dtype=p.dtype, device=p.device)
+    g = torch.tensor(gam, dtype=p.dtype, device=p.device)
+    return g[torch.bucketize(p, t, right=True)]
+
+
+def sample_dependent_focal_loss(
+    input: torch.Tensor, target: torch.Tensor, thresholds: Sequence[float] = FLSD53[0],
+    gammas: Sequence[float] = FLSD53[1], *, reduction: str = "mean", ignore_index: int = -100,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    r"""Sample-dependent focal loss (FLSD, Mukhoti et al. 2020): focal loss whose γ is picked per
+    sample from its own ``p_y`` (without gradient) by a threshold schedule.
+
+    ``γ_i = gammas[k]`` where ``k = #{j : thresholds[j] <= p_{y_i}}``; the default is FLSD-53
+    (γ=5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 3 for p_y >= 0.5, as the published code).
+    The threshold comparison uses ``p_y = exp(log_softmax(input))`` in the computation dtype.
+
+    Args:
+        input: logits of shape (N, C) or (N, C, d1, ...).
+        target: class indices of shape (N,) or (N, d1, ...).
+        thresholds: strictly increasing probabilities.
+        gammas: ``len(thresholds) + 1`` values >= 0.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        ignore_index: target value to ignore.
+        validate_args: check target range.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0]])  # p_y = 0.5 -> γ = 3
+        >>> sample_dependent_focal_loss(x, torch.tensor([0]))  # 0.5**3 * log 2
+        tensor(0.0866)
+    """
+    check_loss_args(input, target, reduction)
+    thr, gam = _check_schedule(thresholds, gammas)
+    with no_autocast(input):
+        _, lp, _, valid = target_log_probs(input, target, ignore_index, validate_args=validate_args)
+        g = sample_dependent_gamma(lp.detach().exp(), thr, gam)
+        loss = _SignedFocalFunction.apply(lp, g)
+        return reduce_loss(loss, valid, reduction)
+
+
+def flsd53_loss(input: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean",
+                ignore_index: int = -100, validate_args: bool = True) -> torch.Tensor:
+    """FLSD-53: γ = 5 for p_y < 0.2, else 3 (see :func:`sample_dependent_focal_loss`)."""
+    return sample_dependent_focal_loss(input, target, *FLSD53, reduction=reduction,
+                                       ignore_index=ignore_index, validate_args=validate_args)
+
+
+def flsd532_loss(input: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> torch.Tensor:
+    """FLSD-532: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5."""
+    return sample_dependent_focal_loss(input, target, *FLSD532, reduction=reduction,
+                                       ignore_index=ignore_index, validate_args=validate_args)
+
+
+def _gamma_star_np(p0: np.ndarray) -> np.ndarray:
+    from scipy.special import lambertw
+
+    p = np.asarray(p0, dtype=np.float64)
+    if not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p >= 1):
+        bad = p[~(np.isfinite(p) & (p > 0) & (p < 1))].ravel()[0]
+        raise ValueError(f"Expected `p0` to be in the open interval (0, 1), got {bad!r}")
+    out = np.zeros_like(p)
+    m = p < 0.5
+    if np.any(m):
+        pm = p[m]
+        a = 1.0 - pm
+        b = pm * np.log(pm)
+        la = np.log(a)
+        with np.errstate(all="ignore"):
+            x = -(a ** (1.0 - a / b)) * la / b
+            w = lambertw(x + 1e-12, k=-1)
+            g = a / b + w.real / la
+        # Underflow for extremely small p0 (x + 1e-12 >= 0): γ* grows without bound -> inf.
+        g = np.where((x + 1e-12 < 0) & (np.abs(w.imag) < 1e-6) & np.isfinite(g), g, np.inf)
+        out[m] = np.maximum(g, 0.0)
+    return out
+
+
+def focal_gamma_star(p0: Any) -> Any:
+    r"""γ*(p0) of Proposition 2 (Mukhoti et al. 2020), via Lambert W (branch -1).
+
+    The smallest γ with ``g(p, γ) <= 1`` for every ``p >= p0``, where
+    ``g(p,γ) = (1-p)^γ - γ p (1-p)^(γ-1) ln p`` is the ratio of focal's to CE's last-layer
+    gradient norm.  With ``a = 1-p0`` and ``b = p0 ln p0``:
+
+    .. math:: \gamma^* = \frac{a}{b} + \frac{W_{-1}\left(-a^{1-a/b} \ln(a)/b + 10^{-12}\right)}{\ln a}
+
+    (the ``1e-12`` as in the published code).  Exactly 0 for ``p0 >= 0.5``; grows without bound
+    as ``p0 -> 0`` (``inf`` where the formula underflows, below about 1e-15).
+
+    Args:
+        p0: a number, NumPy array or tensor of values in the open interval (0, 1).
+
+    Returns:
+        The same kind as ``p0``: a float, a float64 array, or a tensor of ``p0``'s
+        floating dtype (float32 for integer tensors) and device.  Computed in float64 with scipy.
+
+    Raises:
+        ValueError: if any value is outside (0, 1) or not finite.
+
+    Example:
+        >>> round(focal_gamma_star(0.2), 4), focal_gamma_star(0.5)
+        (4.8506, 0.0)
+    """
+    if isinstance(p0, torch.Tensor):
+        out = _gamma_star_np(p0.detach().cpu().double().numpy())
+        dtype = p0.dtype if p0.is_floating_point() else torch.float32
+        return torch.from_numpy(out).to(device=p0.device, dtype=dtype)
+    if isinstance(p0, np.ndarray):
+        return _gamma_star_np(p0)
+    if isinstance(p0, bool) or not isinstance(p0, (int, float, np.number)):
+        raise ValueError(
+            f"Expected `p0` to be a number, numpy array or tensor in (0, 1), got {p0!r}"
+        )
+    return float(_gamma_star_np(np.asarray(float(p0)))[()])
+
