@@ -1,0 +1,68 @@
+"""The model registry: ``@register_model`` fills a table read by :func:`create_model`."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+
+from torch import nn
+
+__all__ = ["register_model", "create_model", "list_models"]
+
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model constructor ``fn(num_classes, **kw) -> nn.Module``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"Expected `name` to be a non-empty string, got {name!r}")
+
+    def deco(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _MODELS and _MODELS[name] is not fn:
+            raise ValueError(f"Model {name!r} is already registered")
+        _MODELS[name] = fn
+        return fn
+
+    return deco
+
+
+def list_models(pattern: str | None = None) -> list[str]:
+    """Sorted names of the registered models, optionally filtered by a glob ``pattern``.
+
+    >>> "resnet50" in list_models()
+    True
+    >>> list_models("resnet5*")
+    ['resnet50', 'resnet50_tiny']
+    """
+    names = sorted(_MODELS)
+    if pattern is not None:
+        names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+    return names
+
+
+def create_model(name: str, num_classes: int, **kwargs) -> nn.Module:
+    """Build the registered model ``name`` with ``num_classes`` outputs.
+
+    Every model has ``forward(x) -> logits``, ``forward_features(x) -> (N, num_features)`` (the
+    pre-logit embedding), ``.num_features`` and ``.fc`` (the final :class:`torch.nn.Linear`), with
+    ``forward(x) == fc(forward_features(x))``.
+
+    Args:
+        name: a name of :func:`list_models`.
+        num_classes: number of output logits (positive integer).
+        **kwargs: passed to the model's constructor.
+
+    Raises:
+        ValueError: unknown ``name`` (the message lists the valid ones) or bad ``num_classes``.
+
+    >>> m = create_model("mlp", 10)
+    >>> m.fc.out_features, m.num_features
+    (10, 256)
+    """
+    if name not in _MODELS:
+        raise ValueError(
+            f"Unknown model {name!r}; expected one of: {', '.join(sorted(_MODELS))}"
+        )
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"Expected `num_classes` to be a positive integer, got {num_classes!r}")
+    return _MODELS[name](num_classes, **kwargs)

@@ -1,0 +1,125 @@
+"""Model registry, shapes, the forward == fc(forward_features) contract and exact parameter
+counts (REFERENCE §6), counted on the meta device so no big tensor is allocated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchcal.models import count_parameters, create_model, list_models
+
+ALL = ["densenet121", "imagenet_resnet50", "mlp", "resnet110", "resnet20", "resnet50",
+       "resnet50_tiny", "small_cnn", "wrn26_10"]
+
+# (name, num_classes, parameters): REFERENCE §6 and the standard ImageNet ResNet-50.
+COUNTS = [
+    ("resnet50", 10, 23_520_842),
+    ("resnet50", 100, 23_705_252),
+    ("resnet110", 10, 45_864_522),
+    ("resnet110", 100, 46_048_932),
+    ("wrn26_10", 10, 36_481_434),
+    ("wrn26_10", 100, 36_539_124),
+    ("densenet121", 10, 6_956_298),
+    ("densenet121", 100, 7_048_548),
+    ("resnet50_tiny", 200, 25_138_952),
+    ("imagenet_resnet50", 1000, 25_557_032),
+    ("mlp", 10, 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10),
+]
+
+
+def test_list_models():
+    assert list_models() == ALL
+    assert list_models("wrn*") == ["wrn26_10"]
+
+
+@pytest.mark.parametrize("name,num_classes,expected", COUNTS)
+def test_parameter_counts(name, num_classes, expected):
+    with torch.device("meta"):
+        model = create_model(name, num_classes)
+    assert count_parameters(model) == expected
+    assert model.fc.out_features == num_classes
+    assert model.fc.in_features == model.num_features
+
+
+def test_unknown_model_lists_valid_names():
+    with pytest.raises(ValueError, match="Unknown model 'resnet51'.*resnet50"):
+        create_model("resnet51", 10)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "10"])
+def test_bad_num_classes(bad):
+    with pytest.raises(ValueError, match="`num_classes`"):
+        create_model("mlp", bad)
+
+
+# Small inputs for the real forward passes (cheap models / small spatial sizes).
+SHAPES = [
+    ("resnet20", 10, (2, 3, 32, 32), 64),
+    ("small_cnn", 7, (2, 3, 32, 32), 128),
+    ("mlp", 10, (3, 64), 256),
+    ("resnet50", 10, (2, 3, 16, 16), 2048),
+    ("densenet121", 100, (2, 3, 16, 16), 1024),
+    ("resnet50_tiny", 200, (2, 3, 32, 32), 8192),
+    ("imagenet_resnet50", 5, (1, 3, 64, 64), 2048),
+]
+
+
+@pytest.mark.parametrize("name,num_classes,shape,num_features", SHAPES)
+def test_forward_shapes_and_features_contract(name, num_classes, shape, num_features):
+    torch.manual_seed(0)
+    model = create_model(name, num_classes).eval()
+    x = torch.randn(shape)
+    with torch.no_grad():
+        out = model(x)
+        feats = model.forward_features(x)
+    assert out.shape == (shape[0], num_classes)
+    assert feats.shape == (shape[0], num_features) and model.num_features == num_features
+    torch.testing.assert_close(model.fc(feats), out)
+
+
+def test_wrn_forward_shape_small_width():
+    # The WRN definition with a small widen factor (the registered one is 36M parameters).
+    from torchcal.models import WideResNet
+
+    m = WideResNet(depth=8, widen_factor=1, num_classes=10).eval()
+    with torch.no_grad():
+        assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="`depth`"):
+        WideResNet(depth=27)
+
+
+def test_resnet110_depth():
+    # [3, 4, 26, 3] bottleneck blocks, each 3 convolutions: 3 * 36 + stem + fc = 110 layers.
+    with torch.device("meta"):
+        m = create_model("resnet110", 10)
+    n_blocks = [len(stage) for stage in m.layers]
+    assert n_blocks == [3, 4, 26, 3]
+    convs = [mod for name, mod in m.named_modules()
+             if isinstance(mod, torch.nn.Conv2d) and "shortcut" not in name]
+    assert len(convs) + 1 == 110
+
+
+def test_tiny_resnet_pool():
+    with torch.device("meta"):
+        m = create_model("resnet50_tiny", 200)
+    assert m.fc.in_features == 8192
+    assert m.pool.output_size == 2
+
+
+def test_mlp_flattens_images_and_small_cnn_digits():
+    torch.manual_seed(0)
+    m = create_model("mlp", 10).eval()
+    x = torch.randn(4, 64)
+    torch.testing.assert_close(m(x.reshape(4, 1, 8, 8)), m(x))
+    cnn = create_model("small_cnn", 10, in_channels=1, in_features=64).eval()
+    torch.testing.assert_close(cnn(x), cnn(x.reshape(4, 1, 8, 8)))
+    with pytest.raises(ValueError, match="`in_features`"):
+        create_model("small_cnn", 10, in_channels=1, in_features=63)
+
+
+def test_models_train_step_gradients_reach_every_parameter():
+    torch.manual_seed(0)
+    m = create_model("resnet20", 10)
+    out = m(torch.randn(4, 3, 32, 32))
+    torch.nn.functional.cross_entropy(out, torch.tensor([0, 1, 2, 3])).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
