@@ -14,6 +14,7 @@ from .binning import (
     equal_width_bin_index,
     equal_width_edges,
 )
+from .bootstrap import BootstrapResult, bootstrap_ci
 from .calibration import (
     ReliabilityCurve,
     adaptive_ece,
@@ -23,6 +24,8 @@ from .calibration import (
     reliability_curve,
     rmsce,
 )
+from .meter import CalibrationMeter
+from .ranking import aupr, aurc, auroc, fpr_at_tpr, ood_auroc, ood_scores, r_auroc
 from .scoring import brier, error, nll, s99, topk_error
 
 __all__ = [
@@ -38,6 +41,16 @@ __all__ = [
     "error",
     "topk_error",
     "s99",
+    "auroc",
+    "aupr",
+    "fpr_at_tpr",
+    "aurc",
+    "r_auroc",
+    "ood_auroc",
+    "ood_scores",
+    "bootstrap_ci",
+    "BootstrapResult",
+    "CalibrationMeter",
     "bin_index",
     "equal_width_edges",
     "equal_width_bin_index",

@@ -49,22 +49,24 @@ def binned_sums(
 
 
 def calibration_from_sums(sums: torch.Tensor, norm: str) -> torch.Tensor:
-    """ECE ("l1"), MCE ("max") or RMSCE ("l2") in float64 from (3, B) per-bin sums.
+    """ECE ("l1"), MCE ("max") or RMSCE ("l2") in float64 from per-bin sums.
 
+    ``sums`` has shape (3, ..., B): per-bin count, confidence sum and correct count; the result
+    has the middle shape (0-d for (3, B); (R,) for a batch of R bootstrap resamples).
     ``(n_b/N)|acc_b - conf_b| = |A_b - S_b|/N`` with ``A_b``/``S_b`` the per-bin sums, so ECE is
     computed without dividing by the (possibly zero) counts.  Empty bins contribute 0 to every
     norm (their gap is defined as 0 and gaps are >= 0, so the max is over non-empty bins).
     """
     counts, conf_sum, acc_sum = sums[0], sums[1], sums[2]
-    n = counts.sum()
+    n = counts.sum(dim=-1)
     diff = (acc_sum - conf_sum).abs()
     if norm == "l1":
-        return diff.sum() / n
+        return diff.sum(dim=-1) / n
     gap = diff / counts.clamp(min=1)
     if norm == "max":
-        return gap.max()
+        return gap.amax(dim=-1)
     if norm == "l2":
-        return torch.sqrt((counts * gap * gap).sum() / n)
+        return torch.sqrt((counts * gap * gap).sum(dim=-1) / n)
     raise ValueError(f"Expected `norm` to be one of 'l1', 'max', 'l2', got {norm!r}")
 
 
@@ -85,7 +87,7 @@ def classwise_sums(p: torch.Tensor, y: torch.Tensor, n_bins: int) -> torch.Tenso
         yc = y[start : start + rows]
         key = equal_width_bin_index(pc, n_bins)
         key += offsets
-        w = pc.to(torch.float64)
+        w = pc.to(torch.float64, copy=True)
         w[torch.arange(pc.shape[0], device=p.device), yc] -= 1.0
         out += torch.bincount(key.view(-1), weights=w.view(-1), minlength=c * n_bins)
     return out

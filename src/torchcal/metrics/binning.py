@@ -56,7 +56,8 @@ def bin_index(values: torch.Tensor, interior_edges: torch.Tensor, *, right_close
     ``(e_k, e_{k+1}]``.  ``right_closed=False`` (AdaFocal's training-sample lookup):
     index = ``#{k : e_k <= x}``, bins ``[e_k, e_{k+1})``.  Values below the first edge go to
     bin 0 and values above the last to bin B-1 either way.  Returns int64, same shape as
-    ``values``.
+    ``values``.  ``interior_edges`` may also be batched, shape (..., B-1) for values of shape
+    (..., M) with the same leading dimensions (one set of edges per row).
 
     >>> bin_index(torch.tensor([0.0, 0.5, 0.6, 1.0]), torch.tensor([0.5]))
     tensor([0, 0, 1, 1])
@@ -65,6 +66,9 @@ def bin_index(values: torch.Tensor, interior_edges: torch.Tensor, *, right_close
     """
     cd = _cmp_dtype(values.dtype)
     edges = interior_edges.to(device=values.device, dtype=cd).contiguous()
+    if edges.ndim > 1:
+        # Batched edges (..., B-1) for values (..., M) with the same leading dimensions.
+        return torch.searchsorted(edges, values.to(cd).contiguous(), right=not right_closed)
     return torch.bucketize(values.to(cd), edges, right=not right_closed)
 
 
@@ -81,21 +85,22 @@ def equal_width_bin_index(values: torch.Tensor, n_bins: int) -> torch.Tensor:
 def equal_mass_edges(values: torch.Tensor, n_bins: int) -> torch.Tensor:
     """Interior equal-mass edges (``B - 1`` values) of a 1-D tensor of values.
 
-    ``e_k = s_{max(floor(kN/B) - 1, 0)}`` with ``s`` the sorted values.
+    ``e_k = s_{max(floor(kN/B) - 1, 0)}`` with ``s`` the sorted values.  A 2-D input (R, N)
+    gives one set of edges per row, shape (R, B-1) (used by the bootstrap).
 
     >>> equal_mass_edges(torch.tensor([0.9, 0.1, 0.3, 0.7]), 2)
     tensor([0.3000])
     """
     n_bins = check_positive_int(n_bins, "n_bins")
-    if values.ndim != 1 or values.numel() == 0:
+    if values.ndim == 0 or values.shape[-1] == 0:
         raise ValueError(
             f"Expected `values` to be a non-empty 1-D tensor, got shape {tuple(values.shape)}"
         )
-    n = values.shape[0]
-    s = torch.sort(values).values
+    n = values.shape[-1]
+    s = torch.sort(values, dim=-1).values
     k = torch.arange(1, n_bins, device=values.device)
     pos = torch.clamp(torch.div(k * n, n_bins, rounding_mode="floor") - 1, min=0)
-    return s[pos]
+    return s[..., pos]
 
 
 def equal_mass_bin_index(values: torch.Tensor, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,13 +33,16 @@ def nll(
     """
     p = resolve_probs(logits, probs, validate_args=validate_args)
     y = check_labels(labels, n=p.shape[0], num_classes=p.shape[1], device=p.device)
-    out = result_dtype(p.dtype)
+    return nll_per_sample(logits, p, y).mean().to(result_dtype(p.dtype))
+
+
+def nll_per_sample(logits: Any, p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(N,) float64 ``-log p_y``: from ``log_softmax(logits)`` if given, else from ``p``."""
     if logits is not None:
-        z = as_tensor(logits, "logits").to(device=p.device, dtype=out)
+        z = as_tensor(logits, "logits").to(device=p.device, dtype=result_dtype(p.dtype))
         logp_y = torch.log_softmax(z, dim=1).gather(1, y[:, None]).squeeze(1)
-    else:
-        logp_y = p.gather(1, y[:, None]).squeeze(1).to(torch.float64).log()
-    return (-logp_y.to(torch.float64).mean()).to(out)
+        return -logp_y.to(torch.float64)
+    return -p.gather(1, y[:, None]).squeeze(1).to(torch.float64).log()
 
 
 def brier(
@@ -55,10 +58,14 @@ def brier(
         tensor(0.3125)
     """
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
-    w = p.to(result_dtype(p.dtype)).clone()
+    return brier_per_sample(p, y).mean().to(result_dtype(p.dtype))
+
+
+def brier_per_sample(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(N,) float64 ``sum_c (p_c - onehot_c)^2`` (squares in at least float32)."""
+    w = p.to(result_dtype(p.dtype), copy=True)
     w[torch.arange(w.shape[0], device=w.device), y] -= 1
-    per_sample = (w * w).sum(dim=1, dtype=torch.float64)
-    return per_sample.mean().to(result_dtype(p.dtype))
+    return (w * w).sum(dim=1, dtype=torch.float64)
 
 
 def error(

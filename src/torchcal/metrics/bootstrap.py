@@ -1,0 +1,238 @@
+"""Bootstrap confidence intervals for the metrics (Mukhoti et al. App. G: 1000 resamples, 90%
+percentile interval).
+
+Resample ``r`` draws N row indices with replacement from a ``torch.Generator`` seeded with
+``seed`` (on the CPU, so the index sets are the same on every device).  The interval is the
+percentile interval: the ``(1 - level)/2`` and ``(1 + level)/2`` quantiles (linear
+interpolation, as ``numpy.percentile``) of the R resampled values.
+
+Vectorised over resamples for ``ece``, ``mce``, ``rmsce``, ``adaptive_ece`` and
+``classwise_ece``: the equal-width bin of a sample does not change under resampling, so a batch
+of resamples is one offset ``bincount`` (or, for Classwise-ECE, one sparse matrix product of
+the resample multiplicities with the per-sample (class, bin) contributions); AdaECE sorts each
+resample once and bins it against its own equal-mass edges, batched.  Any other metric (a
+function of this package or any callable taking ``probs=``/``logits=`` and ``labels=``) is
+evaluated resample by resample.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from .._validation import as_tensor, check_positive_int
+from . import calibration, scoring
+from ._common import binned_sums, calibration_from_sums, prepare, top1
+from .binning import bin_index, equal_mass_edges, equal_width_bin_index
+
+__all__ = ["bootstrap_ci", "BootstrapResult"]
+
+# Bound on (resamples in a batch) x N index elements, to keep temporaries ~32 MiB.
+_BATCH_ELEMENTS = 1 << 22
+
+_METRICS: dict[str, Callable[..., torch.Tensor]] = {
+    "ece": calibration.ece,
+    "mce": calibration.mce,
+    "rmsce": calibration.rmsce,
+    "adaptive_ece": calibration.adaptive_ece,
+    "classwise_ece": calibration.classwise_ece,
+    "nll": scoring.nll,
+    "brier": scoring.brier,
+    "error": scoring.error,
+    "topk_error": scoring.topk_error,
+}
+_NORMS = {calibration.ece: "l1", calibration.mce: "max", calibration.rmsce: "l2"}
+
+
+class BootstrapResult(NamedTuple):
+    """Point estimate on the full data and the percentile interval ``[low, high]``."""
+
+    estimate: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+
+
+def resample_indices(
+    n: int, n_resamples: int, seed: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The (R, N) int64 row indices of the bootstrap resamples (drawn on the CPU)."""
+    g = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randint(0, n, (n_resamples, n), generator=g).to(device)
+
+
+def _batches(n: int, n_resamples: int):
+    step = max(1, _BATCH_ELEMENTS // max(n, 1))
+    for start in range(0, n_resamples, step):
+        yield start, min(n_resamples, start + step)
+
+
+def _top_label_stats(
+    p: torch.Tensor, y: torch.Tensor, idx_all: torch.Tensor, n_bins: int, norm: str,
+    equal_mass: bool,
+) -> torch.Tensor:
+    conf, correct = top1(p, y)
+    n = conf.shape[0]
+    fixed_bins = None if equal_mass else equal_width_bin_index(conf, n_bins)
+    out = []
+    for a, b in _batches(n, idx_all.shape[0]):
+        idx = idx_all[a:b]
+        r = idx.shape[0]
+        c_r = conf[idx]
+        if equal_mass:
+            bins = bin_index(c_r, equal_mass_edges(c_r, n_bins))
+        else:
+            bins = fixed_bins[idx]
+        offsets = torch.arange(r, device=idx.device)[:, None] * n_bins
+        sums = binned_sums((bins + offsets).view(-1), c_r.view(-1), correct[idx].view(-1),
+                           r * n_bins)
+        out.append(calibration_from_sums(sums.view(3, r, n_bins), norm))
+    return torch.cat(out)
+
+
+def _multiplicities(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """(r, N) int64: how often each row appears in each of the r resamples."""
+    r = idx.shape[0]
+    offsets = torch.arange(r, device=idx.device)[:, None] * n
+    return torch.bincount((idx + offsets).view(-1), minlength=r * n).view(r, n)
+
+
+def _mean_stats(per_sample: torch.Tensor, idx_all: torch.Tensor) -> torch.Tensor:
+    """Resample means of a per-sample quantity: ``mult @ v / N`` in float64."""
+    v = per_sample.to(torch.float64)
+    n = v.shape[0]
+    out = [_multiplicities(idx_all[a:b], n).to(torch.float64) @ v / n
+           for a, b in _batches(n, idx_all.shape[0])]
+    return torch.cat(out)
+
+
+def _classwise_stats(
+    p: torch.Tensor, y: torch.Tensor, idx_all: torch.Tensor, n_bins: int
+) -> torch.Tensor:
+    n, c = p.shape
+    key = equal_width_bin_index(p, n_bins) + torch.arange(c, device=p.device) * n_bins
+    val = p.to(torch.float64, copy=True)
+    val[torch.arange(n, device=p.device), y] -= 1.0
+    rows = torch.arange(n, device=p.device).repeat_interleave(c)
+    vt = torch.sparse_coo_tensor(
+        torch.stack([key.view(-1), rows]), val.view(-1), (c * n_bins, n), check_invariants=False
+    ).coalesce()
+    if vt.device.type == "cpu":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            vt = vt.to_sparse_csr()
+    out = []
+    for a, b in _batches(n, idx_all.shape[0]):
+        idx = idx_all[a:b]
+        mult = _multiplicities(idx, n)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cell = torch.sparse.mm(vt, mult.to(torch.float64).T.contiguous())  # (C*B, r)
+        out.append(cell.abs().sum(dim=0) / (n * c))
+    return torch.cat(out)
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def bootstrap_ci(
+    metric: str | Callable[..., torch.Tensor],
+    *,
+    logits: Any = None,
+    probs: Any = None,
+    labels: Any,
+    n_resamples: int = 1000,
+    level: float = 0.9,
+    seed: int = 0,
+    **metric_kwargs: Any,
+) -> BootstrapResult:
+    """Point estimate and bootstrap percentile interval of a metric.
+
+    Args:
+        metric: a metric function (e.g. :func:`torchcal.metrics.ece`) or its name (``"ece"``,
+            ``"mce"``, ``"rmsce"``, ``"adaptive_ece"``, ``"classwise_ece"``, ``"nll"``,
+            ``"brier"``, ``"error"``, ``"topk_error"``), or any callable taking
+            ``logits=``/``probs=`` and ``labels=`` and returning a 0-d tensor.
+        logits, probs: (N, C), exactly one of them.
+        labels: (N,) integer class indices.
+        n_resamples: number R of bootstrap resamples.
+        level: coverage of the interval, in (0, 1); 0.9 gives the 5th and 95th percentiles.
+        seed: seed of the resampling generator (same seed, same index sets).
+        **metric_kwargs: passed to the metric (e.g. ``n_bins=15``).
+
+    Returns:
+        ``BootstrapResult(estimate, low, high)`` of 0-d tensors in the estimate's dtype.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> logits = 3 * torch.randn(500, 5, generator=g, dtype=torch.float64)
+        >>> labels = torch.randint(0, 5, (500,), generator=g)
+        >>> res = bootstrap_ci("ece", logits=logits, labels=labels, n_resamples=200)
+        >>> bool(res.low <= res.estimate <= res.high)
+        True
+    """
+    if isinstance(metric, str):
+        if metric not in _METRICS:
+            raise ValueError(
+                f"Expected `metric` to be one of {sorted(_METRICS)} or a callable, got {metric!r}"
+            )
+        fn = _METRICS[metric]
+    elif callable(metric):
+        fn = metric
+    else:
+        raise TypeError(f"Expected `metric` to be a metric name or a callable, got {metric!r}")
+    n_resamples = check_positive_int(n_resamples, "n_resamples")
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < level < 1.0:
+        raise ValueError(f"Expected `level` to be a number in (0, 1), got {level!r}")
+    seed = int(seed)
+
+    estimate = fn(logits=logits, probs=probs, labels=labels, **metric_kwargs)
+    if not isinstance(estimate, torch.Tensor) or estimate.ndim != 0:
+        raise TypeError("Expected `metric` to return a 0-d tensor")
+    p, y = prepare(logits, probs, labels, validate_args=False)
+    n = p.shape[0]
+    idx_all = resample_indices(n, n_resamples, seed, device=p.device)
+
+    vectorised = fn in _NORMS or fn in (calibration.adaptive_ece, calibration.classwise_ece)
+    per_sample = fn in (scoring.nll, scoring.brier, scoring.error, scoring.topk_error)
+    allowed = {"n_bins", "validate_args"} if vectorised else {"k", "validate_args"}
+    if (vectorised or per_sample) and set(metric_kwargs) <= allowed:
+        if fn is scoring.nll:
+            stats = _mean_stats(scoring.nll_per_sample(logits, p, y), idx_all)
+        elif fn is scoring.brier:
+            stats = _mean_stats(scoring.brier_per_sample(p, y), idx_all)
+        elif fn is scoring.error or fn is scoring.topk_error:
+            k = 1 if fn is scoring.error else metric_kwargs.get("k", 5)
+            stats = _mean_stats(~scoring.topk_hits(p, y, k), idx_all)
+        elif fn is calibration.classwise_ece:
+            stats = _classwise_stats(p, y, idx_all, metric_kwargs.get("n_bins", 15))
+        elif fn is calibration.adaptive_ece:
+            stats = _top_label_stats(p, y, idx_all, metric_kwargs.get("n_bins", 15), "l1",
+                                     equal_mass=True)
+        else:
+            stats = _top_label_stats(p, y, idx_all, metric_kwargs.get("n_bins", 15),
+                                     _NORMS[fn], equal_mass=False)
+    else:
+        kwargs = dict(metric_kwargs)
+        if _accepts(fn, "validate_args"):
+            kwargs.setdefault("validate_args", False)
+        src_name = "logits" if logits is not None else "probs"
+        src = as_tensor(logits if logits is not None else probs, src_name).to(p.device)
+        vals = []
+        for r in range(n_resamples):
+            idx = idx_all[r]
+            vals.append(fn(**{src_name: src[idx]}, labels=y[idx], **kwargs))
+        stats = torch.stack(vals).to(torch.float64)
+
+    alpha = (1.0 - float(level)) / 2.0
+    q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64, device=stats.device)
+    low, high = torch.quantile(stats.to(torch.float64), q)
+    return BootstrapResult(estimate, low.to(estimate.dtype), high.to(estimate.dtype))

@@ -1,0 +1,223 @@
+"""Streaming accumulator of every calibration and scoring metric, synced under DDP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._validation import check_positive_int
+from ._common import (
+    binned_sums,
+    calibration_from_sums,
+    check_unit_interval,
+    classwise_sums,
+    prepare,
+    top1,
+)
+from .binning import equal_mass_bin_index, equal_width_bin_index
+from .scoring import brier_per_sample, nll_per_sample, topk_hits
+
+__all__ = ["CalibrationMeter"]
+
+# Layout of the scalar part of the state.
+_N, _NLL, _BRIER, _CORRECT, _TOPK, _S99_N, _S99_CORRECT = range(7)
+_N_SCALARS = 7
+
+
+class CalibrationMeter:
+    """Accumulate predictions batch by batch and compute every metric at the end.
+
+    ``update(logits=... or probs=..., labels=...)`` per batch, ``compute()`` returns a dict of
+    0-d float64 tensors keyed ``"ece"``, ``"adaptive_ece"``, ``"classwise_ece"``, ``"mce"``,
+    ``"rmsce"``, ``"nll"``, ``"brier"``, ``"error"``, ``"topk_error"``, ``"s99_share"``,
+    ``"s99_accuracy"`` with the same definitions and bin conventions as the functions of
+    :mod:`torchcal.metrics` over all the data seen (equal up to float64 rounding).
+
+    State: per equal-width bin the count, confidence sum and correct count (3 x B); per (class,
+    bin) the sum of ``p_ik - [y_i = k]`` (C x B, for Classwise-ECE); seven running sums (count,
+    NLL, Brier, correct, top-k hits, and the count and correct count with confidence >=
+    ``threshold``) - all float64, fixed size whatever the number of samples.  The one
+    exception is AdaECE: its equal-mass edges depend on all the confidences, so with
+    ``adaptive=True`` the meter keeps every top-1 confidence and correctness, **O(N) memory**
+    (16 bytes per sample); ``adaptive=False`` drops them and reports ``adaptive_ece`` as NaN.
+
+    Distributed: if ``torch.distributed`` is initialised with more than one process (and
+    ``sync_dist``), ``compute()`` all-reduces the fixed-size state and all-gathers the
+    variable-length confidences (any number per rank, zero included), so every rank gets the
+    numbers one process would get over all the data.  Every rank must call ``compute()``.
+    With the NCCL backend pass ``device=`` (the rank's CUDA device) so that a rank that saw
+    no batch still holds its state on the right device.
+
+    Args:
+        num_classes: C, the number of classes.
+        n_bins: number of bins B for every binned metric.
+        adaptive: keep the confidences for AdaECE (O(N) state).
+        topk: k of ``topk_error``; when k > C the key holds NaN.
+        threshold: confidence threshold of the S99 statistics.
+        device: device of the state (default: the device of the first batch, else CPU).
+        sync_dist: all-reduce / all-gather under ``torch.distributed`` in ``compute()``.
+        process_group: the process group to sync over (default: the world).
+
+    Example:
+        >>> meter = CalibrationMeter(num_classes=3, n_bins=2)
+        >>> meter.update(probs=torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05]]),
+        ...              labels=torch.tensor([1, 0]))
+        >>> meter.update(probs=torch.tensor([[0.3, 0.3, 0.4], [0.1, 0.8, 0.1]]),
+        ...              labels=torch.tensor([0, 2]))
+        >>> out = meter.compute()
+        >>> out["ece"], out["error"]
+        (tensor(0.2000, dtype=torch.float64), tensor(0.5000, dtype=torch.float64))
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        n_bins: int = 15,
+        adaptive: bool = True,
+        topk: int = 5,
+        *,
+        threshold: float = 0.99,
+        device: torch.device | str | None = None,
+        sync_dist: bool = True,
+        process_group: Any = None,
+    ) -> None:
+        self.num_classes = check_positive_int(num_classes, "num_classes")
+        if self.num_classes < 2:
+            raise ValueError(f"Expected `num_classes` to be at least 2, got {num_classes!r}")
+        self.n_bins = check_positive_int(n_bins, "n_bins")
+        self.adaptive = bool(adaptive)
+        self.topk = check_positive_int(topk, "topk")
+        self.threshold = check_unit_interval(threshold, "threshold")
+        self.device = torch.device(device) if device is not None else None
+        self.sync_dist = bool(sync_dist)
+        self.process_group = process_group
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Forget every sample seen."""
+        self._state: torch.Tensor | None = None
+        self._conf: list[torch.Tensor] = []
+        self._correct: list[torch.Tensor] = []
+
+    def _state_size(self) -> int:
+        return 3 * self.n_bins + self.num_classes * self.n_bins + _N_SCALARS
+
+    def _ensure_state(self, device: torch.device) -> torch.Tensor:
+        if self._state is None:
+            dev = self.device if self.device is not None else device
+            self._state = torch.zeros(self._state_size(), dtype=torch.float64, device=dev)
+        return self._state
+
+    def _split(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, c = self.n_bins, self.num_classes
+        return state[: 3 * b].view(3, b), state[3 * b : 3 * b + c * b], state[3 * b + c * b :]
+
+    @property
+    def num_samples(self) -> int:
+        """Samples seen by this process (not synced)."""
+        return 0 if self._state is None else int(self._split(self._state)[2][_N])
+
+    # ----------------------------------------------------------------- update
+    @torch.no_grad()
+    def update(
+        self, *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
+    ) -> None:
+        """Add a batch: exactly one of ``logits`` / ``probs`` (N, C) and ``labels`` (N,)."""
+        p, y = prepare(logits, probs, labels, validate_args=validate_args)
+        if p.shape[1] != self.num_classes:
+            name = "logits" if logits is not None else "probs"
+            raise ValueError(
+                f"Expected `{name}` to have num_classes={self.num_classes} columns, "
+                f"got {p.shape[1]}"
+            )
+        state = self._ensure_state(p.device)
+        if p.device != state.device:
+            p, y = p.to(state.device), y.to(state.device)
+        bins, cw, scalars = self._split(state)
+        conf, correct = top1(p, y)
+        idx = equal_width_bin_index(conf, self.n_bins)
+        bins += binned_sums(idx, conf, correct, self.n_bins)
+        cw += classwise_sums(p, y, self.n_bins)
+        confident = conf >= self.threshold
+        hits = (
+            topk_hits(p, y, self.topk) if self.topk <= self.num_classes
+            else torch.zeros_like(correct)
+        )
+        logits_dev = None if logits is None else torch.as_tensor(logits).to(p.device)
+        scalars += torch.stack([
+            torch.tensor(float(p.shape[0]), dtype=torch.float64, device=p.device),
+            nll_per_sample(logits_dev, p, y).sum(),
+            brier_per_sample(p, y).sum(),
+            correct.sum().to(torch.float64),
+            hits.sum().to(torch.float64),
+            confident.sum().to(torch.float64),
+            (confident & correct).sum().to(torch.float64),
+        ])
+        if self.adaptive:
+            self._conf.append(conf.to(torch.float64))
+            self._correct.append(correct)
+
+    # ---------------------------------------------------------------- compute
+    def _world(self) -> int:
+        if not self.sync_dist:
+            return 1
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size(self.process_group)
+
+    def _gather(self, local: torch.Tensor) -> torch.Tensor:
+        """All-gather a (2, n_rank) float64 tensor whose length differs by rank."""
+        dist = torch.distributed
+        world = self._world()
+        size = torch.tensor([local.shape[1]], dtype=torch.int64, device=local.device)
+        sizes = [torch.zeros_like(size) for _ in range(world)]
+        dist.all_gather(sizes, size, group=self.process_group)
+        sizes_int = [int(s) for s in sizes]
+        longest = max(sizes_int)
+        padded = local.new_zeros(2, longest)
+        padded[:, : local.shape[1]] = local
+        bufs = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(bufs, padded.contiguous(), group=self.process_group)
+        return torch.cat([b[:, :s] for b, s in zip(bufs, sizes_int, strict=True)], dim=1)
+
+    @torch.no_grad()
+    def compute(self) -> dict[str, torch.Tensor]:
+        """Every metric over all the data seen (by all ranks under DDP)."""
+        dev = self.device if self.device is not None else torch.device("cpu")
+        state = self._ensure_state(dev).clone()
+        if self.adaptive and self._conf:
+            local = torch.stack([torch.cat(self._conf), torch.cat(self._correct).to(torch.float64)])
+        else:
+            local = torch.zeros(2, 0, dtype=torch.float64, device=state.device)
+        if self._world() > 1:
+            torch.distributed.all_reduce(state, group=self.process_group)
+            if self.adaptive:
+                local = self._gather(local)
+        bins, cw, scalars = self._split(state)
+        n = scalars[_N]
+        if not bool(n > 0):
+            raise ValueError("Expected at least one sample before `compute()`, got none")
+        nan = torch.tensor(float("nan"), dtype=torch.float64, device=state.device)
+        if self.adaptive:
+            conf, correct = local[0], local[1].bool()
+            idx, _ = equal_mass_bin_index(conf, self.n_bins)
+            ada = calibration_from_sums(binned_sums(idx, conf, correct, self.n_bins), "l1")
+        else:
+            ada = nan
+        topk_error = 1.0 - scalars[_TOPK] / n if self.topk <= self.num_classes else nan
+        return {
+            "ece": calibration_from_sums(bins, "l1"),
+            "adaptive_ece": ada,
+            "classwise_ece": cw.abs().sum() / (n * self.num_classes),
+            "mce": calibration_from_sums(bins, "max"),
+            "rmsce": calibration_from_sums(bins, "l2"),
+            "nll": scalars[_NLL] / n,
+            "brier": scalars[_BRIER] / n,
+            "error": 1.0 - scalars[_CORRECT] / n,
+            "topk_error": topk_error,
+            "s99_share": scalars[_S99_N] / n,
+            "s99_accuracy": scalars[_S99_CORRECT] / scalars[_S99_N],
+        }
