@@ -1,0 +1,202 @@
+r"""The gradient-weighted (GRA) family and BSCE (Lin, Tao, Dong, Xu 2025).
+
+GRA: ``ℓ_i = w_i · (-log p_{y_i})`` with the weight ``w`` **detached**, so the batch gradient is
+``Σ_i w_i ∇CE_i``: the weight scales each sample's gradient instead of changing the loss
+surface (the same gradients as a backward hook that scales per-sample gradients by ``w``).
+One combinator, :func:`gradient_weighted_loss`, serves every member:
+
+* BSCE-GRA: ``w = ‖onehot(y) - p‖_β^γ`` (β=2, γ=2 is the Brier score itself; the published
+  code's β=1, γ=1 reduces to ``2(1-p_y)``);
+* FL-GRA: ``w = (1-p_y)^γ``;  DFL-GRA: ``w = (1-p_y+p_j)^γ`` (everything detached: the
+  published code detaches only ``p_j``, an inconsistency).
+
+BSCE (:func:`bsce_loss`) applies the same Brier-score weight to the loss **without** detaching.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import check_hyper, no_autocast
+from ._loss_utils import check_loss_args, reduce_loss, target_log_probs
+from .dual_focal import dual_focal_weight
+
+__all__ = [
+    "gradient_weighted_loss",
+    "brier_uncertainty",
+    "bsce_gra_loss",
+    "bsce_loss",
+    "focal_gra_loss",
+    "dual_focal_gra_loss",
+]
+
+
+def _check_beta(beta) -> float:
+    b = check_hyper(beta, "beta")
+    if b == 0:
+        raise ValueError(f"Expected `beta` (the norm order) to be a finite number > 0, got {beta!r}")
+    return b
+
+
+def gradient_weighted_loss(
+    input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, *, reduction: str = "mean",
+    ignore_index: int = -100, validate_args: bool = True,
+) -> torch.Tensor:
+    r"""Per-sample cross-entropy times a detached weight: ``ℓ_i = w_i.detach() · (-log p_{y_i})``.
+
+    The gradient is ``Σ_i w_i ∇CE_i`` whatever ``w`` depends on.
+
+    Args:
+        input: logits of shape (N, C) or (N, C, d1, ...).
+        target: class indices of shape (N,) or (N, d1, ...).
+        weight: a tensor of ``target``'s shape (or a number); detached.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        ignore_index: target value to ignore.
+        validate_args: check the target range and that the weight is finite.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
+        >>> gradient_weighted_loss(x, torch.tensor([0, 1]), torch.tensor([1.0, 3.0]), reduction="sum")
+        tensor(2.7726)
+    """
+    check_loss_args(input, target, reduction)
+    with no_autocast(input):
+        _, lp, _, valid = target_log_probs(input, target, ignore_index, validate_args=validate_args)
+        if isinstance(weight, torch.Tensor) and weight.ndim > 0:
+            if tuple(weight.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"Expected `weight` of the target's shape {tuple(target.shape)}, "
+                    f"got {tuple(weight.shape)}"
+                )
+            w = weight.detach().to(device=lp.device, dtype=lp.dtype)
+            if validate_args and w.numel() and not bool(torch.isfinite(w).all()):
+                raise ValueError("Expected `weight` to be finite")
+        else:
+            w = check_hyper(weight, "weight", allow_negative=True)
+        return reduce_loss(-w * lp, valid, reduction)
+
+
+def _safe_pow(x: torch.Tensor, e: float) -> torch.Tensor:
+    """``x**e`` for x >= 0 with a zero (not NaN/inf) gradient at x = 0 when e < 1."""
+    if e >= 1.0 or e == 0.0:
+        return x.pow(e)
+    pos = x > 0
+    return torch.where(pos, torch.where(pos, x, torch.ones_like(x)).pow(e), torch.zeros_like(x))
+
+
+def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2.0,
+                      gamma: float = 2.0) -> torch.Tensor:
+    r"""``u_i = ‖onehot(y_i) - p_i‖_β^γ`` from log-probabilities (M, C) and targets (M,).
+
+    Differentiable (call under ``no_grad`` for the GRA weight).  ``d_y = -(1-p_y)`` is computed
+    as ``expm1(log p_y)`` (exact near ``p_y = 1``); for β = γ = 2 this is the Brier score.
+    """
+    p = log_p.exp()
+    idx = target.unsqueeze(1)
+    d = p.scatter(1, idx, torch.expm1(log_p.gather(1, idx)))
+    if beta == 2.0:
+        s = torch.linalg.vecdot(d, d, dim=1)
+    elif beta == 1.0:
+        s = d.abs().sum(1)
+    else:
+        s = _safe_pow(d.abs(), beta).sum(1)
+    return s if gamma == beta else _safe_pow(s, gamma / beta)
+
+
+def _flat_log_p(log_p: torch.Tensor, t: torch.Tensor):
+    if log_p.ndim == 2:
+        return log_p, t
+    c = log_p.shape[1]
+    return log_p.movedim(1, -1).reshape(-1, c), t.reshape(-1)
+
+
+def bsce_gra_loss(
+    input: torch.Tensor, target: torch.Tensor, beta: float = 2.0, gamma: float = 2.0, *,
+    reduction: str = "mean", ignore_index: int = -100, validate_args: bool = True,
+) -> torch.Tensor:
+    r"""BSCE-GRA: ``u_i · (-log p_{y_i})`` with ``u_i = ‖onehot(y_i) - p_i‖_β^γ`` detached.
+
+    Args:
+        input: logits of shape (N, C) or (N, C, d1, ...).
+        target: class indices of shape (N,) or (N, d1, ...).
+        beta: norm order, finite > 0 (default 2).
+        gamma: exponent, finite >= 0 (default 2; β=γ=2 makes ``u`` the Brier score).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        ignore_index: target value to ignore.
+        validate_args: check the target range.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0]])
+        >>> bsce_gra_loss(x, torch.tensor([0]))  # 0.5 * log 2
+        tensor(0.3466)
+    """
+    check_loss_args(input, target, reduction)
+    beta = _check_beta(beta)
+    gamma = check_hyper(gamma, "gamma")
+    with no_autocast(input):
+        log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
+                                                  validate_args=validate_args)
+        with torch.no_grad():
+            u = brier_uncertainty(*_flat_log_p(log_p.detach(), safe), beta, gamma)
+        return reduce_loss(-u.reshape(lp.shape) * lp, valid, reduction)
+
+
+def bsce_loss(
+    input: torch.Tensor, target: torch.Tensor, beta: float = 2.0, gamma: float = 2.0, *,
+    reduction: str = "mean", ignore_index: int = -100, validate_args: bool = True,
+) -> torch.Tensor:
+    r"""BSCE (loss-weighted): ``u_i · (-log p_{y_i})`` with ``u_i = ‖onehot(y_i) - p_i‖_β^γ``
+    **not** detached (the BSCE-GRA paper's main comparison).  Same arguments as
+    :func:`bsce_gra_loss`.
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0]])
+        >>> bsce_loss(x, torch.tensor([0]))  # 0.5 * log 2
+        tensor(0.3466)
+    """
+    check_loss_args(input, target, reduction)
+    beta = _check_beta(beta)
+    gamma = check_hyper(gamma, "gamma")
+    with no_autocast(input):
+        log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
+                                                  validate_args=validate_args)
+        u = brier_uncertainty(*_flat_log_p(log_p, safe), beta, gamma)
+        return reduce_loss(-u.reshape(lp.shape) * lp, valid, reduction)
+
+
+def focal_gra_loss(
+    input: torch.Tensor, target: torch.Tensor, gamma: float = 3.0, *, reduction: str = "mean",
+    ignore_index: int = -100, validate_args: bool = True,
+) -> torch.Tensor:
+    r"""FL-GRA: ``(1 - p_y)^γ`` (detached) times ``-log p_y``.
+
+    Example:
+        >>> focal_gra_loss(torch.tensor([[0.0, 0.0]]), torch.tensor([0]), gamma=1.0)
+        tensor(0.3466)
+    """
+    check_loss_args(input, target, reduction)
+    gamma = check_hyper(gamma, "gamma")
+    with no_autocast(input):
+        _, lp, _, valid = target_log_probs(input, target, ignore_index, validate_args=validate_args)
+        w = (-torch.expm1(lp.detach())).pow(gamma)
+        return reduce_loss(-w * lp, valid, reduction)
+
+
+def dual_focal_gra_loss(
+    input: torch.Tensor, target: torch.Tensor, gamma: float = 5.0, *, reduction: str = "mean",
+    ignore_index: int = -100, validate_args: bool = True,
+) -> torch.Tensor:
+    r"""DFL-GRA: the dual-focal weight ``(1 - p_y + p_j)^γ`` (all detached) times ``-log p_y``.
+
+    Example:
+        >>> x = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+        >>> dual_focal_gra_loss(x, torch.tensor([1]), gamma=1.0)  # 0.9 * -log 0.3
+        tensor(1.0836)
+    """
+    check_loss_args(input, target, reduction)
+    gamma = check_hyper(gamma, "gamma")
+    with no_autocast(input):
+        log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
+                                                  validate_args=validate_args)
+        w = dual_focal_weight(*_flat_log_p(log_p.detach(), safe), gamma)
+        return reduce_loss(-w.reshape(lp.shape) * lp, valid, reduction)
