@@ -1,0 +1,359 @@
+r"""AdaFocal (Ghosh, Schaaf, Gormley 2022): focal loss with a γ per confidence bin, moved by
+validation calibration.
+
+State: ``B`` bins with edges ``bin_edges`` (``B + 1`` values, always ``0`` first and ``1`` last)
+and one ``γ_b`` per bin (``gammas``).  Before the first update the bins are equal-width
+(``k/B``) and every ``γ_b = gamma_init`` (the first epoch is focal loss FL-1 by default).
+
+Update (:meth:`AdaFocalLoss.update`, after each epoch or every ``update_every`` batches), from
+the validation outputs:
+
+1. top-1 confidences ``conf`` and correctness of the validation set are put into ``B``
+   equal-mass bins (:func:`torchcal.metrics.binning.equal_mass_edges` /
+   :func:`~torchcal.metrics.binning.bin_index`, right-closed, the same binning as AdaECE);
+2. per bin the signed gap ``d_b = mean(conf) - accuracy`` (over-confident bins have
+   ``d_b > 0``);
+3. ``γ_b ← γ_b·exp(λ d_b)`` if ``γ_b > 0``, else ``γ_b ← γ_b·exp(-λ d_b)``;
+4. if ``|γ_b| < S_th`` the sign flips: ``γ_b ← -S_th`` if it was positive, ``+S_th`` otherwise
+   (``γ_b = 0`` becomes ``+S_th``);
+5. clip to ``[γ_min, γ_max]``;
+6. the bin ranges become the validation equal-mass edges (with 0 and 1 at the ends).
+
+Empty bins and small validation sets.  A bin that receives no validation sample has no evidence:
+its ``γ_b`` is kept exactly (``d_b = 0``, as in REFERENCE §1, and it is not touched by the sign
+switch either; the two only differ when ``|gamma_init| < switch_point`` was chosen and the bin
+has never been updated).  Equal-mass bins are only empty when there are ties or fewer
+validation samples ``N`` than bins (``N < B``: ``e_k = s_{max(⌊kN/B⌋-1, 0)}`` repeats values,
+so some bins have zero width); this is allowed, those bins keep their γ and, having zero width,
+are never chosen by a training sample.  At least one validation sample is required.
+
+Loss (:meth:`AdaFocalLoss.forward`): a training sample picks its bin by its **true-class**
+probability ``p_y`` (detached, from the same ``log_softmax`` as the loss) with the left-closed
+lookup ``#{k : e_k <= p_y}`` over the interior edges (below the first upper edge → bin 0, at or
+above the last lower edge → bin ``B-1``, else ``lower <= p_y < upper``), then
+
+.. math::
+    \ell_i = \begin{cases} -(1-p_{y_i})^{\gamma_{b(i)}} \log p_{y_i} & \gamma_{b(i)} \ge 0 \\
+             -(1+p_{y_i})^{|\gamma_{b(i)}|} \log p_{y_i} & \gamma_{b(i)} < 0 \end{cases}
+
+computed by the signed focal loss of :mod:`torchcal.functional` (exact, finite gradient at
+``p_y = 1``; the published code's ``1e-20`` inside the power is not needed).
+
+Distributed.  When ``torch.distributed`` is initialised (world size > 1), :meth:`update`
+gathers every rank's validation confidences and correctness (``all_gather`` with padding for
+unequal shares), so each rank computes the same γ and edges as one process over the whole set.
+Pass each rank's own share (this is what the trainer does), not the full set on every rank.
+The per-bin statistics are computed from the sorted confidences, so the result does not depend
+on sample order or on how the set is split between ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._validation import as_tensor, check_finite, check_labels, check_positive_int
+from ..functional._common import no_autocast
+from ..functional._loss_utils import check_loss_args, reduce_loss, target_log_probs
+from ..functional.focal import _SignedFocalFunction
+from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
+from ._registry import register_loss
+from .base import CalibrationLoss
+
+__all__ = ["AdaFocalLoss", "adafocal_gamma_update"]
+
+
+def _check_real(value: Any, name: str, kind: str = "finite number") -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
+        float(value)
+    ):
+        raise ValueError(f"Expected `{name}` to be a {kind}, got {value!r}")
+    return float(value)
+
+
+def adafocal_gamma_update(
+    gammas: torch.Tensor, gaps: torch.Tensor, *, lam: float = 1.0, switch_point: float = 0.2,
+    gamma_min: float = -2.0, gamma_max: float = 20.0, counts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r"""One AdaFocal γ step per bin (steps 3-5 of the module docstring), vectorised.
+
+    .. math::
+        \gamma' = \gamma \exp(\operatorname{sign}^{+}(\gamma)\,\lambda d), \quad
+        \gamma' \leftarrow \mp S_{th} \text{ if } |\gamma'| < S_{th}, \quad
+        \gamma' \leftarrow \operatorname{clip}(\gamma', \gamma_{min}, \gamma_{max})
+
+    with ``sign⁺(γ) = +1`` for ``γ > 0`` and ``-1`` otherwise; the switch sets ``-S_th`` when the
+    pre-switch γ' is positive and ``+S_th`` otherwise.
+
+    Args:
+        gammas: current γ per bin, shape (B,).
+        gaps: signed gaps ``d_b = conf_b - acc_b``, shape (B,).
+        lam: step size λ >= 0.
+        switch_point: ``S_th > 0``.
+        gamma_min: lower clip.
+        gamma_max: upper clip.
+        counts: optional samples per bin (B,); bins with count 0 keep their γ exactly.
+
+    Returns:
+        The new γ per bin, shape (B,), in ``gammas``' dtype.
+
+    Example:
+        >>> g = torch.tensor([1.0, 1.0, 0.21, -0.5, 19.0, -1.9], dtype=torch.float64)
+        >>> d = torch.tensor([0.1, 0.0, -0.1, 0.1, 0.2, -0.1], dtype=torch.float64)
+        >>> [round(v, 4) for v in adafocal_gamma_update(g, d).tolist()]  # grow, keep, flip, ...
+        [1.1052, 1.0, -0.2, -0.4524, 20.0, -2.0]
+    """
+    d = gaps.to(gammas.dtype)
+    new = gammas * torch.exp(torch.where(gammas > 0, lam * d, -lam * d))
+    switched = torch.where(new > 0, torch.full_like(new, -switch_point),
+                           torch.full_like(new, switch_point))
+    new = torch.where(new.abs() < switch_point, switched, new)
+    new = new.clamp(gamma_min, gamma_max)
+    if counts is not None:
+        new = torch.where(counts.to(new.device) > 0, new, gammas)
+    return new
+
+
+def _dist_world() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def _all_gather_varlen(t: torch.Tensor) -> torch.Tensor:
+    """Concatenate a 1-D tensor from every rank in rank order (shares may differ in length)."""
+    world = dist.get_world_size()
+    n_local = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
+    sizes = [torch.zeros_like(n_local) for _ in range(world)]
+    dist.all_gather(sizes, n_local)
+    sizes_host = [int(s) for s in torch.cat(sizes).cpu().tolist()]
+    n_max = max(sizes_host)
+    padded = torch.zeros(n_max, dtype=t.dtype, device=t.device)
+    padded[: t.shape[0]] = t
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:n] for p, n in zip(parts, sizes_host, strict=True)])
+
+
+@register_loss("adafocal")
+class AdaFocalLoss(CalibrationLoss):
+    r"""AdaFocal: focal / inverse-focal loss with one γ per confidence bin, updated from
+    validation calibration (see the module docstring for every rule and convention).
+
+    Args:
+        n_bins: number of bins ``B`` (15).
+        lam: update step λ >= 0 (1.0).
+        gamma_init: initial γ of every bin, in ``[gamma_min, gamma_max]`` (1.0: the first epoch
+            is FL-1).
+        gamma_max: upper clip of γ (20.0).
+        gamma_min: lower clip of γ (-2.0; negative γ means inverse focal with ``|γ|``).
+        switch_point: ``S_th > 0`` (0.2): a γ that would fall inside ``(-S_th, S_th)`` switches
+            sign to ``∓S_th``.
+        update_every: ``None`` (one update per epoch, after validation) or a number of training
+            batches between updates; read by the trainer.
+        reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
+        ignore_index: target value to ignore.
+
+    Attributes:
+        gammas: float64 buffer (B,), the current γ per bin.
+        bin_edges: float64 buffer (B+1,), ``0 = e_0 <= ... <= e_B = 1``.
+        history: list with one dict per update: ``gammas`` and ``bin_edges`` after the update,
+            the validation ``gaps`` (d_b) and ``counts`` per bin (CPU tensors).
+
+    Shapes: ``input`` (N, C) or (N, C, d1, ...) logits, ``target`` (N,) or (N, d1, ...) class
+    indices; the output is a scalar, or of ``target``'s shape for ``reduction="none"``.
+
+    Example:
+        >>> loss = AdaFocalLoss(n_bins=2)
+        >>> x = torch.tensor([[0.0, 0.0]])
+        >>> loss(x, torch.tensor([0]))  # γ = 1 before any update: 0.5 * log 2
+        tensor(0.3466)
+        >>> loss.update(logits=torch.tensor([[2.0, 0.0], [0.0, 3.0], [1.0, 0.0], [0.0, 4.0]]),
+        ...             labels=torch.tensor([1, 1, 0, 1]))
+        >>> loss.gammas
+        tensor([1.3579, 0.9678], dtype=torch.float64)
+        >>> loss.bin_edges
+        tensor([0.0000, 0.8808, 1.0000], dtype=torch.float64)
+    """
+
+    wants_validation = True
+
+    def __init__(
+        self,
+        n_bins: int = 15,
+        lam: float = 1.0,
+        gamma_init: float = 1.0,
+        gamma_max: float = 20.0,
+        gamma_min: float = -2.0,
+        switch_point: float = 0.2,
+        update_every: int | None = None,
+        reduction: str = "mean",
+        ignore_index: int = -100,
+    ) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index)
+        self.n_bins = check_positive_int(n_bins, "n_bins")
+        self.lam = _check_real(lam, "lam", "finite non-negative number")
+        if self.lam < 0:
+            raise ValueError(f"Expected `lam` to be a finite non-negative number, got {lam!r}")
+        self.gamma_min = _check_real(gamma_min, "gamma_min")
+        self.gamma_max = _check_real(gamma_max, "gamma_max")
+        if not self.gamma_min < self.gamma_max:
+            raise ValueError(
+                f"Expected `gamma_min` < `gamma_max`, got gamma_min={gamma_min!r}, "
+                f"gamma_max={gamma_max!r}"
+            )
+        self.switch_point = _check_real(switch_point, "switch_point", "finite positive number")
+        if self.switch_point <= 0:
+            raise ValueError(
+                f"Expected `switch_point` to be a finite positive number, got {switch_point!r}"
+            )
+        self.gamma_init = _check_real(gamma_init, "gamma_init")
+        if not self.gamma_min <= self.gamma_init <= self.gamma_max:
+            raise ValueError(
+                f"Expected `gamma_init` to be in [gamma_min, gamma_max] = [{self.gamma_min}, "
+                f"{self.gamma_max}], got {gamma_init!r}"
+            )
+        if update_every is not None:
+            update_every = check_positive_int(update_every, "update_every")
+        self.update_every = update_every
+        self.register_buffer(
+            "gammas", torch.full((self.n_bins,), self.gamma_init, dtype=torch.float64)
+        )
+        self.register_buffer("bin_edges", equal_width_edges(self.n_bins, dtype=torch.float64))
+        self.history: list[dict[str, torch.Tensor]] = []
+
+    def extra_repr(self) -> str:
+        return (
+            f"n_bins={self.n_bins}, lam={self.lam}, gamma_init={self.gamma_init}, "
+            f"gamma_max={self.gamma_max}, gamma_min={self.gamma_min}, "
+            f"switch_point={self.switch_point}, update_every={self.update_every}, "
+            f"reduction={self.reduction!r}"
+        )
+
+    # ------------------------------------------------------------------ loss
+    def bin_of(self, p_y: torch.Tensor) -> torch.Tensor:
+        """Bin index of true-class probabilities (left-closed lookup on the interior edges).
+
+        >>> AdaFocalLoss(n_bins=4).bin_of(torch.tensor([0.0, 0.25, 0.2499, 0.75, 1.0]))
+        tensor([0, 1, 0, 3, 3])
+        """
+        return bin_index(p_y, self.bin_edges[1:-1], right_closed=False)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        check_loss_args(input, target, self.reduction)
+        with no_autocast(input):
+            _, lp, _, valid = target_log_probs(input, target, self.ignore_index)
+            with torch.no_grad():
+                idx = self.bin_of(lp.detach().exp())
+                gamma = self.gammas.to(device=lp.device, dtype=lp.dtype)[idx]
+            loss = _SignedFocalFunction.apply(lp, gamma)
+            return reduce_loss(loss, valid, self.reduction)
+
+    # ---------------------------------------------------------------- update
+    def _validation_stats(
+        self, logits: Any, labels: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        z = as_tensor(logits, "logits")
+        if not z.is_floating_point():
+            raise TypeError(f"Expected `logits` to be a floating-point tensor, got {z.dtype}")
+        if z.ndim != 2 or z.shape[1] < 2:
+            raise ValueError(
+                f"Expected `logits` of shape (N, C) with C >= 2, got shape {tuple(z.shape)}"
+            )
+        y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+        check_finite(z, "logits")
+        cd = torch.float64 if z.dtype == torch.float64 else torch.float32
+        with torch.no_grad(), no_autocast(z):
+            zc = z.detach().to(cd)
+            top, pred = zc.max(dim=1)
+            conf = torch.exp(top - torch.logsumexp(zc, dim=1))
+            correct = (pred == y).to(cd)
+        return conf, correct
+
+    @torch.no_grad()
+    def update(self, *, logits: Any, labels: Any, sync_dist: bool = True) -> None:
+        """Move γ per bin from validation outputs and adopt the validation equal-mass edges.
+
+        Args:
+            logits: validation logits (N, C) of this process (tensor or NumPy array).
+            labels: validation class indices (N,).
+            sync_dist: under an initialised ``torch.distributed`` group, gather every rank's
+                share first (default True; set False only if each rank already passes the
+                whole validation set).
+
+        Raises:
+            ValueError: on a shape mismatch, NaN/Inf logits, labels out of range, or no
+                validation sample at all.
+        """
+        conf, correct = self._validation_stats(logits, labels)
+        if sync_dist and _dist_world() > 1:
+            packed = _all_gather_varlen(torch.stack([conf.double(), correct.double()], 1).reshape(-1))
+            packed = packed.reshape(-1, 2)
+            conf, correct = packed[:, 0].to(conf.dtype), packed[:, 1].to(conf.dtype)
+        if conf.numel() == 0:
+            raise ValueError("Expected at least one validation sample, got 0")
+        # Sorted order makes the per-bin sums independent of sample order and rank split.
+        order = torch.argsort(conf, stable=True)
+        conf_s = conf[order]
+        correct_s = correct[order]
+        interior = equal_mass_edges(conf_s, self.n_bins)
+        idx = bin_index(conf_s, interior)
+        dev = self.gammas.device
+        b = self.n_bins
+        counts = torch.zeros(b, dtype=torch.float64, device=conf.device).index_add_(
+            0, idx, torch.ones_like(conf_s, dtype=torch.float64))
+        conf_sum = torch.zeros(b, dtype=torch.float64, device=conf.device).index_add_(
+            0, idx, conf_s.double())
+        acc_sum = torch.zeros(b, dtype=torch.float64, device=conf.device).index_add_(
+            0, idx, correct_s.double())
+        denom = counts.clamp_min(1.0)
+        gaps = torch.where(counts > 0, (conf_sum - acc_sum) / denom, torch.zeros_like(counts))
+        new_gammas = adafocal_gamma_update(
+            self.gammas, gaps.to(dev), lam=self.lam, switch_point=self.switch_point,
+            gamma_min=self.gamma_min, gamma_max=self.gamma_max, counts=counts.to(dev),
+        )
+        self.gammas.copy_(new_gammas)
+        edges = torch.cat([
+            torch.zeros(1, dtype=torch.float64, device=dev),
+            interior.to(device=dev, dtype=torch.float64),
+            torch.ones(1, dtype=torch.float64, device=dev),
+        ])
+        self.bin_edges.copy_(edges)
+        self.history.append({
+            "gammas": self.gammas.detach().cpu().clone(),
+            "bin_edges": self.bin_edges.detach().cpu().clone(),
+            "gaps": gaps.detach().cpu().clone(),
+            "counts": counts.detach().cpu().to(torch.int64),
+        })
+
+    def on_validation(self, *, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Trainer hook: :meth:`update` with this rank's validation outputs."""
+        self.update(logits=logits, labels=labels)
+
+    def reset(self) -> None:
+        """Back to the initial state (equal-width edges, ``gamma_init`` everywhere, no history)."""
+        self.gammas.fill_(self.gamma_init)
+        self.bin_edges.copy_(equal_width_edges(self.n_bins, dtype=torch.float64,
+                                               device=self.bin_edges.device))
+        self.history = []
+
+    # ----------------------------------------------------------------- state
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"history": [{k: v.clone() for k, v in h.items()} for h in self.history]}
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, dict) or not isinstance(state.get("history"), list):
+            raise ValueError(
+                "Expected the AdaFocal extra state to be a dict with a 'history' list, "
+                f"got {type(state).__name__}"
+            )
+        history = []
+        for h in state["history"]:
+            if not isinstance(h, dict) or not all(isinstance(v, torch.Tensor) for v in h.values()):
+                raise ValueError("Expected every AdaFocal history entry to be a dict of tensors")
+            history.append({k: v.detach().cpu().clone() for k, v in h.items()})
+        self.history = history
