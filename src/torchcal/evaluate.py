@@ -210,21 +210,16 @@ def _check_logits(x: Any, name: str, num_classes: int | None = None) -> torch.Te
 def compute_metrics(logits: Any, labels: Any, *, n_bins: int = 15) -> dict[str, float]:
     """Every :class:`~torchcal.metrics.CalibrationMeter` metric of ``logits`` as Python floats.
 
-    ``topk_error`` is the top-5 error (``k = min(5, C)``; it is 0 for C <= 5).
+    ``topk_error`` is the top-5 error (NaN when C < 5).
     """
     from .metrics import CalibrationMeter
 
     z = _check_logits(logits, "logits")
     y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
-    meter = CalibrationMeter(z.shape[1], n_bins=n_bins, adaptive=True, topk=min(5, z.shape[1]))
+    meter = CalibrationMeter(z.shape[1], n_bins=n_bins, adaptive=True, topk=5)
     meter.update(logits=z, labels=y)
     out = meter.compute()
     return {k: float(out[k]) for k in METRIC_KEYS if k in out}
-
-
-def _entropy(z: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(z, dim=1)
-    return -(logp.exp() * logp).sum(dim=1)
 
 
 def ood_metrics(id_logits: Any, ood_logits: Any, *, temperature: float | None = None) -> dict[str, float]:
@@ -234,21 +229,16 @@ def ood_metrics(id_logits: Any, ood_logits: Any, *, temperature: float | None = 
     ``aupr_entropy``, ``aupr_max_prob`` (fractions).  Scores: softmax entropy and
     ``-max_c p_c`` of ``logits / temperature`` (``temperature=None`` means 1).
     """
-    from .metrics import aupr, fpr_at_tpr, ood_auroc
+    from .metrics import aupr, auroc, fpr_at_tpr, ood_scores
 
     zi = _check_logits(id_logits, "id_logits")
     zo = _check_logits(ood_logits, "ood_logits", zi.shape[1])
     if temperature is not None:
         zi, zo = zi / temperature, zo / temperature
-    labels = torch.cat([torch.zeros(zi.shape[0], dtype=torch.long, device=zi.device),
-                        torch.ones(zo.shape[0], dtype=torch.long, device=zi.device)])
     out: dict[str, float] = {}
     for score in ("entropy", "max_prob"):
-        if score == "entropy":
-            s = torch.cat([_entropy(zi), _entropy(zo)])
-        else:
-            s = -torch.cat([zi.softmax(1).amax(1), zo.softmax(1).amax(1)])
-        out[f"auroc_{score}"] = float(ood_auroc(id_logits=zi, ood_logits=zo, score=score))
+        s, labels = ood_scores(id_logits=zi, ood_logits=zo, score=score)
+        out[f"auroc_{score}"] = float(auroc(scores=s, labels=labels))
         out[f"fpr95_{score}"] = float(fpr_at_tpr(scores=s, labels=labels, tpr=0.95))
         out[f"aupr_{score}"] = float(aupr(scores=s, labels=labels))
     return out
@@ -278,7 +268,7 @@ def evaluate_logits(
         The ``torchcal.results/1`` dict described in the module docstring (floats; NaN where a
         metric is undefined).
     """
-    from .posthoc import fit_temperatures
+    from .posthoc.temperature import fit_temperatures
 
     n_bins = check_positive_int(n_bins, "n_bins")
     zv = _check_logits(val_logits, "val_logits")

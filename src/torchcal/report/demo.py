@@ -277,8 +277,11 @@ def _intro(cfg: DemoConfig, losses: Sequence[str], epochs: int | None, seconds: 
         "",
         "**Evaluation** is the path of real runs: each run saves its validation, test and OOD logits; "
         "temperatures are fitted on the validation logits; metrics are measured on the test logits "
-        "(15 bins). **OOD set:** the digits OOD set of `torchcal.data` (see "
-        "`torchcal.data.load_ood('digits_ood')`); AUROC treats it as the positive class.",
+        f"({cfg.n_bins} bins). **OOD set:** 1,000 noisy 8×8 patches of the two photographs bundled "
+        "with scikit-learn (a temple and a flower), in grey, downscaled 4× so that a patch holds "
+        "edges and texture at the scale of a digit's strokes, min-max scaled to [0, 1] with the "
+        "same pixel noise (`torchcal.data.digits.load_digits_ood`): the same input format and "
+        "corruption as the digits, but no digit; AUROC treats it as the positive class.",
         "",
         "**Losses:** " + ", ".join(f"{loss_label(n, _loss_kwargs(cfg, n))}" for n in losses) + ".",
         "",
