@@ -1,9 +1,38 @@
 """Pretrained uncertainty heads (Kirchhof et al. 2024).
 
-:class:`UncertaintyHead` (an MLP reading a frozen backbone's embedding through a stop-gradient),
-:func:`ranking_loss` (the pairwise hinge it is trained with).
+* :class:`UncertaintyHead`: an MLP reading a frozen backbone's embedding through a stop-gradient;
+  :func:`ranking_loss`: the pairwise hinge it is trained with.
+* :class:`EmbeddingCache`: the backbone's embeddings, logits and labels computed once and stored
+  on disk (memory-mapped, checksummed, atomically built, stale/corrupt caches detected).
+* :func:`fit_head` (AdamW + cosine from the cache), :func:`evaluate_head` (R-AUROC against
+  classifier correctness and recall@1 correctness), :func:`zero_shot_transfer`.
+* ``torchcal uncertainty fit | eval RUN_DIR`` (:mod:`torchcal.uncertainty.cli`).
 """
 
+from .cache import CacheError, EmbeddingCache, StaleCacheError, data_identity, model_identity
+from .fit import (
+    HeadFit,
+    evaluate_head,
+    fit_head,
+    predict_uncertainty,
+    recall_at_1_correct,
+    zero_shot_transfer,
+)
 from .head import UncertaintyHead, per_sample_cross_entropy, ranking_loss
 
-__all__ = ["UncertaintyHead", "ranking_loss", "per_sample_cross_entropy"]
+__all__ = [
+    "UncertaintyHead",
+    "ranking_loss",
+    "per_sample_cross_entropy",
+    "EmbeddingCache",
+    "CacheError",
+    "StaleCacheError",
+    "model_identity",
+    "data_identity",
+    "HeadFit",
+    "fit_head",
+    "evaluate_head",
+    "predict_uncertainty",
+    "recall_at_1_correct",
+    "zero_shot_transfer",
+]

@@ -1,0 +1,345 @@
+"""Training an uncertainty head from an embedding cache, and evaluating it.
+
+:func:`fit_head` follows the published recipe: AdamW with ``lr = 1e-3 * batch_size / 256``,
+weight decay ``1e-4``, a cosine schedule over all steps, the pairwise :func:`ranking_loss`
+against the frozen classifier's per-sample cross-entropy.
+
+:func:`evaluate_head` reports R-AUROC (the AUROC of ``-u`` for predicting correctness) against
+
+* classifier correctness (``argmax logits == label``), and
+* recall@1 correctness from the embeddings: the cosine nearest neighbour (excluding the sample
+  itself) has the same label; this needs no classifier, so it also measures zero-shot transfer
+  to a data set with other classes (:func:`zero_shot_transfer`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._validation import check_nonneg_finite, check_positive_int
+from .cache import EmbeddingCache
+from .head import UncertaintyHead, per_sample_cross_entropy, ranking_loss
+
+__all__ = [
+    "HeadFit",
+    "fit_head",
+    "predict_uncertainty",
+    "recall_at_1_correct",
+    "evaluate_head",
+    "zero_shot_transfer",
+]
+
+
+class HeadFit(NamedTuple):
+    """Result of :func:`fit_head`: the trained head (eval mode) and the mean loss per epoch."""
+
+    head: UncertaintyHead
+    epoch_losses: list[float]
+
+
+def _as_float_tensor(x: Any, name: str) -> torch.Tensor:
+    t = torch.from_numpy(np.asarray(x)) if isinstance(x, np.ndarray) else x
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"Expected `{name}` to be a tensor or array, got {type(x).__name__}")
+    return t
+
+
+def _unpack(data: Any, *, first_pass: bool = False,
+            device: torch.device | str | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(embeddings (N, D) float, logits (N, C) or None, labels (N,) long) from a cache or a
+    tuple ``(embeddings, logits, labels)`` (logits may be None)."""
+    if isinstance(data, EmbeddingCache):
+        emb, logits, labels = data.tensors(device)
+        if first_pass and data.n_passes > 1:
+            n = data.n_samples
+            emb, logits, labels = emb[:n], logits[:n], labels[:n]
+        return emb, logits, labels
+    if isinstance(data, (tuple, list)) and len(data) == 3:
+        emb = _as_float_tensor(data[0], "embeddings")
+        logits = None if data[1] is None else _as_float_tensor(data[1], "logits")
+        labels = _as_float_tensor(data[2], "labels")
+        if device is not None:
+            emb, labels = emb.to(device), labels.to(device)
+            logits = None if logits is None else logits.to(device)
+        if emb.ndim != 2 or not emb.is_floating_point():
+            raise ValueError(f"Expected `embeddings` to be a float (N, D) tensor, got {emb.dtype} "
+                             f"{tuple(emb.shape)}")
+        n = emb.shape[0]
+        if labels.ndim != 1 or labels.shape[0] != n or labels.is_floating_point():
+            raise ValueError(f"Expected `labels` to be integer of shape ({n},), got "
+                             f"{labels.dtype} {tuple(labels.shape)}")
+        if logits is not None and (logits.ndim != 2 or logits.shape[0] != n):
+            raise ValueError(f"Expected `logits` of shape ({n}, C), got {tuple(logits.shape)}")
+        return emb, logits, labels.long()
+    raise TypeError(
+        "Expected an EmbeddingCache or an (embeddings, logits, labels) tuple, got "
+        f"{type(data).__name__}"
+    )
+
+
+def fit_head(
+    data: EmbeddingCache | tuple,
+    *,
+    head: UncertaintyHead | None = None,
+    epochs: int = 10,
+    batch_size: int = 256,
+    lr: float | None = None,
+    weight_decay: float = 1e-4,
+    margin: float = 0.1,
+    width: int = 512,
+    depth: int = 2,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> HeadFit:
+    """Train an :class:`UncertaintyHead` on cached embeddings with the ranking loss.
+
+    The whole cache is loaded to ``device`` once; every epoch draws a new permutation (from
+    ``seed``) and visits it in batches of ``batch_size`` (a final partial batch is trimmed to an
+    even size).  Target: the per-sample cross-entropy of the cached logits.
+
+    Args:
+        data: an :class:`EmbeddingCache` or ``(embeddings (N, D), logits (N, C), labels (N,))``.
+        head: a head to continue training (default: a new ``UncertaintyHead(D, width, depth)``).
+        epochs: passes over the cache.
+        batch_size: even batch size (pairs are consecutive samples).
+        lr: AdamW learning rate (default ``1e-3 * batch_size / 256``).
+        weight_decay: AdamW weight decay.
+        margin: ranking-loss margin.
+        device: where to train (default: the head's device, else CPU).
+        seed: seed of the initialisation (new heads) and of the batch order.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        :class:`HeadFit` ``(head in eval mode, mean loss per epoch)``.
+    """
+    epochs = check_positive_int(epochs, "epochs")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    if batch_size < 2 or batch_size % 2:
+        raise ValueError(f"Expected `batch_size` to be even and >= 2 (pairs), got {batch_size}")
+    weight_decay = check_nonneg_finite(weight_decay, "weight_decay")
+    lr = 1e-3 * batch_size / 256 if lr is None else lr
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"Expected `lr` to be a positive finite number, got {lr!r}")
+    if device is None:
+        device = next(head.parameters()).device if head is not None else torch.device("cpu")
+    device = torch.device(device)
+
+    emb, logits, labels = _unpack(data, device=device)
+    if logits is None:
+        raise ValueError("Expected `logits` to train the head (its target is the classifier's loss)")
+    n, d = emb.shape
+    if n < 2:
+        raise ValueError(f"Expected at least 2 samples to train the head, got {n}")
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0 or hi >= logits.shape[1]:
+        raise ValueError(
+            f"Expected `labels` in [0, {logits.shape[1] - 1}] (the classifier's classes), got "
+            f"values in [{lo}, {hi}]"
+        )
+    target = per_sample_cross_entropy(logits, labels)
+    emb = emb.float()
+
+    if head is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = UncertaintyHead(d, width=width, depth=depth)
+    elif not isinstance(head, UncertaintyHead):
+        raise TypeError(f"Expected `head` to be an UncertaintyHead, got {type(head).__name__}")
+    elif head.in_features != d:
+        raise ValueError(f"Expected `head` with in_features={d} (the cache's embedding width), "
+                         f"got {head.in_features}")
+    head.to(device).train()
+
+    bs = min(batch_size, n - n % 2)
+    full, rest = divmod(n, bs)
+    steps_per_epoch = full + (1 if rest >= 2 else 0)
+    total = steps_per_epoch * epochs
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+    gen = torch.Generator().manual_seed(int(seed))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="uncertainty head", unit="step", leave=False)
+    epoch_losses: list[float] = []
+    try:
+        for epoch in range(epochs):
+            perm = torch.randperm(n, generator=gen).to(device)
+            running = torch.zeros((), device=device)
+            for s in range(steps_per_epoch):
+                idx = perm[s * bs:(s + 1) * bs]
+                idx = idx[: idx.shape[0] - idx.shape[0] % 2]
+                loss = ranking_loss(head(emb[idx]), target[idx], margin=margin)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+                running += loss.detach()
+                if bar is not None:
+                    bar.update(1)
+            epoch_losses.append(float(running) / steps_per_epoch)
+            if bar is not None:
+                bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_losses[-1]:.4f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    head.eval()
+    return HeadFit(head, epoch_losses)
+
+
+@torch.no_grad()
+def predict_uncertainty(head: UncertaintyHead, embeddings: torch.Tensor,
+                        batch_size: int = 8192) -> torch.Tensor:
+    """The head's uncertainties for (N, D) embeddings, shape (N,), in eval mode, batched."""
+    batch_size = check_positive_int(batch_size, "batch_size")
+    was = head.training
+    head.eval()
+    try:
+        dev = next(head.parameters()).device
+        outs = [head(embeddings[s:s + batch_size].to(dev))
+                for s in range(0, embeddings.shape[0], batch_size)]
+    finally:
+        head.train(was)
+    return torch.cat(outs) if outs else torch.zeros(0, device=dev)
+
+
+@torch.no_grad()
+def recall_at_1_correct(embeddings: torch.Tensor, labels: torch.Tensor,
+                        chunk_size: int = 2048) -> torch.Tensor:
+    """Whether each sample's cosine nearest neighbour (excluding itself) has its label.
+
+    Vectorised over chunks of ``chunk_size`` queries (memory ``chunk_size x N``).  Exact ties in
+    similarity resolve to the lowest index.
+
+    Args:
+        embeddings: (N, D), N >= 2.
+        labels: (N,) integer labels.
+
+    Returns:
+        (N,) bool on the embeddings' device.
+
+    Example:
+        >>> z = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 1.0]])
+        >>> recall_at_1_correct(z, torch.tensor([0, 0, 1, 0]))
+        tensor([ True,  True, False, False])
+    """
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    if embeddings.ndim != 2 or embeddings.shape[0] < 2:
+        raise ValueError(f"Expected `embeddings` of shape (N, D) with N >= 2, got "
+                         f"{tuple(embeddings.shape)}")
+    if labels.ndim != 1 or labels.shape[0] != embeddings.shape[0]:
+        raise ValueError(f"Expected `labels` of shape ({embeddings.shape[0]},), got "
+                         f"{tuple(labels.shape)}")
+    work = embeddings if embeddings.dtype == torch.float64 else embeddings.float()
+    z = nn.functional.normalize(work, dim=1)
+    labels = labels.to(z.device)
+    n = z.shape[0]
+    out = torch.empty(n, dtype=torch.bool, device=z.device)
+    for s in range(0, n, chunk_size):
+        q = z[s:s + chunk_size]
+        sim = q @ z.T
+        rows = torch.arange(q.shape[0], device=z.device)
+        sim[rows, rows + s] = -math.inf
+        nn_idx = sim.argmax(dim=1)
+        out[s:s + q.shape[0]] = labels[nn_idx] == labels[s:s + q.shape[0]]
+    return out
+
+
+def _safe_r_auroc(uncertainty: torch.Tensor, correct: torch.Tensor) -> float:
+    """R-AUROC, NaN when every prediction is correct or every one is wrong."""
+    from ..metrics import r_auroc
+
+    k = int(correct.sum())
+    if k == 0 or k == correct.shape[0]:
+        return float("nan")
+    return float(r_auroc(uncertainty=uncertainty, correct=correct))
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float(), dim=1)
+    return -(logp.exp() * logp).sum(dim=1)
+
+
+def evaluate_head(
+    head: UncertaintyHead,
+    data: EmbeddingCache | tuple,
+    *,
+    classifier: bool | None = None,
+    recall: bool = True,
+    baselines: bool = True,
+    batch_size: int = 8192,
+    chunk_size: int = 2048,
+    device: torch.device | str | None = None,
+) -> dict[str, Any]:
+    """R-AUROC of a head's uncertainties on cached embeddings.
+
+    For a multi-pass cache only the first pass is used (augmented copies of a sample would be
+    each other's nearest neighbours).
+
+    Args:
+        head: a fitted :class:`UncertaintyHead`.
+        data: an :class:`EmbeddingCache` or ``(embeddings, logits or None, labels)``.
+        classifier: compute classifier-correctness metrics (default: when logits are present and
+            every label is one of the classifier's classes; pass False for another data set
+            whose labels merely happen to be in range).
+        recall: compute recall@1-correctness metrics (labels < 0 disable them).
+        baselines: also report the R-AUROC of the classifier's own max-probability
+            (``1 - max_prob``) and entropy uncertainties.
+
+    Returns:
+        dict with ``n``, ``mean_uncertainty`` and, as computed, ``accuracy``, ``r_auroc_correct``,
+        ``recall_at_1``, ``r_auroc_recall`` and ``baselines`` ``{"max_prob": {...}, "entropy":
+        {...}}`` (same keys).  R-AUROC is NaN when all (or no) predictions are correct.
+    """
+    emb, logits, labels = _unpack(data, first_pass=True, device=device)
+    u = predict_uncertainty(head, emb, batch_size).double()
+    res: dict[str, Any] = {"n": int(emb.shape[0]), "mean_uncertainty": float(u.mean())}
+    labels = labels.to(u.device)
+    has_labels = bool((labels >= 0).all())
+    if classifier is None:
+        classifier = logits is not None and has_labels and int(labels.max()) < logits.shape[1]
+    if classifier and logits is None:
+        raise ValueError("Expected logits for classifier-correctness metrics (classifier=True)")
+    base_scores: dict[str, torch.Tensor] = {}
+    if baselines and logits is not None:
+        lg = logits.to(u.device)
+        base_scores = {"max_prob": 1 - torch.softmax(lg.double(), 1).amax(1),
+                       "entropy": _entropy(lg).double()}
+    base_res: dict[str, dict[str, float]] = {k: {} for k in base_scores}
+    if classifier:
+        correct = logits.to(u.device).argmax(1) == labels
+        res["accuracy"] = float(correct.double().mean())
+        res["r_auroc_correct"] = _safe_r_auroc(u, correct)
+        for k, v in base_scores.items():
+            base_res[k]["r_auroc_correct"] = _safe_r_auroc(v, correct)
+    if recall and has_labels and emb.shape[0] >= 2:
+        rc = recall_at_1_correct(emb, labels, chunk_size).to(u.device)
+        res["recall_at_1"] = float(rc.double().mean())
+        res["r_auroc_recall"] = _safe_r_auroc(u, rc)
+        for k, v in base_scores.items():
+            base_res[k]["r_auroc_recall"] = _safe_r_auroc(v, rc)
+    if base_res:
+        res["baselines"] = base_res
+    return res
+
+
+def zero_shot_transfer(
+    head: UncertaintyHead, datasets: Mapping[str, EmbeddingCache | tuple], **kwargs: Any
+) -> dict[str, dict[str, Any]]:
+    """Evaluate one head, unchanged, on other data sets embedded by the same backbone.
+
+    Correctness is recall@1 from the embeddings (the data sets' classes need not be the
+    classifier's); classifier-correctness metrics are off unless ``classifier=True`` is passed.
+    Returns ``{name: evaluate_head(...) result}``.
+    """
+    kwargs.setdefault("classifier", False)
+    return {name: evaluate_head(head, d, **kwargs) for name, d in datasets.items()}
