@@ -164,14 +164,24 @@ def gamma_history_figure(
         for b in range(B):
             ax.plot(x, h[:, b], color=cmap(b / max(B - 1, 1)), lw=1.0)
         ax.axhline(0.0, color="0.5", lw=0.6, ls=":")
-        if gamma_max is not None:
+        if gamma_max is not None and np.nanmax(h) >= 0.5 * gamma_max:
             ax.axhline(gamma_max, color="#C44E52", lw=0.8, ls="--")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
         ax.set_ylabel("γ", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in axes[len(names):]:
         ax.set_visible(False)
+    if names:
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import Normalize
+
+        B = max(np.asarray(histories[n]).shape[-1] for n in names)
+        sm = ScalarMappable(norm=Normalize(0, max(B - 1, 1)), cmap=cmap)
+        cb = fig.colorbar(sm, ax=list(axes[: len(names)]), fraction=0.03, pad=0.02)
+        cb.set_label("bin (0: lowest confidence)", fontsize=8)
+        cb.ax.tick_params(labelsize=7)
     if title:
         fig.suptitle(title)
     return fig
