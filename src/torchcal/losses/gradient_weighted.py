@@ -1,0 +1,149 @@
+"""The gradient-weighted (GRA) family and BSCE as :class:`CalibrationLoss` modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..functional import (
+    bsce_gra_loss,
+    bsce_loss,
+    dual_focal_gra_loss,
+    focal_gra_loss,
+    gradient_weighted_loss,
+)
+from ..functional._common import check_hyper
+from ..functional.gradient_weighted import _check_beta
+from ._registry import register_loss
+from .base import CalibrationLoss
+
+__all__ = ["GradientWeightedLoss", "BSCEGRALoss", "BSCELoss", "FocalGRALoss", "DualFocalGRALoss"]
+
+
+class GradientWeightedLoss(CalibrationLoss):
+    """Per-sample cross-entropy times a detached weight (the GRA combinator).
+
+    ``weight_fn(logits, target)`` returns one weight per sample (target's shape); it is called
+    under ``torch.no_grad()`` on detached logits.  Alternatively pass ``weight=`` to
+    ``forward``.  The batch gradient is ``Σ_i w_i ∇CE_i``.
+
+    Example:
+        >>> loss = GradientWeightedLoss(lambda x, y: torch.full(y.shape, 2.0), reduction="sum")
+        >>> loss(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))  # 2 log 2
+        tensor(1.3863)
+    """
+
+    def __init__(self, weight_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 *, reduction: str = "mean", ignore_index: int = -100) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index)
+        if weight_fn is not None and not callable(weight_fn):
+            raise TypeError(f"Expected `weight_fn` to be callable, got {type(weight_fn).__name__}")
+        self.weight_fn = weight_fn
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor,
+                weight: torch.Tensor | None = None) -> torch.Tensor:
+        if weight is None:
+            if self.weight_fn is None:
+                raise ValueError("Expected `weight` (no `weight_fn` was given to the constructor)")
+            with torch.no_grad():
+                weight = self.weight_fn(input.detach(), target)
+        return gradient_weighted_loss(input, target, weight, reduction=self.reduction,
+                                      ignore_index=self.ignore_index)
+
+
+@register_loss("bsce_gra")
+class BSCEGRALoss(GradientWeightedLoss):
+    """BSCE-GRA: ``‖onehot(y) - p‖_β^γ`` (detached) times ``-log p_y``
+    (see :func:`torchcal.functional.bsce_gra_loss`).
+
+    Args:
+        beta: norm order > 0 (default 2).
+        gamma: exponent >= 0 (default 2; β = γ = 2 is the Brier score).
+
+    Example:
+        >>> BSCEGRALoss()(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.3466)
+    """
+
+    def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
+                 ignore_index: int = -100) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index)
+        self.beta = _check_beta(beta)
+        self.gamma = check_hyper(gamma, "gamma")
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, gamma={self.gamma}, reduction={self.reduction!r}"
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return bsce_gra_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
+                             ignore_index=self.ignore_index)
+
+
+@register_loss("bsce")
+class BSCELoss(CalibrationLoss):
+    """BSCE: ``‖onehot(y) - p‖_β^γ · (-log p_y)`` with the weight **not** detached
+    (see :func:`torchcal.functional.bsce_loss`).
+
+    Example:
+        >>> BSCELoss()(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.3466)
+    """
+
+    def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
+                 ignore_index: int = -100) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index)
+        self.beta = _check_beta(beta)
+        self.gamma = check_hyper(gamma, "gamma")
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, gamma={self.gamma}, reduction={self.reduction!r}"
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return bsce_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
+                         ignore_index=self.ignore_index)
+
+
+@register_loss("focal_gra")
+class FocalGRALoss(GradientWeightedLoss):
+    """FL-GRA: ``(1-p_y)^γ`` (detached) times ``-log p_y``; γ default 3.
+
+    Example:
+        >>> FocalGRALoss(gamma=1.0)(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
+        tensor(0.3466)
+    """
+
+    def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
+                 ignore_index: int = -100) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index)
+        self.gamma = check_hyper(gamma, "gamma")
+
+    def extra_repr(self) -> str:
+        return f"gamma={self.gamma}, reduction={self.reduction!r}"
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return focal_gra_loss(input, target, self.gamma, reduction=self.reduction,
+                              ignore_index=self.ignore_index)
+
+
+@register_loss("dual_focal_gra")
+class DualFocalGRALoss(GradientWeightedLoss):
+    """DFL-GRA: ``(1-p_y+p_j)^γ`` (all detached) times ``-log p_y``; γ default 5.
+
+    Example:
+        >>> x = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+        >>> DualFocalGRALoss(gamma=1.0)(x, torch.tensor([1]))
+        tensor(1.0836)
+    """
+
+    def __init__(self, gamma: float = 5.0, *, reduction: str = "mean",
+                 ignore_index: int = -100) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index)
+        self.gamma = check_hyper(gamma, "gamma")
+
+    def extra_repr(self) -> str:
+        return f"gamma={self.gamma}, reduction={self.reduction!r}"
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return dual_focal_gra_loss(input, target, self.gamma, reduction=self.reduction,
+                                   ignore_index=self.ignore_index)

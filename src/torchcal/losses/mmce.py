@@ -1,0 +1,60 @@
+"""MMCE (weighted) as a training loss: ``CE_mean + λ·MMCE`` over the batch."""
+
+from __future__ import annotations
+
+import torch
+
+from ..functional import mmce_loss
+from ..functional._common import check_hyper
+from ..functional.mmce import MMCE_NORMALIZATIONS
+from ._registry import register_loss
+from .base import CalibrationLoss
+
+__all__ = ["MMCELoss"]
+
+
+@register_loss("mmce")
+class MMCELoss(CalibrationLoss):
+    """Cross-entropy plus λ times the weighted MMCE penalty (see :func:`torchcal.functional.mmce_loss`).
+
+    ``reduction="mean"`` gives ``CE_mean + λ·MMCE``, ``"sum"`` gives N times that (the
+    published training, ``published_reduction = "sum"``); ``"none"`` is rejected.
+
+    Args:
+        lam: λ >= 0 (default 2).
+        normalization: ``"published"`` (default) or ``"paper"``.
+        width: kernel width (default 0.4).
+
+    Example:
+        >>> MMCELoss()(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1]))
+        tensor(0.2201)
+    """
+
+    published_reduction = "sum"
+
+    def __init__(self, lam: float = 2.0, normalization: str = "published", width: float = 0.4, *,
+                 reduction: str = "mean", ignore_index: int = -100) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index)
+        if reduction == "none":
+            raise ValueError(
+                "Expected `reduction` to be 'mean' or 'sum' for MMCE: its penalty is a batch "
+                "quantity, so reduction='none' is not supported"
+            )
+        self.lam = check_hyper(lam, "lam")
+        if normalization not in MMCE_NORMALIZATIONS:
+            raise ValueError(
+                f"Expected `normalization` to be one of {MMCE_NORMALIZATIONS}, got {normalization!r}"
+            )
+        self.normalization = normalization
+        self.width = check_hyper(width, "width")
+        if self.width == 0:
+            raise ValueError(f"Expected `width` to be a finite number > 0, got {width!r}")
+
+    def extra_repr(self) -> str:
+        return (f"lam={self.lam}, normalization={self.normalization!r}, width={self.width}, "
+                f"reduction={self.reduction!r}")
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return mmce_loss(input, target, self.lam, normalization=self.normalization,
+                         width=self.width, reduction=self.reduction,
+                         ignore_index=self.ignore_index)
