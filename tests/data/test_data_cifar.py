@@ -1,0 +1,131 @@
+"""CIFAR-10/100 and CIFAR-10-C loading from files written in the official formats."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from torchcal.data import load_ood, load_splits, split_indices
+from torchcal.data.cifar import load_cifar, read_cifar_pickle
+from torchcal.data.fake import fake_images, write_fake_cifar, write_fake_cifar10c
+from torchcal.errors import ChecksumError, DataNotFoundError
+
+
+def _manual_cifar10(root, n_train=50, n_test=10):
+    """An independent writer: the layout of the official archive, written by hand."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (n_train, 3072), dtype=np.uint8)
+    y = rng.integers(0, 10, n_train)
+    for i, part in enumerate(np.array_split(np.arange(n_train), 5)):
+        with open(folder / f"data_batch_{i + 1}", "wb") as f:
+            pickle.dump({"data": x[part], "labels": y[part].tolist()}, f, protocol=2)
+    xt = rng.integers(0, 256, (n_test, 3072), dtype=np.uint8)
+    yt = rng.integers(0, 10, n_test)
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump({b"data": xt, b"labels": yt.tolist()}, f)
+    return x, y, xt, yt
+
+
+def test_cifar10_pixels_labels_and_split(tmp_path):
+    x, y, xt, yt = _manual_cifar10(tmp_path)
+    s = load_splits("cifar10", tmp_path)
+    assert (len(s.train), len(s.val), len(s.test)) == (45, 5, 10)
+    assert s.train.data.dtype == torch.uint8 and s.train.data.shape[1:] == (3, 32, 32)
+    assert s.num_classes == 10 and s.augment and s.input_shape == (3, 32, 32)
+    assert s.mean == (0.4914, 0.4822, 0.4465) and s.std == (0.2023, 0.1994, 0.2010)
+    # The split of the papers' code: np.random.seed(1); np.random.shuffle(list(range(n))).
+    idx = list(range(50))
+    np.random.seed(1)  # noqa: NPY002  (the papers use the legacy global API)
+    np.random.shuffle(idx)  # noqa: NPY002
+    imgs = x.reshape(50, 3, 32, 32)
+    np.testing.assert_array_equal(s.val.data.numpy(), imgs[idx[:5]])
+    np.testing.assert_array_equal(s.val.labels.numpy(), y[idx[:5]])
+    np.testing.assert_array_equal(s.train.data.numpy(), imgs[idx[5:]])
+    np.testing.assert_array_equal(s.test.data.numpy(), xt.reshape(10, 3, 32, 32))
+    np.testing.assert_array_equal(s.test.labels.numpy(), yt)
+    # Channel layout: row-major 1024 R, then G, then B values.
+    assert s.test.data[0, 1, 0, 0].item() == xt[0, 1024]
+
+
+def test_split_sizes_and_determinism():
+    tr, va = split_indices(50000, 0.1, seed=1)
+    assert len(tr) == 45000 and len(va) == 5000
+    assert len(np.intersect1d(tr, va)) == 0
+    tr2, va2 = split_indices(50000, 0.1, seed=1)
+    np.testing.assert_array_equal(va, va2)
+    _, va3 = split_indices(50000, 0.1, seed=2)
+    assert not np.array_equal(va, va3)
+    assert [len(v) for v in split_indices(7, 0.1)] == [6, 1]  # any size works
+    with pytest.raises(ValueError, match="`val_fraction`"):
+        split_indices(10, 1.5)
+
+
+@pytest.mark.parametrize("name,k", [("cifar10", 10), ("cifar100", 100)])
+def test_archive_extracted_and_loaded(tmp_path, name, k):
+    arc = write_fake_cifar(tmp_path, name, n_train=60, n_test=12)
+    with pytest.raises(ChecksumError, match="published MD5"):
+        load_splits(name, tmp_path)  # not the official archive
+    s = load_splits(name, tmp_path, verify=False)
+    assert s.num_classes == k and (len(s.train), len(s.val), len(s.test)) == (54, 6, 12)
+    labels = np.arange(12) % k
+    np.testing.assert_array_equal(s.test.labels.numpy(), labels)
+    np.testing.assert_array_equal(
+        s.test.data.numpy(), fake_images(labels, 32, 10, k).transpose(0, 3, 1, 2))
+    # Second call reads the extracted folder (archive no longer needed).
+    arc.unlink()
+    assert len(load_splits(name, tmp_path).train) == 54
+    _, _, classes = load_cifar(name, tmp_path)
+    assert classes[:2] == ["class0", "class1"]
+
+
+def test_missing_data_message(tmp_path):
+    with pytest.raises(DataNotFoundError) as e:
+        load_splits("cifar10", tmp_path / "nowhere")
+    msg = str(e.value)
+    assert "cifar-10-python.tar.gz" in msg and "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in msg
+    assert "cifar-10-batches-py" in msg and "nowhere" in msg and "download=True" in msg
+
+
+def test_malicious_pickle_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    p = tmp_path / "evil"
+    p.write_bytes(pickle.dumps({"data": Evil()}, protocol=2))
+    with pytest.raises(pickle.UnpicklingError, match="Refusing to load .*print"):
+        read_cifar_pickle(p)
+
+
+def test_unknown_names_and_keywords(tmp_path):
+    with pytest.raises(ValueError, match="Unknown data set 'cifar1'.*cifar10"):
+        load_splits("cifar1", tmp_path)
+    with pytest.raises(ValueError, match="Unexpected keyword.*bogus"):
+        load_splits("cifar10", tmp_path, bogus=1)
+    with pytest.raises(ValueError, match="Unknown OOD set"):
+        load_ood("mnist", tmp_path)
+
+
+def test_cifar10c_severity_blocks(tmp_path):
+    write_fake_cifar10c(tmp_path, ("gaussian_noise", "fog"), n=20)
+    raw = np.load(tmp_path / "CIFAR-10-C" / "gaussian_noise.npy")
+    labels = np.load(tmp_path / "CIFAR-10-C" / "labels.npy")
+    assert raw.shape == (100, 32, 32, 3)
+    for sev in (1, 5):
+        ds = load_ood("cifar10c", tmp_path, severity=sev)
+        assert ds.data.shape == (20, 3, 32, 32) and ds.data.dtype == torch.uint8
+        np.testing.assert_array_equal(ds.data.numpy(), raw[(sev - 1) * 20: sev * 20].transpose(0, 3, 1, 2))
+        np.testing.assert_array_equal(ds.labels.numpy(), labels[(sev - 1) * 20: sev * 20])
+    assert not torch.equal(load_ood("cifar10c", tmp_path, corruption="fog").data,
+                           load_ood("cifar10c", tmp_path).data)
+    with pytest.raises(ValueError, match="`severity`"):
+        load_ood("cifar10c", tmp_path, severity=6)
+    with pytest.raises(ValueError, match="corruption"):
+        load_ood("cifar10c", tmp_path, corruption="rain")
+    with pytest.raises(DataNotFoundError, match="CIFAR-10-C.tar"):
+        load_ood("cifar10c", tmp_path / "empty")
