@@ -70,43 +70,29 @@ def build_data(config: TrainConfig):
                        **dict(config.data_kwargs))
 
 
-def _ood_names(dataset: str) -> list[tuple[str, str, dict[str, Any]]]:
-    """(result name, load_ood name, kwargs) of the OOD sets evaluated for ``dataset``."""
-    if dataset in ("cifar10", "cifar100", "tinyimagenet"):
-        out = [("svhn", "svhn", {})]
-        out.append(("cifar10c_gaussian_noise_5", "cifar10c",
-                    {"corruption": "gaussian_noise", "severity": 5}))
-        return out
-    if dataset == "digits":
-        return [("digits_ood", "digits_ood", {})]
-    return []
-
-
 def load_ood_sets(config: TrainConfig, splits: Any = None) -> dict[str, Any]:
     """OOD data sets evaluated for ``config.dataset``; absent files are skipped with a warning.
 
-    CIFAR-10/100 and Tiny-ImageNet: SVHN test and CIFAR-10-C Gaussian noise severity 5 (resized
-    sets are not made: a set whose image shape differs from the training images is skipped);
-    digits: the digits OOD set of :mod:`torchcal.data.digits`.
+    The sets are :func:`torchcal.data.default_ood_sets` (CIFAR-10: SVHN test and CIFAR-10-C
+    Gaussian noise severity 5; CIFAR-100: SVHN; digits: the noisy photo patches of
+    :mod:`torchcal.data.digits`, with the run's seed and noise).  A set whose input shape differs
+    from the model's is skipped too.
     """
-    from ..data import load_ood
+    from ..data import default_ood_sets, load_ood
 
     out: dict[str, Any] = {}
-    for name, key, kw in _ood_names(config.dataset):
-        if key == "digits_ood":
-            kw = {"seed": _data_seed(config), **{k: v for k, v in config.data_kwargs.items()
-                                                 if k in ("noise_std", "n_copies")}}
+    for name in default_ood_sets(config.dataset):
+        kw: dict[str, Any] = {}
+        if name == "digits_ood":
+            kw = {"seed": _data_seed(config),
+                  **{k: v for k, v in config.data_kwargs.items() if k == "noise_std"}}
+        elif name == "cifar10c":
+            kw = {"corruption": "gaussian_noise", "severity": 5}
         try:
-            ds = load_ood(key, config.data_root, download=config.download, **kw)
+            ds = load_ood(name, config.data_root, download=config.download, **kw)
         except (DataNotFoundError, FileNotFoundError) as exc:
             warnings.warn(f"OOD set {name!r} skipped: {exc}", stacklevel=2)
             continue
-        except TypeError:
-            try:
-                ds = load_ood(key, config.data_root, download=config.download)
-            except (DataNotFoundError, FileNotFoundError) as exc:
-                warnings.warn(f"OOD set {name!r} skipped: {exc}", stacklevel=2)
-                continue
         if splits is not None and hasattr(ds, "data") and hasattr(splits.test, "data"):
             if tuple(ds.data.shape[1:]) != tuple(splits.test.data.shape[1:]):
                 warnings.warn(
@@ -177,8 +163,9 @@ class BatchSource:
     """
 
     def __init__(self, dataset: Any, device: torch.device, *, mean: Any = None, std: Any = None,
-                 channels_last: bool = False, num_workers: int = 0) -> None:
+                 channels_last: bool = False, num_workers: int = 0, padding: int = 4) -> None:
         self.dataset = dataset
+        self.padding = int(padding)
         self.device = device
         self.array = _is_array_dataset(dataset)
         self.mean, self.std = mean, std
@@ -196,7 +183,7 @@ class BatchSource:
             from ..data.augment import normalize, random_crop_flip
 
             if augment:
-                x = random_crop_flip(x, padding=4, generator=generator)
+                x = random_crop_flip(x, padding=self.padding, generator=generator)
             x = normalize(x, self.mean, self.std)
         elif not x.is_floating_point():
             x = x.float()

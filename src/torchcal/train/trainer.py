@@ -338,7 +338,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     mean, std = getattr(splits, "mean", None), getattr(splits, "std", None)
     use_cl = bool(config.channels_last and device.type == "cuda")
     src = {name: BatchSource(getattr(splits, name), device, mean=mean, std=std,
-                             channels_last=use_cl, num_workers=config.num_workers)
+                             channels_last=use_cl, num_workers=config.num_workers,
+                             padding=int(getattr(splits, "padding", 4)))
            for name in ("train", "val", "test")}
     augment = bool(getattr(splits, "augment", False))
     n_train = src["train"].n
@@ -417,6 +418,7 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     update_every = getattr(loss_fn, "update_every", None)
     update_every = int(update_every) if wants_val and update_every else 0
     eval_bs = max(local_bs, 256)
+    loss_chunk = max(local_bs, 1024)  # chunks of the logged val/test loss (MMCE is O(chunk^2))
     best_snapshot: dict[str, Any] | None = None
     best_dirty = False
 
@@ -503,7 +505,7 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
             rec.update({f"train_{k}": v for k, v in stats.compute(env).items()})
             zv, yv = _val_pass(core, src["val"], env, eval_bs, amp, loss_fn)
             vm = epoch_metrics(zv, yv, n_bins=config.n_bins)
-            vm["loss"] = float(_chunked_loss(loss_fn, zv, yv, local_bs))
+            vm["loss"] = float(_chunked_loss(loss_fn, zv, yv, loss_chunk))
             rec.update({f"val_{k}": v for k, v in vm.items()})
             last_epoch = epoch + 1 == config.epochs
             if config.eval_test_every and ((epoch + 1) % config.eval_test_every == 0 or last_epoch):
@@ -512,7 +514,7 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
                 zt, yt = predict_logits(core, None, device, eval_bs, env=env, source=src["test"],
                                         amp=amp)
                 tm = epoch_metrics(zt, yt, n_bins=config.n_bins, diagnostics=True)
-                tm["loss"] = float(_chunked_loss(loss_fn, zt, yt, local_bs))
+                tm["loss"] = float(_chunked_loss(loss_fn, zt, yt, loss_chunk))
                 rec.update({f"test_{k}": v for k, v in tm.items()})
             rec["fc_weight_norm"] = float(core.fc.weight.detach().float().norm()) if hasattr(
                 core, "fc") else None

@@ -1,0 +1,179 @@
+"""The train / eval / calibrate CLI: one-line errors, SIGKILL + --resume, a 2-process torchrun run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from torchcal.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
+
+
+def _env():
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return env
+
+
+def _one_line_error(capsys, argv, match):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err and match in err, err
+    return err
+
+
+def test_help_explains_every_option(capsys):
+    for cmd in ("train", "eval", "calibrate"):
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        assert "usage: torchcal " + cmd in out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for opt in ("--recipe", "--loss", "--loss-arg", "--data-root", "--download", "--out",
+                "--resume", "--epochs", "--batch-size", "--lr", "--seed", "--device", "--amp",
+                "--compile", "--select-best-by", "--uncertainty-head", "digits-mlp"):
+        assert opt in out
+
+
+def test_user_mistakes_are_one_line(tmp_path, capsys):
+    _one_line_error(capsys, ["train", "--recipe", "nope", "--out", str(tmp_path / "r")],
+                    "Unknown recipe 'nope'")
+    _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--loss", "nope",
+                             "--out", str(tmp_path / "r")], "Unknown loss 'nope'")
+    _one_line_error(capsys, ["train", "--out", str(tmp_path / "r")], "--recipe is required")
+    _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--loss-arg", "gamma",
+                             "--out", str(tmp_path / "r")], "KEY=VALUE")
+    _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--epochs", "0",
+                             "--out", str(tmp_path / "r")], "`epochs`")
+    # missing data: an empty data root for CIFAR, no download
+    _one_line_error(capsys, ["train", "--recipe", "cifar10-resnet50", "--data-root",
+                             str(tmp_path / "empty"), "--out", str(tmp_path / "r"),
+                             "--no-progress"], "cifar")
+    # corrupt / missing checkpoint
+    (tmp_path / "bad" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "bad" / "checkpoints" / "last.pt").write_bytes(b"garbage")
+    _one_line_error(capsys, ["eval", str(tmp_path / "bad")], "corrupt")
+    _one_line_error(capsys, ["eval", str(tmp_path / "missing")], "does not exist")
+    _one_line_error(capsys, ["calibrate", str(tmp_path / "none.npz")], "does not exist")
+
+
+def _final_metrics(run):
+    res = json.loads((run / "results.json").read_text())
+    last = json.loads((run / "log.jsonl").read_text().splitlines()[-1])
+    return res, last
+
+
+def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
+    epochs = "40"
+    common = ["--recipe", "digits-mlp", "--loss", "ce", "--epochs", epochs, "--no-progress",
+              "--num-threads", "1", "--device", "cpu"]
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "torchcal", "train", *common, "--out",
+                             str(run)], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    ckpt = run / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert not (run / "results.json").exists()  # it was killed mid-run
+    n_logged = len((run / "log.jsonl").read_text().splitlines())
+    assert 1 <= n_logged < int(epochs)
+    # resume (no --recipe needed: config.json is reused) ...
+    r = subprocess.run([sys.executable, "-m", "torchcal", "train", "--out", str(run), "--resume",
+                        "--no-progress", "--num-threads", "1"], env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # ... and an uninterrupted run in this process (one thread, as the subprocesses)
+    import torch
+
+    n_threads = torch.get_num_threads()
+    try:
+        assert main(["train", *common, "--out", str(tmp_path / "full")]) == 0
+    finally:
+        torch.set_num_threads(n_threads)
+    ra, la = _final_metrics(run)
+    rb, lb = _final_metrics(tmp_path / "full")
+    assert la["epoch"] == lb["epoch"] == int(epochs)
+    for k, v in lb.items():
+        if isinstance(v, float) and k != "seconds":
+            assert la[k] == pytest.approx(v, abs=1e-6), k
+    for k, v in rb["test"]["pre"].items():
+        if v is not None:
+            assert ra["test"]["pre"][k] == pytest.approx(v, abs=1e-6), k
+    assert len((run / "log.jsonl").read_text().splitlines()) == int(epochs)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_torchrun_gloo(tmp_path):
+    run = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "-m", "torchcal", "train", "--recipe", "digits-mlp", "--loss", "ce", "--epochs", "2",
+           "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run)]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) in (["best.pt", "last.pt"],
+                                                                       ["last.pt"])
+    from torchcal.train.checkpoint import load_checkpoint
+
+    st = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert st["epoch"] == 2
+    conf = json.loads((run / "config.json").read_text())
+    assert conf["world_size"] == 2
+    assert len((run / "log.jsonl").read_text().splitlines()) == 2  # rank 0 only
+    # evaluation gathered every sample exactly once (no sampler padding)
+    from torchcal.train import build_data
+    from torchcal.train.config import TrainConfig
+
+    splits = build_data(TrainConfig.from_dict(conf))
+    res = json.loads((run / "results.json").read_text())
+    assert res["n"] == {"val": len(splits.val), "test": len(splits.test)}
+    with np.load(run / "logits" / "test.npz") as f:
+        np.testing.assert_array_equal(f["labels"], splits.test.labels.numpy())
+    assert r.stdout.count("trained digits-mlp") == 1  # rank-0 printing
+
+
+def test_calibrate_on_saved_logits(tmp_path, capsys):
+    pytest.importorskip("torchcal.posthoc", reason="posthoc not built yet")
+    from torchcal import posthoc
+
+    if not hasattr(posthoc, "TemperatureScaling"):
+        pytest.skip("posthoc.TemperatureScaling not built yet")
+    from torchcal.evaluate import save_logits
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 5, 400)
+    z = rng.normal(size=(400, 5)) * 1.0
+    z[np.arange(400), y] += 2.0
+    z *= 3.0  # over-confident
+    save_logits(tmp_path / "val.npz", z[:200], y[:200])
+    save_logits(tmp_path / "test.npz", z[200:], y[200:])
+    assert main(["calibrate", str(tmp_path / "val.npz"), "--test", str(tmp_path / "test.npz"),
+                 "--method", "nll", "--out", str(tmp_path / "cal.json")]) == 0
+    out = capsys.readouterr().out
+    assert "nll: T = " in out and "test: ECE" in out
+    rep = json.loads((tmp_path / "cal.json").read_text())
+    assert rep["test"]["post"]["nll"] < rep["test"]["pre"]["nll"]
+    assert rep["test"]["post"]["error"] == rep["test"]["pre"]["error"]

@@ -1,0 +1,253 @@
+"""End-to-end training runs on small data: run directory contents, resume, protocol, head."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from torchcal.errors import CheckpointError, TorchcalError
+from torchcal.losses.base import CalibrationLoss
+from torchcal.train import TrainConfig, get_recipe, train
+from torchcal.train.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
+
+
+def make_cifar10(root, n_train=200, n_test=100, seed=0):
+    """A tiny CIFAR-10 in the official python-pickle layout (cifar-10-batches-py/).
+
+    Images carry a class signal (a per-class colour offset) so a small net learns something.
+    """
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    colours = rng.integers(0, 200, size=(10, 3))
+
+    def batch(n, name):
+        labels = rng.integers(0, 10, size=n)
+        img = rng.integers(0, 56, size=(n, 3, 32, 32)) + colours[labels][:, :, None, None]
+        return {b"batch_label": name.encode(), b"labels": labels.tolist(),
+                b"data": img.astype(np.uint8).reshape(n, 3072),
+                b"filenames": [f"img_{i}.png".encode() for i in range(n)]}
+
+    sizes = np.diff(np.linspace(0, n_train, 6).astype(int))
+    for i, n in enumerate(sizes, start=1):
+        with open(folder / f"data_batch_{i}", "wb") as f:
+            pickle.dump(batch(int(n), f"training batch {i} of 5"), f, protocol=2)
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump(batch(n_test, "testing batch 1 of 1"), f, protocol=2)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [f"class{i}".encode() for i in range(10)],
+                     b"num_cases_per_batch": 10000, b"num_vis": 3072}, f, protocol=2)
+    return root
+
+
+def digits_config(tmp_path, name="run", **kw):
+    base = dict(out_dir=str(tmp_path / name), epochs=3, progress=False, num_threads=1,
+                device="cpu")
+    base.update(kw)
+    return dataclasses.replace(get_recipe("digits-mlp"), **base)
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+# ------------------------------------------------------------------------------------------
+def test_cifar_two_epochs_writes_the_run_directory(tmp_path):
+    root = make_cifar10(tmp_path / "data")
+    cfg = dataclasses.replace(
+        get_recipe("cifar10-resnet50"), model="small_cnn", model_kwargs={"width": 8},
+        data_root=str(root), out_dir=str(tmp_path / "run"), epochs=2, batch_size=32,
+        progress=False, num_threads=1, device="cpu", select_best_by="nll")
+    summary = train(cfg)
+    run = tmp_path / "run"
+    assert (run / "config.json").is_file()
+    conf = json.loads((run / "config.json").read_text())
+    assert conf["dataset"] == "cifar10" and conf["model"] == "small_cnn" and conf["epochs"] == 2
+    lines = [json.loads(s) for s in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in lines] == [1, 2]
+    for key in ("train_loss", "train_nll", "train_ece", "train_error", "val_loss", "val_nll",
+                "val_ece", "val_error", "test_loss", "test_nll", "test_ece", "test_error",
+                "fc_weight_norm", "test_nll_correct", "test_nll_incorrect",
+                "test_entropy_correct", "test_entropy_incorrect", "lr"):
+        assert key in lines[-1], key
+    last = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert last["epoch"] == 2 and last["config"]["model"] == "small_cnn"
+    best = load_checkpoint(run / "checkpoints" / "best.pt")
+    assert best["epoch"] == summary["best"]["epoch"]
+    assert summary["best"]["value"] == min(r["val_nll"] for r in lines)
+    # the published reduction for CE is a sum over the batch: logged loss is per sample
+    assert abs(lines[-1]["val_loss"] - lines[-1]["val_nll"]) < 1e-4
+    # evaluation artefacts (OOD sets absent: skipped)
+    for f in ("val.npz", "test.npz"):
+        assert (run / "logits" / f).is_file()
+    res = json.loads((run / "results.json").read_text())
+    assert res["n"] == {"val": 20, "test": 100}
+    assert res["meta"]["loss"] == "ce" and res["meta"]["checkpoint"] == "last"
+    with np.load(run / "logits" / "test.npz") as z:
+        assert z["logits"].shape == (100, 10) and z["labels"].dtype == np.int64
+
+
+def test_digits_run_and_resume_in_process_match(tmp_path):
+    """Training 2 epochs, then resuming to 4, equals 4 uninterrupted epochs exactly."""
+    full = train(digits_config(tmp_path, "full", epochs=4, milestone_fractions=None,
+                               milestones=[2, 3]))
+    part = digits_config(tmp_path, "part", epochs=2, milestone_fractions=None, milestones=[2, 3],
+                         evaluate=False)
+    train(part)
+    resumed = train(dataclasses.replace(part, epochs=4, resume=True, evaluate=True))
+    assert resumed["resumed_from"] == 2
+    for k, v in full["final"].items():
+        assert resumed["final"][k] == pytest.approx(v, abs=1e-6), k
+    la = (tmp_path / "full" / "log.jsonl").read_text().splitlines()
+    lb = (tmp_path / "part" / "log.jsonl").read_text().splitlines()
+    assert len(la) == len(lb) == 4
+    ra = json.loads((tmp_path / "full" / "results.json").read_text())
+    rb = json.loads((tmp_path / "part" / "results.json").read_text())
+    assert ra["test"]["pre"]["ece"] == pytest.approx(rb["test"]["pre"]["ece"], abs=1e-6)
+
+
+def test_existing_run_needs_resume_and_matching_config(tmp_path):
+    cfg = digits_config(tmp_path, epochs=1, evaluate=False)
+    train(cfg)
+    with pytest.raises(TorchcalError, match="already holds a run.*--resume"):
+        train(cfg)
+    with pytest.raises(CheckpointError, match="loss='ce'.*loss='focal'"):
+        train(dataclasses.replace(cfg, loss="focal", resume=True))
+    # corrupt checkpoint -> a clear error
+    (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train(dataclasses.replace(cfg, resume=True))
+
+
+class _ProtocolProbe(CalibrationLoss):
+    """A stateful test loss recording how the trainer drives the protocol."""
+
+    published_reduction = "mean"
+    wants_validation = True
+    update_every = 5
+
+    def __init__(self, *, reduction="mean", ignore_index=-100):
+        super().__init__(reduction=reduction, ignore_index=ignore_index)
+        self.register_buffer("n_validations", torch.zeros((), dtype=torch.long))
+        self.epochs_seen: list[int] = []
+        self.val_sizes: list[int] = []
+
+    def set_epoch(self, epoch):
+        self.epochs_seen.append(epoch)
+
+    def on_validation(self, *, logits, labels):
+        self.n_validations += 1
+        self.val_sizes.append(int(labels.shape[0]))
+        assert logits.shape == (labels.shape[0], 10)
+
+    def forward(self, input, target):
+        return torch.nn.functional.cross_entropy(input, target, reduction=self.reduction)
+
+
+def test_stateful_loss_driven_only_through_the_protocol(tmp_path, monkeypatch):
+    from torchcal.losses import _registry
+    from torchcal.train import trainer
+
+    made = []
+
+    def factory(**kw):
+        made.append(_ProtocolProbe(**kw))
+        return made[-1]
+
+    monkeypatch.setitem(_registry._LOSSES, "test_protocol_probe", factory)
+    cfg = digits_config(tmp_path, loss="test_protocol_probe", epochs=2, evaluate=False)
+    train(cfg)
+    probe = made[-1]
+    assert probe.epochs_seen == [0, 1]
+    n_train_batches = trainer._n_batches(len(_train_labels(cfg)), 1, cfg.batch_size)
+    per_epoch = n_train_batches // 5 + 1  # every 5 batches + after the epoch
+    assert int(probe.n_validations) == 2 * per_epoch
+    n_val = probe.val_sizes[0]
+    assert set(probe.val_sizes) == {n_val} and n_val > 0
+    # the loss state is in the checkpoint
+    st = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert int(st["loss"]["n_validations"]) == 2 * per_epoch
+
+
+def _train_labels(cfg):
+    from torchcal.train import build_data
+
+    return build_data(cfg).train.labels
+
+
+def test_adafocal_through_the_protocol(tmp_path):
+    from torchcal.losses import list_losses
+
+    if "adafocal" not in list_losses():
+        pytest.skip("adafocal not registered yet")
+    cfg = digits_config(tmp_path, loss="adafocal", epochs=3, evaluate=False)
+    train(cfg)
+    lines = [json.loads(s) for s in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    gammas = [r["loss_state"]["gammas"] for r in lines]
+    assert len(gammas) == 3 and len(gammas[0]) == 15
+    assert gammas[0] != [1.0] * 15  # moved after the first validation pass
+    st = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    from torchcal.losses import create_loss
+
+    fresh = create_loss("adafocal")
+    fresh.load_state_dict(st["loss"])
+    assert torch.allclose(fresh.gammas.float(), torch.tensor(gammas[-1]))
+
+
+def test_uncertainty_head_leaves_the_classifier_unchanged(tmp_path):
+    pytest.importorskip("torchcal.uncertainty")
+    a = train(digits_config(tmp_path, "plain", epochs=1, evaluate=False))
+    b = train(digits_config(tmp_path, "head", epochs=1, evaluate=False, uncertainty_head=True))
+    sa = load_checkpoint(tmp_path / "plain" / "checkpoints" / "last.pt")
+    sb = load_checkpoint(tmp_path / "head" / "checkpoints" / "last.pt")
+    assert sa["head"] is None and sb["head"] is not None
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), k
+    assert a["final"]["val_ece"] == b["final"]["val_ece"]
+    # the head did train
+    from torchcal.uncertainty import UncertaintyHead
+
+    h = UncertaintyHead(256)
+    h.load_state_dict(sb["head"])
+    lines = [json.loads(s) for s in (tmp_path / "head" / "log.jsonl").read_text().splitlines()]
+    assert lines[-1]["head_ranking_loss"] > 0
+
+
+def test_evaluate_run_and_load_model(tmp_path):
+    from torchcal.train import evaluate_run, load_model_from_run, predict_logits
+
+    cfg = digits_config(tmp_path, epochs=2, evaluate=False, select_best_by="error")
+    train(cfg)
+    res = evaluate_run(tmp_path / "run", checkpoint="best")
+    assert res["meta"]["checkpoint"] == "best"
+    assert (tmp_path / "run" / "logits" / "ood_digits_ood.npz").is_file() or not res["ood"]
+    model, c2 = load_model_from_run(tmp_path / "run")
+    assert c2.loss == "ce" and not model.training
+    from torchcal.train import build_data
+
+    splits = build_data(c2)
+    z, y = predict_logits(model, splits.test, "cpu", 100)
+    zs, ys = np.load(tmp_path / "run" / "logits" / "test.npz").values()
+    assert z.shape[0] == len(splits.test)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        evaluate_run(tmp_path / "nope")
+
+
+def test_bad_config_values_raise_before_training(tmp_path):
+    with pytest.raises(ValueError, match="`epochs`"):
+        train(digits_config(tmp_path, epochs=0))
+    with pytest.raises(ValueError, match="loss"):
+        train(digits_config(tmp_path, loss="no_such_loss"))
+    with pytest.raises(TypeError, match="TrainConfig"):
+        train({"epochs": 1})
+    assert isinstance(get_recipe("digits-mlp"), TrainConfig)
