@@ -25,9 +25,25 @@ class DigitsMLP(nn.Module):
         return self.fc(self.forward_features(x))
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one intra-op thread is much faster on a shared 2-core machine (restored)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def digits_backbone():
-    """``(model, splits)``: an MLP trained briefly on 600 noisy digits; ``splits`` holds
+    """See :func:`make_digits_backbone`."""
+    return make_digits_backbone()
+
+
+def make_digits_backbone():
+    """One thread inside (restored), see ``_one_thread``.
+
+    ``(model, splits)``: an MLP trained briefly on 600 noisy digits; ``splits`` holds
     ``"clf"`` (its training data), ``"head"`` (600 other samples to fit a head on) and
     ``"test"`` (the remaining 597), each an ``(x, y)`` pair; input noise makes ~1/3 errors."""
     d = load_digits()
@@ -39,6 +55,8 @@ def digits_backbone():
     x = x + 0.5 * torch.randn(x.shape, generator=g)
     splits = {"clf": (x[:600], y[:600]), "head": (x[600:1200], y[600:1200]),
               "test": (x[1200:], y[1200:])}
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = DigitsMLP()
@@ -50,6 +68,7 @@ def digits_backbone():
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+    torch.set_num_threads(n_threads)
     model.eval()
     for p in model.parameters():
         p.grad = None
