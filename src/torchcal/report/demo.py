@@ -20,6 +20,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,11 +248,17 @@ def _run_jobs(jobs: list[dict[str, Any]], workers: int, progress: bool) -> list[
             ctx = mp.get_context("spawn")
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
                                      initializer=_set_threads) as ex:
-                pending = {ex.submit(run_job, j) for j in jobs}
+                futs = {ex.submit(run_job, j): j for j in jobs}
+                pending = set(futs)
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in done:
-                        r = fut.result()
+                        try:
+                            r = fut.result()
+                        except BrokenProcessPool as exc:  # a worker died (killed, out of memory)
+                            j = futs[fut]
+                            r = {"run_dir": j["run_dir"], "loss": j["loss"], "seed": j["seed"],
+                                 "seconds": 0.0, "error": f"worker process died: {exc}"}
                         results.append(r)
                         bar.set_postfix_str(f"{r['loss']} seed {r['seed']}", refresh=False)
                         bar.update(1)
