@@ -1,0 +1,154 @@
+"""Top-label histogram binning (Zadrozny & Elkan 2001; Gupta & Ramdas 2022's top-label form)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .._validation import check_positive_int
+from ..metrics.binning import (
+    bin_index,
+    equal_mass_bin_index,
+    equal_width_bin_index,
+    equal_width_edges,
+)
+from ._common import Calibrator, float_list, prepare_fit, prepare_logits, work_dtype
+
+__all__ = ["HistogramBinning"]
+
+_BINNINGS = ("equal_mass", "equal_width")
+
+
+def _check_binning(binning: Any) -> str:
+    if binning not in _BINNINGS:
+        raise ValueError(f"Expected `binning` to be one of {_BINNINGS}, got {binning!r}")
+    return binning
+
+
+class HistogramBinning(Calibrator):
+    """Top-label histogram binning: the top-1 confidence is replaced by its bin's accuracy.
+
+    Fit: bin the validation top-1 confidences ``conf_i = max_c softmax(z_i)_c`` into
+    ``n_bins`` bins (``"equal_mass"``, default, or ``"equal_width"``; the conventions of
+    :mod:`torchcal.metrics.binning`) and store each bin's accuracy ``h_b``.  Predict: the
+    predicted class (arg-max of the logits) gets probability ``h_b`` of its bin; the other
+    classes share ``1 - h_b`` in proportion to their original probabilities (equally if those
+    are all 0).  A bin that was empty at fit time leaves the confidence unchanged.  The
+    calibrated confidence is the bin's validation accuracy, so the top-label ECE on the
+    validation set (same bins) is 0; as a histogram method it is not monotone, and a class other
+    than the original arg-max can end up with the largest probability when ``h_b`` is small.
+
+    Args:
+        n_bins: number of bins B.
+        binning: ``"equal_mass"`` or ``"equal_width"``.
+
+    Attributes:
+        edges_ (torch.Tensor): (B - 1,) float64 interior bin edges.
+        bin_values_ (torch.Tensor): (B,) float64 calibrated confidence per bin (NaN: empty).
+
+    Example:
+        >>> z = torch.tensor([[2.0, 0.0], [0.0, 2.0], [3.0, 0.0], [0.0, 3.0]])
+        >>> hb = HistogramBinning(n_bins=2).fit(z, torch.tensor([0, 0, 0, 1]))
+        >>> hb.bin_values_
+        tensor([0.5000, 1.0000], dtype=torch.float64)
+        >>> hb.predict_proba(z)
+        tensor([[0.5000, 0.5000],
+                [0.5000, 0.5000],
+                [1.0000, 0.0000],
+                [0.0000, 1.0000]])
+    """
+
+    _fitted_attr = "bin_values_"
+
+    def __init__(self, n_bins: int = 15, binning: str = "equal_mass") -> None:
+        self.n_bins = check_positive_int(n_bins, "n_bins")
+        self.binning = _check_binning(binning)
+
+    def _params(self) -> dict[str, Any]:
+        return {"n_bins": self.n_bins, "binning": self.binning}
+
+    @staticmethod
+    def _top1(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        p = torch.softmax(z.to(work_dtype(z.dtype)), dim=1)
+        conf, pred = p.max(dim=1)
+        return p, conf, pred
+
+    def fit(self, logits: Any, labels: Any) -> HistogramBinning:
+        """Fit the bin accuracies on validation ``logits`` (N, C) and ``labels`` (N,)."""
+        n_bins = check_positive_int(self.n_bins, "n_bins")
+        binning = _check_binning(self.binning)
+        z, y = prepare_fit(logits, labels)
+        _, conf, pred = self._top1(z)
+        if binning == "equal_mass":
+            idx, edges = equal_mass_bin_index(conf, n_bins)
+        else:
+            idx = equal_width_bin_index(conf, n_bins)
+            edges = equal_width_edges(n_bins, dtype=conf.dtype, device=conf.device)[1:-1]
+        counts = torch.bincount(idx, minlength=n_bins).to(torch.float64)
+        hits = torch.bincount(idx, weights=pred.eq(y).to(torch.float64), minlength=n_bins)
+        values = torch.where(counts > 0, hits / counts.clamp(min=1), float("nan"))
+        self.edges_ = edges.to(torch.float64).cpu()
+        self.bin_values_ = values.cpu()
+        self.n_classes_ = z.shape[1]
+        return self
+
+    def predict_proba(self, logits: Any) -> torch.Tensor:
+        """Calibrated probabilities (N, C) in the logits' dtype (at least float32 inside)."""
+        self._check_fitted()
+        z = prepare_logits(logits)
+        p, conf, pred = self._top1(z)
+        if self.binning == "equal_mass":
+            idx = bin_index(conf, self.edges_)
+        else:
+            idx = equal_width_bin_index(conf, self.n_bins)
+        h = self.bin_values_.to(conf.device)[idx]
+        c64 = conf.to(torch.float64)
+        h = torch.where(torch.isnan(h), c64, h)
+        p64 = p.to(torch.float64).scatter(1, pred.unsqueeze(1), 0.0)
+        rest = p64.sum(dim=1, keepdim=True)
+        share = (1.0 - h).unsqueeze(1)
+        others = torch.where(
+            rest > 0, p64 * (share / rest.clamp(min=torch.finfo(torch.float64).tiny)),
+            share / (z.shape[1] - 1),
+        )
+        q = others.scatter(1, pred.unsqueeze(1), h.unsqueeze(1))
+        return q.to(z.dtype)
+
+    def transform(self, logits: Any) -> torch.Tensor:
+        """Calibrated "logits" ``log q`` (``q`` = :meth:`predict_proba`, clamped at the dtype's
+        smallest normal number so they stay finite); ``softmax`` of them gives back ``q``."""
+        q = self.predict_proba(logits)
+        return torch.log(q.clamp(min=torch.finfo(q.dtype).tiny))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe description (settings, edges and bin values; ``None`` for empty bins)."""
+        self._check_fitted()
+        values = [None if math.isnan(v) else v for v in self.bin_values_.tolist()]
+        return {
+            "type": type(self).__name__,
+            "version": 1,
+            "n_bins": self.n_bins,
+            "binning": self.binning,
+            "edges": self.edges_.tolist(),
+            "values": values,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HistogramBinning:
+        """Rebuild a fitted calibrator from :meth:`to_dict`'s output."""
+        cls._check_dict(d, ("n_bins", "binning", "edges", "values"))
+        obj = cls(n_bins=d["n_bins"], binning=d["binning"])
+        edges = float_list(d["edges"], "d['edges']", length=obj.n_bins - 1)
+        values = float_list(d["values"], "d['values']", length=obj.n_bins, allow_none=True)
+        if any(b < a for a, b in zip(edges, edges[1:], strict=False)):
+            raise ValueError("Expected `d['edges']` to be sorted in increasing order")
+        if any(v is not None and not 0.0 <= v <= 1.0 for v in values):
+            raise ValueError("Expected `d['values']` to lie in [0, 1]")
+        obj.edges_ = torch.tensor(edges, dtype=torch.float64)
+        obj.bin_values_ = torch.tensor(
+            [float("nan") if v is None else v for v in values], dtype=torch.float64
+        )
+        obj.n_classes_ = None
+        return obj
