@@ -11,7 +11,7 @@ Equal-mass bins (AdaECE, AdaFocal)
     Sort the values ``s_0 <= ... <= s_{N-1}``; interior edges are
     ``e_k = s_{max(floor(kN/B) - 1, 0)}`` for k = 1..B-1, and a value x goes to bin
     ``#{k : e_k < x}`` (right-closed).  Every sample lands in exactly one bin, tied values
-    stay together, and the result does not depend on sample order.  Without ties bin k holds
+    stay together, and the result does not depend on sample order.  Without ties (and N >= B) bin k holds
     ``floor((k+1)N/B) - floor(kN/B)`` samples.
 
 Comparisons are made after an exact up-cast of values and edges to float32 (or float64), so

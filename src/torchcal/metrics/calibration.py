@@ -137,7 +137,8 @@ def adaptive_ece(
 
     Sort the confidences ``s_0 <= ... <= s_{N-1}``; interior edges
     ``e_k = s_{max(floor(kN/B) - 1, 0)}`` (k = 1..B-1); a confidence x goes to bin
-    ``#{k : e_k < x}``.  Without ties each bin holds ``floor((k+1)N/B) - floor(kN/B)`` samples;
+    ``#{k : e_k < x}``.  Without ties (and N >= B) bin k holds ``floor((k+1)N/B) - floor(kN/B)``
+    samples;
     tied confidences always share a bin (bins may then be uneven or empty), and the result does
     not depend on sample order.  ``AdaECE = sum_b (n_b / N) |acc_b - conf_b|``.  This is the
     binning AdaFocal uses (:func:`torchcal.metrics.binning.equal_mass_bin_index`).  The

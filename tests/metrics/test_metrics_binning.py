@@ -1,0 +1,96 @@
+"""binning.py: the one home of bin conventions (equal-width and equal-mass, batched edges)."""
+
+import os
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchcal.metrics import binning as B
+
+sys.path.insert(0, os.path.dirname(__file__))
+import metrics_reference as ref  # noqa: E402
+
+
+def test_equal_width_edges_in_dtype():
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        e = B.equal_width_edges(15, dtype=dtype)
+        assert e.dtype == dtype and e.shape == (16,)
+        assert e[0].item() == 0.0 and e[-1].item() == 1.0
+        assert torch.equal(e, torch.arange(16, dtype=dtype) / 15)
+    with pytest.raises(ValueError, match="`n_bins` to be a positive integer, got 0"):
+        B.equal_width_edges(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_linspace_trap_is_avoided(dtype):
+    # linspace edges differ from k/B in every dtype (e.g. 11/15 in float64); values computed
+    # as k/B in the input dtype still land in bin k-1
+    lin = torch.linspace(0, 1, 16, dtype=dtype)
+    kb = torch.arange(16, dtype=dtype) / 15
+    differ = (lin != kb).nonzero().flatten()
+    assert differ.numel() > 0
+    assert B.equal_width_bin_index(kb[differ], 15).tolist() == (differ - 1).tolist()
+
+
+def test_single_bin_and_extremes():
+    v = torch.tensor([0.0, 1e-30, 0.5, 1.0])
+    assert B.equal_width_bin_index(v, 1).tolist() == [0, 0, 0, 0]
+    assert B.equal_width_bin_index(v, 4).tolist() == [0, 0, 1, 3]
+
+
+def test_bin_index_right_open_for_adafocal():
+    e = torch.tensor([0.2, 0.5])
+    v = torch.tensor([0.0, 0.2, 0.3, 0.5, 0.9, 1.0])
+    assert B.bin_index(v, e).tolist() == [0, 0, 1, 1, 2, 2]
+    assert B.bin_index(v, e, right_closed=False).tolist() == [0, 1, 1, 2, 2, 2]
+
+
+def test_equal_mass_reference_and_ties():
+    v = torch.tensor([0.3, 0.3, 0.3, 0.3, 0.9, 0.1, 0.5, 0.5], dtype=torch.float64)
+    idx, edges = B.equal_mass_bin_index(v, 4)
+    interior = ref.equal_mass_interior(v.tolist(), 4)
+    assert edges.tolist() == interior
+    assert idx.tolist() == [ref.equal_mass_bin(x, interior) for x in v.tolist()]
+    # ties together: all 0.3 in one bin
+    assert len(set(idx[v == 0.3].tolist())) == 1
+    with pytest.raises(ValueError, match="`values` to be a non-empty"):
+        B.equal_mass_edges(torch.tensor([]), 3)
+
+
+def test_batched_edges_equal_row_by_row():
+    g = torch.Generator().manual_seed(0)
+    v = torch.rand(6, 50, generator=g)
+    v[:, :10] = 0.5  # ties
+    edges = B.equal_mass_edges(v, 7)
+    assert edges.shape == (6, 6)
+    idx = B.bin_index(v, edges)
+    for r in range(6):
+        assert torch.equal(edges[r], B.equal_mass_edges(v[r], 7))
+        assert torch.equal(idx[r], B.equal_mass_bin_index(v[r], 7)[0])
+        assert torch.equal(B.bin_index(v[r], edges[r], right_closed=False),
+                           B.bin_index(v, edges, right_closed=False)[r])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=80), st.integers(1, 16),
+       st.integers(0, 1000))
+def test_equal_mass_properties(raw, n_bins, seed):
+    v = torch.tensor(raw, dtype=torch.float64) / 20
+    idx, edges = B.equal_mass_bin_index(v, n_bins)
+    n = v.shape[0]
+    assert bool((idx >= 0).all()) and bool((idx < n_bins).all())
+    # order independence
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    idx2, edges2 = B.equal_mass_bin_index(v[perm], n_bins)
+    assert torch.equal(edges, edges2) and torch.equal(idx[perm], idx2)
+    # equal values share a bin; bins are monotone in the value
+    order = torch.argsort(v)
+    assert bool((idx[order][1:] >= idx[order][:-1]).all())
+    # without ties (and N >= B, else the clamp max(., 0) of the first edge index applies),
+    # counts are floor((k+1)N/B) - floor(kN/B)
+    if len(set(raw)) == n and n >= n_bins:
+        counts = torch.bincount(idx, minlength=n_bins)
+        assert counts.tolist() == [(k + 1) * n // n_bins - k * n // n_bins for k in range(n_bins)]
