@@ -153,3 +153,27 @@ def test_per_sample_cross_entropy_matches_formula():
     ref = -(logits.exp() / logits.exp().sum(1, keepdim=True)).log()[torch.arange(6), y]
     torch.testing.assert_close(ce, ref.detach())
     assert not ce.requires_grad
+
+
+def test_save_load_head_round_trip_and_corruption(tmp_path):
+    from torchcal.errors import CheckpointError
+    from torchcal.uncertainty import load_head, save_head
+
+    torch.manual_seed(1)
+    head = UncertaintyHead(6, width=8, depth=3)
+    path = tmp_path / "sub" / "head.pt"
+    save_head(head, path, meta={"epochs": 3})
+    again, meta = load_head(path)
+    assert (again.in_features, again.width, again.depth) == (6, 8, 3)
+    assert meta == {"epochs": 3}
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(again(x), head(x))
+    assert [p.name for p in path.parent.iterdir()] == ["head.pt"]  # no temp files left
+    path.write_bytes(path.read_bytes()[:50])
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_head(path)
+    torch.save({"format": "other"}, path)
+    with pytest.raises(CheckpointError, match="not a torchcal uncertainty head"):
+        load_head(path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_head(tmp_path / "none.pt")

@@ -18,12 +18,14 @@ from .fit import (
     recall_at_1_correct,
     zero_shot_transfer,
 )
-from .head import UncertaintyHead, per_sample_cross_entropy, ranking_loss
+from .head import UncertaintyHead, load_head, per_sample_cross_entropy, ranking_loss, save_head
 
 __all__ = [
     "UncertaintyHead",
     "ranking_loss",
     "per_sample_cross_entropy",
+    "save_head",
+    "load_head",
     "EmbeddingCache",
     "CacheError",
     "StaleCacheError",

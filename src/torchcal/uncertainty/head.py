@@ -13,12 +13,20 @@ backbone's or the classifier's gradients.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import nn
 
 from .._validation import check_nonneg_finite, check_positive_int
+from ..errors import CheckpointError
 
-__all__ = ["UncertaintyHead", "ranking_loss", "per_sample_cross_entropy"]
+__all__ = ["UncertaintyHead", "ranking_loss", "per_sample_cross_entropy", "save_head", "load_head"]
 
 _EPS = 1e-6
 
@@ -159,3 +167,56 @@ def per_sample_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torc
     if work.dtype not in (torch.float32, torch.float64):
         work = work.float()
     return torch.nn.functional.cross_entropy(work, labels.to(work.device).long(), reduction="none")
+
+
+HEAD_FORMAT = "torchcal.uncertainty_head/1"
+
+
+def save_head(head: UncertaintyHead, path: str | os.PathLike, meta: dict | None = None) -> None:
+    """Write a head (architecture + weights + ``meta``) atomically: temp file in the same
+    directory, fsync, ``os.replace``.  Read it back with :func:`load_head`."""
+    if not isinstance(head, UncertaintyHead):
+        raise TypeError(f"Expected `head` to be an UncertaintyHead, got {type(head).__name__}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "format": HEAD_FORMAT,
+        "in_features": head.in_features,
+        "width": head.width,
+        "depth": head.depth,
+        "state_dict": {k: v.detach().cpu() for k, v in head.state_dict().items()},
+        "meta": json.loads(json.dumps(meta or {}, default=str)),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def load_head(path: str | os.PathLike, map_location: Any = "cpu") -> tuple[UncertaintyHead, dict]:
+    """Load a head written by :func:`save_head` (``weights_only=True``) -> ``(head in eval
+    mode, meta)``.  Raises :class:`~torchcal.errors.CheckpointError` if missing or corrupt."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"Uncertainty head file {str(path)!r} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # truncated zip, unpickling errors, ...
+        raise CheckpointError(
+            f"Uncertainty head file {str(path)!r} is corrupt or truncated ({type(exc).__name__})"
+        ) from exc
+    if not isinstance(state, dict) or state.get("format") != HEAD_FORMAT:
+        raise CheckpointError(f"{str(path)!r} is not a torchcal uncertainty head ({HEAD_FORMAT})")
+    try:
+        head = UncertaintyHead(state["in_features"], width=state["width"], depth=state["depth"])
+        head.load_state_dict(state["state_dict"])
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"Uncertainty head file {str(path)!r} is malformed: {exc}") from exc
+    return head.eval(), dict(state.get("meta") or {})

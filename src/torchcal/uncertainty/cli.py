@@ -1,0 +1,389 @@
+"""``torchcal uncertainty fit | eval RUN_DIR``: pretrained uncertainty heads on a trained classifier.
+
+Examples::
+
+    torchcal uncertainty fit runs/c10-r50-focal --passes 5 --epochs 10
+    torchcal uncertainty eval runs/c10-r50-focal --transfer cifar100
+    torchcal uncertainty eval runs/c10-r50-focal --joint     # the head of `train --uncertainty-head`
+
+``fit`` runs the run's frozen classifier once over its training split (``--passes`` augmented
+passes when the data set uses augmentation), caches embeddings/logits/labels under
+``RUN_DIR/uncertainty/cache/``, trains an :class:`~torchcal.uncertainty.UncertaintyHead` from the
+cache and saves it to ``RUN_DIR/uncertainty/head.pt``.  ``eval`` writes
+``RUN_DIR/uncertainty/results.json``: R-AUROC against classifier correctness and recall@1
+correctness on the validation and test splits, OOD AUROC of the head's uncertainty on the run's
+OOD sets, and zero-shot transfer (recall@1 R-AUROC) to other data sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError, TorchcalError
+
+__all__ = ["register", "cmd_fit", "cmd_eval", "RESULTS_SCHEMA"]
+
+RESULTS_SCHEMA = "torchcal.uncertainty_results/1"
+
+
+# ------------------------------------------------------------------------------------------
+# argument types
+# ------------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _even_int(text: str) -> int:
+    v = _positive_int(text)
+    if v % 2:
+        raise argparse.ArgumentTypeError(f"expected an even batch size (pairs), got {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a finite non-negative number, got {text!r}")
+    return v
+
+
+# ------------------------------------------------------------------------------------------
+# shared helpers
+# ------------------------------------------------------------------------------------------
+def _prep_inputs(mean: Any, std: Any):
+    """Normalise uint8 images with the data set's mean/std; cast other inputs to float32."""
+
+    def prep(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.uint8 and mean is not None:
+            from ..data.augment import normalize
+
+            return normalize(x, mean, std)
+        return x if x.dtype == torch.float32 else x.float()
+
+    return prep
+
+
+def _load_run(args: argparse.Namespace):
+    from ..train import build_data, load_model_from_run
+    from ..train.predict import resolve_device
+
+    device = resolve_device(args.device)
+    model, config = load_model_from_run(args.run_dir, checkpoint=args.checkpoint, device=str(device))
+    if args.data_root is not None:
+        config.data_root = str(args.data_root)
+    for attr in ("forward_features", "num_features"):
+        if not hasattr(model, attr):
+            raise TorchcalError(
+                f"Model {config.model!r} has no {attr}; uncertainty heads need a torchcal model "
+                "with forward_features/num_features/fc"
+            )
+    splits = build_data(config)
+    return model, config, splits, device
+
+
+def _cache_root(args: argparse.Namespace) -> Path:
+    return Path(args.cache_dir) if args.cache_dir else Path(args.run_dir) / "uncertainty" / "cache"
+
+
+def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
+                 n_passes: int = 1, augment: Any = None, seed: int = 0):
+    from .cache import EmbeddingCache
+
+    data_id = {"dataset": config.dataset, "split": name, "data_seed": config.data_seed,
+               "seed": config.seed, "mean": splits.mean, "std": splits.std,
+               "data_kwargs": dict(config.data_kwargs)}
+    label = name if n_passes == 1 else f"{name}_x{n_passes}"
+    return EmbeddingCache.build(
+        _cache_root(args) / label, model, data, transform=_prep_inputs(splits.mean, splits.std),
+        augment=augment, n_passes=n_passes, batch_size=args.embed_batch_size, device=device,
+        data_id=data_id, on_stale=args.on_stale, seed=seed, progress=not args.no_progress)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(_jsonable(obj), f, indent=2, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _f(v: Any) -> str:
+    return "  n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
+
+
+# ------------------------------------------------------------------------------------------
+# fit
+# ------------------------------------------------------------------------------------------
+def cmd_fit(args: argparse.Namespace) -> int:
+    from .cache import model_identity
+    from .fit import evaluate_head, fit_head
+    from .head import save_head
+
+    model, config, splits, device = _load_run(args)
+    augment = None
+    passes = args.passes
+    if passes > 1:
+        x = getattr(splits.train, "data", None)
+        if splits.augment and isinstance(x, torch.Tensor) and x.ndim == 4:
+            from ..data.augment import random_crop_flip
+
+            augment = functools.partial(random_crop_flip, padding=int(splits.padding))
+        else:
+            print(f"note: {config.dataset} is trained without augmentation; using 1 pass "
+                  f"instead of {passes}")
+            passes = 1
+    train_cache = _build_cache(args, model, config, splits, device, "train", splits.train,
+                               n_passes=passes, augment=augment, seed=args.seed)
+    fit = fit_head(train_cache, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                   weight_decay=args.weight_decay, width=args.width, depth=args.depth,
+                   device=device, seed=args.seed, progress=not args.no_progress)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "uncertainty" / "head.pt"
+    lr = args.lr if args.lr is not None else 1e-3 * args.batch_size / 256
+    meta = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint,
+            "dataset": config.dataset, "model": config.model, "loss": config.loss,
+            "passes": passes, "epochs": args.epochs, "batch_size": args.batch_size, "lr": lr,
+            "weight_decay": args.weight_decay, "seed": args.seed, "rows": len(train_cache),
+            "epoch_losses": fit.epoch_losses, "backbone": model_identity(model)}
+    save_head(fit.head, out, meta)
+    msg = (f"fitted uncertainty head on {len(train_cache)} cached {config.dataset} train rows "
+           f"({passes} pass{'es' if passes > 1 else ''}), {args.epochs} epochs: ranking loss "
+           f"{fit.epoch_losses[0]:.4f} -> {fit.epoch_losses[-1]:.4f}")
+    print(msg)
+    if not args.no_val and len(splits.val) >= 2:
+        val_cache = _build_cache(args, model, config, splits, device, "val", splits.val)
+        r = evaluate_head(fit.head, val_cache, device=device)
+        print(f"  val: R-AUROC(correct) {_f(r.get('r_auroc_correct'))}  "
+              f"R-AUROC(recall@1) {_f(r.get('r_auroc_recall'))}  "
+              f"[max-prob baseline {_f(r.get('baselines', {}).get('max_prob', {}).get('r_auroc_correct'))}]")
+    print(f"wrote {out}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------
+# eval
+# ------------------------------------------------------------------------------------------
+def _joint_head(args: argparse.Namespace, model: Any):
+    from ..train.checkpoint import load_checkpoint
+    from .head import UncertaintyHead
+
+    path = Path(args.run_dir) / "checkpoints" / f"{args.checkpoint}.pt"
+    state = load_checkpoint(path)
+    if not state.get("head"):
+        raise CheckpointError(
+            f"Checkpoint {str(path)!r} has no jointly trained head (train with "
+            "--uncertainty-head, or fit one with `torchcal uncertainty fit`)")
+    head = UncertaintyHead(int(model.num_features))
+    try:
+        head.load_state_dict(state["head"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"The head in {str(path)!r} does not fit: {exc}") from exc
+    return head.eval(), {"joint": True, "checkpoint": args.checkpoint}
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ..metrics import auroc
+    from .fit import _entropy, evaluate_head, predict_uncertainty
+    from .head import load_head
+
+    model, config, splits, device = _load_run(args)
+    if args.joint:
+        head, head_meta = _joint_head(args, model)
+        head_path = None
+    else:
+        head_path = Path(args.head) if args.head else Path(args.run_dir) / "uncertainty" / "head.pt"
+        if not head_path.is_file():
+            raise TorchcalError(
+                f"No uncertainty head at {str(head_path)!r}: run `torchcal uncertainty fit "
+                f"{args.run_dir}` first (or pass --head / --joint)")
+        head, head_meta = load_head(head_path)
+    if head.in_features != int(model.num_features):
+        raise TorchcalError(
+            f"The head reads {head.in_features}-d embeddings, the model gives {model.num_features}")
+    head.to(device)
+
+    results: dict[str, Any] = {
+        "schema": RESULTS_SCHEMA,
+        "meta": {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint,
+                 "dataset": config.dataset, "model": config.model, "loss": config.loss,
+                 "seed": config.seed, "head": str(head_path) if head_path else "joint",
+                 "head_meta": {k: v for k, v in head_meta.items() if k != "epoch_losses"}},
+        "splits": {}, "ood": {}, "transfer": {},
+    }
+    kw = {"device": device, "chunk_size": args.chunk_size}
+    test_u = test_entropy = None
+    for name in args.splits:
+        cache = _build_cache(args, model, config, splits, device, name, getattr(splits, name))
+        results["splits"][name] = evaluate_head(head, cache, **kw)
+        if name == "test":
+            emb, logits, _ = cache.tensors(device)
+            test_u, test_entropy = predict_uncertainty(head, emb), _entropy(logits)
+
+    if not args.no_ood:
+        from ..train.predict import load_ood_sets
+
+        for name, ds in load_ood_sets(config, splits).items():
+            cache = _build_cache(args, model, config, splits, device, f"ood_{name}", ds)
+            res = evaluate_head(head, cache, classifier=False, **kw)
+            if test_u is None:
+                tc = _build_cache(args, model, config, splits, device, "test", splits.test)
+                emb, logits, _ = tc.tensors(device)
+                test_u, test_entropy = predict_uncertainty(head, emb), _entropy(logits)
+            emb, logits, _ = cache.tensors(device)
+            u = predict_uncertainty(head, emb)
+            is_ood = torch.cat([torch.zeros_like(test_u, dtype=torch.long),
+                                torch.ones_like(u, dtype=torch.long)])
+            res["auroc_head"] = float(auroc(scores=torch.cat([test_u, u]), labels=is_ood))
+            res["auroc_entropy"] = float(auroc(scores=torch.cat([test_entropy, _entropy(logits)]),
+                                               labels=is_ood))
+            results["ood"][name] = res
+
+    for name in args.transfer:
+        from ..data import load_splits
+
+        try:
+            other = load_splits(name, config.data_root, download=False)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise TorchcalError(f"Cannot load transfer data set {name!r}: {exc}") from exc
+        if tuple(other.input_shape) != tuple(splits.input_shape):
+            raise TorchcalError(
+                f"Transfer data set {name!r} has inputs {tuple(other.input_shape)}, the model "
+                f"expects {tuple(splits.input_shape)}")
+        cache = _build_cache(args, model, config, other, device, f"transfer_{name}", other.test)
+        results["transfer"][name] = evaluate_head(head, cache, classifier=False, **kw)
+
+    out = Path(args.out) if args.out else Path(args.run_dir) / "uncertainty" / "results.json"
+    _write_json(out, results)
+    for name, r in results["splits"].items():
+        b = r.get("baselines", {}).get("max_prob", {})
+        print(f"{name:>6}: n={r['n']}  accuracy {_f(r.get('accuracy'))}  "
+              f"R-AUROC(correct) {_f(r.get('r_auroc_correct'))} [max-prob {_f(b.get('r_auroc_correct'))}]  "
+              f"R-AUROC(recall@1) {_f(r.get('r_auroc_recall'))} [max-prob {_f(b.get('r_auroc_recall'))}]")
+    for name, r in results["ood"].items():
+        print(f"  OOD {name}: AUROC head {_f(r['auroc_head'])}, entropy {_f(r['auroc_entropy'])}")
+    for name, r in results["transfer"].items():
+        print(f"  zero-shot {name}: R-AUROC(recall@1) {_f(r.get('r_auroc_recall'))} "
+              f"(recall@1 {_f(r.get('recall_at_1'))})")
+    print(f"wrote {out}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------
+# registration
+# ------------------------------------------------------------------------------------------
+def _split_list(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in ("train", "val", "test")]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of train,val,test, got {text!r}")
+    return names
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a `torchcal train` run directory")
+    p.add_argument("--checkpoint", choices=("last", "best"), default="last",
+                   help="which checkpoint of the run (default: last)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0, ...")
+    p.add_argument("--data-root", default=None, help="override the run's data root")
+    p.add_argument("--cache-dir", default=None,
+                   help="embedding caches (default: RUN_DIR/uncertainty/cache)")
+    p.add_argument("--on-stale", choices=("rebuild", "error"), default="rebuild",
+                   help="a cache built from other weights/data, or corrupt: rebuild it or stop")
+    p.add_argument("--embed-batch-size", type=_positive_int, default=256,
+                   help="backbone batch size when filling the cache (default 256)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``uncertainty fit`` and ``uncertainty eval`` to the ``torchcal`` command line."""
+    p = subparsers.add_parser(
+        "uncertainty", help="pretrained uncertainty heads on a trained classifier (fit | eval)",
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1])
+    sub = p.add_subparsers(dest="uncertainty_command", metavar="ACTION")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+    f = sub.add_parser("fit", help="cache the frozen backbone's embeddings and train a head",
+                       description="Cache RUN_DIR's embeddings of its training split and train "
+                                   "an uncertainty head (AdamW, cosine schedule, ranking loss).")
+    _common(f)
+    f.add_argument("--passes", type=_positive_int, default=1,
+                   help="augmented passes over the training split for the cache (default 1)")
+    f.add_argument("--epochs", type=_positive_int, default=10, help="head epochs (default 10)")
+    f.add_argument("--batch-size", type=_even_int, default=256, help="even (default 256)")
+    f.add_argument("--lr", type=_positive_float, default=None,
+                   help="AdamW learning rate (default 1e-3 * batch_size / 256)")
+    f.add_argument("--weight-decay", type=_nonneg_float, default=1e-4)
+    f.add_argument("--width", type=_positive_int, default=512, help="hidden width (default 512)")
+    f.add_argument("--depth", type=_positive_int, default=2, help="hidden layers (default 2)")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--no-val", action="store_true", help="skip the validation R-AUROC summary")
+    f.add_argument("--out", default=None, help="head file (default RUN_DIR/uncertainty/head.pt)")
+    f.set_defaults(func=cmd_fit)
+
+    e = sub.add_parser("eval", help="R-AUROC, OOD AUROC and zero-shot transfer of a head",
+                       description="Evaluate an uncertainty head on RUN_DIR's splits, its OOD "
+                                   "sets and other data sets; writes RUN_DIR/uncertainty/results.json.")
+    _common(e)
+    src = e.add_mutually_exclusive_group()
+    src.add_argument("--head", default=None,
+                     help="head file (default RUN_DIR/uncertainty/head.pt)")
+    src.add_argument("--joint", action="store_true",
+                     help="evaluate the head trained jointly (`torchcal train --uncertainty-head`)")
+    e.add_argument("--splits", type=_split_list, default=["val", "test"],
+                   help="comma-separated splits to evaluate (default val,test)")
+    e.add_argument("--no-ood", action="store_true", help="skip the run's OOD sets")
+    e.add_argument("--transfer", action="append", default=[], metavar="DATASET",
+                   help="zero-shot transfer: evaluate on DATASET's test split (repeatable)")
+    e.add_argument("--chunk-size", type=_positive_int, default=2048,
+                   help="queries per chunk of the recall@1 nearest-neighbour search")
+    e.add_argument("--out", default=None,
+                   help="results file (default RUN_DIR/uncertainty/results.json)")
+    e.set_defaults(func=cmd_eval)

@@ -1,0 +1,111 @@
+"""``torchcal uncertainty fit | eval`` on a tiny digits run (trained with a joint head too)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from torchcal.cli import main
+from torchcal.uncertainty import EmbeddingCache, evaluate_head, load_head
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    from torchcal.train import get_recipe, train
+
+    run = tmp_path_factory.mktemp("unc") / "run"
+    n = torch.get_num_threads()
+    try:
+        cfg = dataclasses.replace(get_recipe("digits-mlp"), out_dir=str(run), epochs=2,
+                                  progress=False, num_threads=1, device="cpu",
+                                  uncertainty_head=True)
+        train(cfg)
+    finally:
+        torch.set_num_threads(n)
+    return run
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_fit_then_eval(digits_run, capsys):
+    run = str(digits_run)
+    code, out, err = _run(["uncertainty", "fit", run, "--epochs", "2", "--width", "32",
+                           "--batch-size", "64", "--no-progress", "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert "fitted uncertainty head" in out and "val: R-AUROC" in out
+    head, meta = load_head(digits_run / "uncertainty" / "head.pt")
+    assert head.width == 32 and meta["epochs"] == 2 and meta["lr"] == pytest.approx(2.5e-4)
+    assert len(meta["epoch_losses"]) == 2
+    manifest = digits_run / "uncertainty" / "cache" / "train" / "manifest.json"
+    stamp = manifest.stat().st_mtime_ns
+
+    code, out, err = _run(["uncertainty", "eval", run, "--no-progress", "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert manifest.stat().st_mtime_ns == stamp  # caches are reused, not rebuilt
+    res = json.loads((digits_run / "uncertainty" / "results.json").read_text())
+    assert res["schema"] == "torchcal.uncertainty_results/1"
+    assert set(res["splits"]) == {"val", "test"}
+    assert res["meta"]["dataset"] == "digits"
+    test = res["splits"]["test"]
+    for key in ("r_auroc_correct", "r_auroc_recall", "accuracy", "recall_at_1"):
+        assert 0.0 <= test[key] <= 1.0
+    # the file holds what evaluate_head computes from the cache
+    direct = evaluate_head(head, EmbeddingCache(digits_run / "uncertainty" / "cache" / "test"))
+    assert test["r_auroc_correct"] == pytest.approx(direct["r_auroc_correct"])
+    assert test["r_auroc_recall"] == pytest.approx(direct["r_auroc_recall"])
+    ood = res["ood"]["digits_ood"]
+    assert 0.0 <= ood["auroc_head"] <= 1.0 and 0.0 <= ood["auroc_entropy"] <= 1.0
+    assert "test:" in out and "OOD digits_ood" in out
+
+
+def test_eval_joint_head(digits_run, capsys, tmp_path):
+    out_file = tmp_path / "joint.json"
+    code, out, err = _run(["uncertainty", "eval", str(digits_run), "--joint", "--no-ood",
+                           "--splits", "test", "--no-progress", "--device", "cpu",
+                           "--out", str(out_file)], capsys)
+    assert code == 0, err
+    res = json.loads(out_file.read_text())
+    assert res["meta"]["head"] == "joint"
+    assert list(res["splits"]) == ["test"] and res["ood"] == {}
+    assert not math.isnan(res["splits"]["test"]["r_auroc_correct"])
+
+
+def test_errors_are_one_line(digits_run, capsys, tmp_path):
+    code, _, err = _run(["uncertainty", "eval", str(digits_run), "--head",
+                         str(tmp_path / "none.pt"), "--no-progress"], capsys)
+    assert code == 2 and "No uncertainty head" in err and len(err.strip().splitlines()) == 1
+    code, _, err = _run(["uncertainty", "fit", str(tmp_path / "missing"), "--no-progress"], capsys)
+    assert code == 2 and "does not exist" in err
+    with pytest.raises(SystemExit):
+        main(["uncertainty", "fit", str(digits_run), "--batch-size", "7"])
+    assert "even" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["uncertainty", "eval", str(digits_run), "--splits", "val,bogus"])
+    capsys.readouterr()
+    # a corrupted cache is refused with --on-stale error
+    cache_dir = tmp_path / "caches"
+    code, _, err = _run(["uncertainty", "eval", str(digits_run), "--joint", "--no-ood",
+                         "--splits", "val", "--cache-dir", str(cache_dir), "--no-progress",
+                         "--out", str(tmp_path / "r.json")], capsys)
+    assert code == 0, err
+    emb = cache_dir / "val" / "embeddings.npy"
+    data = bytearray(emb.read_bytes())
+    data[-3] ^= 0xFF
+    emb.write_bytes(bytes(data))
+    code, _, err = _run(["uncertainty", "eval", str(digits_run), "--joint", "--no-ood",
+                         "--splits", "val", "--cache-dir", str(cache_dir), "--no-progress",
+                         "--on-stale", "error", "--out", str(tmp_path / "r.json")], capsys)
+    assert code == 2 and "corrupt" in err
+
+
+def test_bare_command_prints_help(capsys):
+    assert main(["uncertainty"]) == 2
+    assert "fit" in capsys.readouterr().out
