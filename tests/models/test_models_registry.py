@@ -52,38 +52,60 @@ def test_bad_num_classes(bad):
         create_model("mlp", bad)
 
 
-# Small inputs for the real forward passes (cheap models / small spatial sizes).
-SHAPES = [
-    ("resnet20", 10, (2, 3, 32, 32), 64),
-    ("small_cnn", 7, (2, 3, 32, 32), 128),
-    ("mlp", 10, (3, 64), 256),
-    ("resnet50", 10, (2, 3, 16, 16), 2048),
-    ("densenet121", 100, (2, 3, 16, 16), 1024),
-    ("resnet50_tiny", 200, (2, 3, 32, 32), 8192),
-    ("imagenet_resnet50", 5, (1, 3, 64, 64), 2048),
+# Output shapes of the registered (large) models, on the meta device: shapes propagate through
+# every layer without allocating or computing anything.
+META_SHAPES = [
+    ("resnet50", 10, (2, 3, 32, 32), 2048),
+    ("resnet110", 100, (2, 3, 32, 32), 2048),
+    ("wrn26_10", 10, (2, 3, 32, 32), 640),
+    ("densenet121", 100, (2, 3, 32, 32), 1024),
+    ("resnet50_tiny", 200, (2, 3, 64, 64), 8192),
+    ("imagenet_resnet50", 1000, (2, 3, 224, 224), 2048),
 ]
 
 
-@pytest.mark.parametrize("name,num_classes,shape,num_features", SHAPES)
-def test_forward_shapes_and_features_contract(name, num_classes, shape, num_features):
+@pytest.mark.parametrize("name,num_classes,shape,num_features", META_SHAPES)
+def test_output_shapes_meta(name, num_classes, shape, num_features):
+    with torch.device("meta"):
+        model = create_model(name, num_classes)
+        x = torch.empty(shape)
+        assert model(x).shape == (shape[0], num_classes)
+        assert model.forward_features(x).shape == (shape[0], num_features)
+    assert model.num_features == num_features
+
+
+def _small_variants():
+    from torchcal.models import Bottleneck, CifarResNet, DenseNet, ImageNetResNet, WideResNet
+
+    return [
+        ("resnet20", lambda: create_model("resnet20", 10), (2, 3, 32, 32), 64),
+        ("small_cnn", lambda: create_model("small_cnn", 7), (2, 3, 32, 32), 128),
+        ("mlp", lambda: create_model("mlp", 10), (3, 64), 256),
+        ("bottleneck", lambda: CifarResNet(Bottleneck, [1, 1, 1, 1], 10, widths=(8, 8, 8, 8), pool_size=2),
+         (2, 3, 32, 32), 128),
+        ("wrn", lambda: WideResNet(8, 1, 10), (2, 3, 32, 32), 64),
+        ("densenet", lambda: DenseNet((2, 2, 2, 2), 8, 0.5, 10), (2, 3, 32, 32), 32),
+        ("imagenet", lambda: ImageNetResNet((1, 1, 1, 1), 5), (1, 3, 64, 64), 2048),
+    ]
+
+
+@pytest.mark.parametrize("case", _small_variants(), ids=lambda c: c[0])
+def test_forward_equals_fc_of_features(case):
+    _, build, shape, num_features = case
     torch.manual_seed(0)
-    model = create_model(name, num_classes).eval()
+    model = build().eval()
     x = torch.randn(shape)
     with torch.no_grad():
         out = model(x)
         feats = model.forward_features(x)
-    assert out.shape == (shape[0], num_classes)
     assert feats.shape == (shape[0], num_features) and model.num_features == num_features
+    assert out.shape == (shape[0], model.fc.out_features)
     torch.testing.assert_close(model.fc(feats), out)
 
 
-def test_wrn_forward_shape_small_width():
-    # The WRN definition with a small widen factor (the registered one is 36M parameters).
+def test_wrn_depth_validation():
     from torchcal.models import WideResNet
 
-    m = WideResNet(depth=8, widen_factor=1, num_classes=10).eval()
-    with torch.no_grad():
-        assert m(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     with pytest.raises(ValueError, match="`depth`"):
         WideResNet(depth=27)
 
