@@ -44,7 +44,8 @@ gathers every rank's validation confidences and correctness (``all_gather`` with
 unequal shares), so each rank computes the same γ and edges as one process over the whole set.
 Pass each rank's own share (this is what the trainer does), not the full set on every rank.
 The per-bin statistics are computed from the sorted confidences, so the result does not depend
-on sample order or on how the set is split between ranks.
+on sample order or on how the set is split between ranks (bit for bit on CPU).  The gather runs
+on the logits' device (CPU tensors for gloo, CUDA tensors for NCCL).
 """
 
 from __future__ import annotations
