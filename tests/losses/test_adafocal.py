@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torchcal.losses.adafocal as adafocal_mod
 from torchcal.functional import focal_loss, signed_focal_loss
 from torchcal.losses import AdaFocalLoss, create_loss, list_losses
 from torchcal.losses.adafocal import adafocal_gamma_update
@@ -299,7 +300,17 @@ def test_update_gaps_agree_with_adaptive_ece_and_are_order_free():
 # ------------------------------------------------------------------ the loss
 
 
-def test_first_epoch_is_focal_gamma_one():
+@pytest.fixture(params=["fused", "public"])
+def loss_path(request, monkeypatch):
+    """Run a loss test through the fused kernel and through the public signed_focal_loss path."""
+    if request.param == "public":
+        monkeypatch.setattr(adafocal_mod, "fused_loss", None)
+    elif adafocal_mod.fused_loss is None:
+        pytest.skip("fused focal kernel not available")
+    return request.param
+
+
+def test_first_epoch_is_focal_gamma_one(loss_path):
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(64, 7, generator=gen) * 3
     y = torch.randint(0, 7, (64,), generator=gen)
@@ -315,7 +326,7 @@ def _random_state(n_bins, gen):
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-def test_loss_values_against_formula(reduction):
+def test_loss_values_against_formula(reduction, loss_path):
     gen = torch.Generator().manual_seed(11)
     z = torch.randn(200, 6, generator=gen, dtype=torch.float64) * 2
     y = torch.randint(0, 6, (200,), generator=gen)
@@ -335,7 +346,7 @@ def test_loss_values_against_formula(reduction):
     torch.testing.assert_close(out, signed_focal_loss(z, y, g_ps, reduction=reduction))
 
 
-def test_gradients_against_formula_and_gradcheck():
+def test_gradients_against_formula_and_gradcheck(loss_path):
     gen = torch.Generator().manual_seed(5)
     z = (torch.randn(40, 5, generator=gen, dtype=torch.float64) * 2)
     y = torch.randint(0, 5, (40,), generator=gen)
@@ -352,10 +363,14 @@ def test_gradients_against_formula_and_gradcheck():
     p_y = torch.softmax(z, 1)[torch.arange(40), y]
     dist_to_edge = (p_y[:, None] - edges[None, 1:-1]).abs().min()
     assert dist_to_edge > 1e-4
-    assert torch.autograd.gradcheck(lambda x: loss(x, y), (z.clone().requires_grad_(),))
+    zs, ys = z[:15], y[:15]
+    g_used = gammas[loss.bin_of(p_y[:15])]
+    assert (g_used > 0).any() and (g_used < 0).any()  # both focal and inverse focal checked
+    assert torch.autograd.gradcheck(lambda x: loss(x, ys), (zs.clone().requires_grad_(),),
+                                    fast_mode=True)
 
 
-def test_gradient_finite_at_certainty():
+def test_gradient_finite_at_certainty(loss_path):
     loss = AdaFocalLoss(n_bins=2)
     set_state(loss, [0.5, -0.5], [0, 0.5, 1])
     for g in ([0.5, 0.5], [-0.5, -0.5]):
@@ -379,7 +394,7 @@ def test_bin_lookup_at_edges():
     assert fresh.bin_of(v).tolist() == list(range(15)) + [14]
 
 
-def test_forward_picks_gamma_by_true_class_probability():
+def test_forward_picks_gamma_by_true_class_probability(loss_path):
     # sample 0: predicted class 1 with p=.8, true class 0 with p_y=.2 -> bin of .2, not of .8
     loss = AdaFocalLoss(n_bins=2, reduction="none")
     set_state(loss, [4.0, -2.0], [0, 0.5, 1])
@@ -388,7 +403,7 @@ def test_forward_picks_gamma_by_true_class_probability():
     torch.testing.assert_close(out, torch.tensor([-(0.8 ** 4) * math.log(0.2)], dtype=torch.float64))
 
 
-def test_ignore_index_multidim_and_dtypes():
+def test_ignore_index_multidim_and_dtypes(loss_path):
     gen = torch.Generator().manual_seed(2)
     loss = AdaFocalLoss(n_bins=3, ignore_index=-1)
     gammas, edges = _random_state(3, gen)

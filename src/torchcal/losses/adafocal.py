@@ -58,9 +58,15 @@ import torch
 import torch.distributed as dist
 
 from .._validation import as_tensor, check_finite, check_labels, check_positive_int
+from ..functional import signed_focal_loss
 from ..functional._common import no_autocast
-from ..functional._loss_utils import check_loss_args, reduce_loss, target_log_probs
-from ..functional.focal import _SignedFocalFunction
+from ..functional._loss_utils import check_loss_args, reduce_loss
+
+try:  # the fused focal-family kernel of torchcal.functional: one log_softmax for γ and loss
+    from ..functional._core import Terms, fused_loss
+    from ..functional.focal import focal_terms
+except ImportError:  # pragma: no cover - only if the functional internals are reorganised
+    fused_loss = None
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
 from ._registry import register_loss
 from .base import CalibrationLoss
@@ -244,15 +250,34 @@ class AdaFocalLoss(CalibrationLoss):
         """
         return bin_index(p_y, self.bin_edges[1:-1], right_closed=False)
 
+    def _gamma_of(self, lp: torch.Tensor) -> torch.Tensor:
+        """Per-sample γ from (detached) true-class log-probabilities."""
+        idx = self.bin_of(lp.detach().exp())
+        return self.gammas.to(device=lp.device, dtype=lp.dtype)[idx]
+
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         check_loss_args(input, target, self.reduction)
         with no_autocast(input):
-            _, lp, _, valid = target_log_probs(input, target, self.ignore_index)
+            if fused_loss is not None:
+                # γ is picked from the very log p_y the loss uses (one log_softmax).
+                def spec(log_p, lp, y, make_d):
+                    gamma = self._gamma_of(lp)
+                    make_d()
+                    loss, alpha = focal_terms(lp, gamma)
+                    return Terms(loss=loss, alpha=alpha)
+
+                loss, valid = fused_loss(input, target, self.ignore_index, True, spec)
+                return reduce_loss(loss, valid, self.reduction)
+            # Public-API path: p_y from the logits in the loss' computation dtype.
+            cd = torch.float64 if input.dtype == torch.float64 else torch.float32
             with torch.no_grad():
-                idx = self.bin_of(lp.detach().exp())
-                gamma = self.gammas.to(device=lp.device, dtype=lp.dtype)[idx]
-            loss = _SignedFocalFunction.apply(lp, gamma)
-            return reduce_loss(loss, valid, self.reduction)
+                z = input.detach().to(cd)
+                safe = torch.where(target == self.ignore_index, 0, target).long()
+                safe = safe.clamp(0, z.shape[1] - 1)  # out-of-range targets: reported below
+                lp = z.gather(1, safe.unsqueeze(1)).squeeze(1) - torch.logsumexp(z, dim=1)
+                gamma = self._gamma_of(lp)
+            return signed_focal_loss(input, target, gamma, reduction=self.reduction,
+                                     ignore_index=self.ignore_index)
 
     # ---------------------------------------------------------------- update
     def _validation_stats(
