@@ -16,6 +16,7 @@ from .gradient_weighted import (
 )
 from .label_smoothing import LabelSmoothingLoss
 from .mmce import MMCELoss
+from .multitask import UncertaintyWeighting
 
 __all__ = [
     "create_loss",
@@ -37,4 +38,5 @@ __all__ = [
     "MMCELoss",
     "SampleDependentFocalLoss",
     "ScheduledFocalLoss",
+    "UncertaintyWeighting",
 ]
