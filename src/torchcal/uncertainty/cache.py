@@ -70,7 +70,7 @@ def _hash_tensor(h: Any, t: torch.Tensor) -> None:
     t = t.detach().to("cpu").contiguous().reshape(-1)
     h.update(f"{t.dtype}|{t.numel()}|".encode())
     if t.numel():
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.dtype != torch.uint8 else t.numpy().tobytes())
+        h.update((t if t.dtype == torch.uint8 else t.view(torch.uint8)).numpy())  # no copy
 
 
 def _class_name(obj: Any) -> str:

@@ -217,7 +217,8 @@ def recall_at_1_correct(embeddings: torch.Tensor, labels: torch.Tensor,
                         chunk_size: int = 2048) -> torch.Tensor:
     """Whether each sample's cosine nearest neighbour (excluding itself) has its label.
 
-    Vectorised over chunks of ``chunk_size`` queries (memory ``chunk_size x N``).  Exact ties in
+    Vectorised over chunks of at most ``chunk_size`` queries; the chunk shrinks so that the
+    ``chunk x N`` similarity block stays under 2**25 entries (128 MB in float32).  Exact ties in
     similarity resolve to the lowest index.
 
     Args:
@@ -243,6 +244,7 @@ def recall_at_1_correct(embeddings: torch.Tensor, labels: torch.Tensor,
     z = nn.functional.normalize(work, dim=1)
     labels = labels.to(z.device)
     n = z.shape[0]
+    chunk_size = max(1, min(chunk_size, (1 << 25) // n))
     out = torch.empty(n, dtype=torch.bool, device=z.device)
     for s in range(0, n, chunk_size):
         q = z[s:s + chunk_size]
