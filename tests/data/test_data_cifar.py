@@ -129,3 +129,24 @@ def test_cifar10c_severity_blocks(tmp_path):
         load_ood("cifar10c", tmp_path, corruption="rain")
     with pytest.raises(DataNotFoundError, match="CIFAR-10-C.tar"):
         load_ood("cifar10c", tmp_path / "empty")
+
+
+def test_stratified_holdout_counts_and_determinism():
+    from torchcal.data import stratified_holdout
+
+    labels = np.repeat(np.arange(4), [10, 7, 9, 12])
+    np.random.default_rng(0).shuffle(labels)
+    kept, held = stratified_holdout(labels, 3, seed=1)
+    assert np.bincount(labels[held]).tolist() == [3, 3, 3, 3]
+    assert np.bincount(labels[kept]).tolist() == [7, 4, 6, 9]
+    assert sorted(kept.tolist() + held.tolist()) == list(range(len(labels)))
+    k2, h2 = stratified_holdout(labels, 3, seed=1)
+    np.testing.assert_array_equal(h2, held)
+    assert not np.array_equal(stratified_holdout(labels, 3, seed=2)[1], held)
+    # The held-out samples of a class are uniformly chosen: over many seeds every sample of
+    # class 1 (7 samples, 3 held) is held out about 3/7 of the time.
+    idx1 = np.flatnonzero(labels == 1)
+    freq = np.mean([np.isin(idx1, stratified_holdout(labels, 3, seed=s)[1]) for s in range(400)], 0)
+    assert np.all(np.abs(freq - 3 / 7) < 0.1)
+    with pytest.raises(ValueError, match="`per_class`"):
+        stratified_holdout(labels, 7)

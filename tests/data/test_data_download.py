@@ -217,3 +217,31 @@ def _file_path(tmp_path):
     p = tmp_path / "plain.txt"
     p.write_bytes(b"not an archive")
     return p
+
+
+def test_concurrent_downloads_share_one_fetch(server, tmp_path, monkeypatch):
+    # Two loaders (threads here; DDP ranks or parallel jobs in practice) on one data root: the
+    # root lock makes one of them download and extract while the other waits, then reads.
+    _, www, base = server
+    arc = write_fake_cifar(www, "cifar10", n_train=20, n_test=5)
+    monkeypatch.setitem(dl.RESOURCES, "cifar10",
+                        Resource(arc.name, f"{base}/{arc.name}", md5sum(arc), "CIFAR-10 (test copy)"))
+    root = tmp_path / "shared"
+    (root / ".torchcal-extract-stale").mkdir(parents=True)  # left by a killed extraction
+    results, errors = [], []
+
+    def work():
+        try:
+            results.append(load_splits("cifar10", root, download=True))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(results) == 3
+    assert [p for p in _Handler.served if p[0].endswith(arc.name)] == [(f"/{arc.name}", 0, arc.stat().st_size)]
+    assert all(r.train.data.equal(results[0].train.data) for r in results)
+    assert not (root / ".torchcal-extract-stale").exists()

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import DataNotFoundError
 from ._base import ArrayDataset
-from .download import RESOURCES, extract_archive, fetch_resource
+from .download import RESOURCES, data_lock, extract_archive, fetch_resource
 
 __all__ = ["load_cifar", "load_cifar10c", "CIFAR10C_CORRUPTIONS", "read_cifar_pickle"]
 
@@ -109,13 +109,15 @@ def load_cifar(name: str, root: str | os.PathLike, *, download: bool = False,
     folder = root / folder_name
     needed = train_names + test_names
     if not all((folder / n).is_file() for n in needed):
-        archive = fetch_resource(name, root, download=download, verify=verify,
-                                 expected=f"its extracted folder {folder_name}/")
-        extract_archive(archive, root)
+        with data_lock(root, create=download):
+            if not all((folder / n).is_file() for n in needed):  # another process may have won
+                archive = fetch_resource(name, root, download=download, verify=verify,
+                                         expected=f"its extracted folder {folder_name}/")
+                extract_archive(archive, root)
         missing = [n for n in needed if not (folder / n).is_file()]
         if missing:
             raise DataNotFoundError(
-                f"{archive} did not contain {folder_name}/{missing[0]}: not the official "
+                f"{root / RESOURCES[name].filename} did not contain {folder_name}/{missing[0]}: not the official "
                 f"{RESOURCES[name].description} archive"
             )
     xtr, ytr = _read_batches(folder, train_names, label_key)
@@ -148,14 +150,18 @@ def load_cifar10c(root: str | os.PathLike, corruption: str = "gaussian_noise", s
     folder = next((f for f in (root / "CIFAR-10-C", root) if (f / f"{corruption}.npy").is_file()
                    and (f / "labels.npy").is_file()), None)
     if folder is None:
-        archive = fetch_resource(
-            "cifar10c", root, download=download, verify=verify,
-            expected=f"the extracted CIFAR-10-C/{corruption}.npy and CIFAR-10-C/labels.npy",
-        )
-        extract_archive(archive, root)
         folder = root / "CIFAR-10-C"
-        if not (folder / f"{corruption}.npy").is_file():
-            raise DataNotFoundError(f"{archive} did not contain CIFAR-10-C/{corruption}.npy")
+        with data_lock(root, create=download):
+            if not (folder / f"{corruption}.npy").is_file():
+                archive = fetch_resource(
+                    "cifar10c", root, download=download, verify=verify,
+                    expected=f"the extracted CIFAR-10-C/{corruption}.npy and CIFAR-10-C/labels.npy",
+                )
+                extract_archive(archive, root)
+        if not (folder / f"{corruption}.npy").is_file() or not (folder / "labels.npy").is_file():
+            raise DataNotFoundError(
+                f"{root / RESOURCES['cifar10c'].filename} did not contain CIFAR-10-C/{corruption}.npy "
+                "and CIFAR-10-C/labels.npy")
     x = np.load(folder / f"{corruption}.npy", mmap_mode="r", allow_pickle=False)
     y = np.load(folder / "labels.npy", mmap_mode="r", allow_pickle=False)
     if x.ndim != 4 or x.shape[1:] != (32, 32, 3) or x.shape[0] % 5 != 0:

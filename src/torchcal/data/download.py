@@ -20,6 +20,7 @@ MD5 is verified before use (``verify=False`` skips that, e.g. for locally re-pac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -34,7 +35,8 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ChecksumError, DataNotFoundError
 
-__all__ = ["Resource", "RESOURCES", "md5sum", "download_url", "extract_archive", "fetch_resource"]
+__all__ = ["Resource", "RESOURCES", "md5sum", "download_url", "extract_archive", "fetch_resource",
+           "data_lock"]
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,37 @@ def extract_archive(path: str | os.PathLike, root: str | os.PathLike) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+@contextlib.contextmanager
+def data_lock(root: str | os.PathLike, *, create: bool = False):
+    """An exclusive inter-process lock on the data root (``root/.torchcal.lock``, ``flock``).
+
+    Held while a data set is downloaded and extracted, so that several processes (DDP ranks,
+    parallel jobs sharing a data root) do not write the same ``.part`` file or extraction at
+    once: the first does the work, the others wait and then find the files present.  Stale
+    temporary extraction folders of interrupted runs are removed under the lock.  Without
+    ``fcntl`` (Windows) or when ``root`` does not exist and ``create`` is false, no lock is taken.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        if not create:
+            yield
+            return
+        root.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(root / ".torchcal.lock", "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            for stale in root.glob(".torchcal-extract-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def fetch_resource(key: str, root: str | os.PathLike, *, download: bool, verify: bool = True,

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ._base import ArrayDataset
-from .download import fetch_resource
+from .download import data_lock, fetch_resource
 
 __all__ = ["load_svhn"]
 
@@ -32,7 +32,8 @@ def load_svhn(root: str | os.PathLike, split: str = "test", *, download: bool = 
     path = next((p for p in (root / name, root / "svhn" / name) if p.is_file()), None)
     if path is None or verify:
         base = path.parent if path is not None else root
-        path = fetch_resource(f"svhn_{split}", base, download=download, verify=verify)
+        with data_lock(base, create=download):
+            path = fetch_resource(f"svhn_{split}", base, download=download, verify=verify)
     mat = loadmat(path)
     if "X" not in mat or "y" not in mat:
         raise ValueError(f"Expected variables 'X' and 'y' in {path}, got {sorted(k for k in mat if not k.startswith('__'))}")

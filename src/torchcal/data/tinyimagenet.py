@@ -22,7 +22,7 @@ import torch
 
 from ..errors import DataNotFoundError
 from ._base import IMAGENET_MEAN, IMAGENET_STD, ArrayDataset, DataSplits, stratified_holdout
-from .download import extract_archive, fetch_resource
+from .download import data_lock, extract_archive, fetch_resource
 
 __all__ = ["load_tinyimagenet", "load_tinyimagenet_splits"]
 
@@ -32,14 +32,20 @@ _CACHE = "torchcal-cache.npz"
 
 def _find_folder(root: Path, download: bool, verify: bool) -> Path:
     folder = root / _FOLDER
-    ok = (folder / "wnids.txt").is_file() and (folder / "val" / "val_annotations.txt").is_file()
-    if ok:
+
+    def ok() -> bool:
+        return (folder / "wnids.txt").is_file() and (folder / "val" / "val_annotations.txt").is_file()
+
+    if ok():
         return folder
-    archive = fetch_resource("tinyimagenet", root, download=download, verify=verify,
-                             expected=f"its extracted folder {_FOLDER}/")
-    extract_archive(archive, root)
-    if not (folder / "wnids.txt").is_file():
-        raise DataNotFoundError(f"{archive} did not contain {_FOLDER}/wnids.txt")
+    with data_lock(root, create=download):
+        if not ok():
+            archive = fetch_resource("tinyimagenet", root, download=download, verify=verify,
+                                     expected=f"its extracted folder {_FOLDER}/")
+            extract_archive(archive, root)
+    if not ok():
+        raise DataNotFoundError(f"{root / 'tiny-imagenet-200.zip'} did not contain {_FOLDER}/wnids.txt "
+                                "and val/val_annotations.txt")
     return folder
 
 
