@@ -528,3 +528,16 @@ def _digits_run(load_digits):
     assert loss_fn.gammas.min() >= -2.0 and loss_fn.gammas.max() <= 20.0
     assert loss_fn.bin_edges[0] == 0 and loss_fn.bin_edges[-1] == 1
     assert torch.all(loss_fn.bin_edges[1:] >= loss_fn.bin_edges[:-1])
+
+
+def test_single_bin_is_one_global_gamma():
+    gen = torch.Generator().manual_seed(8)
+    z = torch.randn(30, 3, generator=gen, dtype=torch.float64) * 2
+    y = torch.randint(0, 3, (30,), generator=gen)
+    loss = AdaFocalLoss(n_bins=1)
+    loss.update(logits=z, labels=y)
+    p = torch.softmax(z, 1)
+    d = float(p.max(1).values.mean() - (p.argmax(1) == y).double().mean())
+    torch.testing.assert_close(loss.gammas, torch.tensor([math.exp(d)], dtype=torch.float64))
+    assert loss.bin_edges.tolist() == [0.0, 1.0]
+    torch.testing.assert_close(loss(z, y), focal_loss(z, y, gamma=math.exp(d)))

@@ -256,6 +256,16 @@ class AdaFocalLoss(CalibrationLoss):
         return self.gammas.to(device=lp.device, dtype=lp.dtype)[idx]
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Signed focal loss with each sample's γ picked by the bin of its ``p_y``.
+
+        Args:
+            input: logits (N, C) or (N, C, d1, ...), any floating dtype (computed in float32,
+                float64 stays float64).
+            target: class indices (N,) or (N, d1, ...); ``ignore_index`` entries contribute 0.
+
+        Returns:
+            A scalar for ``"mean"``/``"sum"``, else per-entry losses of ``target``'s shape.
+        """
         check_loss_args(input, target, self.reduction)
         with no_autocast(input):
             if fused_loss is not None:
@@ -309,7 +319,8 @@ class AdaFocalLoss(CalibrationLoss):
             labels: validation class indices (N,).
             sync_dist: under an initialised ``torch.distributed`` group, gather every rank's
                 share first (default True; set False only if each rank already passes the
-                whole validation set).
+                whole validation set).  The gather is a collective: every rank must call
+                ``update`` (a rank with no validation samples passes empty tensors).
 
         Raises:
             ValueError: on a shape mismatch, NaN/Inf logits, labels out of range, or no
