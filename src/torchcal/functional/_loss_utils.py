@@ -66,13 +66,16 @@ def target_log_probs(
     ignored = target == ignore_index
     if validate_args:
         bad = ((target < 0) | (target >= c)) & ~ignored
-        if bool(bad.any()):
+        # One host sync for both flags (the range check and "anything ignored").
+        any_bad, any_ignored = (bool(v) for v in torch.stack((bad.any(), ignored.any())).tolist())
+        if any_bad:
             v = target[bad][0]
             raise ValueError(
                 f"Expected `target` values in [0, {c - 1}] (or ignore_index={ignore_index}), "
                 f"got {int(v)}"
             )
-    any_ignored = bool(ignored.any())
+    else:
+        any_ignored = bool(ignored.any())
     if any_ignored:
         valid = ~ignored
         safe_target = torch.where(valid, target, torch.zeros_like(target))

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ._common import check_alpha, no_autocast
+from ._core import Terms, flat_log_p, fused_loss
 from ._loss_utils import _compute_dtype, check_loss_args, reduce_loss, target_log_probs
 
 __all__ = ["cross_entropy", "label_smoothing_loss", "brier_loss", "SPREADS"]
@@ -61,8 +62,8 @@ def label_smoothing_loss(
     * ``spread="uniform"`` (PyTorch's ``label_smoothing=α``): ``q_c = α/C`` for every class,
       so ``q_y = 1 - α + α/C``.
 
-    "others" with α equals "uniform" with ``α·C/(C-1)``; both run on ``F.cross_entropy``'s fused
-    kernel when that value is at most 1, and on an explicit formula otherwise.
+    "others" with α is "uniform" with ``ε = α·C/(C-1)``: both compute
+    ``-(1-ε) log p_y - (ε/C) Σ_c log p_c`` with the gradient ``p - q``.
 
     Args:
         input: logits of shape (N, C) or (N, C, d1, ...).
@@ -91,48 +92,59 @@ def label_smoothing_loss(
         eps = alpha * c / (c - 1)
     else:
         eps = alpha
-    if validate_args:
-        _check_target_range(target, c, ignore_index)
     with no_autocast(input):
-        x = input.to(_compute_dtype(input))
-        if eps <= 1.0:
-            return F.cross_entropy(x, target.long(), reduction=reduction,
-                                   ignore_index=ignore_index, label_smoothing=eps)
-        log_p, lp, _, valid = target_log_probs(x, target, ignore_index, validate_args=False)
-        total = log_p.sum(1)
-        other = alpha / (c - 1)
-        loss = -(1.0 - alpha) * lp - other * (total - lp)
+        loss, valid = fused_loss(input, target, ignore_index, validate_args, _ls_spec(eps, c))
         return reduce_loss(loss, valid, reduction)
 
 
-def _flat(input: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, C, d1, ...) -> (M, C) logits and (M,) targets (a view for (N, C) input)."""
-    if input.ndim == 2:
-        return input, target
-    c = input.shape[1]
-    return input.movedim(1, -1).reshape(-1, c), target.reshape(-1)
+def _ls_spec(eps: float, c: int):
+    """``-(1-ε) lp - (ε/C) Σ_c log p_c``; gradient ``p - q = d + ε e_y - ε/C``."""
+
+    def spec(log_p, lp, y, make_d):
+        total = log_p.sum(1) if eps else None
+        make_d()
+        loss = -lp if not eps else -(1.0 - eps) * lp - (eps / c) * total
+        return Terms(loss=loss, alpha=1.0, beta=eps if eps else None,
+                     const=-eps / c if eps else None)
+
+    return spec
 
 
 class _BrierFunction(torch.autograd.Function):
-    """Per-sample ``Σ_c (p_c - onehot_c)^2`` of logits (M, C); backward ``2 p (d - <d, p>)``."""
+    """Per-row ``B = ‖d‖²``, ``d = p - onehot`` (``d_y = expm1(log p_y)``, exact near p_y = 1).
+
+    Backward: ``∂B/∂z = 2 p ∘ (d - m)`` with ``m = <d, p> = B - q``; written on ``d`` alone as
+    ``2 d ∘ (d - m)`` plus ``2 (d_y - m) = -2B`` at the true class (``p = d + e_y``).
+    """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        log_p = torch.log_softmax(x, dim=1)
-        p = log_p.exp()
-        idx = y.unsqueeze(1)
-        # d = p - onehot, with d_y = -(1 - p_y) = expm1(log p_y): exact near p_y = 1.
-        d = p.scatter(1, idx, torch.expm1(log_p.gather(1, idx)))
-        loss = torch.linalg.vecdot(d, d, dim=1)
-        ctx.save_for_backward(p, d)
-        return loss
+    def forward(ctx, x: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                validate_args: bool):
+        log_p, lp, safe, valid = target_log_probs(x, target, ignore_index,
+                                                  validate_args=validate_args)
+        d = flat_log_p(log_p).exp_()
+        lp1 = lp.reshape(-1)
+        y = safe.reshape(-1, 1).long()
+        d.scatter_(1, y, torch.expm1(lp1).unsqueeze(1))
+        b = torch.linalg.vecdot(d, d, dim=1)
+        ctx.shape = x.shape
+        ctx.save_for_backward(d, y, b, -torch.expm1(lp1))
+        valid_out = torch.empty(0, dtype=torch.bool, device=x.device) if valid is None else valid
+        ctx.mark_non_differentiable(valid_out)
+        return b.reshape(target.shape), valid_out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        p, d = ctx.saved_tensors
-        m = torch.linalg.vecdot(d, p, dim=1)
-        return (2.0 * grad).unsqueeze(1) * p * (d - m.unsqueeze(1)), None
+    def backward(ctx, grad: torch.Tensor, _unused=None):
+        d, y, b, q = ctx.saved_tensors
+        g2 = 2.0 * grad.reshape(-1)
+        gx = d - (b - q).unsqueeze(1)
+        gx.mul_(d).mul_(g2.unsqueeze(1))
+        gx.scatter_add_(1, y, (-g2 * b).unsqueeze(1))
+        shape = ctx.shape
+        if len(shape) > 2:
+            gx = gx.reshape((shape[0],) + tuple(shape[2:]) + (shape[1],)).movedim(-1, 1)
+        return gx, None, None, None
 
 
 def brier_loss(
@@ -156,13 +168,7 @@ def brier_loss(
         tensor(0.5000)
     """
     check_loss_args(input, target, reduction)
-    c = input.shape[1]
-    if validate_args:
-        _check_target_range(target, c, ignore_index)
     with no_autocast(input):
-        x, t = _flat(input.to(_compute_dtype(input)), target)
-        ignored = t == ignore_index
-        valid = ~ignored if bool(ignored.any()) else None
-        safe = t.long() if valid is None else torch.where(valid, t, torch.zeros_like(t)).long()
-        loss = _BrierFunction.apply(x, safe).reshape(target.shape)
-        return reduce_loss(loss, None if valid is None else valid.reshape(target.shape), reduction)
+        loss, valid = _BrierFunction.apply(input.to(_compute_dtype(input)), target, ignore_index,
+                                           validate_args)
+        return reduce_loss(loss, valid if valid.numel() else None, reduction)

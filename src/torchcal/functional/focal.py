@@ -7,18 +7,17 @@ Per-sample terms (``lp = log p_y`` from ``log_softmax``, ``q = 1 - p_y`` compute
 * inverse focal ``-(1 + p_y)^γ log p_y``;
 * signed focal (AdaFocal): focal with γ for γ >= 0, inverse focal with |γ| for γ < 0.
 
-Numerics.  The per-sample term is a custom :class:`torch.autograd.Function` of ``lp`` whose
-backward uses the closed form
+Numerics.  The loss runs through the fused Function of :mod:`torchcal.functional._core`
+(``∂ℓ/∂z = α · (p - onehot)``) with the closed form
 
-    dFL/dl = -w · (1 + |γ| · p_y · t),   w = base^|γ|,
+    α = -∂FL/∂lp = w · (1 + |γ| · p_y · t),   w = base^|γ|,
     t = -lp / q (focal; t = 1 where q = 0)   or   t = lp / (1 + p_y) (inverse focal),
 
 which is finite everywhere: autograd through ``(1 - p)^γ`` would multiply ``γ (1-p)^(γ-1) = ∞``
 by ``log p = 0`` at ``p_y = 1`` when ``0 < γ < 1`` and return NaN; the closed form instead gives
-the true limit (``-lp/q → 1``, so the derivative is ``-w → 0``).  Nothing is clamped: values
+the true limit (``-lp/q → 1``, so the derivative is ``w → 0``).  Nothing is clamped: values
 are exact everywhere.  γ itself gets no gradient (it is a hyperparameter or, for FLSD and
-AdaFocal, picked without gradient).  The gradient flows into the logits through
-``gather``/``log_softmax`` as for cross-entropy.
+AdaFocal, picked without gradient).
 """
 
 from __future__ import annotations
@@ -28,10 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from ._common import as_gamma, check_hyper, no_autocast
-from ._loss_utils import check_loss_args, reduce_loss, target_log_probs
+from ._core import Terms, fused_loss
+from ._loss_utils import check_loss_args, reduce_loss
 
 __all__ = [
     "signed_focal_loss",
@@ -52,52 +51,43 @@ FLSD53: tuple[tuple[float, ...], tuple[float, ...]] = ((0.2, 0.5), (5.0, 3.0, 3.
 FLSD532: tuple[tuple[float, ...], tuple[float, ...]] = ((0.2, 0.5), (5.0, 3.0, 2.0))
 
 
-def _weights(lp: torch.Tensor, gamma: torch.Tensor | float):
-    """Return (w, g, focal, p) with w = base^g; ``focal`` is a bool or a bool tensor."""
+def focal_terms(lp: torch.Tensor, gamma: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample ``(loss, α)`` of signed focal loss from ``lp = log p_y`` (no autograd).
+
+    ``loss = -w·lp`` with ``w = (1-p)^γ`` (γ >= 0) or ``(1+p)^|γ|`` (γ < 0), and
+    ``α = -∂loss/∂lp = w (1 + |γ| p t)``, ``t = -lp/q`` (focal; 1 where ``q = 0``) or
+    ``lp/(1+p)`` (inverse), so that ``∂loss/∂z = α · (p - onehot)``.
+    """
     p = lp.exp()
+    q = -torch.expm1(lp)
+    t_focal = (-lp / q).nan_to_num_(nan=1.0)  # q = 0 only where lp = 0: the limit -lp/q -> 1
     if isinstance(gamma, float):
-        focal: torch.Tensor | bool = gamma >= 0
-        base = -torch.expm1(lp) if focal else 1.0 + p
         g: torch.Tensor | float = abs(gamma)
+        if gamma >= 0:
+            w, t = q.pow(g), t_focal
+        else:
+            w, t = (1.0 + p).pow(g), lp / (1.0 + p)
     else:
-        focal = gamma >= 0
-        base = torch.where(focal, -torch.expm1(lp), 1.0 + p)
         g = gamma.abs()
-    return base.pow(g), g, focal, p
+        focal = gamma >= 0
+        w = torch.where(focal, q, 1.0 + p).pow(g)
+        t = torch.where(focal, t_focal, lp / (1.0 + p))
+    return -w * lp, w * (1.0 + g * p * t)
 
 
-class _SignedFocalFunction(torch.autograd.Function):
-    """Per-sample ``-base^|γ| · lp`` with a closed-form, everywhere-finite backward."""
+def _focal_spec(gamma: torch.Tensor | float | None, schedule=None):
+    def spec(log_p, lp, y, make_d):
+        g = gamma
+        if schedule is not None:
+            g = sample_dependent_gamma(lp.exp(), *schedule)
+        elif isinstance(g, torch.Tensor):
+            g = g.reshape(-1)
+        d = make_d()
+        del d
+        loss, alpha = focal_terms(lp, g)
+        return Terms(loss=loss, alpha=alpha)
 
-    @staticmethod
-    def forward(ctx, lp: torch.Tensor, gamma: torch.Tensor | float) -> torch.Tensor:
-        w, _, _, _ = _weights(lp, gamma)
-        if isinstance(gamma, torch.Tensor):
-            ctx.save_for_backward(lp, w, gamma)
-            ctx.gamma = None
-        else:
-            ctx.save_for_backward(lp, w)
-            ctx.gamma = gamma
-        return -w * lp
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        if ctx.gamma is None:
-            lp, w, gamma = ctx.saved_tensors
-        else:
-            (lp, w), gamma = ctx.saved_tensors, ctx.gamma
-        p = lp.exp()
-        q = -torch.expm1(lp)
-        pos = q > 0
-        t_focal = torch.where(pos, -lp / torch.where(pos, q, torch.ones_like(q)), torch.ones_like(q))
-        if isinstance(gamma, float):
-            g = abs(gamma)
-            t = t_focal if gamma >= 0 else lp / (1.0 + p)
-        else:
-            g = gamma.abs()
-            t = torch.where(gamma >= 0, t_focal, lp / (1.0 + p))
-        return grad * (-w * (1.0 + g * p * t)), None
+    return spec
 
 
 def _signed_focal(
@@ -106,11 +96,12 @@ def _signed_focal(
 ) -> torch.Tensor:
     check_loss_args(input, target, reduction)
     with no_autocast(input):
-        _, lp, _, valid = target_log_probs(input, target, ignore_index, validate_args=validate_args)
-        g = as_gamma(gamma, lp, allow_negative=allow_negative, validate_args=validate_args)
+        cdt = torch.float64 if input.dtype == torch.float64 else torch.float32
+        like = torch.empty(target.shape, dtype=cdt, device=input.device)
+        g = as_gamma(gamma, like, allow_negative=allow_negative, validate_args=validate_args)
         if sign < 0:
             g = -g
-        loss = _SignedFocalFunction.apply(lp, g)
+        loss, valid = fused_loss(input, target, ignore_index, validate_args, _focal_spec(g))
         return reduce_loss(loss, valid, reduction)
 
 
@@ -263,9 +254,8 @@ def sample_dependent_focal_loss(
     check_loss_args(input, target, reduction)
     thr, gam = _check_schedule(thresholds, gammas)
     with no_autocast(input):
-        _, lp, _, valid = target_log_probs(input, target, ignore_index, validate_args=validate_args)
-        g = sample_dependent_gamma(lp.detach().exp(), thr, gam)
-        loss = _SignedFocalFunction.apply(lp, g)
+        loss, valid = fused_loss(input, target, ignore_index, validate_args,
+                                 _focal_spec(None, (thr, gam)))
         return reduce_loss(loss, valid, reduction)
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 
 from ._common import check_hyper, no_autocast
+from ._core import Terms, fused_loss
 from ._loss_utils import check_loss_args, reduce_loss, target_log_probs
-from .dual_focal import dual_focal_weight
+from .dual_focal import log_p_below
 
 __all__ = [
     "gradient_weighted_loss",
@@ -61,19 +62,36 @@ def gradient_weighted_loss(
     """
     check_loss_args(input, target, reduction)
     with no_autocast(input):
-        _, lp, _, valid = target_log_probs(input, target, ignore_index, validate_args=validate_args)
         if isinstance(weight, torch.Tensor) and weight.ndim > 0:
             if tuple(weight.shape) != tuple(target.shape):
                 raise ValueError(
                     f"Expected `weight` of the target's shape {tuple(target.shape)}, "
                     f"got {tuple(weight.shape)}"
                 )
-            w = weight.detach().to(device=lp.device, dtype=lp.dtype)
+            cdt = torch.float64 if input.dtype == torch.float64 else torch.float32
+            w = weight.detach().to(device=input.device, dtype=cdt).reshape(-1)
             if validate_args and w.numel() and not bool(torch.isfinite(w).all()):
                 raise ValueError("Expected `weight` to be finite")
         else:
             w = check_hyper(weight, "weight", allow_negative=True)
-        return reduce_loss(-w * lp, valid, reduction)
+        loss, valid = fused_loss(input, target, ignore_index, validate_args,
+                                 _gra_spec(lambda log_p, lp, y, d: w))
+        return reduce_loss(loss, valid, reduction)
+
+
+def _gra_spec(weight_fn, before_d=None):
+    """Spec for ``-w·lp`` with a detached ``w = weight_fn(log_p, lp, y, d)`` (α = w).
+
+    ``before_d(log_p, lp, y)`` may compute something from ``log_p`` before it becomes ``d``;
+    its result is passed as ``log_p`` to ``weight_fn``.
+    """
+    def spec(log_p, lp, y, make_d):
+        pre = before_d(log_p, lp, y) if before_d is not None else None
+        d = make_d()
+        w = weight_fn(pre, lp, y, d)
+        return Terms(loss=-w * lp, alpha=w)
+
+    return spec
 
 
 def _safe_pow(x: torch.Tensor, e: float) -> torch.Tensor:
@@ -134,11 +152,12 @@ def bsce_gra_loss(
     beta = _check_beta(beta)
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
-        log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
-                                                  validate_args=validate_args)
-        with torch.no_grad():
-            u = brier_uncertainty(*_flat_log_p(log_p.detach(), safe), beta, gamma)
-        return reduce_loss(-u.reshape(lp.shape) * lp, valid, reduction)
+        def weight(_, lp, y, d):
+            n = torch.linalg.vector_norm(d, ord=beta, dim=1)
+            return n if gamma == 1.0 else n.pow(gamma)
+
+        loss, valid = fused_loss(input, target, ignore_index, validate_args, _gra_spec(weight))
+        return reduce_loss(loss, valid, reduction)
 
 
 def bsce_loss(
@@ -177,9 +196,9 @@ def focal_gra_loss(
     check_loss_args(input, target, reduction)
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
-        _, lp, _, valid = target_log_probs(input, target, ignore_index, validate_args=validate_args)
-        w = (-torch.expm1(lp.detach())).pow(gamma)
-        return reduce_loss(-w * lp, valid, reduction)
+        loss, valid = fused_loss(input, target, ignore_index, validate_args,
+                                 _gra_spec(lambda _, lp, y, d: (-torch.expm1(lp)).pow(gamma)))
+        return reduce_loss(loss, valid, reduction)
 
 
 def dual_focal_gra_loss(
@@ -196,7 +215,12 @@ def dual_focal_gra_loss(
     check_loss_args(input, target, reduction)
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
-        log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
-                                                  validate_args=validate_args)
-        w = dual_focal_weight(*_flat_log_p(log_p.detach(), safe), gamma)
-        return reduce_loss(-w.reshape(lp.shape) * lp, valid, reduction)
+        def below(log_p, lp, y):
+            return log_p_below(log_p, lp)[0]
+
+        def weight(lj, lp, y, d):
+            return (-torch.expm1(lp) + lj.exp()).pow(gamma)
+
+        loss, valid = fused_loss(input, target, ignore_index, validate_args,
+                                 _gra_spec(weight, below))
+        return reduce_loss(loss, valid, reduction)
