@@ -39,6 +39,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             return
         rng = self.headers.get("Range")
         start = int(rng.split("=")[1].rstrip("-")) if rng and self.server.ranges else 0
+        if start and start >= len(data):
+            self.send_error(416)
+            return
         body = data[start:]
         self.send_response(206 if start else 200)
         self.send_header("Content-Length", str(len(body)))
@@ -245,3 +248,26 @@ def test_concurrent_downloads_share_one_fetch(server, tmp_path, monkeypatch):
     assert [p for p in _Handler.served if p[0].endswith(arc.name)] == [(f"/{arc.name}", 0, arc.stat().st_size)]
     assert all(r.train.data.equal(results[0].train.data) for r in results)
     assert not (root / ".torchcal-extract-stale").exists()
+
+
+def test_complete_part_file_is_promoted_without_network(tmp_path):
+    payload = b"complete download, rename interrupted"
+    (tmp_path / "f.bin.part").write_bytes(payload)
+    out = download_url(_closed_port_url(), tmp_path / "f.bin", hashlib.md5(payload).hexdigest())
+    assert out.read_bytes() == payload and not (tmp_path / "f.bin.part").exists()
+
+
+def test_http_error_is_data_not_found(server, tmp_path):
+    _, _, base = server
+    with pytest.raises(DataNotFoundError, match="404"):
+        download_url(f"{base}/missing.bin", tmp_path / "m.bin", "0" * 32)
+    assert not (tmp_path / "m.bin").exists()
+
+
+def test_overlong_part_file_restarts(server, tmp_path):
+    _, www, base = server
+    payload = b"abc" * 100
+    (www / "f.bin").write_bytes(payload)
+    (tmp_path / "f.bin.part").write_bytes(b"x" * 1000)  # longer than the file: HTTP 416
+    download_url(f"{base}/f.bin", tmp_path / "f.bin", hashlib.md5(payload).hexdigest())
+    assert (tmp_path / "f.bin").read_bytes() == payload

@@ -121,6 +121,11 @@ def download_url(url: str, path: str | os.PathLike, md5: str | None, *, timeout:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".part")
+    if part.exists() and md5 is not None and md5sum(part) == md5:
+        # A complete download interrupted before the final rename.
+        os.replace(part, path)
+        _fsync_dir(path.parent)
+        return path
     start = part.stat().st_size if part.exists() else 0
     req = urllib.request.Request(url, headers={"User-Agent": "torchcal"})
     if start > 0:
@@ -148,6 +153,11 @@ def download_url(url: str, path: str | os.PathLike, md5: str | None, *, timeout:
                 os.fsync(f.fileno())
             if bar is not None:
                 bar.close()
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and start > 0:  # the partial file is not a prefix we can continue
+            part.unlink(missing_ok=True)
+            return download_url(url, path, md5, timeout=timeout, progress=progress)
+        raise DataNotFoundError(f"Could not download {url} to {path}: {e}") from e
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise DataNotFoundError(f"Could not download {url} to {path}: {e}") from e
     if md5 is not None:
