@@ -109,3 +109,39 @@ def test_errors_are_one_line(digits_run, capsys, tmp_path):
 def test_bare_command_prints_help(capsys):
     assert main(["uncertainty"]) == 2
     assert "fit" in capsys.readouterr().out
+
+
+def test_image_run_augmented_passes_and_zero_shot_transfer(tmp_path, capsys):
+    from torchcal.data.fake import write_fake_cifar
+    from torchcal.train import get_recipe, train
+
+    data = tmp_path / "data"
+    write_fake_cifar(data, "cifar10", n_train=60, n_test=40, archive=False)
+    write_fake_cifar(data, "cifar100", n_train=100, n_test=40, archive=False)
+    run = tmp_path / "run"
+    n = torch.get_num_threads()
+    try:
+        train(dataclasses.replace(
+            get_recipe("cifar10-resnet50"), model="small_cnn", model_kwargs={"width": 8},
+            data_root=str(data), out_dir=str(run), epochs=1, batch_size=32, progress=False,
+            num_threads=1, device="cpu", evaluate=False))
+    finally:
+        torch.set_num_threads(n)
+    code, out, err = _run(["uncertainty", "fit", str(run), "--passes", "2", "--epochs", "1",
+                           "--batch-size", "16", "--width", "8", "--no-val", "--no-progress",
+                           "--device", "cpu"], capsys)
+    assert code == 0, err
+    cache = EmbeddingCache(run / "uncertainty" / "cache" / "train_x2")
+    assert cache.n_passes == 2 and len(cache) == 2 * cache.n_samples
+    assert cache.identity["augment"].endswith("random_crop_flip")
+    emb, _, labels = cache.tensors()
+    m = cache.n_samples
+    assert torch.equal(labels[:m], labels[m:])
+    assert not torch.equal(emb[:m], emb[m:])  # two different augmented passes
+    code, out, err = _run(["uncertainty", "eval", str(run), "--no-ood", "--transfer", "cifar100",
+                           "--no-progress", "--device", "cpu"], capsys)
+    assert code == 0, err
+    res = json.loads((run / "uncertainty" / "results.json").read_text())
+    tr = res["transfer"]["cifar100"]
+    assert tr["n"] == 40 and "recall_at_1" in tr and "r_auroc_correct" not in tr
+    assert "zero-shot cifar100" in out
