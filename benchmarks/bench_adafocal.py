@@ -6,7 +6,8 @@ Run: ``python benchmarks/bench_adafocal.py [--repeats 21] [--threads 0]``
    the edges are equal-mass and γ has both signs) on float32 CPU logits (4096, 100) and
    (4096, 1000): the median over repeats of ``time(adafocal) / time(F.cross_entropy)``, the two
    timings alternating inside each repeat (the machine is shared; ratios are what we report).
-   Target <= 1.5x.
+   Target <= 1.5x.  For reference, the same ratio of ``signed_focal_loss`` with a precomputed
+   per-sample γ (what AdaFocal adds on top of it is the bin lookup).
 2. ``update()`` on 10,000 validation samples (C = 100 and 1000): median wall time, and its
    ratio to ``torchcal.metrics.adaptive_ece`` on the same logits (the same equal-mass binning
    plus the softmax).  Target: well under a second.
@@ -21,6 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from torchcal.functional import signed_focal_loss
 from torchcal.losses import AdaFocalLoss
 from torchcal.metrics import adaptive_ece
 
@@ -81,6 +83,13 @@ def main(argv: list[str] | None = None) -> None:
                                lambda x=x, y=y: _fwd_bwd(F.cross_entropy, x, y), args.repeats)
         flag = "ok" if r <= 1.5 else "SLOW"
         print(f"  (4096, {c:4d})  adafocal {tf:7.2f} ms  ce {tb:7.2f} ms  ratio {r:5.2f}x  {flag}")
+        # reference: the same signed focal loss with a precomputed per-sample γ (no bin lookup)
+        g = loss.gammas.float()[torch.randint(0, 15, (4096,), generator=gen)]
+        r2, tf2, tb2 = alternated(
+            lambda x=x, y=y, g=g: _fwd_bwd(lambda a, b: signed_focal_loss(a, b, g), x, y),
+            lambda x=x, y=y: _fwd_bwd(F.cross_entropy, x, y), args.repeats)
+        print(f"  (4096, {c:4d})  signed_focal(γ given) {tf2:7.2f} ms  ce {tb2:7.2f} ms  "
+              f"ratio {r2:5.2f}x  (reference)")
 
     print("\nupdate() on 10,000 validation samples (target: well under 1 s)")
     for c in (100, 1000):
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             return _timed(lambda: adaptive_ece(logits=z, labels=y, n_bins=15))
 
         r, tf, tb = alternated(upd, ada, args.repeats)
-        flag = "ok" if tf < 100 else "SLOW"
+        flag = "ok" if tf < 250 else "SLOW"
         print(f"  (10000, {c:4d})  update {tf:7.2f} ms  adaptive_ece {tb:7.2f} ms  "
               f"ratio {r:5.2f}x  {flag}")
 

@@ -253,7 +253,8 @@ class AdaFocalLoss(CalibrationLoss):
     def _gamma_of(self, lp: torch.Tensor) -> torch.Tensor:
         """Per-sample γ from (detached) true-class log-probabilities."""
         idx = self.bin_of(lp.detach().exp())
-        return self.gammas.to(device=lp.device, dtype=lp.dtype)[idx]
+        g = self.gammas.to(device=lp.device, dtype=lp.dtype)
+        return g.index_select(0, idx.reshape(-1)).reshape(idx.shape)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Signed focal loss with each sample's γ picked by the bin of its ``p_y``.
