@@ -78,25 +78,26 @@ def _final_metrics(run):
 
 
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
-    epochs = "40"
+    epochs = "12"
     common = ["--recipe", "digits-mlp", "--loss", "ce", "--epochs", epochs, "--no-progress",
-              "--num-threads", "1", "--device", "cpu"]
+              "--num-threads", "1", "--device", "cpu", "--checkpoint-every", "2"]
     run = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "torchcal", "train", *common, "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "torchcal.cli", "train", *common, "--out",
                              str(run)], env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     ckpt = run / "checkpoints" / "last.pt"
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
     assert not (run / "results.json").exists()  # it was killed mid-run
     n_logged = len((run / "log.jsonl").read_text().splitlines())
     assert 1 <= n_logged < int(epochs)
     # resume (no --recipe needed: config.json is reused) ...
-    r = subprocess.run([sys.executable, "-m", "torchcal", "train", "--out", str(run), "--resume",
+    r = subprocess.run([sys.executable, "-m", "torchcal.cli", "train", "--out", str(run), "--resume",
                         "--no-progress", "--num-threads", "1"], env=_env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -130,7 +131,7 @@ def test_two_process_torchrun_gloo(tmp_path):
     run = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-           "-m", "torchcal", "train", "--recipe", "digits-mlp", "--loss", "ce", "--epochs", "2",
+           "-m", "torchcal.cli", "train", "--recipe", "digits-mlp", "--loss", "ce", "--epochs", "2",
            "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run)]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

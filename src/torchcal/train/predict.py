@@ -31,7 +31,8 @@ __all__ = [
     "load_model_from_run",
     "predict_logits",
     "evaluate_run",
-    "write_evaluation",
+    "collect_predictions",
+    "write_predictions",
     "resolve_device",
     "BatchSource",
 ]
@@ -286,17 +287,12 @@ def _meta(config: TrainConfig, epoch: int, checkpoint: str) -> dict[str, Any]:
             "checkpoint": checkpoint}
 
 
-def write_evaluation(model: nn.Module, splits: Any, ood_sets: dict[str, Any], run_dir: str | Path,
-                     config: TrainConfig, *, epoch: int, checkpoint: str = "last",
-                     device: torch.device | str = "cpu", env: DistEnv | None = None,
-                     batch_size: int | None = None) -> dict[str, Any] | None:
-    """Predict val/test/OOD logits, save ``logits/*.npz`` and ``results.json`` (rank 0).
-
-    Every rank must call this under DDP (the predictions are collective).  Returns the results
-    dict on rank 0 (None elsewhere).
-    """
-    from ..evaluate import evaluate_logits, save_logits, write_results
-
+def collect_predictions(model: nn.Module, splits: Any, ood_sets: dict[str, Any],
+                        config: TrainConfig, *, device: torch.device | str = "cpu",
+                        env: DistEnv | None = None, batch_size: int | None = None,
+                        ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Val/test/OOD logits and labels (``{"val", "test", "ood_<name>"}``), gathered on every
+    rank under DDP (a collective: every rank must call it)."""
     env = env or DistEnv()
     device = torch.device(device)
     bs = int(batch_size or max(256, config.batch_size))
@@ -308,20 +304,31 @@ def write_evaluation(model: nn.Module, splits: Any, ood_sets: dict[str, Any], ru
     for name, ds in ood_sets.items():
         preds[f"ood_{name}"] = predict_logits(model, ds, device, bs, mean=mean, std=std,
                                               amp=config.amp, env=env)
-    if not env.is_main:
-        return None
+    return preds
+
+
+def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_dir: str | Path,
+                      config: TrainConfig, *, epoch: int, checkpoint: str = "last",
+                      write: bool = True) -> dict[str, Any]:
+    """Save ``RUN_DIR/logits/<name>.npz`` and ``RUN_DIR/results.json``; return the results.
+
+    Run it in one process (under DDP: rank 0, after the process group is gone, since the
+    metrics would otherwise try to sync across ranks).
+    """
+    from ..evaluate import evaluate_logits, save_logits, write_results
+
     run_dir = Path(run_dir)
     ld = run_dir / "logits"
-    for name, (z, y) in preds.items():
-        if name.startswith("ood_"):
-            y = torch.full_like(y, -1) if y.numel() and bool((y < 0).any()) else y
-        save_logits(ld / f"{name}.npz", z, y)
+    if write:
+        for name, (z, y) in preds.items():
+            save_logits(ld / f"{name}.npz", z, y)
     results = evaluate_logits(
         val_logits=preds["val"][0], val_labels=preds["val"][1],
         test_logits=preds["test"][0], test_labels=preds["test"][1],
         ood_logits={k[len("ood_"):]: v[0] for k, v in preds.items() if k.startswith("ood_")},
         n_bins=config.n_bins, meta=_meta(config, epoch, checkpoint))
-    write_results(run_dir, results)
+    if write:
+        write_results(run_dir, results)
     return results
 
 
@@ -354,10 +361,9 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "last", *, data_root: st
     model.to(dev).eval()
     splits = build_data(config)
     ood = load_ood_sets(config, splits)
-    res = write_evaluation(model, splits, ood, run_dir, config, epoch=int(state["epoch"]),
-                           checkpoint=checkpoint, device=dev, batch_size=batch_size)
-    assert res is not None
-    return res
+    preds = collect_predictions(model, splits, ood, config, device=dev, batch_size=batch_size)
+    return write_predictions(preds, run_dir, config, epoch=int(state["epoch"]),
+                             checkpoint=checkpoint)
 
 
 def read_config(run_dir: str | Path) -> TrainConfig:

@@ -65,9 +65,10 @@ from .predict import (
     _autocast,
     build_data,
     build_model,
+    collect_predictions,
     load_ood_sets,
     resolve_device,
-    write_evaluation,
+    write_predictions,
 )
 
 __all__ = ["train", "build_loss", "epoch_metrics"]
@@ -537,8 +538,10 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
                                                   head, head_opt)
                         best_dirty = True
 
-            # --- checkpoint + log (rank 0) ---------------------------------------------------
+            # --- log, then checkpoint (rank 0): a resumed run drops log lines past its
+            # checkpoint, so a kill between the two loses nothing ------------------------------
             if env.is_main:
+                _append_jsonl(log_path, rec)
                 if (epoch + 1) % config.checkpoint_every == 0 or last_epoch:
                     extra = {"num_classes": num_classes, "input_shape": input_shape,
                              "config": config.to_dict(), "best": dict(best)}
@@ -550,7 +553,6 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
                     save_checkpoint(last_path, {
                         **_snapshot(core, optimizer, scheduler, loss_fn, scaler, head, head_opt),
                         **extra, "epoch": epoch + 1, "rng": rng_state_tensors()})
-                _append_jsonl(log_path, rec)
                 if bar is not None:
                     bar.set_postfix(val_ece=f"{vm['ece']:.4f}", val_err=f"{vm['error']:.4f}",
                                     refresh=False)
@@ -558,15 +560,26 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
         if bar is not None:
             bar.close()
 
-    if env.enabled:
-        dist.barrier()
-    results = None
+    preds = None
     if config.evaluate:
-        results = write_evaluation(core, splits, ood_sets, run_dir, config, epoch=config.epochs,
-                                   checkpoint="last", device=device, env=env,
-                                   batch_size=eval_bs)
+        preds = collect_predictions(core, splits, ood_sets, config, device=device, env=env,
+                                    batch_size=eval_bs)
     if env.enabled:
         dist.barrier()
+        if env.initialized_here:
+            # the final metrics run on rank 0 alone: leave the process group first so that
+            # nothing in them tries to sync with the other ranks
+            cleanup_distributed(env)
+    results = None
+    if preds is not None:
+        if env.is_main:
+            results = write_predictions(preds, run_dir, config, epoch=config.epochs,
+                                        checkpoint="last")
+        elif env.enabled and not env.initialized_here:
+            # a process group created by the caller stays up and metrics that sync under DDP
+            # need every rank: compute the same results everywhere, write on rank 0 only
+            write_predictions(preds, run_dir, config, epoch=config.epochs, checkpoint="last",
+                              write=False)
     return {
         "run_dir": str(run_dir),
         "epochs": config.epochs,
