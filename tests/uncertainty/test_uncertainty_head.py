@@ -177,3 +177,17 @@ def test_save_load_head_round_trip_and_corruption(tmp_path):
         load_head(path)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_head(tmp_path / "none.pt")
+
+
+def test_ranking_loss_is_scale_free_in_the_target_and_shift_invariant_in_u():
+    g = torch.Generator().manual_seed(5)
+    u = torch.rand(32, generator=g, dtype=torch.float64)
+    t = torch.rand(32, generator=g, dtype=torch.float64)
+    base = ranking_loss(u, t)
+    # only the order of the targets within each pair matters
+    assert ranking_loss(u, 1000 * t + 7).item() == pytest.approx(base.item(), abs=1e-12)
+    assert ranking_loss(u, t.exp()).item() == pytest.approx(base.item(), abs=1e-12)
+    assert ranking_loss(u + 3.0, t).item() == pytest.approx(base.item(), abs=1e-12)
+    # swapping both members of every pair leaves the loss unchanged (except exact ties)
+    swap = torch.arange(32).view(-1, 2).flip(1).reshape(-1)
+    assert ranking_loss(u[swap], t[swap]).item() == pytest.approx(base.item(), abs=1e-12)

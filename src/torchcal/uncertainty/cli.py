@@ -114,10 +114,13 @@ def _cache_root(args: argparse.Namespace) -> Path:
 
 
 def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
-                 n_passes: int = 1, augment: Any = None, seed: int = 0):
+                 n_passes: int = 1, augment: Any = None, seed: int = 0,
+                 dataset: str | None = None):
+    """Cache ``data`` under ``CACHE_DIR/name``; inputs are normalised with the run's own
+    ``splits.mean/std`` (what the backbone was trained on), also for OOD and transfer sets."""
     from .cache import EmbeddingCache
 
-    data_id = {"dataset": config.dataset, "split": name, "data_seed": config.data_seed,
+    data_id = {"dataset": dataset or config.dataset, "split": name, "data_seed": config.data_seed,
                "seed": config.seed, "mean": splits.mean, "std": splits.std,
                "data_kwargs": dict(config.data_kwargs)}
     label = name if n_passes == 1 else f"{name}_x{n_passes}"
@@ -294,7 +297,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise TorchcalError(
                 f"Transfer data set {name!r} has inputs {tuple(other.input_shape)}, the model "
                 f"expects {tuple(splits.input_shape)}")
-        cache = _build_cache(args, model, config, other, device, f"transfer_{name}", other.test)
+        cache = _build_cache(args, model, config, splits, device, f"transfer_{name}",
+                             other.test, dataset=name)
         results["transfer"][name] = evaluate_head(head, cache, classifier=False, **kw)
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "uncertainty" / "results.json"
