@@ -22,8 +22,9 @@ WORKER = textwrap.dedent(
     from torchcal.losses import AdaFocalLoss
 
     rank = int(os.environ["RANK"])
+    import datetime
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"],
-                            rank=rank, world_size=2)
+                            rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
     data = torch.load(sys.argv[1], weights_only=True)
     loss = AdaFocalLoss(n_bins=7, lam=3.0)
     for z, y, cut in data["steps"]:
