@@ -8,6 +8,16 @@ import torch
 
 from torchcal.models import count_parameters, create_model, list_models
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Small convolutions: one thread is faster than several on a shared 2-core machine.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 ALL = ["densenet121", "imagenet_resnet50", "mlp", "resnet110", "resnet20", "resnet50",
        "resnet50_tiny", "small_cnn", "wrn26_10"]
 
@@ -145,3 +155,14 @@ def test_models_train_step_gradients_reach_every_parameter():
     out = m(torch.randn(4, 3, 8, 8))
     torch.nn.functional.cross_entropy(out, torch.tensor([0, 1, 2, 3])).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_imagenet_resnet_init_is_torchvisions():
+    from torchcal.models import ImageNetResNet
+
+    torch.manual_seed(0)
+    m = ImageNetResNet((1, 1, 1, 1), 10, zero_init_residual=True)
+    w = m.layer2[0].conv2.weight  # 128 x 128 x 3 x 3: fan_out = 128 * 9
+    assert abs(w.std().item() - (2 / (128 * 9)) ** 0.5) < 0.002
+    assert torch.all(m.bn1.weight == 1) and torch.all(m.bn1.bias == 0)
+    assert torch.all(m.layer1[0].bn3.weight == 0)

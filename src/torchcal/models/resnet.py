@@ -221,10 +221,11 @@ class ImageNetResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.num_features = 512 * 4
         self.fc = nn.Linear(self.num_features, num_classes)
+        # torchvision's initialisation (skipped on the meta device, where there is no data).
         for m in self.modules():
-            if isinstance(m, nn.Conv2d):
+            if isinstance(m, nn.Conv2d) and not m.weight.is_meta:
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
+            elif isinstance(m, nn.BatchNorm2d) and not m.weight.is_meta:
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
         if zero_init_residual:
