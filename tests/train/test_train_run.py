@@ -63,11 +63,16 @@ def _restore_threads():
 
 # ------------------------------------------------------------------------------------------
 def test_cifar_two_epochs_writes_the_run_directory(tmp_path):
+    from torchcal.data.fake import write_fake_cifar10c, write_fake_svhn
+
     root = make_cifar10(tmp_path / "data")
+    write_fake_svhn(root, "test", n=30)
+    write_fake_cifar10c(root, n=20)
     cfg = dataclasses.replace(
         get_recipe("cifar10-resnet50"), model="small_cnn", model_kwargs={"width": 8},
         data_root=str(root), out_dir=str(tmp_path / "run"), epochs=2, batch_size=32,
-        progress=False, num_threads=1, device="cpu", select_best_by="nll")
+        progress=False, num_threads=1, device="cpu", select_best_by="nll",
+        ood_kwargs={"svhn": {"verify": False}})
     summary = train(cfg)
     run = tmp_path / "run"
     assert (run / "config.json").is_file()
@@ -87,11 +92,13 @@ def test_cifar_two_epochs_writes_the_run_directory(tmp_path):
     assert summary["best"]["value"] == min(r["val_nll"] for r in lines)
     # the published reduction for CE is a sum over the batch: logged loss is per sample
     assert abs(lines[-1]["val_loss"] - lines[-1]["val_nll"]) < 1e-4
-    # evaluation artefacts (OOD sets absent: skipped)
-    for f in ("val.npz", "test.npz"):
+    # evaluation artefacts, with the papers' OOD sets (SVHN test, CIFAR-10-C noise level 5)
+    for f in ("val.npz", "test.npz", "ood_svhn.npz", "ood_cifar10c.npz"):
         assert (run / "logits" / f).is_file()
     res = json.loads((run / "results.json").read_text())
     assert res["n"] == {"val": 20, "test": 100}
+    assert res["ood"]["svhn"]["n"] == 30 and res["ood"]["cifar10c"]["n"] == 20
+    assert 0.0 <= res["ood"]["svhn"]["auroc_entropy"] <= 1.0
     assert res["meta"]["loss"] == "ce" and res["meta"]["checkpoint"] == "last"
     with np.load(run / "logits" / "test.npz") as z:
         assert z["logits"].shape == (100, 10) and z["labels"].dtype == np.int64
@@ -114,6 +121,53 @@ def test_digits_run_and_resume_in_process_match(tmp_path):
     ra = json.loads((tmp_path / "full" / "results.json").read_text())
     rb = json.loads((tmp_path / "part" / "results.json").read_text())
     assert ra["test"]["pre"]["ece"] == pytest.approx(rb["test"]["pre"]["ece"], abs=1e-6)
+
+
+def test_cifar_adafocal_resume_with_augmentation_matches(tmp_path):
+    """Augmentation, data order and AdaFocal's state survive a stop/resume exactly."""
+    from torchcal.losses import list_losses
+
+    if "adafocal" not in list_losses():
+        pytest.skip("adafocal not registered yet")
+    root = make_cifar10(tmp_path / "data", n_train=120, n_test=40)
+    base = dataclasses.replace(
+        get_recipe("cifar10-resnet50"), model="small_cnn", model_kwargs={"width": 4},
+        loss="adafocal", loss_kwargs={"n_bins": 3}, data_root=str(root), epochs=3,
+        batch_size=16, progress=False, num_threads=1, device="cpu", evaluate=False,
+        milestones=[1, 2])
+    full = train(dataclasses.replace(base, out_dir=str(tmp_path / "full")))
+    part = dataclasses.replace(base, out_dir=str(tmp_path / "part"), epochs=1)
+    train(part)
+    res = train(dataclasses.replace(part, epochs=3, resume=True))
+    assert res["resumed_from"] == 1
+    for k, v in full["final"].items():
+        assert res["final"][k] == pytest.approx(v, abs=1e-6), k
+    ga = json.loads((tmp_path / "full" / "log.jsonl").read_text().splitlines()[-1])
+    gb = json.loads((tmp_path / "part" / "log.jsonl").read_text().splitlines()[-1])
+    assert ga["loss_state"]["gammas"] == pytest.approx(gb["loss_state"]["gammas"], abs=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:The validation NLL")
+def test_imagenet_folder_recipe_runs(tmp_path):
+    """The ImageNet recipe's folder data path (DataLoader over lazily decoded JPEGs)."""
+    from torchcal.data.fake import write_fake_imagenet_folder
+
+    root = write_fake_imagenet_folder(tmp_path / "imagenet", n_classes=3, n_train=8, n_val=3,
+                                      size=(40, 40))
+    cfg = dataclasses.replace(
+        get_recipe("imagenet-resnet50"), model="small_cnn", model_kwargs={"width": 4},
+        data_root=str(root), data_kwargs={"image_size": 32, "resize_size": 36},
+        out_dir=str(tmp_path / "run"), epochs=1, batch_size=4, num_workers=0,
+        progress=False, num_threads=1, device="cpu")
+    summary = train(cfg)
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["n"]["test"] == 9 and res["num_classes"] == 3
+    assert summary["final"]["val_error"] >= 0.0
+
+
+def test_amp_is_ignored_with_a_warning_on_cpu(tmp_path):
+    with pytest.warns(UserWarning, match="only used on CUDA"):
+        train(digits_config(tmp_path, epochs=1, evaluate=False, amp="bf16"))
 
 
 def test_existing_run_needs_resume_and_matching_config(tmp_path):

@@ -39,6 +39,8 @@ class TrainConfig:
         data_root: directory holding (or receiving) the data set files.
         download: download missing files (with checksum verification) when the network allows.
         data_kwargs: extra keyword arguments of :func:`torchcal.data.load_splits`.
+        ood_kwargs: extra keyword arguments of :func:`torchcal.data.load_ood` per OOD set,
+            ``{name: {k: v}}`` (e.g. ``{"svhn": {"verify": False}}``).
         val_fraction: share of the training set held out for validation.
         data_seed: seed of the train/validation split (the papers use NumPy seed 1);
             ``None`` uses ``seed`` (the digits benchmark draws a split per seed).
@@ -85,6 +87,7 @@ class TrainConfig:
     data_root: str | None = None
     download: bool = False
     data_kwargs: dict[str, Any] = field(default_factory=dict)
+    ood_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     val_fraction: float = 0.1
     data_seed: int | None = 1
     out_dir: str = "runs/run"
@@ -145,7 +148,7 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, str) or not v:
                 raise ValueError(f"Expected `{name}` to be a non-empty string, got {v!r}")
-        for name in ("model_kwargs", "loss_kwargs", "loss_defaults", "data_kwargs"):
+        for name in ("model_kwargs", "loss_kwargs", "loss_defaults", "data_kwargs", "ood_kwargs"):
             if not isinstance(getattr(self, name), dict):
                 raise ValueError(f"Expected `{name}` to be a dict, got {getattr(self, name)!r}")
         pos_int("epochs")

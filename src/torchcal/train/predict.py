@@ -89,6 +89,7 @@ def load_ood_sets(config: TrainConfig, splits: Any = None) -> dict[str, Any]:
                   **{k: v for k, v in config.data_kwargs.items() if k == "noise_std"}}
         elif name == "cifar10c":
             kw = {"corruption": "gaussian_noise", "severity": 5}
+        kw.update(dict(config.ood_kwargs.get(name, {})))
         try:
             ds = load_ood(name, config.data_root, download=config.download, **kw)
         except (DataNotFoundError, FileNotFoundError) as exc:

@@ -87,7 +87,8 @@ def get_recipe(name: str) -> TrainConfig:
     cfg = dataclasses.replace(
         cfg, recipe=name, model_kwargs=dict(cfg.model_kwargs), loss_kwargs=dict(cfg.loss_kwargs),
         loss_defaults={k: dict(v) for k, v in cfg.loss_defaults.items()},
-        data_kwargs=dict(cfg.data_kwargs), milestones=list(cfg.milestones),
+        data_kwargs=dict(cfg.data_kwargs),
+        ood_kwargs={k: dict(v) for k, v in cfg.ood_kwargs.items()}, milestones=list(cfg.milestones),
         milestone_fractions=None if cfg.milestone_fractions is None else list(cfg.milestone_fractions),
     )
     return cfg
