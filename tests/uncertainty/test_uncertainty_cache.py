@@ -269,3 +269,26 @@ def test_bad_arguments(tmp_path, digits_backbone):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CacheError, match="manifest"):
         EmbeddingCache(tmp_path)
+
+
+def test_failed_publish_restores_the_old_cache(tmp_path, digits_backbone, monkeypatch):
+    import torchcal.uncertainty.cache as cache_mod
+
+    model, x, y = _small(digits_backbone, 30)
+    path = tmp_path / "c"
+    EmbeddingCache.build(path, model, (x, y))
+    before = {k: p.read_bytes() for k, p in _files(path).items()}
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if ".c.tmp-" in str(src):  # moving the finished new cache into place
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(cache_mod.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"), pytest.warns(UserWarning, match="stale"):
+        EmbeddingCache.build(path, model, (x + 1, y))
+    monkeypatch.undo()
+    assert {k: p.read_bytes() for k, p in _files(path).items()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    EmbeddingCache(path)

@@ -561,7 +561,13 @@ def _publish(tmp: Path, path: Path) -> None:
             raise CacheError(f"Cannot build an embedding cache at {str(path)!r}: it is a file")
         trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
         os.replace(path, trash / "old")
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        if trash is not None:  # put the old cache back
+            os.replace(trash / "old", path)
+            shutil.rmtree(trash, ignore_errors=True)
+        raise
     _fsync_path(path.parent)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
