@@ -110,7 +110,8 @@ def load_splits(name: str, root: str | os.PathLike | None = None, *, download: b
       validation, the rest training; the official test set is the test split.
       Normalisation mean (0.4914, 0.4822, 0.4465), std (0.2023, 0.1994, 0.2010) for both;
       ``augment=True`` (random crop 32 with padding 4, horizontal flip).
-    * ``svhn``: the same rule on ``train_32x32.mat``; ``test_32x32.mat`` is the test split.
+    * ``svhn``: the same rule on ``train_32x32.mat``; ``test_32x32.mat`` is the test split;
+      CIFAR normalisation; ``augment=False`` (a horizontal flip changes what a digit is).
     * ``tinyimagenet``: ``per_class`` (default 50) images of every class of the official
       training set held out for validation (seeded); the official validation set is the test
       split.  ImageNet normalisation, ``augment=True`` (padding 4 crop of the 64x64 images, flip).
@@ -178,7 +179,7 @@ def load_splits(name: str, root: str | os.PathLike | None = None, *, download: b
         train = load_svhn(root, "train", download=download, **opts)
         test = load_svhn(root, "test", download=download, **opts)
         tr, va, te = _split_array(train, test, seed=seed, val_fraction=val_fraction)
-        return DataSplits(tr, va, te, 10, (3, 32, 32), CIFAR_MEAN, CIFAR_STD, True, name, 4,
+        return DataSplits(tr, va, te, 10, (3, 32, 32), CIFAR_MEAN, CIFAR_STD, False, name, 0,
                           {"root": str(root), "seed": seed})
     if name == "tinyimagenet":
         from .tinyimagenet import load_tinyimagenet_splits
