@@ -329,6 +329,7 @@ def evaluate_head(
         res["r_auroc_recall"] = _safe_r_auroc(u, rc)
         for k, v in base_scores.items():
             base_res[k]["r_auroc_recall"] = _safe_r_auroc(v, rc)
+    base_res = {k: v for k, v in base_res.items() if v}
     if base_res:
         res["baselines"] = base_res
     return res
