@@ -7,8 +7,9 @@ for validation with NumPy seed 1.  Tiny-ImageNet: the same with 100 epochs, drop
 batch 64.  ImageNet: the standard ResNet-50 recipe (SGD lr 0.1 for batch 256, momentum 0.9,
 weight decay 1e-4, 90 epochs, ×0.1 at 30 and 60, no clipping).  ``digits-mlp``: the embedded
 benchmark of ``torchcal demo`` (64-256-256-10 MLP, lr 0.05, batch 64, 100 epochs, ×0.1 at 50%
-and 75%, plain mean reduction, no clipping; seconds on a CPU; a checkpoint every 10 epochs,
-since writing one costs as much as an epoch here).
+and 75%, plain mean reduction, no clipping; seconds on a CPU; one CPU thread, since threads
+only add synchronisation to a model this small (10x slower on a busy machine); a checkpoint
+every 10 epochs, since writing one costs as much as an epoch here).
 
 Dual focal's γ was tuned per data set and architecture in its paper; the recipes carry those
 values in ``loss_defaults`` (an explicit ``--loss-arg gamma=...`` wins).
@@ -159,5 +160,5 @@ def _digits() -> TrainConfig:
         epochs=100, batch_size=64, lr=0.05, momentum=0.9, weight_decay=5e-4,
         milestones=[50, 75], milestone_fractions=[0.5, 0.75], lr_gamma=0.1, grad_clip=None,
         reduction="mean", data_seed=None, select_best_by="ece", checkpoint_every=10,
-        eval_test_every=1, device="cpu",
+        eval_test_every=1, device="cpu", num_threads=1,
     )
