@@ -7,6 +7,8 @@
 * :mod:`torchcal.data.augment` - :func:`random_crop_flip`, :func:`normalize` (batched, on device).
 * :mod:`torchcal.data.download` - :func:`download_url`, :func:`extract_archive`, published MD5s.
 * :mod:`torchcal.data.fake` - writers of tiny files in the official formats (for tests / demos).
+* :func:`prepare` - download (verified) and extract a data set without loading it; the
+  ``torchcal data list | check | download`` commands (:mod:`torchcal.data.cli`).
 
 Images are kept as uint8 (N, C, H, W) tensors in :class:`ArrayDataset`; the trainer augments and
 normalises whole batches on the device with ``splits.mean`` / ``splits.std``.  The data root is
@@ -31,6 +33,7 @@ from ._base import (
 from .augment import normalize, random_crop_flip
 from .digits import load_digits_ood, load_digits_splits
 from .download import RESOURCES, download_url, extract_archive, md5sum
+from .prepare import prepare
 
 __all__ = [
     "ArrayDataset",
@@ -50,6 +53,7 @@ __all__ = [
     "download_url",
     "extract_archive",
     "md5sum",
+    "prepare",
     "RESOURCES",
     "CIFAR_MEAN",
     "CIFAR_STD",
