@@ -176,7 +176,9 @@ def _train_config(job: dict[str, Any]):
                                         if m < cfg.epochs})
     # the demo evaluates the last epoch only: no per-epoch test pass, no best checkpoint,
     # one checkpoint at the end
-    for k, v in (("eval_test_every", 0), ("select_best_by", "none"),
+    # resume: re-running the demo into the same --out continues unfinished runs and re-evaluates
+    # finished ones instead of refusing to overwrite them
+    for k, v in (("eval_test_every", 0), ("select_best_by", "none"), ("resume", True),
                  ("checkpoint_every", upd.get("epochs", cfg.epochs)), ("evaluate", True),
                  ("n_bins", int(job.get("n_bins", 15)))):
         if k in fields:
