@@ -19,9 +19,13 @@ the validation outputs:
 5. clip to ``[γ_min, γ_max]``;
 6. the bin ranges become the validation equal-mass edges (with 0 and 1 at the ends).
 
+The equal-mass edges are torchcal's one definition (``e_k = s_{max(⌊kN/B⌋-1, 0)}`` of the
+sorted confidences, every sample in exactly one bin); AdaFocal's published code instead copies
+the focal-calibration code's ``e_k = s_{kN/B}``, which drops the smallest sample.
+
 Empty bins and small validation sets.  A bin that receives no validation sample has no evidence:
-its ``γ_b`` is kept exactly (``d_b = 0``, as in REFERENCE §1, and it is not touched by the sign
-switch either; the two only differ when ``|gamma_init| < switch_point`` was chosen and the bin
+its ``γ_b`` is kept exactly (``d_b = 0`` as in the paper's rule, and it is not touched by the
+sign switch either; the two only differ when ``|gamma_init| < switch_point`` was chosen and the bin
 has never been updated).  Equal-mass bins are only empty when there are ties or fewer
 validation samples ``N`` than bins (``N < B``: ``e_k = s_{max(⌊kN/B⌋-1, 0)}`` repeats values,
 so some bins have zero width); this is allowed, those bins keep their γ and, having zero width,
@@ -61,15 +65,15 @@ from .._validation import as_tensor, check_finite, check_labels, check_positive_
 from ..functional import signed_focal_loss
 from ..functional._common import no_autocast
 from ..functional._loss_utils import check_loss_args, reduce_loss
+from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
+from ._registry import register_loss
+from .base import CalibrationLoss
 
 try:  # the fused focal-family kernel of torchcal.functional: one log_softmax for γ and loss
     from ..functional._core import Terms, fused_loss
     from ..functional.focal import focal_terms
 except ImportError:  # pragma: no cover - only if the functional internals are reorganised
     fused_loss = None
-from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
-from ._registry import register_loss
-from .base import CalibrationLoss
 
 __all__ = ["AdaFocalLoss", "adafocal_gamma_update"]
 
