@@ -29,7 +29,7 @@ def mirror(tmp_path, monkeypatch):
     arc = write_fake_cifar(www, "cifar10", n_train=20, n_test=5)
     mats = [write_fake_svhn(www, s, n=10) for s in ("train", "test")]
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(www)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     base = f"http://127.0.0.1:{httpd.server_address[1]}"
     for key, p in (("cifar10", arc), ("svhn_train", mats[0]), ("svhn_test", mats[1])):
         monkeypatch.setitem(dl.RESOURCES, key, Resource(p.name, f"{base}/{p.name}", md5sum(p), key))

@@ -57,7 +57,7 @@ def server(tmp_path):
     _Handler.served = []
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, directory=str(www)))
     httpd.ranges = True
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     t.start()
     yield httpd, www, f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
