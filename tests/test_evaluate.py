@@ -24,7 +24,7 @@ from torchcal.evaluate import (
     save_logits,
     write_results,
 )
-from torchcal.posthoc.temperature import TemperatureScaling
+from torchcal.posthoc import TemperatureScaling
 
 
 def synthetic(n, c, seed, scale=3.0):

@@ -268,7 +268,7 @@ def evaluate_logits(
         The ``torchcal.results/1`` dict described in the module docstring (floats; NaN where a
         metric is undefined).
     """
-    from .posthoc.temperature import fit_temperatures
+    from .posthoc import fit_temperatures
 
     n_bins = check_positive_int(n_bins, "n_bins")
     zv = _check_logits(val_logits, "val_logits")
