@@ -13,7 +13,7 @@
 
 Usage::
 
-    python benchmarks/bench_posthoc.py [--n 50000] [--classes 100] [--repeats 3] [--threads 0]
+    python benchmarks/bench_posthoc.py [--sizes 50000x100,5000x10] [--repeats 3] [--threads 0]
 """
 
 from __future__ import annotations
@@ -62,37 +62,27 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=50_000)
-    ap.add_argument("--classes", type=int, default=100)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--n-bins", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
+def run(n: int, c: int, repeats: int, n_bins: int) -> int:
     from torchcal import metrics
     from torchcal.posthoc import TemperatureScaling, default_grid, fit_temperatures
 
-    z, y = make_data(args.n, args.classes)
+    z, y = make_data(n, c)
     grid = list(default_grid())
-    print(f"N={args.n} C={args.classes} float32 logits, {len(grid)} temperatures, "
-          f"n_bins={args.n_bins}, torch threads={torch.get_num_threads()}")
+    print(f"N={n} C={c} float32 logits, {len(grid)} temperatures, n_bins={n_bins}, "
+          f"torch threads={torch.get_num_threads()}")
 
     for method, metric in (("grid_ece", metrics.ece), ("grid_adaece", metrics.adaptive_ece)):
         ratios, t_vec, t_loop = [], [], []
-        for _ in range(args.repeats):
-            tv, ts = timed(lambda m=method: TemperatureScaling(method=m, n_bins=args.n_bins).fit(z, y))
-            tl, (t_best, vals) = timed(lambda m=metric: loop_grid(m, z, y, grid, args.n_bins))
+        for _ in range(repeats):
+            tv, ts = timed(lambda m=method: TemperatureScaling(method=m, n_bins=n_bins).fit(z, y))
+            tl, (t_best, vals) = timed(lambda m=metric: loop_grid(m, z, y, grid, n_bins))
             t_vec.append(tv)
             t_loop.append(tl)
             ratios.append(tl / tv)
         exact = ts.temperature_ == t_best and all(
             torch.equal(torch.tensor(s, dtype=torch.float64).to(v.dtype), v)
             for s, v in zip(ts.grid_scores_, vals, strict=True))
-        print(f"{method:12s} vectorised {statistics.median(t_vec):7.3f} s | loop of 100 "
+        print(f"  {method:12s} vectorised {statistics.median(t_vec):7.3f} s | loop of 100 "
               f"{metric.__name__} calls {statistics.median(t_loop):7.3f} s | median ratio "
               f"{statistics.median(ratios):5.2f}x | T={ts.temperature_} | identical to the loop: "
               f"{exact}")
@@ -100,23 +90,41 @@ def main(argv=None) -> int:
             print("  MISMATCH between the vectorised search and the loop")
             return 1
 
-    evals = []
-    nll_times, base_times, ratios = [], [], []
-    for _ in range(args.repeats):
+    nll_times, base_times, ratios, evals = [], [], [], []
+    for _ in range(repeats):
         tn, ts = timed(lambda: TemperatureScaling(method="nll").fit(z, y))
         tb, (t_base, n_eval) = timed(lambda: lbfgs_log_t(z, y))
         nll_times.append(tn)
         base_times.append(tb)
         ratios.append(tb / tn)
         evals.append(n_eval)
-    print(f"{'nll':12s} fit {statistics.median(nll_times):7.3f} s (T={ts.temperature_:.6f}) | "
+    print(f"  {'nll':12s} fit {statistics.median(nll_times):7.3f} s (T={ts.temperature_:.6f}) | "
           f"torch L-BFGS on log T {statistics.median(base_times):7.3f} s "
           f"(T={t_base:.6f}, {evals[-1]} evaluations) | median ratio "
           f"{statistics.median(ratios):5.2f}x")
 
-    tf, temps = timed(lambda: fit_temperatures(z, y, n_bins=args.n_bins))
-    print(f"fit_temperatures (all four) {tf:7.3f} s: "
+    tf, temps = timed(lambda: fit_temperatures(z, y, n_bins=n_bins))
+    print(f"  fit_temperatures (all four) {tf:7.3f} s: "
           + ", ".join(f"{k}={v:.4g}" for k, v in temps.items()))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="50000x100,5000x10",
+                    help="comma-separated NxC problem sizes (default: the issue's 50000x100 "
+                         "and a CIFAR-10-sized validation set 5000x10)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--n-bins", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for size in args.sizes.split(","):
+        n, c = (int(v) for v in size.lower().split("x"))
+        rc = run(n, c, args.repeats, args.n_bins)
+        if rc:
+            return rc
     return 0
 
 

@@ -94,6 +94,14 @@ def _binned_ece_rows(
     return (acc_sum - conf_sum).abs().sum(dim=1) / n_t
 
 
+def _softmax_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``torch.softmax(x, dim=-1)`` written into ``out`` (the same kernel, ``aten::_softmax``)."""
+    try:
+        return torch._softmax(x, -1, False, out=out)
+    except (AttributeError, TypeError, RuntimeError):  # pragma: no cover - other torch builds
+        return torch.softmax(x, dim=-1)
+
+
 def _grid_scores(
     z: torch.Tensor, y: torch.Tensor, temps: Sequence[float], n_bins: int,
     criteria: Sequence[str],
@@ -111,14 +119,18 @@ def _grid_scores(
     want_ada = "adaptive_ece" in criteria
     want_nll = "nll" in criteria
     tiny = torch.finfo(wd).tiny
-    step = max(1, _CHUNK_ELEMENTS // (n * c))
+    step = min(n_t, max(1, _CHUNK_ELEMENTS // (n * c)))
+    # Two (step, N, C) buffers reused by every chunk: fresh large allocations cost page
+    # faults that take longer than the arithmetic itself.
+    buf_scaled = zw.new_empty((step, n, c))
+    buf_p = zw.new_empty((step, n, c))
     for start in range(0, n_t, step):
         tc = temps_t[start : start + step]
         k = tc.numel()
         sl = slice(start, start + k)
         # Same arithmetic as the metric on z / T: division in the logits' dtype, then softmax.
-        scaled = zw.unsqueeze(0) / tc.view(-1, 1, 1)
-        p = torch.softmax(scaled, dim=-1)
+        scaled = torch.div(zw.unsqueeze(0), tc.view(-1, 1, 1), out=buf_scaled[:k])
+        p = _softmax_into(scaled, buf_p[:k])
         if want_ece or want_ada:
             conf, pred = p.max(dim=-1)
             conf64 = conf.to(torch.float64)
@@ -140,7 +152,6 @@ def _grid_scores(
                 ls = torch.log_softmax(scaled[tb, ib], dim=-1)
                 nll[tb, ib] = -ls.gather(1, y[ib].unsqueeze(1)).squeeze(1).to(torch.float64)
             out["nll"][sl] = nll.sum(dim=1) / n
-        del scaled, p
     return out
 
 
