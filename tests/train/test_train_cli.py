@@ -178,3 +178,18 @@ def test_calibrate_on_saved_logits(tmp_path, capsys):
     rep = json.loads((tmp_path / "cal.json").read_text())
     assert rep["test"]["post"]["nll"] < rep["test"]["pre"]["nll"]
     assert rep["test"]["post"]["error"] == rep["test"]["pre"]["error"]
+    # the fitted temperature is the NLL minimiser on the validation logits
+    import torch
+
+    t = rep["calibrator"]["temperature"]
+    zv, yv = torch.tensor(z[:200]), torch.tensor(y[:200])
+    grid = torch.linspace(0.5, 6.0, 2201, dtype=torch.float64)
+    nlls = torch.stack([torch.nn.functional.cross_entropy(zv / g, yv) for g in grid])
+    t_ref = float(grid[nlls.argmin()])
+    assert abs(float(t) - t_ref) < 5e-3
+    # a run directory works as the argument (val.npz fitted, test.npz evaluated)
+    (tmp_path / "run" / "logits").mkdir(parents=True)
+    for f in ("val.npz", "test.npz"):
+        (tmp_path / "run" / "logits" / f).write_bytes((tmp_path / f).read_bytes())
+    assert main(["calibrate", str(tmp_path / "run"), "--method", "grid_ece"]) == 0
+    assert "test: ECE" in capsys.readouterr().out

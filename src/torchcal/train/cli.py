@@ -194,6 +194,11 @@ def _calib_metrics(cal, logits, labels, n_bins: int) -> dict[str, float]:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..evaluate import _jsonable, atomic_write_text, load_logits
 
+    src = Path(args.logits)
+    if src.is_dir():  # a run directory: fit on its validation logits, test on its test logits
+        if args.test is None and (src / "logits" / "test.npz").is_file():
+            args.test = str(src / "logits" / "test.npz")
+        args.logits = str(src / "logits" / "val.npz")
     zv, yv = load_logits(args.logits)
     cal = _make_calibrator(args.method, args.n_bins).fit(zv, yv)
     report: dict[str, Any] = {"method": args.method, "fit_on": str(args.logits),
@@ -302,9 +307,12 @@ def register(subparsers: Any) -> None:
         description="Fit a post-hoc calibrator on LOGITS.npz (keys: logits (N, C), labels (N,); "
                     "usually a run's\nlogits/val.npz) and print the metrics before and after; "
                     "--test applies it to other logits.",
-        epilog="example:\n  torchcal calibrate runs/c10/logits/val.npz --test "
-               "runs/c10/logits/test.npz --method grid_ece --out calib.json")
-    c.add_argument("logits", metavar="LOGITS.npz", help="logits + labels to fit on")
+        epilog="examples:\n  torchcal calibrate runs/c10/logits/val.npz --test "
+               "runs/c10/logits/test.npz --method grid_ece --out calib.json\n"
+               "  torchcal calibrate runs/c10 --method nll")
+    c.add_argument("logits", metavar="LOGITS.npz",
+                   help="logits + labels to fit on, or a run directory (its logits/val.npz, "
+                        "with --test defaulting to its logits/test.npz)")
     c.add_argument("--method", choices=_METHODS, default="grid_ece",
                    help="grid_ece / grid_adaece / grid_nll: temperature from the grid 0.1..10 "
                         "by validation ECE / AdaECE / NLL; nll: temperature minimising NLL "
