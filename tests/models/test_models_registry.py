@@ -124,7 +124,7 @@ def test_resnet110_depth():
     # [3, 4, 26, 3] bottleneck blocks, each 3 convolutions: 3 * 36 + stem + fc = 110 layers.
     with torch.device("meta"):
         m = create_model("resnet110", 10)
-    n_blocks = [len(stage) for stage in m.layers]
+    n_blocks = [len(getattr(m, f"layer{i}")) for i in range(1, 5)]
     assert n_blocks == [3, 4, 26, 3]
     convs = [mod for name, mod in m.named_modules()
              if isinstance(mod, torch.nn.Conv2d) and "shortcut" not in name]
@@ -166,3 +166,26 @@ def test_imagenet_resnet_init_is_torchvisions():
     assert abs(w.std().item() - (2 / (128 * 9)) ** 0.5) < 0.002
     assert torch.all(m.bn1.weight == 1) and torch.all(m.bn1.bias == 0)
     assert torch.all(m.layer1[0].bn3.weight == 0)
+
+
+@pytest.mark.parametrize("name,keys", [
+    ("resnet50", ["conv1.weight", "bn1.running_mean", "layer1.0.shortcut.0.weight",
+                  "layer1.0.shortcut.1.weight", "layer4.2.conv3.weight", "layer4.2.bn3.bias"]),
+    ("densenet121", ["conv1.weight", "dense1.0.bn1.weight", "dense1.5.conv2.weight",
+                     "trans1.bn.weight", "trans3.conv.weight", "dense4.15.conv2.weight", "bn.weight"]),
+    ("wrn26_10", ["conv1.weight", "bn1.weight", "layer1.0.shortcut.0.weight", "layer3.3.conv2.weight"]),
+])
+def test_published_module_names_and_checkpoint_adapter(name, keys):
+    from torchcal.models import adapt_state_dict
+
+    with torch.device("meta"):
+        model = create_model(name, 10)
+    sd = model.state_dict()
+    assert all(k in sd for k in keys)
+    # A checkpoint saved by the published code under DataParallel: "module." + "linear".
+    published = {"module." + k.replace("fc.", "linear.", 1): v for k, v in sd.items()}
+    adapted = adapt_state_dict(published)
+    assert list(adapted) == list(sd)
+    with torch.device("meta"):
+        fresh = create_model(name, 10)
+    fresh.load_state_dict(adapted, strict=True, assign=True)

@@ -4,6 +4,8 @@ A registry in the style of timm: :func:`create_model` builds a model by name,
 :func:`list_models` lists the names.  Every model has ``forward(x) -> logits``,
 ``forward_features(x) -> (N, num_features)`` (the pre-logit embedding), ``.num_features`` and
 ``.fc`` (the final ``nn.Linear``), with ``forward(x) == fc(forward_features(x))``.
+The CIFAR nets keep the module names of the papers' published code, so their checkpoints load
+after :func:`adapt_state_dict` (``linear`` -> ``fc``, ``module.`` prefix stripped).
 
 ==================  ==========================================================  ==============
 name                architecture                                                params (C=10)
@@ -23,7 +25,7 @@ mlp                 64-256-256-C MLP (the digits benchmark)                     
 from __future__ import annotations
 
 from . import densenet, resnet, small, wide_resnet  # noqa: F401  (fill the registry)
-from ._registry import create_model, list_models, register_model
+from ._registry import adapt_state_dict, create_model, list_models, register_model
 from .densenet import DenseNet
 from .resnet import BasicBlock, Bottleneck, CifarResNet, ImageNetResNet
 from .small import MLP, SmallCNN
@@ -33,6 +35,7 @@ __all__ = [
     "create_model",
     "list_models",
     "register_model",
+    "adapt_state_dict",
     "CifarResNet",
     "ImageNetResNet",
     "BasicBlock",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-__all__ = ["register_model", "create_model", "list_models"]
+__all__ = ["register_model", "create_model", "list_models", "adapt_state_dict"]
 
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
 
@@ -66,3 +66,27 @@ def create_model(name: str, num_classes: int, **kwargs) -> nn.Module:
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"Expected `num_classes` to be a positive integer, got {num_classes!r}")
     return _MODELS[name](num_classes, **kwargs)
+
+
+def adapt_state_dict(state_dict: dict) -> dict:
+    """Rename the keys of a checkpoint from the papers' published training code to torchcal's.
+
+    The CIFAR ResNets, Wide-ResNet and DenseNet here use the published module names (``conv1``,
+    ``bn1``, ``layer1.0.shortcut.0``, ``dense1``, ``trans1``, ...) except the classifier, which
+    is ``fc`` (the published code calls it ``linear``).  This strips the ``module.``
+    (DataParallel / DDP) and ``_orig_mod.`` (``torch.compile``) prefixes and renames
+    ``linear.`` to ``fc.``; other keys are kept.
+
+    >>> sorted(adapt_state_dict({"module.linear.weight": 1, "module.conv1.weight": 2}))
+    ['conv1.weight', 'fc.weight']
+    """
+    out = {}
+    for key, value in state_dict.items():
+        k = key
+        for prefix in ("module.", "_orig_mod."):
+            while k.startswith(prefix):
+                k = k[len(prefix):]
+        if k.startswith("linear."):
+            k = "fc." + k[len("linear."):]
+        out[k] = value
+    return out

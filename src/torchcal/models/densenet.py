@@ -60,25 +60,29 @@ class DenseNet(nn.Module):
         super().__init__()
         planes = 2 * growth_rate
         self.conv1 = nn.Conv2d(in_channels, planes, 3, padding=1, bias=False)
-        stages: list[nn.Module] = []
+        # Blocks named dense1, trans1, dense2, ... as in the published code.
+        self._stages: list[str] = []
         for i, n in enumerate(block_config):
             layers = []
             for _ in range(n):
                 layers.append(_DenseLayer(planes, growth_rate))
                 planes += growth_rate
-            stages.append(nn.Sequential(*layers))
+            setattr(self, f"dense{i + 1}", nn.Sequential(*layers))
+            self._stages.append(f"dense{i + 1}")
             if i != len(block_config) - 1:
                 out_planes = int(math.floor(planes * reduction))
-                stages.append(_Transition(planes, out_planes))
+                setattr(self, f"trans{i + 1}", _Transition(planes, out_planes))
+                self._stages.append(f"trans{i + 1}")
                 planes = out_planes
-        self.features = nn.Sequential(*stages)
         self.bn = nn.BatchNorm2d(planes)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.num_features = planes
         self.fc = nn.Linear(planes, num_classes)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        out = self.features(self.conv1(x))
+        out = self.conv1(x)
+        for name in self._stages:
+            out = getattr(self, name)(out)
         out = F.relu(self.bn(out))
         return torch.flatten(self.pool(out), 1)
 

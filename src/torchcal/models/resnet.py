@@ -117,10 +117,10 @@ class CifarResNet(nn.Module):
         self.in_planes = widths[0]
         self.conv1 = nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
-        stages = []
+        # Stages named layer1, layer2, ... as in the published code (state dicts load as is).
+        self.num_stages = len(num_blocks)
         for i, (w, n) in enumerate(zip(widths, num_blocks, strict=True)):
-            stages.append(self._make_layer(block, w, n, stride=1 if i == 0 else 2))
-        self.layers = nn.Sequential(*stages)
+            setattr(self, f"layer{i + 1}", self._make_layer(block, w, n, stride=1 if i == 0 else 2))
         self.pool = nn.AdaptiveAvgPool2d(pool_size)
         self.num_features = widths[-1] * block.expansion * pool_size * pool_size
         self.fc = nn.Linear(self.num_features, num_classes)
@@ -134,7 +134,8 @@ class CifarResNet(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
-        out = self.layers(out)
+        for i in range(1, self.num_stages + 1):
+            out = getattr(self, f"layer{i}")(out)
         return torch.flatten(self.pool(out), 1)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -59,21 +59,19 @@ class WideResNet(nn.Module):
         self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)
         in_planes = 16
-        stages = []
         for i, w in enumerate(widths):
             blocks = []
             for j in range(n):
                 blocks.append(_WideBlock(in_planes, w, (1 if i == 0 else 2) if j == 0 else 1))
                 in_planes = w
-            stages.append(nn.Sequential(*blocks))
-        self.layers = nn.Sequential(*stages)
+            setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.num_features = widths[-1]
         self.fc = nn.Linear(self.num_features, num_classes)
 
     def forward_features(self, x: Tensor) -> Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
-        out = self.layers(out)
+        out = self.layer3(self.layer2(self.layer1(out)))
         return torch.flatten(self.pool(out), 1)
 
     def forward(self, x: Tensor) -> Tensor:
