@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -128,12 +129,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .trainer import train
 
     cfg = config_from_args(args)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if cfg.resume and rank0 and not (Path(cfg.out_dir) / "checkpoints" / "last.pt").is_file():
+        print(f"torchcal train: nothing to resume in {cfg.out_dir}; starting a new run")
     summary = train(cfg)
-    if summary.get("world_size", 1) > 1:
-        import os
-
-        if int(os.environ.get("RANK", "0")) != 0:
-            return 0
+    if not rank0:
+        return 0
     f = summary["final"]
     print(f"trained {cfg.recipe or cfg.dataset} with {cfg.loss} for {cfg.epochs} epochs in "
           f"{summary['seconds']:.1f}s: val ECE {_fmt(f.get('val_ece'))}, test ECE "

@@ -328,9 +328,7 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
             raise CheckpointError(
                 f"Cannot resume {str(run_dir)!r}: its checkpoint has loss_kwargs="
                 f"{old.effective_loss_kwargs()!r}, the config {config.effective_loss_kwargs()!r}")
-    elif config.resume and env.is_main:
-        warnings.warn(f"No checkpoint in {str(ckpt_dir)!r} to resume; starting a new run",
-                      stacklevel=3)
+    # (resume=True without a checkpoint starts a new run: "resume if there is anything to resume")
 
     # --- data --------------------------------------------------------------------------------
     splits = build_data(config)
@@ -433,6 +431,11 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
                    dynamic_ncols=True, leave=True)
 
     final: dict[str, float] = {}
+    if start_epoch >= config.epochs and env.is_main and log_path.exists():
+        # a finished run resumed: nothing to train, report the last epoch's numbers
+        for line in log_path.read_text(encoding="utf-8").splitlines()[-1:]:
+            final = {k: v for k, v in json.loads(line).items()
+                     if isinstance(v, float) and k != "seconds"}
     try:
         for epoch in range(start_epoch, config.epochs):
             t0 = time.perf_counter()
