@@ -1,4 +1,4 @@
-"""The ``torchcal`` command line: ``train | eval | calibrate | report | demo | uncertainty``.
+"""The ``torchcal`` command line: ``train | eval | calibrate | report | demo | uncertainty | data``.
 
 Each sub-command lives beside the code it drives and exposes ``register(subparsers)`` which
 adds its parser and sets ``func`` (a callable taking the parsed ``argparse.Namespace`` and
@@ -19,6 +19,7 @@ _SUBCOMMAND_MODULES = (
     "torchcal.train.cli",        # train, eval, calibrate
     "torchcal.report.cli",       # demo, report
     "torchcal.uncertainty.cli",  # uncertainty fit | eval
+    "torchcal.data.cli",         # data list | check | download
 )
 
 
