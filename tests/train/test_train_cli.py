@@ -132,7 +132,8 @@ def test_two_process_torchrun_gloo(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
            "-m", "torchcal.cli", "train", "--recipe", "digits-mlp", "--loss", "ce", "--epochs", "2",
-           "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run)]
+           "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run),
+           "--reduction", "sum", "--lr", "0.001", "--val-fraction", "0.25"]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) in (["best.pt", "last.pt"],
@@ -154,6 +155,24 @@ def test_two_process_torchrun_gloo(tmp_path):
     with np.load(run / "logits" / "test.npz") as f:
         np.testing.assert_array_equal(f["labels"], splits.test.labels.numpy())
     assert r.stdout.count("trained digits-mlp") == 1  # rank-0 printing
+    # 808 training samples (val_fraction 0.25): no sampler padding.  Each step of the two ranks covers exactly the samples of the single-process step (the
+    # shards interleave the same permutation) and DDP's gradient averaging is undone for the
+    # summed loss, so a one-process run of the MLP (no BatchNorm) takes the same steps.
+    import torch
+
+    n = torch.get_num_threads()
+    try:
+        assert main(["train", "--recipe", "digits-mlp", "--loss", "ce", "--epochs", "2",
+                     "--no-progress", "--num-threads", "1", "--device", "cpu", "--reduction",
+                     "sum", "--lr", "0.001", "--val-fraction", "0.25",
+                     "--out", str(tmp_path / "single")]) == 0
+    finally:
+        torch.set_num_threads(n)
+    a = json.loads((run / "log.jsonl").read_text().splitlines()[-1])
+    b = json.loads((tmp_path / "single" / "log.jsonl").read_text().splitlines()[-1])
+    for k in ("train_loss", "train_error", "val_nll", "val_ece", "val_error", "test_nll",
+              "fc_weight_norm"):
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
 
 
 def test_calibrate_on_saved_logits(tmp_path, capsys):

@@ -42,7 +42,7 @@ def _loss_help() -> str:
     return ", ".join(names) if names else "see torchcal.losses.list_losses()"
 
 
-def parse_loss_args(items: list[str] | None) -> dict[str, Any]:
+def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict[str, Any]:
     """``["gamma=3", "lam=0.1", "name=x"]`` -> ``{"gamma": 3, "lam": 0.1, "name": "x"}``.
 
     Values are read as JSON when they parse (numbers, true/false, null, lists), else as strings.
@@ -55,7 +55,7 @@ def parse_loss_args(items: list[str] | None) -> dict[str, Any]:
         key, sep, val = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key.isidentifier():
-            raise ValueError(f"Expected `--loss-arg` as KEY=VALUE, got {item!r}")
+            raise ValueError(f"Expected `{option}` as KEY=VALUE, got {item!r}")
         try:
             out[key] = json.loads(val)
         except json.JSONDecodeError:
@@ -69,7 +69,7 @@ _OVERRIDES = {
     "device": "device", "amp": "amp", "select_best_by": "select_best_by",
     "checkpoint_every": "checkpoint_every", "num_threads": "num_threads",
     "data_root": "data_root", "weight_decay": "weight_decay", "grad_clip": "grad_clip",
-    "reduction": "reduction", "num_workers": "num_workers",
+    "reduction": "reduction", "num_workers": "num_workers", "val_fraction": "val_fraction",
 }
 
 
@@ -97,6 +97,8 @@ def config_from_args(args: argparse.Namespace):
     if args.loss_arg:
         upd["loss_kwargs"] = {**upd.get("loss_kwargs", cfg.loss_kwargs),
                               **parse_loss_args(args.loss_arg)}
+    if args.data_arg:
+        upd["data_kwargs"] = {**cfg.data_kwargs, **parse_loss_args(args.data_arg, "--data-arg")}
     for opt, fld in _OVERRIDES.items():
         v = getattr(args, opt, None)
         if v is not None:
@@ -249,6 +251,11 @@ def register(subparsers: Any) -> None:
                    help="loss hyperparameter, repeatable (e.g. --loss-arg gamma=3); values are "
                         "parsed as JSON when possible")
     p.add_argument("--data-root", help="directory holding (or receiving) the data set files")
+    p.add_argument("--data-arg", action="append", metavar="KEY=VALUE",
+                   help="data set option, repeatable (e.g. --data-arg noise_std=0.3 for digits, "
+                        "--data-arg verify=false to skip the MD5 check of present archives)")
+    p.add_argument("--val-fraction", type=float,
+                   help="share of the training set held out for validation (default 0.1)")
     p.add_argument("--download", action="store_true",
                    help="download missing data set files (checksums verified)")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory to write")
