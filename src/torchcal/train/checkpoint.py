@@ -8,6 +8,9 @@ Layout (``RUN_DIR/checkpoints/last.pt`` and ``best.pt``)::
      "best": {"metric": name, "value": float, "epoch": int}, "rng": rng_state_tensors(),
      "history": {...}}
 
+``best.pt`` has the same layout for the epoch with the best validation metric, without the
+optimiser, scheduler and scaler states (it is for evaluation, not for resuming).
+
 Every RNG state is stored as tensors (the Python ``random`` and NumPy Mersenne-Twister states
 converted), so the file holds only tensors and plain Python containers.
 """

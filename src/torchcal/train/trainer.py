@@ -393,8 +393,6 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     # --- wrappers --------------------------------------------------------------------------
     core = model
     fwd: nn.Module = _FeaturesAndLogits(model) if head is not None else model
-    if config.compile:
-        fwd = torch.compile(fwd)
     if env.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -402,6 +400,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
         fwd = DDP(fwd, device_ids=ids)
         if head is not None:
             head = DDP(head, device_ids=ids)
+    if config.compile:  # after DDP, as PyTorch recommends
+        fwd = torch.compile(fwd)
 
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -537,8 +537,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
                 if v is not None and math.isfinite(v) and v < best["value"]:
                     best = {"metric": config.select_best_by, "value": float(v), "epoch": epoch + 1}
                     if env.is_main:
-                        best_snapshot = _snapshot(core, optimizer, scheduler, loss_fn, scaler,
-                                                  head, head_opt)
+                        # best.pt is for evaluation: the weights and the loss/head state
+                        best_snapshot = _snapshot(core, None, None, loss_fn, None, head, None)
                         best_dirty = True
 
             # --- log, then checkpoint (rank 0): a resumed run drops log lines past its
@@ -563,6 +563,7 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
         if bar is not None:
             bar.close()
 
+    trained_epochs = max(config.epochs, start_epoch)
     preds = None
     if config.evaluate:
         preds = collect_predictions(core, splits, ood_sets, config, device=device, env=env,
@@ -576,16 +577,16 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     results = None
     if preds is not None:
         if env.is_main:
-            results = write_predictions(preds, run_dir, config, epoch=config.epochs,
+            results = write_predictions(preds, run_dir, config, epoch=trained_epochs,
                                         checkpoint="last")
         elif env.enabled and not env.initialized_here:
             # a process group created by the caller stays up and metrics that sync under DDP
             # need every rank: compute the same results everywhere, write on rank 0 only
-            write_predictions(preds, run_dir, config, epoch=config.epochs, checkpoint="last",
+            write_predictions(preds, run_dir, config, epoch=trained_epochs, checkpoint="last",
                               write=False)
     return {
         "run_dir": str(run_dir),
-        "epochs": config.epochs,
+        "epochs": trained_epochs,
         "resumed_from": start_epoch,
         "final": final,
         "best": best,
@@ -621,8 +622,8 @@ def _snapshot(model, optimizer, scheduler, loss_fn, scaler, head, head_opt) -> d
     h = getattr(head, "module", head)
     return _clone_state({
         "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "loss": loss_fn.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else None,
         "head": h.state_dict() if h is not None else None,
