@@ -186,7 +186,10 @@ class BatchSource:
 
             if augment:
                 x = random_crop_flip(x, padding=self.padding, generator=generator)
-            x = normalize(x, self.mean, self.std)
+            if self.mean is None or self.std is None:
+                x = x.float() / 255.0
+            else:
+                x = normalize(x, self.mean, self.std)
         elif not x.is_floating_point():
             x = x.float()
         if self.channels_last and x.ndim == 4:
@@ -258,6 +261,14 @@ def predict_logits(model: nn.Module, dataset: Any, device: str | torch.device = 
     Returns:
         ``(logits float32 (N, C), labels int64 (N,))`` on ``device`` (every rank gets all N).
         With ``return_local=True`` also this rank's unpadded share ``(logits, labels)``.
+
+    Example:
+        >>> from torchcal.data import ArrayDataset
+        >>> ds = ArrayDataset(torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0]]),
+        ...                   torch.tensor([0, 1, 1]))
+        >>> z, y = predict_logits(nn.Identity(), ds, batch_size=2)
+        >>> z.tolist(), y.tolist()
+        ([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0]], [0, 1, 1])
     """
     env = env or DistEnv()
     device = torch.device(device)

@@ -1,0 +1,72 @@
+"""The trainer's logged numbers against independent computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchcal.train.distributed import DistEnv
+from torchcal.train.trainer import _chunked_loss, _TrainStats, epoch_metrics
+
+
+def _ref_ece(logits, labels, n_bins):
+    """Slow reference: loop over bins (k/B, (k+1)/B], 0 in the first bin."""
+    p = logits.double().softmax(1)
+    conf, pred = p.max(1)
+    total = 0.0
+    for b in range(n_bins):
+        lo, hi = b / n_bins, (b + 1) / n_bins
+        m = (conf > lo) & (conf <= hi) if b else (conf <= hi)
+        if m.any():
+            acc = (pred[m] == labels[m]).double().mean()
+            total += m.double().mean() * abs(float(acc) - float(conf[m].mean()))
+    return float(total)
+
+
+def test_streaming_train_stats_match_the_full_computation():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(517, 7, generator=g) * 3
+    y = torch.randint(0, 7, (517,), generator=g)
+    stats = _TrainStats(15, torch.device("cpu"))
+    ce = torch.nn.functional.cross_entropy
+    for s in range(0, 517, 64):  # batches, with a loss that is the batch sum
+        zb, yb = z[s:s + 64], y[s:s + 64]
+        stats.update(zb, yb, ce(zb, yb, reduction="sum") * 2)
+    out = stats.compute(DistEnv())
+    assert out["nll"] == pytest.approx(float(ce(z.double(), y)), abs=1e-6)
+    assert out["loss"] == pytest.approx(2 * float(ce(z.double(), y)), abs=1e-5)
+    assert out["error"] == pytest.approx(float((z.argmax(1) != y).double().mean()), abs=1e-12)
+    assert out["ece"] == pytest.approx(_ref_ece(z, y, 15), abs=1e-6)
+
+
+def test_epoch_metrics_and_diagnostics():
+    z = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 0.0], [0.0, 0.0]])
+    y = torch.tensor([0, 0, 1, 1])
+    m = epoch_metrics(z, y, n_bins=15, diagnostics=True)
+    nll = -torch.log_softmax(z.double(), 1)[torch.arange(4), y]
+    p = z.double().softmax(1)
+    ent = -(p * p.log()).sum(1)
+    correct = torch.tensor([True, False, False, False])  # a tie [0, 0] predicts class 0
+    assert torch.equal(correct, z.argmax(1) == y)
+    assert m["nll"] == pytest.approx(float(nll.mean()), abs=1e-6)
+    assert m["error"] == pytest.approx(float(1 - correct.double().mean()))
+    assert m["ece"] == pytest.approx(_ref_ece(z, y, 15), abs=1e-6)
+    assert m["nll_correct"] == pytest.approx(float(nll[correct].mean()), abs=1e-6)
+    assert m["nll_incorrect"] == pytest.approx(float(nll[~correct].mean()), abs=1e-6)
+    assert m["entropy_correct"] == pytest.approx(float(ent[correct].mean()), abs=1e-6)
+    assert m["entropy_incorrect"] == pytest.approx(float(ent[~correct].mean()), abs=1e-6)
+    # no incorrect sample: the incorrect diagnostics are NaN (null in the log)
+    m2 = epoch_metrics(z[:1], y[:1], diagnostics=True)
+    assert math.isnan(m2["nll_incorrect"]) and math.isnan(m2["entropy_incorrect"])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_chunked_loss_is_the_per_sample_mean(reduction):
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(300, 5, generator=g)
+    y = torch.randint(0, 5, (300,), generator=g)
+    loss = torch.nn.CrossEntropyLoss(reduction=reduction)
+    got = float(_chunked_loss(loss, z, y, 64))
+    assert got == pytest.approx(float(torch.nn.functional.cross_entropy(z, y)), abs=1e-6)
