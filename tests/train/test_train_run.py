@@ -165,6 +165,22 @@ def test_imagenet_folder_recipe_runs(tmp_path):
     assert summary["final"]["val_error"] >= 0.0
 
 
+def test_tinyimagenet_recipe_runs(tmp_path):
+    """The Tiny-ImageNet recipe on a generated archive in the official layout."""
+    from torchcal.data.fake import write_fake_tinyimagenet
+
+    root = tmp_path / "data"
+    write_fake_tinyimagenet(root, n_classes=3, n_train=8, n_val=2, archive=False)
+    cfg = dataclasses.replace(
+        get_recipe("tinyimagenet-resnet50"), model="small_cnn", model_kwargs={"width": 4},
+        data_root=str(root), data_kwargs={"per_class": 2}, out_dir=str(tmp_path / "run"),
+        epochs=1, batch_size=8, progress=False, num_threads=1, device="cpu")
+    train(cfg)
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["n"] == {"val": 6, "test": 6} and res["num_classes"] == 3
+    assert res["ood"] == {}  # no OOD sets are defined for Tiny-ImageNet
+
+
 def test_amp_is_ignored_with_a_warning_on_cpu(tmp_path):
     with pytest.warns(UserWarning, match="only used on CUDA"):
         train(digits_config(tmp_path, epochs=1, evaluate=False, amp="bf16"))
