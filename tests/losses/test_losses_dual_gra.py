@@ -95,7 +95,7 @@ def test_dual_focal_gradient_and_gradcheck():
     for gamma in (0.5, 2.0, 5.0):
         xr = x.clone().requires_grad_(True)
         assert torch.autograd.gradcheck(lambda z, g=gamma: TF.dual_focal_loss(z, t, g,
-                                                                               reduction="none"),
+                                                                               reduction="sum"),
                                         (xr,))
     # gradient equals autograd through an independent (masked-max) formulation; nothing detached
     x1 = x.clone().requires_grad_(True)

@@ -100,9 +100,10 @@ class _FusedLoss(torch.autograd.Function):
         alpha, beta, delta, const = (next(it) if isinstance(v, torch.Tensor) else v
                                      for v in ctx.coefs)
         g = grad.reshape(-1)
-        gx = d * _vec(alpha, g)
         if const is not None:
-            gx.add_(_vec(const, g))
+            gx = torch.addcmul(_vec(const, g), d, _vec(alpha, g))
+        else:
+            gx = d * _vec(alpha, g)
         if beta is not None:
             gx.scatter_add_(1, y, _vec(beta, g))
         if j is not None:

@@ -63,6 +63,13 @@ def target_log_probs(
     c = input.shape[1]
     with torch.autocast(device_type=input.device.type, enabled=False):
         log_p = torch.log_softmax(input.to(_compute_dtype(input)), dim=1)
+    if target.numel() and not 0 <= ignore_index < c:
+        # Fast path (one reduction, one host sync): all targets in [0, C) means nothing is
+        # ignored and nothing is out of range.
+        lo, hi = (int(v) for v in torch.stack(torch.aminmax(target)).tolist())
+        if 0 <= lo and hi < c:
+            log_p_y = log_p.gather(1, target.long().unsqueeze(1)).squeeze(1)
+            return log_p, log_p_y, target, None
     ignored = target == ignore_index
     if validate_args:
         bad = ((target < 0) | (target >= c)) & ~ignored

@@ -111,15 +111,19 @@ def _ls_spec(eps: float, c: int):
 
 
 class _BrierFunction(torch.autograd.Function):
-    """Per-row ``B = ‖d‖²``, ``d = p - onehot`` (``d_y = expm1(log p_y)``, exact near p_y = 1).
+    """Brier score ``B = ‖d‖²`` (``bsce_gamma=None``) or BSCE ``-B^(γ/2) · log p_y`` per row.
 
-    Backward: ``∂B/∂z = 2 p ∘ (d - m)`` with ``m = <d, p> = B - q``; written on ``d`` alone as
-    ``2 d ∘ (d - m)`` plus ``2 (d_y - m) = -2B`` at the true class (``p = d + e_y``).
+    ``d = p - onehot`` with ``d_y = expm1(log p_y)`` (exact near p_y = 1).
+    ``∂B/∂z = 2 p ∘ (d - m)`` with ``m = <d, p> = B - q``; on ``d`` alone (``p = d + e_y``) this
+    is ``2 d ∘ (d - m)`` plus ``2 (d_y - m) = -2B`` at the true class.  For BSCE,
+    ``∂ℓ/∂z = u·d + (-log p_y)·(γ/2) B^(γ/2-1) ∂B/∂z = d ∘ (u + k (d - m)) - k B e_y`` with
+    ``u = B^(γ/2)``, ``k = -γ log p_y B^(γ/2-1)`` (``k = 0`` where ``B = 0``, its limit).
+    The backward is two passes over ``d`` (an ``addcmul`` and a multiply) plus a scatter.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                validate_args: bool):
+                validate_args: bool, bsce_gamma: float | None):
         log_p, lp, safe, valid = target_log_probs(x, target, ignore_index,
                                                   validate_args=validate_args)
         d = flat_log_p(log_p).exp_()
@@ -127,24 +131,43 @@ class _BrierFunction(torch.autograd.Function):
         y = safe.reshape(-1, 1).long()
         d.scatter_(1, y, torch.expm1(lp1).unsqueeze(1))
         b = torch.linalg.vecdot(d, d, dim=1)
+        m = b + torch.expm1(lp1)  # B - q
+        if bsce_gamma is None:
+            loss = b
+            a, k, e = None, 2.0, -2.0 * b
+        else:
+            gam = bsce_gamma
+            u = b.pow(gam / 2.0)
+            loss = -u * lp1
+            pos = b > 0
+            k = torch.where(pos, -gam * lp1 * torch.where(pos, b, torch.ones_like(b)).pow(
+                gam / 2.0 - 1.0), torch.zeros_like(b))
+            a, e = u, -k * b
         ctx.shape = x.shape
-        ctx.save_for_backward(d, y, b, -torch.expm1(lp1))
+        ctx.scalar_k = k if not isinstance(k, torch.Tensor) else None
+        ctx.save_for_backward(d, y, m, e, *(t for t in (a, k) if isinstance(t, torch.Tensor)))
         valid_out = torch.empty(0, dtype=torch.bool, device=x.device) if valid is None else valid
         ctx.mark_non_differentiable(valid_out)
-        return b.reshape(target.shape), valid_out
+        return loss.reshape(target.shape), valid_out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor, _unused=None):
-        d, y, b, q = ctx.saved_tensors
-        g2 = 2.0 * grad.reshape(-1)
-        gx = d - (b - q).unsqueeze(1)
-        gx.mul_(d).mul_(g2.unsqueeze(1))
-        gx.scatter_add_(1, y, (-g2 * b).unsqueeze(1))
+        d, y, m, e, *rest = ctx.saved_tensors
+        g = grad.reshape(-1)
+        if ctx.scalar_k is not None:
+            a, gk = None, ctx.scalar_k * g
+        else:
+            a, k = rest
+            gk = k * g
+        base = -gk * m if a is None else a * g - gk * m
+        gx = torch.addcmul(base.unsqueeze(1), d, gk.unsqueeze(1))  # g (a + k (d - m))
+        gx.mul_(d)
+        gx.scatter_add_(1, y, (g * e).unsqueeze(1))
         shape = ctx.shape
         if len(shape) > 2:
             gx = gx.reshape((shape[0],) + tuple(shape[2:]) + (shape[1],)).movedim(-1, 1)
-        return gx, None, None, None
+        return gx, None, None, None, None
 
 
 def brier_loss(
@@ -170,5 +193,5 @@ def brier_loss(
     check_loss_args(input, target, reduction)
     with no_autocast(input):
         loss, valid = _BrierFunction.apply(input.to(_compute_dtype(input)), target, ignore_index,
-                                           validate_args)
+                                           validate_args, None)
         return reduce_loss(loss, valid if valid.numel() else None, reduction)

@@ -31,18 +31,18 @@ __all__ = ["dual_focal_loss", "dual_focal_weight", "log_p_below"]
 def log_p_below(log_p: torch.Tensor, lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise ``max{log p_c : log p_c < lp}`` of ``log_p`` (M, C) and its index (``-inf`` if none).
 
-    Computed without boolean masks (``where``/``masked_fill`` are slow on CPU):
-    ``u = log p - lp``; ``u · (-inf)`` is ``+inf`` for ``u < 0``, ``-inf`` for ``u > 0`` and NaN
-    for ``u = ±0``; ``minimum(u, ·)`` keeps exactly the ``u < 0`` entries, the rest become
-    ``-inf`` (NaN mapped to ``-inf``).  Ties with ``p_y`` (``u = 0``) are excluded.
+    Computed without boolean masks (``where``/``masked_fill`` are slow on CPU) as the
+    ``argmin`` of ``1/u``, ``u = log p - lp``: candidates (``u < 0``) map to negative values,
+    the largest candidate to the most negative, and ``u >= 0`` (the target itself and every
+    tie with it; ``u`` is never -0 since it is a difference) to positive values or ``+inf``.
+    The value is then read exactly from ``log_p``.  (Two candidates within one float ulp of
+    each other, relative, can round to the same ``1/u``; either may then be picked: they are
+    equal to working precision.)
     """
-    u = log_p - lp.unsqueeze(1)
-    v = u * float("-inf")
-    torch.minimum(u, v, out=v)
-    v.nan_to_num_(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-    vmax, j = v.max(dim=1)
+    r = (log_p - lp.unsqueeze(1)).reciprocal_()
+    rmin, j = r.min(dim=1)
     lj = log_p.gather(1, j.unsqueeze(1)).squeeze(1)
-    return torch.where(vmax > float("-inf"), lj, torch.full_like(lj, float("-inf"))), j
+    return torch.where(rmin < 0, lj, torch.full_like(lj, float("-inf"))), j
 
 
 def _dual_spec(gamma: float):

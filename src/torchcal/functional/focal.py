@@ -59,20 +59,24 @@ def focal_terms(lp: torch.Tensor, gamma: torch.Tensor | float) -> tuple[torch.Te
     ``lp/(1+p)`` (inverse), so that ``∂loss/∂z = α · (p - onehot)``.
     """
     p = lp.exp()
-    q = -torch.expm1(lp)
-    t_focal = (-lp / q).nan_to_num_(nan=1.0)  # q = 0 only where lp = 0: the limit -lp/q -> 1
+    q = torch.expm1(lp).neg_()
     if isinstance(gamma, float):
         g: torch.Tensor | float = abs(gamma)
         if gamma >= 0:
-            w, t = q.pow(g), t_focal
+            w = q.pow(g)
+            # t = -lp/q; q = 0 only where lp = 0 (0/0): the limit there is 1
+            t = torch.div(lp, q).nan_to_num_(nan=-1.0).neg_()
         else:
-            w, t = (1.0 + p).pow(g), lp / (1.0 + p)
+            w = (p + 1.0).pow_(g)
+            t = lp / (p + 1.0)
     else:
         g = gamma.abs()
         focal = gamma >= 0
         w = torch.where(focal, q, 1.0 + p).pow(g)
+        t_focal = torch.div(lp, q).nan_to_num_(nan=-1.0).neg_()
         t = torch.where(focal, t_focal, lp / (1.0 + p))
-    return -w * lp, w * (1.0 + g * p * t)
+    alpha = t.mul_(p).mul_(g).add_(1.0).mul_(w)
+    return torch.mul(w, lp).neg_(), alpha
 
 
 def _focal_spec(gamma: torch.Tensor | float | None, schedule=None):
@@ -96,9 +100,12 @@ def _signed_focal(
 ) -> torch.Tensor:
     check_loss_args(input, target, reduction)
     with no_autocast(input):
-        cdt = torch.float64 if input.dtype == torch.float64 else torch.float32
-        like = torch.empty(target.shape, dtype=cdt, device=input.device)
-        g = as_gamma(gamma, like, allow_negative=allow_negative, validate_args=validate_args)
+        if isinstance(gamma, torch.Tensor) and gamma.ndim > 0:
+            cdt = torch.float64 if input.dtype == torch.float64 else torch.float32
+            like = torch.empty(target.shape, dtype=cdt, device=input.device)
+            g = as_gamma(gamma, like, allow_negative=allow_negative, validate_args=validate_args)
+        else:
+            g = as_gamma(gamma, input, allow_negative=allow_negative)
         if sign < 0:
             g = -g
         loss, valid = fused_loss(input, target, ignore_index, validate_args, _focal_spec(g))

@@ -19,7 +19,7 @@ import torch
 
 from ._common import check_hyper, no_autocast
 from ._core import Terms, fused_loss
-from ._loss_utils import check_loss_args, reduce_loss, target_log_probs
+from ._loss_utils import _compute_dtype, check_loss_args, reduce_loss, target_log_probs
 from .dual_focal import log_p_below
 
 __all__ = [
@@ -177,6 +177,12 @@ def bsce_loss(
     beta = _check_beta(beta)
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
+        if beta == 2.0:  # closed-form fused backward (see torchcal.functional.basic)
+            from .basic import _BrierFunction
+
+            loss, valid = _BrierFunction.apply(input.to(_compute_dtype(input)), target,
+                                               ignore_index, validate_args, gamma)
+            return reduce_loss(loss, valid if valid.numel() else None, reduction)
         log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
                                                   validate_args=validate_args)
         u = brier_uncertainty(*_flat_log_p(log_p, safe), beta, gamma)
