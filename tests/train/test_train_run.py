@@ -318,6 +318,11 @@ def test_bad_config_values_raise_before_training(tmp_path):
         train(digits_config(tmp_path, epochs=0))
     with pytest.raises(ValueError, match="loss"):
         train(digits_config(tmp_path, loss="no_such_loss"))
+    with pytest.raises(ValueError, match="Unknown model 'nope'.*mlp"):
+        train(digits_config(tmp_path, model="nope"))
+    with pytest.raises(ValueError, match="Bad --loss-arg.*gama"):
+        train(digits_config(tmp_path, loss="focal", loss_kwargs={"gama": 2}))
+    assert not (tmp_path / "run").exists()  # nothing written for a bad config
     with pytest.raises(TypeError, match="TrainConfig"):
         train({"epochs": 1})
     assert isinstance(get_recipe("digits-mlp"), TrainConfig)

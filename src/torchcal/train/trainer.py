@@ -330,6 +330,14 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
                 f"{old.effective_loss_kwargs()!r}, the config {config.effective_loss_kwargs()!r}")
     # (resume=True without a checkpoint starts a new run: "resume if there is anything to resume")
 
+    # --- names and hyperparameters first: fail before any data is loaded -------------------
+    from ..models import list_models
+
+    if config.model not in list_models():
+        raise ValueError(f"Unknown model {config.model!r}; expected one of: "
+                         f"{', '.join(list_models())}")
+    loss_fn = build_loss(config)
+
     # --- data --------------------------------------------------------------------------------
     splits = build_data(config)
     num_classes = int(splits.num_classes)
@@ -348,7 +356,7 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     model = build_model(config, num_classes, input_shape).to(device)
     if use_cl:
         model = model.to(memory_format=torch.channels_last)
-    loss_fn = build_loss(config, num_classes).to(device)
+    loss_fn = loss_fn.to(device)
     reduction = _loss_reduction(loss_fn)
 
     head = head_opt = None
