@@ -324,6 +324,14 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
                 raise CheckpointError(
                     f"Cannot resume {str(run_dir)!r}: its checkpoint has {k}={getattr(old, k)!r}, "
                     f"the config {k}={getattr(config, k)!r}")
+        changed = [k for k in ("lr", "momentum", "weight_decay", "nesterov", "lr_gamma")
+                   if getattr(old, k) != getattr(config, k)]
+        if old.effective_milestones() != config.effective_milestones():
+            changed.append("milestones")
+        if changed and env.is_main:
+            warnings.warn(f"Resuming {str(run_dir)!r}: the checkpoint's optimiser and schedule "
+                          f"state is kept, so the changed {', '.join(changed)} take no effect",
+                          stacklevel=3)
         if old.effective_loss_kwargs() != config.effective_loss_kwargs():
             raise CheckpointError(
                 f"Cannot resume {str(run_dir)!r}: its checkpoint has loss_kwargs="
