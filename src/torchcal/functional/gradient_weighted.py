@@ -15,12 +15,13 @@ BSCE (:func:`bsce_loss`) applies the same Brier-score weight to the loss **witho
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._common import check_hyper, no_autocast
 from ._core import Terms, fused_loss
 from ._loss_utils import _compute_dtype, check_loss_args, reduce_loss, target_log_probs
-from .dual_focal import log_p_below
 
 __all__ = [
     "gradient_weighted_loss",
@@ -113,7 +114,7 @@ def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2
     idx = target.unsqueeze(1)
     d = p.scatter(1, idx, torch.expm1(log_p.gather(1, idx)))
     if beta == 2.0:
-        s = torch.linalg.vecdot(d, d, dim=1)
+        s = torch.linalg.vector_norm(d, dim=1).square_()
     elif beta == 1.0:
         s = d.abs().sum(1)
     else:
@@ -222,7 +223,10 @@ def dual_focal_gra_loss(
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
         def below(log_p, lp, y):
-            return log_p_below(log_p, lp)[0]
+            # value only (no index needed for a detached weight): amin of 1/u, u = log p - lp,
+            # then u* = 1/min (to working precision); see dual_focal.log_p_below
+            rmin = (log_p - lp.unsqueeze(1)).reciprocal_().amin(1)
+            return torch.where(rmin < 0, lp + rmin.reciprocal(), torch.full_like(lp, -math.inf))
 
         def weight(lj, lp, y, d):
             return (-torch.expm1(lp) + lj.exp()).pow(gamma)
