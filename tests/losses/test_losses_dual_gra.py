@@ -88,6 +88,8 @@ def test_dual_focal_ties_and_smallest():
     log_p = torch.log_softmax(x, 1)
     lj, _ = TF.dual_focal.log_p_below(log_p, log_p.gather(1, t[:, None]).squeeze(1))
     torch.testing.assert_close(lj.exp(), pj)
+    # DFL-GRA's weight (value-only masked max) has the same tie semantics
+    torch.testing.assert_close(TF.dual_focal_gra_loss(x, t, 1.5, reduction="none"), expected)
 
 
 def test_dual_focal_gradient_and_gradcheck():
