@@ -5,7 +5,7 @@ probability *strictly below* the true class's (0 if there is none, e.g. when ``p
 smallest or all probabilities are tied).  Nothing is detached.
 
 Implementation: the fused Function of :mod:`torchcal.functional._core`.  The forward finds
-``p_j`` with a row ``max`` over the entries strictly below ``log p_y`` (see
+``p_j`` with a row arg-extremum over the entries strictly below ``log p_y`` (see
 :func:`log_p_below`; on ties in ``p_j`` the first index gets the gradient, a valid
 subgradient); the backward is the closed form
 
@@ -14,7 +14,8 @@ subgradient); the backward is the closed form
     w = (q + p_j)^γ,  q = -expm1(log p_y),  r = log p_y / (q + p_j)  (r = -1 where q + p_j = 0),
 
 finite everywhere (also at ``p_y = 1`` for ``0 < γ < 1``) and much cheaper than autograd
-through the masked max.  :func:`dual_focal_weight` (for DFL-GRA) reuses the same masked max.
+through the masked max.  DFL-GRA (``dual_focal_gra_loss``) needs only the value and uses
+the cheaper ``amin`` of the same ``1/u`` key.
 """
 
 from __future__ import annotations
