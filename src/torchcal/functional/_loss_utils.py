@@ -61,7 +61,9 @@ def target_log_probs(
     Autocast is disabled inside so that the computation stays in full precision.
     """
     c = input.shape[1]
-    with torch.autocast(device_type=input.device.type, enabled=False):
+    from ._common import no_autocast
+
+    with no_autocast(input):
         log_p = torch.log_softmax(input.to(_compute_dtype(input)), dim=1)
     if target.numel() and not 0 <= ignore_index < c:
         # Fast path (one reduction, one host sync): all targets in [0, C) means nothing is
