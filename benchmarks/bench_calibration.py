@@ -101,7 +101,11 @@ def main(argv=None) -> int:
     print(hdr)
     print("-" * len(hdr))
     ratios = {}
-    for loss, by_seed in runs.items():
+    from torchcal.report.aggregate import LOSS_ORDER
+
+    order = sorted(runs, key=lambda n: (LOSS_ORDER.index(n) if n in LOSS_ORDER else len(LOSS_ORDER), n))
+    for loss in order:
+        by_seed = runs[loss]
         common = [s for s in seeds if s in by_seed]
         if not common:
             continue

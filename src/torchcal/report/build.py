@@ -197,6 +197,7 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int,
     for (ds, model), gs in by_dm.items():
         figs: list[Figure] = []
         conf: dict[str, np.ndarray] = {}
+        acc: dict[str, float] = {}
         pooled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
         for g in gs:
             pt = _pooled_test_logits(g)
@@ -214,11 +215,14 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int,
                                f"before and after temperature scaling (grid-ECE T, mean {t:.2f})."))
             p = np.exp(pre - pre.max(1, keepdims=True))
             conf[g.label] = (p / p.sum(1, keepdims=True)).max(1)
+            acc[g.label] = float((pre.argmax(1) == y).mean())
         if conf:
-            fig = F.confidence_histograms(conf, n_bins=n_bins, title=f"Top-1 confidence, {ds}/{model} test (pre T)")
+            fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
+                                          title=f"Top-1 confidence, {ds}/{model} test (pre T)")
             path = F.save_figure(fig, fig_dir / f"confidence_{_slug(ds, model)}.png")
             figs.append(Figure("Confidence histograms", path,
-                               "Histogram of the top-1 confidence on the test set, before temperature scaling."))
+                               "Histogram of the top-1 confidence on the test set before temperature scaling; "
+                               "dashed: mean confidence, solid: accuracy."))
         # OOD ROC curves
         ood_names: list[str] = []
         for g in gs:

@@ -29,11 +29,11 @@ __all__ = [
 
 
 def new_figure(width: float, height: float):
-    """A matplotlib Figure with an Agg canvas attached (safe in worker processes, no pyplot)."""
+    """A matplotlib Figure (constrained layout) with an Agg canvas attached (no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=100)
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -90,9 +90,12 @@ def reliability_pair(
 
 
 def confidence_histograms(
-    confidences: Mapping[str, np.ndarray], *, n_bins: int = 15, title: str = ""
+    confidences: Mapping[str, np.ndarray], *, n_bins: int = 15, title: str = "",
+    accuracies: Mapping[str, float] | None = None,
 ):
-    """One small panel per loss: the histogram of top-1 confidences (share of samples per bin)."""
+    """One small panel per loss: the histogram of top-1 confidences (share of samples per bin),
+    the mean confidence (dashed) and, if given, the accuracy (solid): their gap is the
+    over-confidence."""
     names = list(confidences)
     ncols = min(5, max(1, len(names)))
     nrows = max(1, -(-len(names) // ncols))
@@ -104,6 +107,8 @@ def confidence_histograms(
         w = np.full(c.shape, 1.0 / max(c.size, 1))
         ax.hist(c, bins=edges, weights=w, color="#4C72B0", edgecolor="white")
         ax.axvline(c.mean() if c.size else 0.0, color="#C44E52", lw=1.2, ls="--")
+        if accuracies is not None and name in accuracies:
+            ax.axvline(float(accuracies[name]), color="#1f3f6f", lw=1.2)
         ax.set_title(name, fontsize=9)
         ax.set_xlim(0, 1)
         ax.tick_params(labelsize=7)
@@ -111,7 +116,8 @@ def confidence_histograms(
         ax.set_visible(False)
     if title:
         fig.suptitle(title)
-    fig.supxlabel("confidence (dashed: mean)", fontsize=9)
+    fig.supxlabel("confidence (dashed: mean confidence"
+                  + (", solid: accuracy)" if accuracies is not None else ")"), fontsize=9)
     fig.supylabel("share of samples", fontsize=9)
     return fig
 
@@ -179,7 +185,7 @@ def gamma_history_figure(
 
         B = max(np.asarray(histories[n]).shape[-1] for n in names)
         sm = ScalarMappable(norm=Normalize(0, max(B - 1, 1)), cmap=cmap)
-        cb = fig.colorbar(sm, ax=list(axes[: len(names)]), fraction=0.03, pad=0.02)
+        cb = fig.colorbar(sm, ax=list(axes), fraction=0.03, pad=0.02)
         cb.set_label("bin (0: lowest confidence)", fontsize=8)
         cb.ax.tick_params(labelsize=7)
     if title:
