@@ -165,3 +165,11 @@ def test_read_results_errors_name_the_file(tmp_path):
     p.write_text(json.dumps({"schema": SCHEMA, "test": {"pre": {}}, "temperatures": {"nll": -1}}))
     with pytest.raises(ResultsFileError, match="positive number"):
         read_results(p)
+
+
+def test_report_of_reports_skips_report_files(runs_dir, tmp_path):
+    """Pointing `report` at a directory holding an earlier report (its results.json is a report
+    document, not a run) reports the runs and does not flag the report file."""
+    build_report([runs_dir], runs_dir / "old-report", figures=False)
+    loaded = load_runs([runs_dir])
+    assert loaded.errors == [] and len(loaded.runs) == 6

@@ -216,8 +216,19 @@ def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
         try:
             runs.append(load_run(f))
         except ResultsFileError as exc:
+            if _is_report_file(f):  # the results.json of a report (e.g. a demo's top level)
+                continue
             errors.append((str(f), str(exc)))
     return LoadReport(runs=runs, errors=errors)
+
+
+def _is_report_file(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            head = fh.read(200)
+    except OSError:
+        return False
+    return '"schema": "torchcal.report/' in head
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
