@@ -75,7 +75,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig, run_demo
 
     cfg = DemoConfig(
-        seeds=args.seeds if args.seeds is not None else DemoConfig.seeds,
+        seeds=args.seeds,
         epochs=args.epochs,
         losses=tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None,
         workers=args.workers,

@@ -75,13 +75,14 @@ DEMO_LOSS_KWARGS: dict[str, dict[str, Any]] = {
 
 #: What --quick changes.
 QUICK = {"seeds": (0, 1), "epochs": 30}
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 
 
 @dataclass
 class DemoConfig:
     """Settings of :func:`run_demo` (the CLI's knobs)."""
 
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] | None = None  # None: (0, 1, 2, 3, 4), or (0, 1) with quick
     epochs: int | None = None  # None: the recipe's (100)
     losses: tuple[str, ...] | None = None  # None: every applicable registered loss
     workers: int = 2
@@ -137,7 +138,7 @@ def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     """One job per (loss, seed), seed-major so the progress estimate is representative early."""
     losses = list(cfg.losses) if cfg.losses else applicable_losses()
     jobs = []
-    for seed in cfg.seeds:
+    for seed in cfg.seeds if cfg.seeds is not None else DEFAULT_SEEDS:
         for loss in losses:
             jobs.append({
                 "recipe": cfg.recipe,
@@ -315,9 +316,10 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     from .build import build_report
 
     cfg = cfg or DemoConfig()
-    if cfg.quick:
-        cfg = dataclasses.replace(cfg, seeds=QUICK["seeds"] if cfg.seeds == DemoConfig.seeds else cfg.seeds,
-                                  epochs=cfg.epochs if cfg.epochs is not None else QUICK["epochs"])
+    if cfg.seeds is None:
+        cfg = dataclasses.replace(cfg, seeds=QUICK["seeds"] if cfg.quick else DEFAULT_SEEDS)
+    if cfg.quick and cfg.epochs is None:
+        cfg = dataclasses.replace(cfg, epochs=QUICK["epochs"])
     if not cfg.seeds:
         raise ValueError("Expected `seeds` to hold at least one seed, got none")
     if cfg.workers < 1:
