@@ -138,13 +138,15 @@ def resolve_probs(
         raise ValueError(
             f"Expected `{name}` to have at least {min_classes} classes (columns), got {t.shape[1]}"
         )
-    if validate_args:
+    if validate_args and logits is not None:
         check_finite(t, name)
     if logits is not None:
         work = t if t.dtype in (torch.float32, torch.float64) else t.float()
         return torch.softmax(work, dim=1).to(t.dtype)
     if validate_args:
-        lo, hi = torch.aminmax(t)
+        lo, hi = torch.aminmax(t)  # one pass for the finite and the range checks
+        if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+            check_finite(t, name)
         if bool((lo < 0) | (hi > 1)):
             raise ValueError("Expected `probs` to lie in [0, 1], found values outside")
         # float32 accumulation is ample for a 1e-3 tolerance and avoids a float64 copy.
