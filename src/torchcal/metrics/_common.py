@@ -1,6 +1,6 @@
 """Private helpers shared by the metric modules and the meter (one implementation each).
 
-Every per-bin quantity is a float64 sum accumulated with ``torch.bincount`` so that the
+Every per-bin quantity is a float64 sum (``torch.bincount`` / ``index_add_``) so that the
 functional metrics, the bootstrap and the streaming meter add up exactly the same numbers.
 """
 
@@ -42,10 +42,10 @@ def binned_sums(
     idx: torch.Tensor, conf: torch.Tensor, correct: torch.Tensor, n_bins: int
 ) -> torch.Tensor:
     """Per-bin (count, confidence sum, correct count) as a float64 tensor of shape (3, B)."""
-    counts = torch.bincount(idx, minlength=n_bins).to(torch.float64)
+    # counts and correct counts from one integer bincount over (bin, correct) pairs
+    both = torch.bincount(idx * 2 + correct, minlength=2 * n_bins).view(n_bins, 2)
     conf_sum = torch.bincount(idx, weights=conf.to(torch.float64), minlength=n_bins)
-    acc_sum = torch.bincount(idx, weights=correct.to(torch.float64), minlength=n_bins)
-    return torch.stack([counts, conf_sum, acc_sum])
+    return torch.stack([both.sum(dim=1).to(torch.float64), conf_sum, both[:, 1].to(torch.float64)])
 
 
 def calibration_from_sums(sums: torch.Tensor, norm: str) -> torch.Tensor:
@@ -74,22 +74,23 @@ def classwise_sums(p: torch.Tensor, y: torch.Tensor, n_bins: int) -> torch.Tenso
     """Per (class, bin) sums of ``p_ik - [y_i = k]`` in float64, shape (C * B,).
 
     Cell ``k * B + b`` holds ``sum_{i : bin(p_ik) = b} (p_ik - [y_i = k])``.  The indicator of the
-    true class lands in the same cell as ``p_{i, y_i}``, so one weighted ``bincount`` over the
+    true class lands in the same cell as ``p_{i, y_i}``, so one float64 ``index_add_`` over the
     flattened (N * C) (class, bin) keys does everything; rows are processed in chunks to bound
     memory.
     """
     n, c = p.shape
     out = torch.zeros(c * n_bins, dtype=torch.float64, device=p.device)
-    offsets = torch.arange(c, device=p.device) * n_bins
+    # int32 keys: half the memory traffic of int64 (C * B is far below 2**31)
+    offsets = torch.arange(c, device=p.device, dtype=torch.int32) * n_bins
     rows = max(1, _CHUNK_ELEMENTS // c)
     for start in range(0, n, rows):
         pc = p[start : start + rows]
         yc = y[start : start + rows]
-        key = equal_width_bin_index(pc, n_bins)
+        key = equal_width_bin_index(pc, n_bins, out_int32=True)
         key += offsets
         w = pc.to(torch.float64, copy=True)
         w[torch.arange(pc.shape[0], device=p.device), yc] -= 1.0
-        out += torch.bincount(key.view(-1), weights=w.view(-1), minlength=c * n_bins)
+        out.index_add_(0, key.view(-1), w.view(-1))
     return out
 
 

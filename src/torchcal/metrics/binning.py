@@ -49,7 +49,10 @@ def equal_width_edges(
     return torch.arange(n_bins + 1, dtype=dtype, device=device) / n_bins
 
 
-def bin_index(values: torch.Tensor, interior_edges: torch.Tensor, *, right_closed: bool = True) -> torch.Tensor:
+def bin_index(
+    values: torch.Tensor, interior_edges: torch.Tensor, *, right_closed: bool = True,
+    out_int32: bool = False,
+) -> torch.Tensor:
     """Assign each value to a bin given the ``B - 1`` sorted interior edges.
 
     ``right_closed=True`` (the metrics' convention): index = ``#{k : e_k < x}``, bins
@@ -68,18 +71,21 @@ def bin_index(values: torch.Tensor, interior_edges: torch.Tensor, *, right_close
     edges = interior_edges.to(device=values.device, dtype=cd).contiguous()
     if edges.ndim > 1:
         # Batched edges (..., B-1) for values (..., M) with the same leading dimensions.
-        return torch.searchsorted(edges, values.to(cd).contiguous(), right=not right_closed)
-    return torch.bucketize(values.to(cd), edges, right=not right_closed)
+        return torch.searchsorted(edges, values.to(cd).contiguous(), right=not right_closed,
+                                  out_int32=out_int32)
+    return torch.bucketize(values.to(cd), edges, right=not right_closed, out_int32=out_int32)
 
 
-def equal_width_bin_index(values: torch.Tensor, n_bins: int) -> torch.Tensor:
+def equal_width_bin_index(
+    values: torch.Tensor, n_bins: int, *, out_int32: bool = False
+) -> torch.Tensor:
     """Equal-width bin index of each value in [0, 1] (see the module docstring).
 
     >>> equal_width_bin_index(torch.tensor([0.0, 0.25, 0.2501, 1.0]), 4)
     tensor([0, 0, 1, 3])
     """
     edges = equal_width_edges(n_bins, dtype=values.dtype, device=values.device)
-    return bin_index(values, edges[1:-1])
+    return bin_index(values, edges[1:-1], out_int32=out_int32)
 
 
 def equal_mass_edges(values: torch.Tensor, n_bins: int) -> torch.Tensor:
