@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torchcal import metrics
 from torchcal.errors import NotFittedError
@@ -188,6 +190,28 @@ def test_grid_ece_equals_metrics_ece_bit_for_bit(dtype, kind):
         a = metrics.adaptive_ece(logits=z / t, labels=y)
         assert torch.equal(s["ece"][i].to(out), e), (t, s["ece"][i].item(), e.item())
         assert torch.equal(s["adaptive_ece"][i].to(out), a), (t, s["adaptive_ece"][i].item())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(2, 60), c=st.integers(2, 6), n_bins=st.integers(1, 20),
+    grid=st.lists(st.floats(0.05, 20.0), min_size=1, max_size=6),
+    seed=st.integers(0, 2**16), lattice=st.booleans(),
+)
+def test_grid_scores_equal_the_metrics_property(n, c, n_bins, grid, seed, lattice):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, c, generator=g) * 3
+    if lattice:
+        z = z.round()
+    y = torch.randint(0, c, (n,), generator=g)
+    s = temperature_grid_scores(z, y, grid=grid, n_bins=n_bins)
+    for i, t in enumerate(grid):
+        zt = z / t
+        assert torch.equal(s["ece"][i].float(), metrics.ece(logits=zt, labels=y, n_bins=n_bins))
+        assert torch.equal(s["adaptive_ece"][i].float(),
+                           metrics.adaptive_ece(logits=zt, labels=y, n_bins=n_bins))
+        assert s["nll"][i].item() == pytest.approx(
+            F.cross_entropy(zt.double(), y).item(), rel=1e-5, abs=1e-6)
 
 
 def test_grid_ece_equals_a_slow_float64_reference():
