@@ -29,6 +29,7 @@ def test_tiny_demo_writes_every_file(tiny_demo):
     assert any(f.startswith("reliability_") and "_ce" in f for f in figs), figs
     assert any(f.startswith("reliability_") and "adafocal" in f for f in figs), figs
     assert any(f.startswith("confidence_") for f in figs), figs
+    assert any(f.startswith("reliability_overview_") for f in figs), figs
     assert any(f.startswith("roc_") for f in figs), figs
     assert any(f.startswith("gamma_") for f in figs), figs
     for f in figs:

@@ -212,10 +212,19 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int,
             path = F.save_figure(fig, fig_dir / f"reliability_{_group_slug(g)}.png")
             figs.append(Figure(f"Reliability: {g.label}", path,
                                f"Reliability diagram of {g.label} on the {ds} test set ({seeds}), "
-                               f"before and after temperature scaling (grid-ECE T, mean {t:.2f})."))
+                               f"before and after temperature scaling (each run's grid-ECE T, mean {t:.2f}); "
+                               "the ECE in the panels is that of the pooled logits."))
             p = np.exp(pre - pre.max(1, keepdims=True))
             conf[g.label] = (p / p.sum(1, keepdims=True)).max(1)
             acc[g.label] = float((pre.argmax(1) == y).mean())
+        if pooled:
+            fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
+                                         title=f"Reliability before temperature scaling, {ds}/{model} test")
+            path = F.save_figure(fig, fig_dir / f"reliability_overview_{_slug(ds, model)}.png")
+            figs.insert(0, Figure("Reliability overview (pre T)", path,
+                                  "Reliability diagrams of every loss before temperature scaling "
+                                  "(test logits pooled over seeds; the ECE in each panel is that of "
+                                  "the pooled logits, not the mean over seeds of the tables)."))
         if conf:
             fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
                                           title=f"Top-1 confidence, {ds}/{model} test (pre T)")

@@ -22,6 +22,7 @@ __all__ = [
     "save_figure",
     "roc_curve",
     "reliability_pair",
+    "reliability_overview",
     "confidence_histograms",
     "roc_figure",
     "gamma_history_figure",
@@ -84,6 +85,33 @@ def reliability_pair(
     reliability_diagram(logits=pre_logits, labels=labels, n_bins=n_bins, title="pre T", ax=axes[0])
     reliability_diagram(logits=post_logits, labels=labels, n_bins=n_bins, title=f"post T{t}",
                         ax=axes[1])
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def reliability_overview(
+    curves: Mapping[str, tuple[np.ndarray, np.ndarray]], *, n_bins: int = 15, title: str = "",
+):
+    """All losses' reliability diagrams in one grid: ``{label: (logits, labels)}``."""
+    from .plots import reliability_diagram
+
+    names = list(curves)
+    ncols = min(5, max(1, len(names)))
+    nrows = max(1, -(-len(names) // ncols))
+    fig = new_figure(3.0 * ncols, 3.0 * nrows)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    for ax, name in zip(axes, names, strict=False):
+        z, y = curves[name]
+        reliability_diagram(logits=z, labels=y, n_bins=n_bins, title=name, ax=ax)
+        ax.title.set_fontsize(9)
+        ax.tick_params(labelsize=7)
+        ax.yaxis.label.set_fontsize(8)
+        leg = ax.get_legend()
+        if leg is not None and ax is not axes[0]:
+            leg.remove()
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
     if title:
         fig.suptitle(title)
     return fig
