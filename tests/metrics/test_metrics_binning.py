@@ -74,7 +74,7 @@ def test_batched_edges_equal_row_by_row():
                            B.bin_index(v, edges, right_closed=False)[r])
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50, deadline=None, database=None)
 @given(st.lists(st.integers(0, 20), min_size=1, max_size=80), st.integers(1, 16),
        st.integers(0, 1000))
 def test_equal_mass_properties(raw, n_bins, seed):

@@ -215,7 +215,7 @@ sizes = st.tuples(st.integers(1, 60), st.integers(2, 6), st.integers(1, 20),
                   st.integers(0, 2**31 - 1), st.floats(0.0, 8.0))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, database=None)
 @given(sizes)
 def test_properties(args):
     n, c, b, seed, scale = args

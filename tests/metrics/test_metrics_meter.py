@@ -92,6 +92,22 @@ def test_meter_probs_numpy_float32_and_options():
     assert float(out["s99_share"]) == pytest.approx(2 / 3) and float(out["s99_accuracy"]) == 0.5
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_meter_low_precision_equals_functional(dtype):
+    # AdaECE from the stored (float64) confidences bins exactly as the functional metric
+    # does on the low-precision values; ties from float16 rounding included
+    z, y = _data(400, 4, seed=9)
+    p = torch.softmax(z, 1).to(dtype)
+    meter = M.CalibrationMeter(4, n_bins=15, topk=2)
+    for i in range(0, 400, 128):
+        meter.update(probs=p[i:i + 128], labels=y[i:i + 128], validate_args=False)
+    out = meter.compute()
+    for key, fn in [("adaptive_ece", M.adaptive_ece), ("ece", M.ece), ("mce", M.mce),
+                    ("classwise_ece", M.classwise_ece)]:
+        ref = fn(probs=p, labels=y, validate_args=False).double().item()
+        assert float(out[key]) == pytest.approx(ref, abs=1e-6), key
+
+
 def test_state_is_fixed_size():
     meter = M.CalibrationMeter(4, n_bins=15, adaptive=False)
     z, y = _data(64, 4, seed=1)
