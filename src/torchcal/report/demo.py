@@ -277,9 +277,29 @@ def _run_jobs(jobs: list[dict[str, Any]], workers: int, progress: bool) -> list[
     return results
 
 
+def _hyper_text(loss: str, kwargs: dict[str, Any]) -> str:
+    """``'Focal: gamma=3'`` from the registry entry's signature defaults and ``kwargs``."""
+    import inspect
+
+    from ..losses._registry import loss_entrypoint
+    from .aggregate import loss_label
+
+    try:
+        sig = inspect.signature(loss_entrypoint(loss))
+        params = {k: p.default for k, p in sig.parameters.items()
+                  if k not in ("self", "reduction", "ignore_index")
+                  and p.default is not inspect.Parameter.empty and p.default is not None}
+    except (TypeError, ValueError):
+        params = {}
+    params.update(kwargs)
+    if not params and loss.startswith("flsd"):
+        return f"{loss_label(loss)} (sample-dependent γ preset of Mukhoti et al. 2020)"
+    args = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+    return f"{loss_label(loss)}" + (f" ({args})" if args else "")
+
+
 def _intro(cfg: DemoConfig, losses: Sequence[str], epochs: int | None, seconds: float,
            failed: list[tuple[str, str]]) -> str:
-    from .aggregate import loss_label
 
     seeds = ", ".join(map(str, cfg.seeds))
     lines = [
@@ -300,7 +320,8 @@ def _intro(cfg: DemoConfig, losses: Sequence[str], epochs: int | None, seconds: 
         "same pixel noise (`torchcal.data.digits.load_digits_ood`): the same input format and "
         "corruption as the digits, but no digit; AUROC treats it as the positive class.",
         "",
-        "**Losses:** " + ", ".join(f"{loss_label(n, _loss_kwargs(cfg, n))}" for n in losses) + ".",
+        "**Losses** (with every hyperparameter, registry defaults unless the demo sets them): "
+        + "; ".join(_hyper_text(n, _loss_kwargs(cfg, n)) for n in losses) + ".",
         "",
         "**AdaFocal:** " + ADAFOCAL_NOTE.format(lam=f"{cfg.adafocal_lam:g}"),
         "",
