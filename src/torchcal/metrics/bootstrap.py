@@ -2,7 +2,10 @@
 percentile interval).
 
 Resample ``r`` draws N row indices with replacement from a ``torch.Generator`` seeded with
-``seed`` (on the CPU, so the index sets are the same on every device).  The interval is the
+``seed`` (on the CPU, so the index sets are the same on every device), in batches of
+resamples so that memory stays bounded (~4M indices at a time) whatever N and R are.
+Classwise-ECE additionally holds the (C * B, N) sparse matrix of per-sample contributions
+(N * C non-zeros).  The interval is the
 percentile interval: the ``(1 - level)/2`` and ``(1 + level)/2`` quantiles (linear
 interpolation, as ``numpy.percentile``) of the R resampled values.
 
@@ -59,27 +62,31 @@ class BootstrapResult(NamedTuple):
 def resample_indices(
     n: int, n_resamples: int, seed: int, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """The (R, N) int64 row indices of the bootstrap resamples (drawn on the CPU)."""
+    """The (R, N) int64 row indices of the bootstrap resamples (drawn on the CPU).
+
+    The same index sets that :func:`bootstrap_ci` uses with this ``seed`` (it draws them batch
+    by batch from one generator, which yields the same stream).
+    """
+    return torch.cat([idx for _, _, idx in _index_batches(n, n_resamples, seed, device)])
+
+
+def _index_batches(n: int, n_resamples: int, seed: int, device: torch.device | str | None):
+    """Yield ``(start, stop, indices (stop - start, N))`` so that at most ~_BATCH_ELEMENTS
+    indices exist at a time, whatever R and N are."""
     g = torch.Generator(device="cpu").manual_seed(int(seed))
-    return torch.randint(0, n, (n_resamples, n), generator=g).to(device)
-
-
-def _batches(n: int, n_resamples: int):
     step = max(1, _BATCH_ELEMENTS // max(n, 1))
     for start in range(0, n_resamples, step):
-        yield start, min(n_resamples, start + step)
+        stop = min(n_resamples, start + step)
+        yield start, stop, torch.randint(0, n, (stop - start, n), generator=g).to(device)
 
 
 def _top_label_stats(
-    p: torch.Tensor, y: torch.Tensor, idx_all: torch.Tensor, n_bins: int, norm: str,
-    equal_mass: bool,
+    p: torch.Tensor, y: torch.Tensor, batches, n_bins: int, norm: str, equal_mass: bool,
 ) -> torch.Tensor:
     conf, correct = top1(p, y)
-    n = conf.shape[0]
     fixed_bins = None if equal_mass else equal_width_bin_index(conf, n_bins)
     out = []
-    for a, b in _batches(n, idx_all.shape[0]):
-        idx = idx_all[a:b]
+    for _, _, idx in batches:
         r = idx.shape[0]
         c_r = conf[idx]
         if equal_mass:
@@ -100,18 +107,15 @@ def _multiplicities(idx: torch.Tensor, n: int) -> torch.Tensor:
     return torch.bincount((idx + offsets).view(-1), minlength=r * n).view(r, n)
 
 
-def _mean_stats(per_sample: torch.Tensor, idx_all: torch.Tensor) -> torch.Tensor:
+def _mean_stats(per_sample: torch.Tensor, batches) -> torch.Tensor:
     """Resample means of a per-sample quantity: ``mult @ v / N`` in float64."""
     v = per_sample.to(torch.float64)
     n = v.shape[0]
-    out = [_multiplicities(idx_all[a:b], n).to(torch.float64) @ v / n
-           for a, b in _batches(n, idx_all.shape[0])]
-    return torch.cat(out)
+    return torch.cat([_multiplicities(idx, n).to(torch.float64) @ v / n
+                      for _, _, idx in batches])
 
 
-def _classwise_stats(
-    p: torch.Tensor, y: torch.Tensor, idx_all: torch.Tensor, n_bins: int
-) -> torch.Tensor:
+def _classwise_stats(p: torch.Tensor, y: torch.Tensor, batches, n_bins: int) -> torch.Tensor:
     n, c = p.shape
     key = equal_width_bin_index(p, n_bins) + torch.arange(c, device=p.device) * n_bins
     val = p.to(torch.float64, copy=True)
@@ -125,8 +129,7 @@ def _classwise_stats(
             warnings.simplefilter("ignore")
             vt = vt.to_sparse_csr()
     out = []
-    for a, b in _batches(n, idx_all.shape[0]):
-        idx = idx_all[a:b]
+    for _, _, idx in batches:
         mult = _multiplicities(idx, n)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -199,26 +202,26 @@ def bootstrap_ci(
         raise TypeError("Expected `metric` to return a 0-d tensor")
     p, y = prepare(logits, probs, labels, validate_args=False)
     n = p.shape[0]
-    idx_all = resample_indices(n, n_resamples, seed, device=p.device)
+    batches = _index_batches(n, n_resamples, seed, p.device)
 
     vectorised = fn in _NORMS or fn in (calibration.adaptive_ece, calibration.classwise_ece)
     per_sample = fn in (scoring.nll, scoring.brier, scoring.error, scoring.topk_error)
     allowed = {"n_bins", "validate_args"} if vectorised else {"k", "validate_args"}
     if (vectorised or per_sample) and set(metric_kwargs) <= allowed:
         if fn is scoring.nll:
-            stats = _mean_stats(scoring.nll_per_sample(logits, p, y), idx_all)
+            stats = _mean_stats(scoring.nll_per_sample(logits, p, y), batches)
         elif fn is scoring.brier:
-            stats = _mean_stats(scoring.brier_per_sample(p, y), idx_all)
+            stats = _mean_stats(scoring.brier_per_sample(p, y), batches)
         elif fn is scoring.error or fn is scoring.topk_error:
             k = 1 if fn is scoring.error else metric_kwargs.get("k", 5)
-            stats = _mean_stats(~scoring.topk_hits(p, y, k), idx_all)
+            stats = _mean_stats(~scoring.topk_hits(p, y, k), batches)
         elif fn is calibration.classwise_ece:
-            stats = _classwise_stats(p, y, idx_all, metric_kwargs.get("n_bins", 15))
+            stats = _classwise_stats(p, y, batches, metric_kwargs.get("n_bins", 15))
         elif fn is calibration.adaptive_ece:
-            stats = _top_label_stats(p, y, idx_all, metric_kwargs.get("n_bins", 15), "l1",
+            stats = _top_label_stats(p, y, batches, metric_kwargs.get("n_bins", 15), "l1",
                                      equal_mass=True)
         else:
-            stats = _top_label_stats(p, y, idx_all, metric_kwargs.get("n_bins", 15),
+            stats = _top_label_stats(p, y, batches, metric_kwargs.get("n_bins", 15),
                                      _NORMS[fn], equal_mass=False)
     else:
         kwargs = dict(metric_kwargs)
@@ -226,10 +229,8 @@ def bootstrap_ci(
             kwargs.setdefault("validate_args", False)
         src_name = "logits" if logits is not None else "probs"
         src = as_tensor(logits if logits is not None else probs, src_name).to(p.device)
-        vals = []
-        for r in range(n_resamples):
-            idx = idx_all[r]
-            vals.append(fn(**{src_name: src[idx]}, labels=y[idx], **kwargs))
+        vals = [fn(**{src_name: src[i]}, labels=y[i], **kwargs)
+                for _, _, idx in batches for i in idx]
         stats = torch.stack(vals).to(torch.float64)
 
     alpha = (1.0 - float(level)) / 2.0
