@@ -173,3 +173,20 @@ def test_report_of_reports_skips_report_files(runs_dir, tmp_path):
     build_report([runs_dir], runs_dir / "old-report", figures=False)
     loaded = load_runs([runs_dir])
     assert loaded.errors == [] and len(loaded.runs) == 6
+
+
+def test_figures_problem_is_a_note_not_a_failure(runs_dir, tmp_path):
+    """Saved logits that cannot be pooled (different class counts across seeds) cost the figures
+    of that data set / model, never the report; runs without logits are noted."""
+    import numpy as np
+
+    from torchcal.evaluate import save_logits
+
+    rng = np.random.default_rng(0)
+    for seed, c in ((0, 10), (1, 7)):
+        save_logits(runs_dir / "ce" / f"seed{seed}" / "logits" / "test.npz",
+                    rng.normal(size=(30, c)).astype(np.float32), rng.integers(0, c, 30))
+    out = build_report([runs_dir], tmp_path / "rep")
+    assert any("figures stopped early" in n for n in out.notes)
+    assert "## Notes" in out.report_md.read_text()
+    assert len(out.groups) == 2 and out.errors == []

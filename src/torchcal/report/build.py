@@ -188,101 +188,109 @@ def _entropy(z: np.ndarray) -> np.ndarray:
 
 def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int,
                   notes: list[str]) -> dict[tuple[str, str], list[Figure]]:
-    from . import figures as F
-
     out: dict[tuple[str, str], list[Figure]] = {}
     by_dm: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
         by_dm.setdefault((g.dataset, g.model), []).append(g)
     for (ds, model), gs in by_dm.items():
         figs: list[Figure] = []
-        conf: dict[str, np.ndarray] = {}
-        acc: dict[str, float] = {}
-        pooled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
-        for g in gs:
-            pt = _pooled_test_logits(g)
-            if pt is None:
-                notes.append(f"{g.label} ({ds}/{model}): no saved test logits, no reliability diagram.")
-                continue
-            pooled[g.label] = pt
-            pre, post, y, t = pt
-            seeds = f"{len(g.runs)} seed(s) pooled" if len(g.runs) > 1 else "1 run"
-            fig = F.reliability_pair(pre, post, y, n_bins=n_bins, temperature=t,
-                                     title=f"{g.label} - {ds}/{model} test ({seeds})")
-            path = F.save_figure(fig, fig_dir / f"reliability_{_group_slug(g)}.png")
-            figs.append(Figure(f"Reliability: {g.label}", path,
-                               f"Reliability diagram of {g.label} on the {ds} test set ({seeds}), "
-                               f"before and after temperature scaling (each run's grid-ECE T, mean {t:.2f}); "
-                               "the ECE in the panels is that of the pooled logits."))
-            p = np.exp(pre - pre.max(1, keepdims=True))
-            conf[g.label] = (p / p.sum(1, keepdims=True)).max(1)
-            acc[g.label] = float((pre.argmax(1) == y).mean())
-        if pooled:
-            fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
-                                         title=f"Reliability before temperature scaling, {ds}/{model} test")
-            path = F.save_figure(fig, fig_dir / f"reliability_overview_{_slug(ds, model)}.png")
-            figs.insert(0, Figure("Reliability overview (pre T)", path,
-                                  "Reliability diagrams of every loss before temperature scaling "
-                                  "(test logits pooled over seeds; the ECE in each panel is that of "
-                                  "the pooled logits, not the mean over seeds of the tables)."))
-        if conf:
-            fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
-                                          title=f"Top-1 confidence, {ds}/{model} test (pre T)")
-            path = F.save_figure(fig, fig_dir / f"confidence_{_slug(ds, model)}.png")
-            figs.append(Figure("Confidence histograms", path,
-                               "Histogram of the top-1 confidence on the test set before temperature scaling; "
-                               "dashed: mean confidence, solid: accuracy."))
-        # OOD ROC curves
-        ood_names: list[str] = []
-        for g in gs:
-            for r in g.runs:
-                for n in (r.results.get("ood") or {}):
-                    if n not in ood_names:
-                        ood_names.append(n)
-        for name in ood_names:
-            curves = {}
-            for g in gs:
-                if g.label not in pooled:
-                    continue
-                s_id, s_ood = [], []
-                for r in g.runs:
-                    pi, po = r.run_dir / "logits" / "test.npz", r.run_dir / "logits" / f"ood_{name}.npz"
-                    if not (pi.is_file() and po.is_file()):
-                        continue
-                    try:
-                        s_id.append(_entropy(load_logits(pi)[0]))
-                        s_ood.append(_entropy(load_logits(po)[0]))
-                    except ResultsFileError:
-                        continue
-                if not s_id:
-                    continue
-                scores = np.concatenate(s_id + s_ood)
-                pos = np.r_[np.zeros(sum(map(len, s_id))), np.ones(sum(map(len, s_ood)))]
-                fpr, tpr = F.roc_curve(scores, pos)
-                auc = g.mean.get(f"ood.{name}.auroc_entropy", math.nan)
-                curves[g.label] = (fpr, tpr, auc)
-            if curves:
-                fig = F.roc_figure(curves, title=f"OOD ROC (entropy), {ds}/{model} test vs {name}")
-                path = F.save_figure(fig, fig_dir / f"roc_{_slug(ds, model, name)}.png")
-                figs.append(Figure(f"OOD ROC: {name}", path,
-                                   f"ROC curves of OOD detection by softmax entropy ({ds} test as "
-                                   f"negatives, {name} as positives), seeds pooled; legend: mean AUROC %."))
-        # AdaFocal gamma per bin
-        for g in gs:
-            hist = {f"seed {r.seed}": h for r in g.runs if (h := gamma_history(r.run_dir)) is not None}
-            if not hist:
-                if g.loss == "adafocal":
-                    notes.append(f"{g.label}: no γ history found in log.jsonl or checkpoints, no γ plot.")
-                continue
-            gmax = g.loss_kwargs.get("gamma_max", 20.0) if g.loss == "adafocal" else None
-            fig = F.gamma_history_figure(hist, title=f"{g.label}: γ per bin over epochs ({ds}/{model})",
-                                         gamma_max=gmax)
-            path = F.save_figure(fig, fig_dir / f"gamma_{_group_slug(g)}.png")
-            figs.append(Figure(f"γ per bin: {g.label}", path,
-                               "AdaFocal's γ of each of the equal-mass validation bins after each "
-                               "epoch's update (dark: low-confidence bins, light: high); dashed: γ_max."))
+        try:
+            _figures_for(ds, model, gs, figs, fig_dir, n_bins, notes)
+        except (ValueError, TypeError, OSError) as exc:  # e.g. seeds with different class counts
+            notes.append(f"{ds}/{model}: figures stopped early: {type(exc).__name__}: {exc}")
         out[(ds, model)] = figs
     return out
+
+
+def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], fig_dir: Path,
+                 n_bins: int, notes: list[str]) -> None:
+    from . import figures as F
+
+    conf: dict[str, np.ndarray] = {}
+    acc: dict[str, float] = {}
+    pooled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
+    for g in gs:
+        pt = _pooled_test_logits(g)
+        if pt is None:
+            notes.append(f"{g.label} ({ds}/{model}): no saved test logits, no reliability diagram.")
+            continue
+        pooled[g.label] = pt
+        pre, post, y, t = pt
+        seeds = f"{len(g.runs)} seed(s) pooled" if len(g.runs) > 1 else "1 run"
+        fig = F.reliability_pair(pre, post, y, n_bins=n_bins, temperature=t,
+                                 title=f"{g.label} - {ds}/{model} test ({seeds})")
+        path = F.save_figure(fig, fig_dir / f"reliability_{_group_slug(g)}.png")
+        figs.append(Figure(f"Reliability: {g.label}", path,
+                           f"Reliability diagram of {g.label} on the {ds} test set ({seeds}), "
+                           f"before and after temperature scaling (each run's grid-ECE T, mean {t:.2f}); "
+                           "the ECE in the panels is that of the pooled logits."))
+        p = np.exp(pre - pre.max(1, keepdims=True))
+        conf[g.label] = (p / p.sum(1, keepdims=True)).max(1)
+        acc[g.label] = float((pre.argmax(1) == y).mean())
+    if pooled:
+        fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
+                                     title=f"Reliability before temperature scaling, {ds}/{model} test")
+        path = F.save_figure(fig, fig_dir / f"reliability_overview_{_slug(ds, model)}.png")
+        figs.insert(0, Figure("Reliability overview (pre T)", path,
+                              "Reliability diagrams of every loss before temperature scaling "
+                              "(test logits pooled over seeds; the ECE in each panel is that of "
+                              "the pooled logits, not the mean over seeds of the tables)."))
+    if conf:
+        fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
+                                      title=f"Top-1 confidence, {ds}/{model} test (pre T)")
+        path = F.save_figure(fig, fig_dir / f"confidence_{_slug(ds, model)}.png")
+        figs.append(Figure("Confidence histograms", path,
+                           "Histogram of the top-1 confidence on the test set before temperature scaling; "
+                           "dashed: mean confidence, solid: accuracy."))
+    # OOD ROC curves
+    ood_names: list[str] = []
+    for g in gs:
+        for r in g.runs:
+            for n in (r.results.get("ood") or {}):
+                if n not in ood_names:
+                    ood_names.append(n)
+    for name in ood_names:
+        curves = {}
+        for g in gs:
+            if g.label not in pooled:
+                continue
+            s_id, s_ood = [], []
+            for r in g.runs:
+                pi, po = r.run_dir / "logits" / "test.npz", r.run_dir / "logits" / f"ood_{name}.npz"
+                if not (pi.is_file() and po.is_file()):
+                    continue
+                try:
+                    s_id.append(_entropy(load_logits(pi)[0]))
+                    s_ood.append(_entropy(load_logits(po)[0]))
+                except ResultsFileError:
+                    continue
+            if not s_id:
+                continue
+            scores = np.concatenate(s_id + s_ood)
+            pos = np.r_[np.zeros(sum(map(len, s_id))), np.ones(sum(map(len, s_ood)))]
+            fpr, tpr = F.roc_curve(scores, pos)
+            auc = g.mean.get(f"ood.{name}.auroc_entropy", math.nan)
+            curves[g.label] = (fpr, tpr, auc)
+        if curves:
+            fig = F.roc_figure(curves, title=f"OOD ROC (entropy), {ds}/{model} test vs {name}")
+            path = F.save_figure(fig, fig_dir / f"roc_{_slug(ds, model, name)}.png")
+            figs.append(Figure(f"OOD ROC: {name}", path,
+                               f"ROC curves of OOD detection by softmax entropy ({ds} test as "
+                               f"negatives, {name} as positives), seeds pooled; legend: mean AUROC %."))
+    # AdaFocal gamma per bin
+    for g in gs:
+        hist = {f"seed {r.seed}": h for r in g.runs if (h := gamma_history(r.run_dir)) is not None}
+        if not hist:
+            if g.loss == "adafocal":
+                notes.append(f"{g.label}: no γ history found in log.jsonl or checkpoints, no γ plot.")
+            continue
+        gmax = g.loss_kwargs.get("gamma_max", 20.0) if g.loss == "adafocal" else None
+        fig = F.gamma_history_figure(hist, title=f"{g.label}: γ per bin over epochs ({ds}/{model})",
+                                     gamma_max=gmax)
+        path = F.save_figure(fig, fig_dir / f"gamma_{_group_slug(g)}.png")
+        figs.append(Figure(f"γ per bin: {g.label}", path,
+                           "AdaFocal's γ of each of the equal-mass validation bins after each "
+                           "epoch's update (dark: low-confidence bins, light: high); dashed: γ_max."))
 
 
 # --------------------------------------------------------------------------------------------
