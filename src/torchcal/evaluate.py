@@ -267,6 +267,16 @@ def evaluate_logits(
     Returns:
         The ``torchcal.results/1`` dict described in the module docstring (floats; NaN where a
         metric is undefined).
+
+    Example (confidence e²/(1+e²) = 0.881 everywhere, accuracy 0.75, so ECE = 0.131; the grid
+    temperature 1.8 brings the confidence to 0.752):
+        >>> z = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 2.0]])
+        >>> y = torch.tensor([0, 1, 0, 0])
+        >>> r = evaluate_logits(val_logits=z, val_labels=y, test_logits=z, test_labels=y)
+        >>> r["temperatures"]["grid_ece"], round(r["test"]["pre"]["ece"], 4), r["test"]["pre"]["error"]
+        (1.8, 0.1308, 0.25)
+        >>> round(r["test"]["post"]["grid_ece"]["ece"], 4)
+        0.0023
     """
     from .posthoc import fit_temperatures
 
