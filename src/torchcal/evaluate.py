@@ -29,9 +29,7 @@ the logits divided by the ``grid_ece`` temperature.
 from __future__ import annotations
 
 import json
-import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._io import atomic_write_bytes, atomic_write_text
+from ._io import to_jsonable as _jsonable
 from ._validation import as_tensor, check_finite, check_labels, check_positive_int
 from .errors import ResultsFileError
 
@@ -64,54 +64,6 @@ METRIC_KEYS = (
     "topk_error", "s99_share", "s99_accuracy",
 )
 TEMPERATURE_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll")
-
-
-# --------------------------------------------------------------------------------------------
-# atomic files
-# --------------------------------------------------------------------------------------------
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """:func:`atomic_write_bytes` for UTF-8 text."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _jsonable(x: Any) -> Any:
-    """Plain-JSON version of ``x``: NaN/Inf -> None, tensors/arrays -> lists/floats."""
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, torch.Tensor):
-        return _jsonable(x.detach().cpu().tolist() if x.ndim else x.item())
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, (np.floating, float)):
-        v = float(x)
-        return v if math.isfinite(v) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, Path):
-        return str(x)
-    return x
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +168,8 @@ def compute_metrics(logits: Any, labels: Any, *, n_bins: int = 15) -> dict[str, 
 
     z = _check_logits(logits, "logits")
     y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
-    meter = CalibrationMeter(z.shape[1], n_bins=n_bins, adaptive=True, topk=5)
+    # the logits are complete here: never sync with other ranks (this may run on rank 0 alone)
+    meter = CalibrationMeter(z.shape[1], n_bins=n_bins, adaptive=True, topk=5, sync_dist=False)
     meter.update(logits=z, labels=y)
     out = meter.compute()
     return {k: float(out[k]) for k in METRIC_KEYS if k in out}

@@ -33,6 +33,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from .._io import fsync_dir
 from ..errors import ChecksumError, DataNotFoundError
 
 __all__ = ["Resource", "RESOURCES", "md5sum", "download_url", "extract_archive", "fetch_resource",
@@ -82,19 +83,6 @@ def md5sum(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def download_url(url: str, path: str | os.PathLike, md5: str | None, *, timeout: float = 60.0,
                  progress: bool = False) -> Path:
     """Download ``url`` to ``path`` atomically and verify its MD5.
@@ -124,7 +112,7 @@ def download_url(url: str, path: str | os.PathLike, md5: str | None, *, timeout:
     if part.exists() and md5 is not None and md5sum(part) == md5:
         # A complete download interrupted before the final rename.
         os.replace(part, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return path
     start = part.stat().st_size if part.exists() else 0
     req = urllib.request.Request(url, headers={"User-Agent": "torchcal"})
@@ -169,7 +157,7 @@ def download_url(url: str, path: str | os.PathLike, md5: str | None, *, timeout:
                 "the partial download was deleted, try again"
             )
     os.replace(part, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

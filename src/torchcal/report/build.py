@@ -30,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from .._io import atomic_write_text
+from .._io import to_jsonable as _jsonable
 from ..errors import ResultsFileError
-from ..evaluate import _jsonable, atomic_write_text, load_logits
+from ..evaluate import load_logits
 from . import tables as T
 from .aggregate import Group, LoadReport, RunRecord, group_runs, load_runs
 

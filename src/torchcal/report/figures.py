@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..evaluate import atomic_write_bytes
+from .._io import atomic_write_bytes
 
 __all__ = [
     "new_figure",

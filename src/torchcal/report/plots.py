@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._io import atomic_write_bytes
 from ..metrics.calibration import ReliabilityCurve, ece, reliability_curve
 
 __all__ = ["reliability_diagram"]
@@ -21,20 +21,7 @@ def _atomic_write_png(fig: Any, path: str | os.PathLike) -> Path:
     """Render ``fig`` as PNG and write it to ``path`` atomically (temp file, fsync, replace)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches="tight")
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(buf.getvalue())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return target
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 def _new_figure(width: float, height: float) -> Any:

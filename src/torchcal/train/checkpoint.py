@@ -20,13 +20,13 @@ from __future__ import annotations
 import io
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .._io import atomic_write_bytes
 from ..errors import CheckpointError
 
 __all__ = [
@@ -41,48 +41,19 @@ __all__ = [
 FORMAT = "torchcal.checkpoint/1"
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     """Serialise ``state`` with :func:`torch.save` and write it to ``path`` atomically."""
     path = Path(path)
     buf = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buf)
-    _atomic_write(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Copy ``src`` to ``dst`` atomically (temp file in ``dst``'s directory, fsync, replace)."""
     dst = Path(dst)
-    _atomic_write(dst, Path(src).read_bytes())
+    atomic_write_bytes(dst, Path(src).read_bytes())
     return dst
 
 

@@ -195,7 +195,9 @@ def _calib_metrics(cal, logits, labels, n_bins: int) -> dict[str, float]:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from ..evaluate import _jsonable, atomic_write_text, load_logits
+    from .._io import atomic_write_text
+    from .._io import to_jsonable as _jsonable
+    from ..evaluate import load_logits
 
     src = Path(args.logits)
     if src.is_dir():  # a run directory: fit on its validation logits, test on its test logits

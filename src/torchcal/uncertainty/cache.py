@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._io import fsync_dir
 from .._validation import check_positive_int
 from ..errors import TorchcalError
 
@@ -151,19 +152,6 @@ def _sha256_file(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_path(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. directories on Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------
@@ -525,7 +513,7 @@ class EmbeddingCache:
                 arr.flush()
                 shape, dtype = list(arr.shape), str(arr.dtype)
                 fpath = tmp / f"{name}.npy"
-                _fsync_path(fpath)
+                fsync_dir(fpath)
                 meta[name] = {"file": fpath.name, "shape": shape, "dtype": dtype,
                               "sha256": _sha256_file(fpath)}
             arrays.clear()
@@ -543,7 +531,7 @@ class EmbeddingCache:
                 json.dump(manifest, f, indent=2)
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_path(tmp)
+            fsync_dir(tmp)
             _publish(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -568,6 +556,6 @@ def _publish(tmp: Path, path: Path) -> None:
             os.replace(trash / "old", path)
             shutil.rmtree(trash, ignore_errors=True)
         raise
-    _fsync_path(path.parent)
+    fsync_dir(path.parent)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)

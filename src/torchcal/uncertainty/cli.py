@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .._io import atomic_write_json
 from ..errors import CheckpointError, TorchcalError
 
 __all__ = ["register", "cmd_fit", "cmd_eval", "RESULTS_SCHEMA"]
@@ -128,32 +126,6 @@ def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
         _cache_root(args) / label, model, data, transform=_prep_inputs(splits.mean, splits.std),
         augment=augment, n_passes=n_passes, batch_size=args.embed_batch_size, device=device,
         data_id=data_id, on_stale=args.on_stale, seed=seed, progress=not args.no_progress)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(_jsonable(obj), f, indent=2, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def _f(v: Any) -> str:
@@ -302,7 +274,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         results["transfer"][name] = evaluate_head(head, cache, classifier=False, **kw)
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "uncertainty" / "results.json"
-    _write_json(out, results)
+    atomic_write_json(out, results)
     for name, r in results["splits"].items():
         b = r.get("baselines", {}).get("max_prob", {})
         print(f"{name:>6}: n={r['n']}  accuracy {_f(r.get('accuracy'))}  "

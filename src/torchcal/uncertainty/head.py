@@ -13,16 +13,16 @@ backbone's or the classifier's gradients.
 
 from __future__ import annotations
 
-import contextlib
+import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._io import atomic_write_bytes
 from .._validation import check_nonneg_finite, check_positive_int
 from ..errors import CheckpointError
 
@@ -187,17 +187,9 @@ def save_head(head: UncertaintyHead, path: str | os.PathLike, meta: dict | None 
         "state_dict": {k: v.detach().cpu() for k, v in head.state_dict().items()},
         "meta": json.loads(json.dumps(meta or {}, default=str)),
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def load_head(path: str | os.PathLike, map_location: Any = "cpu") -> tuple[UncertaintyHead, dict]:
