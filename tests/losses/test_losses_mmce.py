@@ -104,3 +104,16 @@ def test_mmce_reduction_none_is_an_error_and_registry():
     assert loss.published_reduction == "sum" and loss.lam == 2.0
     with pytest.raises(ValueError, match="`width`"):
         TF.mmce_loss(x, t, width=0.0)
+
+
+def test_mmce_all_ignored_or_empty_batch_matches_cross_entropy_reductions():
+    # "sum" is M·(CE_mean + λ·MMCE) = 0 for M = 0 kept entries (like F.cross_entropy's sum),
+    # not 0·NaN; "mean" over nothing is NaN as in PyTorch.
+    x, t = _data(n=6)
+    for tt, xx in ((torch.full_like(t, -100), x), (t[:0], x[:0])):
+        xr = xx.clone().requires_grad_(True)
+        out = TF.mmce_loss(xr, tt, reduction="sum")
+        assert out == 0 and out == F.cross_entropy(xx, tt, reduction="sum")
+        out.backward()
+        assert torch.all(xr.grad == 0)
+        assert torch.isnan(TF.mmce_loss(xx, tt)) and torch.isnan(F.cross_entropy(xx, tt))

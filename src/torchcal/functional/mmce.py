@@ -122,7 +122,10 @@ def mmce_loss(
         correct = pred == target.reshape(-1)
         w = None if valid is None else valid.reshape(-1).to(conf.dtype)
         kept = lp.new_tensor(float(lp.numel())) if valid is None else valid.sum().to(lp.dtype)
-        ce_mean = -lp.sum() / kept
-        total = ce_mean + lam * mmce_penalty(conf, correct, normalization=normalization,
-                                             width=width, weight=w)
-        return total if reduction == "mean" else kept * total
+        ce_sum = -lp.sum()
+        pen = lam * mmce_penalty(conf, correct, normalization=normalization, width=width,
+                                 weight=w)
+        if reduction == "mean":
+            return ce_sum / kept + pen  # NaN when every entry is ignored, as F.cross_entropy
+        # M·(CE_mean + λ·MMCE) written as CE_sum + M·λ·MMCE: 0 (not 0·NaN) when M = 0
+        return ce_sum + kept * pen
