@@ -237,6 +237,12 @@ def test_scheduled_focal_presets_and_boundaries():
         loss.set_epoch(-1)
 
 
+def test_scheduled_focal_bad_milestones_name_the_argument():
+    for bad in (100, None, (100.5, 250), (-1, 250)):
+        with pytest.raises(ValueError, match="`milestones`"):
+            ScheduledFocalLoss(bad, (5.0, 3.0, 1.0))
+
+
 def test_scheduled_focal_state_round_trip():
     loss = create_loss("flsc532")
     loss.set_epoch(260)

@@ -133,7 +133,12 @@ class ScheduledFocalLoss(CalibrationLoss):
                  gammas: Sequence[float] = (5.0, 3.0, 1.0), *, reduction: str = "mean",
                  ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        ms = tuple(milestones)
+        try:
+            ms = tuple(milestones)
+        except TypeError as e:  # not iterable
+            raise ValueError(
+                f"Expected `milestones` to be a sequence of non-negative integers, got {milestones!r}"
+            ) from e
         if any(isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0 for m in ms):
             raise ValueError(
                 f"Expected `milestones` to be non-negative integers, got {list(milestones)}"
