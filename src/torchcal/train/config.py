@@ -202,9 +202,14 @@ class TrainConfig:
 
         >>> TrainConfig(epochs=30, milestone_fractions=[0.5, 0.75]).effective_milestones()
         [15, 22]
+        >>> TrainConfig(epochs=1, milestone_fractions=[0.5, 0.75]).effective_milestones()
+        [1, 1]
         """
         if self.milestone_fractions is not None:
-            return [int(math.floor(float(f) * self.epochs)) for f in self.milestone_fractions]
+            # a positive fraction never lands on epoch 0 (MultiStepLR would then cut the initial
+            # learning rate before the first step: 1-epoch runs trained at lr x 0.01)
+            return [max(int(math.floor(float(f) * self.epochs)), 1 if f > 0 else 0)
+                    for f in self.milestone_fractions]
         return [int(m) for m in self.milestones]
 
     def effective_loss_kwargs(self) -> dict[str, Any]:
