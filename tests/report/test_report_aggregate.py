@@ -175,6 +175,21 @@ def test_report_of_reports_skips_report_files(runs_dir, tmp_path):
     assert loaded.errors == [] and len(loaded.runs) == 6
 
 
+def test_uncertainty_results_of_a_run_are_not_flagged(runs_dir):
+    """`torchcal uncertainty eval` writes RUN_DIR/uncertainty/results.json (another schema): a
+    report over run directories skips it silently instead of listing it as a malformed run."""
+    d = runs_dir / "ce" / "seed0" / "uncertainty"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(
+        {"schema": "torchcal.uncertainty_results/1", "meta": {}}, indent=2))
+    loaded = load_runs([runs_dir])
+    assert loaded.errors == [] and len(loaded.runs) == 6
+    # a genuinely malformed run file is still reported
+    (runs_dir / "ce" / "seed1" / "results.json").write_text('{"schema": "x"}')
+    loaded = load_runs([runs_dir])
+    assert [e[0].endswith("seed1/results.json") for e in loaded.errors] == [True]
+
+
 def test_figures_problem_is_a_note_not_a_failure(runs_dir, tmp_path):
     """Saved logits that cannot be pooled (different class counts across seeds) cost the figures
     of that data set / model, never the report; runs without logits are noted."""

@@ -217,7 +217,7 @@ def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
             runs.append(load_run(f))
         except ResultsFileError as exc:
             if _is_report_file(f):  # the results.json of a report (e.g. a demo's top level)
-                continue
+                continue  # or of `torchcal uncertainty eval` (RUN_DIR/uncertainty/)
             errors.append((str(f), str(exc)))
     return LoadReport(runs=runs, errors=errors)
 
@@ -228,7 +228,7 @@ def _is_report_file(path: Path) -> bool:
             head = fh.read(200)
     except OSError:
         return False
-    return '"schema": "torchcal.report/' in head
+    return any(f'"schema": "torchcal.{kind}/' in head for kind in ("report", "uncertainty_results"))
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
