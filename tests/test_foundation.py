@@ -170,3 +170,19 @@ def test_cli_help_and_no_command(capsys):
         main(["--version"])
     assert exc.value.code == 0
     assert "torchcal" in capsys.readouterr().out
+
+
+def test_bin_index_compares_float32_values_against_float64_edges_exactly():
+    from torchcal.metrics.binning import bin_index
+
+    edge = torch.tensor([0.5 + 2.0**-30], dtype=torch.float64)  # not representable in float32
+    v = torch.tensor([0.5], dtype=torch.float32)  # below the edge, but equal to it in float32
+    assert bin_index(v, edge).tolist() == [0]
+    assert bin_index(v, edge, right_closed=False).tolist() == [0]
+    v_up = torch.nextafter(v, torch.tensor(1.0))  # above the edge
+    assert bin_index(v_up, edge).tolist() == [1]
+
+
+def test_calibration_loss_rejects_non_integer_ignore_index():
+    with pytest.raises(TypeError, match="Expected `ignore_index` to be an integer, got 'a'"):
+        base.CalibrationLoss(ignore_index="a")

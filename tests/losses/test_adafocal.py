@@ -243,8 +243,9 @@ def test_empty_bins_and_fewer_samples_than_bins():
     torch.testing.assert_close(loss.gammas[[0, 3]],
                                torch.tensor([0.1 * math.exp(0.7), -0.2], dtype=torch.float64))
     torch.testing.assert_close(loss.bin_edges, torch.tensor([0, 0.7, 0.7, 0.7, 1], dtype=torch.float64))
-    # zero-width bins are never chosen by a training sample
-    p = torch.tensor([0.0, 0.69, 0.7, 0.71, 1.0])
+    # zero-width bins are never chosen by a training sample (float64 p: the edges are the float64
+    # validation confidences, and the lookup compares exactly in the wider dtype)
+    p = torch.tensor([0.0, 0.69, 0.7, 0.71, 1.0], dtype=torch.float64)
     assert loss.bin_of(p).tolist() == [0, 0, 3, 3, 3]
     # a single validation sample works too
     one = AdaFocalLoss(n_bins=3)

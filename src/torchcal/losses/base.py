@@ -21,6 +21,7 @@ N·(CE_mean + λ·MMCE)).  A faithful recipe sets ``loss.reduction = loss.publis
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -43,6 +44,8 @@ class CalibrationLoss(nn.Module):
 
         if reduction not in REDUCTIONS:
             raise ValueError(f"Expected `reduction` to be one of {REDUCTIONS}, got {reduction!r}")
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+            raise TypeError(f"Expected `ignore_index` to be an integer, got {ignore_index!r}")
         self.reduction = reduction
         self.ignore_index = int(ignore_index)
 

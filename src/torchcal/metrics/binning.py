@@ -67,7 +67,9 @@ def bin_index(
     >>> bin_index(torch.tensor([0.0, 0.5, 0.6, 1.0]), torch.tensor([0.5]), right_closed=False)
     tensor([0, 1, 1, 1])
     """
-    cd = _cmp_dtype(values.dtype)
+    # compare in the wider of the two dtypes (at least float32): exact for float32 values
+    # against float64 edges (AdaFocal's state) as well as for own-dtype edges
+    cd = torch.promote_types(_cmp_dtype(values.dtype), _cmp_dtype(interior_edges.dtype))
     edges = interior_edges.to(device=values.device, dtype=cd).contiguous()
     if edges.ndim > 1:
         # Batched edges (..., B-1) for values (..., M) with the same leading dimensions.
