@@ -3,7 +3,7 @@
 Each sub-command lives beside the code it drives and exposes ``register(subparsers)`` which
 adds its parser and sets ``func`` (a callable taking the parsed ``argparse.Namespace`` and
 returning an exit code).  User mistakes raise :class:`torchcal.errors.TorchcalError` (or a
-ValueError/FileNotFoundError from argument checks) and are printed as one line, exit status 2.
+ValueError/OSError from argument checks or unusable paths) and are printed as one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("torchcal: interrupted", file=sys.stderr)
         return 130
-    except (TorchcalError, FileNotFoundError, ValueError) as exc:
+    except (TorchcalError, OSError, ValueError) as exc:  # OSError: e.g. --out names a file
         if getattr(args, "debug", False):
             raise
         print(f"torchcal {args.command}: error: {exc}", file=sys.stderr)

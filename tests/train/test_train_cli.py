@@ -69,6 +69,16 @@ def test_user_mistakes_are_one_line(tmp_path, capsys):
     _one_line_error(capsys, ["eval", str(tmp_path / "bad")], "corrupt")
     _one_line_error(capsys, ["eval", str(tmp_path / "missing")], "does not exist")
     _one_line_error(capsys, ["calibrate", str(tmp_path / "none.npz")], "does not exist")
+    # an output path that names an existing file: one line naming it, no traceback
+    afile = tmp_path / "afile.txt"
+    afile.write_text("x")
+    _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--epochs", "1", "--no-progress",
+                             "--out", str(afile)], str(afile))
+    from torchcal.evaluate import save_logits
+
+    save_logits(tmp_path / "v.npz", np.eye(3, dtype=np.float32) * 2, np.arange(3))
+    _one_line_error(capsys, ["calibrate", str(tmp_path / "v.npz"), "--out",
+                             str(afile / "cal.json")], str(afile))
 
 
 def _final_metrics(run):

@@ -52,7 +52,8 @@ def resolve_device(device: str, env: DistEnv | None = None) -> torch.device:
         raise ValueError(f"Expected `device` to be a valid torch device, got {device!r}") from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"Expected `device` to be available, got {device!r} but CUDA is not")
+            raise ValueError(f"Expected `device` to be an available device, got {device!r}, but "
+                             "CUDA is not available here (use --device cpu or auto)")
         if dev.index is None:
             dev = torch.device("cuda", env.local_rank if env.enabled else torch.cuda.current_device())
     return dev
