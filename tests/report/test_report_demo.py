@@ -64,6 +64,21 @@ def test_demo_is_deterministic_across_processes(tiny_demo, tmp_path):
     assert other["test"]["pre"]["nll"] != ref["test"]["pre"]["nll"]  # seeds differ
 
 
+def test_rerun_with_other_epochs_retrains_instead_of_reusing(tiny_demo, tmp_path):
+    """Re-running the demo into the same --out with other settings must not report the old
+    runs' models under the new settings."""
+    import shutil
+
+    out = tmp_path / "again"
+    shutil.copytree(tiny_demo.out_dir / "runs" / "ce", out / "runs" / "ce")
+    res = run_demo(DemoConfig(out=out, **dict(TINY, losses=("ce",), epochs=1)))
+    assert res.failed == []
+    run = out / "runs" / "ce" / "seed0"
+    log = (run / "log.jsonl").read_text().splitlines()
+    assert len(log) == 1 and json.loads(log[0])["epoch"] == 1
+    assert read_results(run)["meta"]["epochs"] == 1
+
+
 def test_default_losses_cover_the_issue_list():
     names = applicable_losses()
     for n in ("ce", "ls", "brier", "mmce", "focal", "flsd53", "dual_focal", "adafocal", "bsce_gra"):

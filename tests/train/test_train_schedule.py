@@ -105,3 +105,23 @@ def test_gather_padded_drops_the_sampler_padding(n, world, monkeypatch):
     out = D.gather_padded(values[1], n, D.DistEnv(rank=1, world_size=world))
     assert out.shape == (n, 2)
     assert out[:, 0].tolist() == [10.0 * i for i in range(n)]
+
+
+def test_resume_rejects_other_data_or_fewer_epochs(tmp_path):
+    """A checkpoint is never silently reported under settings it was not trained with."""
+    from torchcal.errors import CheckpointError
+
+    cfg = _digits(tmp_path, epochs=2, data_kwargs={"noise_std": 0.5})
+    train(cfg)
+    with pytest.raises(CheckpointError, match="data_kwargs"):
+        train(dataclasses.replace(cfg, resume=True, data_kwargs={"noise_std": 0.3}))
+    with pytest.raises(CheckpointError, match="val_fraction"):
+        train(dataclasses.replace(cfg, resume=True, val_fraction=0.2))
+    with pytest.raises(CheckpointError, match="trained 2 epochs.*epochs=1"):
+        train(dataclasses.replace(cfg, resume=True, epochs=1))
+    # the same settings: a finished run resumes (nothing to train)
+    out = train(dataclasses.replace(cfg, resume=True))
+    assert out["resumed_from"] == 2
+    from torchcal.train.trainer import _data_identity  # `verify` only skips an MD5 check
+
+    assert _data_identity(dataclasses.replace(cfg, data_kwargs={"verify": False})) == {}

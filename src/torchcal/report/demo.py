@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -213,11 +214,20 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     out = {"run_dir": job["run_dir"], "loss": job["loss"], "seed": job["seed"], "error": None}
     try:
         _set_threads()
+        from ..errors import CheckpointError
         from ..evaluate import evaluate_run_logits
         from ..train import train
 
         run_dir = Path(job["run_dir"])
-        train(_train_config(job))
+        try:
+            train(_train_config(job))
+        except CheckpointError:
+            if not run_dir.is_dir():
+                raise
+            # this demo's run directory holds a run of other settings (epochs, noise, ...) or a
+            # broken checkpoint: never report it under these settings, train this run afresh
+            shutil.rmtree(run_dir)
+            train(_train_config(job))
         if not (run_dir / "results.json").is_file():
             evaluate_run_logits(run_dir, n_bins=job["n_bins"], meta=_meta(job))
     except Exception as exc:  # reported, the other runs go on

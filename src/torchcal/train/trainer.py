@@ -73,7 +73,13 @@ from .predict import (
 
 __all__ = ["train", "build_loss", "epoch_metrics"]
 
-_COMPAT_FIELDS = ("dataset", "model", "loss", "seed", "batch_size", "model_kwargs")
+_COMPAT_FIELDS = ("dataset", "model", "loss", "seed", "batch_size", "model_kwargs",
+                  "val_fraction", "data_seed")
+_DATA_KWARGS_IGNORED = ("verify",)  # data options that do not change the data
+
+
+def _data_identity(config: TrainConfig) -> dict[str, Any]:
+    return {k: v for k, v in dict(config.data_kwargs).items() if k not in _DATA_KWARGS_IGNORED}
 
 
 # ------------------------------------------------------------------------------------------
@@ -324,6 +330,14 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
                 raise CheckpointError(
                     f"Cannot resume {str(run_dir)!r}: its checkpoint has {k}={getattr(old, k)!r}, "
                     f"the config {k}={getattr(config, k)!r}")
+        if _data_identity(old) != _data_identity(config):
+            raise CheckpointError(
+                f"Cannot resume {str(run_dir)!r}: its checkpoint was trained with data_kwargs="
+                f"{_data_identity(old)!r}, the config has {_data_identity(config)!r}")
+        if int(state["epoch"]) > config.epochs:
+            raise CheckpointError(
+                f"Cannot resume {str(run_dir)!r}: its checkpoint has trained {int(state['epoch'])} "
+                f"epochs, more than the requested epochs={config.epochs}")
         changed = [k for k in ("lr", "momentum", "weight_decay", "nesterov", "lr_gamma")
                    if getattr(old, k) != getattr(config, k)]
         if old.effective_milestones() != config.effective_milestones():
