@@ -125,3 +125,22 @@ def test_resume_rejects_other_data_or_fewer_epochs(tmp_path):
     from torchcal.train.trainer import _data_identity  # `verify` only skips an MD5 check
 
     assert _data_identity(dataclasses.replace(cfg, data_kwargs={"verify": False})) == {}
+
+
+def test_best_checkpoint_holds_the_selected_epochs_weights(tmp_path):
+    from torchcal.train import build_data, load_model_from_run, predict_logits
+
+    # (at the default lr 0.05 the validation ECE is lowest after epoch 1: best != last)
+    cfg = _digits(tmp_path, epochs=3, select_best_by="ece", milestone_fractions=None,
+                  milestones=[2])
+    summary = train(cfg)
+    lines = [json.loads(s) for s in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    best_epoch = summary["best"]["epoch"]
+    assert lines[best_epoch - 1]["val_ece"] == min(r["val_ece"] for r in lines)
+    assert best_epoch < 3, "this configuration is meant to select an earlier epoch"
+    splits = build_data(cfg)
+    for which, epoch in (("best", best_epoch), ("last", 3)):
+        model, _ = load_model_from_run(tmp_path / "run", checkpoint=which)
+        z, y = predict_logits(model, splits.val, "cpu", 512)
+        assert float(F.cross_entropy(z, y)) == pytest.approx(lines[epoch - 1]["val_nll"],
+                                                             abs=1e-5), which
