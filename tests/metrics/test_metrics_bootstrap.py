@@ -84,3 +84,22 @@ def test_interval_covers_the_truth_on_a_calibrated_source():
     r = M.bootstrap_ci("ece", probs=p, labels=y, n_resamples=200)
     assert r.low.item() < 0.1 + 0.005 and r.high.item() > 0.1 - 0.005
     assert r.high.item() - r.low.item() < 0.02
+
+
+def test_error_interval_uses_the_arg_max_rule_on_tied_probabilities():
+    # tied rows [.5, .5] with label 1: `error` counts them wrong (arg-max = first index), so
+    # every resample's error is the share of tied rows - never an interval [0, 0] around 0.5
+    p = torch.full((20, 2), 0.5, dtype=torch.float64)
+    p[:10] = torch.tensor([0.9, 0.1], dtype=torch.float64)
+    y = torch.ones(20, dtype=torch.long)
+    y[:10] = 0
+    res = M.bootstrap_ci("error", probs=p, labels=y, n_resamples=50, seed=1)
+    assert res.estimate.item() == 0.5
+    idx = resample_indices(20, 50, 1)
+    vals = np.array([M.error(probs=p[i], labels=y[i]).item() for i in idx])
+    lo, hi = np.quantile(vals, [0.05, 0.95])
+    assert res.low.item() == pytest.approx(lo, abs=1e-12) and lo > 0.2
+    assert res.high.item() == pytest.approx(hi, abs=1e-12)
+    # top-k error keeps its own rule (ties count as hits), still equal to a loop
+    res_k = M.bootstrap_ci("topk_error", probs=p, labels=y, n_resamples=50, seed=1, k=1)
+    assert res_k.estimate.item() == 0.0 and res_k.high.item() == 0.0

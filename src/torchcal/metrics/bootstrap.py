@@ -212,9 +212,11 @@ def bootstrap_ci(
             stats = _mean_stats(scoring.nll_per_sample(logits, p, y), batches)
         elif fn is scoring.brier:
             stats = _mean_stats(scoring.brier_per_sample(p, y), batches)
-        elif fn is scoring.error or fn is scoring.topk_error:
-            k = 1 if fn is scoring.error else metric_kwargs.get("k", 5)
-            stats = _mean_stats(~scoring.topk_hits(p, y, k), batches)
+        elif fn is scoring.error:
+            # the arg-max rule of `error` (first index on ties), not top-k's tie rule
+            stats = _mean_stats(~top1(p, y)[1], batches)
+        elif fn is scoring.topk_error:
+            stats = _mean_stats(~scoring.topk_hits(p, y, metric_kwargs.get("k", 5)), batches)
         elif fn is calibration.classwise_ece:
             stats = _classwise_stats(p, y, batches, metric_kwargs.get("n_bins", 15))
         elif fn is calibration.adaptive_ece:
