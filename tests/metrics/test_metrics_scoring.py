@@ -103,3 +103,22 @@ def test_numpy_and_dtypes():
         assert a.dtype == torch.float64 and a.item() == pytest.approx(b.item(), abs=1e-14)
         c = fn(logits=z.half(), labels=y, validate_args=True)
         assert c.dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_s99_threshold_is_exact_in_low_precision(dtype):
+    # the largest value below 0.99 in each dtype (bfloat16: 0.98828125, which is what 0.99
+    # itself rounds to in bfloat16) is not confident; the smallest value >= 0.99 is
+    spacing = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}[dtype]
+    below = torch.tensor(math.floor(0.99 / spacing) * spacing, dtype=dtype)
+    above = torch.tensor(math.ceil(0.99 / spacing) * spacing, dtype=dtype)
+    assert below.double() < 0.99 <= above.double()
+    conf = torch.stack([below, above, torch.tensor(0.5, dtype=dtype)])
+    p = torch.stack([conf, 1 - conf], 1)
+    y = torch.tensor([0, 1, 0])
+    share, acc = M.s99(probs=p, labels=y, validate_args=False)
+    assert share.item() == pytest.approx(1 / 3) and acc.item() == 0.0
+    meter = M.CalibrationMeter(2)
+    meter.update(probs=p, labels=y, validate_args=False)
+    out = meter.compute()
+    assert out["s99_share"].item() == pytest.approx(1 / 3) and out["s99_accuracy"].item() == 0.0

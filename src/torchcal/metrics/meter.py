@@ -16,7 +16,7 @@ from ._common import (
     top1,
 )
 from .binning import equal_mass_bin_index, equal_width_bin_index
-from .scoring import brier_per_sample, nll_per_sample, topk_hits
+from .scoring import brier_per_sample, confident_mask, nll_per_sample, topk_hits
 
 __all__ = ["CalibrationMeter"]
 
@@ -140,7 +140,7 @@ class CalibrationMeter:
         idx = equal_width_bin_index(conf, self.n_bins)
         bins += binned_sums(idx, conf, correct, self.n_bins)
         cw += classwise_sums(p, y, self.n_bins)
-        confident = conf >= self.threshold
+        confident = confident_mask(conf, self.threshold)
         hits = (
             topk_hits(p, y, self.topk) if self.topk <= self.num_classes
             else torch.zeros_like(correct)

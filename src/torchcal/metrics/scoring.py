@@ -113,6 +113,12 @@ def topk_hits(p: torch.Tensor, y: torch.Tensor, k: int) -> torch.Tensor:
     return (p > p_y).sum(dim=1) < k
 
 
+def confident_mask(conf: torch.Tensor, threshold: float) -> torch.Tensor:
+    """(N,) bool ``conf >= threshold``, compared in float64 (exact for every input dtype: a
+    low-precision comparison would round the threshold, e.g. 0.99 to 0.98828125 in bfloat16)."""
+    return conf.to(torch.float64) >= threshold
+
+
 def s99(
     *, logits: Any = None, probs: Any = None, labels: Any, threshold: float = 0.99,
     validate_args: bool = True,
@@ -120,6 +126,7 @@ def s99(
     """Share of samples with top-1 confidence ``>= threshold`` and the accuracy on them.
 
     Returns ``(share, accuracy)``; ``accuracy`` is NaN when no sample reaches the threshold.
+    The comparison is exact in every input dtype (made in float64).
 
     Example:
         >>> probs = torch.tensor([[0.995, 0.005], [0.5, 0.5], [0.001, 0.999], [0.3, 0.7]])
@@ -129,7 +136,7 @@ def s99(
     threshold = check_unit_interval(threshold, "threshold")
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     conf, correct = top1(p, y)
-    confident = conf >= threshold
+    confident = confident_mask(conf, threshold)
     n_conf = confident.sum().to(torch.float64)
     share = n_conf / conf.shape[0]
     acc = (confident & correct).sum().to(torch.float64) / n_conf
