@@ -119,7 +119,9 @@ def resolve_probs(
     probabilities by ``softmax`` computed in at least float32 and returned in the logits' own
     floating dtype (so equal-width bin edges follow the caller's dtype).  Integer inputs are
     rejected.  With ``validate_args`` the probabilities are checked to lie in [0, 1] with rows
-    summing to 1 within ``atol``; both inputs are checked for NaN/Inf and emptiness.
+    summing to 1 within ``max(atol, eps)`` (``eps`` of the probabilities' dtype: rounding valid
+    probabilities to bfloat16 moves a row sum by up to ``eps / 2``); both inputs are checked
+    for NaN/Inf and emptiness.
     """
     if (logits is None) == (probs is None):
         raise ValueError(
@@ -152,9 +154,10 @@ def resolve_probs(
         # float32 accumulation is ample for a 1e-3 tolerance and avoids a float64 copy.
         sums = t.sum(dim=1, dtype=torch.promote_types(t.dtype, torch.float32)).double()
         dev = (sums - 1).abs().max()
-        if bool(dev > atol):
+        tol = max(atol, torch.finfo(t.dtype).eps)
+        if bool(dev > tol):
             raise ValueError(
-                f"Expected each row of `probs` to sum to 1 (tolerance {atol}), "
+                f"Expected each row of `probs` to sum to 1 (tolerance {tol:.3g}), "
                 f"found a row summing to {float(sums[(sums - 1).abs().argmax()]):.6g}"
             )
     return t

@@ -164,3 +164,21 @@ def test_bootstrap_and_meter_bad_input():
         meter.update(logits=Z, labels=Y)
     with pytest.raises(ValueError, match="at least one sample before `compute\\(\\)`"):
         meter.compute()
+
+
+def test_low_precision_probs_pass_the_row_sum_check():
+    # probabilities rounded to bfloat16 (or float16) are valid input: a row sum moves by up
+    # to eps/2 of the dtype (bfloat16: ~0.004), beyond the float32 tolerance of 1e-3
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(3 * torch.randn(2000, 10, generator=g), 1)
+    y = torch.randint(0, 10, (2000,), generator=g)
+    for dtype in (torch.bfloat16, torch.float16):
+        q = p.to(dtype)
+        ref = M.ece(probs=q, labels=y, validate_args=False)
+        assert torch.equal(M.ece(probs=q, labels=y), ref)
+    assert (p.to(torch.bfloat16).float().sum(1) - 1).abs().max() > 1e-3  # the case is real
+    # a real error is still caught in bfloat16, and float32 keeps the 1e-3 tolerance
+    with pytest.raises(ValueError, match=r"each row of `probs` to sum to 1 \(tolerance 0.00781\)"):
+        M.ece(probs=(p * 0.95).to(torch.bfloat16), labels=y)
+    with pytest.raises(ValueError, match=r"tolerance 0.001\)"):
+        M.ece(probs=p * 0.998, labels=y)
