@@ -161,3 +161,14 @@ def test_properties(n, seed, levels):
     assert ap == pytest.approx(average_precision_score(y, s), abs=1e-12)
     f = M.fpr_at_tpr(scores=s, labels=y).item()
     assert 0.0 <= f <= 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int64])
+def test_r_auroc_integer_uncertainty(dtype):
+    # -u must not wrap around: uint8 0 (the most confident) would become 0 again, int8 -128
+    # would stay -128
+    lo = -128 if dtype == torch.int8 else 0
+    u = torch.tensor([lo, 5, 7, 9], dtype=dtype)
+    c = torch.tensor([1, 1, 0, 0])
+    assert M.r_auroc(uncertainty=u, correct=c).item() == 1.0
+    assert M.r_auroc(uncertainty=u, correct=1 - c).item() == 0.0

@@ -191,7 +191,8 @@ def r_auroc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
     """
     u = _check_scores(uncertainty, "uncertainty")
     c = _check_correct(correct, u.shape[0], u.device)
-    return auroc(scores=-u, labels=c)
+    # integer uncertainties are negated in int64: -u wraps around for uint8 (and int8 -128)
+    return auroc(scores=-(u if u.is_floating_point() else u.to(torch.int64)), labels=c)
 
 
 def ood_scores(
