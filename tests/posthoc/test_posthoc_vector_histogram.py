@@ -110,6 +110,40 @@ def test_vector_scaling_rejects_a_different_class_count(biased):
         vs.transform(torch.randn(3, 4))
 
 
+def test_vector_scaling_out_of_budget_raises_with_the_reason():
+    z, y = draw_biased(500, c=4, seed=9)
+    with pytest.raises(RuntimeError, match=r"L-BFGS used its budget \(\d+ iterations.*"
+                                           r"max_iter=3\).*gradient still .*increase `max_iter`"):
+        VectorScaling(max_iter=3).fit(z, y)
+    VectorScaling().fit(z, y)  # the default budget converges
+
+
+def test_vector_scaling_warns_about_classes_absent_from_validation():
+    z, y = draw_biased(1500, c=5, seed=10)
+    keep = (y != 0) & (y != 3)
+    with pytest.warns(RuntimeWarning, match=r"2 class\(es\) never occur.*\(0, 3\)"):
+        vs = VectorScaling().fit(z[keep], y[keep])
+    # the absent classes' biases run off towards -inf: the warning is about something real
+    assert vs.bias_[0] < vs.bias_[1:3].min() - 5 and vs.bias_[3] < vs.bias_[4] - 5
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        VectorScaling().fit(z, y)  # every class present: no warning
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cls", [VectorScaling, HistogramBinning])
+def test_cuda_fit_and_predict_match_cpu(cls):
+    z, y = draw_biased(2000, c=4, seed=11)
+    cpu = cls().fit(z, y)
+    gpu = cls().fit(z.cuda(), y.cuda())
+    q = gpu.predict_proba(z.cuda())
+    assert q.device.type == "cuda"
+    assert torch.allclose(q.cpu(), cpu.predict_proba(z), atol=1e-4)
+    assert cpu.predict_proba(z.cuda()).device.type == "cuda"  # fitted on CPU, used on CUDA
+
+
 # ----------------------------------------------------------------------------- histogram binning
 
 

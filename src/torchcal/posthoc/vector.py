@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -14,6 +15,9 @@ from .temperature import _fit_nll
 
 __all__ = ["VectorScaling"]
 
+# Largest |gradient| of the mean validation NLL accepted when L-BFGS stops on its budget.
+_GRAD_TOL = 1e-6
+
 
 class VectorScaling(Calibrator):
     """Vector scaling: calibrated logits ``z'_ic = w_c z_ic + b_c`` fitted by validation NLL.
@@ -24,6 +28,12 @@ class VectorScaling(Calibrator):
     scaling is the special case ``w_c = 1/T, b_c = 0`` and the fit never ends above its
     starting point, so the validation NLL is at most temperature scaling's.  Unlike temperature
     scaling, the bias can change the arg-max (and so the accuracy).
+
+    A class that never occurs among the validation labels has no finite optimum (its bias
+    falls towards ``-inf``): :meth:`fit` warns (``RuntimeWarning``) and names such classes.
+    If L-BFGS uses up its budget (``max_iter`` iterations or ``1.25 * max_iter`` evaluations)
+    with the NLL gradient still above ``1e-6``, :meth:`fit` raises ``RuntimeError`` giving
+    that reason.
 
     Args:
         max_iter: L-BFGS iterations.
@@ -56,6 +66,16 @@ class VectorScaling(Calibrator):
         max_iter = check_positive_int(self.max_iter, "max_iter")
         z, y = prepare_fit(logits, labels)
         c = z.shape[1]
+        absent = (torch.bincount(y, minlength=c) == 0).nonzero().flatten().tolist()
+        if absent:
+            shown = ", ".join(map(str, absent[:10])) + (", ..." if len(absent) > 10 else "")
+            warnings.warn(
+                f"VectorScaling: {len(absent)} class(es) never occur in the validation labels "
+                f"({shown}); their biases have no finite optimum and are pushed towards -inf, "
+                "so those classes get almost no probability",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         z64 = z.to(torch.float64)
         t0 = _fit_nll(z, y)
         w0 = torch.full((c,), 1.0 / t0, dtype=torch.float64, device=z.device)
@@ -77,13 +97,24 @@ class VectorScaling(Calibrator):
             with torch.no_grad():
                 start = float(F.cross_entropy(z64 * w0 + b0, y))
             opt.step(closure)
-        with torch.no_grad():
-            end = float(F.cross_entropy(z64 * w + b, y))
+        state = opt.state[opt.param_groups[0]["params"][0]]
+        n_iter, n_eval = state.get("n_iter", 0), state.get("func_evals", 0)
+        with torch.enable_grad():
+            loss = F.cross_entropy(z64 * w + b, y)
+            gw, gb = torch.autograd.grad(loss, (w, b))
+        end = float(loss.detach())
         if not math.isfinite(end):
-            n_iter = opt.state[opt._params[0]].get("n_iter", "?")
             raise RuntimeError(
                 f"VectorScaling failed: L-BFGS reached a non-finite validation NLL ({end!r}) "
                 f"after {n_iter} iterations"
+            )
+        grad = float(torch.maximum(gw.abs().max(), gb.abs().max()))
+        max_eval = opt.param_groups[0]["max_eval"]
+        if (n_iter >= max_iter or n_eval >= max_eval) and not grad <= _GRAD_TOL:
+            raise RuntimeError(
+                f"VectorScaling failed: L-BFGS used its budget ({n_iter} iterations, {n_eval} "
+                f"function evaluations; max_iter={max_iter}) with the validation NLL gradient "
+                f"still {grad:.3g} (> {_GRAD_TOL:g}); increase `max_iter`"
             )
         if end > start:  # cannot happen with a descent line search; keep the guarantee anyway
             w, b = w0, b0
