@@ -256,6 +256,31 @@ def test_chunking_over_temperatures_does_not_change_results(monkeypatch):
         assert torch.equal(full[k], chunked[k]) and torch.equal(full[k], single[k])
 
 
+def test_grid_search_is_vectorised_over_temperatures(monkeypatch):
+    """All 100 temperatures go through one softmax and one binned sum per chunk, not a Python
+    loop of per-temperature metric calls."""
+    calls = {"softmax": [], "bins": []}
+    real_softmax, real_bins = temperature_mod._softmax_into, temperature_mod._binned_ece_rows
+
+    def softmax(x, out):
+        calls["softmax"].append(x.shape[0])
+        return real_softmax(x, out)
+
+    def bins(idx, *args):
+        calls["bins"].append(idx.shape[0])
+        return real_bins(idx, *args)
+
+    monkeypatch.setattr(temperature_mod, "_softmax_into", softmax)
+    monkeypatch.setattr(temperature_mod, "_binned_ece_rows", bins)
+    z, y = draw(2.0, 400, c=10, seed=20)
+    TemperatureScaling(method="grid_ece").fit(z, y)
+    assert calls == {"softmax": [100], "bins": [100]}
+    calls["softmax"].clear(), calls["bins"].clear()
+    monkeypatch.setattr(temperature_mod, "_CHUNK_ELEMENTS", 400 * 10 * 40)  # 40 per chunk
+    TemperatureScaling(method="grid_adaece").fit(z, y)
+    assert calls == {"softmax": [40, 40, 20], "bins": [40, 40, 20]}
+
+
 def test_half_precision_logits_are_upcast():
     z, y = draw(2.0, 500, c=4, seed=8)
     zh = z.half()
