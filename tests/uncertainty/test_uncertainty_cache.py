@@ -244,6 +244,24 @@ def test_build_leaves_model_untouched(tmp_path, digits_backbone):
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_backbone_runs_in_eval_mode_under_no_grad(tmp_path, digits_backbone):
+    model, x, y = _small(digits_backbone, 40)
+    seen = []
+
+    def embed(m, xb):
+        seen.append((torch.is_grad_enabled(), m.training))
+        z = m.forward_features(xb)
+        return z, m.fc(z)
+
+    model.train()
+    try:
+        with torch.enable_grad():
+            EmbeddingCache.build(tmp_path / "c", model, (x, y), batch_size=16, embed=embed)
+    finally:
+        model.eval()
+    assert seen == [(False, False)] * 3
+
+
 def test_identity_helpers(digits_backbone):
     model, x, y = _small(digits_backbone, 20)
     clone = type(model)()

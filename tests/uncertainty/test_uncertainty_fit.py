@@ -176,6 +176,39 @@ def test_fit_is_deterministic_and_continues_a_given_head(digits_caches):
     assert any(not torch.equal(p, q) for p, q in zip(before, c.head.parameters(), strict=True))
 
 
+def test_fit_uses_adamw_with_a_cosine_schedule_and_shows_progress(digits_caches, monkeypatch,
+                                                                   capsys):
+    """The published recipe: AdamW (lr 1e-3 per 256 samples, weight decay 1e-4), cosine decay
+    over all steps; the lr in force at every step is recorded and checked against the formula."""
+    head_cache, _ = digits_caches
+    made = []
+
+    class SpyAdamW(torch.optim.AdamW):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.lrs = []
+            made.append(self)
+
+        def step(self, closure=None):
+            self.lrs.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "AdamW", SpyAdamW)
+    n = len(head_cache)  # 2400 rows: 9 full batches of 256 and one of 96 per epoch
+    assert n == 2400
+    fit_head(head_cache, epochs=2, batch_size=256, width=16, progress=True)
+    (opt,) = made
+    assert opt.param_groups[0]["weight_decay"] == 1e-4
+    total = 2 * 10
+    expected = [1e-3 * (1 + math.cos(math.pi * k / total)) / 2 for k in range(total)]
+    assert opt.lrs == pytest.approx(expected, rel=1e-9, abs=1e-15)
+    assert "uncertainty head" in capsys.readouterr().err  # the tqdm bar
+    fit_head(head_cache, epochs=1, batch_size=128, width=16, progress=False)
+    assert made[1].lrs[0] == pytest.approx(5e-4)  # lr scales with the batch size
+    assert len(made[1].lrs) == 19  # 18 x 128 + a final even batch of 96
+    assert capsys.readouterr().err == ""  # progress=False: no bar
+
+
 def test_fit_bad_arguments(digits_caches):
     head_cache, _ = digits_caches
     with pytest.raises(ValueError, match="`batch_size`"):
