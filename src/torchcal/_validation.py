@@ -97,10 +97,11 @@ def check_labels(
         t = t.to(device)
     t = t.long()
     if t.numel() and num_classes is not None:
-        lo, hi = int(t.min()), int(t.max())
-        if lo < 0 or hi >= num_classes:
+        lo, hi = torch.aminmax(t)  # one pass and one host sync for both bounds
+        if bool((lo < 0) | (hi >= num_classes)):
             raise ValueError(
-                f"Expected `{name}` to be in [0, {num_classes - 1}], got values in [{lo}, {hi}]"
+                f"Expected `{name}` to be in [0, {num_classes - 1}], "
+                f"got values in [{int(lo)}, {int(hi)}]"
             )
     return t
 
@@ -150,7 +151,10 @@ def resolve_probs(
         if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
             check_finite(t, name)
         if bool((lo < 0) | (hi > 1)):
-            raise ValueError("Expected `probs` to lie in [0, 1], found values outside")
+            raise ValueError(
+                f"Expected `probs` to lie in [0, 1], got values in [{float(lo):.6g}, {float(hi):.6g}]"
+                " (pass `logits=` for unnormalised scores)"
+            )
         # float32 accumulation is ample for a 1e-3 tolerance and avoids a float64 copy.
         sums = t.sum(dim=1, dtype=torch.promote_types(t.dtype, torch.float32)).double()
         dev = (sums - 1).abs().max()

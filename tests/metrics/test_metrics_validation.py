@@ -67,6 +67,14 @@ def test_non_finite_and_bad_probs(fn):
     badp[0, 0] = float("nan")
     with pytest.raises(ValueError, match="`probs` to be finite"):
         _call(fn, probs=badp, labels=Y)
+    badp[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="`probs` to be finite, found 1 NaN/Inf"):
+        _call(fn, probs=badp, labels=Y)
+    bad[1, 1] = float("-inf")  # a masked logit is not accepted either
+    with pytest.raises(ValueError, match="`logits` to be finite, found 1 NaN/Inf"):
+        _call(fn, logits=bad, labels=Y)
+    with pytest.raises(ValueError, match=r"`probs` to lie in \[0, 1\], got values in \[-0\.5, 1\.5\]"):
+        _call(fn, probs=torch.tensor([[1.5, -0.5, 0.0]] * 3), labels=Y)
     with pytest.raises(ValueError, match=r"`probs` to lie in \[0, 1\]"):
         _call(fn, probs=P * 1.5 - 0.2, labels=Y)
     with pytest.raises(ValueError, match="each row of `probs` to sum to 1"):
