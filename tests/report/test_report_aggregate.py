@@ -205,3 +205,24 @@ def test_figures_problem_is_a_note_not_a_failure(runs_dir, tmp_path):
     assert any("figures stopped early" in n for n in out.notes)
     assert "## Notes" in out.report_md.read_text()
     assert len(out.groups) == 2 and out.errors == []
+
+
+def test_unevaluated_train_run_is_named_and_others_reported(runs_dir, tmp_path):
+    """A `torchcal train` run directory (config.json, no results.json) under a searched directory
+    is a missing result file: an error naming it, never silently left out of the table."""
+    run = runs_dir / "brier" / "seed0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(
+        {"dataset": "digits", "model": "mlp", "loss": "brier", "epochs": 3, "seed": 0}))
+    (runs_dir / "notes").mkdir()
+    (runs_dir / "notes" / "config.json").write_text('{"unrelated": true}')  # not a run: ignored
+    loaded = load_runs([runs_dir])
+    assert len(loaded.runs) == 6
+    assert [p for p, _ in loaded.errors] == [str((run / "results.json").resolve())]
+    assert "does not exist" in loaded.errors[0][1] and "torchcal eval" in loaded.errors[0][1]
+    out = build_report([runs_dir], tmp_path / "rep", figures=False)
+    assert [g.loss for g in out.groups] == ["ce", "focal"]
+    assert "brier/seed0/results.json" in out.report_md.read_text().split("## Skipped files")[1]
+    # the run directory itself, not evaluated: the same message
+    (err,) = load_runs([run]).errors
+    assert err[0] == str((run / "results.json").resolve())

@@ -130,24 +130,46 @@ def find_result_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], l
     """Every ``results.json`` under ``paths`` (a path may also be a results file itself).
 
     Returns the sorted, de-duplicated files and ``(path, message)`` for arguments that do not
-    exist or hold no ``results.json``.
+    exist or hold no ``results.json``, and for every ``torchcal train`` run directory found
+    (one holding a training ``config.json``) whose ``results.json`` is missing.
     """
     found: dict[Path, None] = {}
     errors: list[tuple[str, str]] = []
+    missing: dict[Path, None] = {}
     for p in paths:
         p = Path(p)
         if p.is_file():
             found[p.resolve()] = None
         elif p.is_dir():
             hits = sorted(p.rglob("results.json"))
-            if not hits:
+            unevaluated = [d for d in _train_run_dirs(p) if not (d / "results.json").is_file()]
+            if not hits and not unevaluated:
                 errors.append((str(p), f"No results.json found under {str(p)!r} "
                                        "(evaluate the run first: `torchcal eval RUN_DIR`)"))
             for h in hits:
                 found[h.resolve()] = None
+            for d in unevaluated:
+                missing[d.resolve()] = None
         else:
             errors.append((str(p), f"Run directory {str(p)!r} does not exist"))
+    for d in sorted(missing):
+        f = d / "results.json"
+        errors.append((str(f), f"Results file {str(f)!r} does not exist: the run in {str(d)!r} "
+                               "was not evaluated or did not finish (`torchcal eval RUN_DIR`)"))
     return sorted(found), errors
+
+
+def _train_run_dirs(root: Path) -> list[Path]:
+    """Directories under ``root`` (itself included) holding a ``torchcal train`` config.json."""
+    out = []
+    for c in sorted(root.rglob("config.json")):
+        try:
+            d = json.loads(c.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(d, dict) and {"dataset", "model", "loss", "epochs"} <= d.keys():
+            out.append(c.parent)
+    return out
 
 
 def flatten_results(results: Mapping[str, Any]) -> dict[str, float]:
