@@ -117,10 +117,17 @@ def test_digits_example_runs_and_learns_weights(capsys):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        out = mod.main(["--epochs", "3"])
+        for form, coefs in (("kendall", (1.0, 0.5)), ("uniform", (0.5, 0.5))):
+            out = mod.main(["--epochs", "3", "--form", form])
+            printed = capsys.readouterr().out
+            w, s = out["weights"], out["log_vars"]
+            # the printed weights are c_t * exp(-s_t) of the learned log-variances
+            assert w == pytest.approx([c * math.exp(-v) for c, v in zip(coefs, s, strict=True)],
+                                      rel=1e-6)
+            assert (f"learned weights c*exp(-s): classification {w[0]:.3f}, "
+                    f"regression {w[1]:.3f}") in printed
+            # both s_t were learned (they start at 0), and the classifier learned the digits
+            assert min(abs(v) for v in s) > 0.02
+            assert out["accuracy"] > 0.5
     finally:
         torch.set_num_threads(n)
-    assert "learned weights" in capsys.readouterr().out
-    # the weights moved away from their initial values c = (1, 1/2) and stayed positive
-    assert out["weights"] != [1.0, 0.5] and all(w > 0 for w in out["weights"])
-    assert out["accuracy"] > 0.5
