@@ -73,6 +73,13 @@ def test_label_smoothing_two_classes_large_alpha():
                                ref_ls(x, t, 0.8, "others"))
 
 
+def test_label_smoothing_alpha_as_0d_tensor():
+    # like every other hyperparameter, a 0-d tensor is accepted as a number
+    x, t = _data()
+    torch.testing.assert_close(TF.label_smoothing_loss(x, t, torch.tensor(0.1)),
+                               TF.label_smoothing_loss(x, t, 0.1))
+
+
 def test_label_smoothing_alpha_zero_is_cross_entropy():
     x, t = _data()
     for spread in ("others", "uniform"):

@@ -12,21 +12,30 @@ import torch
 __all__ = ["check_hyper", "check_alpha", "no_autocast", "as_gamma"]
 
 
-def check_hyper(value: Any, name: str, *, allow_negative: bool = False) -> float:
-    """Return ``value`` as float if it is a finite real number (>= 0 unless ``allow_negative``)."""
+def check_hyper(
+    value: Any, name: str, *, allow_negative: bool = False, positive: bool = False,
+) -> float:
+    """Return ``value`` as float if it is a finite real number (>= 0 unless ``allow_negative``;
+    > 0 if ``positive``)."""
     if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad:
         value = value.item()
-    kind = "finite number" if allow_negative else "finite non-negative number"
+    if positive:
+        kind = "finite number > 0"
+    else:
+        kind = "finite number" if allow_negative else "finite non-negative number"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"Expected `{name}` to be a {kind}, got {value!r}")
     v = float(value)
-    if not math.isfinite(v) or (v < 0 and not allow_negative):
+    if (not math.isfinite(v) or (v < 0 and not allow_negative and not positive)
+            or (v <= 0 and positive)):
         raise ValueError(f"Expected `{name}` to be a {kind}, got {value!r}")
     return v
 
 
 def check_alpha(value: Any, name: str = "alpha") -> float:
-    """Return ``value`` as float if it is in [0, 1)."""
+    """Return ``value`` as float if it is in [0, 1) (a number or a 0-d tensor)."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad:
+        value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
         0.0 <= float(value) < 1.0
     ):

@@ -34,10 +34,7 @@ __all__ = [
 
 
 def _check_beta(beta) -> float:
-    b = check_hyper(beta, "beta")
-    if b == 0:
-        raise ValueError(f"Expected `beta` (the norm order) to be a finite number > 0, got {beta!r}")
-    return b
+    return check_hyper(beta, "beta", positive=True)  # the norm order
 
 
 def gradient_weighted_loss(

@@ -105,9 +105,7 @@ def mmce_loss(
             "quantity, so reduction='none' is not supported"
         )
     lam = check_hyper(lam, "lam")
-    width = check_hyper(width, "width")
-    if width == 0:
-        raise ValueError(f"Expected `width` to be a finite number > 0, got {width!r}")
+    width = check_hyper(width, "width", positive=True)
     if normalization not in MMCE_NORMALIZATIONS:
         raise ValueError(
             f"Expected `normalization` to be one of {MMCE_NORMALIZATIONS}, got {normalization!r}"

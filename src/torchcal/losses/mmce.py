@@ -46,9 +46,7 @@ class MMCELoss(CalibrationLoss):
                 f"Expected `normalization` to be one of {MMCE_NORMALIZATIONS}, got {normalization!r}"
             )
         self.normalization = normalization
-        self.width = check_hyper(width, "width")
-        if self.width == 0:
-            raise ValueError(f"Expected `width` to be a finite number > 0, got {width!r}")
+        self.width = check_hyper(width, "width", positive=True)
 
     def extra_repr(self) -> str:
         return (f"lam={self.lam}, normalization={self.normalization!r}, width={self.width}, "
