@@ -110,7 +110,9 @@ def _away_from_edges(p, n_bins, eps=1e-5):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n_bins", [5, 15])
 def test_agrees_with_torchmetrics(dtype, n_bins):
-    tm = pytest.importorskip("torchmetrics.functional.classification")
+    # a hard import: torchmetrics is in the `test` extra, a missing one must fail, not skip
+    import torchmetrics.functional.classification as tm
+
     z, y = _random(4000, 10, seed=7, dtype=dtype)
     p = torch.softmax(z, 1)
     keep = _away_from_edges(p, n_bins)
@@ -156,6 +158,27 @@ def test_confidences_on_edges_ece(dtype):
     # 0.5 in bin 4, 0.6 in bin 5, ..., 1.0 in bin 9: no hidden extra bin
     assert curve.counts.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]
     assert curve.edges.dtype == dtype and curve.edges.shape == (b + 1,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_classwise_on_edges_zero_and_one(dtype):
+    # Classwise-ECE bins every p_ik, so exact 0 (first bin), 1.0 (last bin) and values equal to
+    # an edge k/B (bin k - 1) all occur: one-hot rows, rows on the edge grid, against the
+    # per-value reference rule in the input's dtype
+    b = 5
+    edges = torch.arange(b + 1, dtype=dtype) / b
+    rows = [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    for k in range(b + 1):
+        rows.append([float(edges[k]), float(1 - edges[k]), 0.0])
+        rows.append([0.0, float(edges[k]), float(1 - edges[k])])
+    p = torch.tensor(rows, dtype=torch.float64).to(dtype)
+    y = torch.arange(p.shape[0]) % 3
+    got = M.classwise_ece(probs=p, labels=y, n_bins=b, validate_args=False).item()
+    assert got == pytest.approx(ref.classwise_ece(p, y, b), abs=1e-6)
+    # a wrong convention changes the value on this data: 0 and 1 in their own extra bins, or
+    # edges assigned to the bin above (left-closed bins), give a different answer
+    left_closed = torch.bucketize(p.double(), edges[1:-1].double(), right=True)
+    assert not torch.equal(left_closed, M.equal_width_bin_index(p, b))
 
 
 def test_reliability_curve_consistent_with_ece():
@@ -212,14 +235,17 @@ def test_classwise_chunking_matches_one_chunk(monkeypatch):
 
 # --------------------------------------------------------------------------- properties
 sizes = st.tuples(st.integers(1, 60), st.integers(2, 6), st.integers(1, 20),
-                  st.integers(0, 2**31 - 1), st.floats(0.0, 8.0))
+                  st.integers(0, 2**31 - 1), st.floats(0.0, 8.0),
+                  st.sampled_from([torch.float16, torch.float32, torch.float64]))
 
 
-@settings(max_examples=40, deadline=None, database=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(sizes)
 def test_properties(args):
-    n, c, b, seed, scale = args
-    z, y = _random(n, c, seed=seed, scale=scale)
+    # float16 logits give many tied (and exactly 0 / 1) probabilities: ties in the equal-mass
+    # bins, exact zeros in Classwise-ECE's first bin
+    n, c, b, seed, scale, dtype = args
+    z, y = _random(n, c, seed=seed, scale=scale, dtype=dtype)
     e = M.ece(logits=z, labels=y, n_bins=b).item()
     m = M.mce(logits=z, labels=y, n_bins=b).item()
     r = M.rmsce(logits=z, labels=y, n_bins=b).item()
@@ -229,10 +255,17 @@ def test_properties(args):
         assert 0.0 <= v <= 1.0
     # MCE >= RMSCE >= ECE (max >= quadratic mean >= mean of the per-bin gaps)
     assert m >= r - 1e-12 and r >= e - 1e-12
+    # order invariance (float64 sums in another order may move a float32 result by one ulp)
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     for fn, v in ((M.ece, e), (M.mce, m), (M.rmsce, r), (M.adaptive_ece, a),
                   (M.classwise_ece, cw)):
-        assert fn(logits=z[perm], labels=y[perm], n_bins=b).item() == pytest.approx(v, abs=1e-12)
+        assert fn(logits=z[perm], labels=y[perm], n_bins=b).item() == pytest.approx(v, abs=tol)
+    # and the slow reference from the formulas on the same (possibly tied) probabilities
+    probs = torch.softmax(z if dtype == torch.float64 else z.float(), 1).to(dtype)
+    ea, _, _ = ref.top_label_errors(probs, y, b, equal_mass=True)
+    assert a == pytest.approx(ea, abs=tol)
+    assert cw == pytest.approx(ref.classwise_ece(probs, y, b), abs=tol)
 
 
 def _calibrated_source(n, seed):
