@@ -70,14 +70,21 @@ def ece(
 ) -> torch.Tensor:
     """Expected calibration error with ``n_bins`` equal-width bins.
 
-    ``ECE = sum_b (n_b / N) |acc_b - conf_b|`` over the top-1 confidence (see the module
-    docstring for the bin convention: right-closed bins ``(k/B, (k+1)/B]``, 0 in the first bin,
-    1.0 in the last).
+    ``ECE = sum_b (n_b / N) |acc_b - conf_b|`` over the top-1 confidence ``max_c p_c``
+    (correct when ``argmax_c p_c``, first index on ties, equals the label).
+
+    Bin convention: the edges are ``k/B`` computed in the input's own dtype
+    (``torch.arange(B + 1, dtype=x.dtype) / B``, never ``linspace``); bins are right-closed
+    ``(e_k, e_{k+1}]`` and the first bin also holds 0, so a confidence of 1.0 is in the last
+    bin (no extra bin), 0 in the first, and a confidence equal to the edge ``e_k`` in bin
+    k-1 - in float16, bfloat16, float32 and float64 alike.  Logits are turned into
+    probabilities in their own dtype first, so the same rule applies to them.
 
     Args:
         logits: (N, C) scores, turned into probabilities with softmax.  Exactly one of
             ``logits`` / ``probs``.
-        probs: (N, C) probabilities, rows summing to 1.
+        probs: (N, C) probabilities in [0, 1], rows summing to 1 (within
+            ``max(1e-3, eps of the dtype)``).
         labels: (N,) integer class indices in [0, C).
         n_bins: number of equal-width bins B (>= 1).
         validate_args: check the inputs for NaN/Inf, range and row sums (the cheap shape and
@@ -101,7 +108,8 @@ def mce(
 ) -> torch.Tensor:
     """Maximum calibration error: ``max_b |acc_b - conf_b|`` over the non-empty equal-width bins.
 
-    Same inputs and bin convention as :func:`ece`.
+    Same inputs and bin convention as :func:`ece`: edges ``k/B`` in the input's dtype, bins
+    ``(e_k, e_{k+1}]``, 0 in the first bin, 1.0 in the last, ``e_k`` in bin k-1.
 
     Example:
         >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
@@ -118,7 +126,8 @@ def rmsce(
 ) -> torch.Tensor:
     """Root-mean-square calibration error: ``sqrt(sum_b (n_b / N) (acc_b - conf_b)^2)``.
 
-    Same inputs and bin convention as :func:`ece`.
+    Same inputs and bin convention as :func:`ece`: edges ``k/B`` in the input's dtype, bins
+    ``(e_k, e_{k+1}]``, 0 in the first bin, 1.0 in the last, ``e_k`` in bin k-1.
 
     Example:
         >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
@@ -163,7 +172,9 @@ def classwise_ece(
     holds the samples whose ``p_ik`` falls in it (all N samples for every class), ``acc_bk`` is
     the share of them with label k and ``conf_bk`` their mean ``p_ik``.  Computed as one float64
     ``bincount`` over the flattened (class, bin) pairs: ``sum_{k,b} |sum_{i in bk} (p_ik -
-    [y_i = k])| / (N C)``; O(N C) time, memory bounded by chunking.
+    [y_i = k])| / (N C)``; O(N C) time, memory bounded by chunking.  Every ``p_ik`` is binned
+    by the convention of :func:`ece` (edges ``k/B`` in the input's dtype, right-closed bins, an
+    exact 0 in the first bin, 1.0 in the last, ``e_k`` in bin k-1).
 
     Example:
         >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
