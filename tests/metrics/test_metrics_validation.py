@@ -159,6 +159,13 @@ def test_bootstrap_and_meter_bad_input():
             M.bootstrap_ci("ece", logits=Z, labels=Y, level=level)
     with pytest.raises(ValueError, match="`n_bins` to be a positive integer"):
         M.bootstrap_ci("ece", logits=Z, labels=Y, n_bins=0)
+    for seed in (1.5, "0", None):
+        with pytest.raises(TypeError, match="`seed` to be an integer"):
+            M.bootstrap_ci("ece", logits=Z, labels=Y, n_resamples=3, seed=seed)
+    # NumPy scalars are numbers too
+    a = M.bootstrap_ci("ece", logits=Z, labels=Y, n_resamples=5, level=np.float32(0.5),
+                       seed=np.int64(2))
+    assert a == M.bootstrap_ci("ece", logits=Z, labels=Y, n_resamples=5, level=0.5, seed=2)
     with pytest.raises(ValueError, match="`num_classes` to be a positive integer"):
         M.CalibrationMeter(0)
     with pytest.raises(ValueError, match="`num_classes` to be at least 2"):

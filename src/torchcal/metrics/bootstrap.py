@@ -21,6 +21,7 @@ evaluated resample by resample.
 from __future__ import annotations
 
 import inspect
+import numbers
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -193,8 +194,10 @@ def bootstrap_ci(
     else:
         raise TypeError(f"Expected `metric` to be a metric name or a callable, got {metric!r}")
     n_resamples = check_positive_int(n_resamples, "n_resamples")
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < level < 1.0:
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0.0 < level < 1.0:
         raise ValueError(f"Expected `level` to be a number in (0, 1), got {level!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"Expected `seed` to be an integer, got {seed!r}")
     seed = int(seed)
 
     estimate = fn(logits=logits, probs=probs, labels=labels, **metric_kwargs)
