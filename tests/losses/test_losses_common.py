@@ -150,6 +150,14 @@ def test_extreme_logits_finite(name, dtype):
     # p_y = 1: zero loss and zero gradient for every loss whose minimum is at p_y = 1
     if name not in ("ls_others", "ls_uniform", "inverse_focal", "signed_focal"):
         assert out[0].item() == 0 and torch.all(x.grad[0] == 0)
+    # not merely finite: the float64 computation on the same logits, up to float32 rounding
+    # (gradients to about |log p_y|·eps·|∇|, here 2e4·6e-8; bfloat16 rounds the gradient)
+    if dtype != torch.float64:
+        x64 = x.detach().double().requires_grad_(True)
+        out64 = fn(x64, t, reduction="none")
+        out64.sum().backward()
+        torch.testing.assert_close(out.double(), out64, rtol=1e-6, atol=0)
+        torch.testing.assert_close(x.grad.double(), x64.grad, rtol=0, atol=1e-2)
 
 
 def test_focal_half_gamma_at_py_one_has_the_limit_gradient():
@@ -358,3 +366,35 @@ def test_registry_autocast_computes_in_float32(name):
     torch.testing.assert_close(out, loss(logits.detach().float(), t))
     out.backward()
     assert torch.isfinite(lin.weight.grad).all()
+
+
+@pytest.mark.parametrize("name", list_losses())
+def test_registry_gradients(name):
+    # Every registry entry in float64 (so losses registered later are covered too):
+    # torch.autograd.gradcheck for losses whose weight carries gradient; for the GRA family,
+    # whose weight is detached by design, the gradient is Σ w_i ∇CE_i with w_i = ℓ_i / CE_i,
+    # the same as a backward hook scaling each sample's CE gradient by w_i, and it is *not*
+    # the gradient of the loss surface (gradcheck must fail).
+    from torchcal.losses import GradientWeightedLoss
+
+    g = torch.Generator().manual_seed(7)
+    x = 2.0 * torch.randn(6, 4, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 4, (6,), generator=g)
+    p_y = torch.softmax(x, 1).gather(1, t[:, None]).squeeze(1)
+    # away from FLSD's thresholds (its γ is piecewise constant in p_y)
+    assert ((p_y[:, None] - torch.tensor([0.2, 0.5], dtype=torch.float64)).abs() > 1e-3).all()
+    loss = create_loss(name)
+    xr = x.clone().requires_grad_(True)
+    if isinstance(loss, GradientWeightedLoss):
+        loss.reduction = "none"
+        w = (loss(x, t) / F.cross_entropy(x, t, reduction="none")).detach()
+        loss.reduction = "sum"
+        loss(xr, t).backward()
+        xh = x.clone().requires_grad_(True)
+        ce = F.cross_entropy(xh, t, reduction="none")
+        ce.register_hook(lambda grad: grad * w)
+        ce.sum().backward()
+        torch.testing.assert_close(xr.grad, xh.grad)
+        assert not torch.autograd.gradcheck(lambda z: loss(z, t), (xr,), raise_exception=False)
+    else:
+        assert torch.autograd.gradcheck(lambda z: loss(z, t), (xr,))

@@ -188,6 +188,23 @@ def test_gradcheck_bsce():
     x.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda z: TF.bsce_loss(z, t, reduction="none"), (x,))
     assert torch.autograd.gradcheck(lambda z: TF.bsce_loss(z, t, 3.0, 1.0), (x,))
+    # β = 2 with γ != 2 runs through the closed-form Brier backward with its k-term
+    for gamma in (0.5, 1.0, 3.0):
+        assert torch.autograd.gradcheck(lambda z, g=gamma: TF.bsce_loss(z, t, 2.0, g), (x,))
+
+
+@pytest.mark.parametrize("beta, gamma", [(2.0, 0.0), (2.0, 0.5), (2.0, 1.0), (2.0, 2.0),
+                                         (2.0, 3.0), (1.0, 1.0), (1.5, 2.0), (3.0, 0.5)])
+def test_bsce_gradient_equals_autograd_of_the_formula(beta, gamma):
+    # BSCE's weight is not detached: its gradient is autograd's through u_i · (-log p_y)
+    x, t = _data()
+    x1 = x.clone().requires_grad_(True)
+    TF.bsce_loss(x1, t, beta, gamma, reduction="sum").backward()
+    x2 = x.clone().requires_grad_(True)
+    p = torch.softmax(x2, 1)
+    u = (F.one_hot(t, 5) - p).abs().pow(beta).sum(1).pow(gamma / beta)
+    (-u * torch.log_softmax(x2, 1).gather(1, t[:, None]).squeeze(1)).sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad)
 
 
 def test_registry_gra_entries():
