@@ -186,3 +186,49 @@ def test_bin_index_compares_float32_values_against_float64_edges_exactly():
 def test_calibration_loss_rejects_non_integer_ignore_index():
     with pytest.raises(TypeError, match="Expected `ignore_index` to be an integer, got 'a'"):
         base.CalibrationLoss(ignore_index="a")
+
+
+def test_package_metadata_as_the_issue_asks():
+    # pyproject: Python >= 3.10, the dependencies of DESIGN.md (pillow: JPEG decoding of
+    # Tiny-ImageNet, and matplotlib needs it anyway), extras `test` with pytest, hypothesis and
+    # torchmetrics, MIT licence, ruff settings; py.typed shipped in the package
+    import pathlib
+    import re
+
+    import torchcal
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11 (the development machines)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    cfg = tomllib.loads((root / "pyproject.toml").read_text())
+    proj = cfg["project"]
+    assert proj["requires-python"] == ">=3.10"
+
+    def names(reqs):
+        return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in reqs}
+
+    assert names(proj["dependencies"]) == {"torch", "numpy", "scipy", "matplotlib", "tqdm",
+                                           "scikit-learn", "pillow"}
+    assert {"pytest", "hypothesis", "torchmetrics"} <= names(proj["optional-dependencies"]["test"])
+    assert "MIT" in str(proj["license"]) and "MIT License" in (root / "LICENSE").read_text()
+    assert cfg["tool"]["ruff"]["target-version"] == "py310"
+    assert (pathlib.Path(torchcal.__file__).parent / "py.typed").is_file()
+    assert "py.typed" in cfg["tool"]["setuptools"]["package-data"]["torchcal"]
+
+
+def test_ci_runs_the_readme_test_command_and_fails_with_it():
+    # .ci/run installs torch==2.13.0 only when torch is missing, then runs the README's test
+    # command as its last command under `set -e`, so a failing test fails the script
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    commands = [ln.strip() for b in blocks for ln in b.splitlines()
+                if "pytest" in ln and not ln.lstrip().startswith("#")]
+    assert commands, "no test command in the README"
+    ci = (root / ".ci" / "run").read_text()
+    lines = [ln.strip() for ln in ci.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert "set -euo pipefail" in lines
+    assert lines[-1] == commands[0]
+    assert any("import torch" in ln and "pip install torch==2.13.0" in ln for ln in lines)
