@@ -13,6 +13,11 @@ from torchcal.report.demo import DemoConfig, applicable_losses, demo_jobs, run_d
 TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False)
 
 
+def _same(a, b) -> bool:
+    """Equal nested results, NaN equal to NaN (an undefined metric such as s99_accuracy)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 @pytest.fixture(scope="module")
 def tiny_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
@@ -136,3 +141,151 @@ def test_report_reads_meta_from_config_json(tmp_path):
     assert (g.dataset, g.model, g.loss, g.seeds) == ("cifar10", "resnet50", "focal", [1, 2])
     assert g.mean["test.pre.ece"] == pytest.approx(0.2)
     assert "20.00 ± 14.14" in rep.text
+
+
+def test_demo_cli_prints_table_and_report_path(tiny_demo, tmp_path, capsys):
+    """`torchcal demo` ends by printing the main table and where the report is; re-running into
+    a directory with the same settings reuses the finished runs (no retraining)."""
+    import shutil
+
+    out = tmp_path / "d"
+    shutil.copytree(tiny_demo.out_dir / "runs", out / "runs")
+    log = out / "runs" / "ce" / "seed0" / "log.jsonl"
+    before = log.read_text()
+    code = main(["demo", "--seeds", "0,", "--epochs", "3", "--losses", "ce,adafocal",
+                 "--workers", "1", "--no-progress", "--no-figures", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    table = cap.out.split("Report:")[0]
+    assert "Calibration: digits / mlp" in table and "post T (T)" in table
+    assert "Cross-entropy" in table and "AdaFocal (λ=0.1)" in table
+    assert f"Report: {out / 'report.md'}" in cap.out and str(out / "report.html") in cap.out
+    assert str(out / "results.json") in cap.out and str(out / "results.csv") in cap.out
+    assert log.read_text() == before
+    assert _same(read_results(out / "runs" / "ce" / "seed0")["test"],
+                 read_results(tiny_demo.out_dir / "runs" / "ce" / "seed0")["test"])
+
+
+def test_rerun_with_more_epochs_equals_a_fresh_run(tiny_demo, tmp_path):
+    """More epochs than an existing run: the trainer alone would resume it with the old schedule
+    (milestones at 50%/75% of the old length); the demo must give a fresh run's numbers."""
+    import shutil
+
+    out = tmp_path / "again"
+    shutil.copytree(tiny_demo.out_dir / "runs" / "ce", out / "runs" / "ce")
+    cfg = dict(TINY, losses=("ce",), epochs=4, figures=False)
+    assert run_demo(DemoConfig(out=out, **cfg)).failed == []
+    assert run_demo(DemoConfig(out=tmp_path / "fresh", **cfg)).failed == []
+    a = read_results(out / "runs" / "ce" / "seed0")
+    b = read_results(tmp_path / "fresh" / "runs" / "ce" / "seed0")
+    assert _same(a["test"], b["test"]) and a["temperatures"] == b["temperatures"]
+
+
+def test_stale_detects_changed_training_settings(tiny_demo):
+    import dataclasses
+
+    from torchcal.report.demo import _stale, _train_config
+
+    run = tiny_demo.out_dir / "runs" / "ce" / "seed0"
+    (job,) = [j for j in demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
+                                   tiny_demo.out_dir)]
+    cfg = _train_config(job)
+    assert not _stale(run, cfg)
+    assert not _stale(run, dataclasses.replace(cfg, n_bins=10, num_threads=2, progress=True))
+    for change in ({"lr": 0.02}, {"batch_size": 32}, {"weight_decay": 0.0},
+                   {"data_kwargs": {"noise_std": 0.5, "n_copies": 2}}, {"epochs": 5},
+                   {"model_kwargs": {"hidden": [64]}}):
+        assert _stale(run, dataclasses.replace(cfg, **change)), change
+
+
+def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
+    from pathlib import Path
+
+    from torchcal.report.demo import _setup_text, _train_config
+
+    cfg = DemoConfig(seeds=(0,), epochs=8, noise_std=0.3, data_kwargs={"n_copies": 2},
+                     overrides={"lr": 0.02, "batch_size": 32, "model_kwargs": {"hidden": [32]}},
+                     loss_kwargs={"focal": {"gamma": 2}}, losses=("ce", "focal"))
+    jobs = demo_jobs(cfg, Path("/x"))
+    tc = _train_config(jobs[1])
+    assert (tc.lr, tc.batch_size, tc.epochs) == (0.02, 32, 8)
+    assert tc.data_kwargs == {"n_copies": 2, "noise_std": 0.3}
+    assert tc.loss_kwargs == {"gamma": 2} and tc.effective_milestones() == [4, 6]
+    text = _setup_text(cfg, jobs[0])
+    for s in ("std 0.3", "2 independent noisy copies", "MLP 64-32-10", "lr 0.02", "batch 32",
+              "8 epochs", "epochs 4, 6 (50%, 75%)", "60/10/30", "(1077 / 180 / 540 images)"):
+        assert s in text, (s, text)
+    default = _setup_text(DemoConfig(seeds=(0, 1)), demo_jobs(DemoConfig(seeds=(0, 1)), Path("/x"))[0])
+    for s in ("std 0.5", "60/10/30", "5 independent noisy copies", "MLP 64-256-256-10",
+              "momentum 0.9, lr 0.05, weight decay 0.0005, batch 64, 100 epochs",
+              "lr ×0.1 at epochs 50, 75 (50%, 75%)"):
+        assert s in default, (s, default)
+
+
+def test_bad_knobs_are_one_error_before_any_run(tmp_path, capsys):
+    out = tmp_path / "never"
+    for argv, msg in ((["--data-arg", "n_copy=2"], "n_copy"),
+                      (["--train-arg", "lrr=1"], "lrr"),
+                      (["--loss-arg", "focal:gama=2", "--losses", "focal"], "gama"),
+                      (["--loss-arg", "focal:gamma=2", "--losses", "ce"], "does not train"),
+                      (["--loss-arg", "gamma=2"], "LOSS:KEY=VALUE")):
+        assert main(["demo", "--out", str(out), "--no-progress", *argv]) == 2, argv
+        assert msg in capsys.readouterr().err, argv
+    assert not out.exists()
+
+
+def test_adafocal_note_names_the_lambda_used():
+    from torchcal.report.demo import ADAFOCAL_LAM, adafocal_note
+
+    assert adafocal_note(ADAFOCAL_LAM).startswith(f"AdaFocal uses λ={ADAFOCAL_LAM:g} instead of the paper's λ=1")
+    assert adafocal_note(1.0).startswith("AdaFocal uses the paper's λ=1")
+    assert adafocal_note(0.3).startswith("AdaFocal uses λ=0.3 (set by the user")
+    for lam in (ADAFOCAL_LAM, 1.0, 0.3):
+        assert "γ_max" in adafocal_note(lam)  # and why
+
+
+def test_progress_bar_shows_runs_done_and_time_left(tmp_path, capsys):
+    from torchcal.report.demo import _run_jobs
+
+    jobs = [{"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": s, "epochs": 1,
+             "noise_std": 0.5, "n_bins": 15, "run_dir": str(tmp_path / f"r{s}"), "overrides": {}}
+            for s in range(2)]
+    res = _run_jobs(jobs, workers=1, progress=True)
+    err = capsys.readouterr().err
+    assert len(res) == 2 and "2/2 runs" in err and " left]" in err and "<" in err
+
+
+def test_default_out_is_a_fresh_directory(tmp_path, monkeypatch):
+    from torchcal.report.demo import _default_out
+
+    monkeypatch.chdir(tmp_path)
+    a = _default_out()
+    assert a.parent == tmp_path / "torchcal-demo" and not a.exists()
+    a.mkdir(parents=True)
+    b = _default_out()
+    assert b != a and b.parent == a.parent and not b.exists()
+
+
+def test_report_on_train_and_eval_runs(tmp_path, capsys):
+    """`torchcal report` on runs of `torchcal train` (evaluated at the end) and `torchcal eval`,
+    with one run never evaluated: grouped by data set/model/loss, the missing file named."""
+    root = tmp_path / "runs"
+    common = ["--recipe", "digits-mlp", "--loss", "focal", "--loss-arg", "gamma=3", "--epochs", "2",
+              "--no-progress"]
+    assert main(["train", *common, "--seed", "0", "--out", str(root / "f0")]) == 0
+    assert main(["train", *common, "--seed", "1", "--out", str(root / "f1"), "--no-eval"]) == 0
+    assert main(["eval", str(root / "f1")]) == 0
+    assert main(["train", *common, "--seed", "2", "--out", str(root / "f2"), "--no-eval"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "rep"
+    assert main(["report", str(root), "--out", str(out)]) == 1
+    cap = capsys.readouterr()
+    assert str((root / "f2" / "results.json").resolve()) in cap.err
+    assert "Focal (γ=3)" in cap.out and str(out / "report.md") in cap.out
+    doc = json.loads((out / "results.json").read_text())
+    (g,) = doc["groups"]
+    assert (g["dataset"], g["model"], g["loss"], g["seeds"]) == ("digits", "mlp", "focal", [0, 1])
+    assert g["mean"]["test.pre.ece"] == pytest.approx(
+        (read_results(root / "f0")["test"]["pre"]["ece"] + read_results(root / "f1")["test"]["pre"]["ece"]) / 2)
+    assert list((out / "figures").glob("reliability_*focal*.png"))
+    assert list((out / "figures").glob("roc_*.png"))

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["register", "parse_seeds", "cmd_report", "cmd_demo"]
+__all__ = ["register", "parse_seeds", "parse_demo_loss_args", "cmd_report", "cmd_demo"]
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -71,7 +71,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if rep.errors else 0
 
 
+def parse_demo_loss_args(items: list[str] | None) -> dict[str, dict]:
+    """``["focal:gamma=2", "ls:alpha=0.1"]`` -> ``{"focal": {"gamma": 2}, "ls": {"alpha": 0.1}}``.
+
+    >>> parse_demo_loss_args(["focal:gamma=2", "focal:x=a", "adafocal:lam=1"])
+    {'focal': {'gamma': 2, 'x': 'a'}, 'adafocal': {'lam': 1}}
+    """
+    from ..train.cli import parse_loss_args
+
+    out: dict[str, dict] = {}
+    for item in items or []:
+        loss, sep, kv = item.partition(":")
+        if not sep or not loss.strip():
+            raise ValueError(f"Expected `--loss-arg` as LOSS:KEY=VALUE, got {item!r}")
+        out.setdefault(loss.strip(), {}).update(parse_loss_args([kv]))
+    return out
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ..train.cli import parse_loss_args
     from .demo import DemoConfig, run_demo
 
     cfg = DemoConfig(
@@ -83,6 +101,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         noise_std=args.noise_std,
         n_bins=args.n_bins,
         adafocal_lam=args.adafocal_lam,
+        loss_kwargs=parse_demo_loss_args(args.loss_arg),
+        data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
+        overrides=parse_loss_args(args.train_arg, "--train-arg"),
         progress=not args.no_progress,
         quick=args.quick,
         figures=not args.no_figures,
@@ -133,6 +154,16 @@ def register(subparsers) -> None:
     d.add_argument("--adafocal-lam", type=_nonneg_float, default=ADAFOCAL_LAM,
                    help=f"AdaFocal's λ (default {ADAFOCAL_LAM:g}, see the report)")
     d.add_argument("--n-bins", type=_positive_int, default=15, help="bins of every binned metric")
+    d.add_argument("--data-arg", action="append", metavar="KEY=VALUE",
+                   help="data set option, repeatable: n_copies=5 (noisy copies of each "
+                        "validation/test image), split=[0.6,0.1,0.3]")
+    d.add_argument("--train-arg", action="append", metavar="KEY=VALUE",
+                   help="training setting of the digits-mlp recipe (a TrainConfig field), "
+                        "repeatable: lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=64, "
+                        "milestone_fractions=[0.5,0.75], lr_gamma=0.1, "
+                        "model_kwargs={\"hidden\":[256,256]}")
+    d.add_argument("--loss-arg", action="append", metavar="LOSS:KEY=VALUE",
+                   help="a loss hyperparameter, repeatable: focal:gamma=2, ls:alpha=0.1")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.add_argument("--no-figures", action="store_true", help="tables only")
     d.add_argument("--debug", action="store_true", help="show tracebacks")

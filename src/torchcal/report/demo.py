@@ -32,6 +32,7 @@ __all__ = [
     "DEMO_LOSSES",
     "DEMO_LOSS_KWARGS",
     "ADAFOCAL_LAM",
+    "adafocal_note",
     "applicable_losses",
     "demo_jobs",
     "run_demo",
@@ -53,19 +54,38 @@ EXCLUDED = {
 #: AdaFocal's update rate λ in the demo (see ``ADAFOCAL_NOTE``).
 ADAFOCAL_LAM = 0.1
 ADAFOCAL_NOTE = (
-    "AdaFocal uses λ={lam} instead of the paper's λ=1. The validation split holds 180 images × 5 "
-    "noisy copies, about 60 samples per equal-mass bin, and on this noisy data the network stays "
-    "over-confident on validation in most bins for the whole run, so the multiplicative update "
-    "γ_b ← γ_b·exp(λ·(C_b − A_b)) compounds epoch after epoch: λ only sets how fast γ runs into "
-    "γ_max=20. Measured sweep (5 seeds × 100 epochs; bins whose final γ sits at γ_max out of 15; "
-    "mean test ECE): λ=1: 5–10 bins on every seed, ECE 4.2%; λ=0.5: 4–9 bins on every seed, 4.9%; "
-    "λ=0.3: 4–8 bins on every seed, 6.8%; λ=0.2: γ_max reached on 4 of 5 seeds, 8.6%; λ=0.15: on "
-    "3 of 5 seeds, 10.0%; λ=0.1: on no seed (largest final γ 12.6), 11.7%. λ=0.1 is the largest "
-    "tested value that keeps every γ inside [γ_min, γ_max] on every seed; the price is a slower "
-    "correction (AdaFocal stays somewhat over-confident, T≈1.5). Saturation did not collapse "
-    "accuracy here (test error 31–34% for every λ), so `--adafocal-lam 1` is a fair alternative "
-    "when pinned bins are acceptable."
+    "The validation split holds 180 images × 5 noisy copies, about 60 samples per equal-mass "
+    "bin, and on this noisy data the network stays over-confident on validation in most bins for "
+    "the whole run, so the multiplicative update γ_b ← γ_b·exp(λ·(C_b − A_b)) compounds epoch "
+    "after epoch: λ only sets how fast γ runs into γ_max=20. Measured sweep (5 seeds × 100 epochs; "
+    "bins whose final γ sits at γ_max out of 15; mean test ECE): λ=1: 5–10 bins on every seed, ECE "
+    "4.2%; λ=0.5: 4–9 bins on every seed, 4.9%; λ=0.3: 4–8 bins on every seed, 6.8%; λ=0.2: γ_max "
+    "reached on 4 of 5 seeds, 8.6%; λ=0.15: on 3 of 5 seeds, 10.0%; λ=0.1: on no seed (largest "
+    "final γ 12.6), 11.7%. λ=0.1 is the largest tested value that keeps every γ inside "
+    "[γ_min, γ_max] on every seed; the price is a slower correction (AdaFocal stays somewhat "
+    "over-confident, T≈1.5). Saturation did not collapse accuracy here (test error 31–34% for "
+    "every λ), so `--adafocal-lam 1` is a fair alternative when pinned bins are acceptable."
 )
+
+
+def adafocal_note(lam: float) -> str:
+    """The report's sentence on AdaFocal's λ: which value was used and why (:data:`ADAFOCAL_NOTE`).
+
+    >>> adafocal_note(0.1)[:54]
+    "AdaFocal uses λ=0.1 instead of the paper's λ=1 (the de"
+    >>> adafocal_note(1.0)[:41]
+    "AdaFocal uses the paper's λ=1 (set by the"
+    """
+    if lam == ADAFOCAL_LAM:
+        lead = f"AdaFocal uses λ={lam:g} instead of the paper's λ=1 (the demo's default). Why: "
+    elif lam == 1:
+        lead = (f"AdaFocal uses the paper's λ=1 (set by the user; the demo's default is "
+                f"λ={ADAFOCAL_LAM:g}). Why the default differs: ")
+    else:
+        lead = (f"AdaFocal uses λ={lam:g} (set by the user; the paper's λ is 1, the demo's default "
+                f"λ={ADAFOCAL_LAM:g}). Why the default differs from the paper: ")
+    return lead + ADAFOCAL_NOTE
+
 
 #: Loss hyperparameters of the demo (the papers' values where they apply).
 DEMO_LOSS_KWARGS: dict[str, dict[str, Any]] = {
@@ -92,6 +112,7 @@ class DemoConfig:
     n_bins: int = 15
     adafocal_lam: float = ADAFOCAL_LAM
     loss_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-loss overrides
+    data_kwargs: dict[str, Any] = field(default_factory=dict)  # n_copies, split (digits)
     progress: bool = True
     quick: bool = False
     figures: bool = True
@@ -149,6 +170,7 @@ def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
                 "epochs": cfg.epochs,
                 "noise_std": float(cfg.noise_std),
                 "n_bins": int(cfg.n_bins),
+                "data_kwargs": dict(cfg.data_kwargs),
                 "run_dir": str(out / "runs" / loss / f"seed{seed}"),
                 "overrides": dict(cfg.overrides),
             })
@@ -194,6 +216,7 @@ def _train_config(job: dict[str, Any]):
             upd[k] = v
     if "data_kwargs" in fields:
         dk = dict(cfg.data_kwargs or {})
+        dk.update(job.get("data_kwargs") or {})
         dk["noise_std"] = job["noise_std"]
         upd["data_kwargs"] = dk
     elif "noise_std" in fields:
@@ -203,6 +226,39 @@ def _train_config(job: dict[str, Any]):
     if unknown:
         raise ValueError(f"TrainConfig has no field(s) {unknown}")
     return dataclasses.replace(cfg, **upd)
+
+
+#: TrainConfig fields that do not change the trained weights (a run differing only in these is
+#: resumed / re-evaluated, any other difference trains the run afresh).
+_NOT_TRAINING = frozenset({
+    "out_dir", "resume", "progress", "num_threads", "num_workers", "device", "n_bins", "evaluate",
+    "data_root", "download", "checkpoint_every", "eval_test_every", "select_best_by",
+    "num_classes", "input_shape", "world_size",
+})
+
+
+def _stale(run_dir: Path, config) -> bool:
+    """Whether ``run_dir`` holds a run trained with other settings than ``config``.
+
+    The trainer refuses some mismatches (data, loss arguments, fewer epochs) but resumes others
+    with the checkpoint's optimiser and schedule (more epochs, another lr or batch size), which
+    would report a model that a fresh run with these settings does not give.
+    """
+    import json
+
+    p = run_dir / "config.json"
+    if not p.is_file():
+        return False
+    try:
+        old = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return True
+    if not isinstance(old, dict):
+        return True
+    new = config.to_dict()
+    new["loss_kwargs"] = config.effective_loss_kwargs()
+    new = json.loads(json.dumps(new))  # tuples -> lists, as in the file
+    return any(old.get(k, object()) != v for k, v in new.items() if k not in _NOT_TRAINING)
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -219,8 +275,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         from ..train import train
 
         run_dir = Path(job["run_dir"])
+        config = _train_config(job)
+        if run_dir.is_dir() and _stale(run_dir, config):
+            shutil.rmtree(run_dir)  # this demo's directory, from a run with other settings
         try:
-            train(_train_config(job))
+            train(config)
         except CheckpointError:
             if not run_dir.is_dir():
                 raise
@@ -308,19 +367,62 @@ def _hyper_text(loss: str, kwargs: dict[str, Any]) -> str:
     return f"{loss_label(loss)}" + (f" ({args})" if args else "")
 
 
-def _intro(cfg: DemoConfig, losses: Sequence[str], epochs: int | None, seconds: float,
-           failed: list[tuple[str, str]]) -> str:
+def _pct(f: float) -> str:
+    return f"{round(100 * f, 1):g}%"
 
-    seeds = ", ".join(map(str, cfg.seeds))
+
+def _setup_text(cfg: DemoConfig, job: dict[str, Any]) -> str:
+    """The benchmark paragraph, from the effective settings of the demo's runs."""
+    from ..train.predict import build_data, build_model
+
+    tc = _train_config(job)
+    model_txt = f"`{tc.model}`"
+    data_txt = f"data set `{tc.dataset}`."
+    try:
+        splits = build_data(tc)
+        info = dict(getattr(splits, "info", {}) or {})
+        model = build_model(tc, int(splits.num_classes), splits.input_shape)
+        import torch
+
+        widths = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        if widths:
+            arch = "-".join([str(widths[0].in_features)] + [str(m.out_features) for m in widths])
+            model_txt = f"{'MLP' if tc.model == 'mlp' else tc.model} {arch}"
+    except Exception:  # noqa: BLE001 - the description must never cost the report
+        info = {}
+    if tc.dataset == "digits" and info:
+        fr = info.get("split", (0.6, 0.1, 0.3))
+        n_img = info.get("images", {})
+        k = info.get("n_copies", 5)
+        std = info.get("noise_std", cfg.noise_std)
+        data_txt = (
+            "scikit-learn's 8×8 digits (1,797 images, 10 classes), pixels scaled to [0, 1] with "
+            f"fixed Gaussian noise (std {std:g}, drawn once per image: the idea of CIFAR-10-C's "
+            "Gaussian noise), so that the network overfits and cross-entropy becomes "
+            "over-confident as on CIFAR. Each seed draws its own stratified "
+            f"{'/'.join(f'{100 * f:g}' for f in fr)} train/validation/test split "
+            f"({n_img.get('train', '?')} / {n_img.get('val', '?')} / {n_img.get('test', '?')} "
+            "images), noise and initialisation; validation and test images come in "
+            f"{k} independent noisy copies.")
+    ms = tc.effective_milestones()
+    if ms:
+        fr_txt = ", ".join(_pct(m / tc.epochs) for m in ms)
+        sched = (f"lr ×{tc.lr_gamma:g} at epoch{'s' if len(ms) > 1 else ''} "
+                 f"{', '.join(map(str, ms))} ({fr_txt})")
+    else:
+        sched = "constant lr"
+    opt = (f"SGD, momentum {tc.momentum:g}{', Nesterov' if tc.nesterov else ''}, lr {tc.lr:g}, "
+           f"weight decay {tc.weight_decay:g}, batch {tc.batch_size}, {tc.epochs} epochs, {sched}"
+           + (f", gradient clipping at {tc.grad_clip:g}" if tc.grad_clip else ""))
+    recipe = f"recipe `{cfg.recipe}`" + (", with changes" if cfg.overrides or cfg.data_kwargs else "")
+    return (f"**The embedded benchmark.** {data_txt} Model: {model_txt} ({recipe}: {opt}). "
+            f"Seeds: {', '.join(map(str, cfg.seeds))}.")
+
+
+def _intro(cfg: DemoConfig, losses: Sequence[str], jobs: list[dict[str, Any]], seconds: float,
+           failed: list[tuple[str, str]]) -> str:
     lines = [
-        "**The embedded benchmark.** scikit-learn's 8×8 digits (1,797 images, 10 classes), pixels "
-        f"scaled to [0, 1] with fixed Gaussian noise (std {cfg.noise_std:g}, drawn once per image: "
-        "the idea of CIFAR-10-C's Gaussian noise), so that the network overfits and cross-entropy "
-        "becomes over-confident as on CIFAR. Each seed draws its own stratified 60/10/30 "
-        "train/validation/test split, noise and initialisation; validation and test images come "
-        "in 5 independent noisy copies. Model: MLP 64-256-256-10 (recipe `digits-mlp`: SGD, "
-        f"momentum 0.9, lr 0.05, weight decay 5e-4, batch 64, {epochs or 100} epochs, lr ×0.1 at "
-        "50% and 75%). Seeds: " + seeds + ".",
+        _setup_text(cfg, jobs[0]),
         "",
         "**Evaluation** is the path of real runs: each run saves its validation, test and OOD logits; "
         "temperatures are fitted on the validation logits; metrics are measured on the test logits "
@@ -332,14 +434,35 @@ def _intro(cfg: DemoConfig, losses: Sequence[str], epochs: int | None, seconds: 
         "",
         "**Losses** (with every hyperparameter, registry defaults unless the demo sets them): "
         + "; ".join(_hyper_text(n, _loss_kwargs(cfg, n)) for n in losses) + ".",
-        "",
-        "**AdaFocal:** " + ADAFOCAL_NOTE.format(lam=f"{cfg.adafocal_lam:g}"),
-        "",
-        f"Wall time of the demo: {seconds:.0f} s with {cfg.workers} worker process(es) × 1 thread.",
     ]
+    if "adafocal" in losses:
+        lam = float(_loss_kwargs(cfg, "adafocal").get("lam", cfg.adafocal_lam))
+        lines += ["", "**AdaFocal:** " + adafocal_note(lam)]
+    lines += ["", f"Wall time of the demo: {seconds:.0f} s with {cfg.workers} worker process(es) "
+                  "× 1 thread."]
     if failed:
         lines += ["", "**Failed runs:**", ""] + [f"- `{d}`: {e}" for d, e in failed]
     return "\n".join(lines)
+
+
+def _check_settings(jobs: list[dict[str, Any]]) -> None:
+    """Raise ValueError for settings no run could train with (unknown TrainConfig fields, invalid
+    values, unknown data set options, bad loss arguments)."""
+    from ..train.predict import build_data
+    from ..train.trainer import build_loss
+
+    seen = set()
+    for job in jobs:
+        if job["loss"] not in seen:
+            seen.add(job["loss"])
+            tc = _train_config(job)
+            tc.validate()
+            build_loss(tc)
+    if tc.dataset == "digits":  # cheap: checks n_copies, split, ... as the runs will use them
+        try:
+            build_data(tc)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from exc
 
 
 def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
@@ -367,9 +490,16 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
         bad = [n for n in cfg.losses if n not in known]
         if bad:
             raise ValueError(f"Unknown loss(es) {bad}; expected some of: {', '.join(sorted(known))}")
+    if "noise_std" in cfg.data_kwargs:
+        raise ValueError("Set the pixel noise with `noise_std` (--noise-std), not in `data_kwargs`")
     out = Path(cfg.out) if cfg.out is not None else _default_out()
-    out.mkdir(parents=True, exist_ok=True)
     jobs = demo_jobs(dataclasses.replace(cfg, losses=tuple(losses)), out)
+    extra = sorted(set(cfg.loss_kwargs) - set(losses))
+    if extra:
+        raise ValueError(f"Loss arguments given for {extra}, which the demo does not train "
+                         f"(training: {', '.join(losses)})")
+    _check_settings(jobs)  # a bad knob is one error here, not the same failure in every run
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = _run_jobs(jobs, min(cfg.workers, len(jobs)), cfg.progress)
     seconds = time.perf_counter() - t0
@@ -379,6 +509,6 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
             print(f"torchcal demo: run {r['run_dir']} failed:\n{r.get('traceback', r['error'])}",
                   file=sys.stderr)
     rep = build_report([j["run_dir"] for j in jobs], out, title="torchcal demo: calibration on noisy digits",
-                       intro=_intro(cfg, losses, cfg.epochs, seconds, failed),
+                       intro=_intro(cfg, losses, jobs, seconds, failed),
                        n_bins=cfg.n_bins, figures=cfg.figures)
     return DemoResult(out_dir=out, report=rep, failed=failed, seconds=seconds, config=cfg)
