@@ -304,7 +304,10 @@ class TemperatureScaling(Calibrator):
     unchanged.
 
     Args:
-        method: ``"nll"`` (default: Guo et al., minimise the validation NLL over ``log T``),
+        method: ``"nll"`` (default: Guo et al., minimise the validation NLL over T in
+            ``[0.01, 100]``; REFERENCE §3 names L-BFGS on ``log T``, this uses a bounded,
+            safeguarded Newton search on ``1/T``, which has the same minimiser and reaches it
+            to machine precision; a failure raises ``RuntimeError`` with the reason),
             ``"grid_ece"`` (lowest validation ECE over the grid, the focal-calibration
             papers), ``"grid_adaece"`` (lowest equal-mass ECE, AdaFocal) or ``"grid_nll"``.
         grid: temperatures searched by the grid methods (default ``0.1, 0.2, ..., 10.0``,
