@@ -267,6 +267,28 @@ CALIBRATORS = [VectorScaling, HistogramBinning, TemperatureScaling]
 
 
 @pytest.mark.parametrize("cls", CALIBRATORS)
+def test_estimator_contract(cls):
+    """Constructor stores settings only; fit returns self and sets attributes ending in `_`;
+    transform / predict_proba / fit_transform agree; NumPy and torch inputs give the same."""
+    z, y = draw_biased(800, c=4, seed=12)
+    cal = cls()
+    before = set(vars(cal))
+    assert not any(k.endswith("_") for k in before) and not cal.is_fitted
+    assert cal.fit(z, y) is cal and cal.is_fitted
+    learned = set(vars(cal)) - before
+    assert learned and all(k.endswith("_") for k in learned)
+    zt = draw_biased(300, c=4, seed=13)[0]
+    q = cal.predict_proba(zt)
+    assert q.shape == (300, 4) and q.dtype == torch.float32
+    assert torch.allclose(q.sum(1), torch.ones(300), atol=1e-6)
+    assert torch.allclose(torch.softmax(cal.transform(zt), dim=1), q, atol=1e-6)
+    assert torch.equal(cls().fit_transform(z, y), cal.transform(z))
+    from_np = cls().fit(z.numpy(), y.numpy())
+    assert torch.equal(from_np.predict_proba(zt.numpy()), q)
+    assert repr(cal).startswith(f"{cls.__name__}(")
+
+
+@pytest.mark.parametrize("cls", CALIBRATORS)
 def test_unfitted_calibrators_raise(cls):
     cal = cls()
     z = torch.randn(4, 3)
