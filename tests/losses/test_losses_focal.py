@@ -196,6 +196,30 @@ def test_gamma_star_solves_g_equals_one_and_bounds_g_above_p0():
             assert _g(p, gs) <= 1 + 1e-6
 
 
+def test_gamma_star_matches_high_precision_closed_form():
+    # REFERENCE.md's closed form evaluated with 50+ significant digits (mpmath ships with torch,
+    # via sympy).  The published code's "+1e-12 inside W" variant is 2x too small from
+    # p0 ≈ 0.49999 on and infinite below p0 ≈ 1e-15; γ* must not be either.
+    mp = pytest.importorskip("mpmath")
+
+    def exact(p0):
+        with mp.workdps(700):  # enough digits for ln(1 - 1e-300)
+            p = mp.mpf(p0)
+            a, b = 1 - p, p * mp.log(p)
+            return float(mp.re(a / b + mp.lambertw(-a ** (1 - a / b) * mp.log(a) / b, -1)
+                               / mp.log(a)))
+
+    ps = [1e-300, 1e-100, 1e-20, 1e-15, 1e-12, 1e-9, 1e-6, 1e-3, 0.01, 0.1, 0.2, 0.25, 0.3,
+          0.4, 0.45, 0.49, 0.499, 0.4999, 0.49999, 0.499999, 0.4999999, 0.49999999]
+    got = TF.focal_gamma_star(np.array(ps))
+    ref = np.array([exact(repr(p)) for p in ps])
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got[:16], ref[:16], rtol=1e-13)  # p0 <= 0.49
+    np.testing.assert_allclose(got[16:], ref[16:], rtol=1e-8)  # near 0.5: conditioning of ln
+    # a list is accepted like an array
+    np.testing.assert_allclose(TF.focal_gamma_star([0.2, 0.3]), got[[10, 12]])
+
+
 def test_gamma_star_domain_and_kinds():
     assert TF.focal_gamma_star(0.5) == 0.0 and TF.focal_gamma_star(0.9) == 0.0
     assert isinstance(TF.focal_gamma_star(0.3), float)
@@ -209,8 +233,12 @@ def test_gamma_star_domain_and_kinds():
     ps = np.linspace(0.01, 0.4999, 200)
     gs = TF.focal_gamma_star(ps)
     assert np.all(np.isfinite(gs)) and np.all(gs >= 0) and np.all(np.diff(gs) < 0)
-    # unbounded as p0 -> 0
+    # unbounded as p0 -> 0, finite for every float64 p0 whose γ* fits in float64
     assert TF.focal_gamma_star(1e-6) > 1e5
+    assert 1e300 < TF.focal_gamma_star(1e-300) < math.inf
+    # within rounding of 0.5 the answer is tiny, non-negative and real
+    just_below = float(np.nextafter(0.5, 0.0))
+    assert 0.0 <= TF.focal_gamma_star(just_below) < 1e-12
     for bad in (0.0, 1.0, -0.1, 1.5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="`p0`"):
             TF.focal_gamma_star(bad)
@@ -218,6 +246,10 @@ def test_gamma_star_domain_and_kinds():
         TF.focal_gamma_star(np.array([0.2, 1.0]))
     with pytest.raises(ValueError, match="`p0`"):
         TF.focal_gamma_star("0.2")
+    with pytest.raises(ValueError, match="`p0`"):
+        TF.focal_gamma_star([0.2, "x"])
+    with pytest.raises(ValueError, match="`p0`"):
+        TF.focal_gamma_star([0.2, 0.0])
 
 
 # ---------------------------------------------------------------------------- scheduled
