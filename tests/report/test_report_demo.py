@@ -289,3 +289,18 @@ def test_report_on_train_and_eval_runs(tmp_path, capsys):
         (read_results(root / "f0")["test"]["pre"]["ece"] + read_results(root / "f1")["test"]["pre"]["ece"]) / 2)
     assert list((out / "figures").glob("reliability_*focal*.png"))
     assert list((out / "figures").glob("roc_*.png"))
+
+
+def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
+    """"Every loss of the registry that applies": a newly registered loss must be added to the
+    demo's list or to EXCLUDED (whose reason the report prints)."""
+    from torchcal.losses import list_losses
+    from torchcal.report.demo import DEMO_LOSSES, EXCLUDED, _intro
+
+    assert set(list_losses()) <= set(DEMO_LOSSES) | set(EXCLUDED)
+    assert not set(DEMO_LOSSES) & set(EXCLUDED)
+    cfg = DemoConfig(seeds=(0,))
+    text = _intro(cfg, applicable_losses(), demo_jobs(cfg, __import__("pathlib").Path("/x")), 1.0, [])
+    for n in EXCLUDED:
+        if n in list_losses():
+            assert EXCLUDED[n] in text

@@ -435,6 +435,15 @@ def _intro(cfg: DemoConfig, losses: Sequence[str], jobs: list[dict[str, Any]], s
         "**Losses** (with every hyperparameter, registry defaults unless the demo sets them): "
         + "; ".join(_hyper_text(n, _loss_kwargs(cfg, n)) for n in losses) + ".",
     ]
+    if not cfg.losses:
+        from ..losses import list_losses
+
+        from .aggregate import loss_label
+
+        left = [n for n in list_losses() if n not in losses]
+        if left:
+            lines[-1] += " Registered but not trained by default: " + "; ".join(
+                f"{loss_label(n)}: {EXCLUDED.get(n, 'not in the demo list')}" for n in left) + "."
     if "adafocal" in losses:
         lam = float(_loss_kwargs(cfg, "adafocal").get("lam", cfg.adafocal_lam))
         lines += ["", "**AdaFocal:** " + adafocal_note(lam)]
