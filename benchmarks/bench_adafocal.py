@@ -1,6 +1,8 @@
 """Speed of AdaFocal: training loss relative to ``F.cross_entropy`` and the validation update.
 
 Run: ``python benchmarks/bench_adafocal.py [--repeats 21] [--threads 0]``
+(``--shapes 256x10 --n-val 500 --repeats 3`` for a quick check that it runs; the targets are
+for the defaults.)
 
 1. forward + backward of :class:`torchcal.losses.AdaFocalLoss` (15 bins, after an update so that
    the edges are equal-mass and γ has both signs) on float32 CPU logits (4096, 100) and
@@ -63,11 +65,25 @@ def alternated(f, b, repeats: int) -> tuple[float, float, float]:
     return statistics.median(rs), 1e3 * statistics.median(tf), 1e3 * statistics.median(tb)
 
 
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        out = tuple(tuple(int(v) for v in part.lower().split("x")) for part in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or any(len(sh) != 2 or min(sh) < 2 for sh in out):
+        raise argparse.ArgumentTypeError(f"expected shapes like 4096x100,4096x1000, got {text!r}")
+    return out  # type: ignore[return-value]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
     ap.add_argument("--inner", type=int, default=5, help="calls per timing sample")
+    ap.add_argument("--shapes", type=_shapes, default=((4096, 100), (4096, 1000)),
+                    help="comma-separated NxC training-batch shapes (default 4096x100,4096x1000)")
+    ap.add_argument("--n-val", type=int, default=10_000,
+                    help="validation samples for the update timing (default 10000)")
     args = ap.parse_args(argv)
     global INNER
     INNER = max(1, args.inner)
@@ -77,9 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeats {args.repeats}")
 
     print("\nforward+backward, ratio to F.cross_entropy (target <= 1.5x)")
-    for c in (100, 1000):
-        x = torch.randn(4096, c, generator=gen) * 3
-        y = torch.randint(0, c, (4096,), generator=gen)
+    for n, c in args.shapes:
+        x = torch.randn(n, c, generator=gen) * 3
+        y = torch.randint(0, c, (n,), generator=gen)
         loss = AdaFocalLoss()
         # a realistic state: equal-mass edges from a validation set, γ of both signs
         loss.update(logits=torch.randn(5000, c, generator=gen) * 3,
@@ -89,19 +105,20 @@ def main(argv: list[str] | None = None) -> None:
         r, tf, tb = alternated(lambda x=x, y=y, loss=loss: _fwd_bwd(loss, x, y),
                                lambda x=x, y=y: _fwd_bwd(F.cross_entropy, x, y), args.repeats)
         flag = "ok" if r <= 1.5 else "SLOW"
-        print(f"  (4096, {c:4d})  adafocal {tf:7.2f} ms  ce {tb:7.2f} ms  ratio {r:5.2f}x  {flag}")
+        print(f"  ({n}, {c:4d})  adafocal {tf:7.2f} ms  ce {tb:7.2f} ms  ratio {r:5.2f}x  {flag}")
         # reference: the same signed focal loss with a precomputed per-sample γ (no bin lookup)
-        g = loss.gammas.float()[torch.randint(0, 15, (4096,), generator=gen)]
+        g = loss.gammas.float()[torch.randint(0, 15, (n,), generator=gen)]
         r2, tf2, tb2 = alternated(
             lambda x=x, y=y, g=g: _fwd_bwd(lambda a, b: signed_focal_loss(a, b, g), x, y),
             lambda x=x, y=y: _fwd_bwd(F.cross_entropy, x, y), args.repeats)
-        print(f"  (4096, {c:4d})  signed_focal(γ given) {tf2:7.2f} ms  ce {tb2:7.2f} ms  "
+        print(f"  ({n}, {c:4d})  signed_focal(γ given) {tf2:7.2f} ms  ce {tb2:7.2f} ms  "
               f"ratio {r2:5.2f}x  (reference)")
 
-    print("\nupdate() on 10,000 validation samples (target: well under 1 s)")
-    for c in (100, 1000):
-        z = torch.randn(10_000, c, generator=gen) * 3
-        y = torch.randint(0, c, (10_000,), generator=gen)
+    nv = args.n_val
+    print(f"\nupdate() on {nv:,} validation samples (target: well under 1 s for 10,000)")
+    for c in sorted({c for _, c in args.shapes}):
+        z = torch.randn(nv, c, generator=gen) * 3
+        y = torch.randint(0, c, (nv,), generator=gen)
         loss = AdaFocalLoss()
 
         def upd(loss=loss, z=z, y=y):
@@ -112,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
 
         r, tf, tb = alternated(upd, ada, args.repeats)
         flag = "ok" if tf < 250 else "SLOW"
-        print(f"  (10000, {c:4d})  update {tf:7.2f} ms  adaptive_ece {tb:7.2f} ms  "
+        print(f"  ({nv}, {c:4d})  update {tf:7.2f} ms  adaptive_ece {tb:7.2f} ms  "
               f"ratio {r:5.2f}x  {flag}")
 
 
