@@ -304,3 +304,19 @@ def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
     for n in EXCLUDED:
         if n in list_losses():
             assert EXCLUDED[n] in text
+
+
+def test_in_process_demo_restores_the_callers_threads(tmp_path):
+    import torch
+
+    from torchcal.report.demo import _run_jobs
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _run_jobs([{"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": 0,
+                    "epochs": 1, "noise_std": 0.5, "n_bins": 15, "run_dir": str(tmp_path / "r"),
+                    "overrides": {}}], workers=1, progress=False)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

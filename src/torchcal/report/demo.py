@@ -316,11 +316,23 @@ def _run_jobs(jobs: list[dict[str, Any]], workers: int, progress: bool) -> list[
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}<{remaining} left]")
     results: list[dict[str, Any]] = []
     try:
-        if workers <= 1:
-            for job in jobs:
-                results.append(r := run_job(job))
-                bar.set_postfix_str(f"{r['loss']} seed {r['seed']}", refresh=False)
-                bar.update(1)
+        if workers <= 1:  # in this process: one thread while training, the caller's afterwards
+            import torch
+
+            threads = torch.get_num_threads()
+            env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+            try:
+                for job in jobs:
+                    results.append(r := run_job(job))
+                    bar.set_postfix_str(f"{r['loss']} seed {r['seed']}", refresh=False)
+                    bar.update(1)
+            finally:
+                torch.set_num_threads(threads)
+                for k, v in env.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         else:
             import multiprocessing as mp
 
