@@ -24,6 +24,30 @@ def test_equal_width_edges_in_dtype():
         B.equal_width_edges(0)
 
 
+def test_edges_are_the_correctly_rounded_quotients():
+    # float32 / float64 edges are k/B rounded once (IEEE division of exact operands), not
+    # k * (1/B): the product with a rounded reciprocal (what CUDA computes for a tensor divided
+    # by a Python scalar) differs for 6 of B = 15's interior float32 edges
+    import numpy as np
+
+    for b in (10, 15, 20, 100):
+        e32 = B.equal_width_edges(b, dtype=torch.float32)
+        assert e32.tolist() == [float(np.float32(k) / np.float32(b)) for k in range(b + 1)]
+        e64 = B.equal_width_edges(b, dtype=torch.float64)
+        assert e64.tolist() == [k / b for k in range(b + 1)]
+    recip = (torch.arange(16, dtype=torch.float32) * (torch.tensor(1.0) / 15))
+    assert int((recip != B.equal_width_edges(15)).sum()) == 6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_cuda_edges_and_bins_equal_cpu(dtype):
+    e_cpu = B.equal_width_edges(15, dtype=dtype)
+    assert torch.equal(B.equal_width_edges(15, dtype=dtype, device="cuda").cpu(), e_cpu)
+    v = torch.cat([e_cpu, torch.rand(1000, dtype=torch.float64).to(dtype)])
+    assert torch.equal(B.equal_width_bin_index(v.cuda(), 15).cpu(), B.equal_width_bin_index(v, 15))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
 def test_linspace_trap_is_avoided(dtype):
     # linspace edges differ from k/B in every dtype (e.g. 11/15 in float64); values computed

@@ -2,7 +2,8 @@
 
 Equal-width bins (ECE, MCE, RMSCE, Classwise-ECE, reliability diagrams)
     Edges are ``k/B`` computed in the values' own dtype
-    (``torch.arange(B + 1, dtype=x.dtype) / B``).  Bins are right-closed ``(e_k, e_{k+1}]``
+    (``torch.arange(B + 1, dtype=x.dtype) / B``, evaluated on the CPU so that every device
+    gets the same edges).  Bins are right-closed ``(e_k, e_{k+1}]``
     and the first bin also holds 0, so bin index = ``#{k in 1..B-1 : e_k < x}``: a value of
     exactly 0 is in bin 0, exactly 1.0 is in bin B-1, and a value equal to an interior edge
     ``e_k`` is in bin k-1.  The same holds in float16, bfloat16, float32 and float64.
@@ -42,11 +43,17 @@ def equal_width_edges(
 ) -> torch.Tensor:
     """Return the ``B + 1`` equal-width edges ``k/B`` computed in ``dtype``.
 
+    The division runs on the CPU and the edges are then moved to ``device``: CUDA's
+    ``tensor / scalar`` multiplies by the rounded reciprocal ``1/B`` instead, which moves some
+    edges by one ulp (6 of the 14 interior float32 edges for B = 15, e.g. ``7/15``), so a
+    confidence equal to ``k/B`` would change bins between devices.
+
     >>> equal_width_edges(4)
     tensor([0.0000, 0.2500, 0.5000, 0.7500, 1.0000])
     """
     n_bins = check_positive_int(n_bins, "n_bins")
-    return torch.arange(n_bins + 1, dtype=dtype, device=device) / n_bins
+    edges = torch.arange(n_bins + 1, dtype=dtype) / n_bins
+    return edges if device is None else edges.to(device)
 
 
 def bin_index(
