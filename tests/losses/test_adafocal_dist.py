@@ -1,5 +1,6 @@
 """Two-process (gloo) test: AdaFocal's update from each rank's share of the validation set equals
-one process over the whole set, on every rank, bit for bit (unequal shares, one empty share)."""
+one process over the whole set, on every rank, bit for bit (unequal shares, one empty share);
+a bad input on one rank fails both ranks (no hang) without changing their state."""
 
 from __future__ import annotations
 
@@ -31,7 +32,20 @@ WORKER = textwrap.dedent(
         # rank 0 takes the first `cut` samples, rank 1 the rest (unequal, possibly empty)
         sl = slice(0, cut) if rank == 0 else slice(cut, None)
         loss.update(logits=z[sl], labels=y[sl])
-    torch.save({"state": loss.state_dict()}, sys.argv[2] + f".{rank}")
+    state = loss.state_dict()
+    # a bad input on one rank (NaN logits on rank 1) fails every rank instead of leaving the
+    # other one waiting in the gather, and no rank changes its state
+    z, y, _ = data["steps"][0]
+    zb = z[:10].clone()
+    if rank == 1:
+        zb[3, 2] = float("nan")
+    try:
+        loss.update(logits=zb, labels=y[:10])
+        err = ""
+    except ValueError as e:
+        err = str(e)
+    unchanged = torch.equal(loss.gammas, state["gammas"]) and len(loss.history) == 3
+    torch.save({"state": state, "err": err, "unchanged": unchanged}, sys.argv[2] + f".{rank}")
     dist.destroy_process_group()
     """
 )
@@ -75,8 +89,11 @@ def test_two_process_update_equals_single_process(tmp_path):
                 p.kill()
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
 
+    saved = [torch.load(f"{out}.{r}", weights_only=True) for r in range(2)]
+    assert "another rank" in saved[0]["err"] and "`logits`" in saved[1]["err"], saved
+    assert saved[0]["unchanged"] and saved[1]["unchanged"]
     for r in range(2):
-        state = torch.load(f"{out}.{r}", weights_only=True)["state"]
+        state = saved[r]["state"]
         loss = AdaFocalLoss(n_bins=7, lam=3.0)
         loss.load_state_dict(state)
         assert torch.equal(loss.gammas, single.gammas)

@@ -49,7 +49,10 @@ unequal shares), so each rank computes the same γ and edges as one process over
 Pass each rank's own share (this is what the trainer does), not the full set on every rank.
 The per-bin statistics are computed from the sorted confidences, so the result does not depend
 on sample order or on how the set is split between ranks (bit for bit on CPU).  The gather runs
-on the logits' device (CPU tensors for gloo, CUDA tensors for NCCL).
+on the logits' device (CPU tensors for gloo, CUDA tensors for NCCL).  The inputs are checked
+before the gather and the outcome is shared (one small ``all_reduce``): if any rank's
+validation logits or labels are invalid, every rank raises and none changes its state, instead
+of the valid ranks waiting in the gather until the process-group timeout.
 """
 
 from __future__ import annotations
@@ -133,6 +136,15 @@ def _dist_world() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
+
+
+def _collective_device(t: Any) -> torch.device:
+    """Device for a collective: the tensor's own, else the process group's default."""
+    if isinstance(t, torch.Tensor):
+        return t.device
+    if dist.get_backend() == "nccl":  # pragma: no cover - needs CUDA
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _all_gather_varlen(t: torch.Tensor) -> torch.Tensor:
@@ -329,11 +341,34 @@ class AdaFocalLoss(CalibrationLoss):
 
         Raises:
             ValueError: on a shape mismatch, NaN/Inf logits, labels out of range, or no
-                validation sample at all.
+                validation sample at all; under ``torch.distributed`` every rank raises when
+                any rank's input is bad (instead of the others waiting in the gather), and no
+                rank changes its state.
         """
-        conf, correct = self._validation_stats(logits, labels)
-        if sync_dist and _dist_world() > 1:
-            packed = _all_gather_varlen(torch.stack([conf.double(), correct.double()], 1).reshape(-1))
+        distributed = sync_dist and _dist_world() > 1
+        try:
+            conf, correct = self._validation_stats(logits, labels)
+            error: Exception | None = None
+        except (TypeError, ValueError) as e:
+            if not distributed:
+                raise
+            conf = correct = None
+            error = e
+        if distributed:
+            # one small collective so that a bad input on one rank fails every rank
+            flag = torch.tensor([0 if error is None else 1], dtype=torch.int32,
+                                device=_collective_device(logits))
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if error is not None:
+                raise error
+            if int(flag.item()):
+                raise ValueError(
+                    "AdaFocal update: the validation logits/labels of another rank were "
+                    "invalid (see that rank's error); no rank changed its state"
+                )
+        if distributed:
+            packed = _all_gather_varlen(
+                torch.stack([conf.double(), correct.double()], 1).reshape(-1))
             packed = packed.reshape(-1, 2)
             conf, correct = packed[:, 0].to(conf.dtype), packed[:, 1].to(conf.dtype)
         if conf.numel() == 0:
