@@ -59,6 +59,49 @@ def test_linspace_trap_is_avoided(dtype):
     assert B.equal_width_bin_index(kb[differ], 15).tolist() == (differ - 1).tolist()
 
 
+def _bisect_reference(values, n_bins):
+    """The binary search over the own-dtype interior edges (torch.bucketize)."""
+    edges = B.equal_width_edges(n_bins, dtype=values.dtype)
+    return B.bin_index(values, edges[1:-1])
+
+
+@pytest.mark.parametrize("dtype,bins", [
+    (torch.float16, [1, 2, 3, 7, 10, 15, 16, 20, 100, 255, 256, 257, 1000, 5000]),
+    (torch.bfloat16, [1, 2, 3, 7, 10, 15, 16, 31, 32, 33, 100, 500]),
+])
+def test_arithmetic_binning_exhaustive_in_half_precision(dtype, bins):
+    # every finite value of the dtype (negatives and values above 1 included) plus +-inf and
+    # NaN: the arithmetic 1-D path (and the binary-search fallback past 256 / 32 bins) gives
+    # exactly the binary search's index (the arithmetic guess alone would be wrong for some
+    # values at 5000 float16 / 500 bfloat16 bins, where several edges round to one value)
+    every = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    for n_bins in bins:
+        ref = _bisect_reference(every, n_bins)
+        assert torch.equal(B.equal_width_bin_index(every, n_bins), ref), n_bins
+        assert torch.equal(B.equal_width_bin_index(every, n_bins, out_int32=True), ref.int())
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0], dtype=dtype)
+    assert B.equal_width_bin_index(special, 15).tolist() == [14, 0, 14, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_bins", [1, 2, 3, 7, 10, 15, 20, 100, 1000, 2**21, 2**21 + 1])
+def test_arithmetic_binning_on_edges_and_neighbours(dtype, n_bins):
+    # every edge k/B and its two floating-point neighbours, random values, and out-of-range,
+    # infinite and NaN values: the same index as the binary search (2**21 is the largest
+    # float32 bin count of the arithmetic path, 2**21 + 1 falls back)
+    g = torch.Generator().manual_seed(n_bins)
+    e = B.equal_width_edges(n_bins, dtype=dtype)
+    if n_bins > 5000:
+        e = e[torch.randint(0, n_bins + 1, (5000,), generator=g)]
+    v = torch.cat([
+        torch.rand(5000, generator=g, dtype=torch.float64).to(dtype), e,
+        torch.nextafter(e, torch.full_like(e, 2.0)), torch.nextafter(e, torch.full_like(e, -1.0)),
+        torch.tensor([-1.0, -0.0, 2.0, 1e30, -1e30, float("inf"), float("-inf"), float("nan")],
+                     dtype=dtype),
+    ])
+    assert torch.equal(B.equal_width_bin_index(v, n_bins), _bisect_reference(v, n_bins))
+
+
 def test_single_bin_and_extremes():
     v = torch.tensor([0.0, 1e-30, 0.5, 1.0])
     assert B.equal_width_bin_index(v, 1).tolist() == [0, 0, 0, 0]

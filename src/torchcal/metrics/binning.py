@@ -90,11 +90,51 @@ def equal_width_bin_index(
 ) -> torch.Tensor:
     """Equal-width bin index of each value in [0, 1] (see the module docstring).
 
+    Values below 0 go to the first bin and values above 1 to the last (as :func:`bin_index`).
+    A 1-D input (top-label confidences) with ``B * eps(dtype) <= 1/4`` (float16: B <= 256,
+    bfloat16: B <= 32) is binned arithmetically: ``trunc(x * B)`` is within one bin of the
+    answer (each edge is within a relative ``eps`` of ``k/B``, i.e. within a quarter bin), and
+    one comparison with each neighbouring edge of the own-dtype table makes it exact - the
+    same indices as the binary search (tested exhaustively in float16 and bfloat16), about
+    2-10x faster on the CPU for spread-out values.
+
     >>> equal_width_bin_index(torch.tensor([0.0, 0.25, 0.2501, 1.0]), 4)
     tensor([0, 0, 1, 3])
     """
     edges = equal_width_edges(n_bins, dtype=values.dtype, device=values.device)
+    if (values.ndim == 1 and values.is_floating_point()
+            and n_bins * torch.finfo(values.dtype).eps <= 0.25):
+        return _equal_width_arithmetic(values, edges, out_int32)
     return bin_index(values, edges[1:-1], out_int32=out_int32)
+
+
+def _equal_width_arithmetic(values: torch.Tensor, edges: torch.Tensor, out_int32: bool
+                            ) -> torch.Tensor:
+    """``#{k in 1..B-1 : e_k < x}`` from ``trunc(x B)`` corrected against the edge table.
+
+    With ``j`` the true bin, ``e_j = j/B (1 + d)`` and ``|d| <= eps``, ``j B eps <= 1/4`` keeps
+    ``fl(x B)`` in ``(j - 1/4, j + 2)``, so the guess ``g`` is j-1, j or j+1; ``x > e_{g+1}``
+    adds one and ``x <= e_g`` takes one away (never both: the edges are sorted).  Comparisons
+    are exact in the (wider) comparison dtype.
+    """
+    n_bins = edges.shape[0] - 1
+    cd = _cmp_dtype(values.dtype)
+    e = edges.to(cd)
+    # lower / upper edge of bin g; NaN (every comparison false) where there is none: bin 0
+    # also holds 0 and below, the last bin 1 and above
+    nan = e.new_full((1,), float("nan"))
+    lower = torch.cat([nan, e[1:-1]])
+    upper = torch.cat([e[1:-1], nan])
+    x = values.to(cd)
+    # clamp before the integer conversion so that out-of-range and infinite values stay
+    # defined, and NaN goes to the last bin as in the binary search; float -> int64 is a
+    # vectorised conversion on the CPU (float -> int32 is not)
+    g = (torch.mul(x, n_bins).nan_to_num_(nan=float(n_bins - 1)).clamp_(0, n_bins - 1)
+         .long())
+    up = torch.gt(x, upper.index_select(0, g))
+    down = torch.le(x, lower.index_select(0, g))
+    g.add_(up).sub_(down.long())
+    return g.int() if out_int32 else g
 
 
 def equal_mass_edges(values: torch.Tensor, n_bins: int) -> torch.Tensor:
