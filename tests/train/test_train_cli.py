@@ -141,7 +141,7 @@ def test_two_process_torchrun_gloo(tmp_path):
     run = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-           "-m", "torchcal.cli", "train", "--recipe", "digits-mlp", "--loss", "ce", "--epochs", "2",
+           "-m", "torchcal.cli", "train", "--recipe", "digits-mlp", "--loss", "adafocal", "--epochs", "2",
            "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run),
            "--reduction", "sum", "--lr", "0.001", "--val-fraction", "0.25"]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
@@ -162,17 +162,20 @@ def test_two_process_torchrun_gloo(tmp_path):
     splits = build_data(TrainConfig.from_dict(conf))
     res = json.loads((run / "results.json").read_text())
     assert res["n"] == {"val": len(splits.val), "test": len(splits.test)}
-    with np.load(run / "logits" / "test.npz") as f:
-        np.testing.assert_array_equal(f["labels"], splits.test.labels.numpy())
+    assert len(splits.val) % 2 == 1  # the sampler pads the validation set by one sample
+    for name in ("val", "test"):
+        with np.load(run / "logits" / f"{name}.npz") as f:
+            np.testing.assert_array_equal(f["labels"], getattr(splits, name).labels.numpy())
     assert r.stdout.count("trained digits-mlp") == 1  # rank-0 printing
-    # 808 training samples (val_fraction 0.25): no sampler padding.  Each step of the two ranks covers exactly the samples of the single-process step (the
-    # shards interleave the same permutation) and DDP's gradient averaging is undone for the
-    # summed loss, so a one-process run of the MLP (no BatchNorm) takes the same steps.
+    # 808 training samples (val_fraction 0.25): no sampler padding in training.  Each step of
+    # the two ranks covers exactly the samples of the single-process step (the shards interleave
+    # the same permutation) and DDP's gradient averaging is undone for the summed loss, so a
+    # one-process run of the MLP (no BatchNorm) takes the same steps.
     import torch
 
     n = torch.get_num_threads()
     try:
-        assert main(["train", "--recipe", "digits-mlp", "--loss", "ce", "--epochs", "2",
+        assert main(["train", "--recipe", "digits-mlp", "--loss", "adafocal", "--epochs", "2",
                      "--no-progress", "--num-threads", "1", "--device", "cpu", "--reduction",
                      "sum", "--lr", "0.001", "--val-fraction", "0.25",
                      "--out", str(tmp_path / "single")]) == 0
@@ -183,6 +186,14 @@ def test_two_process_torchrun_gloo(tmp_path):
     for k in ("train_loss", "train_error", "val_nll", "val_ece", "val_error", "test_nll",
               "fc_weight_norm"):
         assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
+    # AdaFocal, a stateful loss, saw the whole validation set through the ranks' synced shares:
+    # its per-bin γ and bin edges are those of the single process
+    for k in ("gammas", "bin_edges"):
+        assert a["loss_state"][k] == pytest.approx(b["loss_state"][k], rel=1e-6, abs=1e-9), k
+    assert a["loss_state"]["gammas"] != [1.0] * 15  # moved by the validation passes
+    with np.load(run / "logits" / "val.npz") as f, \
+            np.load(tmp_path / "single" / "logits" / "val.npz") as g:
+        np.testing.assert_allclose(f["logits"], g["logits"], rtol=1e-4, atol=1e-5)
 
 
 def test_calibrate_on_saved_logits(tmp_path, capsys):

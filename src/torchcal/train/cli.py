@@ -127,6 +127,28 @@ def _fmt(v: Any) -> str:
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
 
 
+def _exit_distributed_worker() -> None:
+    """End a finished ``torchrun`` worker at once (``os._exit(0)`` after flushing).
+
+    PyTorch 2.13's DistributedDataParallel keeps its gloo process group alive after
+    ``destroy_process_group`` (its worker threads survive), and such a thread may release the
+    last collective's tensors while the interpreter shuts down: it then needs the GIL and
+    aborts the process ("terminate called without an active exception"), so torchrun reports a
+    finished run as failed.  Everything of the run is written and fsynced by now, so the worker
+    skips the interpreter shutdown.  Only for a process group that ``train`` created and
+    destroyed (a torchrun launch of this command).
+    """
+    import sys
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not (dist.is_available()
+                                                            and dist.is_initialized()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from .trainer import train
 
@@ -135,8 +157,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if cfg.resume and rank0 and not (Path(cfg.out_dir) / "checkpoints" / "last.pt").is_file():
         print(f"torchcal train: nothing to resume in {cfg.out_dir}; starting a new run")
     summary = train(cfg)
+    _print_summary(cfg, summary, rank0)
+    _exit_distributed_worker()
+    return 0
+
+
+def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
     if not rank0:
-        return 0
+        return
     f = summary["final"]
     print(f"trained {cfg.recipe or cfg.dataset} with {cfg.loss} for {cfg.epochs} epochs in "
           f"{summary['seconds']:.1f}s: val ECE {_fmt(f.get('val_ece'))}, test ECE "
@@ -146,7 +174,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         post = res["test"]["post"].get("grid_ece", {})
         print(f"post-T (grid_ece, T={res['temperatures'].get('grid_ece', float('nan')):.2f}) "
               f"test ECE {_fmt(post.get('ece'))}; results: {Path(cfg.out_dir) / 'results.json'}")
-    return 0
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
