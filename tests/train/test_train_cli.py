@@ -54,6 +54,11 @@ def test_user_mistakes_are_one_line(tmp_path, capsys):
                     "Unknown recipe 'nope'")
     _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--loss", "nope",
                              "--out", str(tmp_path / "r")], "Unknown loss 'nope'")
+    _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--model", "resnet51",
+                             "--out", str(tmp_path / "r")], "Unknown model 'resnet51'")
+    _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--model", "small_cnn",
+                             "--model-arg", "widht=4", "--epochs", "1", "--no-progress",
+                             "--out", str(tmp_path / "r")], "Bad --model-arg for model 'small_cnn'")
     _one_line_error(capsys, ["train", "--out", str(tmp_path / "r")], "--recipe is required")
     _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--loss-arg", "gamma",
                              "--out", str(tmp_path / "r")], "KEY=VALUE")
@@ -233,3 +238,65 @@ def test_calibrate_on_saved_logits(tmp_path, capsys):
         (tmp_path / "run" / "logits" / f).write_bytes((tmp_path / f).read_bytes())
     assert main(["calibrate", str(tmp_path / "run"), "--method", "grid_ece"]) == 0
     assert "test: ECE" in capsys.readouterr().out
+
+
+def test_overrides_reach_the_config(tmp_path):
+    """--epochs/--batch-size/--lr/--seed/--device/--model/--loss override the recipe, nothing else."""
+    from torchcal.cli import build_parser
+    from torchcal.train import get_recipe
+    from torchcal.train.cli import config_from_args
+
+    argv = ["train", "--recipe", "cifar10-resnet50", "--out", str(tmp_path / "r"), "--epochs", "7",
+            "--batch-size", "32", "--lr", "0.02", "--seed", "5", "--device", "cpu",
+            "--model", "small_cnn", "--model-arg", "width=8", "--loss", "focal",
+            "--loss-arg", "gamma=2"]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.seed, cfg.device) == (7, 32, 0.02, 5, "cpu")
+    assert (cfg.model, cfg.model_kwargs) == ("small_cnn", {"width": 8})
+    assert cfg.loss == "focal" and cfg.effective_loss_kwargs() == {"gamma": 2}
+    ref = get_recipe("cifar10-resnet50")
+    for f in ("dataset", "momentum", "weight_decay", "milestones", "lr_gamma", "grad_clip",
+              "reduction", "val_fraction", "data_seed", "select_best_by", "amp", "compile"):
+        assert getattr(cfg, f) == getattr(ref, f), f
+    # without overrides: the recipe as registered (and the recipe's default loss hyperparameters)
+    plain = config_from_args(build_parser().parse_args(
+        ["train", "--recipe", "cifar10-resnet50", "--out", str(tmp_path / "r"), "--loss", "focal"]))
+    assert plain.effective_loss_kwargs() == {"gamma": 3.0}
+    assert (plain.epochs, plain.batch_size, plain.lr, plain.model) == (350, 128, 0.1, "resnet50")
+
+
+def test_eval_command_last_and_best(tmp_path, capsys):
+    """`torchcal eval RUN_DIR` evaluates the last epoch's checkpoint, `--checkpoint best` the
+    selected one, into logits/*.npz and results.json."""
+    import torch
+
+    from torchcal.evaluate import load_logits, read_results
+    from torchcal.train import build_data, load_model_from_run, predict_logits
+
+    run = tmp_path / "run"
+    n = torch.get_num_threads()
+    try:
+        assert main(["train", "--recipe", "digits-mlp", "--epochs", "3", "--no-progress",
+                     "--num-threads", "1", "--device", "cpu", "--no-eval",
+                     "--select-best-by", "nll", "--out", str(run)]) == 0
+    finally:
+        torch.set_num_threads(n)
+    assert not (run / "results.json").exists()
+    capsys.readouterr()
+    for which, flag in (("last", []), ("best", ["--checkpoint", "best"])):
+        assert main(["eval", str(run), *flag]) == 0
+        out = capsys.readouterr().out
+        assert f"({which})" in out and "AUROC(entropy)" in out
+        res = read_results(run)
+        assert res["meta"]["checkpoint"] == which
+        model, cfg = load_model_from_run(run, checkpoint=which)
+        splits = build_data(cfg)
+        z, y = predict_logits(model, splits.test, "cpu", 512)
+        zs, ys = load_logits(run / "logits" / "test.npz")
+        np.testing.assert_allclose(zs, z.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(ys, y.numpy())
+        assert set(res["temperatures"]) >= {"grid_ece", "grid_adaece", "grid_nll", "nll"}
+        assert "digits_ood" in res["ood"] and (run / "logits" / "ood_digits_ood.npz").is_file()
+    log = [json.loads(s) for s in (run / "log.jsonl").read_text().splitlines()]
+    best_epoch = min(range(3), key=lambda i: log[i]["val_nll"]) + 1
+    assert res["meta"]["epoch"] == best_epoch

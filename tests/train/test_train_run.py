@@ -329,3 +329,14 @@ def test_bad_config_values_raise_before_training(tmp_path):
     with pytest.raises(TypeError, match="TrainConfig"):
         train({"epochs": 1})
     assert isinstance(get_recipe("digits-mlp"), TrainConfig)
+
+
+def test_small_cnn_on_flat_digits(tmp_path):
+    """``--model small_cnn`` on the digits' flat (N, 64) features: read as 1x8x8 images."""
+    from torchcal.train import build_model
+
+    cfg = digits_config(tmp_path, model="small_cnn", model_kwargs={"width": 4}, epochs=1,
+                        evaluate=False)
+    m = build_model(cfg, 10, (64,))
+    assert m.in_channels == 1 and m.side == 8
+    assert train(cfg)["final"]["val_error"] < 0.9

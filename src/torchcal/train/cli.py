@@ -42,6 +42,12 @@ def _loss_help() -> str:
     return ", ".join(names) if names else "see torchcal.losses.list_losses()"
 
 
+def _model_help() -> str:
+    from ..models import list_models
+
+    return ", ".join(list_models())
+
+
 def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict[str, Any]:
     """``["gamma=3", "lam=0.1", "name=x"]`` -> ``{"gamma": 3, "lam": 0.1, "name": "x"}``.
 
@@ -97,6 +103,13 @@ def config_from_args(args: argparse.Namespace):
     if args.loss_arg:
         upd["loss_kwargs"] = {**upd.get("loss_kwargs", cfg.loss_kwargs),
                               **parse_loss_args(args.loss_arg)}
+    if args.model is not None:
+        upd["model"] = args.model
+        if args.model != cfg.model:
+            upd["model_kwargs"] = {}
+    if args.model_arg:
+        upd["model_kwargs"] = {**upd.get("model_kwargs", cfg.model_kwargs),
+                               **parse_loss_args(args.model_arg, "--model-arg")}
     if args.data_arg:
         upd["data_kwargs"] = {**cfg.data_kwargs, **parse_loss_args(args.data_arg, "--data-arg")}
     for opt, fld in _OVERRIDES.items():
@@ -117,9 +130,12 @@ def config_from_args(args: argparse.Namespace):
     if not isinstance(cfg, TrainConfig):  # pragma: no cover
         raise TypeError("internal: recipe did not give a TrainConfig")
     from ..losses import list_losses
+    from ..models import list_models
 
     if cfg.loss not in list_losses():
         raise TorchcalError(f"Unknown loss {cfg.loss!r}; expected one of: {_loss_help()}")
+    if cfg.model not in list_models():
+        raise TorchcalError(f"Unknown model {cfg.model!r}; expected one of: {_model_help()}")
     return cfg.validate()
 
 
@@ -279,6 +295,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--loss-arg", action="append", metavar="KEY=VALUE",
                    help="loss hyperparameter, repeatable (e.g. --loss-arg gamma=3); values are "
                         "parsed as JSON when possible")
+    p.add_argument("--model", help="model (registry name) instead of the recipe's, e.g. "
+                                   "resnet20 or small_cnn to try a CIFAR recipe on a CPU. "
+                                   f"One of: {_model_help()}")
+    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE",
+                   help="model constructor argument, repeatable (e.g. --model-arg width=8 for "
+                        "small_cnn); values are parsed as JSON when possible")
     p.add_argument("--data-root", help="directory holding (or receiving) the data set files")
     p.add_argument("--data-arg", action="append", metavar="KEY=VALUE",
                    help="data set option, repeatable (e.g. --data-arg noise_std=0.3 for digits, "

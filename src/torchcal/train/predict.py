@@ -111,12 +111,20 @@ def build_model(config: TrainConfig, num_classes: int, input_shape: Any = None) 
     from ..models import create_model
 
     kw = dict(config.model_kwargs)
-    if config.model == "mlp" and input_shape is not None and "in_features" not in kw:
+    shape = tuple(int(s) for s in input_shape) if input_shape is not None else None
+    if config.model == "mlp" and shape is not None and "in_features" not in kw:
         n = 1
-        for s in tuple(input_shape):
-            n *= int(s)
+        for s in shape:
+            n *= s
         kw["in_features"] = n
-    return create_model(config.model, num_classes, **kw)
+    if config.model == "small_cnn" and shape is not None and len(shape) == 1:
+        # flat square images (the 8x8 digits): one channel, reshaped inside the net
+        kw.setdefault("in_channels", 1)
+        kw.setdefault("in_features", shape[0])
+    try:
+        return create_model(config.model, num_classes, **kw)
+    except TypeError as exc:  # a misspelt --model-arg: one clear line, not a traceback
+        raise ValueError(f"Bad --model-arg for model {config.model!r}: {exc}") from exc
 
 
 def load_model_from_run(run_dir: str | Path, checkpoint: str = "last", device: str = "cpu",
