@@ -111,6 +111,11 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     assert not (run / "results.json").exists()  # it was killed mid-run
     n_logged = len((run / "log.jsonl").read_text().splitlines())
     assert 1 <= n_logged < int(epochs)
+    from torchcal.train.checkpoint import load_checkpoint
+
+    at = int(load_checkpoint(ckpt)["epoch"])
+    assert 1 <= at < int(epochs)
+    before = (run / "log.jsonl").read_text().splitlines()[:at]
     # resume (no --recipe needed: config.json is reused) ...
     r = subprocess.run([sys.executable, "-m", "torchcal.cli", "train", "--out", str(run), "--resume",
                         "--no-progress", "--num-threads", "1"], env=_env(),
@@ -133,7 +138,11 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
     for k, v in rb["test"]["pre"].items():
         if v is not None:
             assert ra["test"]["pre"][k] == pytest.approx(v, abs=1e-6), k
-    assert len((run / "log.jsonl").read_text().splitlines()) == int(epochs)
+    after = (run / "log.jsonl").read_text().splitlines()
+    assert len(after) == int(epochs)
+    # it continued from the checkpoint instead of training again from epoch 0: the epochs up to
+    # the checkpoint are the killed process's log lines, byte for byte (their "seconds" too)
+    assert after[:at] == before
 
 
 def _free_port():

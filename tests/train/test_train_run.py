@@ -18,8 +18,9 @@ from torchcal.train.checkpoint import load_checkpoint
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 
 
-def make_cifar10(root, n_train=200, n_test=100, seed=0):
-    """A tiny CIFAR-10 in the official python-pickle layout (cifar-10-batches-py/).
+def make_cifar10(root, n_train=200, n_test=100, seed=0, archive=False):
+    """A tiny CIFAR-10 in the official python-pickle layout (cifar-10-batches-py/), or with
+    ``archive`` packed as the official ``cifar-10-python.tar.gz`` (the folder removed).
 
     Images carry a class signal (a per-class colour offset) so a small net learns something.
     """
@@ -44,6 +45,13 @@ def make_cifar10(root, n_train=200, n_test=100, seed=0):
     with open(folder / "batches.meta", "wb") as f:
         pickle.dump({b"label_names": [f"class{i}".encode() for i in range(10)],
                      b"num_cases_per_batch": 10000, b"num_vis": 3072}, f, protocol=2)
+    if archive:
+        import shutil
+        import tarfile
+
+        with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tf:
+            tf.add(folder, arcname="cifar-10-batches-py")
+        shutil.rmtree(folder)
     return root
 
 
@@ -65,15 +73,17 @@ def _restore_threads():
 def test_cifar_two_epochs_writes_the_run_directory(tmp_path):
     from torchcal.data.fake import write_fake_cifar10c, write_fake_svhn
 
-    root = make_cifar10(tmp_path / "data")
+    root = make_cifar10(tmp_path / "data", archive=True)
     write_fake_svhn(root, "test", n=30)
     write_fake_cifar10c(root, n=20)
     cfg = dataclasses.replace(
         get_recipe("cifar10-resnet50"), model="small_cnn", model_kwargs={"width": 8},
         data_root=str(root), out_dir=str(tmp_path / "run"), epochs=2, batch_size=32,
         progress=False, num_threads=1, device="cpu", select_best_by="nll",
+        data_kwargs={"verify": False},  # a generated archive: not the published MD5
         ood_kwargs={"svhn": {"verify": False}})
     summary = train(cfg)
+    assert (root / "cifar-10-batches-py" / "test_batch").is_file()  # the archive was extracted
     run = tmp_path / "run"
     assert (run / "config.json").is_file()
     conf = json.loads((run / "config.json").read_text())
@@ -87,6 +97,11 @@ def test_cifar_two_epochs_writes_the_run_directory(tmp_path):
         assert key in lines[-1], key
     last = load_checkpoint(run / "checkpoints" / "last.pt")
     assert last["epoch"] == 2 and last["config"]["model"] == "small_cnn"
+    # the logged last-layer weight norm is that of the saved final weights
+    assert lines[-1]["fc_weight_norm"] == pytest.approx(
+        float(last["model"]["fc.weight"].norm()), rel=1e-6)
+    # the recipe's settings as run: lr 0.1 in both epochs (drops at 150 and 250), summed CE
+    assert [r["lr"] for r in lines] == [0.1, 0.1]
     best = load_checkpoint(run / "checkpoints" / "best.pt")
     assert best["epoch"] == summary["best"]["epoch"]
     assert summary["best"]["value"] == min(r["val_nll"] for r in lines)
@@ -149,20 +164,28 @@ def test_cifar_adafocal_resume_with_augmentation_matches(tmp_path):
 
 @pytest.mark.filterwarnings("ignore:The validation NLL")
 def test_imagenet_folder_recipe_runs(tmp_path):
-    """The ImageNet recipe's folder data path (DataLoader over lazily decoded JPEGs)."""
+    """The ImageNet recipe as registered (the standard ResNet-50) on a generated class-folder
+    tree of JPEGs: the DataLoader path over lazily decoded images (small crops keep it fast)."""
     from torchcal.data.fake import write_fake_imagenet_folder
 
     root = write_fake_imagenet_folder(tmp_path / "imagenet", n_classes=3, n_train=8, n_val=3,
                                       size=(40, 40))
+    recipe = get_recipe("imagenet-resnet50")
+    assert recipe.model == "imagenet_resnet50"
     cfg = dataclasses.replace(
-        get_recipe("imagenet-resnet50"), model="small_cnn", model_kwargs={"width": 4},
-        data_root=str(root), data_kwargs={"image_size": 32, "resize_size": 36},
-        out_dir=str(tmp_path / "run"), epochs=1, batch_size=4, num_workers=0,
-        progress=False, num_threads=1, device="cpu")
+        recipe, data_root=str(root), data_kwargs={"image_size": 32, "resize_size": 36},
+        out_dir=str(tmp_path / "run"), epochs=1, batch_size=8, num_workers=0,
+        select_best_by="none", progress=False, num_threads=1, device="cpu")
     summary = train(cfg)
     res = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert res["n"]["test"] == 9 and res["num_classes"] == 3
+    assert res["n"] == {"val": 2, "test": 9} and res["num_classes"] == 3
+    assert res["meta"]["model"] == "imagenet_resnet50"
     assert summary["final"]["val_error"] >= 0.0
+    st = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert st["input_shape"] == [3, 32, 32] and st["model"]["fc.weight"].shape == (3, 2048)
+    # the standard ResNet-50 body: 25,557,032 parameters at 1000 classes, less 997 classes' fc
+    assert sum(v.numel() for k, v in st["model"].items()
+               if k.endswith(("weight", "bias"))) == 25_557_032 - 997 * 2049
 
 
 def test_tinyimagenet_recipe_runs(tmp_path):
@@ -179,6 +202,41 @@ def test_tinyimagenet_recipe_runs(tmp_path):
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     assert res["n"] == {"val": 6, "test": 6} and res["num_classes"] == 3
     assert res["ood"] == {}  # no OOD sets are defined for Tiny-ImageNet
+
+
+def test_progress_bar(tmp_path, capsys):
+    """A tqdm bar counting the training batches of every epoch (on stderr)."""
+    from torchcal.train import build_data
+    from torchcal.train.trainer import _n_batches
+
+    cfg = digits_config(tmp_path, epochs=2, evaluate=False, progress=True)
+    train(cfg)
+    err = capsys.readouterr().err
+    total = 2 * _n_batches(len(build_data(cfg).train), 1, cfg.batch_size)
+    assert f"{total}/{total}" in err and "batch" in err and "val_ece=" in err
+    train(digits_config(tmp_path, "quiet", epochs=1, evaluate=False, progress=False))
+    assert capsys.readouterr().err == ""
+
+
+def test_compile_option_wraps_the_training_model(tmp_path, monkeypatch):
+    """``compile=True`` trains through torch.compile (TorchDynamo; the eager backend here, which
+    needs no C++ toolchain) to the same numbers as the plain run; checkpoints keep plain keys."""
+    real = torch.compile
+    calls = []
+
+    def spy(model, *args, **kwargs):
+        calls.append(type(model).__name__)
+        return real(model, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", spy)
+    plain = train(digits_config(tmp_path, "plain", epochs=2, evaluate=False))
+    assert calls == []
+    compiled = train(digits_config(tmp_path, "compiled", epochs=2, evaluate=False, compile=True))
+    assert calls == ["MLP"]
+    for k, v in plain["final"].items():
+        assert compiled["final"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    sd = load_checkpoint(tmp_path / "compiled" / "checkpoints" / "last.pt")["model"]
+    assert not any(k.startswith("_orig_mod.") for k in sd)
 
 
 def test_amp_is_ignored_with_a_warning_on_cpu(tmp_path):
