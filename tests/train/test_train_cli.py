@@ -309,3 +309,30 @@ def test_eval_command_last_and_best(tmp_path, capsys):
     log = [json.loads(s) for s in (run / "log.jsonl").read_text().splitlines()]
     best_epoch = min(range(3), key=lambda i: log[i]["val_nll"]) + 1
     assert res["meta"]["epoch"] == best_epoch
+
+
+def test_train_uncertainty_head_flag(tmp_path):
+    """`torchcal train ... --uncertainty-head` trains the head beside the classifier: the
+    checkpoint holds the head and its optimiser, the log its ranking loss, and the classifier's
+    weights equal a run without the flag."""
+    import torch
+
+    from torchcal.train.checkpoint import load_checkpoint
+
+    n = torch.get_num_threads()
+    common = ["train", "--recipe", "digits-mlp", "--epochs", "1", "--no-progress",
+              "--num-threads", "1", "--device", "cpu", "--no-eval"]
+    try:
+        assert main([*common, "--uncertainty-head", "--out", str(tmp_path / "head")]) == 0
+        assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    finally:
+        torch.set_num_threads(n)
+    sh = load_checkpoint(tmp_path / "head" / "checkpoints" / "last.pt")
+    sp = load_checkpoint(tmp_path / "plain" / "checkpoints" / "last.pt")
+    assert sh["head"] is not None and sh["head_optimizer"]["state"]
+    assert sp["head"] is None
+    for k, v in sp["model"].items():
+        assert torch.equal(v, sh["model"][k]), k
+    rec = json.loads((tmp_path / "head" / "log.jsonl").read_text().splitlines()[-1])
+    assert rec["head_ranking_loss"] > 0
+    assert json.loads((tmp_path / "head" / "config.json").read_text())["uncertainty_head"] is True

@@ -345,11 +345,17 @@ def test_uncertainty_head_leaves_the_classifier_unchanged(tmp_path):
     for k, v in sa["model"].items():
         assert torch.equal(v, sb["model"][k]), k
     assert a["final"]["val_ece"] == b["final"]["val_ece"]
-    # the head did train
+    # the head did train: its weights moved away from the trainer's seeded initialisation
+    from torchcal.train.distributed import epoch_seed
     from torchcal.uncertainty import UncertaintyHead
 
-    h = UncertaintyHead(256)
-    h.load_state_dict(sb["head"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(epoch_seed(0, 0, stream=7))
+        h0 = UncertaintyHead(256)
+    assert set(h0.state_dict()) == set(sb["head"])
+    moved = [k for k, v in h0.state_dict().items() if not torch.equal(v, sb["head"][k])]
+    assert moved, "the uncertainty head's weights never changed"
+    assert sb["head_optimizer"]["state"], "the head's optimiser never stepped"
     lines = [json.loads(s) for s in (tmp_path / "head" / "log.jsonl").read_text().splitlines()]
     assert lines[-1]["head_ranking_loss"] > 0
 
