@@ -49,10 +49,10 @@ def ratio(fn: Callable, base: Callable, x0: torch.Tensor, y: torch.Tensor, repea
     """Alternating timings of ``fn`` and ``base`` (order swapped every repeat).
 
     Returns (median ratio, min-time ratio, median ms of fn, median ms of base).  Each timing
-    covers enough calls to last a few milliseconds.
+    covers enough calls to last about 30 ms (shorter blocks were dominated by noise here).
     """
     t = _block(base, x0, y, 1)
-    inner = max(1, min(20, int(0.004 / max(t, 1e-6))))
+    inner = max(1, min(200, int(0.03 / max(t, 1e-6))))
     for _ in range(2):  # warm-up
         _block(base, x0, y, inner)
         _block(fn, x0, y, inner)

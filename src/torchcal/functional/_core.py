@@ -7,11 +7,14 @@ Every loss of the form ``ℓ_i = f_i(log p)`` whose logit gradient is a combinat
     ∂ℓ_i/∂z_i = α_i · d_i + β_i · e_{y_i} + δ_i · e_{j_i} + κ_i · 1,
 
 runs through one :class:`torch.autograd.Function`: the forward takes ``log_softmax`` (through
-:func:`target_log_probs`, which also validates the targets), turns it **in place** into ``d``
-(one ``exp`` pass plus an N-element scatter) and asks a loss-specific ``spec`` for the
-per-sample loss and the coefficients; the backward is one multiply pass over ``d`` plus
-scatters.  That is the same work as cross-entropy's own backward (``p - onehot``), so focal,
-FLSD, label smoothing, dual focal and the GRA family cost about what ``F.cross_entropy`` costs.
+:func:`target_log_probs`, which also validates the targets) and asks a loss-specific ``spec``
+for the per-sample loss and the coefficients.  A spec that needs ``d`` itself (BSCE-GRA's
+norm) turns ``log p`` **in place** into ``d`` (one ``exp`` pass plus an N-element scatter) and
+the backward is one multiply pass over ``d`` plus scatters; every other spec leaves ``log p``
+alone and the backward is log_softmax's own fused backward kernel on a sparse ``∂ℓ/∂log p``
+(one fill and one pass, what ``F.cross_entropy`` does).  So the N×C work of focal, FLSD, label
+smoothing, dual focal and the GRA family is that of ``F.cross_entropy``; what remains on top
+is per-row (N-element) arithmetic and per-call overhead.
 Cross-entropy's gradient is ``α = 1``; a loss ``f(log p_y)`` has ``α = -f'(log p_y)``; a
 GRA loss ``-w·log p_y`` with detached ``w`` has ``α = w``.
 
@@ -70,13 +73,19 @@ class _FusedLoss(torch.autograd.Function):
         lp1 = lp.reshape(-1)
         y = safe.reshape(-1, 1).long()
 
+        made_d = []
+
         def make_d() -> torch.Tensor:
             d = log_p.exp_()
             d.scatter_(1, y, torch.expm1(lp1).unsqueeze(1))
+            made_d.append(True)
             return d
 
         t = spec(log_p, lp1, y, make_d)
         ctx.shape = x.shape
+        # Without ``d`` (the spec never asked for it), the backward goes through log_softmax's
+        # own fused backward kernel on the saved ``log p`` (what F.cross_entropy does).
+        ctx.is_d = bool(made_d)
         ctx.coefs = (t.alpha, t.beta, t.extra_coef, t.const)
         tensors = [log_p, y] + [v for v in ctx.coefs if isinstance(v, torch.Tensor)]
         if t.extra_index is not None:
@@ -100,18 +109,41 @@ class _FusedLoss(torch.autograd.Function):
         alpha, beta, delta, const = (next(it) if isinstance(v, torch.Tensor) else v
                                      for v in ctx.coefs)
         g = grad.reshape(-1)
-        if const is not None:
+        if not ctx.is_d:
+            gx = _log_softmax_backward(d, y, g, alpha, beta, delta, const, j)
+        elif const is not None:
             gx = torch.addcmul(_vec(const, g), d, _vec(alpha, g))
         else:
             gx = d * _vec(alpha, g)
-        if beta is not None:
-            gx.scatter_add_(1, y, _vec(beta, g))
-        if j is not None:
-            gx.scatter_add_(1, j, _vec(delta, g))
+        if ctx.is_d:
+            if beta is not None:
+                gx.scatter_add_(1, y, _vec(beta, g))
+            if j is not None:
+                gx.scatter_add_(1, j, _vec(delta, g))
         shape = ctx.shape
         if len(shape) > 2:
             gx = gx.reshape((shape[0],) + tuple(shape[2:]) + (shape[1],)).movedim(-1, 1)
         return gx, None, None, None, None
+
+
+def _log_softmax_backward(log_p, y, g, alpha, beta, delta, const, j) -> torch.Tensor:
+    r"""The same gradient from ``log p`` through log_softmax's backward kernel.
+
+    A per-row loss ``f(log p)`` has ``∂f/∂z = G - p·ΣG`` with ``G = ∂f/∂log p``. The Terms
+    ``α·d + β·e_y + δ·e_j + κ·1`` (``d = p - e_y``) are that with the sparse
+    ``G = (β - α)·e_y + δ·e_j + κ·1``: the p-coefficient ``-ΣG = α - β - δ - Cκ`` equals α
+    because a function of log_softmax has a gradient that sums to zero over classes
+    (``β + δ + Cκ = 0``).  Cost: one fill and one fused pass, as ``F.cross_entropy``.
+    """
+    if const is not None:
+        big_g = _vec(const, g).expand_as(log_p).contiguous()
+    else:
+        big_g = torch.zeros_like(log_p)
+    coef_y = _vec(alpha, g).neg_() if beta is None else _vec(beta, g).sub_(_vec(alpha, g))
+    big_g.scatter_add_(1, y, coef_y)
+    if j is not None:
+        big_g.scatter_add_(1, j, _vec(delta, g))
+    return torch._log_softmax_backward_data(big_g, log_p, 1, log_p.dtype)
 
 
 def fused_loss(

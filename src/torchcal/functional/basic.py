@@ -102,7 +102,6 @@ def _ls_spec(eps: float, c: int):
 
     def spec(log_p, lp, y, make_d):
         total = log_p.sum(1) if eps else None
-        make_d()
         loss = -lp if not eps else -(1.0 - eps) * lp - (eps / c) * total
         return Terms(loss=loss, alpha=1.0, beta=eps if eps else None,
                      const=-eps / c if eps else None)

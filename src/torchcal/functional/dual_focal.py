@@ -49,7 +49,6 @@ def log_p_below(log_p: torch.Tensor, lp: torch.Tensor) -> tuple[torch.Tensor, to
 def _dual_spec(gamma: float):
     def spec(log_p, lp, y, make_d):
         lj, j = log_p_below(log_p, lp)
-        make_d()
         p = lp.exp()
         pj = lj.exp()
         base = -torch.expm1(lp) + pj

@@ -86,8 +86,6 @@ def _focal_spec(gamma: torch.Tensor | float | None, schedule=None):
             g = sample_dependent_gamma(lp.exp(), *schedule)
         elif isinstance(g, torch.Tensor):
             g = g.reshape(-1)
-        d = make_d()
-        del d
         loss, alpha = focal_terms(lp, g)
         return Terms(loss=loss, alpha=alpha)
 

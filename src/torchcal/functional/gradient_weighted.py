@@ -73,19 +73,20 @@ def gradient_weighted_loss(
         else:
             w = check_hyper(weight, "weight", allow_negative=True)
         loss, valid = fused_loss(input, target, ignore_index, validate_args,
-                                 _gra_spec(lambda log_p, lp, y, d: w))
+                                 _gra_spec(lambda log_p, lp, y, d: w, needs_d=False))
         return reduce_loss(loss, valid, reduction)
 
 
-def _gra_spec(weight_fn, before_d=None):
+def _gra_spec(weight_fn, before_d=None, needs_d=True):
     """Spec for ``-w·lp`` with a detached ``w = weight_fn(log_p, lp, y, d)`` (α = w).
 
     ``before_d(log_p, lp, y)`` may compute something from ``log_p`` before it becomes ``d``;
-    its result is passed as ``log_p`` to ``weight_fn``.
+    its result is passed as ``log_p`` to ``weight_fn``.  With ``needs_d=False`` the weight
+    does not read ``d`` (it gets None) and the backward runs log_softmax's fused kernel.
     """
     def spec(log_p, lp, y, make_d):
         pre = before_d(log_p, lp, y) if before_d is not None else None
-        d = make_d()
+        d = make_d() if needs_d else None
         w = weight_fn(pre, lp, y, d)
         return Terms(loss=-w * lp, alpha=w)
 
@@ -201,7 +202,8 @@ def focal_gra_loss(
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
         loss, valid = fused_loss(input, target, ignore_index, validate_args,
-                                 _gra_spec(lambda _, lp, y, d: (-torch.expm1(lp)).pow(gamma)))
+                                 _gra_spec(lambda _, lp, y, d: (-torch.expm1(lp)).pow(gamma),
+                                           needs_d=False))
         return reduce_loss(loss, valid, reduction)
 
 
@@ -229,5 +231,5 @@ def dual_focal_gra_loss(
             return (-torch.expm1(lp) + lj.exp()).pow(gamma)
 
         loss, valid = fused_loss(input, target, ignore_index, validate_args,
-                                 _gra_spec(weight, below))
+                                 _gra_spec(weight, below, needs_d=False))
         return reduce_loss(loss, valid, reduction)
