@@ -398,3 +398,38 @@ def test_registry_gradients(name):
         assert not torch.autograd.gradcheck(lambda z: loss(z, t), (xr,), raise_exception=False)
     else:
         assert torch.autograd.gradcheck(lambda z: loss(z, t), (xr,))
+
+
+@pytest.mark.parametrize("name", NAMES + ["mmce"])
+def test_sync_free_target_path_equals_the_checked_path(name, monkeypatch):
+    """On an accelerator the target checks run without a host sync (an ignore mask is always
+    built, bad targets trip ``torch._assert_async``). Forced on the CPU here: the same values
+    and gradients as the synchronous path, with and without ignored entries."""
+    import torchcal.functional._loss_utils as LU
+
+    fn = PER_SAMPLE.get(name) or (lambda x, t, **kw: TF.mmce_loss(x, t, **kw))
+    x, t = _data(n=16, c=5, seed=3)
+    t_ign = t.clone()
+    t_ign[::3] = -100
+    ref = []
+    for tt in (t, t_ign):
+        xr = x.clone().requires_grad_(True)
+        fn(xr, tt, reduction="sum").backward()
+        ref.append((fn(x, tt, reduction="mean"), xr.grad))
+    calls = []
+
+    def forced(target):
+        calls.append(1)
+        return True
+
+    monkeypatch.setattr(LU, "_sync_free", forced)
+    for tt, (v_ref, g_ref) in zip((t, t_ign), ref, strict=True):
+        xr = x.clone().requires_grad_(True)
+        fn(xr, tt, reduction="sum").backward()
+        torch.testing.assert_close(fn(x, tt, reduction="mean"), v_ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(xr.grad, g_ref, rtol=1e-12, atol=1e-12)
+    assert calls, "the sync-free path was never taken"
+    bad = t.clone()
+    bad[2] = 7
+    with pytest.raises((RuntimeError, IndexError)):  # _assert_async / F.cross_entropy's check
+        fn(x, bad)

@@ -65,6 +65,8 @@ def target_log_probs(
 
     with no_autocast(input):
         log_p = torch.log_softmax(input.to(_compute_dtype(input)), dim=1)
+    if _sync_free(target):
+        return _target_log_probs_async(log_p, target, ignore_index, validate_args)
     if target.numel() and not 0 <= ignore_index < c:
         # Fast path (one reduction, one host sync): all targets in [0, C) means nothing is
         # ignored and nothing is out of range.
@@ -94,6 +96,32 @@ def target_log_probs(
     log_p_y = log_p.gather(1, safe_target.long().unsqueeze(1)).squeeze(1)
     if valid is not None:
         log_p_y = torch.where(valid, log_p_y, torch.zeros_like(log_p_y))
+    return log_p, log_p_y, safe_target, valid
+
+
+def _sync_free(target: torch.Tensor) -> bool:
+    """On an accelerator the target checks must not wait for the device (no host sync per
+    training step); on the CPU a sync is free and gives a precise error message."""
+    return target.device.type != "cpu"
+
+
+def _target_log_probs_async(log_p, target, ignore_index, validate_args):
+    """:func:`target_log_probs` without a host sync: the ignore mask is always built and an
+    out-of-range target fails through ``torch._assert_async`` (a device-side assertion, reported
+    by the next synchronising call, as ``F.cross_entropy`` does on CUDA)."""
+    c = log_p.shape[1]
+    ignored = target == ignore_index
+    if validate_args:
+        bad = ((target < 0) | (target >= c)) & ~ignored
+        msg = f"Expected `target` values in [0, {c - 1}] (or ignore_index={ignore_index})"
+        try:
+            torch._assert_async(~bad.any(), msg)
+        except TypeError:  # torch without the message overload
+            torch._assert_async(~bad.any())
+    valid = ~ignored
+    safe_target = torch.where(valid, target, torch.zeros_like(target))
+    log_p_y = log_p.gather(1, safe_target.long().unsqueeze(1)).squeeze(1)
+    log_p_y = torch.where(valid, log_p_y, torch.zeros_like(log_p_y))
     return log_p, log_p_y, safe_target, valid
 
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from . import _loss_utils
 from ._common import check_alpha, no_autocast
 from ._core import Terms, flat_log_p, fused_loss
 from ._loss_utils import _compute_dtype, check_loss_args, reduce_loss, target_log_probs
@@ -44,7 +45,8 @@ def cross_entropy(
         tensor(0.6931)
     """
     check_loss_args(input, target, reduction)
-    if validate_args:
+    if validate_args and not _loss_utils._sync_free(target):
+        # (on an accelerator F.cross_entropy's own device-side check applies, with no sync)
         _check_target_range(target, input.shape[1], ignore_index)
     with no_autocast(input):
         return F.cross_entropy(input.to(_compute_dtype(input)), target.long(),

@@ -449,7 +449,6 @@ def _intro(cfg: DemoConfig, losses: Sequence[str], jobs: list[dict[str, Any]], s
     ]
     if not cfg.losses:
         from ..losses import list_losses
-
         from .aggregate import loss_label
 
         left = [n for n in list_losses() if n not in losses]
