@@ -289,7 +289,6 @@ class AdaFocalLoss(CalibrationLoss):
                 # γ is picked from the very log p_y the loss uses (one log_softmax).
                 def spec(log_p, lp, y, make_d):
                     gamma = self._gamma_of(lp)
-                    make_d()
                     loss, alpha = focal_terms(lp, gamma)
                     return Terms(loss=loss, alpha=alpha)
 
