@@ -24,6 +24,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from bench_losses import _shapes  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from torchcal.functional import signed_focal_loss
 from torchcal.losses import AdaFocalLoss
@@ -63,16 +64,6 @@ def alternated(f, b, repeats: int) -> tuple[float, float, float]:
         tf.append(tf_i)
         tb.append(tb_i)
     return statistics.median(rs), 1e3 * statistics.median(tf), 1e3 * statistics.median(tb)
-
-
-def _shapes(text: str) -> tuple[tuple[int, int], ...]:
-    try:
-        out = tuple(tuple(int(v) for v in part.lower().split("x")) for part in text.split(","))
-    except ValueError:
-        out = ()
-    if not out or any(len(sh) != 2 or min(sh) < 2 for sh in out):
-        raise argparse.ArgumentTypeError(f"expected shapes like 4096x100,4096x1000, got {text!r}")
-    return out  # type: ignore[return-value]
 
 
 def main(argv: list[str] | None = None) -> None:
