@@ -159,6 +159,6 @@ def _digits() -> TrainConfig:
         dataset="digits", model="mlp", loss="ce", loss_defaults={},
         epochs=100, batch_size=64, lr=0.05, momentum=0.9, weight_decay=5e-4,
         milestones=[50, 75], milestone_fractions=[0.5, 0.75], lr_gamma=0.1, grad_clip=None,
-        reduction="mean", data_seed=None, select_best_by="ece", checkpoint_every=10,
+        reduction="mean", data_seed=None, select_best_by="ece", checkpoint_every=1,
         eval_test_every=1, device="cpu", num_threads=1,
     )
