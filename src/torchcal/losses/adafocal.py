@@ -365,7 +365,6 @@ class AdaFocalLoss(CalibrationLoss):
                     "AdaFocal update: the validation logits/labels of another rank were "
                     "invalid (see that rank's error); no rank changed its state"
                 )
-        if distributed:
             packed = _all_gather_varlen(
                 torch.stack([conf.double(), correct.double()], 1).reshape(-1))
             packed = packed.reshape(-1, 2)
