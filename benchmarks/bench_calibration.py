@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         root = Path(args.from_dir)
         wall = None
     else:
-        from torchcal.report.demo import DemoConfig, run_demo
+        from torchcal.cli.demo import DemoConfig, run_demo
 
         res = run_demo(DemoConfig(workers=args.workers, out=Path(args.out) if args.out else None,
                                   quick=args.quick))

@@ -9,8 +9,8 @@ from functools import partial
 
 import pytest
 
+from torchcal.cli.data import register
 from torchcal.data import download as dl
-from torchcal.data.cli import register
 from torchcal.data.download import Resource, md5sum
 from torchcal.data.fake import write_fake_cifar, write_fake_svhn
 from torchcal.data.prepare import prepare, status

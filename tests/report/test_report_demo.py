@@ -6,9 +6,15 @@ import math
 import pytest
 
 from torchcal.cli import main
+from torchcal.cli.demo import (
+    DemoConfig,
+    applicable_losses,
+    demo_jobs,
+    parse_seeds,
+    run_demo,
+    run_job,
+)
 from torchcal.evaluate import SCHEMA, read_results, write_results
-from torchcal.report.cli import parse_seeds
-from torchcal.report.demo import DemoConfig, applicable_losses, demo_jobs, run_demo, run_job
 
 TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False)
 
@@ -184,7 +190,7 @@ def test_rerun_with_more_epochs_equals_a_fresh_run(tiny_demo, tmp_path):
 def test_stale_detects_changed_training_settings(tiny_demo):
     import dataclasses
 
-    from torchcal.report.demo import _stale, _train_config
+    from torchcal.cli.demo import _stale, _train_config
 
     run = tiny_demo.out_dir / "runs" / "ce" / "seed0"
     (job,) = [j for j in demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
@@ -201,7 +207,7 @@ def test_stale_detects_changed_training_settings(tiny_demo):
 def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     from pathlib import Path
 
-    from torchcal.report.demo import _setup_text, _train_config
+    from torchcal.cli.demo import _setup_text, _train_config
 
     cfg = DemoConfig(seeds=(0,), epochs=8, noise_std=0.3, data_kwargs={"n_copies": 2},
                      overrides={"lr": 0.02, "batch_size": 32, "model_kwargs": {"hidden": [32]}},
@@ -235,7 +241,7 @@ def test_bad_knobs_are_one_error_before_any_run(tmp_path, capsys):
 
 
 def test_adafocal_note_names_the_lambda_used():
-    from torchcal.report.demo import ADAFOCAL_LAM, adafocal_note
+    from torchcal.cli.demo import ADAFOCAL_LAM, adafocal_note
 
     assert adafocal_note(ADAFOCAL_LAM).startswith(f"AdaFocal uses λ={ADAFOCAL_LAM:g} instead of the paper's λ=1")
     assert adafocal_note(1.0).startswith("AdaFocal uses the paper's λ=1")
@@ -245,7 +251,7 @@ def test_adafocal_note_names_the_lambda_used():
 
 
 def test_progress_bar_shows_runs_done_and_time_left(tmp_path, capsys):
-    from torchcal.report.demo import _run_jobs
+    from torchcal.cli.demo import _run_jobs
 
     jobs = [{"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": s, "epochs": 1,
              "noise_std": 0.5, "n_bins": 15, "run_dir": str(tmp_path / f"r{s}"), "overrides": {}}
@@ -256,7 +262,7 @@ def test_progress_bar_shows_runs_done_and_time_left(tmp_path, capsys):
 
 
 def test_default_out_is_a_fresh_directory(tmp_path, monkeypatch):
-    from torchcal.report.demo import _default_out
+    from torchcal.cli.demo import _default_out
 
     monkeypatch.chdir(tmp_path)
     a = _default_out()
@@ -294,8 +300,8 @@ def test_report_on_train_and_eval_runs(tmp_path, capsys):
 def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
     """"Every loss of the registry that applies": a newly registered loss must be added to the
     demo's list or to EXCLUDED (whose reason the report prints)."""
+    from torchcal.cli.demo import DEMO_LOSSES, EXCLUDED, _intro
     from torchcal.losses import list_losses
-    from torchcal.report.demo import DEMO_LOSSES, EXCLUDED, _intro
 
     assert set(list_losses()) <= set(DEMO_LOSSES) | set(EXCLUDED)
     assert not set(DEMO_LOSSES) & set(EXCLUDED)
@@ -309,7 +315,7 @@ def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
 def test_in_process_demo_restores_the_callers_threads(tmp_path):
     import torch
 
-    from torchcal.report.demo import _run_jobs
+    from torchcal.cli.demo import _run_jobs
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -320,3 +326,13 @@ def test_in_process_demo_restores_the_callers_threads(tmp_path):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_demo_names_moved_out_of_report_with_a_pointer():
+    """The demo trains models, so it moved to the command-line layer; report/ says where."""
+    import torchcal.report
+
+    for name in ("run_demo", "DemoConfig", "DemoResult"):
+        assert name not in torchcal.report.__all__
+        with pytest.raises(AttributeError, match=rf"from torchcal\.cli\.demo import {name}"):
+            getattr(torchcal.report, name)

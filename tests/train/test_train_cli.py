@@ -252,8 +252,8 @@ def test_calibrate_on_saved_logits(tmp_path, capsys):
 def test_overrides_reach_the_config(tmp_path):
     """--epochs/--batch-size/--lr/--seed/--device/--model/--loss override the recipe, nothing else."""
     from torchcal.cli import build_parser
+    from torchcal.cli.train import config_from_args
     from torchcal.train import get_recipe
-    from torchcal.train.cli import config_from_args
 
     argv = ["train", "--recipe", "cifar10-resnet50", "--out", str(tmp_path / "r"), "--epochs", "7",
             "--batch-size", "32", "--lr", "0.02", "--seed", "5", "--device", "cpu",

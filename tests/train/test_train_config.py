@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+from torchcal.cli.train import parse_loss_args
 from torchcal.errors import TorchcalError
 from torchcal.train import TrainConfig, get_recipe, list_recipes, register_recipe
-from torchcal.train.cli import parse_loss_args
 
 ALL_RECIPES = [
     "cifar10-resnet50", "cifar100-resnet50", "cifar10-resnet110", "cifar100-resnet110",

@@ -1,44 +1,38 @@
 """The ``torchcal`` command line: ``train | eval | calibrate | report | demo | uncertainty | data``.
 
-Each sub-command lives beside the code it drives and exposes ``register(subparsers)`` which
-adds its parser and sets ``func`` (a callable taking the parsed ``argparse.Namespace`` and
-returning an exit code).  User mistakes raise :class:`torchcal.errors.TorchcalError` (or a
+The command-line layer: the only package that uses argparse, and the only one allowed to import
+every other layer (``train``, ``report``, ...).  Each sub-command is a module here
+(:mod:`torchcal.cli.train`, ``eval``, ``calibrate``, ``report``, ``demo``, ``uncertainty``,
+``data``) that exposes ``register(subparsers)``, which adds its parser and sets ``func`` (a
+callable taking the parsed ``argparse.Namespace`` and returning an exit code); argument types
+shared between them are in :mod:`torchcal.cli._args`.  User mistakes raise :class:`torchcal.errors.TorchcalError` (or a
 ValueError/OSError from argument checks or unusable paths) and are printed as one line, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from .errors import TorchcalError
+from .. import __version__
+from ..errors import TorchcalError
+from . import calibrate, data, demo, report, train, uncertainty
+from . import eval as eval_
 
-# module path -> registers these sub-commands
-_SUBCOMMAND_MODULES = (
-    "torchcal.train.cli",        # train, eval, calibrate
-    "torchcal.report.cli",       # demo, report
-    "torchcal.uncertainty.cli",  # uncertainty fit | eval
-    "torchcal.data.cli",         # data list | check | download
-)
+__all__ = ["main", "build_parser"]
+
+# the sub-commands, in the order of `torchcal --help`
+_SUBCOMMANDS = (train, eval_, calibrate, report, demo, uncertainty, data)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     parser = argparse.ArgumentParser(
         prog="torchcal",
         description="Train calibrated classifiers, measure calibration, calibrate post hoc.",
     )
     parser.add_argument("--version", action="version", version=f"torchcal {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for modname in _SUBCOMMAND_MODULES:
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as exc:  # a sub-command not built yet
-            if exc.name != modname:
-                raise
-            continue
+    for mod in _SUBCOMMANDS:
         mod.register(sub)
     return parser
 

@@ -16,8 +16,8 @@ __all__ = ["register"]
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from . import list_datasets, list_ood_sets
-    from .download import RESOURCES
+    from ..data import list_datasets, list_ood_sets
+    from ..data.download import RESOURCES
 
     print("data sets (load_splits):", ", ".join(list_datasets()))
     print("OOD sets (load_ood):     ", ", ".join(list_ood_sets()))
@@ -30,8 +30,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from . import default_root
-    from .prepare import PREPARABLE, status
+    from ..data import default_root
+    from ..data.prepare import PREPARABLE, status
 
     root = default_root(args.data_root)
     names = args.names or list(PREPARABLE)
@@ -51,8 +51,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    from . import default_root
-    from .prepare import prepare
+    from ..data import default_root
+    from ..data.prepare import prepare
 
     root = default_root(args.data_root)
     for name in args.names:
@@ -63,7 +63,7 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``torchcal data list | check | download``."""
-    from .prepare import PREPARABLE
+    from ..data.prepare import PREPARABLE
 
     p = subparsers.add_parser(
         "data", help="list, check and download the data sets",

@@ -1,4 +1,4 @@
-"""``torchcal train``, ``torchcal eval`` and ``torchcal calibrate``.
+"""``torchcal train``: train a classifier from a recipe with any registered loss.
 
 Examples::
 
@@ -7,27 +7,25 @@ Examples::
         --data-root ~/data --download --out runs/c10-r50-focal
     torchcal train --out runs/c10-r50-focal --resume            # continue a killed run
     torchrun --nproc_per_node 4 -m torchcal train --recipe cifar100-wrn26-10 --loss adafocal ...
-    torchcal eval runs/c10-r50-focal --checkpoint best
-    torchcal calibrate runs/c10-r50-focal/logits/val.npz --test runs/c10-r50-focal/logits/test.npz
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import TorchcalError
+from ._args import fmt as _fmt
+from ._args import parse_loss_args
 
 __all__ = ["register", "parse_loss_args", "config_from_args"]
 
 
 def _recipe_help() -> str:
-    from .recipes import list_recipes
+    from ..train.recipes import list_recipes
 
     return ", ".join(list_recipes())
 
@@ -48,27 +46,6 @@ def _model_help() -> str:
     return ", ".join(list_models())
 
 
-def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict[str, Any]:
-    """``["gamma=3", "lam=0.1", "name=x"]`` -> ``{"gamma": 3, "lam": 0.1, "name": "x"}``.
-
-    Values are read as JSON when they parse (numbers, true/false, null, lists), else as strings.
-
-    >>> parse_loss_args(["gamma=3", "alpha=0.05", "flag=true", "kind=pytorch"])
-    {'gamma': 3, 'alpha': 0.05, 'flag': True, 'kind': 'pytorch'}
-    """
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, val = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key.isidentifier():
-            raise ValueError(f"Expected `{option}` as KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(val)
-        except json.JSONDecodeError:
-            out[key] = val
-    return out
-
-
 # CLI option -> TrainConfig field
 _OVERRIDES = {
     "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "seed": "seed",
@@ -81,9 +58,9 @@ _OVERRIDES = {
 
 def config_from_args(args: argparse.Namespace):
     """The :class:`TrainConfig` a ``torchcal train`` command line describes."""
-    from .config import TrainConfig
-    from .predict import read_config
-    from .recipes import get_recipe
+    from ..train.config import TrainConfig
+    from ..train.predict import read_config
+    from ..train.recipes import get_recipe
 
     out = Path(args.out)
     if args.resume and (out / "config.json").is_file():
@@ -139,10 +116,6 @@ def config_from_args(args: argparse.Namespace):
     return cfg.validate()
 
 
-def _fmt(v: Any) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
-
-
 def _exit_distributed_worker() -> None:
     """End a finished ``torchrun`` worker at once (``os._exit(0)`` after flushing).
 
@@ -166,7 +139,7 @@ def _exit_distributed_worker() -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .trainer import train
+    from ..train.trainer import train
 
     cfg = config_from_args(args)
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -192,91 +165,8 @@ def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
               f"test ECE {_fmt(post.get('ece'))}; results: {Path(cfg.out_dir) / 'results.json'}")
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from .predict import evaluate_run
-
-    res = evaluate_run(args.run_dir, checkpoint=args.checkpoint, data_root=args.data_root,
-                       device=args.device, batch_size=args.batch_size)
-    pre, post = res["test"]["pre"], res["test"]["post"].get("grid_ece", {})
-    t = res["temperatures"].get("grid_ece", float("nan"))
-    print(f"{args.run_dir} ({args.checkpoint}): test error {_fmt(pre.get('error'))}, "
-          f"ECE {_fmt(pre.get('ece'))} -> {_fmt(post.get('ece'))} (T={t:.2f}), "
-          f"AdaECE {_fmt(pre.get('adaptive_ece'))}, NLL {_fmt(pre.get('nll'))}")
-    for name, d in res.get("ood", {}).items():
-        print(f"  OOD {name}: AUROC(entropy) {_fmt(d.get('auroc_entropy'))}")
-    print(f"wrote {Path(args.run_dir) / 'results.json'} and {Path(args.run_dir) / 'logits'}/")
-    return 0
-
-
-_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll", "vector", "histogram")
-
-
-def _make_calibrator(method: str, n_bins: int):
-    from .. import posthoc
-
-    if method in ("grid_ece", "grid_adaece", "grid_nll", "nll"):
-        return posthoc.TemperatureScaling(method=method, n_bins=n_bins)
-    if method == "vector":
-        return posthoc.VectorScaling()
-    return posthoc.HistogramBinning(n_bins=n_bins)
-
-
-def _calib_metrics(cal, logits, labels, n_bins: int) -> dict[str, float]:
-    import torch
-
-    from ..metrics import adaptive_ece, ece, error, nll
-
-    p = torch.as_tensor(cal.predict_proba(logits)).double() if cal is not None else None
-    if p is None:
-        p = torch.softmax(torch.as_tensor(logits).double(), 1)
-    y = torch.as_tensor(labels)
-    return {"ece": float(ece(probs=p, labels=y, n_bins=n_bins, validate_args=False)),
-            "adaptive_ece": float(adaptive_ece(probs=p, labels=y, n_bins=n_bins,
-                                               validate_args=False)),
-            "nll": float(nll(probs=p, labels=y, validate_args=False)),
-            "error": float(error(probs=p, labels=y, validate_args=False))}
-
-
-def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .._io import atomic_write_text
-    from .._io import to_jsonable as _jsonable
-    from ..evaluate import load_logits
-
-    src = Path(args.logits)
-    if src.is_dir():  # a run directory: fit on its validation logits, test on its test logits
-        if args.test is None and (src / "logits" / "test.npz").is_file():
-            args.test = str(src / "logits" / "test.npz")
-        args.logits = str(src / "logits" / "val.npz")
-    zv, yv = load_logits(args.logits)
-    cal = _make_calibrator(args.method, args.n_bins).fit(zv, yv)
-    report: dict[str, Any] = {"method": args.method, "fit_on": str(args.logits),
-                              "calibrator": cal.to_dict() if hasattr(cal, "to_dict") else None,
-                              "val": {"pre": _calib_metrics(None, zv, yv, args.n_bins),
-                                      "post": _calib_metrics(cal, zv, yv, args.n_bins)}}
-    t = getattr(cal, "temperature_", None)
-    head = f"{args.method}: " + (f"T = {float(t):.4f}; " if t is not None else "")
-    lines = [head + f"fit on {args.logits} ({len(yv)} samples)"]
-    for split in ("val", "test"):
-        if split == "test":
-            if not args.test:
-                continue
-            zt, yt = load_logits(args.test)
-            report["test"] = {"pre": _calib_metrics(None, zt, yt, args.n_bins),
-                              "post": _calib_metrics(cal, zt, yt, args.n_bins)}
-        pre, post = report[split]["pre"], report[split]["post"]
-        lines.append(f"  {split}: ECE {_fmt(pre['ece'])} -> {_fmt(post['ece'])}, AdaECE "
-                     f"{_fmt(pre['adaptive_ece'])} -> {_fmt(post['adaptive_ece'])}, NLL "
-                     f"{_fmt(pre['nll'])} -> {_fmt(post['nll'])}, error {_fmt(pre['error'])}"
-                     f" -> {_fmt(post['error'])}")
-    print("\n".join(lines))
-    if args.out:
-        atomic_write_text(args.out, json.dumps(_jsonable(report), indent=2) + "\n")
-        print(f"wrote {args.out}")
-    return 0
-
-
 def register(subparsers: Any) -> None:
-    """Add ``train``, ``eval`` and ``calibrate`` to the ``torchcal`` command line."""
+    """Add ``train`` to the ``torchcal`` command line."""
     F = argparse.RawDescriptionHelpFormatter
     # ---------------------------------------------------------------- train
     p = subparsers.add_parser(
@@ -342,43 +232,3 @@ def register(subparsers: Any) -> None:
                    help="skip writing logits/ and results.json after training")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_train)
-
-    # ---------------------------------------------------------------- eval
-    e = subparsers.add_parser(
-        "eval", formatter_class=F, help="evaluate a run's checkpoint into logits and results.json",
-        description="Load RUN_DIR/checkpoints/<checkpoint>.pt, save validation/test/OOD logits "
-                    "to RUN_DIR/logits/*.npz\nand every metric before and after temperature "
-                    "scaling to RUN_DIR/results.json.",
-        epilog="example:\n  torchcal eval runs/c10 --checkpoint best --data-root ~/data")
-    e.add_argument("run_dir", metavar="RUN_DIR", help="a torchcal train run directory")
-    e.add_argument("--checkpoint", choices=("last", "best"), default="last",
-                   help="which checkpoint: the last epoch's (default, as the papers report) or "
-                        "the best by validation metric")
-    e.add_argument("--data-root", help="data directory (default: the one the run used)")
-    e.add_argument("--device", default="cpu", help="device to run the model on (default cpu)")
-    e.add_argument("--batch-size", type=int, default=None, help="prediction batch size")
-    e.add_argument("--debug", action="store_true", help="show tracebacks")
-    e.set_defaults(func=_cmd_eval)
-
-    # ---------------------------------------------------------------- calibrate
-    c = subparsers.add_parser(
-        "calibrate", formatter_class=F, help="fit a post-hoc calibrator on saved logits",
-        description="Fit a post-hoc calibrator on LOGITS.npz (keys: logits (N, C), labels (N,); "
-                    "usually a run's\nlogits/val.npz) and print the metrics before and after; "
-                    "--test applies it to other logits.",
-        epilog="examples:\n  torchcal calibrate runs/c10/logits/val.npz --test "
-               "runs/c10/logits/test.npz --method grid_ece --out calib.json\n"
-               "  torchcal calibrate runs/c10 --method nll")
-    c.add_argument("logits", metavar="LOGITS.npz",
-                   help="logits + labels to fit on, or a run directory (its logits/val.npz, "
-                        "with --test defaulting to its logits/test.npz)")
-    c.add_argument("--method", choices=_METHODS, default="grid_ece",
-                   help="grid_ece / grid_adaece / grid_nll: temperature from the grid 0.1..10 "
-                        "by validation ECE / AdaECE / NLL; nll: temperature minimising NLL "
-                        "(LBFGS); vector: vector scaling; histogram: histogram binning "
-                        "(default grid_ece)")
-    c.add_argument("--test", metavar="TEST.npz", help="logits to evaluate the fitted calibrator on")
-    c.add_argument("--n-bins", type=int, default=15, help="bins of ECE and the grid search")
-    c.add_argument("--out", metavar="OUT.json", help="write the calibrator and metrics as JSON")
-    c.add_argument("--debug", action="store_true", help="show tracebacks")
-    c.set_defaults(func=_cmd_calibrate)

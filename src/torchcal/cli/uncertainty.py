@@ -27,50 +27,14 @@ import torch
 
 from .._io import atomic_write_json
 from ..errors import CheckpointError, TorchcalError
+from ._args import even_int as _even_int
+from ._args import nonneg_float as _nonneg_float
+from ._args import positive_float as _positive_float
+from ._args import positive_int as _positive_int
 
 __all__ = ["register", "cmd_fit", "cmd_eval", "RESULTS_SCHEMA"]
 
 RESULTS_SCHEMA = "torchcal.uncertainty_results/1"
-
-
-# ------------------------------------------------------------------------------------------
-# argument types
-# ------------------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _even_int(text: str) -> int:
-    v = _positive_int(text)
-    if v % 2:
-        raise argparse.ArgumentTypeError(f"expected an even batch size (pairs), got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a finite non-negative number, got {text!r}")
-    return v
 
 
 # ------------------------------------------------------------------------------------------
@@ -116,7 +80,7 @@ def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
                  dataset: str | None = None):
     """Cache ``data`` under ``CACHE_DIR/name``; inputs are normalised with the run's own
     ``splits.mean/std`` (what the backbone was trained on), also for OOD and transfer sets."""
-    from .cache import EmbeddingCache
+    from ..uncertainty.cache import EmbeddingCache
 
     data_id = {"dataset": dataset or config.dataset, "split": name, "data_seed": config.data_seed,
                "seed": config.seed, "mean": splits.mean, "std": splits.std,
@@ -136,9 +100,9 @@ def _f(v: Any) -> str:
 # fit
 # ------------------------------------------------------------------------------------------
 def cmd_fit(args: argparse.Namespace) -> int:
-    from .cache import model_identity
-    from .fit import evaluate_head, fit_head
-    from .head import save_head
+    from ..uncertainty.cache import model_identity
+    from ..uncertainty.fit import evaluate_head, fit_head
+    from ..uncertainty.head import save_head
 
     model, config, splits, device = _load_run(args)
     augment = None
@@ -185,7 +149,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------
 def _joint_head(args: argparse.Namespace, model: Any):
     from ..train.checkpoint import load_checkpoint
-    from .head import UncertaintyHead
+    from ..uncertainty.head import UncertaintyHead
 
     path = Path(args.run_dir) / "checkpoints" / f"{args.checkpoint}.pt"
     state = load_checkpoint(path)
@@ -203,8 +167,8 @@ def _joint_head(args: argparse.Namespace, model: Any):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..metrics import auroc
-    from .fit import _entropy, evaluate_head, predict_uncertainty
-    from .head import load_head
+    from ..uncertainty.fit import _entropy, evaluate_head, predict_uncertainty
+    from ..uncertainty.head import load_head
 
     model, config, splits, device = _load_run(args)
     if args.joint:

@@ -8,7 +8,7 @@
 * :mod:`torchcal.data.download` - :func:`download_url`, :func:`extract_archive`, published MD5s.
 * :mod:`torchcal.data.fake` - writers of tiny files in the official formats (for tests / demos).
 * :func:`prepare` - download (verified) and extract a data set without loading it; the
-  ``torchcal data list | check | download`` commands (:mod:`torchcal.data.cli`).
+  ``torchcal data list | check | download`` commands (:mod:`torchcal.cli.data`).
 
 Images are kept as uint8 (N, C, H, W) tensors in :class:`ArrayDataset`; the trainer augments and
 normalises whole batches on the device with ``splits.mean`` / ``splits.std``.  The data root is

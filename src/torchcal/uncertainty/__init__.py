@@ -6,7 +6,7 @@
   on disk (memory-mapped, checksummed, atomically built, stale/corrupt caches detected).
 * :func:`fit_head` (AdamW + cosine from the cache), :func:`evaluate_head` (R-AUROC against
   classifier correctness and recall@1 correctness), :func:`zero_shot_transfer`.
-* ``torchcal uncertainty fit | eval RUN_DIR`` (:mod:`torchcal.uncertainty.cli`).
+* ``torchcal uncertainty fit | eval RUN_DIR`` (:mod:`torchcal.cli.uncertainty`).
 """
 
 from .cache import CacheError, EmbeddingCache, StaleCacheError, data_identity, model_identity

@@ -1,0 +1,52 @@
+"""``torchcal eval``: a run's checkpoint -> saved logits and ``results.json``.
+
+Example::
+
+    torchcal eval runs/c10-r50-focal --checkpoint best
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ._args import fmt as _fmt
+
+__all__ = ["register"]
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from ..train.predict import evaluate_run
+
+    res = evaluate_run(args.run_dir, checkpoint=args.checkpoint, data_root=args.data_root,
+                       device=args.device, batch_size=args.batch_size)
+    pre, post = res["test"]["pre"], res["test"]["post"].get("grid_ece", {})
+    t = res["temperatures"].get("grid_ece", float("nan"))
+    print(f"{args.run_dir} ({args.checkpoint}): test error {_fmt(pre.get('error'))}, "
+          f"ECE {_fmt(pre.get('ece'))} -> {_fmt(post.get('ece'))} (T={t:.2f}), "
+          f"AdaECE {_fmt(pre.get('adaptive_ece'))}, NLL {_fmt(pre.get('nll'))}")
+    for name, d in res.get("ood", {}).items():
+        print(f"  OOD {name}: AUROC(entropy) {_fmt(d.get('auroc_entropy'))}")
+    print(f"wrote {Path(args.run_dir) / 'results.json'} and {Path(args.run_dir) / 'logits'}/")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``eval`` to the ``torchcal`` command line."""
+    F = argparse.RawDescriptionHelpFormatter
+    e = subparsers.add_parser(
+        "eval", formatter_class=F, help="evaluate a run's checkpoint into logits and results.json",
+        description="Load RUN_DIR/checkpoints/<checkpoint>.pt, save validation/test/OOD logits "
+                    "to RUN_DIR/logits/*.npz\nand every metric before and after temperature "
+                    "scaling to RUN_DIR/results.json.",
+        epilog="example:\n  torchcal eval runs/c10 --checkpoint best --data-root ~/data")
+    e.add_argument("run_dir", metavar="RUN_DIR", help="a torchcal train run directory")
+    e.add_argument("--checkpoint", choices=("last", "best"), default="last",
+                   help="which checkpoint: the last epoch's (default, as the papers report) or "
+                        "the best by validation metric")
+    e.add_argument("--data-root", help="data directory (default: the one the run used)")
+    e.add_argument("--device", default="cpu", help="device to run the model on (default cpu)")
+    e.add_argument("--batch-size", type=int, default=None, help="prediction batch size")
+    e.add_argument("--debug", action="store_true", help="show tracebacks")
+    e.set_defaults(func=_cmd_eval)
