@@ -145,27 +145,30 @@ def test_argparse_only_under_cli():
 
 
 @pytest.mark.parametrize(
-    "source, expected",
+    "where, source, expected",
     [
-        ("from ..train import trainer\n", "imports torchcal.train"),
-        ("def f():\n    import torchcal.report.build\n", "imports torchcal.report.build"),
-        ("import argparse\n", None),
+        ("metrics", "from ..train import trainer\n", "imports torchcal.train"),
+        ("metrics", "def f():\n    import torchcal.report.build\n", "imports torchcal.report.build"),
+        ("metrics", "from .. import cli\n", "imports torchcal.cli"),
+        ("report", "from ..train.predict import build_data\n", "its sibling torchcal.train.predict"),
+        ("metrics", "import argparse\n", None),
     ],
 )
-def test_checker_catches_violations(tmp_path, monkeypatch, source, expected):
-    """The checker itself can fail: an upward import inside a function, and argparse in metrics/."""
+def test_checker_catches_violations(tmp_path, monkeypatch, where, source, expected):
+    """The checker itself can fail: an upward import (also inside a function or as ``from ..
+    import``), a layer-5 sibling import, and argparse outside cli/."""
     pkg = tmp_path / "torchcal"
-    (pkg / "metrics").mkdir(parents=True)
+    pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "errors.py").write_text("")
-    (pkg / "train").mkdir()
-    (pkg / "train" / "__init__.py").write_text("")
-    (pkg / "metrics" / "__init__.py").write_text("")
-    (pkg / "metrics" / "bad.py").write_text(source)
+    for sub in ("train", "metrics", "report"):
+        (pkg / sub).mkdir()
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / where / "bad.py").write_text(source)
     monkeypatch.setitem(globals(), "SRC", tmp_path)
     monkeypatch.setitem(globals(), "PKG", pkg)
     upward, uses = _violations()
     if expected is None:
-        assert uses == ["torchcal/metrics/bad.py:1 imports argparse"]
+        assert uses == [f"torchcal/{where}/bad.py:1 imports argparse"]
     else:
         assert len(upward) == 1 and expected in upward[0], upward
