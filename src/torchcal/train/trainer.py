@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .._io import append_text
 from ..errors import CheckpointError, TorchcalError
 from ..losses.base import (
     loss_on_validation,
@@ -127,11 +127,7 @@ def _nan_to_none(x: Any) -> Any:
 
 
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    line = json.dumps(_nan_to_none(record), allow_nan=False) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    append_text(path, json.dumps(_nan_to_none(record), allow_nan=False) + "\n")
 
 
 def _truncate_log(path: Path, keep_epochs: int) -> None:
