@@ -47,6 +47,7 @@ from ..losses.base import (
 )
 from .checkpoint import (
     load_checkpoint,
+    remove_stale_run_temp_files,
     restore_rng_state,
     rng_state_tensors,
     save_checkpoint,
@@ -65,6 +66,7 @@ from .predict import (
     _autocast,
     build_data,
     build_model,
+    check_model_input,
     collect_predictions,
     load_ood_sets,
     resolve_device,
@@ -372,6 +374,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     # --- model, loss, optimiser ------------------------------------------------------------
     torch.manual_seed(config.seed)
     model = build_model(config, num_classes, input_shape).to(device)
+    check_model_input(model, input_shape, num_classes, model_name=config.model,
+                      dataset=config.dataset)
     if use_cl:
         model = model.to(memory_format=torch.channels_last)
     loss_fn = loss_fn.to(device)
@@ -431,6 +435,7 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
 
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_run_temp_files(run_dir)  # of a run killed mid-write
         _write_config(run_dir, config, {"num_classes": num_classes, "input_shape": input_shape,
                                         "world_size": env.world_size})
         if start_epoch > 0:
