@@ -98,8 +98,48 @@ def test_malicious_pickle_refused(tmp_path):
 
     p = tmp_path / "evil"
     p.write_bytes(pickle.dumps({"data": Evil()}, protocol=2))
-    with pytest.raises(pickle.UnpicklingError, match="Refusing to load .*print"):
+    with pytest.raises(ValueError, match=r"'.*evil' refused: it asks for (__builtin__|builtins)\.print"):
         read_cifar_pickle(p)
+
+
+def _truncate(path, keep):
+    data = path.read_bytes()
+    path.write_bytes(data[:keep])
+
+
+@pytest.mark.parametrize("case", ["truncated", "payload", "empty"])
+def test_bad_cifar_batch_is_one_line_naming_the_file(tmp_path, capsys, case):
+    """A truncated batch file (UnpicklingError / EOFError inside) or one carrying a payload:
+    one line naming the file from `torchcal train`, no traceback, nothing run."""
+    from torchcal.cli import main
+
+    _manual_cifar10(tmp_path / "data")
+    bad = tmp_path / "data" / "cifar-10-batches-py" / "data_batch_3"
+    if case == "truncated":
+        _truncate(bad, 1000)
+    elif case == "empty":
+        _truncate(bad, 0)
+    else:
+        bad.write_bytes(_payload(tmp_path / "pwned"))
+    with pytest.raises(ValueError, match=str(bad)):
+        load_splits("cifar10", tmp_path / "data")
+    code = main(["train", "--recipe", "cifar10-resnet110", "--model", "small_cnn", "--epochs", "1",
+                 "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "run"),
+                 "--no-progress", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(bad) in err and ("refused" if case == "payload" else "truncated or corrupt") in err
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "run").exists()
+
+
+def _payload(target):
+    class Evil:
+        def __reduce__(self):
+            import os
+
+            return (os.system, (f"touch {target}",))
+
+    return pickle.dumps({"data": Evil()}, protocol=2)
 
 
 def test_unknown_names_and_keywords(tmp_path):

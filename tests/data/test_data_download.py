@@ -287,3 +287,26 @@ def test_overlong_part_file_restarts(server, tmp_path):
     (tmp_path / "f.bin.part").write_bytes(b"x" * 1000)  # longer than the file: HTTP 416
     download_url(f"{base}/f.bin", tmp_path / "f.bin", hashlib.md5(payload).hexdigest())
     assert (tmp_path / "f.bin").read_bytes() == payload
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "zip"])
+def test_truncated_archive_is_one_line_naming_it(tmp_path, kind):
+    """An unverified (verify=False) truncated archive: a ValueError naming it, not an EOFError
+    from gzip or a BadZipFile, and no half-extracted files."""
+    if kind == "tar.gz":
+        arc = write_fake_cifar(tmp_path, "cifar10", n_train=60, n_test=12)
+    else:
+        arc = tmp_path / "a.zip"
+        with zipfile.ZipFile(arc, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("d/x.bin", bytes(range(256)) * 400)
+            zf.writestr("d/y.bin", bytes(range(256)) * 400)
+    data = arc.read_bytes()
+    if kind == "tar.gz":
+        arc.write_bytes(data[: len(data) // 2])
+        with pytest.raises(ValueError, match=f"Archive '{arc}' is truncated or corrupt"):
+            load_splits("cifar10", tmp_path, verify=False)
+    else:  # the directory at the end intact, compressed bytes in the middle zeroed
+        arc.write_bytes(data[:100] + bytes(200) + data[300:])
+        with pytest.raises(ValueError, match=f"Archive '{arc}' is truncated or corrupt"):
+            extract_archive(arc, tmp_path / "out")
+    assert not list(tmp_path.rglob(".torchcal-extract-*"))

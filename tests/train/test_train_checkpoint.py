@@ -35,8 +35,8 @@ def test_checkpoint_round_trip_with_weights_only(tmp_path):
         "model": model.state_dict(), "optimizer": opt.state_dict(),
         "scheduler": sched.state_dict(), "epoch": 3, "config": {"a": [1, 2], "b": None},
         "rng": rng_state_tensors()})
-    # only the final file remains (no temp files)
-    assert sorted(x.name for x in p.parent.iterdir()) == ["last.pt"]
+    # only the final file and its SHA-256 remain (no temp files)
+    assert sorted(x.name for x in p.parent.iterdir()) == ["last.pt", "last.pt.sha256"]
     raw = torch.load(p, weights_only=True)  # the contract: loadable with weights_only
     assert raw["epoch"] == 3
     st = load_checkpoint(p)
@@ -50,6 +50,7 @@ def test_checkpoint_round_trip_with_weights_only(tmp_path):
     assert s2.last_epoch == 1 and s2.milestones[2] == 1 and s2.milestones[3] == 0
 
 
+@pytest.mark.filterwarnings("ignore:Checkpoint .* has no")
 def test_missing_corrupt_and_foreign_checkpoints(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_checkpoint(tmp_path / "nope.pt")

@@ -160,8 +160,8 @@ def test_two_process_torchrun_gloo(tmp_path):
            "--reduction", "sum", "--lr", "0.001", "--val-fraction", "0.25"]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) in (["best.pt", "last.pt"],
-                                                                       ["last.pt"])
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) in (
+        ["best.pt", "best.pt.sha256", "last.pt", "last.pt.sha256"], ["last.pt", "last.pt.sha256"])
     from torchcal.train.checkpoint import load_checkpoint
 
     st = load_checkpoint(run / "checkpoints" / "last.pt")

@@ -52,10 +52,14 @@ _ALLOWED = {
 }
 
 
+class _RefusedPickle(pickle.UnpicklingError):
+    """A CIFAR pickle asked for something the official files never contain."""
+
+
 class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in _ALLOWED:
-            raise pickle.UnpicklingError(f"Refusing to load {module}.{name} from a CIFAR pickle")
+            raise _RefusedPickle(f"it asks for {module}.{name}")
         if module.startswith("numpy.core"):
             module = "numpy._core" + module[len("numpy.core"):]
             try:
@@ -66,9 +70,26 @@ class _SafeUnpickler(pickle.Unpickler):
 
 
 def read_cifar_pickle(path: str | os.PathLike) -> dict:
-    """Load one CIFAR pickle (Python 2 or 3 protocol) safely; keys returned as ``str``."""
-    with open(path, "rb") as f:
-        obj = _SafeUnpickler(io.BufferedReader(f), encoding="latin1").load()
+    """Load one CIFAR pickle (Python 2 or 3 protocol) safely; keys returned as ``str``.
+
+    Raises:
+        ValueError: one line naming the file when it is truncated or corrupt, or when it asks
+            for anything but the NumPy arrays, dicts, lists and strings of the official files
+            (a tampered pickle: refused, nothing of it is run).
+    """
+    again = (f"delete {os.fspath(Path(path).parent)} and extract the official archive again "
+             "(or pass --download)")
+    try:
+        with open(path, "rb") as f:
+            obj = _SafeUnpickler(io.BufferedReader(f), encoding="latin1").load()
+    except _RefusedPickle as exc:
+        raise ValueError(f"CIFAR file {os.fspath(path)!r} refused: {exc}, which the official "
+                         f"files never contain (a tampered file?); {again}") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
+            IndexError, KeyError, UnicodeDecodeError, MemoryError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else "unexpected end"
+        raise ValueError(f"CIFAR file {os.fspath(path)!r} is truncated or corrupt "
+                         f"({type(exc).__name__}: {msg[:120]}); {again}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"Expected a dict in CIFAR pickle {path}, got {type(obj).__name__}")
     return {(k.decode("latin1") if isinstance(k, bytes) else k): v for k, v in obj.items()}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import lzma
 import os
 import shutil
 import stat
@@ -30,6 +31,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -199,35 +201,47 @@ def extract_archive(path: str | os.PathLike, root: str | os.PathLike) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".torchcal-extract-", dir=root))
     try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as zf:
-                infos = zf.infolist()
-                for info in infos:
-                    _check_member_name(info.filename, path)
-                    mode = (info.external_attr >> 16) & 0xFFFF
-                    if stat.S_ISLNK(mode):
-                        raise ValueError(f"Unsafe archive member {info.filename!r} in {path}: symbolic link")
-                zf.extractall(tmp)
-        elif tarfile.is_tarfile(path):
-            with tarfile.open(path) as tf:
-                members = tf.getmembers()
-                for m in members:
-                    _check_member_name(m.name, path)
-                    if m.issym() or m.islnk():
-                        raise ValueError(f"Unsafe archive member {m.name!r} in {path}: link to {m.linkname!r}")
-                    if not (m.isfile() or m.isdir()):
-                        raise ValueError(f"Unsafe archive member {m.name!r} in {path}: special file")
-                if hasattr(tarfile, "data_filter"):
-                    tf.extractall(tmp, members=members, filter="data")
-                else:  # pragma: no cover - Python < 3.11.4
-                    tf.extractall(tmp, members=members)
-        else:
-            raise ValueError(f"Expected a tar or zip archive, got {path}")
-        for child in list(tmp.iterdir()):
-            _merge_move(child, root / child.name)
+        _extract_into(path, root, tmp)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError,
+            OSError) as exc:  # truncated or corrupt (an unverified archive)
+        if isinstance(exc, OSError) and exc.filename is not None:
+            raise  # a problem of the destination (permissions, a full disk): it names the file
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"Archive {str(path)!r} is truncated or corrupt ({type(exc).__name__}: "
+                         f"{msg[:120]}); delete it and download it again") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def _extract_into(path: Path, root: Path, tmp: Path) -> None:
+    """Check every member of archive ``path``, extract into ``tmp``, move into ``root``."""
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            for info in infos:
+                _check_member_name(info.filename, path)
+                mode = (info.external_attr >> 16) & 0xFFFF
+                if stat.S_ISLNK(mode):
+                    raise ValueError(f"Unsafe archive member {info.filename!r} in {path}: symbolic link")
+            zf.extractall(tmp)
+    elif tarfile.is_tarfile(path):
+        with tarfile.open(path) as tf:
+            members = tf.getmembers()
+            for m in members:
+                _check_member_name(m.name, path)
+                if m.issym() or m.islnk():
+                    raise ValueError(f"Unsafe archive member {m.name!r} in {path}: link to {m.linkname!r}")
+                if not (m.isfile() or m.isdir()):
+                    raise ValueError(f"Unsafe archive member {m.name!r} in {path}: special file")
+            if hasattr(tarfile, "data_filter"):
+                tf.extractall(tmp, members=members, filter="data")
+            else:  # pragma: no cover - Python < 3.11.4
+                tf.extractall(tmp, members=members)
+    else:
+        raise ValueError(f"Expected a tar or zip archive, got {path}")
+    for child in list(tmp.iterdir()):
+        _merge_move(child, root / child.name)
 
 
 @contextlib.contextmanager

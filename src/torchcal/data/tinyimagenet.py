@@ -14,12 +14,12 @@ All images are 64x64 JPEGs, some grey-scale (converted to RGB).  Decoded once in
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .._io import atomic_writer
 from ..errors import DataNotFoundError
 from ._base import IMAGENET_MEAN, IMAGENET_STD, ArrayDataset, DataSplits, stratified_holdout
 from .download import data_lock, extract_archive, fetch_resource
@@ -103,16 +103,8 @@ def load_tinyimagenet(root: str | os.PathLike, *, download: bool = False, verify
     if xtr is None:
         xtr, xva = _decode(train_paths), _decode(val_paths)
         if cache:
-            fd, tmp = tempfile.mkstemp(prefix=".cache-", suffix=".npz", dir=folder)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    np.savez(f, train_x=xtr, train_y=ytr, val_x=xva, val_y=yva)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, cache_path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            with atomic_writer(cache_path) as f:
+                np.savez(f, train_x=xtr, train_y=ytr, val_x=xva, val_y=yva)
     return (ArrayDataset(torch.from_numpy(np.asarray(xtr)), torch.from_numpy(ytr)),
             ArrayDataset(torch.from_numpy(np.asarray(xva)), torch.from_numpy(yva)), wnids)
 

@@ -1,10 +1,12 @@
-"""Checkpoints: one dict, written atomically, loadable with ``torch.load(weights_only=True)``.
+"""Checkpoints: one dict, written atomically, loadable with ``torch.load(weights_only=True)``,
+verified by its SHA-256 on every load.
 
 Layout (``RUN_DIR/checkpoints/last.pt`` and ``best.pt``)::
 
     {"format": "torchcal.checkpoint/1", "epoch": completed epochs, "config": TrainConfig dict,
      "model": state_dict, "optimizer": ..., "scheduler": ..., "loss": loss.state_dict(),
      "scaler": ... or None, "head": ... or None, "head_optimizer": ... or None,
+     "num_classes": int, "input_shape": [int, ...],
      "best": {"metric": name, "value": float, "epoch": int}, "rng": rng_state_tensors(),
      "history": {...}}
 
@@ -13,61 +15,163 @@ optimiser, scheduler and scaler states (it is for evaluation, not for resuming).
 
 Every RNG state is stored as tensors (the Python ``random`` and NumPy Mersenne-Twister states
 converted), so the file holds only tensors and plain Python containers.
+
+Integrity: beside each checkpoint ``NAME.pt`` lies ``NAME.pt.sha256`` in the format of
+``sha256sum`` (``<hex digest>  NAME.pt``; ``sha256sum -c last.pt.sha256`` checks it by hand).
+:func:`save_checkpoint` first adds the new digest to that file, then replaces the checkpoint,
+then leaves only the new digest, so a kill at any moment leaves a checkpoint that matches one
+of the listed digests (or, replacing a checkpoint of an older torchcal, one without the file).  :func:`load_checkpoint` hashes the bytes it loads and raises
+:class:`~torchcal.errors.CheckpointError` when they match none (a flipped bit, an edited file);
+a checkpoint without the file (written before torchcal checked checkpoints) loads with a
+warning.  The fields a loader uses to build things (``epoch``, ``num_classes``,
+``input_shape``, ``rng``) are checked too, each error naming its field.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import math
+import numbers
 import os
 import random
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._io import atomic_write_bytes
+from .._io import atomic_write_bytes, atomic_write_text
+from .._io import remove_stale_temp_files as _remove_stale
 from ..errors import CheckpointError
 
 __all__ = [
     "FORMAT",
+    "MAX_CLASSES",
     "save_checkpoint",
     "load_checkpoint",
+    "checksum_path",
     "rng_state_tensors",
     "restore_rng_state",
     "atomic_copy",
+    "remove_stale_run_temp_files",
 ]
 
 FORMAT = "torchcal.checkpoint/1"
+#: Largest ``num_classes`` a checkpoint may declare (ImageNet-21k has 21,841 classes).
+MAX_CLASSES = 1_000_000
+_MAX_SIDE = 1 << 16  # largest entry of ``input_shape``
+_DIGEST_RE = re.compile(r"^([0-9a-f]{64})  \*?(.+)$")
 
 
-def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
-    """Serialise ``state`` with :func:`torch.save` and write it to ``path`` atomically."""
+def checksum_path(path: str | os.PathLike) -> Path:
+    """The SHA-256 file of checkpoint ``path``: ``last.pt`` -> ``last.pt.sha256``."""
     path = Path(path)
-    buf = io.BytesIO()
-    torch.save({"format": FORMAT, **state}, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    return path.with_name(path.name + ".sha256")
+
+
+def _read_digests(path: Path) -> list[str]:
+    """The digests listed in checkpoint ``path``'s SHA-256 file (CheckpointError if malformed)."""
+    side = checksum_path(path)
+    try:
+        lines = side.read_text(encoding="ascii").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"Checksum file {str(side)!r} cannot be read: {exc}") from exc
+    digests = []
+    for line in lines:
+        m = _DIGEST_RE.match(line.strip())
+        if m is None or m.group(2) != path.name:
+            raise CheckpointError(f"Checksum file {str(side)!r} is malformed: expected lines "
+                                  f"'<sha256 hex>  {path.name}', got {line[:80]!r}")
+        digests.append(m.group(1))
+    if not digests:
+        raise CheckpointError(f"Checksum file {str(side)!r} is empty")
+    return digests
+
+
+def _digest_text(digests: list[str], name: str) -> str:
+    return "".join(f"{d}  {name}\n" for d in digests)
+
+
+def _write_verified(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` and its SHA-256 beside it, so that a kill between any two
+    steps leaves a pair that verifies (see the module docstring)."""
+    digest = hashlib.sha256(data).hexdigest()
+    side = checksum_path(path)
+    if path.is_file() and not side.is_file():
+        pass  # replacing an unverified (older) checkpoint: a kill before the rename keeps it so
+    else:
+        previous: list[str] = []
+        if path.is_file():
+            try:
+                previous = [d for d in _read_digests(path) if d != digest][:7]
+            except CheckpointError:
+                pass
+        # the old checkpoint stays verifiable until it is replaced, the new one once it is
+        atomic_write_text(side, _digest_text([digest, *previous], path.name))
+    atomic_write_bytes(path, data)
+    atomic_write_text(side, _digest_text([digest], path.name))
     return path
 
 
+def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Serialise ``state`` with :func:`torch.save`, write it to ``path`` atomically and its
+    SHA-256 to ``path + ".sha256"``."""
+    path = Path(path)
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buf)
+    return _write_verified(path, buf.getvalue())
+
+
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
-    """Copy ``src`` to ``dst`` atomically (temp file in ``dst``'s directory, fsync, replace)."""
+    """Copy checkpoint ``src`` to ``dst`` atomically, with a SHA-256 file for ``dst``."""
     dst = Path(dst)
-    atomic_write_bytes(dst, Path(src).read_bytes())
-    return dst
+    return _write_verified(dst, Path(src).read_bytes())
+
+
+def _read_verified(path: Path) -> bytes:
+    """The bytes of checkpoint ``path``, checked against its SHA-256 file (warning if absent)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"Checkpoint {str(path)!r} cannot be read: {exc}") from exc
+    side = checksum_path(path)
+    if not side.exists():
+        warnings.warn(f"Checkpoint {str(path)!r} has no {side.name} (it was written before "
+                      "torchcal verified checkpoints): loaded without an integrity check",
+                      stacklevel=3)
+        return data
+    digests = _read_digests(path)
+    got = hashlib.sha256(data).hexdigest()
+    if got not in digests:
+        raise CheckpointError(
+            f"Checkpoint {str(path)!r} does not match its SHA-256 in {side.name} (expected "
+            f"{digests[0][:16]}..., got {got[:16]}...): the file was corrupted or modified "
+            "after it was written; do not use it")
+    return data
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` (``weights_only=True``).
 
+    The file's SHA-256 is checked against ``path + ".sha256"`` (a checkpoint without that file,
+    from an older torchcal, loads with a warning), then the fields used to rebuild a run are
+    checked: ``epoch`` a non-negative integer, ``num_classes`` an integer in
+    ``1..MAX_CLASSES`` matching the model's ``fc`` layer, ``input_shape`` 1 to 4 positive
+    integers, ``rng`` the tensors of :func:`rng_state_tensors`.
+
     Raises:
-        CheckpointError: the file is missing, truncated/corrupt, or not a torchcal checkpoint.
+        CheckpointError: the file is missing, truncated/corrupt, does not match its SHA-256,
+            is not a torchcal checkpoint, or a field is invalid (the message names it).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"Checkpoint {str(path)!r} does not exist")
+    data = _read_verified(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as exc:  # RuntimeError/EOFError/UnpicklingError/zip errors
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
@@ -78,7 +182,58 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     for key in ("model", "epoch", "config"):
         if key not in state:
             raise CheckpointError(f"Checkpoint {str(path)!r} is incomplete: no {key!r} entry")
+    _check_fields(state, path)
     return state
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _check_fields(state: dict[str, Any], path: Path) -> None:
+    def bad(field: str, expected: str, value: Any) -> CheckpointError:
+        text = repr(value)
+        text = text if len(text) <= 80 else text[:77] + "..."
+        return CheckpointError(f"Checkpoint {str(path)!r} has an invalid {field!r}: expected "
+                               f"{expected}, got {text}")
+
+    if not isinstance(state["model"], dict):
+        raise bad("model", "a state dict", type(state["model"]).__name__)
+    if not isinstance(state["config"], dict):
+        raise bad("config", "a dict", type(state["config"]).__name__)
+    if not _is_int(state["epoch"]) or state["epoch"] < 0:
+        raise bad("epoch", "a non-negative integer", state["epoch"])
+    if "num_classes" in state:
+        k = state["num_classes"]
+        if not _is_int(k) or not 1 <= k <= MAX_CLASSES:
+            raise bad("num_classes", f"an integer in 1..{MAX_CLASSES}", k)
+        w = state["model"].get("fc.weight")
+        if isinstance(w, torch.Tensor) and w.ndim == 2 and w.shape[0] != k:
+            raise bad("num_classes", f"{w.shape[0]}, the rows of the model's fc.weight", k)
+    if "input_shape" in state:
+        s = state["input_shape"]
+        if (not isinstance(s, (list, tuple)) or not 1 <= len(s) <= 4
+                or not all(_is_int(v) and 1 <= v <= _MAX_SIDE for v in s)):
+            raise bad("input_shape", f"1 to 4 integers in 1..{_MAX_SIDE}", s)
+    if state.get("rng") is not None:
+        problem = _rng_problem(state["rng"])
+        if problem:
+            raise CheckpointError(f"Checkpoint {str(path)!r} has an invalid 'rng' (the RNG "
+                                  f"states of rng_state_tensors()): {problem}")
+
+
+def remove_stale_run_temp_files(run_dir: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files that a killed ``torchcal train`` / ``eval`` left in ``run_dir``.
+
+    Only the temporary files of the run's own atomic writes are candidates (``config.json``,
+    ``results.json``, ``log.jsonl``, ``checkpoints/*.pt`` and their ``.sha256``,
+    ``logits/*.npz``, e.g. ``checkpoints/.last.pt.<pid>-<random>.tmp``), and only those whose
+    writing process is gone (:func:`torchcal._io.remove_stale_temp_files`).
+    """
+    run_dir = Path(run_dir)
+    return (_remove_stale(run_dir, ("config.json", "results.json", "log.jsonl"))
+            + _remove_stale(run_dir / "checkpoints", ("*.pt", "*.pt.sha256"))
+            + _remove_stale(run_dir / "logits", ("*.npz",)))
 
 
 # ------------------------------------------------------------------------------------------
@@ -109,8 +264,57 @@ def rng_state_tensors() -> dict[str, Any]:
     return out
 
 
+_RNG_LAYOUT = {  # key -> (dtype, shape); "torch" has the size of this build's CPU generator state
+    "numpy_keys": (torch.int64, (624,)), "numpy_meta": (torch.int64, (2,)),
+    "numpy_cached": (torch.float64, ()), "python_state": (torch.int64, (625,)),
+    "python_version": (torch.int64, ()), "python_gauss": (torch.float64, (2,)),
+}
+
+
+def _rng_problem(state: Any) -> str:
+    """What is wrong with an RNG state dict of :func:`rng_state_tensors` ('' if nothing)."""
+    if not isinstance(state, dict):
+        return "not a dict"
+    layout = {"torch": (torch.uint8, tuple(torch.get_rng_state().shape)), **_RNG_LAYOUT}
+    for key, (dtype, shape) in layout.items():
+        v = state.get(key)
+        if not isinstance(v, torch.Tensor) or v.dtype != dtype or tuple(v.shape) != shape:
+            got = (f"{v.dtype} {tuple(v.shape)}" if isinstance(v, torch.Tensor)
+                   else type(v).__name__)
+            return f"{key!r} must be a {dtype} tensor of shape {shape}, got {got}"
+    keys, meta = state["numpy_keys"], state["numpy_meta"].tolist()
+    if bool(((keys < 0) | (keys >= 1 << 32)).any()) or not 0 <= meta[0] <= 624 or meta[1] not in (0, 1):
+        return "'numpy_keys'/'numpy_meta' out of range"
+    py = state["python_state"]
+    if (bool(((py[:624] < 0) | (py[:624] >= 1 << 32)).any()) or not 0 <= int(py[624]) <= 624
+            or int(state["python_version"]) != 3):
+        return "'python_state'/'python_version' out of range"
+    g = state["python_gauss"].tolist()
+    if g[1] not in (0.0, 1.0) or not math.isfinite(g[0]) or not math.isfinite(
+            float(state["numpy_cached"])):
+        return "'python_gauss'/'numpy_cached' not finite"
+    return ""
+
+
 def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of :func:`rng_state_tensors`."""
+    """Inverse of :func:`rng_state_tensors`.
+
+    Raises:
+        CheckpointError: ``state`` is not such a dict (naming the entry), or a generator rejects
+            its state; the global generators are then left as they were.
+    """
+    problem = _rng_problem(state)
+    if problem:
+        raise CheckpointError(f"Invalid RNG state 'rng': {problem}")
+    saved = rng_state_tensors()
+    try:
+        _set_rng_state(state)
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
+        _set_rng_state(saved)
+        raise CheckpointError(f"Invalid RNG state 'rng': {str(exc).splitlines()[0]}") from exc
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     keys = state["numpy_keys"].cpu().numpy().astype(np.uint32)
     pos, has_gauss = (int(v) for v in state["numpy_meta"].tolist())

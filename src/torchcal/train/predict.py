@@ -27,6 +27,7 @@ from .distributed import DistEnv, gather_padded, shard_indices
 __all__ = [
     "build_data",
     "build_model",
+    "check_model_input",
     "load_ood_sets",
     "load_model_from_run",
     "predict_logits",
@@ -125,6 +126,46 @@ def build_model(config: TrainConfig, num_classes: int, input_shape: Any = None) 
         return create_model(config.model, num_classes, **kw)
     except TypeError as exc:  # a misspelt --model-arg: one clear line, not a traceback
         raise ValueError(f"Bad --model-arg for model {config.model!r}: {exc}") from exc
+
+
+def check_model_input(model: nn.Module, input_shape: Any, num_classes: int, *,
+                      model_name: str, dataset: str) -> None:
+    """Check that ``model`` takes the data set's inputs, before anything of a run is written.
+
+    Runs one forward pass on a zero batch of two samples of shape ``input_shape`` (eval mode,
+    no gradient, on the model's device; the model is left in its mode) and checks that it gives
+    ``(2, num_classes)`` logits.
+
+    Raises:
+        ValueError: one line naming the model, the data set and its input shape.
+
+    >>> from torchcal.models import create_model
+    >>> check_model_input(create_model("resnet20", 10), (64,), 10, model_name="resnet20",
+    ...                   dataset="digits")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: Model 'resnet20' cannot take the inputs of data set 'digits' (one sample of shape (64,)): ...
+    """
+    shape = tuple(int(s) for s in input_shape)
+    param = next(iter(model.parameters()), None)
+    x = torch.zeros((2, *shape), device=param.device if param is not None else "cpu")
+    was_training = model.training
+    model.eval()
+    head = (f"Model {model_name!r} cannot take the inputs of data set {dataset!r} (one sample of "
+            f"shape {shape})")
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{head}: {msg[:200]}; choose a model made for this input "
+                         "(--model)") from None
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, int(num_classes)):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{head}: it gives outputs of shape {got} for 2 samples, expected "
+                         f"(2, {int(num_classes)}) logits")
 
 
 def load_model_from_run(run_dir: str | Path, checkpoint: str = "last", device: str = "cpu",

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .._io import append_text
 from ..errors import CheckpointError, TorchcalError
 from ..losses.base import (
     loss_on_validation,
@@ -47,6 +47,7 @@ from ..losses.base import (
 )
 from .checkpoint import (
     load_checkpoint,
+    remove_stale_run_temp_files,
     restore_rng_state,
     rng_state_tensors,
     save_checkpoint,
@@ -65,6 +66,7 @@ from .predict import (
     _autocast,
     build_data,
     build_model,
+    check_model_input,
     collect_predictions,
     load_ood_sets,
     resolve_device,
@@ -127,11 +129,7 @@ def _nan_to_none(x: Any) -> Any:
 
 
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    line = json.dumps(_nan_to_none(record), allow_nan=False) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    append_text(path, json.dumps(_nan_to_none(record), allow_nan=False) + "\n")
 
 
 def _truncate_log(path: Path, keep_epochs: int) -> None:
@@ -376,6 +374,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     # --- model, loss, optimiser ------------------------------------------------------------
     torch.manual_seed(config.seed)
     model = build_model(config, num_classes, input_shape).to(device)
+    check_model_input(model, input_shape, num_classes, model_name=config.model,
+                      dataset=config.dataset)
     if use_cl:
         model = model.to(memory_format=torch.channels_last)
     loss_fn = loss_fn.to(device)
@@ -435,6 +435,7 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
 
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_run_temp_files(run_dir)  # of a run killed mid-write
         _write_config(run_dir, config, {"num_classes": num_classes, "input_shape": input_shape,
                                         "world_size": env.world_size})
         if start_epoch > 0:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._io import fsync_dir
+from .._io import fsync_dir, make_temp_dir
 from .._validation import check_positive_int
 from ..errors import TorchcalError
 
@@ -455,7 +455,7 @@ class EmbeddingCache:
                 aug_takes_gen = False
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        tmp = make_temp_dir(path.parent, f".{path.name}.tmp-")
         was_training = model.training
         model.eval()
         try:
