@@ -34,8 +34,8 @@ from ._base import (
 )
 from .augment import normalize, random_crop_flip
 from .digits import load_digits_ood, load_digits_splits
-from .mnist1d import load_mnist1d_ood, load_mnist1d_splits
 from .download import RESOURCES, download_url, extract_archive, md5sum
+from .mnist1d import load_mnist1d_ood, load_mnist1d_splits
 from .prepare import prepare
 
 __all__ = [
@@ -221,7 +221,7 @@ def load_ood(name: str, root: str | os.PathLike | None = None, *, download: bool
       ``seed`` and the keywords ``noise_std``, ``n``.
     * ``mnist1d_shuffled``: :func:`load_mnist1d_ood` (MNIST-1D signals with one fixed
       permutation of their positions, labels -1) with ``seed`` (the generator's) and the
-      keywords ``n`` (default 2,000) and ``cache``; cached under ``root/mnist1d/``.
+      keywords ``n`` (default 1,000) and ``cache``; cached under ``root/mnist1d/``.
 
     ``seed`` is used by ``digits_ood`` and ``mnist1d_shuffled`` only (accepted by all so callers
     can pass it uniformly).

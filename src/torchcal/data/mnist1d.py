@@ -37,7 +37,6 @@ import hashlib
 import io
 import json
 import math
-import numbers
 import os
 import random
 import warnings
@@ -120,12 +119,12 @@ def _make(num_samples: int, seed: int, shuffle_seq: bool) -> tuple[np.ndarray, n
     args.seed = seed
     if shuffle_seq:
         args.shuffle_seq = True
-    py_state, np_state = random.getstate(), np.random.get_state()
+    py_state, np_state = random.getstate(), np.random.get_state()  # noqa: NPY002
     try:
         d = make_dataset(args)
     finally:
         random.setstate(py_state)
-        np.random.set_state(np_state)
+        np.random.set_state(np_state)  # noqa: NPY002
     x = np.concatenate([d["x"], d["x_test"]]).astype(np.float32)
     y = np.concatenate([d["y"], d["y_test"]]).astype(np.int64)
     record = {k: v for k, v in vars(args).items() if k != "url"}
@@ -240,7 +239,7 @@ def load_mnist1d_splits(root: str | os.PathLike | None = None, seed: int = MNIST
     )
 
 
-def load_mnist1d_ood(root: str | os.PathLike | None = None, seed: int = 0, n: int = 2000,
+def load_mnist1d_ood(root: str | os.PathLike | None = None, seed: int = 0, n: int = 1000,
                      cache: bool = True) -> ArrayDataset:
     """MNIST-1D's "shuffle" variant as an OOD set: ``n`` signals, labels -1.
 

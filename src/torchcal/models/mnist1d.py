@@ -56,12 +56,11 @@ class MNIST1DCNN(nn.Module):
         self.fc = nn.Linear(self.num_features, num_classes)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        if x.dim() == 2:
-            x = x.unsqueeze(1)
-        if x.dim() != 3 or x.shape[1] != 1 or x.shape[2] != self.in_length:
+        h = x.unsqueeze(1) if x.dim() == 2 else x
+        if h.dim() != 3 or h.shape[1] != 1 or h.shape[2] != self.in_length:
             raise ValueError(f"Expected input of shape (N, {self.in_length}) or "
                              f"(N, 1, {self.in_length}), got {tuple(x.shape)}")
-        h = torch.relu(self.conv1(x))
+        h = torch.relu(self.conv1(h))
         h = torch.relu(self.conv2(h))
         h = torch.relu(self.conv3(h))
         return torch.flatten(h, 1)

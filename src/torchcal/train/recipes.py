@@ -33,8 +33,8 @@ import dataclasses
 import fnmatch
 from collections.abc import Callable
 
-from ..errors import TorchcalError
 from ..data.mnist1d import MNIST1D_SEED
+from ..errors import TorchcalError
 from .config import TrainConfig
 
 __all__ = ["get_recipe", "list_recipes", "register_recipe", "UnknownRecipeError"]
