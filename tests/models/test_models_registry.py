@@ -18,8 +18,8 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-ALL = ["densenet121", "imagenet_resnet50", "mlp", "resnet110", "resnet20", "resnet50",
-       "resnet50_tiny", "small_cnn", "wrn26_10"]
+ALL = ["densenet121", "imagenet_resnet50", "mlp", "mnist1d_cnn", "resnet110", "resnet20",
+       "resnet50", "resnet50_tiny", "small_cnn", "wrn26_10"]
 
 # (name, num_classes, parameters): REFERENCE §6 and the standard ImageNet ResNet-50.
 COUNTS = [
@@ -91,6 +91,7 @@ def _small_variants():
         ("resnet20", lambda: create_model("resnet20", 10), (2, 3, 32, 32), 64),
         ("small_cnn", lambda: create_model("small_cnn", 7), (2, 3, 32, 32), 128),
         ("mlp", lambda: create_model("mlp", 10), (3, 64), 256),
+        ("mnist1d_cnn", lambda: create_model("mnist1d_cnn", 10), (3, 40), 320),
         ("bottleneck", lambda: CifarResNet(Bottleneck, [1, 1, 1, 1], 10, widths=(8, 8, 8, 8), pool_size=2),
          (2, 3, 32, 32), 128),
         ("wrn", lambda: WideResNet(8, 1, 10), (2, 3, 32, 32), 64),
@@ -189,3 +190,54 @@ def test_published_module_names_and_checkpoint_adapter(name, keys):
     with torch.device("meta"):
         fresh = create_model(name, 10)
     fresh.load_state_dict(adapted, strict=True, assign=True)
+
+
+# ---- the MNIST-1D paper's 1-D CNN --------------------------------------------------------------
+def _paper_convbase(state: dict, x: torch.Tensor) -> torch.Tensor:
+    """The paper's ConvBase forward written from its definition: three stride-2 ReLU convolutions
+    (kernel 5 then 3, 3; padding 1), flatten, linear (its weights named ``linear``)."""
+    F = torch.nn.functional
+    h = x.view(-1, 1, x.shape[-1])
+    for name in ("conv1", "conv2", "conv3"):
+        h = F.relu(F.conv1d(h, state[f"{name}.weight"], state[f"{name}.bias"], stride=2, padding=1))
+    return F.linear(h.reshape(h.shape[0], -1), state["linear.weight"], state["linear.bias"])
+
+
+@pytest.mark.parametrize("width,expected", [(25, 5_210), (64, 28_298), (8, 858)])
+def test_mnist1d_cnn_parameters_and_shapes(width, expected):
+    # conv1 1*w*5 + w, conv2 and conv3 w*w*3 + w, fc (5w)*10 + 10 on 40-sample signals
+    assert expected == (5 * width + width) + 2 * (3 * width * width + width) + 5 * width * 10 + 10
+    model = create_model("mnist1d_cnn", 10, width=width)
+    assert count_parameters(model) == expected and model.num_features == 5 * width
+    x = torch.randn(3, 40)
+    assert model(x).shape == (3, 10) and model.forward_features(x).shape == (3, 5 * width)
+    assert torch.equal(model(x), model(x.unsqueeze(1)))
+
+
+def test_mnist1d_cnn_equals_the_papers_convbase():
+    from torchcal.models import adapt_state_dict
+
+    torch.manual_seed(0)
+    w = 25
+    paper = {"conv1.weight": torch.randn(w, 1, 5), "conv1.bias": torch.randn(w),
+             "conv2.weight": torch.randn(w, w, 3) / 5, "conv2.bias": torch.randn(w),
+             "conv3.weight": torch.randn(w, w, 3) / 5, "conv3.bias": torch.randn(w),
+             "linear.weight": torch.randn(10, 5 * w) / 10, "linear.bias": torch.randn(10)}
+    model = create_model("mnist1d_cnn", 10, width=w).eval()
+    model.load_state_dict(adapt_state_dict(paper))
+    x = torch.randn(6, 40)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), _paper_convbase(paper, x))
+        torch.testing.assert_close(model.fc(model.forward_features(x)), model(x))
+
+
+@pytest.mark.parametrize("kw,shape,match", [
+    ({"width": 0}, None, "`width` to be a positive integer"),
+    ({"in_length": 2}, None, "`in_length` of at least 3"),
+    ({}, (2, 41), r"input of shape \(N, 40\) or \(N, 1, 40\), got \(2, 41\)"),
+    ({}, (2, 2, 40), r"got \(2, 2, 40\)"),
+])
+def test_mnist1d_cnn_bad_arguments(kw, shape, match):
+    with pytest.raises(ValueError, match=match):
+        model = create_model("mnist1d_cnn", 10, **kw)
+        model(torch.zeros(shape))

@@ -19,14 +19,16 @@ imagenet_resnet50   standard ImageNet ResNet-50                                 
 resnet20            small CIFAR ResNet-20 (basic blocks 16/32/64)                    272,474
 small_cnn           3-block CNN for any image size                                   94,762
 mlp                 64-256-256-C MLP (the digits benchmark)                           85,002
+mnist1d_cnn         MNIST-1D paper's 1-D CNN (3 convs of width 64, stride 2, fc)      28,298
 ==================  ==========================================================  ==============
 """
 
 from __future__ import annotations
 
-from . import densenet, resnet, small, wide_resnet  # noqa: F401  (fill the registry)
+from . import densenet, mnist1d, resnet, small, wide_resnet  # noqa: F401  (fill the registry)
 from ._registry import adapt_state_dict, create_model, list_models, register_model
 from .densenet import DenseNet
+from .mnist1d import MNIST1DCNN
 from .resnet import BasicBlock, Bottleneck, CifarResNet, ImageNetResNet
 from .small import MLP, SmallCNN
 from .wide_resnet import WideResNet
@@ -44,6 +46,7 @@ __all__ = [
     "DenseNet",
     "MLP",
     "SmallCNN",
+    "MNIST1DCNN",
     "count_parameters",
 ]
 

@@ -1,0 +1,208 @@
+"""Training-step time with every registry loss against cross-entropy: what a user feels.
+
+``bench_losses.py`` times a loss alone on big logit matrices; here the loss sits in a whole
+training step, as :func:`torchcal.train.train` runs it: ``zero_grad``, model forward, the loss
+with its published reduction (built by the trainer's own ``build_loss`` with the
+``mnist1d-cnn`` recipe's loss defaults), backward, gradient clipping at 2, SGD step (lr 0.1,
+momentum 0.9, weight decay 5e-4).  Models, at batch 128 and 10 classes:
+
+* ``mnist1d_cnn`` (width 64) on (128, 40) MNIST-1D-shaped signals;
+* ``resnet20`` on (128, 3, 32, 32) CIFAR-shaped images.
+
+The baseline is PyTorch's ``nn.CrossEntropyLoss`` with the reduction torchcal's ``ce`` trains
+with (sum); torchcal's own ``ce`` is a row like every other loss.  For every loss of
+``list_losses()`` the printed ratio is the median over repeats of
+``time(step with the loss) / time(step with CE)``, the two timed alternately in the same run
+(the machine is shared; absolute times are noisy, ratios are what we report), with the ratio
+of the minimum times beside it.  Then the same compiled: ``torch.compile`` of model + loss
+(one graph for forward and loss, ``fullgraph=True`` so that a graph break is reported rather
+than silently run in eager mode; backward, clipping and the optimiser step stay eager), against
+compiled PyTorch CE.  A loss that does not compile is marked ``FAILS`` with the first line of the error
+(and timed again with graph breaks allowed, when that works).
+
+Run::
+
+    python benchmarks/bench_train_step.py [--repeats 7] [--threads 1] [--models mnist1d_cnn,resnet20]
+        [--losses ce,focal] [--no-compile] [--no-eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch._dynamo
+from torch import nn
+
+from torchcal.losses import list_losses
+from torchcal.models import create_model
+from torchcal.train import TrainConfig, get_recipe
+from torchcal.train.trainer import build_loss
+
+BATCH = 128
+NUM_CLASSES = 10
+INPUTS = {"mnist1d_cnn": (40,), "resnet20": (3, 32, 32)}
+
+
+class ModelLoss(nn.Module):
+    """``forward(x, y) = loss(model(x), y)``: the part of a step that ``torch.compile`` gets."""
+
+    def __init__(self, model: nn.Module, loss: nn.Module) -> None:
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.loss(self.model(x).float(), y)
+
+
+def make_loss(name: str) -> nn.Module:
+    """The loss as the ``mnist1d-cnn`` recipe trains with it (published reduction, defaults)."""
+    recipe = get_recipe("mnist1d-cnn")
+    return build_loss(TrainConfig(loss=name, loss_defaults=recipe.loss_defaults,
+                                  reduction="published"), NUM_CLASSES)
+
+
+def make_step(model: nn.Module, opt: torch.optim.Optimizer, fwd: Callable,
+              x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    params = [p for p in model.parameters()]
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        fwd(x, y).backward()
+        torch.nn.utils.clip_grad_norm_(params, 2.0)
+        opt.step()
+
+    return step
+
+
+def _block(step: Callable[[], None], inner: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        step()
+    return (time.perf_counter() - t0) / inner
+
+
+def ratio(fn: Callable[[], None], base: Callable[[], None], repeats: int
+          ) -> tuple[float, float, float, float]:
+    """Alternating timings of two steps (order swapped every repeat), each block about 50 ms.
+
+    Returns (median ratio, min-time ratio, median ms of fn, median ms of base).
+    """
+    t = _block(base, 1)
+    inner = max(1, min(100, int(0.05 / max(t, 1e-6))))
+    for _ in range(2):  # warm-up
+        _block(base, inner)
+        _block(fn, inner)
+    rs, tf, tb = [], [], []
+    for i in range(repeats):
+        if i % 2:
+            b, f = _block(base, inner), _block(fn, inner)
+        else:
+            f, b = _block(fn, inner), _block(base, inner)
+        rs.append(f / b)
+        tf.append(f)
+        tb.append(b)
+    return (statistics.median(rs), min(tf) / min(tb), 1e3 * statistics.median(tf),
+            1e3 * statistics.median(tb))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0][:160]
+
+
+def _compiled_step(model, opt, loss, x, y, fullgraph: bool) -> Callable[[], None]:
+    """A step with ``torch.compile(ModelLoss)``, run once here so compile errors surface now."""
+    step = make_step(model, opt, torch.compile(ModelLoss(model, loss), fullgraph=fullgraph), x, y)
+    step()
+    step()
+    return step
+
+
+def bench_model(name: str, losses: list[str], args: argparse.Namespace,
+                g: torch.Generator) -> None:
+    torch.manual_seed(args.seed)
+    model = create_model(name, NUM_CLASSES)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    x = torch.randn(BATCH, *INPUTS[name], generator=g)
+    y = torch.randint(0, NUM_CLASSES, (BATCH,), generator=g)
+    head = f"{'loss':<16}{'median':>8}{'min':>7}{'ms':>9}{'CE ms':>9}"
+    ce = nn.CrossEntropyLoss(reduction=make_loss("ce").reduction)  # PyTorch's, the baseline
+    if not args.no_eager:
+        base = make_step(model, opt, ModelLoss(model, ce), x, y)
+        print(f"\n{name}, batch {BATCH}, input {tuple(x.shape[1:])}: eager, "
+              "time(step) / time(step with PyTorch CE)")
+        print(head)
+        for loss_name in losses:
+            step = make_step(model, opt, ModelLoss(model, make_loss(loss_name)), x, y)
+            r, rmin, tf, tb = ratio(step, base, args.repeats)
+            print(f"{loss_name:<16}{r:>8.2f}{rmin:>7.2f}{tf:>9.2f}{tb:>9.2f}", flush=True)
+    if args.no_compile:
+        return
+    print(f"\n{name}: torch.compile(model + loss, fullgraph=True) vs compiled PyTorch CE")
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = max(64, 4 * len(losses))
+    try:
+        base = _compiled_step(model, opt, ce, x, y, fullgraph=True)
+    except Exception as exc:  # noqa: BLE001 - any compile error is reported, not raised
+        print(f"compiled PyTorch CE FAILS: {_first_line(exc)}; no compiled timings")
+        return
+    print(head + "  compile")
+    for loss_name in losses:
+        t0 = time.perf_counter()
+        try:
+            step = _compiled_step(model, opt, make_loss(loss_name), x, y, fullgraph=True)
+        except Exception as exc:  # noqa: BLE001
+            print(f"{loss_name:<16}{'FAILS':>8}  {_first_line(exc)}", flush=True)
+            try:
+                step = _compiled_step(model, opt, make_loss(loss_name), x, y, fullgraph=False)
+            except Exception as exc2:  # noqa: BLE001
+                print(f"{'':<16}{'':>8}  with graph breaks allowed: FAILS too: {_first_line(exc2)}")
+                continue
+            r, rmin, tf, tb = ratio(step, base, args.repeats)
+            print(f"{'  (breaks ok)':<16}{r:>8.2f}{rmin:>7.2f}{tf:>9.2f}{tb:>9.2f}", flush=True)
+            continue
+        tc = time.perf_counter() - t0
+        r, rmin, tf, tb = ratio(step, base, args.repeats)
+        print(f"{loss_name:<16}{r:>8.2f}{rmin:>7.2f}{tf:>9.2f}{tb:>9.2f}  {tc:5.1f} s", flush=True)
+
+
+def _names(valid: list[str], what: str) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [t for t in text.split(",") if t]
+        bad = [t for t in names if t not in valid]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(
+                f"expected {what} among {', '.join(valid)}, got {text!r}")
+        return names
+
+    return parse
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--models", type=_names(list(INPUTS), "models"), default=list(INPUTS))
+    ap.add_argument("--losses", type=_names(list_losses(), "losses"), default=list_losses(),
+                    help="comma-separated registry names (default: all)")
+    ap.add_argument("--no-compile", action="store_true", help="eager timings only")
+    ap.add_argument("--no-eager", action="store_true", help="compiled timings only")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch._logging.set_logs(dynamo=logging.ERROR)  # graph-break warnings: we print our own line
+    g = torch.Generator().manual_seed(args.seed)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.repeats} repeats, float32 "
+          "CPU; a step = zero_grad + forward + loss (published reduction) + backward + clip 2 + "
+          "SGD; ratio = median of time(step) / time(step with nn.CrossEntropyLoss), alternating")
+    for name in args.models:
+        bench_model(name, args.losses, args, g)
+
+
+if __name__ == "__main__":
+    main()
