@@ -69,7 +69,7 @@ def test_cli_download_and_check(mirror, capsys):
     assert _run(["data", "check", "cifar10", "svhn", "--data-root", root]) == 0
     assert _run(["data", "list"]) == 0
     out = capsys.readouterr().out
-    assert "cifar10, cifar100, digits, imagenet, svhn, tinyimagenet" in out
+    assert "cifar10, cifar100, digits, imagenet, mnist1d, svhn, tinyimagenet" in out
     assert f"cifar-10-python.tar.gz     {dl.RESOURCES['cifar10'].md5}  http://127.0.0.1:" in out
     with pytest.raises(SystemExit):
         _run(["data", "download", "mnist"])
