@@ -1,0 +1,149 @@
+"""What the Lightning and ``transformers`` callbacks share (no optional dependency here).
+
+* :func:`as_loss_list` / :func:`find_losses`: the stateful losses a callback drives, given or
+  found among a module's attributes (the protocol of :mod:`torchcal.losses.base`: an object
+  with an ``on_validation`` method);
+* :func:`flatten_valid`: (N, C, d1, ...) logits and (N, d1, ...) labels to (M, C) and (M,),
+  dropping ``ignore_index`` entries (token classification, segmentation);
+* :func:`calibration_metrics`: ECE, AdaECE, NLL and error through
+  :class:`torchcal.metrics.CalibrationMeter`, synced over ``torch.distributed`` when it is
+  initialised (every rank gets the numbers over all ranks' samples);
+* :func:`feed_losses` / :func:`start_epoch`: the two hooks of the loss protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..losses.base import loss_on_validation, loss_set_epoch
+from ..metrics import CalibrationMeter
+
+__all__ = ["METRICS", "as_loss_list", "find_losses", "flatten_valid", "calibration_metrics",
+           "feed_losses", "start_epoch"]
+
+#: The metric keys every callback reports (the keys of :class:`~torchcal.metrics.CalibrationMeter`).
+METRICS = ("ece", "adaptive_ece", "nll", "error")
+
+
+def _follows_protocol(obj: Any) -> bool:
+    return callable(getattr(obj, "on_validation", None))
+
+
+def as_loss_list(losses: Any) -> list[Any] | None:
+    """``None``, one loss or an iterable of losses -> ``None`` or a list, each checked.
+
+    >>> from torchcal.losses import AdaFocalLoss
+    >>> len(as_loss_list(AdaFocalLoss())), as_loss_list(None)
+    (1, None)
+    >>> as_loss_list([nn.CrossEntropyLoss()])
+    Traceback (most recent call last):
+    ...
+    TypeError: Expected `losses` to hold objects with an `on_validation` method (the protocol of torchcal.losses.base), got CrossEntropyLoss at position 0
+    """
+    if losses is None:
+        return None
+    if isinstance(losses, nn.Module) or _follows_protocol(losses):
+        losses = [losses]
+    elif isinstance(losses, Iterable) and not isinstance(losses, (str, bytes)):
+        losses = list(losses)
+    else:
+        raise TypeError(
+            f"Expected `losses` to be None, a loss or an iterable of losses, got "
+            f"{type(losses).__name__}"
+        )
+    for i, loss in enumerate(losses):
+        if not _follows_protocol(loss):
+            raise TypeError(
+                "Expected `losses` to hold objects with an `on_validation` method (the protocol "
+                f"of torchcal.losses.base), got {type(loss).__name__} at position {i}"
+            )
+    return losses
+
+
+def find_losses(module: nn.Module) -> list[Any]:
+    """The objects with an ``on_validation`` method among ``module``'s sub-modules and public
+    attributes (``module`` itself excluded), each once, in registration order.
+
+    >>> from torchcal.losses import AdaFocalLoss
+    >>> net = nn.Module()
+    >>> net.body, net.criterion = nn.Linear(2, 2), AdaFocalLoss()
+    >>> [type(x).__name__ for x in find_losses(net)]
+    ['AdaFocalLoss']
+    """
+    candidates = [m for m in module.modules() if m is not module]
+    candidates += [v for k, v in vars(module).items()
+                   if not k.startswith("_") and not isinstance(v, nn.Module)]
+    found: list[Any] = []
+    seen: set[int] = set()
+    for c in candidates:
+        if _follows_protocol(c) and id(c) not in seen:
+            seen.add(id(c))
+            found.append(c)
+    return found
+
+
+def flatten_valid(logits: torch.Tensor, labels: torch.Tensor,
+                  ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, C, d1, ...) logits / (N, d1, ...) labels -> (M, C) / (M,) without ``ignore_index``.
+
+    (N, C) logits with (N,) labels come back unchanged when no label is ``ignore_index``.
+
+    >>> z, y = flatten_valid(torch.zeros(2, 3, 4), torch.tensor([[0, 1, -100, 2], [1, 1, 1, 1]]))
+    >>> tuple(z.shape), y.tolist()
+    ((7, 3), [0, 1, 2, 1, 1, 1, 1])
+    """
+    if logits.ndim < 2:
+        raise ValueError(
+            f"Expected `logits` of shape (N, C) or (N, C, d1, ...), got shape {tuple(logits.shape)}"
+        )
+    if logits.ndim > 2:
+        logits = logits.movedim(1, -1).reshape(-1, logits.shape[1])
+    labels = labels.reshape(-1)
+    if labels.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"Expected `labels` to have one entry per prediction ({logits.shape[0]}), "
+            f"got {labels.shape[0]}"
+        )
+    keep = labels != ignore_index
+    if not bool(keep.all()):
+        logits, labels = logits[keep], labels[keep]
+    return logits, labels
+
+
+@torch.no_grad()
+def calibration_metrics(logits: torch.Tensor, labels: torch.Tensor,
+                        n_bins: int) -> dict[str, torch.Tensor]:
+    """ECE (equal-width), AdaECE (equal-mass), NLL and error of (N, C) logits, keyed as
+    :data:`METRICS`, as 0-d float64 tensors.
+
+    Computed by :class:`torchcal.metrics.CalibrationMeter`, so under an initialised
+    ``torch.distributed`` group every rank must call this with its own share and every rank
+    gets the figures over all shares (one all-reduce and one all-gather).
+
+    >>> out = calibration_metrics(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]),
+    ...                           n_bins=2)
+    >>> {k: round(float(v), 4) for k, v in out.items()}  # confidences σ(2) (right), σ(1) (wrong)
+    {'ece': 0.3059, 'adaptive_ece': 0.4251, 'nll': 0.7201, 'error': 0.5}
+    """
+    meter = CalibrationMeter(num_classes=logits.shape[1], n_bins=n_bins, topk=1,
+                             device=logits.device)
+    meter.update(logits=logits, labels=labels)
+    out = meter.compute()
+    return {k: out[k] for k in METRICS}
+
+
+def feed_losses(losses: Iterable[Any], logits: torch.Tensor, labels: torch.Tensor) -> None:
+    """``on_validation`` of every loss that wants validation outputs, with this rank's share
+    (a distributed loss such as AdaFocal gathers the shares itself)."""
+    for loss in losses:
+        loss_on_validation(loss, logits=logits, labels=labels)
+
+
+def start_epoch(losses: Iterable[Any], epoch: int) -> None:
+    """``set_epoch(epoch)`` of every loss that has one (scheduled focal loss picks its γ)."""
+    for loss in losses:
+        loss_set_epoch(loss, epoch)

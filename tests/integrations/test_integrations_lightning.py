@@ -1,0 +1,145 @@
+"""A real Lightning fit (tiny MLP, scikit-learn digits, 2 epochs, AdaFocal) with the callback:
+γ moves after every validation, from exactly the validation logits, and the metrics logged
+equal torchcal.metrics on those logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from integration_extras import require
+from sklearn.datasets import load_digits
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from torchcal.losses import AdaFocalLoss, ScheduledFocalLoss
+from torchcal.metrics import adaptive_ece, ece, error, nll
+
+L = require("lightning", "lightning")
+from torchcal.integrations.lightning import CalibrationCallback  # noqa: E402
+
+
+def digits_loaders():
+    d = load_digits()
+    g = torch.Generator().manual_seed(0)
+    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(d.target, dtype=torch.int64)
+    perm = torch.randperm(len(x), generator=g)
+    x, y = x[perm], y[perm]
+    train = DataLoader(TensorDataset(x[:1200], y[:1200]), batch_size=100, shuffle=True,
+                       generator=g)
+    val = DataLoader(TensorDataset(x[1200:], y[1200:]), batch_size=200)
+    return train, val, (x[1200:], y[1200:])
+
+
+class DigitsMLP(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+        self.criterion = AdaFocalLoss(n_bins=5, lam=2.0)  # found by the callback
+        self.schedule = ScheduledFocalLoss(milestones=(1,), gammas=(3.0, 1.0))  # found too
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.criterion(self(x), y)
+
+    def validation_step(self, batch, batch_idx):  # the callback needs nothing from it
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+class Record(L.Callback):
+    """After each validation (the callback's work done): γ and the logged metrics."""
+
+    def __init__(self) -> None:
+        self.gammas, self.metrics = [], []
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.gammas.append(pl_module.criterion.gammas.clone())
+            self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+
+
+def make_trainer(tmp_path, callbacks, epochs=2):
+    return L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, callbacks=callbacks,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, default_root_dir=tmp_path, deterministic=True)
+
+
+def test_lightning_fit_moves_adafocal_and_logs_metrics(tmp_path):
+    L.seed_everything(0, verbose=False)
+    train, val, (xv, yv) = digits_loaders()
+    model = DigitsMLP()
+    gamma0 = model.criterion.gammas.clone()
+    rec = Record()
+    cb = CalibrationCallback(n_bins=15)
+    trainer = make_trainer(tmp_path, [cb, rec])
+    trainer.fit(model, train, val)
+
+    # one update per validation epoch; the sanity check (2 batches by default) is skipped
+    loss = model.criterion
+    assert len(loss.history) == 2 and len(rec.gammas) == 2
+    assert not torch.equal(rec.gammas[0], gamma0)
+    assert not torch.equal(rec.gammas[1], rec.gammas[0])
+    assert [int(h["counts"].sum()) for h in loss.history] == [len(yv), len(yv)]
+    assert model.schedule.epoch == 1  # set_epoch at each training epoch start
+
+    # the last update came from exactly the final model's validation logits
+    model.eval()
+    with torch.no_grad():
+        zv = model(xv)
+    replay = AdaFocalLoss(n_bins=5, lam=2.0)
+    replay.gammas.copy_(loss.history[0]["gammas"])
+    replay.bin_edges.copy_(loss.history[0]["bin_edges"])
+    replay.update(logits=zv, labels=yv)
+    torch.testing.assert_close(replay.gammas, loss.gammas, rtol=1e-6, atol=1e-9)
+
+    # the metrics were logged after each validation epoch, the last ones equal torchcal.metrics
+    for m in rec.metrics:
+        assert set(cb.metric_names) <= set(m)
+    expected = {"val_ece": ece(logits=zv, labels=yv, n_bins=15),
+                "val_adaptive_ece": adaptive_ece(logits=zv, labels=yv, n_bins=15),
+                "val_nll": nll(logits=zv, labels=yv), "val_error": error(logits=zv, labels=yv)}
+    for k, v in expected.items():
+        assert rec.metrics[-1][k] == pytest.approx(float(v), rel=1e-5, abs=1e-6), k
+        assert float(trainer.callback_metrics[k]) == pytest.approx(float(v), rel=1e-5, abs=1e-6)
+    assert rec.metrics[0]["val_ece"] != rec.metrics[1]["val_ece"]
+
+    # trainer.validate logs the metrics but leaves the loss state alone
+    state = loss.gammas.clone()
+    out = make_trainer(tmp_path, [cb]).validate(model, val, verbose=False)[0]
+    assert torch.equal(loss.gammas, state) and len(loss.history) == 2
+    assert out["val_ece"] == pytest.approx(float(expected["val_ece"]), rel=1e-5, abs=1e-6)
+
+
+def test_explicit_losses_and_custom_logits_fn(tmp_path):
+    L.seed_everything(0, verbose=False)
+    train, val, _ = digits_loaders()
+    model = DigitsMLP()
+    other = AdaFocalLoss(n_bins=3)  # not an attribute of the module
+    calls = []
+
+    def logits_fn(pl_module, batch):
+        calls.append(batch[0].shape[0])
+        return pl_module(batch[0])
+
+    cb = CalibrationCallback(n_bins=10, losses=other, logits_fn=logits_fn, prefix="cal/")
+    trainer = make_trainer(tmp_path, [cb], epochs=1)
+    trainer.fit(model, train, val, )
+    assert len(other.history) == 1 and len(model.criterion.history) == 0
+    assert sum(calls) == 597  # the sanity-check batches are not collected
+    assert {"cal/ece", "cal/adaptive_ece", "cal/nll", "cal/error"} <= set(trainer.callback_metrics)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="`n_bins` to be a positive integer, got 0"):
+        CalibrationCallback(n_bins=0)
+    with pytest.raises(TypeError, match="`losses` to hold objects with an `on_validation`"):
+        CalibrationCallback(losses=[nn.CrossEntropyLoss()])
+    with pytest.raises(TypeError, match="`logits_fn` to be None or callable"):
+        CalibrationCallback(logits_fn=3)
