@@ -4,6 +4,12 @@ equal torchcal.metrics on those logits."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
 import pytest
 import torch
 from integration_extras import require
@@ -18,17 +24,23 @@ L = require("lightning", "lightning")
 from torchcal.integrations.lightning import CalibrationCallback  # noqa: E402
 
 
-def digits_loaders():
+def digits_data():
+    """((x, y) train: 1200 digits, (x, y) validation: the other 597)."""
     d = load_digits()
     g = torch.Generator().manual_seed(0)
     x = torch.tensor(d.data / 16.0, dtype=torch.float32)
     y = torch.tensor(d.target, dtype=torch.int64)
     perm = torch.randperm(len(x), generator=g)
     x, y = x[perm], y[perm]
-    train = DataLoader(TensorDataset(x[:1200], y[:1200]), batch_size=100, shuffle=True,
-                       generator=g)
-    val = DataLoader(TensorDataset(x[1200:], y[1200:]), batch_size=200)
-    return train, val, (x[1200:], y[1200:])
+    return (x[:1200], y[:1200]), (x[1200:], y[1200:])
+
+
+def digits_loaders():
+    (xt, yt), (xv, yv) = digits_data()
+    train = DataLoader(TensorDataset(xt, yt), batch_size=100, shuffle=True,
+                       generator=torch.Generator().manual_seed(0))
+    val = DataLoader(TensorDataset(xv, yv), batch_size=200)
+    return train, val, (xv, yv)
 
 
 class DigitsMLP(L.LightningModule):
@@ -65,10 +77,11 @@ class Record(L.Callback):
             self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items()})
 
 
-def make_trainer(tmp_path, callbacks, epochs=2):
-    return L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, callbacks=callbacks,
-                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, default_root_dir=tmp_path, deterministic=True)
+def make_trainer(root, callbacks, epochs=2, **kw):
+    return L.Trainer(**{**dict(max_epochs=epochs, accelerator="cpu", devices=1,
+                               callbacks=callbacks, logger=False, enable_checkpointing=False,
+                               enable_progress_bar=False, enable_model_summary=False,
+                               default_root_dir=root, deterministic=True), **kw})
 
 
 def test_lightning_fit_moves_adafocal_and_logs_metrics(tmp_path):
@@ -130,7 +143,7 @@ def test_explicit_losses_and_custom_logits_fn(tmp_path):
 
     cb = CalibrationCallback(n_bins=10, losses=other, logits_fn=logits_fn, prefix="cal/")
     trainer = make_trainer(tmp_path, [cb], epochs=1)
-    trainer.fit(model, train, val, )
+    trainer.fit(model, train, val)
     assert len(other.history) == 1 and len(model.criterion.history) == 0
     assert sum(calls) == 597  # the sanity-check batches are not collected
     assert {"cal/ece", "cal/adaptive_ece", "cal/nll", "cal/error"} <= set(trainer.callback_metrics)
@@ -143,3 +156,48 @@ def test_bad_arguments():
         CalibrationCallback(losses=[nn.CrossEntropyLoss()])
     with pytest.raises(TypeError, match="`logits_fn` to be None or callable"):
         CalibrationCallback(logits_fn=3)
+
+
+def test_ddp_two_processes_share_one_loss_state(tmp_path):
+    # two CPU ranks (gloo): each collects its half of the validation set, yet every rank logs
+    # the metrics of the whole set and ends with the AdaFocal state of one process over it
+    worker = pathlib.Path(__file__).with_name("lightning_ddp_worker.py")
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = str(s.getsockname()[1])
+    src = str(pathlib.Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
+           "NODE_RANK": "0", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join([src, str(worker.parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "out.pt"
+    procs = [subprocess.Popen([sys.executable, str(worker), str(out)], cwd=tmp_path,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(2)]
+    try:
+        logs = [p.communicate(timeout=300)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    r0, r1 = (torch.load(f"{out}.{r}", weights_only=True) for r in range(2))
+
+    assert len(r0["history"]) == 2
+    for a, b in zip(r0["history"], r1["history"], strict=True):
+        assert torch.equal(a, b)  # identical loss state on both ranks after every update
+    assert [int(c.sum()) for c in r0["counts"]] == [596, 596]  # the whole set, not a half
+    assert not torch.equal(r0["history"][0], r0["history"][1])
+    zv, yv = r0["logits"], r0["labels"]
+    torch.testing.assert_close(zv, r1["logits"])  # DDP kept the replicas equal
+    replay = AdaFocalLoss(n_bins=5, lam=2.0)
+    replay.gammas.copy_(r0["gamma0"])
+    replay.bin_edges.copy_(r0["edges0"])
+    replay.update(logits=zv, labels=yv)
+    torch.testing.assert_close(replay.gammas, r0["gammas"], rtol=1e-6, atol=1e-9)
+    for k, fn in (("val_ece", ece), ("val_adaptive_ece", adaptive_ece)):
+        v = float(fn(logits=zv, labels=yv, n_bins=15))
+        assert r0["metrics"][k] == r1["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    for k, fn in (("val_nll", nll), ("val_error", error)):
+        v = float(fn(logits=zv, labels=yv))
+        assert r0["metrics"][k] == r1["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
