@@ -209,6 +209,8 @@ def test_package_metadata_as_the_issue_asks():
     assert names(proj["dependencies"]) == {"torch", "numpy", "scipy", "matplotlib", "tqdm",
                                            "scikit-learn", "pillow"}
     assert {"pytest", "hypothesis", "torchmetrics"} <= names(proj["optional-dependencies"]["test"])
+    assert names(proj["optional-dependencies"]["lightning"]) == {"lightning"}
+    assert names(proj["optional-dependencies"]["hf"]) == {"transformers", "accelerate"}
     assert "MIT" in str(proj["license"]) and "MIT License" in (root / "LICENSE").read_text()
     assert cfg["tool"]["ruff"]["target-version"] == "py310"
     assert (pathlib.Path(torchcal.__file__).parent / "py.typed").is_file()
@@ -232,3 +234,21 @@ def test_ci_runs_the_readme_test_command_and_fails_with_it():
     assert "set -euo pipefail" in lines
     assert lines[-1] == commands[0]
     assert any("import torch" in ln and "pip install torch==2.13.0" in ln for ln in lines)
+    # the test command installs the optional integrations too (their tests fail in CI without
+    # them), with the installed torch held fixed by a constraint generated from its version
+    install = commands[0].split("&&")[0]
+    assert '".[test,lightning,hf]"' in install
+    assert " -c <(python -c " in install and "torch.__version__.split('+')[0]" in install
+    # the constraint it writes (torch==X.Y.Z, local label dropped) holds the installed build,
+    # +cpu included, so pip keeps it instead of fetching another one
+    import contextlib
+    import io
+
+    specifiers = pytest.importorskip("packaging.specifiers")
+    code = re.search(r'-c <\(python -c "(.*?)"\)', install).group(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {})
+    pin = out.getvalue().strip()
+    assert re.fullmatch(r"torch==[0-9][0-9.]*", pin), pin
+    assert specifiers.SpecifierSet(pin[len("torch"):]).contains(torch.__version__)
