@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 from integration_extras import require
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from torchcal.data import load_digits_splits
 from torchcal.losses import AdaFocalLoss, ScheduledFocalLoss
 from torchcal.metrics import adaptive_ece, ece, error, nll
 
@@ -25,14 +24,9 @@ from torchcal.integrations.lightning import CalibrationCallback  # noqa: E402
 
 
 def digits_data():
-    """((x, y) train: 1200 digits, (x, y) validation: the other 597)."""
-    d = load_digits()
-    g = torch.Generator().manual_seed(0)
-    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(d.target, dtype=torch.int64)
-    perm = torch.randperm(len(x), generator=g)
-    x, y = x[perm], y[perm]
-    return (x[:1200], y[:1200]), (x[1200:], y[1200:])
+    """((x, y) train: 1077 noisy digits, (x, y) validation: 360 others), torchcal.data's split."""
+    s = load_digits_splits(seed=0, n_copies=1, split=(0.6, 0.2, 0.2))
+    return (s.train.data, s.train.labels), (s.val.data, s.val.labels)
 
 
 def digits_loaders():
@@ -145,7 +139,7 @@ def test_explicit_losses_and_custom_logits_fn(tmp_path):
     trainer = make_trainer(tmp_path, [cb], epochs=1)
     trainer.fit(model, train, val)
     assert len(other.history) == 1 and len(model.criterion.history) == 0
-    assert sum(calls) == 597  # the sanity-check batches are not collected
+    assert sum(calls) == 360  # the sanity-check batches are not collected
     assert {"cal/ece", "cal/adaptive_ece", "cal/nll", "cal/error"} <= set(trainer.callback_metrics)
 
 
@@ -162,31 +156,21 @@ def test_ddp_two_processes_share_one_loss_state(tmp_path):
     # two CPU ranks (gloo): each collects its half of the validation set, yet every rank logs
     # the metrics of the whole set and ends with the AdaFocal state of one process over it
     worker = pathlib.Path(__file__).with_name("lightning_ddp_worker.py")
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        port = str(s.getsockname()[1])
     src = str(pathlib.Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
-           "NODE_RANK": "0", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": os.pathsep.join([src, str(worker.parent),
                                           os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "out.pt"
-    procs = [subprocess.Popen([sys.executable, str(worker), str(out)], cwd=tmp_path,
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(2)]
-    try:
-        logs = [p.communicate(timeout=300)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", str(worker), str(out)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
     r0, r1 = (torch.load(f"{out}.{r}", weights_only=True) for r in range(2))
 
     assert len(r0["history"]) == 2
     for a, b in zip(r0["history"], r1["history"], strict=True):
         assert torch.equal(a, b)  # identical loss state on both ranks after every update
-    assert [int(c.sum()) for c in r0["counts"]] == [596, 596]  # the whole set, not a half
+    assert [int(c.sum()) for c in r0["counts"]] == [360, 360]  # the whole set, not a half
     assert not torch.equal(r0["history"][0], r0["history"][1])
     zv, yv = r0["logits"], r0["labels"]
     torch.testing.assert_close(zv, r1["logits"])  # DDP kept the replicas equal

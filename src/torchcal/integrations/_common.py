@@ -22,11 +22,20 @@ from torch import nn
 from ..losses.base import loss_on_validation, loss_set_epoch
 from ..metrics import CalibrationMeter
 
-__all__ = ["METRICS", "as_loss_list", "find_losses", "flatten_valid", "calibration_metrics",
+__all__ = ["METRICS", "missing_extra", "as_loss_list", "find_losses", "flatten_valid", "calibration_metrics",
            "feed_losses", "start_epoch"]
 
 #: The metric keys every callback reports (the keys of :class:`~torchcal.metrics.CalibrationMeter`).
 METRICS = ("ece", "adaptive_ece", "nll", "error")
+
+
+def missing_extra(module: str, what: str, extra: str) -> ImportError:
+    """The error an integration module raises when its optional dependency is missing.
+
+    >>> missing_extra("hf", "transformers", "hf")
+    ImportError('torchcal.integrations.hf needs transformers: pip install "torchcal[hf]"')
+    """
+    return ImportError(f'torchcal.integrations.{module} needs {what}: pip install "torchcal[{extra}]"')
 
 
 def _follows_protocol(obj: Any) -> bool:

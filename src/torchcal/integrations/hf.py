@@ -39,14 +39,6 @@ from typing import Any
 import torch
 from torch import nn
 
-try:  # optional dependency, imported here only: this module is loaded only by its users
-    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-except ImportError as e:  # pragma: no cover - the test environment has the extra installed
-    raise ImportError(
-        "torchcal.integrations.hf needs Hugging Face transformers and accelerate: "
-        'pip install "torchcal[hf]"'
-    ) from e
-
 from .._validation import check_positive_int
 from ._common import (
     METRICS,
@@ -54,8 +46,14 @@ from ._common import (
     calibration_metrics,
     feed_losses,
     flatten_valid,
+    missing_extra,
     start_epoch,
 )
+
+try:  # optional dependency, imported here only: this module is loaded only by its users
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as e:  # pragma: no cover - the test environment has the extra installed
+    raise missing_extra("hf", "Hugging Face transformers and accelerate", "hf") from e
 
 __all__ = ["CalibrationCallback", "compute_loss_func"]
 

@@ -44,14 +44,6 @@ from typing import Any
 
 import torch
 
-try:  # optional dependency, imported here only: this module is loaded only by its users
-    from lightning.pytorch import Callback, LightningModule, Trainer
-except ImportError as e:  # pragma: no cover - the test environment has the extra installed
-    raise ImportError(
-        "torchcal.integrations.lightning needs PyTorch Lightning (the `lightning` package): "
-        'pip install "torchcal[lightning]"'
-    ) from e
-
 from .._validation import check_positive_int
 from ._common import (
     METRICS,
@@ -60,8 +52,15 @@ from ._common import (
     feed_losses,
     find_losses,
     flatten_valid,
+    missing_extra,
     start_epoch,
 )
+
+try:  # optional dependency, imported here only: this module is loaded only by its users
+    from lightning.pytorch import Callback, LightningModule, Trainer
+except ImportError as e:  # pragma: no cover - the test environment has the extra installed
+    raise missing_extra("lightning", "PyTorch Lightning (the `lightning` package)",
+                        "lightning") from e
 
 __all__ = ["CalibrationCallback"]
 
