@@ -191,7 +191,7 @@ def test_calibration_loss_rejects_non_integer_ignore_index():
 def test_package_metadata_as_the_issue_asks():
     # pyproject: Python >= 3.10, the dependencies of DESIGN.md (pillow: JPEG decoding of
     # Tiny-ImageNet, and matplotlib needs it anyway), extras `test` with pytest, hypothesis and
-    # torchmetrics, MIT licence, ruff settings; py.typed shipped in the package
+    # torchmetrics, `lightning` and `hf` (transformers + accelerate), MIT licence, ruff settings; py.typed shipped in the package
     import pathlib
     import re
 
@@ -207,7 +207,7 @@ def test_package_metadata_as_the_issue_asks():
         return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in reqs}
 
     assert names(proj["dependencies"]) == {"torch", "numpy", "scipy", "matplotlib", "tqdm",
-                                           "scikit-learn", "pillow"}
+                                           "scikit-learn", "pillow", "mnist1d"}
     assert {"pytest", "hypothesis", "torchmetrics"} <= names(proj["optional-dependencies"]["test"])
     assert names(proj["optional-dependencies"]["lightning"]) == {"lightning"}
     assert names(proj["optional-dependencies"]["hf"]) == {"transformers", "accelerate"}
