@@ -105,16 +105,39 @@ def test_main_table_cells_and_best_marking(runs_dir):
     ce, fl = tab.rows
     assert ce[1].text == "20.00 ± 10.00" and not ce[1].best
     assert fl[1].text == "6.00 ± 1.00" and fl[1].best
-    # post T column: equal means (3.00) -> both marked best; (T) is the mean grid-ECE temperature
+    # post T column: equal means (3.00) are within noise -> nothing marked; (T) is the mean
+    # grid-ECE temperature
     assert ce[2].text == "3.00 ± 1.00 (2.50)"
     assert fl[2].text == "3.00 ± 2.00 (1.20)"
-    assert ce[2].best and fl[2].best
+    assert not ce[2].best and not fl[2].best
     # AdaECE post uses the grid_adaece temperature
     assert ce[4].text.endswith("(2.60)")
-    # error: equal everywhere -> every row marked best
-    assert ce[-1].best and fl[-1].best
+    # error: equal everywhere -> a tie, nothing marked
+    assert not ce[-1].best and not fl[-1].best
     md = tab.to_markdown()
     assert "| **6.00 ± 1.00** |" in md and "| 20.00 ± 10.00 |" in md
+
+
+def test_best_within_the_seeds_spread_is_not_bold(tmp_path):
+    """Focal's mean ECE (6.00 ± 1.00) is lower than CE's (9.00 ± 3.00) but within CE's spread:
+    no bold.  With CE at 20 ± 3 the difference is beyond both spreads: bold.  A single run
+    (no spread) is never enough."""
+    def table(ce_eces, focal_eces=(0.05, 0.07, 0.06)):
+        root = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+        for loss, eces in (("ce", ce_eces), ("focal", focal_eces)):
+            for seed, e in enumerate(eces):
+                write_results(root / loss / f"s{seed}", fake_results(loss, seed, e, 0.02, 1.5))
+        return main_table(group_runs(load_runs([root]).runs))
+
+    ce, fl = table((0.06, 0.09, 0.12)).rows
+    assert fl[1].text == "6.00 ± 1.00" and ce[1].text == "9.00 ± 3.00"
+    assert not fl[1].best and not ce[1].best
+    ce, fl = table((0.17, 0.20, 0.23)).rows
+    assert fl[1].best and not ce[1].best
+    ce, fl = table((0.20,), (0.06,)).rows
+    assert not fl[1].best
+    tab = table((0.06, 0.09, 0.12))
+    assert "**" not in tab.to_markdown() and "beyond the seeds' spread" in tab.to_markdown()
 
 
 def test_build_report_files_and_bad_file(runs_dir, tmp_path):

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config, read_results
@@ -34,6 +36,8 @@ __all__ = [
     "group_runs",
     "mean_std",
     "loss_label",
+    "meta_problem",
+    "ece_noise_floor",
     "LOSS_ORDER",
 ]
 
@@ -226,8 +230,106 @@ def load_run(results_path: str | os.PathLike) -> RunRecord:
         raise ResultsFileError(
             f"Results file {str(results_path)!r} is malformed: meta.loss_kwargs is not an object"
         )
+    problem = meta_problem(meta)
+    if problem:
+        raise ResultsFileError(f"Results file {str(results_path)!r} is malformed: {problem}")
     return RunRecord(run_dir=run_dir, results_path=results_path, results=res, meta=meta,
                      flat=flatten_results(res))
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+_MAX_KWARGS_TEXT = 200
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain_value(v: Any, depth: int = 0) -> bool:
+    """A loss hyperparameter that can be shown as is: a finite number, a bool, None, a short
+    name, or a short list/object of those."""
+    if v is None or isinstance(v, bool) or isinstance(v, int):
+        return True
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, str):
+        return bool(_NAME_RE.match(v))
+    if depth < 2 and isinstance(v, list):
+        return len(v) <= 32 and all(_plain_value(x, depth + 1) for x in v)
+    if depth < 2 and isinstance(v, dict):
+        return len(v) <= 32 and all(isinstance(k, str) and _KEY_RE.match(k)
+                                    and _plain_value(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def meta_problem(meta: Mapping[str, Any]) -> str:
+    """What makes a run's ``meta`` unfit to become a table label or a file name ('' if nothing).
+
+    ``dataset``, ``model``, ``loss`` (and ``recipe``) must be names of letters, digits and
+    ``_ . + -`` (at most 64 characters), ``loss_kwargs`` an object of identifiers to finite
+    numbers, booleans, null, such names or short lists/objects of them, ``seed`` and ``epochs``
+    integers (or null).  Results of torchcal always pass; a hand-edited or hostile file
+    (Markdown or HTML in a name, a 10 kB label) does not.
+
+    >>> meta_problem({"loss": "focal", "loss_kwargs": {"gamma": 3.0}, "seed": 1})
+    ''
+    >>> meta_problem({"loss": "ce | <b>x</b>"})
+    "meta.loss must be a name of letters, digits and _ . + - (at most 64 characters), got 'ce | <b>x</b>'"
+    """
+    for key in ("dataset", "model", "loss", "recipe", "checkpoint"):
+        v = meta.get(key)
+        if v is None and key not in ("loss",):
+            continue
+        if not isinstance(v, str) or not _NAME_RE.match(v):
+            return (f"meta.{key} must be a name of letters, digits and _ . + - (at most 64 "
+                    f"characters), got {_short(v)}")
+    kw = meta.get("loss_kwargs") or {}
+    for k, v in kw.items():
+        if not isinstance(k, str) or not _KEY_RE.match(k):
+            return f"meta.loss_kwargs has a key that is not an identifier: {_short(k)}"
+        if not _plain_value(v):
+            return (f"meta.loss_kwargs[{k!r}] must be a finite number, a boolean, null, a name "
+                    f"or a short list of them, got {_short(v)}")
+    if len(json.dumps(kw, sort_keys=True)) > _MAX_KWARGS_TEXT:
+        return f"meta.loss_kwargs is longer than {_MAX_KWARGS_TEXT} characters"
+    for key in ("seed", "epochs", "epoch"):
+        v = meta.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            return f"meta.{key} must be an integer or null, got {_short(v)}"
+    return ""
+
+
+def ece_noise_floor(confidences: Any, *, n_bins: int = 15, n_draws: int = 200,
+                    seed: int = 0) -> float:
+    """The ECE a perfectly calibrated model with these top-1 confidences would show.
+
+    Draws the correctness of each sample from ``Bernoulli(c_i)`` (so the model is calibrated
+    by construction) ``n_draws`` times and averages the equal-width ECE of the draws:
+    ``E[sum_b |sum_{i in b} (1[correct_i] - c_i)| / N]``.  It is the noise floor of the ECE at
+    this test-set size: differences smaller than it are not meaningful.  Deterministic for a
+    given ``seed``.
+
+    >>> round(ece_noise_floor([0.5] * 100, n_bins=1, n_draws=4000), 3)  # E|Bin(100,.5)/100-.5|
+    0.04
+    """
+    from ..metrics import equal_width_bin_index
+
+    c = torch.as_tensor(np.asarray(confidences, dtype=np.float64))
+    if c.ndim != 1 or c.numel() == 0:
+        raise ValueError(f"Expected `confidences` to be a non-empty 1-D array, got shape {tuple(c.shape)}")
+    n = c.numel()
+    idx = equal_width_bin_index(c, n_bins)
+    gen = torch.Generator().manual_seed(int(seed))
+    total = torch.zeros((), dtype=torch.float64)
+    chunk = max(1, min(n_draws, 4_000_000 // n))
+    for start in range(0, n_draws, chunk):
+        r = min(chunk, n_draws - start)
+        hit = (torch.rand(r, n, generator=gen, dtype=torch.float64) < c).double()
+        gap = torch.zeros(r, n_bins, dtype=torch.float64).index_add_(1, idx, hit - c)
+        total += gap.abs().sum() / n
+    return float(total) / n_draws
 
 
 def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
@@ -245,12 +347,15 @@ def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
 
 
 def _is_report_file(path: Path) -> bool:
+    """Whether ``path`` starts like the ``results.json`` of a report or of ``uncertainty eval``
+    (read as bytes: a file that is not UTF-8 is a bad run file, not a crash)."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, "rb") as fh:
             head = fh.read(200)
     except OSError:
         return False
-    return any(f'"schema": "torchcal.{kind}/' in head for kind in ("report", "uncertainty_results"))
+    return any(f'"schema": "torchcal.{kind}/'.encode() in head
+               for kind in ("report", "uncertainty_results"))
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float, int]:

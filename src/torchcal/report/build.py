@@ -35,7 +35,7 @@ from .._io import to_jsonable as _jsonable
 from ..errors import ResultsFileError
 from ..evaluate import load_logits
 from . import tables as T
-from .aggregate import Group, LoadReport, RunRecord, group_runs, load_runs
+from .aggregate import Group, LoadReport, RunRecord, ece_noise_floor, group_runs, load_runs
 
 __all__ = ["ReportOutput", "build_report", "gamma_history"]
 
@@ -160,9 +160,12 @@ def gamma_history(run_dir: str | os.PathLike) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------------
-def _pooled_test_logits(g: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray, float] | None:
-    """Test logits of every run of ``g`` concatenated, also divided by each run's grid-ECE T."""
-    pre, post, ys, ts = [], [], [], []
+RunLogits = list[tuple[np.ndarray, np.ndarray, float]]
+
+
+def _run_test_logits(g: Group) -> RunLogits:
+    """``(test logits, labels, grid-ECE temperature)`` of every run of ``g`` that saved them."""
+    out: RunLogits = []
     for r in g.runs:
         p = r.run_dir / "logits" / "test.npz"
         if not p.is_file():
@@ -172,13 +175,36 @@ def _pooled_test_logits(g: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray, f
         except ResultsFileError:
             continue
         t = r.results.get("temperatures", {}).get("grid_ece", 1.0) or 1.0
-        pre.append(z)
-        post.append(z / float(t))
-        ys.append(y)
-        ts.append(float(t))
-    if not pre:
+        out.append((z, y, float(t)))
+    return out
+
+
+def _pooled_test_logits(runs: RunLogits) -> tuple[np.ndarray, np.ndarray, np.ndarray, float] | None:
+    """The runs' test logits concatenated, also divided by each run's grid-ECE T."""
+    if not runs:
         return None
-    return np.concatenate(pre), np.concatenate(post), np.concatenate(ys), float(np.mean(ts))
+    return (np.concatenate([z for z, _y, _t in runs]),
+            np.concatenate([z / t for z, _y, t in runs]),
+            np.concatenate([y for _z, y, _t in runs]), float(np.mean([t for *_zy, t in runs])))
+
+
+def _top1_confidence(z: np.ndarray) -> np.ndarray:
+    p = np.exp(z - z.max(1, keepdims=True))
+    return (p / p.sum(1, keepdims=True)).max(1)
+
+
+def _noise_floors(groups: Sequence[Group], logits: dict[str, RunLogits], n_bins: int,
+                  ) -> dict[str, float]:
+    """Per group label: the mean over its runs of the ECE noise floor at the run's test-set
+    size, from the run's post-T confidences (:func:`~torchcal.report.aggregate.ece_noise_floor`)."""
+    out = {}
+    for g in groups:
+        runs = logits.get(g.label) or []
+        if runs:
+            out[g.label] = float(np.mean([
+                ece_noise_floor(_top1_confidence(np.asarray(z, np.float64) / t), n_bins=n_bins)
+                for z, _y, t in runs]))
+    return out
 
 
 def _entropy(z: np.ndarray) -> np.ndarray:
@@ -188,8 +214,8 @@ def _entropy(z: np.ndarray) -> np.ndarray:
     return -(np.exp(logp) * logp).sum(axis=1)
 
 
-def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int,
-                  notes: list[str]) -> dict[tuple[str, str], list[Figure]]:
+def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int, notes: list[str],
+                  logits: dict[str, RunLogits]) -> dict[tuple[str, str], list[Figure]]:
     out: dict[tuple[str, str], list[Figure]] = {}
     by_dm: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
@@ -197,7 +223,7 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int,
     for (ds, model), gs in by_dm.items():
         figs: list[Figure] = []
         try:
-            _figures_for(ds, model, gs, figs, fig_dir, n_bins, notes)
+            _figures_for(ds, model, gs, figs, fig_dir, n_bins, notes, logits)
         except (ValueError, TypeError, OSError) as exc:  # e.g. seeds with different class counts
             notes.append(f"{ds}/{model}: figures stopped early: {type(exc).__name__}: {exc}")
         out[(ds, model)] = figs
@@ -205,14 +231,14 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int,
 
 
 def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], fig_dir: Path,
-                 n_bins: int, notes: list[str]) -> None:
+                 n_bins: int, notes: list[str], logits: dict[str, RunLogits]) -> None:
     from . import figures as F
 
     conf: dict[str, np.ndarray] = {}
     acc: dict[str, float] = {}
     pooled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
     for g in gs:
-        pt = _pooled_test_logits(g)
+        pt = _pooled_test_logits(logits.get(g.label) or [])
         if pt is None:
             notes.append(f"{g.label} ({ds}/{model}): no saved test logits, no reliability diagram.")
             continue
@@ -226,8 +252,7 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                            f"Reliability diagram of {g.label} on the {ds} test set ({seeds}), "
                            f"before and after temperature scaling (each run's grid-ECE T, mean {t:.2f}); "
                            "the ECE in the panels is that of the pooled logits."))
-        p = np.exp(pre - pre.max(1, keepdims=True))
-        conf[g.label] = (p / p.sum(1, keepdims=True)).max(1)
+        conf[g.label] = _top1_confidence(pre)
         acc[g.label] = float((pre.argmax(1) == y).mean())
     if pooled:
         fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
@@ -373,8 +398,14 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     fig_dir = out / "figures"
     notes: list[str] = []
-    figs = _make_figures(groups, fig_dir, n_bins, notes) if figures else {}
-    table_sets = T.tables_for(groups)
+    logits = {g.label: _run_test_logits(g) for g in groups}
+    floors = _noise_floors(groups, logits, n_bins)
+    figs = _make_figures(groups, fig_dir, n_bins, notes, logits) if figures else {}
+    table_sets = T.tables_for(groups, floors)
+    runs_table = T.Table("Run directories", ["Group", "Seeds", "Run directories"], [
+        [T.Cell(f"{g.label} ({g.dataset}/{g.model})"), T.Cell(", ".join(map(str, g.seeds))),
+         T.Cell(", ".join(_rel(r.run_dir, out) for r in g.runs))] for g in groups],
+        ["Run directories relative to this report."])
 
     # ---- markdown
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -392,11 +423,7 @@ def build_report(
         for f in figs.get(key, []):
             rel = f.path.relative_to(out).as_posix()
             md += [f"#### {f.title}", "", f"![{f.title}]({rel})", "", f"_{f.caption}_", ""]
-    md += ["## Runs", "", "| group | seeds | run directories |", "|---|---|---|"]
-    for g in groups:
-        dirs = ", ".join(f"`{_rel(r.run_dir, out)}`" for r in g.runs)
-        md.append(f"| {g.label} ({g.dataset}/{g.model}) | {', '.join(map(str, g.seeds))} | {dirs} |")
-    md.append("")
+    md += ["## Runs", "", runs_table.to_markdown(), ""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     if errors:
@@ -417,6 +444,7 @@ def build_report(
             b64 = base64.b64encode(f.path.read_bytes()).decode("ascii")
             h.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{b64}\">"
                      f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
+    h += ["<h2>Runs</h2>", runs_table.to_html()]
     if notes:
         h.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     if errors:
@@ -434,6 +462,7 @@ def build_report(
             "label": g.label, "n_runs": len(g.runs), "seeds": g.seeds,
             "runs": [str(r.run_dir) for r in g.runs],
             "mean": g.mean, "std": g.std, "count": g.count,
+            "ece_noise_floor": floors.get(g.label),
         } for g in groups],
         "runs": [{"run_dir": str(r.run_dir), "meta": r.meta, "results": r.results}
                  for g in groups for r in g.runs],

@@ -5,9 +5,11 @@ Ghosh et al. 2022: ECE, AdaECE, Classwise-ECE and NLL before temperature scaling
 after it ("post T (T)"), then the test error.  Calibration errors and the error are in percent,
 NLL in nats.  Post-T columns use the grid-ECE temperature, except AdaECE which uses the
 grid-AdaECE temperature (AdaFocal's tables).  Each cell is ``mean ± std`` over seeds (sample
-std; a single run shows the mean only).  The best value of each column is marked (bold in
-Markdown/HTML, ``*`` in plain text): the lowest, or the highest for AUROC/AUPR; values equal at
-the displayed precision are all marked.
+std; a single run shows the mean only).  The best value of a column (the lowest, or the highest
+for AUROC/AUPR) is marked (bold in Markdown/HTML, ``*`` in plain text) only when the difference
+is beyond the seeds' spread: its mean ± std interval does not overlap the mean ± std interval of
+any other row.  A column with a single run in a row (no spread) or a best within another row's
+spread has no mark (:func:`beyond_noise`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import csv
 import html
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .aggregate import Group
@@ -30,6 +32,7 @@ __all__ = [
     "ood_tables",
     "extra_metrics_table",
     "tables_for",
+    "beyond_noise",
     "groups_csv",
     "runs_csv",
 ]
@@ -40,6 +43,7 @@ class Cell:
     text: str
     value: float = math.nan  # rounded value used for best marking (NaN: not comparable)
     best: bool = False
+    spread: float = math.nan  # std over seeds, in the displayed unit (NaN: a single run)
 
 
 @dataclass
@@ -109,21 +113,53 @@ def _cell(g: Group, key: str, scale: float, digits: int, temp_key: str | None = 
         t = g.mean.get(temp_key, math.nan)
         if not math.isnan(t):
             text += f" ({t:.2f})"
-    return Cell(text=text, value=round(m, digits) if not math.isnan(m) else math.nan)
+    return Cell(text=text, value=round(m, digits) if not math.isnan(m) else math.nan,
+                spread=s)
+
+
+def beyond_noise(values: Sequence[float], spreads: Sequence[float], *,
+                 higher_better: bool = False) -> int | None:
+    """Index of the best value when it is beyond the noise of every other one, else None.
+
+    The best (lowest, or highest with ``higher_better``) is beyond noise when its interval
+    ``value ± spread`` does not overlap any other entry's ``value ± spread``.  A NaN spread (a
+    single run: its noise is unknown) or a tie makes it not beyond noise.  NaN values are left
+    out.
+
+    >>> beyond_noise([6.0, 20.0], [1.0, 10.0]), beyond_noise([3.0, 4.0], [1.0, 1.0])
+    (0, None)
+    >>> beyond_noise([3.0, 9.0], [0.5, float("nan")]), beyond_noise([90.0, 80.0], [1.0, 2.0], higher_better=True)
+    (None, 0)
+    """
+    items = [(v, sp, i) for i, (v, sp) in enumerate(zip(values, spreads, strict=True))
+             if not math.isnan(v)]
+    if len(items) < 2:
+        return None
+    sign = -1.0 if higher_better else 1.0
+    items.sort(key=lambda t: sign * t[0])
+    (bv, bs, bi), rest = items[0], items[1:]
+    if math.isnan(bs) or any(math.isnan(sp) for _v, sp, _i in rest):
+        return None
+    if all(sign * (v - bv) > bs + sp for v, sp, _i in rest):
+        return bi
+    return None
 
 
 def _mark_best(rows: list[list[Cell]], higher_better: Sequence[bool | None]) -> None:
-    """Mark per column (from column 1) the best rounded value; None in ``higher_better`` skips."""
+    """Mark per column (from column 1) the best value when it is beyond the seeds' spread
+    (:func:`beyond_noise`); None in ``higher_better`` skips the column."""
     for j, hb in enumerate(higher_better, start=1):
         if hb is None:
             continue
-        vals = [r[j].value for r in rows if not math.isnan(r[j].value)]
-        if len(vals) < 2:
-            continue
-        best = max(vals) if hb else min(vals)
-        for r in rows:
-            if r[j].value == best:
-                r[j].best = True
+        i = beyond_noise([r[j].value for r in rows], [r[j].spread for r in rows],
+                         higher_better=bool(hb))
+        if i is not None:
+            rows[i][j].best = True
+
+
+_BEST_NOTE = ("Bold: the best of the column, marked only when its mean ± std does not overlap "
+              "any other row's mean ± std (a difference beyond the seeds' spread); no bold: the "
+              "best is within noise, or a row has a single run.")
 
 
 #: (column name, metric key, scale, digits, post-T method or None)
@@ -146,8 +182,27 @@ def _seeds_note(groups: Sequence[Group]) -> str:
     return f"mean ± std over {n} seed(s) (sample std)."
 
 
-def main_table(groups: Sequence[Group]) -> Table:
-    """The papers' table for groups of one (dataset, model): pre T | post T (T) per metric."""
+def _noise_floor_note(groups: Sequence[Group], noise_floor: Mapping[str, float]) -> str:
+    vals = [100.0 * noise_floor[g.label] for g in groups if g.label in noise_floor]
+    if not vals:
+        return ""
+    n = sorted({int(g.mean.get("n.test", math.nan)) for g in groups
+                if not math.isnan(g.mean.get("n.test", math.nan))})
+    size = f"{'/'.join(str(x) for x in n)} test samples" if n else "this test-set size"
+    lo, hi = min(vals), max(vals)
+    value = f"{lo:.2f}%" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}% (by loss)"
+    return (f"Noise floor: a perfectly calibrated model with these post-T confidences would "
+            f"still show an ECE of about {value} on {size} (labels drawn from the confidences "
+            "themselves, mean over 200 draws); ECE differences of that size are noise, not "
+            "calibration.")
+
+
+def main_table(groups: Sequence[Group], noise_floor: Mapping[str, float] | None = None) -> Table:
+    """The papers' table for groups of one (dataset, model): pre T | post T (T) per metric.
+
+    ``noise_floor`` maps a group label to its ECE noise floor (:func:`~torchcal.report.
+    aggregate.ece_noise_floor`, a fraction); given, the notes state it.
+    """
     header = ["Loss"]
     for name, _key, _s, _d, _m in MAIN_COLUMNS:
         header += [f"{name} pre T", f"{name} post T (T)"]
@@ -165,9 +220,12 @@ def main_table(groups: Sequence[Group]) -> Table:
         "ECE, AdaECE (equal-mass ECE), Classwise-ECE and error in %, NLL in nats; "
         f"{groups[0].runs[0].results.get('n_bins', 15)} bins; test set. " + _seeds_note(groups),
         "post T: after temperature scaling with T chosen on the validation set by grid search "
-        "(0.1..10, step 0.1) on ECE (on AdaECE for the AdaECE column); (T) is the mean temperature. "
-        "Bold: best in the column.",
+        "(0.1..10, step 0.1) on ECE (on AdaECE for the AdaECE column); (T) is the mean temperature.",
+        _BEST_NOTE,
     ]
+    floor_note = _noise_floor_note(groups, noise_floor or {})
+    if floor_note:
+        notes.append(floor_note)
     short = ["Loss"]
     for name, *_ in MAIN_COLUMNS:
         name = name.replace("Classwise-", "CW-")
@@ -217,7 +275,7 @@ def ood_tables(groups: Sequence[Group]) -> list[Table]:
         _mark_best(rows, [c[4] for c in OOD_COLUMNS])
         notes = [f"Out-of-distribution detection, in-distribution test set vs {name!r} (the positive "
                  "class), in %. Scores: softmax entropy, or minus the maximum probability; "
-                 "post T uses the grid-ECE temperature. " + _seeds_note(groups)]
+                 "post T uses the grid-ECE temperature. " + _seeds_note(groups), _BEST_NOTE]
         tables.append(Table(_title(groups, f"OOD detection ({name})"), header, rows, notes))
     return tables
 
@@ -239,7 +297,7 @@ def extra_metrics_table(groups: Sequence[Group]) -> Table:
     _mark_best(rows, [False, False, False, False, None, True, False])
     notes = ["Pre-temperature test metrics in % (Brier: mean squared error summed over classes, "
              "not divided by C). S99: share of samples with confidence >= 0.99 and the accuracy on "
-             "them ('-' when there are none)."]
+             "them ('-' when there are none).", _BEST_NOTE]
     return Table(_title(groups, "Further metrics"), header, rows, notes)
 
 
@@ -250,10 +308,12 @@ def _by_dataset_model(groups: Sequence[Group]) -> list[list[Group]]:
     return list(out.values())
 
 
-def tables_for(groups: Sequence[Group]) -> list[tuple[tuple[str, str], list[Table]]]:
+def tables_for(groups: Sequence[Group], noise_floor: Mapping[str, float] | None = None,
+               ) -> list[tuple[tuple[str, str], list[Table]]]:
     """Per (dataset, model): ``((dataset, model), [main, temperatures, OOD..., further metrics])``."""
     return [((gs[0].dataset, gs[0].model),
-             [main_table(gs), temperature_table(gs), *ood_tables(gs), extra_metrics_table(gs)])
+             [main_table(gs, noise_floor), temperature_table(gs), *ood_tables(gs),
+              extra_metrics_table(gs)])
             for gs in _by_dataset_model(groups)]
 
 
