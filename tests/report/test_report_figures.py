@@ -64,3 +64,60 @@ def test_gamma_history_absent_or_from_checkpoint(tmp_path):
     hist = torch.arange(6.0).reshape(2, 3)
     torch.save({"model": {}, "loss": {"history": hist}}, tmp_path / "checkpoints" / "last.pt")
     np.testing.assert_array_equal(gamma_history(tmp_path), hist.numpy())
+
+
+def _logits(rng, n=400, c=5):
+    return rng.normal(size=(n, c)) * 3, rng.integers(0, c, n)
+
+
+def test_report_reliability_figures_have_labelled_axes_and_counts():
+    rng = np.random.default_rng(2)
+    z, y = _logits(rng)
+    fig = F.reliability_pair(z, z / 2, y, n_bins=10, temperature=2.0)
+    rel = [a for a in fig.axes if a.get_ylabel() == "accuracy"]
+    cnt = [a for a in fig.axes if a.get_ylabel() == "samples"]
+    assert len(rel) == len(cnt) == 2
+    assert all(a.get_xlabel() == "confidence" and a.get_yscale() == "log" for a in cnt)
+    assert sum(r.get_height() for r in cnt[0].containers[0]) == 400
+    fig = F.reliability_overview({f"L{i}": _logits(rng) for i in range(7)}, n_bins=10)
+    vis = [a for a in fig.axes if a.get_visible()]
+    assert len([a for a in vis if a.get_ylabel() == "accuracy"]) == 7
+    assert len([a for a in vis if a.get_ylabel() == "samples"]) == 7
+
+
+def test_gamma_panels_share_the_scale_and_the_gamma_max_mark():
+    rng = np.random.default_rng(3)
+    high = np.clip(np.cumsum(rng.normal(1.0, 1, (10, 15)), 0), 0, 20)
+    low = 1 + 0.1 * rng.random((10, 15))
+    fig = F.gamma_history_figure({"seed 0": high, "seed 1": low, "seed 2": low / 2},
+                                 gamma_max=20.0)
+    axes = [a for a in fig.axes if a.get_visible() and a.get_ylabel() == "γ"]
+    assert len(axes) == 3 and len({a.get_ylim() for a in axes}) == 1
+    assert axes[0].get_ylim()[1] > 20
+    for a in axes:  # the same dashed γ_max line on every panel
+        assert any(tuple(line.get_ydata()) == (20.0, 20.0) and line.get_linestyle() == "--"
+                   for line in a.lines)
+    fig = F.gamma_history_figure({"seed 0": low, "seed 1": low / 2}, gamma_max=20.0)
+    axes = [a for a in fig.axes if a.get_visible() and a.get_ylabel() == "γ"]
+    assert len({a.get_ylim() for a in axes}) == 1 and axes[0].get_ylim()[1] < 2
+    assert all(any("γ_max = 20: above" in t.get_text() for t in a.texts) for a in axes)
+
+
+def test_roc_figure_is_one_readable_panel_per_loss():
+    rng = np.random.default_rng(4)
+    curves = {}
+    for i in range(14):
+        s = np.r_[rng.normal(0, 1, 200), rng.normal(0.1 * i, 1, 200)]
+        fpr, tpr = F.roc_curve(s, np.r_[np.zeros(200), np.ones(200)])
+        curves[f"loss {i}"] = (fpr, tpr, 0.5 + 0.02 * i, 0.01)
+    fig = F.roc_figure(curves, title="t")
+    axes = [a for a in fig.axes if a.get_visible()]
+    assert len(axes) == 14
+    for a, name in zip(axes, curves, strict=True):
+        assert a.get_title().startswith(name + "\nAUROC") and "±" in a.get_title()
+        strong = [line for line in a.lines if line.get_linewidth() > 1.5]
+        assert len(strong) == 1  # this panel's loss, drawn over the others in grey
+        np.testing.assert_array_equal(strong[0].get_xdata(), curves[name][0])
+    # every column's lowest visible panel shows its x tick labels
+    assert all(t.get_visible() for t in axes[-1].get_xticklabels())
+    assert any(t.get_text() for t in axes[9].get_xticklabels())

@@ -36,6 +36,7 @@ from ..errors import ResultsFileError
 from ..evaluate import load_logits
 from . import tables as T
 from .aggregate import Group, LoadReport, RunRecord, ece_noise_floor, group_runs, load_runs
+from .plots import MIN_COUNT
 
 __all__ = ["ReportOutput", "build_report", "gamma_history"]
 
@@ -160,6 +161,11 @@ def gamma_history(run_dir: str | os.PathLike) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------------
+_SPARSE_NOTE = (f"Below each diagram: samples per bin (log scale; blue line: accuracy, red "
+                f"dashed: mean confidence); bins with fewer than {MIN_COUNT} samples (dotted "
+                "line) are faded, with their count on the bar: their accuracy is uncertain by "
+                "more than ±0.1.")
+
 RunLogits = list[tuple[np.ndarray, np.ndarray, float]]
 
 
@@ -251,7 +257,7 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
         figs.append(Figure(f"Reliability: {g.label}", path,
                            f"Reliability diagram of {g.label} on the {ds} test set ({seeds}), "
                            f"before and after temperature scaling (each run's grid-ECE T, mean {t:.2f}); "
-                           "the ECE in the panels is that of the pooled logits."))
+                           "the ECE in the panels is that of the pooled logits. " + _SPARSE_NOTE))
         conf[g.label] = _top1_confidence(pre)
         acc[g.label] = float((pre.argmax(1) == y).mean())
     if pooled:
@@ -261,7 +267,8 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
         figs.insert(0, Figure("Reliability overview (pre T)", path,
                               "Reliability diagrams of every loss before temperature scaling "
                               "(test logits pooled over seeds; the ECE in each panel is that of "
-                              "the pooled logits, not the mean over seeds of the tables)."))
+                              "the pooled logits, not the mean over seeds of the tables). "
+                              + _SPARSE_NOTE))
     if conf:
         fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
                                       title=f"Top-1 confidence, {ds}/{model} test (pre T)")
@@ -297,13 +304,15 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
             pos = np.r_[np.zeros(sum(map(len, s_id))), np.ones(sum(map(len, s_ood)))]
             fpr, tpr = F.roc_curve(scores, pos)
             auc = g.mean.get(f"ood.{name}.auroc_entropy", math.nan)
-            curves[g.label] = (fpr, tpr, auc)
+            curves[g.label] = (fpr, tpr, auc, g.std.get(f"ood.{name}.auroc_entropy", math.nan))
         if curves:
             fig = F.roc_figure(curves, title=f"OOD ROC (entropy), {ds}/{model} test vs {name}")
             path = F.save_figure(fig, fig_dir / f"roc_{_slug(ds, model, name)}.png")
             figs.append(Figure(f"OOD ROC: {name}", path,
                                f"ROC curves of OOD detection by softmax entropy ({ds} test as "
-                               f"negatives, {name} as positives), seeds pooled; legend: mean AUROC %."))
+                               f"negatives, {name} as positives), seeds pooled: one panel per "
+                               "loss (blue) over the other losses (grey) and the first loss "
+                               "(dashed); titles: AUROC in %, mean ± std over seeds."))
     # AdaFocal gamma per bin
     for g in gs:
         hist = {f"seed {r.seed}": h for r in g.runs if (h := gamma_history(r.run_dir)) is not None}
@@ -317,7 +326,9 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
         path = F.save_figure(fig, fig_dir / f"gamma_{_group_slug(g)}.png")
         figs.append(Figure(f"γ per bin: {g.label}", path,
                            "AdaFocal's γ of each of the equal-mass validation bins after each "
-                           "epoch's update (dark: low-confidence bins, light: high); dashed: γ_max."))
+                           "epoch's update (dark: low-confidence bins, light: high), on the same "
+                           "y-scale in every panel; dashed: γ_max (or a note when it lies above "
+                           "the scale)."))
 
 
 # --------------------------------------------------------------------------------------------

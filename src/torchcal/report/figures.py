@@ -72,19 +72,37 @@ def roc_curve(scores: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.
     return np.r_[0.0, fp / N], np.r_[0.0, tp / P]
 
 
+def _reliability_grid(fig, n_panels: int, ncols: int):
+    """``n_panels`` (reliability axes, count axes) pairs in a grid, the counts under each."""
+    nrows = max(1, -(-n_panels // ncols))
+    grid = fig.add_gridspec(2 * nrows, ncols, height_ratios=[3, 1] * nrows)
+    pairs = []
+    for k in range(nrows * ncols):
+        r, c = divmod(k, ncols)
+        top = fig.add_subplot(grid[2 * r, c])
+        bottom = fig.add_subplot(grid[2 * r + 1, c], sharex=top)
+        if k >= n_panels:
+            top.set_visible(False)
+            bottom.set_visible(False)
+        pairs.append((top, bottom))
+    return pairs[:n_panels]
+
+
 def reliability_pair(
     pre_logits: np.ndarray, post_logits: np.ndarray, labels: np.ndarray, *, n_bins: int = 15,
     title: str = "", temperature: float | None = None,
 ):
-    """Two reliability diagrams side by side: before and after temperature scaling."""
+    """Two reliability diagrams side by side, before and after temperature scaling, each with
+    its samples per bin below (:func:`~torchcal.report.plots.reliability_diagram`)."""
     from .plots import reliability_diagram
 
-    fig = new_figure(8.0, 3.9)
-    axes = fig.subplots(1, 2)
+    fig = new_figure(8.0, 5.2)
+    (a0, h0), (a1, h1) = _reliability_grid(fig, 2, 2)
     t = f" (T={temperature:.2f})" if temperature is not None else ""
-    reliability_diagram(logits=pre_logits, labels=labels, n_bins=n_bins, title="pre T", ax=axes[0])
+    reliability_diagram(logits=pre_logits, labels=labels, n_bins=n_bins, title="pre T", ax=a0,
+                        hist_ax=h0)
     reliability_diagram(logits=post_logits, labels=labels, n_bins=n_bins, title=f"post T{t}",
-                        ax=axes[1])
+                        ax=a1, hist_ax=h1, legend=False)
     if title:
         fig.suptitle(title)
     return fig
@@ -93,25 +111,24 @@ def reliability_pair(
 def reliability_overview(
     curves: Mapping[str, tuple[np.ndarray, np.ndarray]], *, n_bins: int = 15, title: str = "",
 ):
-    """All losses' reliability diagrams in one grid: ``{label: (logits, labels)}``."""
+    """All losses' reliability diagrams in one grid, each with its samples per bin below:
+    ``{label: (logits, labels)}``."""
     from .plots import reliability_diagram
 
     names = list(curves)
     ncols = min(5, max(1, len(names)))
     nrows = max(1, -(-len(names) // ncols))
-    fig = new_figure(3.0 * ncols, 3.0 * nrows)
-    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
-    for ax, name in zip(axes, names, strict=False):
+    fig = new_figure(3.0 * ncols, 3.9 * nrows)
+    for k, (name, (ax, hax)) in enumerate(zip(names, _reliability_grid(fig, len(names), ncols),
+                                             strict=True)):
         z, y = curves[name]
-        reliability_diagram(logits=z, labels=y, n_bins=n_bins, title=name, ax=ax)
+        reliability_diagram(logits=z, labels=y, n_bins=n_bins, title=name, ax=ax, hist_ax=hax,
+                            legend=k == 0)
         ax.title.set_fontsize(9)
-        ax.tick_params(labelsize=7)
-        ax.yaxis.label.set_fontsize(8)
-        leg = ax.get_legend()
-        if leg is not None and ax is not axes[0]:
-            leg.remove()
-    for ax in axes[len(names):]:
-        ax.set_visible(False)
+        for a in (ax, hax):
+            a.tick_params(labelsize=7)
+            a.yaxis.label.set_fontsize(8)
+            a.xaxis.label.set_fontsize(8)
     if title:
         fig.suptitle(title)
     return fig
@@ -151,24 +168,52 @@ def confidence_histograms(
 
 
 def roc_figure(
-    curves: Mapping[str, tuple[np.ndarray, np.ndarray, float]], *, title: str = ""
+    curves: Mapping[str, tuple[np.ndarray, np.ndarray, float]], *, title: str = "",
+    reference: str | None = None,
 ):
-    """ROC curves, one per loss: ``{label: (fpr, tpr, auroc)}``."""
-    fig = new_figure(5.2, 4.6)
-    ax = fig.subplots()
-    import matplotlib
+    """OOD ROC curves as small multiples: ``{label: (fpr, tpr, auroc)}`` or
+    ``{label: (fpr, tpr, auroc, auroc_std)}``.
 
-    cmap = matplotlib.colormaps["tab20"]
-    for i, (name, (fpr, tpr, auc)) in enumerate(curves.items()):
-        ax.plot(fpr, tpr, lw=1.3, color=cmap(i % 20), label=f"{name} ({100 * auc:.1f})")
-    ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls=":")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.01)
-    ax.set_xlabel("false positive rate (in-distribution flagged)")
-    ax.set_ylabel("true positive rate (OOD detected)")
-    ax.legend(fontsize=7, loc="lower right", title="loss (AUROC %)", title_fontsize=7)
+    One panel per loss with its curve in a strong colour over every other loss' curve in light
+    grey, the ``reference`` loss (default: the first label) dashed, the chance diagonal dotted,
+    and the AUROC (in %) in the panel title: each curve can be read on its own and against the
+    others, however many losses there are.
+    """
+    names = list(curves)
+    if reference is None and names:
+        reference = names[0]
+    ncols = min(5, max(1, len(names)))
+    nrows = max(1, -(-len(names) // ncols))
+    fig = new_figure(2.5 * ncols + 0.4, 2.55 * nrows + 0.5)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False, sharex=True,
+                                      sharey=True)).ravel()
+    for ax, name in zip(axes, names, strict=False):
+        for other in names:
+            if other not in (name, reference):
+                fpr, tpr = curves[other][:2]
+                ax.plot(fpr, tpr, color="0.82", lw=0.7, zorder=1)
+        ax.plot([0, 1], [0, 1], color="0.6", lw=0.7, ls=":", zorder=1)
+        if reference in curves and reference != name:
+            fpr, tpr = curves[reference][:2]
+            ax.plot(fpr, tpr, color="0.25", lw=1.0, ls="--", zorder=2)
+        fpr, tpr, auc, *rest = curves[name]
+        ax.plot(fpr, tpr, color="#1f4e9c", lw=1.8, zorder=3)
+        spread = f" ± {100 * rest[0]:.1f}" if rest and np.isfinite(rest[0]) else ""
+        ax.set_title(f"{name}\nAUROC {100 * auc:.1f}{spread}%", fontsize=8)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.01)
+        ax.set_aspect("equal")
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    for ax in axes[max(0, len(names) - ncols):len(names)]:
+        ax.tick_params(labelbottom=True)  # the lowest panel of each column
+    fig.supxlabel("false positive rate (in-distribution flagged)", fontsize=9)
+    fig.supylabel("true positive rate (OOD detected)", fontsize=9)
     if title:
-        ax.set_title(title, fontsize=10)
+        sub = (f"\nblue: the panel's loss; dashed: {reference}; grey: the other losses"
+               if len(names) > 1 else "")
+        fig.suptitle(title + sub, fontsize=10)
     return fig
 
 
@@ -179,27 +224,40 @@ def gamma_history_figure(
 
     Row e holds the B per-bin γ values in force after epoch e's update (bin 0 = lowest
     confidence); each bin is one line, coloured from dark (low bins) to light (high bins).
+    Every panel has the same y-scale and the same γ_max mark, so the panels compare at a
+    glance: a dashed line at ``gamma_max`` when some run reaches half of it, else a note that
+    γ_max lies above the scale (so the curves are not flattened against 0).
     """
     import matplotlib
 
-    names = list(histories)
+    names = [n for n in histories if np.asarray(histories[n]).ndim == 2
+             and np.asarray(histories[n]).size]
     ncols = min(3, max(1, len(names)))
     nrows = max(1, -(-len(names) // ncols))
     fig = new_figure(4.2 * ncols, 3.2 * nrows)
-    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False, sharey=True)).ravel()
     cmap = matplotlib.colormaps["viridis"]
+    hists = [np.asarray(histories[n], dtype=np.float64) for n in names]
+    # γ_max is inside the common scale when some run comes near it, else named off the scale on
+    # every panel (drawn at 20 over data near 1, the curves would be flat lines)
+    data_hi = max([float(np.nanmax(h)) for h in hists if np.isfinite(h).any()], default=0.0)
+    show_max = gamma_max is not None and data_hi >= 0.5 * gamma_max
+    lo, hi = _gamma_limits(hists, gamma_max if show_max else None)
     for ax, name in zip(axes, names, strict=False):
         h = np.asarray(histories[name], dtype=np.float64)
-        if h.ndim != 2 or h.size == 0:
-            ax.set_visible(False)
-            continue
         E, B = h.shape
         x = np.arange(1, E + 1)
         for b in range(B):
             ax.plot(x, h[:, b], color=cmap(b / max(B - 1, 1)), lw=1.0)
         ax.axhline(0.0, color="0.5", lw=0.6, ls=":")
-        if gamma_max is not None and np.nanmax(h) >= 0.5 * gamma_max:
-            ax.axhline(gamma_max, color="#C44E52", lw=0.8, ls="--")
+        if show_max:
+            ax.axhline(gamma_max, color="#C44E52", lw=0.9, ls="--")
+            ax.text(0.02, gamma_max, f"γ_max = {gamma_max:g}", color="#C44E52", fontsize=7,
+                    va="bottom", ha="left", transform=ax.get_yaxis_transform())
+        elif gamma_max is not None:
+            ax.text(0.02, 0.97, f"γ_max = {gamma_max:g}: above this scale", color="#C44E52",
+                    fontsize=7, va="top", ha="left", transform=ax.transAxes)
+        ax.set_ylim(lo, hi)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
@@ -213,10 +271,22 @@ def gamma_history_figure(
 
         B = max(np.asarray(histories[n]).shape[-1] for n in names)
         sm = ScalarMappable(norm=Normalize(0, max(B - 1, 1)), cmap=cmap)
-        cb = fig.colorbar(sm, ax=list(axes), fraction=0.03, pad=0.02)
+        cb = fig.colorbar(sm, ax=list(axes), fraction=0.03, pad=0.06)
         cb.set_label("bin (0: lowest confidence)", fontsize=8)
         cb.ax.tick_params(labelsize=7)
     if title:
         fig.suptitle(title)
     return fig
 
+
+def _gamma_limits(hists: list[np.ndarray], gamma_max: float | None) -> tuple[float, float]:
+    """One y-range for every γ panel: the data of all panels, 0 and γ_max, with a margin.
+
+    >>> _gamma_limits([np.array([[1.0, 2.0]]), np.array([[-1.0, 5.0]])], 20.0)
+    (-2.05, 21.05)
+    """
+    vals = [float(v) for h in hists for v in (np.nanmin(h), np.nanmax(h)) if np.isfinite(v)]
+    vals += [0.0] + ([float(gamma_max)] if gamma_max is not None else [])
+    lo, hi = min(vals), max(vals)
+    pad = 0.05 * (hi - lo) if hi > lo else 1.0
+    return lo - pad, hi + pad

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from .._io import atomic_write_bytes
+from .._validation import check_positive_int
 from ..metrics.calibration import ReliabilityCurve, ece, reliability_curve
 
-__all__ = ["reliability_diagram"]
+__all__ = ["reliability_diagram", "MIN_COUNT"]
 
 
 def _atomic_write_png(fig: Any, path: str | os.PathLike) -> Path:
@@ -33,42 +34,67 @@ def _new_figure(width: float, height: float) -> Any:
     return fig
 
 
-def _draw_reliability(ax: Any, curve: ReliabilityCurve, ece_value: float | None) -> None:
+#: Bins with fewer samples than this are drawn faded with their count written on the bar: the
+#: accuracy of a bin of n samples is uncertain by about sqrt(p(1-p)/n), ±0.11 at n = 20.
+MIN_COUNT = 20
+
+
+def _draw_reliability(ax: Any, curve: ReliabilityCurve, ece_value: float | None,
+                      min_count: int = MIN_COUNT, legend: bool = True) -> None:
     edges = curve.edges.double().cpu().numpy()
     counts = curve.counts.cpu().numpy()
     acc = curve.accuracies.double().cpu().numpy()
     conf = curve.confidences.double().cpu().numpy()
     left, width = edges[:-1], np.diff(edges)
-    filled = counts > 0
+    filled = counts >= max(min_count, 1)
+    sparse = (counts > 0) & ~filled
     ax.bar(left[filled], acc[filled], width=width[filled], align="edge", color="#1f77b4",
            edgecolor="black", linewidth=0.6, label="accuracy")
     # The gap between mean confidence and accuracy of each bin, hatched.
     ax.bar(left[filled], conf[filled] - acc[filled], bottom=acc[filled], width=width[filled],
            align="edge", color="#d62728", alpha=0.3, edgecolor="#d62728", hatch="//",
            linewidth=0.6, label="gap")
+    if sparse.any():
+        ax.bar(left[sparse], acc[sparse], width=width[sparse], align="edge", color="#1f77b4",
+               alpha=0.25, edgecolor="0.35", linestyle=":", linewidth=0.8,
+               label=f"< {min_count} samples")
+        for x, w, a, n in zip(left[sparse], width[sparse], acc[sparse], counts[sparse],
+                              strict=True):
+            ax.text(x + w / 2, min(a, 0.9) + 0.02, str(int(n)), ha="center", va="bottom",
+                    fontsize=6, color="0.25")
     ax.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1, label="perfect")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
-    ax.legend(loc="upper left", fontsize=8)
+    if legend:
+        ax.legend(loc="upper left", fontsize=7)
     if ece_value is not None:
         ax.text(0.97, 0.05, f"ECE = {100 * ece_value:.2f}%", transform=ax.transAxes,
-                ha="right", va="bottom", fontsize=9,
+                ha="right", va="bottom", fontsize=8,
                 bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
 
 
-def _draw_histogram(ax: Any, curve: ReliabilityCurve, mean_conf: float, accuracy: float) -> None:
+def _draw_counts(ax: Any, curve: ReliabilityCurve, mean_conf: float, accuracy: float,
+                 min_count: int = MIN_COUNT, legend: bool = True) -> None:
+    """Samples per bin on a log scale (a bin of 1 sample and one of 5,000 both visible), the
+    ``min_count`` line, the accuracy and the mean confidence."""
     edges = curve.edges.double().cpu().numpy()
     counts = curve.counts.cpu().numpy().astype(np.float64)
-    share = counts / max(counts.sum(), 1.0)
-    ax.bar(edges[:-1], share, width=np.diff(edges), align="edge", color="#7f7f7f",
-           edgecolor="black", linewidth=0.6)
+    filled = counts > 0
+    colors = np.where(counts[filled] >= min_count, "#7f7f7f", "#d9d9d9")
+    ax.bar(edges[:-1][filled], counts[filled], width=np.diff(edges)[filled], align="edge",
+           color=colors, edgecolor="black", linewidth=0.6)
+    ax.set_yscale("log")
+    top = max(float(counts.max()), 10.0)
+    ax.set_ylim(0.7, top * 3)
+    ax.axhline(min_count, color="0.4", linestyle=":", linewidth=0.8)
     ax.axvline(accuracy, color="#1f77b4", linestyle="-", linewidth=1.2, label="accuracy")
     ax.axvline(mean_conf, color="#d62728", linestyle="--", linewidth=1.2, label="avg. confidence")
     ax.set_xlim(0, 1)
     ax.set_xlabel("confidence")
-    ax.set_ylabel("share of samples")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_ylabel("samples")
+    if legend:
+        ax.legend(loc="upper left", fontsize=7)
 
 
 def reliability_diagram(
@@ -80,14 +106,20 @@ def reliability_diagram(
     title: str | None = None,
     path: str | os.PathLike | None = None,
     ax: Any = None,
+    hist_ax: Any = None,
+    min_count: int = MIN_COUNT,
+    legend: bool = True,
 ) -> Any:
-    """Reliability diagram of the top-1 confidence with a confidence histogram below it.
+    """Reliability diagram of the top-1 confidence with the samples per bin below it.
 
     Top panel: per equal-width bin (the ECE convention of :mod:`torchcal.metrics.binning`),
     the accuracy as a bar and the gap to the bin's mean confidence hatched, the diagonal, and
-    the ECE in the corner.  Bottom panel: the share of samples per bin with the accuracy and
-    the average confidence as vertical lines.  When ``ax`` is given only the reliability panel
-    is drawn into it (the caller owns the figure).
+    the ECE in the corner.  A bin with fewer than ``min_count`` samples is drawn faded with its
+    count written on it: its bar says little (a full-height bar may be a single sample).
+    Bottom panel: the number of samples per bin on a log scale (faded below ``min_count``,
+    dotted line at ``min_count``) with the accuracy and the average confidence as vertical
+    lines.  When ``ax`` is given the reliability panel is drawn into it, and the count panel
+    into ``hist_ax`` if given (the caller owns the figure).
 
     Args:
         logits, probs: (N, C), exactly one of them.
@@ -96,10 +128,14 @@ def reliability_diagram(
         title: figure title.
         path: if given, the figure is also written there as PNG (atomically).
         ax: an existing matplotlib Axes to draw the reliability panel into.
+        hist_ax: with ``ax``, an Axes for the count panel (below ``ax``, sharing its x-axis).
+        min_count: bins with fewer samples are marked as sparse (default 20).
+        legend: draw the legends.
 
     Returns:
         The matplotlib ``Figure``.
     """
+    check_positive_int(min_count, "min_count")
     curve = reliability_curve(logits=logits, probs=probs, labels=labels, n_bins=n_bins)
     ece_value = float(ece(logits=logits, probs=probs, labels=labels, n_bins=n_bins))
     counts = curve.counts.double()
@@ -109,14 +145,19 @@ def reliability_diagram(
     accuracy = float((curve.accuracies.double()[filled] * counts[filled]).sum()) / n
     if ax is not None:
         fig = ax.figure
-        _draw_reliability(ax, curve, ece_value)
+        _draw_reliability(ax, curve, ece_value, min_count, legend)
+        if hist_ax is not None:
+            _draw_counts(hist_ax, curve, mean_conf, accuracy, min_count, legend=False)
+            ax.tick_params(labelbottom=False)
+        else:
+            ax.set_xlabel("confidence")
         if title:
             ax.set_title(title)
     else:
         fig = _new_figure(4.5, 6.0)
         top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
-        _draw_reliability(top, curve, ece_value)
-        _draw_histogram(bottom, curve, mean_conf, accuracy)
+        _draw_reliability(top, curve, ece_value, min_count, legend)
+        _draw_counts(bottom, curve, mean_conf, accuracy, min_count, legend)
         if title:
             top.set_title(title)
         fig.tight_layout()
