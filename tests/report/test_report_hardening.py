@@ -5,7 +5,9 @@ tables as report.md, and the ECE noise floor is computed and stated."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 
 import numpy as np
 import pytest
@@ -112,3 +114,15 @@ def test_noise_floor_caveat_is_in_the_report(runs, tmp_path):
     floors = [g["ece_noise_floor"] for g in doc["groups"]]
     assert all(0.0 < f < 0.2 for f in floors)
     assert re.search(r"ECE of about \d+\.\d\d(-\d+\.\d\d)?%", md)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_report_files_respect_the_umask(runs, tmp_path):
+    old = os.umask(0o022)
+    try:
+        rep = build_report([runs], tmp_path / "rep")
+    finally:
+        os.umask(old)
+    files = [rep.report_md, rep.report_html, rep.results_json, rep.results_csv, *rep.figures]
+    assert len(rep.figures) >= 3
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o644}
