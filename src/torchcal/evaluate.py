@@ -58,11 +58,14 @@ __all__ = [
     "atomic_write_text",
 ]
 
+#: The ``schema`` field of every ``results.json`` this version writes.
 SCHEMA = "torchcal.results/1"
+#: The metrics recorded for every split and temperature (the keys of ``CalibrationMeter.compute``).
 METRIC_KEYS = (
     "ece", "adaptive_ece", "classwise_ece", "mce", "rmsce", "nll", "brier", "error",
     "topk_error", "s99_share", "s99_accuracy",
 )
+#: The post-hoc temperature methods fitted on the validation logits, in the order recorded.
 TEMPERATURE_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll")
 
 
@@ -210,9 +213,11 @@ def evaluate_logits(
     """Fit every temperature on the validation logits and measure the test (and OOD) logits.
 
     Args:
-        val_logits, val_labels: validation logits (N_v, C) and labels (N_v,), used to fit the
-            temperatures (:func:`torchcal.posthoc.fit_temperatures`).
-        test_logits, test_labels: test logits (N_t, C) and labels (N_t,).
+        val_logits: validation logits (N_v, C), used to fit the temperatures
+            (:func:`torchcal.posthoc.fit_temperatures`).
+        val_labels: validation labels (N_v,).
+        test_logits: test logits (N_t, C).
+        test_labels: test labels (N_t,).
         ood_logits: optional ``{name: logits (N_o, C)}`` of out-of-distribution sets.
         n_bins: bins of every binned metric and of the grid temperature searches.
         meta: run description copied into ``results["meta"]`` (dataset, model, loss, seed, ...).

@@ -135,6 +135,10 @@ class DemoConfig:
 
 @dataclass
 class DemoResult:
+    """What :func:`run_demo` returns: the output directory, the built report (a
+    ``ReportOutput``), the failed runs as ``(run_dir, error)`` pairs, the wall time in seconds
+    and the configuration used."""
+
     out_dir: Path
     report: Any  # torchcal.report.build.ReportOutput
     failed: list[tuple[str, str]]

@@ -17,9 +17,11 @@ __all__ = ["ArrayDataset", "DataSplits", "split_indices", "stratified_holdout"]
 
 #: Normalisation of CIFAR-10 and CIFAR-100 in the papers' code (REFERENCE §6).
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+#: Standard deviations of the CIFAR normalisation (with :data:`CIFAR_MEAN`).
 CIFAR_STD = (0.2023, 0.1994, 0.2010)
 #: ImageNet statistics (Tiny-ImageNet and ImageNet).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
+#: Standard deviations of the ImageNet normalisation (with :data:`IMAGENET_MEAN`).
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 

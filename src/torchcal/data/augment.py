@@ -81,7 +81,8 @@ def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float],
 
     Args:
         x: images (N, C, H, W) (or (C, H, W)), uint8 or floating.
-        mean, std: C values each (std > 0).
+        mean: C values.
+        std: C values, each > 0.
         dtype: floating dtype of the result.
 
     Returns:

@@ -52,6 +52,7 @@ class Resource:
     description: str
 
 
+#: Every official file torchcal can download, by key: file name, URL, published MD5, description.
 RESOURCES: dict[str, Resource] = {
     "cifar10": Resource(
         "cifar-10-python.tar.gz", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",

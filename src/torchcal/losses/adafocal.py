@@ -43,7 +43,7 @@ above the last lower edge → bin ``B-1``, else ``lower <= p_y < upper``), then
 computed by the signed focal loss of :mod:`torchcal.functional` (exact, finite gradient at
 ``p_y = 1``; the published code's ``1e-20`` inside the power is not needed).
 
-Distributed.  When ``torch.distributed`` is initialised (world size > 1), :meth:`update`
+Distributed.  When ``torch.distributed`` is initialised (world size > 1), :meth:`AdaFocalLoss.update`
 gathers every rank's validation confidences and correctness (``all_gather`` with padding for
 unequal shares), so each rank computes the same γ and edges as one process over the whole set.
 Pass each rank's own share (this is what the trainer does), not the full set on every rank.

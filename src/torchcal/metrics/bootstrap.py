@@ -165,7 +165,8 @@ def bootstrap_ci(
             ``"mce"``, ``"rmsce"``, ``"adaptive_ece"``, ``"classwise_ece"``, ``"nll"``,
             ``"brier"``, ``"error"``, ``"topk_error"``), or any callable taking
             ``logits=``/``probs=`` and ``labels=`` and returning a 0-d tensor.
-        logits, probs: (N, C), exactly one of them.
+        logits: (N, C) logits; exactly one of ``logits`` / ``probs``.
+        probs: (N, C) probabilities.
         labels: (N,) integer class indices.
         n_resamples: number R of bootstrap resamples.
         level: coverage of the interval, in (0, 1); 0.9 gives the 5th and 95th percentiles.

@@ -138,7 +138,7 @@ class Calibrator:
 
     The constructor stores settings; :meth:`fit` learns attributes ending in ``_`` and returns
     ``self``; :meth:`transform` maps logits to calibrated logits and :meth:`predict_proba` to
-    probabilities; :meth:`to_dict` / :meth:`from_dict` round-trip through JSON.  Using an
+    probabilities; :meth:`to_dict` / ``from_dict`` round-trip through JSON.  Using an
     unfitted calibrator raises :class:`torchcal.errors.NotFittedError`.
     """
 
@@ -162,7 +162,7 @@ class Calibrator:
 
     @property
     def is_fitted(self) -> bool:
-        """Whether :meth:`fit` (or :meth:`from_dict`) has set the learned attributes."""
+        """Whether :meth:`fit` (or ``from_dict``) has set the learned attributes."""
         return getattr(self, self._fitted_attr, None) is not None
 
     def _check_fitted(self) -> None:

@@ -54,7 +54,9 @@ __all__ = [
     "CRITERIA",
 ]
 
+#: The values of ``TemperatureScaling(method=...)``.
 METHODS = ("nll", "grid_ece", "grid_adaece", "grid_nll")
+#: The criteria :func:`temperature_grid_scores` can score a grid by.
 CRITERIA = ("ece", "adaptive_ece", "nll")
 _METHOD_CRITERION = {"grid_ece": "ece", "grid_adaece": "adaptive_ece", "grid_nll": "nll"}
 
