@@ -189,6 +189,11 @@ def rewrite(text: str, obj: Object) -> str:
                 out.extend(_fence(lines[i:end], indent, "pycon"))
             i = end
             continue
+        if stripped.startswith(".. math::") and stripped != ".. math::":  # a one-line formula
+            pad = " " * indent
+            out += ["", pad + "$$", pad + stripped[len(".. math::"):].strip(), pad + "$$", ""]
+            i += 1
+            continue
         if _RULE.match(stripped) and (table := _table(lines, i)) is not None:
             rows, i = table
             out.extend(rows)
