@@ -75,7 +75,7 @@ def _lookup(obj: Object | Alias, dotted: str) -> Object | Alias | None:
     return found
 
 
-def _role_to_ref(obj: Object, match: re.Match[str]) -> str:
+def _role_to_ref(obj: Object, match: re.Match[str], warn: bool) -> str:
     _, tilde, target = match.groups()
     target = target.lstrip(".")
     shown = target.rsplit(".", 1)[-1] if tilde else target
@@ -85,12 +85,12 @@ def _role_to_ref(obj: Object, match: re.Match[str]) -> str:
         while root.parent is not None:
             root = root.parent
         found = _lookup(root, target.split(".", 1)[1]) if root.name == "torchcal" else None
-        if found is None:
+        if found is None and warn:
             logger.warning("%s: docstring of %s names %r, which does not exist",
                            obj.filepath, obj.path, target)
             return f"`{shown}`"
     if found is None:
-        if target.split(".", 1)[0] not in dir(builtins) and "." not in target:
+        if warn and target.split(".", 1)[0] not in dir(builtins) and "." not in target:
             logger.warning("%s: docstring of %s names %r, which is not in its scope",
                            obj.filepath, obj.path, target)
         return f"`{shown}`"
@@ -164,8 +164,9 @@ def _table(lines: list[str], start: int) -> tuple[list[str], int] | None:
     return [*out, ""], i
 
 
-def rewrite(text: str, obj: Object) -> str:
-    """The Markdown form of one docstring (see the module docstring)."""
+def rewrite(text: str, obj: Object, *, warn: bool = True) -> str:
+    """The Markdown form of one docstring (see the module docstring); ``warn``: report roles
+    that name nothing (for the objects the site can render)."""
     lines = text.splitlines()
     out: list[str] = []
     i = 0
@@ -221,7 +222,7 @@ def rewrite(text: str, obj: Object) -> str:
         out.append(line)
         i += 1
     text = "\n".join(out)
-    return _ROLE.sub(lambda m: _role_to_ref(obj, m), text)
+    return _ROLE.sub(lambda m: _role_to_ref(obj, m, warn), text)
 
 
 def _comment_docstring(obj: Object) -> None:
@@ -279,9 +280,13 @@ class TorchcalDocstrings(Extension):
     """Rewrite every docstring of the package once it is loaded (see the module docstring)."""
 
     def on_package(self, *, pkg: Object, **kwargs: Any) -> None:
+        public = tuple(m.path for m in _public_modules(pkg)) if pkg.name == "torchcal" else ()
         for obj in _walk(pkg):
             _comment_docstring(obj)
             if obj.docstring is not None:
-                obj.docstring.value = rewrite(obj.docstring.value, obj)
+                # broken roles are reported where the API reference can show them: the public
+                # modules and everything under them (not the command line's modules)
+                warn = any(obj.path == p or obj.path.startswith(p + ".") for p in public)
+                obj.docstring.value = rewrite(obj.docstring.value, obj, warn=warn)
         if pkg.name == "torchcal":
             _check_documented(pkg)

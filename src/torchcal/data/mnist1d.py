@@ -211,7 +211,9 @@ def load_mnist1d_splits(root: str | os.PathLike | None = None, seed: int = MNIST
     Args:
         root: data root holding the cache (see :func:`torchcal.data.default_root`).
         seed: the generator's seed (default 42, the package's).
-        n_train, n_val, n_test: split sizes (defaults :data:`MNIST1D_SIZES`).
+        n_train: training set size (default ``MNIST1D_SIZES[0]``).
+        n_val: validation set size (default ``MNIST1D_SIZES[1]``).
+        n_test: test set size (default ``MNIST1D_SIZES[2]``).
         cache: read / write the ``.npz`` cache (see :func:`generate_mnist1d`).
 
     Returns:
