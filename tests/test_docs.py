@@ -1,7 +1,9 @@
 """The documentation site stays true: every public name is in the API reference, every
 ``:::`` directive names a real object, every included file exists, every example runs, and
 every ``python`` code block of the pages runs (blocks of one page share a namespace, in order;
-a block preceded by ``<!-- docs-test: skip (reason) -->`` is not run).
+a block preceded by ``<!-- docs-test: skip (reason) -->`` is not run, one preceded by
+``<!-- docs-test: requires MODULE ... -->`` is skipped when an optional module is missing,
+except in CI, where .ci/run installs every extra and a missing one fails).
 
 The site itself is built by ``mkdocs build --strict`` in ``.ci/run`` (it needs the ``docs``
 extra); these checks need nothing beyond the test extra, so they run everywhere.
@@ -54,16 +56,15 @@ def public_modules() -> list[str]:
 
 
 def exported_names(module: str) -> list[str]:
-    """``module.__all__``, read from its source when an optional dependency is missing."""
-    try:
+    """``module.__all__``: imported, or read from the source for ``torchcal.integrations.*``
+    (their frameworks are optional extras, and importing them takes seconds)."""
+    if not module.startswith("torchcal.integrations."):
         return list(importlib.import_module(module).__all__)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.split(".")[0] == "torchcal":
-            raise
     path = SRC.joinpath(*module.split(".")[1:]).with_suffix(".py")
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__"
-                                                for t in node.targets):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(getattr(t, "id", None) == "__all__" for t in targets):
             return list(ast.literal_eval(node.value))
     raise AssertionError(f"{module} has no literal __all__")
 
@@ -99,8 +100,8 @@ def directives() -> list[tuple[str, list[str] | None, str]]:
     return found
 
 
-def code_blocks(page: Path) -> list[tuple[int, str]]:
-    """The runnable ``python`` fences of a page: (line number, code)."""
+def code_blocks(page: Path) -> list[tuple[int, str, list[str]]]:
+    """The runnable ``python`` fences of a page: (line number, code, modules required)."""
     lines = page.read_text(encoding="utf-8").splitlines()
     blocks = []
     i = 0
@@ -110,8 +111,9 @@ def code_blocks(page: Path) -> list[tuple[int, str]]:
             end = next(j for j in range(start, len(lines)) if lines[j].strip() == "```")
             prev = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
             code = "\n".join(lines[start:end])
+            requires = re.match(r"<!-- docs-test: requires ([\w. ]+)-->", prev.strip())
             if not prev.startswith("<!-- docs-test: skip") and "--8<--" not in code:
-                blocks.append((start + 1, code))
+                blocks.append((start + 1, code, requires.group(1).split() if requires else []))
             i = end
         i += 1
     return blocks
@@ -155,10 +157,7 @@ def test_every_public_name_is_in_the_api_reference(module):
     # a name shadowed by its own submodule (``torchcal.data.prepare``) is rendered from the
     # submodule: accept any directive naming the same object
     if missing:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError:
-            mod = None
+        mod = None if module.startswith("torchcal.integrations.") else importlib.import_module(module)
         if mod is not None:
             objs = {}
             for ident, _, _ in directives():
@@ -212,7 +211,13 @@ def test_every_snippet_include_exists():
 def test_page_code_runs(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # blocks may write files (run directories, caches)
     namespace: dict = {"__name__": "__docs__"}
-    for line, code in code_blocks(page):
+    for _, _, requires in code_blocks(page):
+        for module in requires:
+            if os.environ.get("CI"):
+                importlib.import_module(module)
+            else:
+                pytest.importorskip(module, reason=f"{page.name} needs the optional {module}")
+    for line, code, _ in code_blocks(page):
         exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), namespace)
     assert capsys.readouterr().out.strip(), f"{page.name}'s code printed nothing"
 

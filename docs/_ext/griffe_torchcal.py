@@ -11,8 +11,8 @@ habits that Markdown renders badly. For the site only, this extension rewrites:
   ``mkdocs build --strict`` fails on it;
 * a bare doctest block (``>>>`` lines outside an ``Examples:`` section) into a fenced ``pycon``
   block (inside an ``Examples:`` section mkdocstrings does this itself);
-* a literal block (a paragraph ending in ``::``) into a fenced block and ``.. math::`` into a
-  display formula;
+* a literal block (a paragraph ending in ``::``) and a ``.. code-block:: LANG`` directive into
+  a fenced block, and ``.. math::`` into a display formula;
 * a simple table (``=====  =====`` rules) into a Markdown table;
 
 and it reads a ``#:`` comment block right above a module-level constant as the constant's
@@ -199,7 +199,8 @@ def rewrite(text: str, obj: Object, *, warn: bool = True) -> str:
             rows, i = table
             out.extend(rows)
             continue
-        if stripped.endswith("::") and i + 1 < len(lines):
+        code_block = re.match(r"^\.\. (?:code-block|code|sourcecode)::\s*(\w*)\s*$", stripped)
+        if (stripped.endswith("::") or code_block) and i + 1 < len(lines):
             body_start = i + 1
             while body_start < len(lines) and not lines[body_start].strip():
                 body_start += 1
@@ -207,7 +208,10 @@ def rewrite(text: str, obj: Object, *, warn: bool = True) -> str:
                 body_indent = _indent(lines[body_start])
                 end = _block_end(lines, body_start, body_indent, stop_at_blank=False)
                 body = lines[body_start:end]
-                if stripped == ".. math::":
+                if code_block:  # ".. code-block:: python" and its indented body
+                    out.extend(_fence([b[body_indent - indent:] if b.strip() else "" for b in body],
+                                      indent, code_block.group(1) or "text"))
+                elif stripped == ".. math::":
                     pad = " " * indent
                     out += ["", pad + "$$", *(pad + b.strip() for b in body), pad + "$$", ""]
                 else:
