@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torchcal.losses.adafocal as adafocal_mod
 from torchcal.functional import focal_loss, signed_focal_loss
 from torchcal.losses import AdaFocalLoss, create_loss, list_losses
 from torchcal.losses.adafocal import adafocal_gamma_update
@@ -301,17 +300,7 @@ def test_update_gaps_agree_with_adaptive_ece_and_are_order_free():
 # ------------------------------------------------------------------ the loss
 
 
-@pytest.fixture(params=["fused", "public"])
-def loss_path(request, monkeypatch):
-    """Run a loss test through the fused kernel and through the public signed_focal_loss path."""
-    if request.param == "public":
-        monkeypatch.setattr(adafocal_mod, "fused_loss", None)
-    elif adafocal_mod.fused_loss is None:
-        pytest.skip("fused focal kernel not available")
-    return request.param
-
-
-def test_first_epoch_is_focal_gamma_one(loss_path):
+def test_first_epoch_is_focal_gamma_one():
     gen = torch.Generator().manual_seed(0)
     z = torch.randn(64, 7, generator=gen) * 3
     y = torch.randint(0, 7, (64,), generator=gen)
@@ -327,7 +316,7 @@ def _random_state(n_bins, gen):
 
 
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-def test_loss_values_against_formula(reduction, loss_path):
+def test_loss_values_against_formula(reduction):
     gen = torch.Generator().manual_seed(11)
     z = torch.randn(200, 6, generator=gen, dtype=torch.float64) * 2
     y = torch.randint(0, 6, (200,), generator=gen)
@@ -347,7 +336,7 @@ def test_loss_values_against_formula(reduction, loss_path):
     torch.testing.assert_close(out, signed_focal_loss(z, y, g_ps, reduction=reduction))
 
 
-def test_gradients_against_formula_and_gradcheck(loss_path):
+def test_gradients_against_formula_and_gradcheck():
     gen = torch.Generator().manual_seed(5)
     z = (torch.randn(40, 5, generator=gen, dtype=torch.float64) * 2)
     y = torch.randint(0, 5, (40,), generator=gen)
@@ -371,7 +360,7 @@ def test_gradients_against_formula_and_gradcheck(loss_path):
                                     fast_mode=True)
 
 
-def test_gradient_finite_at_certainty(loss_path):
+def test_gradient_finite_at_certainty():
     loss = AdaFocalLoss(n_bins=2)
     set_state(loss, [0.5, -0.5], [0, 0.5, 1])
     for g in ([0.5, 0.5], [-0.5, -0.5]):
@@ -395,7 +384,7 @@ def test_bin_lookup_at_edges():
     assert fresh.bin_of(v).tolist() == list(range(15)) + [14]
 
 
-def test_forward_picks_gamma_by_true_class_probability(loss_path):
+def test_forward_picks_gamma_by_true_class_probability():
     # sample 0: predicted class 1 with p=.8, true class 0 with p_y=.2 -> bin of .2, not of .8
     loss = AdaFocalLoss(n_bins=2, reduction="none")
     set_state(loss, [4.0, -2.0], [0, 0.5, 1])
@@ -404,7 +393,7 @@ def test_forward_picks_gamma_by_true_class_probability(loss_path):
     torch.testing.assert_close(out, torch.tensor([-(0.8 ** 4) * math.log(0.2)], dtype=torch.float64))
 
 
-def test_ignore_index_multidim_and_dtypes(loss_path):
+def test_ignore_index_multidim_and_dtypes():
     gen = torch.Generator().manual_seed(2)
     loss = AdaFocalLoss(n_bins=3, ignore_index=-1)
     gammas, edges = _random_state(3, gen)

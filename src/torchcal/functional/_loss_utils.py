@@ -6,13 +6,20 @@ integer class-index ``target`` of shape (N,) or (N, d1, ...), ``reduction`` in
 of the mean's denominator (a mean over zero kept entries is NaN, as in PyTorch).
 Computation happens in float32 (float64 stays float64), also for half/bfloat16 inputs and
 under autocast.
+
+Inside ``torch.compile`` (and on accelerators) the target checks need no host value: the
+ignore mask is always built and an out-of-range target fails through ``torch._assert_async``;
+the shape, dtype and ``reduction`` checks are plain Python on static metadata, evaluated once
+when the graph is traced.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["check_loss_args", "target_log_probs", "reduce_loss", "REDUCTIONS"]
+from ._common import no_autocast
+
+__all__ = ["check_loss_args", "target_log_probs", "reduce_loss", "flat_rows", "REDUCTIONS"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -61,8 +68,6 @@ def target_log_probs(
     Autocast is disabled inside so that the computation stays in full precision.
     """
     c = input.shape[1]
-    from ._common import no_autocast
-
     with no_autocast(input):
         log_p = torch.log_softmax(input.to(_compute_dtype(input)), dim=1)
     if _sync_free(target):
@@ -101,8 +106,24 @@ def target_log_probs(
 
 def _sync_free(target: torch.Tensor) -> bool:
     """On an accelerator the target checks must not wait for the device (no host sync per
-    training step); on the CPU a sync is free and gives a precise error message."""
-    return target.device.type != "cpu"
+    training step), and inside ``torch.compile`` they must not read host values (no graph break,
+    no data-dependent guard); in eager mode on the CPU a sync is free and gives a precise error
+    message."""
+    return target.device.type != "cpu" or torch.compiler.is_compiling()
+
+
+def flat_rows(t: torch.Tensor) -> torch.Tensor:
+    """(N, C, d1, ...) -> (M, C) rows (no copy for 2-D input)."""
+    if t.ndim == 2:
+        return t
+    return t.movedim(1, -1).reshape(-1, t.shape[1])
+
+
+def unflat_rows(rows: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Inverse of :func:`flat_rows`: (M, C) rows back to the layout ``shape`` = (N, C, d1, ...)."""
+    if len(shape) == 2:
+        return rows
+    return rows.reshape((shape[0],) + tuple(shape[2:]) + (shape[1],)).movedim(-1, 1)
 
 
 def _target_log_probs_async(log_p, target, ignore_index, validate_args):

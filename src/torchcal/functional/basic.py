@@ -8,8 +8,14 @@ from torch.autograd.function import once_differentiable
 
 from . import _loss_utils
 from ._common import check_alpha, no_autocast
-from ._core import Terms, flat_log_p, fused_loss
-from ._loss_utils import _compute_dtype, check_loss_args, reduce_loss, target_log_probs
+from ._loss_utils import (
+    _compute_dtype,
+    check_loss_args,
+    flat_rows,
+    reduce_loss,
+    target_log_probs,
+    unflat_rows,
+)
 
 __all__ = ["cross_entropy", "label_smoothing_loss", "brier_loss", "SPREADS"]
 
@@ -45,12 +51,21 @@ def cross_entropy(
         tensor(0.6931)
     """
     check_loss_args(input, target, reduction)
+    return _torch_cross_entropy(input, target, reduction, ignore_index, validate_args, 0.0)
+
+
+def _torch_cross_entropy(input: torch.Tensor, target: torch.Tensor, reduction: str,
+                         ignore_index: int, validate_args: bool, label_smoothing: float
+                         ) -> torch.Tensor:
+    """``F.cross_entropy`` in float32/float64 with torchcal's target check (after
+    ``check_loss_args``)."""
     if validate_args and not _loss_utils._sync_free(target):
-        # (on an accelerator F.cross_entropy's own device-side check applies, with no sync)
+        # (on an accelerator or inside torch.compile F.cross_entropy's own check applies)
         _check_target_range(target, input.shape[1], ignore_index)
     with no_autocast(input):
         return F.cross_entropy(input.to(_compute_dtype(input)), target.long(),
-                               reduction=reduction, ignore_index=ignore_index)
+                               reduction=reduction, ignore_index=ignore_index,
+                               label_smoothing=label_smoothing)
 
 
 def label_smoothing_loss(
@@ -94,21 +109,13 @@ def label_smoothing_loss(
         eps = alpha * c / (c - 1)
     else:
         eps = alpha
-    with no_autocast(input):
-        loss, valid = fused_loss(input, target, ignore_index, validate_args, _ls_spec(eps, c))
+    if eps <= 1.0:  # F.cross_entropy's own label smoothing (the "uniform" convention, eps)
+        return _torch_cross_entropy(input, target, reduction, ignore_index, validate_args, eps)
+    with no_autocast(input):  # "others" with C = 2 and alpha > 1/2: eps = 2 alpha > 1
+        log_p, lp, _, valid = target_log_probs(input, target, ignore_index,
+                                               validate_args=validate_args)
+        loss = torch.mul(lp, eps - 1.0).sub_(log_p.sum(1), alpha=eps / c)
         return reduce_loss(loss, valid, reduction)
-
-
-def _ls_spec(eps: float, c: int):
-    """``-(1-ε) lp - (ε/C) Σ_c log p_c``; gradient ``p - q = d + ε e_y - ε/C``."""
-
-    def spec(log_p, lp, y, make_d):
-        total = log_p.sum(1) if eps else None
-        loss = -lp if not eps else -(1.0 - eps) * lp - (eps / c) * total
-        return Terms(loss=loss, alpha=1.0, beta=eps if eps else None,
-                     const=-eps / c if eps else None)
-
-    return spec
 
 
 class _BrierFunction(torch.autograd.Function):
@@ -127,7 +134,7 @@ class _BrierFunction(torch.autograd.Function):
                 validate_args: bool, bsce_gamma: float | None):
         log_p, lp, safe, valid = target_log_probs(x, target, ignore_index,
                                                   validate_args=validate_args)
-        d = flat_log_p(log_p).exp_()
+        d = flat_rows(log_p).exp_()
         lp1 = lp.reshape(-1)
         y = safe.reshape(-1, 1).long()
         d.scatter_(1, y, torch.expm1(lp1).unsqueeze(1))
@@ -165,10 +172,7 @@ class _BrierFunction(torch.autograd.Function):
         gx = torch.addcmul(base.unsqueeze(1), d, gk.unsqueeze(1))  # g (a + k (d - m))
         gx.mul_(d)
         gx.scatter_add_(1, y, (g * e).unsqueeze(1))
-        shape = ctx.shape
-        if len(shape) > 2:
-            gx = gx.reshape((shape[0],) + tuple(shape[2:]) + (shape[1],)).movedim(-1, 1)
-        return gx, None, None, None, None
+        return unflat_rows(gx, ctx.shape), None, None, None, None
 
 
 def brier_loss(

@@ -4,33 +4,28 @@ Per sample ``-(1 - p_y + p_j)^γ log p_y`` with ``p_j = max{p_c : p_c < p_y}`` t
 probability *strictly below* the true class's (0 if there is none, e.g. when ``p_y`` is the
 smallest or all probabilities are tied).  Nothing is detached.
 
-Implementation: the fused Function of :mod:`torchcal.functional._core`.  The forward finds
-``p_j`` with a row arg-extremum over the entries strictly below ``log p_y`` (see
-:func:`log_p_below`; on ties in ``p_j`` the first index gets the gradient, a valid
-subgradient); the backward is the closed form
-
-    ∂ℓ/∂z = a · (e_y - p) + b · (e_j - p) = -(a + b)·d - b·e_y + b·e_j,   d = p - onehot,
-    a = ∂ℓ/∂log p_y = -w (1 - γ p_y r),   b = ∂ℓ/∂log p_j = -γ p_j r w,
-    w = (q + p_j)^γ,  q = -expm1(log p_y),  r = log p_y / (q + p_j)  (r = -1 where q + p_j = 0),
-
-finite everywhere (also at ``p_y = 1`` for ``0 < γ < 1``) and much cheaper than autograd
-through the masked max.  DFL-GRA (``dual_focal_gra_loss``) needs only the value and uses
-the cheaper ``amin`` of the same ``1/u`` key.
+Implementation: plain autograd.  ``p_j``'s index is found without gradient by a row
+arg-extremum over the entries strictly below ``log p_y`` (see :func:`log_p_below`; on ties in
+``p_j`` the first index gets the gradient, a valid subgradient); ``log p_y`` and ``log p_j`` are
+then read by one gather (one scatter in the backward), and the weight is taken by
+:func:`~torchcal.functional._common.safe_pow`, finite everywhere (also at ``p_y = 1`` for
+``0 < γ < 1``).  DFL-GRA (``dual_focal_gra_loss``) needs only the value and uses the cheaper
+``amin`` of the same ``1/u`` key.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import check_hyper, no_autocast
-from ._core import Terms, fused_loss
-from ._loss_utils import check_loss_args, reduce_loss
+from ._common import check_hyper, no_autocast, safe_pow
+from ._loss_utils import check_loss_args, reduce_loss, target_log_probs
 
 __all__ = ["dual_focal_loss", "dual_focal_weight", "log_p_below"]
 
 
 def log_p_below(log_p: torch.Tensor, lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-wise ``max{log p_c : log p_c < lp}`` of ``log_p`` (M, C) and its index (``-inf`` if none).
+    """Row-wise ``max{log p_c : log p_c < lp}`` over dim 1 of ``log_p`` (N, C, ...) and its index
+    (``-inf`` if none); ``lp`` has ``log_p``'s shape without dim 1.
 
     Computed without boolean masks (``where``/``masked_fill`` are slow on CPU) as the
     ``argmin`` of ``1/u``, ``u = log p - lp``: candidates (``u < 0``) map to negative values,
@@ -40,26 +35,26 @@ def log_p_below(log_p: torch.Tensor, lp: torch.Tensor) -> tuple[torch.Tensor, to
     each other, relative, can round to the same ``1/u``; either may then be picked: they are
     equal to working precision.)
     """
-    r = (log_p - lp.unsqueeze(1)).reciprocal_()
-    rmin, j = r.min(dim=1)
+    rmin, j = _below_key(log_p, lp)
     lj = log_p.gather(1, j.unsqueeze(1)).squeeze(1)
     return torch.where(rmin < 0, lj, torch.full_like(lj, float("-inf"))), j
 
 
-def _dual_spec(gamma: float):
-    def spec(log_p, lp, y, make_d):
-        lj, j = log_p_below(log_p, lp)
-        p = lp.exp()
-        pj = lj.exp()
-        base = -torch.expm1(lp) + pj
-        w = base.pow(gamma)
-        # r = lp / base; base = 0 only where lp = 0 (0/0): the limit there is -1.
-        r = (lp / base).nan_to_num_(nan=-1.0)
-        a = -w * (1.0 - gamma * p * r)
-        b = -gamma * pj * r * w
-        return Terms(loss=-w * lp, alpha=-(a + b), beta=-b, extra_index=j, extra_coef=b)
+def _below_key(log_p: torch.Tensor, lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row minimum of ``1/(log p - lp)`` and its index: negative iff some ``log p_c < lp``."""
+    return (log_p - lp.unsqueeze(1)).reciprocal_().min(dim=1)
 
-    return spec
+
+def dual_focal_terms(log_p: torch.Tensor, target: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Per-entry ``-(1 - p_y + p_j)^γ log p_y`` from ``log_p`` (N, C, ...) and (in-range)
+    targets of ``log_p``'s shape without dim 1; differentiable through ``log_p``."""
+    with torch.no_grad():
+        rmin, j = _below_key(log_p, log_p.gather(1, target.unsqueeze(1)).squeeze(1))
+        has_below = rmin < 0
+    lp, lj = log_p.gather(1, torch.stack((target, j), 1)).unbind(1)
+    pj = torch.where(has_below, lj.exp(), 0.0)
+    w = safe_pow(torch.expm1(lp).neg().add(pj), gamma)
+    return torch.mul(w, lp).neg()
 
 
 def dual_focal_loss(
@@ -85,8 +80,9 @@ def dual_focal_loss(
     check_loss_args(input, target, reduction)
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
-        loss, valid = fused_loss(input, target, ignore_index, validate_args, _dual_spec(gamma))
-        return reduce_loss(loss, valid, reduction)
+        log_p, _, safe, valid = target_log_probs(input, target, ignore_index,
+                                                 validate_args=validate_args)
+        return reduce_loss(dual_focal_terms(log_p, safe.long(), gamma), valid, reduction)
 
 
 @torch.no_grad()

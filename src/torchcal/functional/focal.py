@@ -7,17 +7,14 @@ Per-sample terms (``lp = log p_y`` from ``log_softmax``, ``q = 1 - p_y`` compute
 * inverse focal ``-(1 + p_y)^γ log p_y``;
 * signed focal (AdaFocal): focal with γ for γ >= 0, inverse focal with |γ| for γ < 0.
 
-Numerics.  The loss runs through the fused Function of :mod:`torchcal.functional._core`
-(``∂ℓ/∂z = α · (p - onehot)``) with the closed form
-
-    α = -∂FL/∂lp = w · (1 + |γ| · p_y · t),   w = base^|γ|,
-    t = -lp / q (focal; t = 1 where q = 0)   or   t = lp / (1 + p_y) (inverse focal),
-
-which is finite everywhere: autograd through ``(1 - p)^γ`` would multiply ``γ (1-p)^(γ-1) = ∞``
-by ``log p = 0`` at ``p_y = 1`` when ``0 < γ < 1`` and return NaN; the closed form instead gives
-the true limit (``-lp/q → 1``, so the derivative is ``w → 0``).  Nothing is clamped: values
-are exact everywhere.  γ itself gets no gradient (it is a hyperparameter or, for FLSD and
-AdaFocal, picked without gradient).
+Numerics.  Plain autograd through ``log_softmax`` and the per-sample terms (the N×C work is
+that of ``F.cross_entropy``: one ``log_softmax`` forward and backward plus a gather), with
+``q = -expm1(log p_y)`` exact near ``p_y = 1`` and the weight taken by
+:func:`~torchcal.functional._common.safe_pow`: autograd through ``(1 - p)^γ`` would multiply
+``γ (1-p)^(γ-1) = ∞`` by ``log p = 0`` at ``p_y = 1`` when ``0 < γ < 1`` and return NaN;
+``safe_pow`` gives the true limit there (the derivative is ``w → 0``), and for γ >= 1 it is
+the plain power.  Nothing is clamped: values are exact everywhere.  γ itself gets no gradient
+(it is a hyperparameter or, for FLSD and AdaFocal, picked without gradient).
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._common import as_gamma, check_hyper, no_autocast
-from ._core import Terms, fused_loss
-from ._loss_utils import check_loss_args, reduce_loss
+from ._common import as_gamma, check_hyper, no_autocast, safe_pow
+from ._loss_utils import check_loss_args, reduce_loss, target_log_probs
 
 __all__ = [
     "signed_focal_loss",
@@ -51,45 +47,26 @@ FLSD53: tuple[tuple[float, ...], tuple[float, ...]] = ((0.2, 0.5), (5.0, 3.0, 3.
 FLSD532: tuple[tuple[float, ...], tuple[float, ...]] = ((0.2, 0.5), (5.0, 3.0, 2.0))
 
 
-def focal_terms(lp: torch.Tensor, gamma: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample ``(loss, α)`` of signed focal loss from ``lp = log p_y`` (no autograd).
+def signed_focal_terms(lp: torch.Tensor, gamma: torch.Tensor | float) -> torch.Tensor:
+    """Per-entry signed focal loss from ``lp = log p_y`` (differentiable through ``lp``).
 
-    ``loss = -w·lp`` with ``w = (1-p)^γ`` (γ >= 0) or ``(1+p)^|γ|`` (γ < 0), and
-    ``α = -∂loss/∂lp = w (1 + |γ| p t)``, ``t = -lp/q`` (focal; 1 where ``q = 0``) or
-    ``lp/(1+p)`` (inverse), so that ``∂loss/∂z = α · (p - onehot)``.
+    ``-w·lp`` with ``w = (1-p_y)^γ`` where γ >= 0 and ``(1+p_y)^|γ|`` where γ < 0; ``gamma``
+    is a float or a detached tensor broadcastable to ``lp`` (one γ per entry).
+
+    Example:
+        >>> lp = torch.tensor([0.5, 0.5]).log()
+        >>> signed_focal_terms(lp, torch.tensor([1.0, -1.0]))  # 0.5·log 2, 1.5·log 2
+        tensor([0.3466, 1.0397])
     """
-    p = lp.exp()
-    q = torch.expm1(lp).neg_()
-    if isinstance(gamma, float):
-        g: torch.Tensor | float = abs(gamma)
+    if not isinstance(gamma, torch.Tensor):
         if gamma >= 0:
-            w = q.pow(g)
-            # t = -lp/q; q = 0 only where lp = 0 (0/0): the limit there is 1
-            t = torch.div(lp, q).nan_to_num_(nan=-1.0).neg_()
+            w = safe_pow(torch.expm1(lp).neg(), gamma)
         else:
-            w = (p + 1.0).pow_(g)
-            t = lp / (p + 1.0)
+            w = lp.exp().add(1.0).pow(-gamma)
     else:
-        g = gamma.abs()
-        focal = gamma >= 0
-        w = torch.where(focal, q, 1.0 + p).pow(g)
-        t_focal = torch.div(lp, q).nan_to_num_(nan=-1.0).neg_()
-        t = torch.where(focal, t_focal, lp / (1.0 + p))
-    alpha = t.mul_(p).mul_(g).add_(1.0).mul_(w)
-    return torch.mul(w, lp).neg_(), alpha
-
-
-def _focal_spec(gamma: torch.Tensor | float | None, schedule=None):
-    def spec(log_p, lp, y, make_d):
-        g = gamma
-        if schedule is not None:
-            g = sample_dependent_gamma(lp.exp(), *schedule)
-        elif isinstance(g, torch.Tensor):
-            g = g.reshape(-1)
-        loss, alpha = focal_terms(lp, g)
-        return Terms(loss=loss, alpha=alpha)
-
-    return spec
+        base = torch.where(gamma >= 0, torch.expm1(lp).neg(), lp.exp().add(1.0))
+        w = safe_pow(base, gamma.abs())
+    return torch.mul(w, lp).neg()
 
 
 def _signed_focal(
@@ -98,16 +75,12 @@ def _signed_focal(
 ) -> torch.Tensor:
     check_loss_args(input, target, reduction)
     with no_autocast(input):
-        if isinstance(gamma, torch.Tensor) and gamma.ndim > 0:
-            cdt = torch.float64 if input.dtype == torch.float64 else torch.float32
-            like = torch.empty(target.shape, dtype=cdt, device=input.device)
-            g = as_gamma(gamma, like, allow_negative=allow_negative, validate_args=validate_args)
-        else:
-            g = as_gamma(gamma, input, allow_negative=allow_negative)
+        _, lp, _, valid = target_log_probs(input, target, ignore_index,
+                                           validate_args=validate_args)
+        g = as_gamma(gamma, lp, allow_negative=allow_negative, validate_args=validate_args)
         if sign < 0:
             g = -g
-        loss, valid = fused_loss(input, target, ignore_index, validate_args, _focal_spec(g))
-        return reduce_loss(loss, valid, reduction)
+        return reduce_loss(signed_focal_terms(lp, g), valid, reduction)
 
 
 def signed_focal_loss(
@@ -259,9 +232,24 @@ def sample_dependent_focal_loss(
     check_loss_args(input, target, reduction)
     thr, gam = _check_schedule(thresholds, gammas)
     with no_autocast(input):
-        loss, valid = fused_loss(input, target, ignore_index, validate_args,
-                                 _focal_spec(None, (thr, gam)))
-        return reduce_loss(loss, valid, reduction)
+        _, lp, _, valid = target_log_probs(input, target, ignore_index,
+                                           validate_args=validate_args)
+        return reduce_loss(_scheduled_focal_terms(lp, thr, gam), valid, reduction)
+
+
+def _scheduled_focal_terms(lp: torch.Tensor, thr: tuple[float, ...], gam: tuple[float, ...]
+                           ) -> torch.Tensor:
+    """``-q^γ_i·lp`` with γ_i picked from ``p_y`` by the schedule: one power per distinct γ,
+    chosen by ``where`` from the top interval down (no γ tensor, no bucketize).  After the step
+    for threshold ``k`` every entry with ``p_y < thr[k]`` holds ``q^gam[k]``; equal neighbours
+    (FLSD-53's γ = 3 on both sides of 0.5) need no step."""
+    q = torch.expm1(lp).neg()
+    p = lp.detach().exp()
+    w = safe_pow(q, gam[-1])
+    for k in range(len(thr) - 1, -1, -1):
+        if gam[k] != gam[k + 1]:
+            w = torch.where(p < thr[k], safe_pow(q, gam[k]), w)
+    return torch.mul(w, lp).neg()
 
 
 def flsd53_loss(input: torch.Tensor, target: torch.Tensor, *, reduction: str = "mean",

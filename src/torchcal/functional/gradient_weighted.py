@@ -11,17 +11,19 @@ One combinator, :func:`gradient_weighted_loss`, serves every member:
   published code detaches only ``p_j``, an inconsistency).
 
 BSCE (:func:`bsce_loss`) applies the same Brier-score weight to the loss **without** detaching.
+
+Implementation: the weight is computed under ``no_grad`` from the same ``log_softmax`` as the
+loss, and ``-w·log p_y`` goes through plain autograd (the N×C backward is that of
+``F.cross_entropy``).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ._common import check_hyper, no_autocast
-from ._core import Terms, fused_loss
 from ._loss_utils import _compute_dtype, check_loss_args, reduce_loss, target_log_probs
+from .basic import _BrierFunction
 
 __all__ = [
     "gradient_weighted_loss",
@@ -59,38 +61,32 @@ def gradient_weighted_loss(
         tensor(2.7726)
     """
     check_loss_args(input, target, reduction)
+    if isinstance(weight, torch.Tensor) and weight.ndim > 0:
+        if tuple(weight.shape) != tuple(target.shape):
+            raise ValueError(
+                f"Expected `weight` of the target's shape {tuple(target.shape)}, "
+                f"got {tuple(weight.shape)}"
+            )
+        w = weight.detach().to(device=input.device, dtype=_compute_dtype(input))
+        if (validate_args and w.numel() and not torch.compiler.is_compiling()
+                and not bool(torch.isfinite(w).all())):
+            raise ValueError("Expected `weight` to be finite")
+    else:
+        w = check_hyper(weight, "weight", allow_negative=True)
+    return _gra(input, target, lambda log_p, lp, safe: w, reduction=reduction,
+                ignore_index=ignore_index, validate_args=validate_args)
+
+
+def _gra(input: torch.Tensor, target: torch.Tensor, weight_of, *, reduction: str,
+         ignore_index: int, validate_args: bool) -> torch.Tensor:
+    """``-w·log p_y`` with ``w = weight_of(log_p, lp, safe_target)`` computed without gradient
+    (call after ``check_loss_args``)."""
     with no_autocast(input):
-        if isinstance(weight, torch.Tensor) and weight.ndim > 0:
-            if tuple(weight.shape) != tuple(target.shape):
-                raise ValueError(
-                    f"Expected `weight` of the target's shape {tuple(target.shape)}, "
-                    f"got {tuple(weight.shape)}"
-                )
-            cdt = torch.float64 if input.dtype == torch.float64 else torch.float32
-            w = weight.detach().to(device=input.device, dtype=cdt).reshape(-1)
-            if validate_args and w.numel() and not bool(torch.isfinite(w).all()):
-                raise ValueError("Expected `weight` to be finite")
-        else:
-            w = check_hyper(weight, "weight", allow_negative=True)
-        loss, valid = fused_loss(input, target, ignore_index, validate_args,
-                                 _gra_spec(lambda log_p, lp, y, d: w, needs_d=False))
-        return reduce_loss(loss, valid, reduction)
-
-
-def _gra_spec(weight_fn, before_d=None, needs_d=True):
-    """Spec for ``-w·lp`` with a detached ``w = weight_fn(log_p, lp, y, d)`` (α = w).
-
-    ``before_d(log_p, lp, y)`` may compute something from ``log_p`` before it becomes ``d``;
-    its result is passed as ``log_p`` to ``weight_fn``.  With ``needs_d=False`` the weight
-    does not read ``d`` (it gets None) and the backward runs log_softmax's fused kernel.
-    """
-    def spec(log_p, lp, y, make_d):
-        pre = before_d(log_p, lp, y) if before_d is not None else None
-        d = make_d() if needs_d else None
-        w = weight_fn(pre, lp, y, d)
-        return Terms(loss=-w * lp, alpha=w)
-
-    return spec
+        log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
+                                                  validate_args=validate_args)
+        with torch.no_grad():
+            w = weight_of(log_p.detach(), lp.detach(), safe)
+        return reduce_loss(torch.mul(w, lp).neg(), valid, reduction)
 
 
 def _safe_pow(x: torch.Tensor, e: float) -> torch.Tensor:
@@ -103,7 +99,8 @@ def _safe_pow(x: torch.Tensor, e: float) -> torch.Tensor:
 
 def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2.0,
                       gamma: float = 2.0) -> torch.Tensor:
-    r"""``u_i = ‖onehot(y_i) - p_i‖_β^γ`` from log-probabilities (M, C) and targets (M,).
+    r"""``u_i = ‖onehot(y_i) - p_i‖_β^γ`` from log-probabilities (N, C, ...) and targets (N, ...)
+    (the norm over dim 1).
 
     Differentiable (call under ``no_grad`` for the GRA weight).  ``d_y = -(1-p_y)`` is computed
     as ``expm1(log p_y)`` (exact near ``p_y = 1``); for β = γ = 2 this is the Brier score.
@@ -118,13 +115,6 @@ def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2
     else:
         s = _safe_pow(d.abs(), beta).sum(1)
     return s if gamma == beta else _safe_pow(s, gamma / beta)
-
-
-def _flat_log_p(log_p: torch.Tensor, t: torch.Tensor):
-    if log_p.ndim == 2:
-        return log_p, t
-    c = log_p.shape[1]
-    return log_p.movedim(1, -1).reshape(-1, c), t.reshape(-1)
 
 
 def bsce_gra_loss(
@@ -150,13 +140,14 @@ def bsce_gra_loss(
     check_loss_args(input, target, reduction)
     beta = _check_beta(beta)
     gamma = check_hyper(gamma, "gamma")
-    with no_autocast(input):
-        def weight(_, lp, y, d):
-            n = torch.linalg.vector_norm(d, ord=beta, dim=1)
-            return n if gamma == 1.0 else n.pow(gamma)
 
-        loss, valid = fused_loss(input, target, ignore_index, validate_args, _gra_spec(weight))
-        return reduce_loss(loss, valid, reduction)
+    def weight(log_p, lp, safe):
+        d = log_p.exp().scatter_(1, safe.long().unsqueeze(1), torch.expm1(lp).unsqueeze(1))
+        n = torch.linalg.vector_norm(d, ord=beta, dim=1)
+        return n if gamma == 1.0 else n.pow(gamma)
+
+    return _gra(input, target, weight, reduction=reduction, ignore_index=ignore_index,
+                validate_args=validate_args)
 
 
 def bsce_loss(
@@ -177,15 +168,13 @@ def bsce_loss(
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
         if beta == 2.0:  # closed-form fused backward (see torchcal.functional.basic)
-            from .basic import _BrierFunction
-
             loss, valid = _BrierFunction.apply(input.to(_compute_dtype(input)), target,
                                                ignore_index, validate_args, gamma)
             return reduce_loss(loss, valid if valid.numel() else None, reduction)
         log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
                                                   validate_args=validate_args)
-        u = brier_uncertainty(*_flat_log_p(log_p, safe), beta, gamma)
-        return reduce_loss(-u.reshape(lp.shape) * lp, valid, reduction)
+        u = brier_uncertainty(log_p, safe.long(), beta, gamma)
+        return reduce_loss(torch.mul(u, lp).neg(), valid, reduction)
 
 
 def focal_gra_loss(
@@ -200,11 +189,8 @@ def focal_gra_loss(
     """
     check_loss_args(input, target, reduction)
     gamma = check_hyper(gamma, "gamma")
-    with no_autocast(input):
-        loss, valid = fused_loss(input, target, ignore_index, validate_args,
-                                 _gra_spec(lambda _, lp, y, d: (-torch.expm1(lp)).pow(gamma),
-                                           needs_d=False))
-        return reduce_loss(loss, valid, reduction)
+    return _gra(input, target, lambda log_p, lp, safe: torch.expm1(lp).neg_().pow_(gamma),
+                reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
 
 def dual_focal_gra_loss(
@@ -220,16 +206,13 @@ def dual_focal_gra_loss(
     """
     check_loss_args(input, target, reduction)
     gamma = check_hyper(gamma, "gamma")
-    with no_autocast(input):
-        def below(log_p, lp, y):
-            # value only (no index needed for a detached weight): amin of 1/u, u = log p - lp,
-            # then u* = 1/min (to working precision); see dual_focal.log_p_below
-            rmin = (log_p - lp.unsqueeze(1)).reciprocal_().amin(1)
-            return torch.where(rmin < 0, lp + rmin.reciprocal(), torch.full_like(lp, -math.inf))
 
-        def weight(lj, lp, y, d):
-            return (-torch.expm1(lp) + lj.exp()).pow(gamma)
+    def weight(log_p, lp, safe):
+        # value only (no index needed for a detached weight): amin of 1/u, u = log p - lp,
+        # then u* = 1/min (to working precision); see dual_focal.log_p_below
+        rmin = (log_p - lp.unsqueeze(1)).reciprocal_().amin(1)
+        pj = torch.where(rmin < 0, (lp + rmin.reciprocal()).exp(), 0.0)
+        return torch.expm1(lp).neg_().add_(pj).pow_(gamma)
 
-        loss, valid = fused_loss(input, target, ignore_index, validate_args,
-                                 _gra_spec(weight, below, needs_d=False))
-        return reduce_loss(loss, valid, reduction)
+    return _gra(input, target, weight, reduction=reduction, ignore_index=ignore_index,
+                validate_args=validate_args)

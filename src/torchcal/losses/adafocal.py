@@ -65,18 +65,12 @@ import torch
 import torch.distributed as dist
 
 from .._validation import as_tensor, check_finite, check_labels, check_positive_int
-from ..functional import signed_focal_loss
 from ..functional._common import no_autocast
-from ..functional._loss_utils import check_loss_args, reduce_loss
+from ..functional._loss_utils import check_loss_args, reduce_loss, target_log_probs
+from ..functional.focal import signed_focal_terms
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
 from ._registry import register_loss
 from .base import CalibrationLoss
-
-try:  # the fused focal-family kernel of torchcal.functional: one log_softmax for γ and loss
-    from ..functional._core import Terms, fused_loss
-    from ..functional.focal import focal_terms
-except ImportError:  # pragma: no cover - only if the functional internals are reorganised
-    fused_loss = None
 
 __all__ = ["AdaFocalLoss", "adafocal_gamma_update"]
 
@@ -180,6 +174,8 @@ class AdaFocalLoss(CalibrationLoss):
             batches between updates; read by the trainer.
         reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
         ignore_index: target value to ignore.
+        validate_args: check the training targets' range on every call (see
+            :class:`~torchcal.losses.CalibrationLoss`).
 
     Attributes:
         gammas: float64 buffer (B,), the current γ per bin.
@@ -204,6 +200,12 @@ class AdaFocalLoss(CalibrationLoss):
     """
 
     wants_validation = True
+    n_bins: int
+    lam: float
+    gamma_init: float
+    gamma_max: float
+    gamma_min: float
+    switch_point: float
 
     def __init__(
         self,
@@ -216,46 +218,38 @@ class AdaFocalLoss(CalibrationLoss):
         update_every: int | None = None,
         reduction: str = "mean",
         ignore_index: int = -100,
+        validate_args: bool = True,
     ) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.n_bins = check_positive_int(n_bins, "n_bins")
-        self.lam = _check_real(lam, "lam", "finite non-negative number")
-        if self.lam < 0:
-            raise ValueError(f"Expected `lam` to be a finite non-negative number, got {lam!r}")
-        self.gamma_min = _check_real(gamma_min, "gamma_min")
-        self.gamma_max = _check_real(gamma_max, "gamma_max")
-        if not self.gamma_min < self.gamma_max:
+        n_bins = check_positive_int(n_bins, "n_bins")
+        gamma_min = _check_real(gamma_min, "gamma_min")
+        gamma_max = _check_real(gamma_max, "gamma_max")
+        if not gamma_min < gamma_max:
             raise ValueError(
                 f"Expected `gamma_min` < `gamma_max`, got gamma_min={gamma_min!r}, "
                 f"gamma_max={gamma_max!r}"
             )
-        self.switch_point = _check_real(switch_point, "switch_point", "finite positive number")
-        if self.switch_point <= 0:
+        switch_point = _check_real(switch_point, "switch_point", "finite positive number")
+        if switch_point <= 0:
             raise ValueError(
                 f"Expected `switch_point` to be a finite positive number, got {switch_point!r}"
             )
-        self.gamma_init = _check_real(gamma_init, "gamma_init")
-        if not self.gamma_min <= self.gamma_init <= self.gamma_max:
+        gamma_init = _check_real(gamma_init, "gamma_init")
+        if not gamma_min <= gamma_init <= gamma_max:
             raise ValueError(
-                f"Expected `gamma_init` to be in [gamma_min, gamma_max] = [{self.gamma_min}, "
-                f"{self.gamma_max}], got {gamma_init!r}"
+                f"Expected `gamma_init` to be in [gamma_min, gamma_max] = [{gamma_min}, "
+                f"{gamma_max}], got {gamma_init!r}"
             )
         if update_every is not None:
             update_every = check_positive_int(update_every, "update_every")
-        self.update_every = update_every
+        super().__init__(n_bins=n_bins, lam=lam, gamma_init=gamma_init, gamma_max=gamma_max,
+                         gamma_min=gamma_min, switch_point=switch_point,
+                         update_every=update_every, reduction=reduction,
+                         ignore_index=ignore_index, validate_args=validate_args)
         self.register_buffer(
             "gammas", torch.full((self.n_bins,), self.gamma_init, dtype=torch.float64)
         )
         self.register_buffer("bin_edges", equal_width_edges(self.n_bins, dtype=torch.float64))
         self.history: list[dict[str, torch.Tensor]] = []
-
-    def extra_repr(self) -> str:
-        return (
-            f"n_bins={self.n_bins}, lam={self.lam}, gamma_init={self.gamma_init}, "
-            f"gamma_max={self.gamma_max}, gamma_min={self.gamma_min}, "
-            f"switch_point={self.switch_point}, update_every={self.update_every}, "
-            f"reduction={self.reduction!r}"
-        )
 
     # ------------------------------------------------------------------ loss
     def bin_of(self, p_y: torch.Tensor) -> torch.Tensor:
@@ -285,25 +279,12 @@ class AdaFocalLoss(CalibrationLoss):
         """
         check_loss_args(input, target, self.reduction)
         with no_autocast(input):
-            if fused_loss is not None:
-                # γ is picked from the very log p_y the loss uses (one log_softmax).
-                def spec(log_p, lp, y, make_d):
-                    gamma = self._gamma_of(lp)
-                    loss, alpha = focal_terms(lp, gamma)
-                    return Terms(loss=loss, alpha=alpha)
-
-                loss, valid = fused_loss(input, target, self.ignore_index, True, spec)
-                return reduce_loss(loss, valid, self.reduction)
-            # Public-API path: p_y from the logits in the loss' computation dtype.
-            cd = torch.float64 if input.dtype == torch.float64 else torch.float32
-            with torch.no_grad():
-                z = input.detach().to(cd)
-                safe = torch.where(target == self.ignore_index, 0, target).long()
-                safe = safe.clamp(0, z.shape[1] - 1)  # out-of-range targets: reported below
-                lp = z.gather(1, safe.unsqueeze(1)).squeeze(1) - torch.logsumexp(z, dim=1)
-                gamma = self._gamma_of(lp)
-            return signed_focal_loss(input, target, gamma, reduction=self.reduction,
-                                     ignore_index=self.ignore_index)
+            # γ is picked from the very log p_y the loss uses (one log_softmax); the state is
+            # read as tensors, so a compiled forward is not recompiled when it changes.
+            _, lp, _, valid = target_log_probs(input, target, self.ignore_index,
+                                               validate_args=self.validate_args)
+            loss = signed_focal_terms(lp, self._gamma_of(lp))
+            return reduce_loss(loss, valid, self.reduction)
 
     # ---------------------------------------------------------------- update
     def _validation_stats(

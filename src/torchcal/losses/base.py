@@ -17,37 +17,98 @@ State such as AdaFocal's γ lives in buffers / ``get_extra_state`` so that ``sta
 ``published_reduction`` names how the papers' code reduces the loss over a batch
 (REFERENCE.md §1: ``"sum"`` for most losses, ``"mean"`` for Brier; MMCE with ``"sum"`` gives
 N·(CE_mean + λ·MMCE)).  A faithful recipe sets ``loss.reduction = loss.published_reduction``.
+
+:class:`CalibrationLoss` also holds a loss' hyperparameters: a subclass passes them to
+``super().__init__`` by name; the names of torchcal's vocabulary (``gamma``, ``lam``, ``alpha``,
+``beta``, ``width``) are validated there (:data:`HYPERPARAMETER_CHECKS`), any other (a choice
+such as ``spread``, a schedule) is validated by the subclass first, and all of them are stored
+as attributes and shown by ``repr`` in the order given.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["CalibrationLoss", "loss_set_epoch", "loss_on_validation", "loss_wants_validation",
-           "published_reduction"]
+from ..functional._common import check_alpha, check_hyper
+from ..functional._loss_utils import REDUCTIONS
+
+__all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "loss_set_epoch", "loss_on_validation",
+           "loss_wants_validation", "published_reduction"]
+
+
+def _non_negative(value: Any, name: str) -> float:
+    return check_hyper(value, name)
+
+
+def _positive(value: Any, name: str) -> float:
+    return check_hyper(value, name, positive=True)
+
+
+#: How :class:`CalibrationLoss` validates each hyperparameter name of torchcal's vocabulary.
+HYPERPARAMETER_CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "gamma": _non_negative,
+    "lam": _non_negative,
+    "alpha": check_alpha,  # label smoothing, in [0, 1)
+    "beta": _positive,  # a norm order
+    "width": _positive,  # a kernel width
+}
 
 
 class CalibrationLoss(nn.Module):
-    """Base class of torchcal's losses: stores ``reduction``/``ignore_index`` and no-op hooks."""
+    """Base class of torchcal's losses: holds ``reduction``, ``ignore_index``,
+    ``validate_args`` and the loss' hyperparameters, builds ``repr``, and has no-op hooks.
+
+    Args:
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        ignore_index: target value whose entries contribute 0 and are left out of the mean.
+        validate_args: check the target range (and per-sample tensors) on every call, with a
+            clear error; ``False`` skips these checks (hot loops; as torchmetrics).  Inside
+            ``torch.compile`` the checks never read host values either way.
+        **hyperparameters: the loss' own settings, stored as attributes in this order (see the
+            module docstring).
+
+    Example:
+        >>> class Scaled(CalibrationLoss):
+        ...     def __init__(self, gamma=2.0, *, reduction="mean"):
+        ...         super().__init__(gamma=gamma, reduction=reduction)
+        >>> Scaled(3)
+        Scaled(gamma=3.0, reduction='mean')
+    """
 
     published_reduction: str = "sum"
     wants_validation: bool = False
     update_every: int | None = None
 
-    def __init__(self, *, reduction: str = "mean", ignore_index: int = -100) -> None:
+    def __init__(self, *, reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True, **hyperparameters: Any) -> None:
         super().__init__()
-        from ..functional._loss_utils import REDUCTIONS
-
         if reduction not in REDUCTIONS:
             raise ValueError(f"Expected `reduction` to be one of {REDUCTIONS}, got {reduction!r}")
         if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
             raise TypeError(f"Expected `ignore_index` to be an integer, got {ignore_index!r}")
+        if not isinstance(validate_args, bool):
+            raise TypeError(f"Expected `validate_args` to be a bool, got {validate_args!r}")
         self.reduction = reduction
         self.ignore_index = int(ignore_index)
+        self.validate_args = validate_args
+        self._hyperparameters = tuple(hyperparameters)
+        for name, value in hyperparameters.items():
+            check = HYPERPARAMETER_CHECKS.get(name)
+            setattr(self, name, value if check is None else check(value, name))
+
+    def extra_repr(self) -> str:
+        shown = [(name, getattr(self, name)) for name in self._hyperparameters]
+        shown.append(("reduction", self.reduction))
+        if self.ignore_index != -100:
+            shown.append(("ignore_index", self.ignore_index))
+        if not self.validate_args:
+            shown.append(("validate_args", False))
+        return ", ".join(f"{name}={value!r}" for name, value in shown)
 
     def set_epoch(self, epoch: int) -> None:
         """Called by the trainer at the start of each training epoch (0-based)."""

@@ -24,8 +24,10 @@ class BrierLoss(CalibrationLoss):
 
     published_reduction = "mean"
 
-    def __init__(self, *, reduction: str = "mean", ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
+    def __init__(self, *, reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return brier_loss(input, target, reduction=self.reduction, ignore_index=self.ignore_index)
+        return brier_loss(input, target, reduction=self.reduction, ignore_index=self.ignore_index,
+                          validate_args=self.validate_args)

@@ -20,9 +20,10 @@ class CrossEntropyLoss(CalibrationLoss):
         tensor(0.6931)
     """
 
-    def __init__(self, *, reduction: str = "mean", ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
+    def __init__(self, *, reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return cross_entropy(input, target, reduction=self.reduction,
-                             ignore_index=self.ignore_index)
+                             ignore_index=self.ignore_index, validate_args=self.validate_args)

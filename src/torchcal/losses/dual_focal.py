@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from ..functional import dual_focal_loss
-from ..functional._common import check_hyper
 from ._registry import register_loss
 from .base import CalibrationLoss
 
@@ -28,14 +27,12 @@ class DualFocalLoss(CalibrationLoss):
         tensor(1.0836)
     """
 
-    def __init__(self, gamma: float = 5.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
+    gamma: float
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, reduction={self.reduction!r}"
+    def __init__(self, gamma: float = 5.0, *, reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return dual_focal_loss(input, target, self.gamma, reduction=self.reduction,
-                               ignore_index=self.ignore_index)
+                               ignore_index=self.ignore_index, validate_args=self.validate_args)

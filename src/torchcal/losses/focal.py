@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from ..functional import focal_loss, inverse_focal_loss, sample_dependent_focal_loss
-from ..functional._common import check_hyper
 from ..functional.focal import FLSD53, FLSD532, _check_schedule
 from ._registry import register_loss
 from .base import CalibrationLoss
@@ -42,17 +41,16 @@ class FocalLoss(CalibrationLoss):
         tensor(0.3466)
     """
 
-    def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
+    gamma: float
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, reduction={self.reduction!r}"
+    def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return focal_loss(input, target, self.gamma, reduction=self.reduction,
-                          ignore_index=self.ignore_index)
+                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("inverse_focal")
@@ -64,17 +62,17 @@ class InverseFocalLoss(CalibrationLoss):
         tensor(1.0397)
     """
 
-    def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
+    gamma: float
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, reduction={self.reduction!r}"
+    def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return inverse_focal_loss(input, target, self.gamma, reduction=self.reduction,
-                                  ignore_index=self.ignore_index)
+                                  ignore_index=self.ignore_index,
+                                  validate_args=self.validate_args)
 
 
 class SampleDependentFocalLoss(CalibrationLoss):
@@ -89,31 +87,37 @@ class SampleDependentFocalLoss(CalibrationLoss):
         tensor(0.1733)
     """
 
+    thresholds: tuple[float, ...]
+    gammas: tuple[float, ...]
+
     def __init__(self, thresholds: Sequence[float] = FLSD53[0],
                  gammas: Sequence[float] = FLSD53[1], *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.thresholds, self.gammas = _check_schedule(thresholds, gammas)
-
-    def extra_repr(self) -> str:
-        return f"thresholds={self.thresholds}, gammas={self.gammas}, reduction={self.reduction!r}"
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        thr, gam = _check_schedule(thresholds, gammas)
+        super().__init__(thresholds=thr, gammas=gam, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return sample_dependent_focal_loss(input, target, self.thresholds, self.gammas,
                                            reduction=self.reduction,
-                                           ignore_index=self.ignore_index)
+                                           ignore_index=self.ignore_index,
+                                           validate_args=self.validate_args)
 
 
 @register_loss("flsd53")
-def flsd53(*, reduction: str = "mean", ignore_index: int = -100) -> SampleDependentFocalLoss:
+def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
+           validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-53: γ = 5 for p_y < 0.2, else 3."""
-    return SampleDependentFocalLoss(*FLSD53, reduction=reduction, ignore_index=ignore_index)
+    return SampleDependentFocalLoss(*FLSD53, reduction=reduction, ignore_index=ignore_index,
+                                    validate_args=validate_args)
 
 
 @register_loss("flsd532")
-def flsd532(*, reduction: str = "mean", ignore_index: int = -100) -> SampleDependentFocalLoss:
+def flsd532(*, reduction: str = "mean", ignore_index: int = -100,
+            validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-532: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5."""
-    return SampleDependentFocalLoss(*FLSD532, reduction=reduction, ignore_index=ignore_index)
+    return SampleDependentFocalLoss(*FLSD532, reduction=reduction, ignore_index=ignore_index,
+                                    validate_args=validate_args)
 
 
 class ScheduledFocalLoss(CalibrationLoss):
@@ -129,10 +133,12 @@ class ScheduledFocalLoss(CalibrationLoss):
         (5.0, None, 3.0, None, 1.0)
     """
 
+    milestones: tuple[int, ...]
+    gammas: tuple[float, ...]
+
     def __init__(self, milestones: Sequence[int] = (100, 250),
                  gammas: Sequence[float] = (5.0, 3.0, 1.0), *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
         try:
             ms = tuple(milestones)
         except TypeError as e:  # not iterable
@@ -143,10 +149,13 @@ class ScheduledFocalLoss(CalibrationLoss):
             raise ValueError(
                 f"Expected `milestones` to be non-negative integers, got {list(milestones)}"
             )
-        _, self.gammas = _check_schedule([float(m) for m in ms], gammas,
-                                         ("milestones", "gammas"))
-        self.milestones = tuple(int(m) for m in ms)
+        _, gam = _check_schedule([float(m) for m in ms], gammas, ("milestones", "gammas"))
+        super().__init__(milestones=tuple(int(m) for m in ms), gammas=gam, reduction=reduction,
+                         ignore_index=ignore_index, validate_args=validate_args)
         self.epoch = 0
+        # γ as tensor state for torch.compile (not saved: the epoch in the extra state is)
+        self.register_buffer("gamma_tensor", torch.tensor(gam[0], dtype=torch.float64),
+                             persistent=False)
 
     @property
     def gamma(self) -> float:
@@ -157,6 +166,7 @@ class ScheduledFocalLoss(CalibrationLoss):
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"Expected `epoch` to be a non-negative integer, got {epoch!r}")
         self.epoch = int(epoch)
+        self.gamma_tensor.fill_(self.gamma)
 
     def get_extra_state(self) -> Any:
         return {"epoch": self.epoch}
@@ -165,23 +175,27 @@ class ScheduledFocalLoss(CalibrationLoss):
         self.set_epoch(int(state["epoch"]))
 
     def extra_repr(self) -> str:
-        return (f"milestones={self.milestones}, gammas={self.gammas}, epoch={self.epoch}, "
-                f"reduction={self.reduction!r}")
+        return f"{super().extra_repr()}, epoch={self.epoch}"
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return focal_loss(input, target, self.gamma, reduction=self.reduction,
-                          ignore_index=self.ignore_index)
+        # Eager: γ as a number (no host sync).  Compiled: γ as a tensor input of the graph, so
+        # that a new epoch's γ does not recompile it.
+        gamma = self.gamma_tensor if torch.compiler.is_compiling() else self.gamma
+        return focal_loss(input, target, gamma, reduction=self.reduction,
+                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("flsc531")
-def flsc531(*, reduction: str = "mean", ignore_index: int = -100) -> ScheduledFocalLoss:
+def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
+            validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-531: γ = 5 for epochs [0, 100), 3 for [100, 250), 1 afterwards."""
     return ScheduledFocalLoss((100, 250), (5.0, 3.0, 1.0), reduction=reduction,
-                              ignore_index=ignore_index)
+                              ignore_index=ignore_index, validate_args=validate_args)
 
 
 @register_loss("flsc532")
-def flsc532(*, reduction: str = "mean", ignore_index: int = -100) -> ScheduledFocalLoss:
+def flsc532(*, reduction: str = "mean", ignore_index: int = -100,
+            validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-532: γ = 5 for epochs [0, 100), 3 for [100, 250), 2 afterwards."""
     return ScheduledFocalLoss((100, 250), (5.0, 3.0, 2.0), reduction=reduction,
-                              ignore_index=ignore_index)
+                              ignore_index=ignore_index, validate_args=validate_args)

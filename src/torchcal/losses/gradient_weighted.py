@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -13,8 +14,6 @@ from ..functional import (
     focal_gra_loss,
     gradient_weighted_loss,
 )
-from ..functional._common import check_hyper
-from ..functional.gradient_weighted import _check_beta
 from ._registry import register_loss
 from .base import CalibrationLoss
 
@@ -22,11 +21,14 @@ __all__ = ["GradientWeightedLoss", "BSCEGRALoss", "BSCELoss", "FocalGRALoss", "D
 
 
 class GradientWeightedLoss(CalibrationLoss):
-    """Per-sample cross-entropy times a detached weight (the GRA combinator).
+    """Per-sample cross-entropy times a detached weight (the GRA combinator, and the base of the
+    GRA presets).
 
-    ``weight_fn(logits, target)`` returns one weight per sample (target's shape); it is called
-    under ``torch.no_grad()`` on detached logits.  Alternatively pass ``weight=`` to
-    ``forward``.  The batch gradient is ``Σ_i w_i ∇CE_i``.
+    ``forward(input, target, weight=None)``: with ``weight`` given (one per sample, target's
+    shape, or a number) that weight is used; otherwise the loss' own: ``weight_fn(logits,
+    target)``, called under ``torch.no_grad()`` on detached logits, or a preset's rule
+    (:class:`BSCEGRALoss`, :class:`FocalGRALoss`, :class:`DualFocalGRALoss`).  The batch
+    gradient is ``Σ_i w_i ∇CE_i``.
 
     Example:
         >>> loss = GradientWeightedLoss(lambda x, y: torch.full(y.shape, 2.0), reduction="sum")
@@ -35,21 +37,33 @@ class GradientWeightedLoss(CalibrationLoss):
     """
 
     def __init__(self, weight_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 *, reduction: str = "mean", ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
+                 *, reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True, **hyperparameters: Any) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args, **hyperparameters)
         if weight_fn is not None and not callable(weight_fn):
             raise TypeError(f"Expected `weight_fn` to be callable, got {type(weight_fn).__name__}")
         self.weight_fn = weight_fn
 
     def forward(self, input: torch.Tensor, target: torch.Tensor,
-                weight: torch.Tensor | None = None) -> torch.Tensor:
+                weight: torch.Tensor | float | None = None) -> torch.Tensor:
         if weight is None:
-            if self.weight_fn is None:
-                raise ValueError("Expected `weight` (no `weight_fn` was given to the constructor)")
-            with torch.no_grad():
-                weight = self.weight_fn(input.detach(), target)
+            return self.own_weight_loss(input, target)
+        return self._weighted(input, target, weight)
+
+    def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss with this module's own weight (``weight_fn``; a preset's rule)."""
+        if self.weight_fn is None:
+            raise ValueError("Expected `weight` (no `weight_fn` was given to the constructor)")
+        with torch.no_grad():
+            weight = self.weight_fn(input.detach(), target)
+        return self._weighted(input, target, weight)
+
+    def _weighted(self, input: torch.Tensor, target: torch.Tensor,
+                  weight: torch.Tensor | float) -> torch.Tensor:
         return gradient_weighted_loss(input, target, weight, reduction=self.reduction,
-                                      ignore_index=self.ignore_index)
+                                      ignore_index=self.ignore_index,
+                                      validate_args=self.validate_args)
 
 
 @register_loss("bsce_gra")
@@ -66,18 +80,17 @@ class BSCEGRALoss(GradientWeightedLoss):
         tensor(0.3466)
     """
 
+    beta: float
+    gamma: float
+
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.beta = _check_beta(beta)
-        self.gamma = check_hyper(gamma, "gamma")
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(beta=beta, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
-    def extra_repr(self) -> str:
-        return f"beta={self.beta}, gamma={self.gamma}, reduction={self.reduction!r}"
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return bsce_gra_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
-                             ignore_index=self.ignore_index)
+                             ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("bsce")
@@ -90,18 +103,17 @@ class BSCELoss(CalibrationLoss):
         tensor(0.3466)
     """
 
-    def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.beta = _check_beta(beta)
-        self.gamma = check_hyper(gamma, "gamma")
+    beta: float
+    gamma: float
 
-    def extra_repr(self) -> str:
-        return f"beta={self.beta}, gamma={self.gamma}, reduction={self.reduction!r}"
+    def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(beta=beta, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return bsce_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
-                         ignore_index=self.ignore_index)
+                         ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("focal_gra")
@@ -113,17 +125,16 @@ class FocalGRALoss(GradientWeightedLoss):
         tensor(0.3466)
     """
 
+    gamma: float
+
     def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, reduction={self.reduction!r}"
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return focal_gra_loss(input, target, self.gamma, reduction=self.reduction,
-                              ignore_index=self.ignore_index)
+                              ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("dual_focal_gra")
@@ -136,14 +147,14 @@ class DualFocalGRALoss(GradientWeightedLoss):
         tensor(1.0836)
     """
 
+    gamma: float
+
     def __init__(self, gamma: float = 5.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, reduction={self.reduction!r}"
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return dual_focal_gra_loss(input, target, self.gamma, reduction=self.reduction,
-                                   ignore_index=self.ignore_index)
+                                   ignore_index=self.ignore_index,
+                                   validate_args=self.validate_args)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from ..functional import label_smoothing_loss
-from ..functional._common import check_alpha
 from ..functional.basic import SPREADS
 from ._registry import register_loss
 from .base import CalibrationLoss
@@ -27,17 +26,16 @@ class LabelSmoothingLoss(CalibrationLoss):
         tensor(0.6931)
     """
 
-    def __init__(self, alpha: float = 0.05, spread: str = "others", *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.alpha = check_alpha(alpha)
+    alpha: float
+    spread: str
+
+    def __init__(self, alpha: float = 0.05, spread: str = "others", *, reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
         if spread not in SPREADS:
             raise ValueError(f"Expected `spread` to be one of {SPREADS}, got {spread!r}")
-        self.spread = spread
-
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha}, spread={self.spread!r}, reduction={self.reduction!r}"
+        super().__init__(alpha=alpha, spread=spread, reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return label_smoothing_loss(input, target, self.alpha, spread=self.spread,
-                                    reduction=self.reduction, ignore_index=self.ignore_index)
+                                    reduction=self.reduction, ignore_index=self.ignore_index,
+                                    validate_args=self.validate_args)

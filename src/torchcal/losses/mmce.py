@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from ..functional import mmce_loss
-from ..functional._common import check_hyper
 from ..functional.mmce import MMCE_NORMALIZATIONS
 from ._registry import register_loss
 from .base import CalibrationLoss
@@ -32,27 +31,25 @@ class MMCELoss(CalibrationLoss):
 
     published_reduction = "sum"
 
+    lam: float
+    normalization: str
+    width: float
+
     def __init__(self, lam: float = 2.0, normalization: str = "published", width: float = 0.4, *,
-                 reduction: str = "mean", ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
+                 reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
         if reduction == "none":
             raise ValueError(
                 "Expected `reduction` to be 'mean' or 'sum' for MMCE: its penalty is a batch "
                 "quantity, so reduction='none' is not supported"
             )
-        self.lam = check_hyper(lam, "lam")
         if normalization not in MMCE_NORMALIZATIONS:
             raise ValueError(
                 f"Expected `normalization` to be one of {MMCE_NORMALIZATIONS}, got {normalization!r}"
             )
-        self.normalization = normalization
-        self.width = check_hyper(width, "width", positive=True)
-
-    def extra_repr(self) -> str:
-        return (f"lam={self.lam}, normalization={self.normalization!r}, width={self.width}, "
-                f"reduction={self.reduction!r}")
+        super().__init__(lam=lam, normalization=normalization, width=width, reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return mmce_loss(input, target, self.lam, normalization=self.normalization,
                          width=self.width, reduction=self.reduction,
-                         ignore_index=self.ignore_index)
+                         ignore_index=self.ignore_index, validate_args=self.validate_args)
