@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._common import check_hyper, no_autocast
-from ._loss_utils import check_loss_args, target_log_probs
+from ._loss_utils import check_loss_args, flat_rows, target_log_probs
 
 __all__ = ["mmce_loss", "mmce_penalty", "MMCE_NORMALIZATIONS"]
 
@@ -113,13 +113,12 @@ def mmce_loss(
     with no_autocast(input):
         log_p, lp, _, valid = target_log_probs(input, target, ignore_index,
                                                validate_args=validate_args)
-        c = log_p.shape[1]
-        lp_flat = log_p.movedim(1, -1).reshape(-1, c) if log_p.ndim > 2 else log_p
-        top, pred = lp_flat.max(dim=1)
+        top, pred = flat_rows(log_p).max(dim=1)
         conf = top.exp()
         correct = pred == target.reshape(-1)
         w = None if valid is None else valid.reshape(-1).to(conf.dtype)
-        kept = lp.new_tensor(float(lp.numel())) if valid is None else valid.sum().to(lp.dtype)
+        # a number when nothing is ignored (no host-to-device copy: CUDA-graph safe)
+        kept = float(lp.numel()) if valid is None else valid.sum().to(lp.dtype)
         ce_sum = -lp.sum()
         pen = lam * mmce_penalty(conf, correct, normalization=normalization, width=width,
                                  weight=w)

@@ -153,8 +153,9 @@ class ScheduledFocalLoss(CalibrationLoss):
         super().__init__(milestones=tuple(int(m) for m in ms), gammas=gam, reduction=reduction,
                          ignore_index=ignore_index, validate_args=validate_args)
         self.epoch = 0
-        # γ as tensor state for torch.compile (not saved: the epoch in the extra state is)
-        self.register_buffer("gamma_tensor", torch.tensor(gam[0], dtype=torch.float64),
+        # γ as tensor state for torch.compile (not saved: the epoch in the extra state is);
+        # shape (1,): Dynamo would read a 0-d float buffer as a Python scalar and restart
+        self.register_buffer("gamma_tensor", torch.full((1,), gam[0], dtype=torch.float64),
                              persistent=False)
 
     @property
@@ -180,7 +181,7 @@ class ScheduledFocalLoss(CalibrationLoss):
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # Eager: γ as a number (no host sync).  Compiled: γ as a tensor input of the graph, so
         # that a new epoch's γ does not recompile it.
-        gamma = self.gamma_tensor if torch.compiler.is_compiling() else self.gamma
+        gamma = self.gamma_tensor[0] if torch.compiler.is_compiling() else self.gamma
         return focal_loss(input, target, gamma, reduction=self.reduction,
                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
