@@ -16,10 +16,12 @@ when the graph is traced.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ._common import no_autocast
 
-__all__ = ["check_loss_args", "target_log_probs", "reduce_loss", "flat_rows", "REDUCTIONS"]
+__all__ = ["check_loss_args", "check_target_range", "target_log_probs", "reduce_loss", "flat_rows",
+           "unflat_rows", "REDUCTIONS"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -72,36 +74,41 @@ def target_log_probs(
         log_p = torch.log_softmax(input.to(_compute_dtype(input)), dim=1)
     if _sync_free(target):
         return _target_log_probs_async(log_p, target, ignore_index, validate_args)
-    if target.numel() and not 0 <= ignore_index < c:
-        # Fast path (one reduction, one host sync): all targets in [0, C) means nothing is
-        # ignored and nothing is out of range.
-        lo, hi = (int(v) for v in torch.stack(torch.aminmax(target)).tolist())
-        if 0 <= lo and hi < c:
+    if not 0 <= ignore_index < c:
+        # Fast path, no extra op: on the CPU ``gather`` checks every index itself, so when it
+        # succeeds all targets are in [0, C): nothing is ignored and nothing is out of range.
+        # Otherwise (ignored entries or a bad target) the careful path below finds which.
+        try:
             log_p_y = log_p.gather(1, target.long().unsqueeze(1)).squeeze(1)
+        except RuntimeError:
+            pass
+        else:
             return log_p, log_p_y, target, None
-    ignored = target == ignore_index
-    if validate_args:
-        bad = ((target < 0) | (target >= c)) & ~ignored
-        # One host sync for both flags (the range check and "anything ignored").
-        any_bad, any_ignored = (bool(v) for v in torch.stack((bad.any(), ignored.any())).tolist())
-        if any_bad:
-            v = target[bad][0]
-            raise ValueError(
-                f"Expected `target` values in [0, {c - 1}] (or ignore_index={ignore_index}), "
-                f"got {int(v)}"
-            )
+    # Ignored entries (or a bad target): ``nll_loss`` reads log p_y with 0 at ignored entries
+    # and checks the others' range itself, in one op.
+    try:
+        log_p_y = F.nll_loss(log_p, target.long(), reduction="none",
+                             ignore_index=ignore_index).neg()
+    except (RuntimeError, IndexError) as e:
+        error = e
     else:
-        any_ignored = bool(ignored.any())
-    if any_ignored:
-        valid = ~ignored
-        safe_target = torch.where(valid, target, torch.zeros_like(target))
-    else:
-        valid = None
-        safe_target = target
-    log_p_y = log_p.gather(1, safe_target.long().unsqueeze(1)).squeeze(1)
-    if valid is not None:
-        log_p_y = torch.where(valid, log_p_y, torch.zeros_like(log_p_y))
-    return log_p, log_p_y, safe_target, valid
+        error = None
+    if error is not None:
+        check_target_range(target, c, ignore_index)  # the clear error (outside the except)
+        raise error
+    valid = target != ignore_index
+    return log_p, log_p_y, torch.where(valid, target, 0), valid
+
+
+def check_target_range(target: torch.Tensor, c: int, ignore_index: int) -> None:
+    """Raise ``ValueError`` naming the first target outside [0, C) that is not ``ignore_index``
+    (one host sync; eager mode)."""
+    bad = ((target < 0) | (target >= c)) & (target != ignore_index)
+    if target.numel() and bool(bad.any()):
+        raise ValueError(
+            f"Expected `target` values in [0, {c - 1}] (or ignore_index={ignore_index}), "
+            f"got {int(target[bad][0])}"
+        )
 
 
 def _sync_free(target: torch.Tensor) -> bool:

@@ -11,6 +11,7 @@ from ._common import check_alpha, no_autocast
 from ._loss_utils import (
     _compute_dtype,
     check_loss_args,
+    check_target_range,
     flat_rows,
     reduce_loss,
     target_log_probs,
@@ -20,17 +21,6 @@ from ._loss_utils import (
 __all__ = ["cross_entropy", "label_smoothing_loss", "brier_loss", "SPREADS"]
 
 SPREADS = ("others", "uniform")
-
-
-def _check_target_range(target: torch.Tensor, c: int, ignore_index: int) -> None:
-    if target.numel() == 0:
-        return
-    bad = ((target < 0) | (target >= c)) & (target != ignore_index)
-    if bool(bad.any()):
-        raise ValueError(
-            f"Expected `target` values in [0, {c - 1}] (or ignore_index={ignore_index}), "
-            f"got {int(target[bad][0])}"
-        )
 
 
 def cross_entropy(
@@ -59,13 +49,16 @@ def _torch_cross_entropy(input: torch.Tensor, target: torch.Tensor, reduction: s
                          ) -> torch.Tensor:
     """``F.cross_entropy`` in float32/float64 with torchcal's target check (after
     ``check_loss_args``)."""
+    try:  # F.cross_entropy checks the target range itself (no extra op)
+        with no_autocast(input):
+            return F.cross_entropy(input.to(_compute_dtype(input)), target.long(),
+                                   reduction=reduction, ignore_index=ignore_index,
+                                   label_smoothing=label_smoothing)
+    except (RuntimeError, IndexError) as e:
+        error = e
     if validate_args and not _loss_utils._sync_free(target):
-        # (on an accelerator or inside torch.compile F.cross_entropy's own check applies)
-        _check_target_range(target, input.shape[1], ignore_index)
-    with no_autocast(input):
-        return F.cross_entropy(input.to(_compute_dtype(input)), target.long(),
-                               reduction=reduction, ignore_index=ignore_index,
-                               label_smoothing=label_smoothing)
+        check_target_range(target, input.shape[1], ignore_index)  # the clear error
+    raise error
 
 
 def label_smoothing_loss(
