@@ -8,6 +8,9 @@ ten seconds each on an idle machine; later runs hit the compile cache.)
 Every timing is forward + backward on float32 CPU logits, a fresh leaf per call, the median over
 ``--repeats`` of one block of calls (about 30 ms; the variants of one loss alternate inside each
 repeat, in a rotating order, so that a busy machine slows them alike: ratios are what we report).
+``--clock cpu`` measures the process' CPU time instead of wall time: on a shared, overloaded
+machine it leaves out the time other processes hold the cores (it counts every thread of this
+process, so it is meaningful with ``--threads 1``, where all the work runs in the caller).
 
 1. **Against the plain formula.** For every registered loss (``list_losses()``; a loss without a
    plain formula here is listed as such) at (4096, 100) and (4096, 1000): the straightforward
@@ -43,6 +46,7 @@ TARGETS = {
     "brier": 1.5, "ls": 1.5, "ce": 1.5, "dual_focal": 2.0, "adafocal": 1.5,
 }
 Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+CLOCK = time.perf_counter
 
 
 # ----------------------------------------------------------------------- the plain formulas
@@ -171,10 +175,10 @@ def plain_formula(name: str, loss: torch.nn.Module) -> Fn | None:
 def _block(fn: Fn, x0: torch.Tensor, y: torch.Tensor, inner: int) -> float:
     """Seconds per call of ``inner`` forward+backward calls (fresh leaf each call)."""
     xs = [x0.detach().clone().requires_grad_(True) for _ in range(inner)]
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for x in xs:
         fn(x, y).backward()
-    return (time.perf_counter() - t0) / inner
+    return (CLOCK() - t0) / inner
 
 
 def timings(fns: dict[str, Fn], x0: torch.Tensor, y: torch.Tensor, repeats: int,
@@ -350,13 +354,17 @@ def main() -> None:
     ap.add_argument("--losses", default=None, help="shell pattern of registry names (default all)")
     ap.add_argument("--no-compile", dest="compile", action="store_false",
                     help="skip the torch.compile timings")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall time (default) or this process' CPU time (busy machines)")
     args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(args.seed)
     names = list_losses(args.losses)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.repeats} repeats, "
-          "float32 CPU, forward+backward; 'c' = torch.compile(fullgraph=True, dynamic=False), "
-          "inductor; * marks a ratio above the 1.0 target")
+          f"{args.clock} clock, float32 CPU, forward+backward; 'c' = torch.compile(fullgraph=True, "
+          "dynamic=False), inductor; * marks a ratio above the 1.0 target")
     if args.shapes != ((4096, 100), (4096, 1000)):
         print("(the targets are for the default shapes 4096x100 and 4096x1000)")
     against_plain(args.shapes, names, args, g)

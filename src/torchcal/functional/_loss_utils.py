@@ -57,6 +57,16 @@ def _compute_dtype(input: torch.Tensor) -> torch.dtype:
     return torch.float64 if input.dtype == torch.float64 else torch.float32
 
 
+def _as_compute(input: torch.Tensor) -> torch.Tensor:
+    """``input`` in its computation dtype (float32; float64 stays), without a no-op call."""
+    return input if input.dtype in (torch.float32, torch.float64) else input.float()
+
+
+def _as_index(target: torch.Tensor) -> torch.Tensor:
+    """``target`` as int64 indices, without a no-op call."""
+    return target if target.dtype == torch.int64 else target.long()
+
+
 def target_log_probs(
     input: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
     *, validate_args: bool = True,
@@ -71,7 +81,7 @@ def target_log_probs(
     """
     c = input.shape[1]
     with no_autocast(input):
-        log_p = torch.log_softmax(input.to(_compute_dtype(input)), dim=1)
+        log_p = torch.log_softmax(_as_compute(input), dim=1)
     if _sync_free(target):
         return _target_log_probs_async(log_p, target, ignore_index, validate_args)
     if not 0 <= ignore_index < c:
@@ -79,7 +89,7 @@ def target_log_probs(
         # succeeds all targets are in [0, C): nothing is ignored and nothing is out of range.
         # Otherwise (ignored entries or a bad target) the careful path below finds which.
         try:
-            log_p_y = log_p.gather(1, target.long().unsqueeze(1)).squeeze(1)
+            log_p_y = log_p.gather(1, _as_index(target).unsqueeze(1)).squeeze(1)
         except RuntimeError:
             pass
         else:
@@ -87,7 +97,7 @@ def target_log_probs(
     # Ignored entries (or a bad target): ``nll_loss`` reads log p_y with 0 at ignored entries
     # and checks the others' range itself, in one op.
     try:
-        log_p_y = F.nll_loss(log_p, target.long(), reduction="none",
+        log_p_y = F.nll_loss(log_p, _as_index(target), reduction="none",
                              ignore_index=ignore_index).neg()
     except (RuntimeError, IndexError) as e:
         error = e
@@ -148,7 +158,7 @@ def _target_log_probs_async(log_p, target, ignore_index, validate_args):
             torch._assert_async(~bad.any())
     valid = ~ignored
     safe_target = torch.where(valid, target, torch.zeros_like(target))
-    log_p_y = log_p.gather(1, safe_target.long().unsqueeze(1)).squeeze(1)
+    log_p_y = log_p.gather(1, _as_index(safe_target).unsqueeze(1)).squeeze(1)
     log_p_y = torch.where(valid, log_p_y, torch.zeros_like(log_p_y))
     return log_p, log_p_y, safe_target, valid
 

@@ -9,7 +9,8 @@ from torch.autograd.function import once_differentiable
 from . import _loss_utils
 from ._common import check_alpha, no_autocast
 from ._loss_utils import (
-    _compute_dtype,
+    _as_compute,
+    _as_index,
     check_loss_args,
     check_target_range,
     flat_rows,
@@ -51,7 +52,7 @@ def _torch_cross_entropy(input: torch.Tensor, target: torch.Tensor, reduction: s
     ``check_loss_args``)."""
     try:  # F.cross_entropy checks the target range itself (no extra op)
         with no_autocast(input):
-            return F.cross_entropy(input.to(_compute_dtype(input)), target.long(),
+            return F.cross_entropy(_as_compute(input), _as_index(target),
                                    reduction=reduction, ignore_index=ignore_index,
                                    label_smoothing=label_smoothing)
     except (RuntimeError, IndexError) as e:
@@ -129,7 +130,7 @@ class _BrierFunction(torch.autograd.Function):
                                                   validate_args=validate_args)
         d = flat_rows(log_p).exp_()
         lp1 = lp.reshape(-1)
-        y = safe.reshape(-1, 1).long()
+        y = _as_index(safe).reshape(-1, 1)
         d.scatter_(1, y, torch.expm1(lp1).unsqueeze(1))
         b = torch.linalg.vector_norm(d, dim=1).square_()  # one fast pass (vecdot is mul + sum)
         m = b + torch.expm1(lp1)  # B - q
@@ -190,6 +191,6 @@ def brier_loss(
     """
     check_loss_args(input, target, reduction)
     with no_autocast(input):
-        loss, valid = _BrierFunction.apply(input.to(_compute_dtype(input)), target, ignore_index,
+        loss, valid = _BrierFunction.apply(_as_compute(input), target, ignore_index,
                                            validate_args, None)
         return reduce_loss(loss, valid if valid.numel() else None, reduction)

@@ -22,7 +22,14 @@ from __future__ import annotations
 import torch
 
 from ._common import check_hyper, no_autocast
-from ._loss_utils import _compute_dtype, check_loss_args, reduce_loss, target_log_probs
+from ._loss_utils import (
+    _as_compute,
+    _as_index,
+    _compute_dtype,
+    check_loss_args,
+    reduce_loss,
+    target_log_probs,
+)
 from .basic import _BrierFunction
 
 __all__ = [
@@ -142,7 +149,7 @@ def bsce_gra_loss(
     gamma = check_hyper(gamma, "gamma")
 
     def weight(log_p, lp, safe):
-        d = log_p.exp().scatter_(1, safe.long().unsqueeze(1), torch.expm1(lp).unsqueeze(1))
+        d = log_p.exp().scatter_(1, _as_index(safe).unsqueeze(1), torch.expm1(lp).unsqueeze(1))
         n = torch.linalg.vector_norm(d, ord=beta, dim=1)
         return n if gamma == 1.0 else n.pow(gamma)
 
@@ -168,12 +175,12 @@ def bsce_loss(
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
         if beta == 2.0:  # closed-form fused backward (see torchcal.functional.basic)
-            loss, valid = _BrierFunction.apply(input.to(_compute_dtype(input)), target,
+            loss, valid = _BrierFunction.apply(_as_compute(input), target,
                                                ignore_index, validate_args, gamma)
             return reduce_loss(loss, valid if valid.numel() else None, reduction)
         log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
                                                   validate_args=validate_args)
-        u = brier_uncertainty(log_p, safe.long(), beta, gamma)
+        u = brier_uncertainty(log_p, _as_index(safe), beta, gamma)
         return reduce_loss(torch.mul(u, lp).neg(), valid, reduction)
 
 
