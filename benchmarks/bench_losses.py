@@ -273,6 +273,12 @@ def _variants(name: str, compile_: bool, validate_off: bool = False) -> dict[str
     return fns
 
 
+def _timed(names, args, x0, y, validate_off=False):
+    """(name, timings of its variants) for every loss, one at a time."""
+    for name in names:
+        yield name, timings(_variants(name, args.compile, validate_off), x0, y, args.repeats)
+
+
 def against_plain(shapes, names, args, g) -> None:
     for n, c in shapes:
         x0, y = _data(n, c, g)
@@ -280,8 +286,7 @@ def against_plain(shapes, names, args, g) -> None:
               "per-repeat ratios")
         print(f"{'loss':<16}{'plain':>8}{'torchcal':>9}{'ratio':>7}   "
               f"{'plain c':>8}{'torchcal c':>11}{'ratio':>7}   {'/ CE eager':>10}")
-        for name in names:
-            t = timings(_variants(name, args.compile), x0, y, args.repeats)
+        for name, t in _timed(names, args, x0, y):
             ms = {k: 1e3 * statistics.median(v) for k, v in t.items()}
             tgt = TARGETS.get(name)
             r_ce = median_ratio(t, "tc", "ce")
@@ -311,8 +316,7 @@ def overhead(shape, names, args, g) -> None:
           "excess = torchcal eager - F.cross_entropy eager")
     print(f"{'loss':<16}{'CE':>7}{'torchcal':>9}{'no-valid':>9}{'plain':>8}{'torchcal c':>11}"
           f"{'plain c':>8}{'excess':>8}{'/CE':>6}")
-    for name in names:
-        t = timings(_variants(name, args.compile, validate_off=True), x0, y, args.repeats)
+    for name, t in _timed(names, args, x0, y, validate_off=True):
         us = {k: 1e6 * statistics.median(v) for k, v in t.items()}
         row = f"{name:<16}{us['ce']:>7.0f}{us['tc']:>9.0f}{us['tc_noval']:>9.0f}"
         row += f"{us['plain']:>8.0f}" if "plain" in us else f"{'-':>8}"

@@ -433,3 +433,46 @@ def test_sync_free_target_path_equals_the_checked_path(name, monkeypatch):
     with pytest.raises((RuntimeError, IndexError)):  # _assert_async / F.cross_entropy's check
         fn(x, bad)
     assert calls, "the sync-free path was never taken"
+
+
+# ---------------------------------------------------------------------------- the loss base
+@pytest.mark.parametrize("name", list_losses())
+def test_repr_shows_the_validated_hyperparameters(name):
+    loss = create_loss(name, reduction="sum", validate_args=False)
+    text = repr(loss)
+    assert text.startswith(type(loss).__name__ + "(") and "reduction='sum'" in text
+    assert "validate_args=False" in text and loss.validate_args is False
+    for attr in loss._hyperparameters:  # every stored hyperparameter is shown, with its value
+        assert f"{attr}={getattr(loss, attr)!r}" in text
+
+
+def test_base_validates_vocabulary_names_and_flags():
+    class Toy(CalibrationLoss):
+        def __init__(self, gamma=2, lam=1, alpha=0.1, beta=1, width=0.5, spread="x", **kw):
+            super().__init__(gamma=gamma, lam=lam, alpha=alpha, beta=beta, width=width,
+                             spread=spread, **kw)
+
+    toy = Toy(ignore_index=3)
+    assert (toy.gamma, toy.lam, toy.alpha, toy.beta, toy.width, toy.spread) == (
+        2.0, 1.0, 0.1, 1.0, 0.5, "x")
+    assert repr(toy) == ("Toy(gamma=2.0, lam=1.0, alpha=0.1, beta=1.0, width=0.5, spread='x', "
+                         "reduction='mean', ignore_index=3)")
+    for kw, match in [({"gamma": -1}, "`gamma`"), ({"lam": float("nan")}, "`lam`"),
+                      ({"alpha": 1.0}, "`alpha`"), ({"beta": 0}, "`beta`"),
+                      ({"width": -0.1}, "`width`")]:
+        with pytest.raises(ValueError, match=match):
+            Toy(**kw)
+    with pytest.raises(TypeError, match="`validate_args`"):
+        Toy(validate_args="no")
+
+
+@pytest.mark.parametrize("name", ["bsce_gra", "focal_gra", "dual_focal_gra"])
+def test_gra_presets_take_an_explicit_weight_like_the_combinator(name):
+    from torchcal.losses import GradientWeightedLoss
+
+    loss = create_loss(name, reduction="none")
+    assert isinstance(loss, GradientWeightedLoss)
+    x, t = _data()
+    w = torch.linspace(0.5, 2.0, t.numel(), dtype=x.dtype)
+    torch.testing.assert_close(loss(x, t, w), TF.gradient_weighted_loss(x, t, w, reduction="none"))
+    assert not torch.allclose(loss(x, t), loss(x, t, w))

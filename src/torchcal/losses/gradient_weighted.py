@@ -66,8 +66,20 @@ class GradientWeightedLoss(CalibrationLoss):
                                       validate_args=self.validate_args)
 
 
+class _BrierWeight(CalibrationLoss):
+    """The hyperparameters of the Brier-score weight ``‖onehot(y) - p‖_β^γ`` (BSCE, BSCE-GRA)."""
+
+    beta: float
+    gamma: float
+
+    def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(beta=beta, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+
+
 @register_loss("bsce_gra")
-class BSCEGRALoss(GradientWeightedLoss):
+class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
     """BSCE-GRA: ``‖onehot(y) - p‖_β^γ`` (detached) times ``-log p_y``
     (see :func:`torchcal.functional.bsce_gra_loss`).
 
@@ -80,21 +92,13 @@ class BSCEGRALoss(GradientWeightedLoss):
         tensor(0.3466)
     """
 
-    beta: float
-    gamma: float
-
-    def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
-                 ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(beta=beta, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
-                         validate_args=validate_args)
-
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return bsce_gra_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
                              ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("bsce")
-class BSCELoss(CalibrationLoss):
+class BSCELoss(_BrierWeight):
     """BSCE: ``‖onehot(y) - p‖_β^γ · (-log p_y)`` with the weight **not** detached
     (see :func:`torchcal.functional.bsce_loss`).
 
@@ -102,14 +106,6 @@ class BSCELoss(CalibrationLoss):
         >>> BSCELoss()(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
         tensor(0.3466)
     """
-
-    beta: float
-    gamma: float
-
-    def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
-                 ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(beta=beta, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
-                         validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return bsce_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
