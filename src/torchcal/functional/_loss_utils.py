@@ -76,8 +76,14 @@ def target_log_probs(
     ``log_p`` is ``log_softmax`` over dim 1 in float32/float64 (shape of ``input``),
     ``log_p_y`` the true-class log-probability (shape of ``target``; 0 where ignored),
     ``safe_target`` the targets with ignored entries replaced by 0, and ``valid`` a boolean
-    mask of kept entries (``None`` when nothing is ignored, to keep the hot path cheap).
+    mask of kept entries (``None`` on the fast path, where no entry is ignored).
     Autocast is disabled inside so that the computation stays in full precision.
+
+    Target checks.  In eager mode on the CPU they cost no extra op: ``gather`` (then
+    ``nll_loss``, which skips ignored entries) checks the range itself, and only when it fails
+    is the clear ``ValueError`` built.  On an accelerator or inside ``torch.compile`` the mask
+    is always built and, with ``validate_args``, a bad target trips ``torch._assert_async``
+    (no host sync, CUDA-graph safe).
     """
     c = input.shape[1]
     with no_autocast(input):

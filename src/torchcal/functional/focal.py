@@ -100,7 +100,9 @@ def signed_focal_loss(
             sign; no gradient flows into it).
         reduction: ``"mean"`` (over entries not equal to ``ignore_index``), ``"sum"`` or ``"none"``.
         ignore_index: target value whose entries contribute 0 and are left out of the mean.
-        validate_args: check target range and γ values (one host sync each); set False in hot loops.
+        validate_args: check the target range (free in eager mode on the CPU: see
+            :func:`~torchcal.functional._loss_utils.target_log_probs`) and the values of a γ
+            tensor (one host sync); set False in hot loops.
 
     Returns:
         The reduced loss in float32 (float64 for float64 input), or per-entry losses of
