@@ -626,11 +626,11 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     if extra:
         raise ValueError(f"Loss arguments given for {extra}, which the demo does not train "
                          f"(training: {', '.join(losses)})")
-    _check_settings(jobs)  # a bad knob is one error here, not the same failure in every run
     # one demo per --out at a time; an --out of an earlier demo is continued (its finished runs
     # are skipped, its unfinished ones resumed), its old figures removed
     with exclusive_lock(out, what="Demo directory"):
-        prepare_report_dir(out)
+        prepare_report_dir(out, "out")
+        _check_settings(jobs)  # a bad knob is one error here, not the same failure in every run
         t0 = time.perf_counter()
         results = _run_jobs(jobs, min(cfg.workers, len(jobs)), cfg.progress)
         seconds = time.perf_counter() - t0
