@@ -124,6 +124,8 @@ def test_demo_ctrl_c_stops_the_workers_and_the_same_command_continues(tmp_path, 
     cmd = err.strip().rsplit(": ", 1)[1]
     assert shlex.split(cmd) == ["torchcal", *argv], cmd
     runs = {s: out / "runs" / "ce" / f"seed{s}" for s in (0, 1)}
+    # the workers stopped instead of finishing their runs (the first checkpoint is at epoch 2)
+    assert not all((r / "results.json").exists() for r in runs.values())
     at = {s: _checkpoint_epoch(r) if (r / "checkpoints" / "last.pt").exists() else 0
           for s, r in runs.items()}
     assert any(1 <= a < 20 for a in at.values()), at
