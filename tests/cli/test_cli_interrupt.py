@@ -65,6 +65,23 @@ def _ctrl_c(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, float, fl
     return err, exited, time.monotonic() - t0
 
 
+def _interrupt(argv, pattern: str, while_running=None) -> tuple[str, float, float]:
+    """Start ``torchcal ARGV``, wait for a file matching ``pattern``, call ``while_running(pid)``,
+    press Ctrl-C; check exit status 130 and one line on stderr without a traceback."""
+    proc = _start(argv)
+    try:
+        assert _wait_for(pattern, proc), proc.communicate()
+        if while_running is not None:
+            while_running(proc.pid)
+        err, exited, all_gone = _ctrl_c(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip(), exited, all_gone
+
+
 def _epochs_logged(run: Path) -> list[str]:
     log = run / "log.jsonl"
     return log.read_text().splitlines() if log.exists() else []
@@ -78,20 +95,16 @@ def _checkpoint_epoch(run: Path) -> int:
 
 def test_train_ctrl_c_prints_the_resume_command_and_it_continues(tmp_path, capsys):
     run = tmp_path / "run"
-    proc = _start(["train", "--recipe", "digits-mlp", "--epochs", "30", "--checkpoint-every", "1",
-                   "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run)])
-    try:
-        assert _wait_for(str(run / "checkpoints" / "last.pt"), proc), proc.communicate()
-        # the training owns its run directory: an eval of it now fails at once, naming the pid
+
+    def eval_is_refused(pid):  # the training owns its run: an eval fails at once, naming it
         assert main(["eval", str(run)]) == 2
-        assert f"in use by process {proc.pid} (torchcal train" in capsys.readouterr().err
-        err, exited, _ = _ctrl_c(proc)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        assert f"in use by process {pid} (torchcal train" in capsys.readouterr().err
+
+    err, exited, _ = _interrupt(
+        ["train", "--recipe", "digits-mlp", "--epochs", "30", "--checkpoint-every", "1",
+         "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run)],
+        str(run / "checkpoints" / "last.pt"), eval_is_refused)
     print(f"train exited {exited:.2f} s after Ctrl-C")
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     hint = f"torchcal train --out {run} --resume"
     assert err.strip().endswith(hint), err
     at = _checkpoint_epoch(run)
@@ -108,20 +121,12 @@ def test_demo_ctrl_c_stops_the_workers_and_the_same_command_continues(tmp_path, 
     out = tmp_path / "demo"
     argv = ["demo", "--losses", "ce", "--seeds", "0,1", "--epochs", "20", "--workers", "2",
             "--no-progress", "--no-figures", "--out", str(out)]
-    proc = _start(argv)
-    try:
-        # both workers are training (a run's first checkpoint is written at epoch 2)
-        assert _wait_for(str(out / "runs" / "ce" / "seed*" / "checkpoints" / "last.pt"), proc), \
-            proc.communicate()
-        err, exited, all_gone = _ctrl_c(proc)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    # Ctrl-C while the workers train (a run's first checkpoint is written at epoch 2)
+    err, exited, all_gone = _interrupt(
+        argv, str(out / "runs" / "ce" / "seed*" / "checkpoints" / "last.pt"))
     print(f"demo exited {exited:.2f} s, its workers gone {all_gone:.2f} s after Ctrl-C")
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "the same command continues where it stopped" in err, err
-    cmd = err.strip().rsplit(": ", 1)[1]
+    cmd = err.rsplit(": ", 1)[1]
     assert shlex.split(cmd) == ["torchcal", *argv], cmd
     runs = {s: out / "runs" / "ce" / f"seed{s}" for s in (0, 1)}
     # the workers stopped instead of finishing their runs (the first checkpoint is at epoch 2)

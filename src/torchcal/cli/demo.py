@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as _dt
+import json
 import os
 import shlex
 import shutil
@@ -272,8 +273,6 @@ def _stale(run_dir: Path, config) -> bool:
     with the checkpoint's optimiser and schedule (more epochs, another lr or batch size), which
     would report a model that a fresh run with these settings does not give.
     """
-    import json
-
     p = run_dir / "config.json"
     if not p.is_file():
         return False
@@ -291,8 +290,6 @@ def _stale(run_dir: Path, config) -> bool:
 
 def _finished(run_dir: Path, config) -> bool:
     """Whether ``run_dir`` holds this run's evaluated last epoch (a rerun skips it)."""
-    import json
-
     try:
         res = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
         meta = res["meta"]
