@@ -129,9 +129,12 @@ def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
             f"Logits file {str(path)!r} is malformed or truncated: {type(exc).__name__}: {exc}"
         ) from exc
     if z.ndim != 2 or not np.issubdtype(z.dtype, np.floating):
+        hint = ("; a binary classifier's scores of shape (N,) are stacked into (N, 2): "
+                "np.stack([np.zeros_like(z), z], 1) for logits z, "
+                "np.log(np.stack([1 - p, p], 1)) for probabilities p") if z.ndim == 1 else ""
         raise ResultsFileError(
             f"Logits file {str(path)!r} is malformed: expected `logits` 2-D floating, "
-            f"got dtype {z.dtype} shape {z.shape}"
+            f"got dtype {z.dtype} shape {z.shape}{hint}"
         )
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or y.shape[0] != z.shape[0]:
         raise ResultsFileError(

@@ -11,16 +11,27 @@ metrics -> ``results.json``) and the runs are aggregated by :func:`torchcal.repo
 Determinism: a run depends only on its (loss, seed, settings): each worker process uses one
 thread and the trainer seeds everything from the run's seed, so the same command gives the same
 numbers whatever the number of workers.
+
+Interruption: the demo owns its ``--out`` directory (and each worker its run directory) while it
+runs.  On Ctrl-C the workers are stopped at once (they ignore SIGINT; the parent terminates
+them), and running the same command with the same ``--out`` continues where it stopped: finished
+runs are skipped, unfinished ones resume from their last checkpoint (written every tenth of the
+epochs).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
+import json
 import os
+import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -30,10 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._io import LOCK_NAME, exclusive_lock
+from ._args import PERCENT_NOTE, one_line_warnings, parse_loss_args, parse_loss_args_per_loss
 from ._args import nonneg_float as _nonneg_float
-from ._args import parse_loss_args
 from ._args import positive_int as _positive_int
-from .report import _print_tail
+from .report import _print_tail, prepare_report_dir
 
 __all__ = [
     "DemoConfig",
@@ -222,12 +234,12 @@ def _train_config(job: dict[str, Any]):
         if not getattr(cfg, "milestone_fractions", None):  # else the trainer scales them
             upd["milestones"] = sorted({max(1, round(m * e / cfg.epochs)) for m in cfg.milestones
                                         if m < cfg.epochs})
-    # the demo evaluates the last epoch only: no per-epoch test pass, no best checkpoint,
-    # one checkpoint at the end
-    # resume: re-running the demo into the same --out continues unfinished runs and re-evaluates
-    # finished ones instead of refusing to overwrite them
+    # the demo evaluates the last epoch only: no per-epoch test pass, no best checkpoint; a
+    # checkpoint every tenth of the epochs (a few ms each): re-running the demo into the same
+    # --out resumes an interrupted run from there instead of training it again from epoch 0
     for k, v in (("eval_test_every", 0), ("select_best_by", "none"), ("resume", True),
-                 ("checkpoint_every", upd.get("epochs", cfg.epochs)), ("evaluate", True),
+                 ("checkpoint_every", max(1, upd.get("epochs", cfg.epochs) // 10)),
+                 ("evaluate", True),
                  ("n_bins", int(job.get("n_bins", 15)))):
         if k in fields:
             upd[k] = v
@@ -261,8 +273,6 @@ def _stale(run_dir: Path, config) -> bool:
     with the checkpoint's optimiser and schedule (more epochs, another lr or batch size), which
     would report a model that a fresh run with these settings does not give.
     """
-    import json
-
     p = run_dir / "config.json"
     if not p.is_file():
         return False
@@ -278,13 +288,41 @@ def _stale(run_dir: Path, config) -> bool:
     return any(old.get(k, object()) != v for k, v in new.items() if k not in _NOT_TRAINING)
 
 
+def _finished(run_dir: Path, config) -> bool:
+    """Whether ``run_dir`` holds this run's evaluated last epoch (a rerun skips it)."""
+    try:
+        res = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+        meta = res["meta"]
+        return (int(meta["epoch"]) == config.epochs and meta.get("checkpoint") == "last"
+                and int(res["n_bins"]) == config.n_bins
+                and (run_dir / "checkpoints" / "last.pt").is_file())
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """Remove what a run directory holds except the lock file of its owner (this process)."""
+    for p in run_dir.iterdir():
+        if p.name == LOCK_NAME:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Train one (loss, seed) run and evaluate its saved logits (runs in a worker process).
 
-    Returns ``{"run_dir", "loss", "seed", "seconds", "error"}`` (``error`` None on success).
+    A run whose directory already holds its evaluated last epoch is skipped (``"skipped":
+    True``); an unfinished one resumes from its last checkpoint.
+
+    Returns ``{"run_dir", "loss", "seed", "seconds", "error", "skipped"}`` (``error`` None on
+    success).
     """
     t0 = time.perf_counter()
-    out = {"run_dir": job["run_dir"], "loss": job["loss"], "seed": job["seed"], "error": None}
+    out = {"run_dir": job["run_dir"], "loss": job["loss"], "seed": job["seed"], "error": None,
+           "skipped": False}
     try:
         _set_threads()
         from ..errors import CheckpointError
@@ -293,19 +331,22 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
         run_dir = Path(job["run_dir"])
         config = _train_config(job)
-        if run_dir.is_dir() and _stale(run_dir, config):
-            shutil.rmtree(run_dir)  # this demo's directory, from a run with other settings
-        try:
-            train(config)
-        except CheckpointError:
-            if not run_dir.is_dir():
-                raise
-            # this demo's run directory holds a run of other settings (epochs, noise, ...) or a
-            # broken checkpoint: never report it under these settings, train this run afresh
-            shutil.rmtree(run_dir)
-            train(_train_config(job))
-        if not (run_dir / "results.json").is_file():
-            evaluate_run_logits(run_dir, n_bins=job["n_bins"], meta=_meta(job))
+        with exclusive_lock(run_dir):  # this process owns the run until it is evaluated
+            if _stale(run_dir, config):
+                _clear_run_dir(run_dir)  # this demo's directory, from a run with other settings
+            elif _finished(run_dir, config):
+                out["skipped"] = True
+                out["seconds"] = time.perf_counter() - t0
+                return out
+            try:
+                train(config)
+            except CheckpointError:
+                # this demo's run directory holds a run of other settings (epochs, noise, ...)
+                # or a broken checkpoint: never report it under these settings, train afresh
+                _clear_run_dir(run_dir)
+                train(_train_config(job))
+            if not (run_dir / "results.json").is_file():
+                evaluate_run_logits(run_dir, n_bins=job["n_bins"], meta=_meta(job))
     except Exception as exc:  # reported, the other runs go on
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()
@@ -354,9 +395,13 @@ def _run_jobs(jobs: list[dict[str, Any]], workers: int, progress: bool) -> list[
             import multiprocessing as mp
 
             ctx = mp.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                     initializer=_set_threads) as ex:
-                futs = {ex.submit(run_job, j): j for j in jobs}
+            # the workers start with SIGINT ignored (inherited through exec): a Ctrl-C reaches
+            # the whole process group, and only this process handles it, by stopping them
+            with _sigint_ignored():
+                ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
+                                         initializer=_worker_init)
+                futs = {ex.submit(run_job, j): j for j in jobs}  # spawns the workers
+            try:
                 pending = set(futs)
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -370,9 +415,52 @@ def _run_jobs(jobs: list[dict[str, Any]], workers: int, progress: bool) -> list[
                         results.append(r)
                         bar.set_postfix_str(f"{r['loss']} seed {r['seed']}", refresh=False)
                         bar.update(1)
+            except BaseException:  # Ctrl-C (KeyboardInterrupt), or anything else: stop now
+                with _sigint_ignored():  # a second Ctrl-C must not interrupt the stopping
+                    _stop_workers(ex)
+                raise
+            ex.shutdown(wait=True)
     finally:
         bar.close()
     return results
+
+
+def _worker_init() -> None:
+    """A demo worker: one thread, SIGINT ignored (the parent stops it), one-line warnings."""
+    import warnings
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.formatwarning = one_line_warnings("demo")
+    _set_threads()
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored for the block (main thread only; elsewhere signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _stop_workers(ex: ProcessPoolExecutor) -> None:
+    """Terminate the pool's workers (SIGTERM: a run's files are written atomically, and the
+    next run of the demo resumes it from its last checkpoint) and wait for them."""
+    # Python < 3.14 has no ProcessPoolExecutor.terminate_workers(): its process table
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    ex.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():  # pragma: no cover - did not end on SIGTERM
+            proc.kill()
+            proc.join(timeout=5)
 
 
 def _hyper_text(loss: str, kwargs: dict[str, Any]) -> str:
@@ -535,19 +623,23 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     if extra:
         raise ValueError(f"Loss arguments given for {extra}, which the demo does not train "
                          f"(training: {', '.join(losses)})")
-    _check_settings(jobs)  # a bad knob is one error here, not the same failure in every run
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    results = _run_jobs(jobs, min(cfg.workers, len(jobs)), cfg.progress)
-    seconds = time.perf_counter() - t0
-    failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
-    for r in results:
-        if r["error"]:
-            print(f"torchcal demo: run {r['run_dir']} failed:\n{r.get('traceback', r['error'])}",
-                  file=sys.stderr)
-    rep = build_report([j["run_dir"] for j in jobs], out, title="torchcal demo: calibration on noisy digits",
-                       intro=_intro(cfg, losses, jobs, seconds, failed),
-                       n_bins=cfg.n_bins, figures=cfg.figures)
+    # one demo per --out at a time; an --out of an earlier demo is continued (its finished runs
+    # are skipped, its unfinished ones resumed), its old figures removed
+    with exclusive_lock(out, what="Demo directory"):
+        prepare_report_dir(out, "out")
+        _check_settings(jobs)  # a bad knob is one error here, not the same failure in every run
+        t0 = time.perf_counter()
+        results = _run_jobs(jobs, min(cfg.workers, len(jobs)), cfg.progress)
+        seconds = time.perf_counter() - t0
+        failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
+        for r in results:
+            if r["error"]:
+                print(f"torchcal demo: run {r['run_dir']} failed:\n"
+                      f"{r.get('traceback', r['error'])}", file=sys.stderr)
+        rep = build_report([j["run_dir"] for j in jobs], out,
+                           title="torchcal demo: calibration on noisy digits",
+                           intro=_intro(cfg, losses, jobs, seconds, failed),
+                           n_bins=cfg.n_bins, figures=cfg.figures)
     return DemoResult(out_dir=out, report=rep, failed=failed, seconds=seconds, config=cfg)
 
 
@@ -577,32 +669,50 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
-def parse_demo_loss_args(items: list[str] | None) -> dict[str, dict]:
+def parse_demo_loss_args(items: list[str] | None,
+                         losses: Sequence[str] | None = None) -> dict[str, dict]:
     """``["focal:gamma=2", "ls:alpha=0.1"]`` -> ``{"focal": {"gamma": 2}, "ls": {"alpha": 0.1}}``.
+
+    The syntax of ``torchcal train --loss-arg``: ``LOSS:KEY=VALUE``, or ``KEY=VALUE`` when
+    ``losses`` holds one loss (:func:`~torchcal.cli._args.parse_loss_args_per_loss`).  Without
+    ``losses`` any loss name is accepted (``run_demo`` checks them).
 
     >>> parse_demo_loss_args(["focal:gamma=2", "focal:x=a", "adafocal:lam=1"])
     {'focal': {'gamma': 2, 'x': 'a'}, 'adafocal': {'lam': 1}}
+    >>> parse_demo_loss_args(["gamma=2"], ["focal"])
+    {'focal': {'gamma': 2}}
     """
-    out: dict[str, dict] = {}
-    for item in items or []:
-        loss, sep, kv = item.partition(":")
-        if not sep or not loss.strip():
-            raise ValueError(f"Expected `--loss-arg` as LOSS:KEY=VALUE, got {item!r}")
-        out.setdefault(loss.strip(), {}).update(parse_loss_args([kv]))
-    return out
+    if losses is None:  # any LOSS: prefix is accepted here
+        losses = [i.partition(":")[0].strip() for i in items or [] if ":" in i.partition("=")[0]]
+    return parse_loss_args_per_loss(items, list(losses))
+
+
+def _interrupt_hint(args: argparse.Namespace) -> str:
+    """After Ctrl-C: the command that continues the demo (with --out when it was not given)."""
+    out = getattr(args, "demo_out", None)
+    argv = list(getattr(args, "argv", None) or ["demo"])
+    if out is None:
+        return "nothing was trained yet"
+    if args.out is None:
+        argv += ["--out", str(out)]
+    return (f"finished runs are kept in {out}; the same command continues where it stopped "
+            f"(finished runs are skipped, unfinished ones resume): {shlex.join(['torchcal', *argv])}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    losses = tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None
+    # the output directory is fixed here, so that the hint after Ctrl-C can name it
+    args.demo_out = Path(args.out) if args.out else _default_out()
     cfg = DemoConfig(
         seeds=args.seeds,
         epochs=args.epochs,
-        losses=tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None,
+        losses=losses,
         workers=args.workers,
-        out=Path(args.out) if args.out else None,
+        out=args.demo_out,
         noise_std=args.noise_std,
         n_bins=args.n_bins,
         adafocal_lam=args.adafocal_lam,
-        loss_kwargs=parse_demo_loss_args(args.loss_arg),
+        loss_kwargs=parse_demo_loss_args(args.loss_arg, losses or applicable_losses()),
         data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
         overrides=parse_loss_args(args.train_arg, "--train-arg"),
         progress=not args.no_progress,
@@ -626,7 +736,9 @@ def register(subparsers) -> None:
         description="The embedded benchmark: an MLP on scikit-learn's digits with Gaussian pixel "
                     "noise, trained with every calibration loss for several seeds in parallel "
                     "worker processes, evaluated before and after temperature scaling, reported "
-                    "in the papers' table format with figures.")
+                    "in the papers' table format with figures.",
+        epilog="Ctrl-C stops the workers at once and prints the command that continues the "
+               "demo where it stopped (the same command, with --out). " + PERCENT_NOTE)
     d.add_argument("--quick", action="store_true", help="2 seeds x 30 epochs (well under a minute)")
     d.add_argument("--seeds", type=parse_seeds, default=None,
                    help="number of seeds (5: seeds 0..4, the default) or a list such as 0,3,7")
@@ -635,7 +747,9 @@ def register(subparsers) -> None:
                    help="comma-separated registry names (default: every applicable loss)")
     d.add_argument("--workers", type=_positive_int, default=2, help="worker processes (default 2)")
     d.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory (default: a fresh directory under ./torchcal-demo/)")
+                   help="output directory (default: a fresh directory under ./torchcal-demo/); "
+                        "the directory of an earlier demo is continued: finished runs are "
+                        "skipped, unfinished ones resumed, the report rewritten")
     d.add_argument("--noise-std", type=_nonneg_float, default=0.5, help="pixel noise std (default 0.5)")
     d.add_argument("--adafocal-lam", type=_nonneg_float, default=ADAFOCAL_LAM,
                    help=f"AdaFocal's λ (default {ADAFOCAL_LAM:g}, see the report)")
@@ -648,9 +762,10 @@ def register(subparsers) -> None:
                         "repeatable: lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=64, "
                         "milestone_fractions=[0.5,0.75], lr_gamma=0.1, "
                         "model_kwargs={\"hidden\":[256,256]}")
-    d.add_argument("--loss-arg", action="append", metavar="LOSS:KEY=VALUE",
-                   help="a loss hyperparameter, repeatable: focal:gamma=2, ls:alpha=0.1")
+    d.add_argument("--loss-arg", action="append", metavar="[LOSS:]KEY=VALUE",
+                   help="a loss hyperparameter, repeatable: focal:gamma=2, ls:alpha=0.1 (as in "
+                        "`torchcal train`); KEY=VALUE alone when --losses names one loss")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.add_argument("--no-figures", action="store_true", help="tables only")
     d.add_argument("--debug", action="store_true", help="show tracebacks")
-    d.set_defaults(func=cmd_demo)
+    d.set_defaults(func=cmd_demo, interrupt_hint=_interrupt_hint)

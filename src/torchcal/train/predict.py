@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._io import exclusive_lock
 from ..errors import CheckpointError, DataNotFoundError, TorchcalError
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
@@ -407,7 +408,15 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "last", *, data_root: st
     Raises:
         CheckpointError: the checkpoint is missing or corrupt.
         DataNotFoundError: the data set files are absent.
+        InUseError: another process owns the run directory (a training or evaluation of it).
     """
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(f"Run directory {str(run_dir)!r} does not exist")
+    with exclusive_lock(run_dir):  # the run's owner for as long as this writes into it
+        return _evaluate_run(run_dir, checkpoint, data_root, device, batch_size)
+
+
+def _evaluate_run(run_dir, checkpoint, data_root, device, batch_size) -> dict[str, Any]:
     state = _load_run_checkpoint(run_dir, checkpoint)
     config = TrainConfig.from_dict(state["config"])
     if data_root is not None:

@@ -25,6 +25,7 @@ global batch, and only rank 0 logs and writes files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -37,7 +38,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .._io import append_text
+from .._io import append_text, exclusive_lock
 from ..errors import CheckpointError, TorchcalError
 from ..losses.base import (
     loss_on_validation,
@@ -277,6 +278,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     Raises:
         TorchcalError: the run directory already holds a run and ``resume`` is False, or the
             checkpoint to resume does not match the config.
+        InUseError: another process is using the run directory (it holds
+            ``RUN_DIR/.torchcal.lock`` for the life of its run).
         ValueError: a bad config field, unknown loss/model/data set.
     """
     if not isinstance(config, TrainConfig):
@@ -290,7 +293,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
                           (config.device == "auto" and torch.cuda.is_available())) else "cpu"
     env = setup_distributed(dev_type)
     try:
-        return _train(config, env, t_start)
+        # rank 0 owns the run directory for the whole run: a second process fails at once
+        with exclusive_lock(config.out_dir) if env.is_main else contextlib.nullcontext():
+            return _train(config, env, t_start)
     finally:
         cleanup_distributed(env)
 
