@@ -14,9 +14,11 @@ from .binning import (
     equal_width_bin_index,
     equal_width_edges,
 )
+from .binfree import SmoothReliabilityCurve, ks_error, smooth_ece, smooth_reliability_curve
 from .bootstrap import BootstrapResult, bootstrap_ci
 from .calibration import (
     ReliabilityCurve,
+    ace,
     adaptive_ece,
     classwise_ece,
     ece,
@@ -24,6 +26,7 @@ from .calibration import (
     reliability_curve,
     rmsce,
 )
+from .debiased import debiased_ece
 from .meter import CalibrationMeter
 from .ranking import aupr, aurc, auroc, fpr_at_tpr, ood_auroc, ood_scores, r_auroc
 from .scoring import brier, error, nll, s99, topk_error
@@ -32,10 +35,16 @@ __all__ = [
     "ece",
     "mce",
     "rmsce",
+    "ace",
     "adaptive_ece",
     "classwise_ece",
+    "smooth_ece",
+    "debiased_ece",
+    "ks_error",
     "reliability_curve",
     "ReliabilityCurve",
+    "smooth_reliability_curve",
+    "SmoothReliabilityCurve",
     "nll",
     "brier",
     "error",
