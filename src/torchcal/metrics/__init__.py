@@ -7,6 +7,7 @@ live in :mod:`torchcal.metrics.binning`.
 
 from __future__ import annotations
 
+from .binfree import SmoothReliabilityCurve, ks_error, smooth_ece, smooth_reliability_curve
 from .binning import (
     bin_index,
     equal_mass_bin_index,
@@ -14,7 +15,6 @@ from .binning import (
     equal_width_bin_index,
     equal_width_edges,
 )
-from .binfree import SmoothReliabilityCurve, ks_error, smooth_ece, smooth_reliability_curve
 from .bootstrap import BootstrapResult, bootstrap_ci
 from .calibration import (
     ReliabilityCurve,

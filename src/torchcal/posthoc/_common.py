@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from sklearn.base import BaseEstimator
 
 from .._validation import as_tensor, check_labels
