@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -59,19 +60,27 @@ def logistic_fit(x: torch.Tensor, y: torch.Tensor, *, max_iter: int, name: str
         while t > 1e-12:
             cand = theta - t * step
             f_new = _bce(x, y, cand)
-            if f_new <= f - 1e-4 * t * slope:
+            if f_new < f and f_new <= f - 1e-4 * t * slope:  # strict: stops at rounding
                 theta, f, improved = cand, f_new, True
                 break
             t /= 2
         if not improved:
             break
-    p = torch.sigmoid(x @ theta)
-    g_max = float((x.T @ (p - y) / n).abs().max())
+    s = x @ theta
+    g_max = float((x.T @ (torch.sigmoid(s) - y) / n).abs().max())
     if not (math.isfinite(f) and g_max <= GRAD_TOL):
         raise CalibrationError(
             f"{name} failed: the logistic fit stopped after at most {max_iter} Newton steps "
             f"with the NLL gradient still {g_max:.3g} (> {GRAD_TOL:g}); validation scores "
             "that separate the two classes perfectly have no finite optimum"
+        )
+    if bool(((s > 0) == (y > 0.5)).all()):
+        warnings.warn(
+            f"{name}: the validation scores separate the two classes perfectly, so the "
+            "logistic fit has no finite optimum; the coefficients grew until the NLL gradient "
+            f"fell below {GRAD_TOL:g} and the calibrated probabilities are nearly 0 and 1",
+            RuntimeWarning,
+            stacklevel=4,
         )
     return theta, f
 

@@ -75,7 +75,7 @@ def newton_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
         while t > 1e-12:
             cand = theta - t * step
             f_new = _objective(x, y, cand, pen)
-            if f_new <= f - 1e-4 * t * slope:
+            if f_new < f and f_new <= f - 1e-4 * t * slope:  # strict: stops at rounding
                 theta, f, improved = cand, f_new, True
                 break
             t /= 2
