@@ -28,7 +28,9 @@ import argparse
 import importlib
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -125,27 +127,6 @@ def _median_time(fn, repeats):
     return statistics.median(times), out
 
 
-def _sklearn_isotonic(p_fit, y_fit, p_test):
-    from sklearn.base import BaseEstimator, ClassifierMixin
-    from sklearn.calibration import CalibratedClassifierCV
-    from sklearn.frozen import FrozenEstimator
-
-    class Probabilities(ClassifierMixin, BaseEstimator):
-        def fit(self, x, y):
-            self.classes_ = np.unique(y)
-            return self
-
-        def predict_proba(self, x):
-            return x
-
-        def predict(self, x):
-            return self.classes_[x.argmax(axis=1)]
-
-    est = Probabilities().fit(p_fit, y_fit)
-    cal = CalibratedClassifierCV(FrozenEstimator(est), method="isotonic").fit(p_fit, y_fit)
-    return cal.predict_proba(p_test)
-
-
 def run_new(n: int, c: int, repeats: int) -> None:
     from torchcal.posthoc import (
         BetaCalibration,
@@ -155,6 +136,10 @@ def run_new(n: int, c: int, repeats: int) -> None:
         MatrixScaling,
         PlattScaling,
     )
+
+    # the tests' scikit-learn reference (CalibratedClassifierCV on fixed probabilities)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "posthoc"))
+    from posthoc_reference import sklearn_isotonic
 
     z, y = make_data(n, c)
     z64 = z.double()
@@ -167,7 +152,7 @@ def run_new(n: int, c: int, repeats: int) -> None:
     p_np, y_np = torch.softmax(z64, 1).numpy(), y.numpy()
     t_ours, q = _median_time(lambda: IsotonicCalibration().fit(z64, y).predict_proba(z64),
                              repeats)
-    t_ref, q_ref = _median_time(lambda: _sklearn_isotonic(p_np, y_np, p_np), repeats)
+    t_ref, q_ref = _median_time(lambda: sklearn_isotonic(p_np, y_np, p_np), repeats)
     print(f"  {'IsotonicCalibration':28s} fit+predict {t_ours:7.3f} s | scikit-learn "
           f"CalibratedClassifierCV {t_ref:7.3f} s | ratio {t_ours / t_ref:5.2f} | max |diff| "
           f"{np.abs(q.numpy() - q_ref).max():.1e}")

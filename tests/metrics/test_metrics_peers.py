@@ -16,15 +16,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import metrics_reference as ref  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one intra-op thread is faster, and much faster on a loaded machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def draw(n, c, seed, *, scale=2.0, calibrated=False, dtype=torch.float64):
     """Softmax probabilities and labels; ``calibrated`` draws the labels from the probs."""
     g = torch.Generator().manual_seed(seed)

@@ -16,12 +16,6 @@ from torchcal.posthoc.conformal import conformal_rank
 METHODS = ["lac", "aps", "raps"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

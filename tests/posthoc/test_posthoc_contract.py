@@ -38,12 +38,6 @@ BINARY = [PlattScaling, BetaCalibration]
 ALL = MULTICLASS + BINARY
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def data(cls, n=600, seed=0):

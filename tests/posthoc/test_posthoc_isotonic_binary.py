@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.calibration import CalibratedClassifierCV
-from sklearn.frozen import FrozenEstimator
+from posthoc_reference import draw, sklearn_isotonic
 
 from torchcal.posthoc import (
     BetaCalibration,
@@ -21,43 +19,6 @@ from torchcal.posthoc import (
     TemperatureScaling,
     calibrator_from_dict,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-def draw(n, c, seed, t_star=2.0, scale=3.0):
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, c, generator=g, dtype=torch.float64) * scale
-    bias = torch.linspace(-1.0, 1.0, c, dtype=torch.float64)
-    y = torch.multinomial(torch.softmax(z / t_star + bias, dim=1), 1, generator=g).squeeze(1)
-    return z, y
-
-
-class _Probabilities(ClassifierMixin, BaseEstimator):
-    """A 'classifier' whose features are its own predicted probabilities."""
-
-    def fit(self, x, y):
-        self.classes_ = np.unique(y)
-        return self
-
-    def predict_proba(self, x):
-        return x
-
-    def predict(self, x):
-        return self.classes_[np.argmax(x, axis=1)]
-
-
-def sklearn_isotonic(p_fit, y_fit, p_test):
-    est = _Probabilities().fit(p_fit, y_fit)
-    cal = CalibratedClassifierCV(FrozenEstimator(est), method="isotonic").fit(p_fit, y_fit)
-    return cal.predict_proba(p_test)
-
 
 # ------------------------------------------------------------------------------- isotonic
 
@@ -127,24 +88,24 @@ def binary_draw(n, seed, power=2.0):
     return z, y, s
 
 
-@pytest.mark.parametrize("power", [0.5, 2.0])
-def test_platt_scaling_matches_netcal_logistic_calibration(netcal, power):
+@pytest.mark.parametrize(("ours", "theirs", "power"), [
+    (PlattScaling, "LogisticCalibration", 0.5), (PlattScaling, "LogisticCalibration", 2.0),
+    (BetaCalibration, "BetaCalibration", 0.5), (BetaCalibration, "BetaCalibration", 2.0),
+    (BetaCalibration, "BetaCalibration", 4.0)])
+def test_platt_and_beta_match_netcal(netcal, ours, theirs, power):
     z, y, s = binary_draw(2000, 10, power)
-    ours = PlattScaling().fit(z, y)
-    ref = netcal.LogisticCalibration(method="mle")
+    cal = ours().fit(z, y)
+    ref = getattr(netcal, theirs)(method="mle")  # SciPy on finite-difference gradients
     ref.fit(s.numpy(), y.numpy())
-    np.testing.assert_allclose(ours.predict_proba(z.numpy())[:, 1], ref.transform(s.numpy()),
-                               atol=1e-4, rtol=0)
+    q, q_ref = cal.predict_proba(z.numpy())[:, 1], ref.transform(s.numpy())
+    np.testing.assert_allclose(q, q_ref, atol=5e-4, rtol=0)
+    # the differences are netcal stopping short of the optimum: our NLL is never higher
+    yn = y.numpy()
 
+    def nll(p):
+        return -np.mean(yn * np.log(p) + (1 - yn) * np.log1p(-p))
 
-@pytest.mark.parametrize("power", [0.5, 2.0, 4.0])
-def test_beta_calibration_matches_netcal(netcal, power):
-    z, y, s = binary_draw(2000, 11, power)
-    ours = BetaCalibration().fit(z, y)
-    ref = netcal.BetaCalibration(method="mle")
-    ref.fit(s.numpy(), y.numpy())
-    np.testing.assert_allclose(ours.predict_proba(z.numpy())[:, 1], ref.transform(s.numpy()),
-                               atol=1e-4, rtol=0)
+    assert nll(q) <= nll(q_ref) + 1e-12
 
 
 def test_platt_and_beta_are_stationary_points_of_the_nll():

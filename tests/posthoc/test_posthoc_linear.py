@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from posthoc_reference import draw
 from scipy.optimize import minimize
 from scipy.special import log_softmax as np_log_softmax
 
@@ -21,23 +22,6 @@ from torchcal.posthoc import (
     calibrator_from_dict,
     linear,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-def draw(n, c, seed, t_star=2.0):
-    """Labels from softmax(z / t_star + bias): miscalibrated in temperature and per class."""
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, c, generator=g, dtype=torch.float64) * 3
-    bias = torch.linspace(-1.0, 1.0, c, dtype=torch.float64)
-    y = torch.multinomial(torch.softmax(z / t_star + bias, dim=1), 1, generator=g).squeeze(1)
-    return z, y
 
 
 def dirichletcal_reference(z, y, lam, mu, *, log_probs):

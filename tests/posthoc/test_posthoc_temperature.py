@@ -27,14 +27,6 @@ from torchcal.posthoc import (
 from torchcal.posthoc import temperature as temperature_mod
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one intra-op thread is faster, and much faster on a loaded machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 def draw(t_star: float, n: int, c: int = 10, seed: int = 0, scale: float = 3.0):
     """Logits z and labels drawn from softmax(z / t_star): t_star is the true temperature."""
     g = torch.Generator().manual_seed(seed)

@@ -21,14 +21,6 @@ from torchcal.posthoc import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one intra-op thread is faster, and much faster on a loaded machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 def draw_biased(n: int, c: int = 6, seed: int = 0, t_star: float = 2.0):
     """Labels drawn from softmax(z / t_star + bias): per-class miscalibration that vector
     scaling can undo and temperature scaling cannot."""

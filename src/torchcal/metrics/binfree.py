@@ -170,7 +170,8 @@ def smooth_ece(
     O(M log M) for the grid of M points.
 
     Args:
-        logits, probs: (N, C), exactly one of them.
+        logits: (N, C) logits; exactly one of ``logits`` / ``probs``.
+        probs: (N, C) probabilities.
         labels: (N,) integer class indices.
         sigma: kernel bandwidth in (0, 1]; ``None`` (default) chooses it automatically (use
             :func:`smooth_reliability_curve` to see the value chosen).

@@ -61,7 +61,8 @@ def debiased_ece(
     one ``bincount``).
 
     Args:
-        logits, probs: (N, C), exactly one of them.
+        logits: (N, C) logits; exactly one of ``logits`` / ``probs``.
+        probs: (N, C) probabilities.
         labels: (N,) integer class indices.
         n_bins: number of bins B.
         strategy: ``"quantile"`` or ``"uniform"``.

@@ -227,6 +227,26 @@ def lbfgs_fit(params: list[torch.Tensor], objective: Any, *, max_iter: int, name
     return start, end
 
 
+def backtrack(objective: Any, theta: torch.Tensor, f: float, step: torch.Tensor, slope: float
+              ) -> tuple[torch.Tensor, float] | None:
+    """Armijo backtracking along ``-step`` from ``theta`` (objective value ``f``; ``slope`` the
+    directional derivative ``<grad, step>``) for the damped Newton fits.
+
+    Returns the first ``(theta - t step, value)`` with ``t = 1, 1/2, ...`` that decreases
+    ``objective`` strictly and by at least ``1e-4 t slope``, or ``None`` when no ``t`` down to
+    ``1e-12`` does: the minimum is then reached to rounding (a non-strict test would accept
+    equal values forever).
+    """
+    t = 1.0
+    while t > 1e-12:
+        cand = theta - t * step
+        f_new = objective(cand)
+        if f_new < f and f_new <= f - 1e-4 * t * slope:
+            return cand, f_new
+        t /= 2
+    return None
+
+
 def absent_classes(y: torch.Tensor, c: int) -> list[int]:
     """The class indices in [0, C) that never occur in ``y``."""
     return (torch.bincount(y, minlength=c) == 0).nonzero().flatten().tolist()
@@ -251,7 +271,7 @@ class Estimator(BaseEstimator):
 
     @property
     def is_fitted(self) -> bool:
-        """Whether :meth:`fit` (or ``from_dict``) has set the learned attributes."""
+        """Whether ``fit`` (or ``from_dict``) has set the learned attributes."""
         return getattr(self, self._fitted_attr, None) is not None
 
     def _check_fitted(self) -> None:
@@ -279,7 +299,7 @@ class Estimator(BaseEstimator):
             raise ValueError(f"Expected `d` to have the key(s) {missing} written by to_dict()")
 
     def _header(self) -> dict[str, Any]:
-        """The ``type`` / ``version`` / settings part of :meth:`to_dict` (JSON-safe)."""
+        """The ``type`` / ``version`` / settings part of ``to_dict`` (JSON-safe)."""
         return {"type": type(self).__name__, "version": _SCHEMA_VERSION,
                 **self.get_params(deep=False)}
 

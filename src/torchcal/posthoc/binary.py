@@ -13,6 +13,7 @@ from ._common import (
     GRAD_TOL,
     CalibrationError,
     Calibrator,
+    backtrack,
     float_list,
     prepare_fit,
 )
@@ -55,17 +56,10 @@ def logistic_fit(x: torch.Tensor, y: torch.Tensor, *, max_iter: int, name: str
             break
         hess = (x * (p * (1 - p)).unsqueeze(1)).T @ x / n
         step = torch.linalg.lstsq(hess, grad.unsqueeze(1)).solution.squeeze(1)
-        slope = float(grad @ step)
-        t, improved = 1.0, False
-        while t > 1e-12:
-            cand = theta - t * step
-            f_new = _bce(x, y, cand)
-            if f_new < f and f_new <= f - 1e-4 * t * slope:  # strict: stops at rounding
-                theta, f, improved = cand, f_new, True
-                break
-            t /= 2
-        if not improved:
+        moved = backtrack(lambda th: _bce(x, y, th), theta, f, step, float(grad @ step))
+        if moved is None:
             break
+        theta, f = moved
     s = x @ theta
     g_max = float((x.T @ (torch.sigmoid(s) - y) / n).abs().max())
     if not (math.isfinite(f) and g_max <= GRAD_TOL):

@@ -86,14 +86,16 @@ class ConformalClassifier(Estimator):
 
     def __init__(self, method: str = "lac", alpha: float = 0.1, lam: float = 0.01,
                  k_reg: int = 5) -> None:
-        check_choice(method, "method", _METHODS)
-        _check_alpha(alpha)
-        check_nonneg_finite(lam, "lam")
-        check_positive_int(k_reg, "k_reg")
         self.method = method
         self.alpha = alpha
         self.lam = lam
         self.k_reg = k_reg
+        self._settings()
+
+    def _settings(self) -> tuple[str, float, float, int]:
+        """The settings, checked (at construction, and at fit: ``set_params`` does not)."""
+        return (check_choice(self.method, "method", _METHODS), _check_alpha(self.alpha),
+                check_nonneg_finite(self.lam, "lam"), check_positive_int(self.k_reg, "k_reg"))
 
     def _scores(self, z: torch.Tensor) -> torch.Tensor:
         """(N, C) float64 score of every (sample, candidate label) pair."""
@@ -109,10 +111,7 @@ class ConformalClassifier(Estimator):
 
     def fit(self, logits: Any, labels: Any) -> ConformalClassifier:
         """Calibrate the threshold on held-out ``logits`` (N, C) and ``labels`` (N,)."""
-        check_choice(self.method, "method", _METHODS)
-        alpha = _check_alpha(self.alpha)
-        check_nonneg_finite(self.lam, "lam")
-        check_positive_int(self.k_reg, "k_reg")
+        alpha = self._settings()[1]
         z, y = prepare_fit(logits, labels)
         s = self._scores(z).gather(1, y.unsqueeze(1)).squeeze(1)
         n = s.shape[0]

@@ -15,6 +15,7 @@ from ._common import (
     CalibrationError,
     Calibrator,
     absent_classes,
+    backtrack,
     check_choice,
     check_n_classes,
     float_list,
@@ -70,17 +71,11 @@ def newton_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
         keep = evals > evals.max() * 1e-12
         g = grad.reshape(-1)
         step = (evecs[:, keep] @ ((evecs[:, keep].T @ g) / evals[keep])).view(k, d)
-        slope = float(g @ step.reshape(-1))
-        t, improved = 1.0, False
-        while t > 1e-12:
-            cand = theta - t * step
-            f_new = _objective(x, y, cand, pen)
-            if f_new < f and f_new <= f - 1e-4 * t * slope:  # strict: stops at rounding
-                theta, f, improved = cand, f_new, True
-                break
-            t /= 2
-        if not improved:
+        moved = backtrack(lambda th: _objective(x, y, th, pen), theta, f, step,
+                          float(g @ step.reshape(-1)))
+        if moved is None:
             break
+        theta, f = moved
     else:
         q = torch.softmax(x @ theta.T, dim=1)
         grad = (q - onehot).T @ x / n + 2 * pen * theta
@@ -104,14 +99,16 @@ class _LinearCalibrator(Calibrator):
     _log_probs: bool = False  # phi = log_softmax (Dirichlet) or the identity (matrix scaling)
 
     def __init__(self, reg: str, lam: float, mu: float, max_iter: int) -> None:
-        check_choice(reg, "reg", _REGS)
-        check_nonneg_finite(lam, "lam")
-        check_nonneg_finite(mu, "mu")
-        check_positive_int(max_iter, "max_iter")
         self.reg = reg
         self.lam = lam
         self.mu = mu
         self.max_iter = max_iter
+        self._settings()
+
+    def _settings(self) -> tuple[str, float, float, int]:
+        """The settings, checked (at construction, and at fit: ``set_params`` does not)."""
+        return (check_choice(self.reg, "reg", _REGS), check_nonneg_finite(self.lam, "lam"),
+                check_nonneg_finite(self.mu, "mu"), check_positive_int(self.max_iter, "max_iter"))
 
     def _features(self, z: torch.Tensor) -> torch.Tensor:
         z64 = z.to(torch.float64)
@@ -119,10 +116,7 @@ class _LinearCalibrator(Calibrator):
 
     def fit(self, logits: Any, labels: Any) -> _LinearCalibrator:
         """Fit W and b on validation ``logits`` (N, C) and ``labels`` (N,); returns ``self``."""
-        reg = check_choice(self.reg, "reg", _REGS)
-        lam = check_nonneg_finite(self.lam, "lam")
-        mu = check_nonneg_finite(self.mu, "mu")
-        max_iter = check_positive_int(self.max_iter, "max_iter")
+        reg, lam, mu, max_iter = self._settings()
         z, y = prepare_fit(logits, labels)
         c = z.shape[1]
         # features with a column of ones: theta = [W | b], shape (C, C + 1)
@@ -188,32 +182,19 @@ class _LinearCalibrator(Calibrator):
 class MatrixScaling(_LinearCalibrator):
     """Matrix scaling: calibrated logits ``z' = W z + b`` with a full (C, C) matrix.
 
-    Fitted by L-BFGS on the float64 validation NLL, optionally with Kull et al.'s ODIR
-    regulariser (see :class:`DirichletCalibration`; ``reg="odir"``, the paper's "MS-ODIR").
-    It contains vector scaling (diagonal W) and temperature scaling (``W = I / T``, where the
-    fit starts), so its validation NLL is never above theirs; with ``C^2 + C`` parameters it
-    over-fits small validation sets unless regularised.  The bias (and off-diagonal terms) can
-    change the arg-max, so accuracy can change.
-
-    Args:
-        reg: ``"none"`` (default, Guo et al.'s matrix scaling) or ``"odir"``.
-        lam: ODIR weight of the off-diagonal entries of W (``reg="odir"`` only).
-        mu: ODIR weight of the bias (``reg="odir"`` only).
-        max_iter: L-BFGS iterations; running out raises
-            :class:`~torchcal.posthoc.CalibrationError` with the reason.
-
-    Attributes:
-        weight_ (torch.Tensor): (C, C) float64 W.
-        bias_ (torch.Tensor): (C,) float64 b.
-        n_classes_ (int): C.
+    Fitted on the float64 validation NLL like :class:`DirichletCalibration` (same arguments,
+    attributes and optimiser), optionally with Kull et al.'s ODIR regulariser
+    (``reg="odir"``, the paper's "MS-ODIR"); ``reg`` defaults to ``"none"``, Guo et al.'s
+    matrix scaling.  It contains vector scaling (diagonal W) and temperature scaling
+    (``W = I / T``, where the fit starts), so its validation NLL is never above theirs; with
+    ``C^2 + C`` parameters it over-fits small validation sets unless regularised.  The bias
+    (and off-diagonal terms) can change the arg-max, so accuracy can change.
 
     Example:
-        >>> a, b = [2.0, 0.0], [0.0, 2.0]
-        >>> z = torch.tensor([a, a, a, b, b, b, b])
-        >>> y = torch.tensor([0, 0, 1, 1, 1, 1, 0])  # right 2/3 on a, 3/4 on b
-        >>> ms = MatrixScaling().fit(z, y)
-        >>> ms.predict_proba(torch.tensor([a, b])).round(decimals=4)
-        tensor([[0.6667, 0.3333],
+        >>> z = torch.tensor([[1.0, 0.0]] * 4 + [[0.0, 1.0]] * 4)
+        >>> ms = MatrixScaling().fit(z, torch.tensor([0, 0, 0, 1, 1, 1, 1, 0]))
+        >>> ms.predict_proba(z[[0, 4]]).round(decimals=4)  # the label frequencies, 3/4 each
+        tensor([[0.7500, 0.2500],
                 [0.2500, 0.7500]])
     """
 
@@ -225,8 +206,8 @@ class MatrixScaling(_LinearCalibrator):
 class DirichletCalibration(_LinearCalibrator):
     """Dirichlet calibration (Kull et al. 2019): ``q = softmax(W log p + b)``, ``p = softmax(z)``.
 
-    A linear map of the log-probabilities (the log of a Dirichlet likelihood ratio), fitted by
-    L-BFGS on the float64 validation objective
+    A linear map of the log-probabilities (the log of a Dirichlet likelihood ratio), fitted on
+    the float64 validation objective
 
     ``L(W, b) = -(1/N) sum_i log q_{i, y_i} + lam / (C (C - 1)) sum_{j != k} W_jk^2
     + mu / C sum_k b_k^2``
@@ -239,14 +220,16 @@ class DirichletCalibration(_LinearCalibrator):
     reference row), as in the paper's formula; ``log p`` comes from ``log_softmax`` of the
     logits, so no clipping of ``p`` is needed.  ``lam`` and ``mu`` are the knobs to tune by
     cross-validation (e.g. with scikit-learn's ``GridSearchCV``, which maximises
-    :meth:`score`).
+    :meth:`score`).  Up to 20 classes the fit is Newton's method with the exact Hessian
+    (to machine precision in a few steps; its ``(C (C + 1))^2`` entries cost ``N C^4``),
+    above that L-BFGS.
 
     Args:
         reg: ``"odir"`` (default) or ``"none"``.
         lam: weight of the off-diagonal entries of W.
         mu: weight of the bias.
-        max_iter: L-BFGS iterations; running out raises
-            :class:`~torchcal.posthoc.CalibrationError` with the reason.
+        max_iter: Newton steps (or L-BFGS iterations); running out with the gradient above
+            1e-6 raises :class:`~torchcal.posthoc.CalibrationError` with the reason.
 
     Attributes:
         weight_ (torch.Tensor): (C, C) float64 W.
@@ -254,15 +237,16 @@ class DirichletCalibration(_LinearCalibrator):
         n_classes_ (int): C.
 
     Example:
-        >>> a, b = [2.0, 0.0], [0.0, 2.0]
-        >>> z = torch.tensor([a, a, a, b, b, b, b])
-        >>> y = torch.tensor([0, 0, 1, 1, 1, 1, 0])  # right 2/3 on a, 3/4 on b
+        >>> z = torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0]] * 4)
+        >>> y = torch.tensor([0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1])  # right half the time
         >>> dc = DirichletCalibration().fit(z, y)
-        >>> dc.predict_proba(torch.tensor([a, b])).round(decimals=4)
-        tensor([[0.6667, 0.3333],
-                [0.2500, 0.7500]])
-        >>> bool((dc.weight_ - dc.weight_.diag().diag()).abs().max() < 1e-6)  # W stays diagonal
-        True
+        >>> dc.predict_proba(z[:2]).round(decimals=4)
+        tensor([[0.5000, 0.2500, 0.2500],
+                [0.2500, 0.5000, 0.2500]])
+        >>> dc.weight_.round(decimals=4)  # ODIR keeps W diagonal: a temperature here
+        tensor([[0.3466, 0.0000, 0.0000],
+                [0.0000, 0.3466, 0.0000],
+                [0.0000, 0.0000, 0.3466]], dtype=torch.float64)
     """
 
     _log_probs = True
