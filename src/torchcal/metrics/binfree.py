@@ -184,7 +184,7 @@ def smooth_ece(
         >>> probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]])
         >>> labels = torch.tensor([0, 1, 1, 0])
         >>> smooth_ece(probs=probs, labels=labels).round(decimals=4)
-        tensor(0.1602)
+        tensor(0.1377)
     """
     s = _check_sigma(sigma)
     f, a, out = _top_label_f64(logits, probs, labels, validate_args)
@@ -228,7 +228,7 @@ def smooth_reliability_curve(
         >>> probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]])
         >>> curve = smooth_reliability_curve(probs=probs, labels=torch.tensor([0, 1, 1, 0]))
         >>> curve.mesh.shape, round(curve.sigma, 4)
-        (torch.Size([200]), 0.1602)
+        (torch.Size([200]), 0.1387)
     """
     s = _check_sigma(sigma)
     if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:

@@ -77,7 +77,7 @@ def debiased_ece(
         tensor(0.)
         >>> probs = torch.tensor([[0.9, 0.1]] * 4 + [[0.6, 0.4]] * 4)
         >>> debiased_ece(probs=probs, labels=torch.tensor([1, 1, 0, 0, 0, 0, 0, 0]), n_bins=2)
-        tensor(0.3028)
+        tensor(0.3440)
     """
     n_bins = check_positive_int(n_bins, "n_bins")
     if strategy not in _STRATEGIES:
