@@ -36,6 +36,7 @@ from ..errors import ResultsFileError
 from ..evaluate import load_logits
 from . import tables as T
 from .aggregate import Group, LoadReport, RunRecord, ece_noise_floor, group_runs, load_runs
+from .claims import add_confidence_gaps, claims_markdown, claims_section
 from .plots import MIN_COUNT
 
 __all__ = ["ReportOutput", "build_report", "gamma_history"]
@@ -381,6 +382,7 @@ def build_report(
     intro: str = "",
     n_bins: int = 15,
     figures: bool = True,
+    claims: bool = False,
 ) -> ReportOutput:
     """Aggregate the evaluated runs found under ``paths`` into ``out_dir``.
 
@@ -392,6 +394,9 @@ def build_report(
         intro: Markdown paragraphs placed under the title (the demo describes its setup here).
         n_bins: bins of the reliability diagrams and histograms.
         figures: draw the figures (needs the runs' saved logits).
+        claims: add the section "The papers' claims on this benchmark"
+            (:func:`torchcal.report.claims.claims_markdown`) and each run's mean confidence
+            minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits).
 
     Raises:
         ResultsFileError: when no run could be read at all (the message lists every bad file).
@@ -404,6 +409,8 @@ def build_report(
     if not runs.runs:
         detail = "; ".join(msg for _p, msg in errors) or "nothing given"
         raise ResultsFileError(f"No evaluated run could be read: {detail}")
+    if claims:
+        add_confidence_gaps(runs.runs)
     groups = group_runs(runs.runs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -434,6 +441,9 @@ def build_report(
         for f in figs.get(key, []):
             rel = f.path.relative_to(out).as_posix()
             md += [f"#### {f.title}", "", f"![{f.title}]({rel})", "", f"_{f.caption}_", ""]
+    claims_md = claims_markdown(groups) if claims else ""
+    if claims_md:
+        md += [claims_md, ""]
     md += ["## Runs", "", runs_table.to_markdown(), ""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -455,6 +465,8 @@ def build_report(
             b64 = base64.b64encode(f.path.read_bytes()).decode("ascii")
             h.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{b64}\">"
                      f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
+    for block in claims_section(groups) if claims_md else []:
+        h.append(block.to_html() if isinstance(block, T.Table) else _md_to_html_blocks(block))
     h += ["<h2>Runs</h2>", runs_table.to_html()]
     if notes:
         h.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
