@@ -14,7 +14,6 @@ mean confidence minus accuracy before temperature scaling (> 0: over-confident) 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -98,14 +97,14 @@ def replace_front_table(readme_text: str, csv_path: str | os.PathLike, csv_text:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m torchcal.report.front README.md RESULTS_CSV``: regenerate the front table."""
-    ap = argparse.ArgumentParser(description="Regenerate the README's front table from a "
-                                             "demo's results.csv.")
-    ap.add_argument("readme")
-    ap.add_argument("results_csv", help="as written in the README's marker (repository-relative)")
-    args = ap.parse_args(argv)
-    readme = Path(args.readme)
-    csv_path = Path(args.results_csv)
+    """``python -m torchcal.report.front README.md RESULTS_CSV``: regenerate the front table
+    (``RESULTS_CSV`` relative to the README, as its marker names it).  A developer's tool, so no
+    argparse here (the command-line layer owns argparse)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 2 or args[0].startswith("-"):
+        print("usage: python -m torchcal.report.front README.md RESULTS_CSV", file=sys.stderr)
+        return 2
+    readme, csv_path = Path(args[0]), Path(args[1])
     new = replace_front_table(readme.read_text(encoding="utf-8"), csv_path,
                               (readme.parent / csv_path).read_text(encoding="utf-8"))
     atomic_write_text(readme, new)
