@@ -119,7 +119,7 @@ def test_train_ctrl_c_prints_the_resume_command_and_it_continues(tmp_path, capsy
 
 def test_demo_ctrl_c_stops_the_workers_and_the_same_command_continues(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["demo", "--losses", "ce", "--seeds", "0,1", "--epochs", "20", "--workers", "2",
+    argv = ["demo", "--dataset", "digits", "--losses", "ce", "--seeds", "0,1", "--epochs", "20", "--workers", "2",
             "--no-progress", "--no-figures", "--out", str(out)]
     # Ctrl-C while the workers train (a run's first checkpoint is written at epoch 2)
     err, exited, all_gone = _interrupt(
