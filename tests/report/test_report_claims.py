@@ -141,6 +141,7 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert res.failed == []
     md = res.report.report_md.read_text(encoding="utf-8")
     assert "MNIST-1D" in md and "Shortened schedule" in md and "AdaFocal uses the paper's λ=1" in md
+    assert "60 / 40 / 50 train/validation/test signals" in md  # the sizes actually used
     section = md.split("## The papers' claims on this benchmark", 1)[1]
     groups = res.report.groups
     assert {g.loss for g in groups} == set(CLAIM_LOSSES)

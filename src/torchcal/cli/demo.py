@@ -633,8 +633,9 @@ def _setup_text(cfg: DemoConfig, job: dict[str, Any]) -> str:
             "images), noise and initialisation; validation and test images come in "
             f"{k} independent noisy copies.")
     elif tc.dataset == "mnist1d":
-        n = {k: info.get(k) for k in ("n_train", "n_val", "n_test")}
-        sizes = " / ".join(f"{v:,}" if isinstance(v, int) else "?" for v in n.values())
+        n = dict(info.get("sizes") or {})  # load_mnist1d_splits' info: {"train": n, ...}
+        sizes = " / ".join(f"{v:,}" if isinstance(v, int) else "?"
+                           for v in (n.get(k) for k in ("train", "val", "test")))
         data_txt = (
             "MNIST-1D (Greydanus & Kobak, ICML 2024): 1-D signals of length 40 generated locally "
             "from ten templates (the `mnist1d` package's own generator, its default arguments), "
