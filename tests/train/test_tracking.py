@@ -76,3 +76,26 @@ def test_bad_input_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(tracking, "tensorboard_available", lambda: False)
     with pytest.raises(TorchcalError, match=r"torchcal\[tensorboard\]"):
         TensorBoardLogger(tmp_path / "tb3")
+
+
+def test_train_tensorboard_mirrors_the_log_and_resumes(tmp_path):
+    """`torchcal train --tensorboard` with AdaFocal: every epoch's val ECE and γ per bin in the
+    event files equal log.jsonl; a resumed run leaves one event per epoch."""
+    import json
+
+    from torchcal.cli import main
+
+    out = tmp_path / "run"
+    base = ["train", "--recipe", "digits-mlp", "--loss", "adafocal", "--out", str(out),
+            "--no-progress", "--no-eval", "--tensorboard", "--num-threads", "1"]
+    assert main([*base, "--epochs", "2"]) == 0
+    assert main([*base, "--epochs", "3", "--resume"]) == 0
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    ev = _read(out / "tensorboard")
+    assert [s for s, _ in ev["val/ece"]] == [1, 2, 3]
+    assert [v for _, v in ev["val/ece"]] == pytest.approx([r["val_ece"] for r in log], rel=1e-6)
+    gammas = [r["loss_state"]["gammas"] for r in log]
+    for b in range(len(gammas[0])):
+        got = [v for _, v in ev[f"loss_state/gamma_bin_{b:02d}"]]
+        assert got == pytest.approx([g[b] for g in gammas], rel=1e-6)
+    assert len({tuple(g) for g in gammas}) > 1  # γ moved: the test would see a stale value

@@ -105,7 +105,8 @@ def config_from_args(args: argparse.Namespace):
     if args.no_grad_clip:
         upd["grad_clip"] = None
     for flag, fld in (("download", "download"), ("compile", "compile"),
-                      ("channels_last", "channels_last"), ("uncertainty_head", "uncertainty_head")):
+                      ("channels_last", "channels_last"), ("uncertainty_head", "uncertainty_head"),
+                      ("tensorboard", "tensorboard")):
         if getattr(args, flag):
             upd[fld] = True
     if args.no_progress:
@@ -297,6 +298,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--num-threads", type=int, help="torch CPU threads of this process")
     p.add_argument("--num-workers", type=int, help="DataLoader workers (folder data sets)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write each epoch's scalars and AdaFocal's γ per bin to "
+                        "TensorBoard under OUT/tensorboard (needs the tensorboard package; "
+                        "log.jsonl stays the record): tensorboard --logdir OUT")
     p.add_argument("--no-eval", action="store_true",
                    help="skip writing logits/ and results.json after training")
     p.add_argument("--debug", action="store_true", help="show tracebacks")

@@ -33,7 +33,10 @@ from typing import Any
 
 from ..errors import TorchcalError
 
-__all__ = ["TensorBoardLogger", "tensorboard_scalars", "tensorboard_available"]
+__all__ = ["TENSORBOARD_DIR", "TensorBoardLogger", "tensorboard_scalars", "tensorboard_available"]
+
+#: the event files' directory inside a run directory (``torchcal train --tensorboard``)
+TENSORBOARD_DIR = "tensorboard"
 
 _SPLITS = ("train", "val", "test")
 #: keys of a log line that are not scalars to plot

@@ -73,6 +73,7 @@ from .predict import (
     resolve_device,
     write_predictions,
 )
+from .tracking import TENSORBOARD_DIR, TensorBoardLogger, tensorboard_available
 
 __all__ = ["train", "build_loss", "epoch_metrics"]
 
@@ -362,6 +363,9 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
         raise ValueError(f"Unknown model {config.model!r}; expected one of: "
                          f"{', '.join(list_models())}")
     loss_fn = build_loss(config)
+    if config.tensorboard and not tensorboard_available():
+        raise TorchcalError("--tensorboard needs the `tensorboard` package: pip install "
+                            "\"torchcal[tensorboard]\" (or pip install tensorboard)")
 
     # --- data --------------------------------------------------------------------------------
     splits = build_data(config)
@@ -457,6 +461,9 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     best_snapshot: dict[str, Any] | None = None
     best_dirty = False
 
+    # TensorBoard mirrors log.jsonl; on resume it drops the events of epochs trained again
+    tb = (TensorBoardLogger(run_dir / TENSORBOARD_DIR, purge_step=start_epoch + 1 if start_epoch
+                            else None) if config.tensorboard and env.is_main else None)
     bar = None
     if config.progress and env.is_main:
         from tqdm.auto import tqdm
@@ -581,6 +588,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
             # checkpoint, so a kill between the two loses nothing ------------------------------
             if env.is_main:
                 _append_jsonl(log_path, rec)
+                if tb is not None:
+                    tb.log_epoch(rec)
                 if (epoch + 1) % config.checkpoint_every == 0 or last_epoch:
                     extra = {"num_classes": num_classes, "input_shape": input_shape,
                              "config": config.to_dict(), "best": dict(best)}
@@ -598,6 +607,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     finally:
         if bar is not None:
             bar.close()
+        if tb is not None:
+            tb.close()
 
     trained_epochs = max(config.epochs, start_epoch)
     preds = None
