@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..evaluate import CHECKPOINTS, logits_dirname, results_filename
 from ._args import PERCENT_NOTE, pct
 from ._args import fmt as _fmt
 
@@ -29,7 +30,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
           f"AdaECE {pct(pre.get('adaptive_ece'))}, NLL {_fmt(pre.get('nll'))}")
     for name, d in res.get("ood", {}).items():
         print(f"  OOD {name}: AUROC(entropy) {pct(d.get('auroc_entropy'))}")
-    print(f"wrote {Path(args.run_dir) / 'results.json'} and {Path(args.run_dir) / 'logits'}/")
+    run = Path(args.run_dir)
+    print(f"wrote {run / results_filename(args.checkpoint)} and "
+          f"{run / logits_dirname(args.checkpoint)}/")
     return 0
 
 
@@ -40,14 +43,17 @@ def register(subparsers: Any) -> None:
         "eval", formatter_class=F, help="evaluate a run's checkpoint into logits and results.json",
         description="Load RUN_DIR/checkpoints/<checkpoint>.pt, save validation/test/OOD logits "
                     "to RUN_DIR/logits/*.npz\nand every metric before and after temperature "
-                    "scaling to RUN_DIR/results.json.",
+                    "scaling to RUN_DIR/results.json. --checkpoint best writes\n"
+                    "RUN_DIR/logits-best/ and RUN_DIR/results-best.json instead, so that it never "
+                    "replaces the last\nepoch's results (`torchcal report --checkpoint best` "
+                    "reads them).",
         epilog="example:\n  torchcal eval runs/c10 --checkpoint best --data-root ~/data\n\n"
                "RUN_DIR is locked while this writes into it (a training of it must have ended).\n"
                + PERCENT_NOTE)
     e.add_argument("run_dir", metavar="RUN_DIR", help="a torchcal train run directory")
-    e.add_argument("--checkpoint", choices=("last", "best"), default="last",
-                   help="which checkpoint: the last epoch's (default, as the papers report) or "
-                        "the best by validation metric")
+    e.add_argument("--checkpoint", choices=CHECKPOINTS, default="last",
+                   help="which checkpoint: the last epoch's (default, as the papers report; "
+                        "results.json) or the best by validation metric (results-best.json)")
     e.add_argument("--data-root", help="data directory (default: the one the run used)")
     e.add_argument("--device", default="auto",
                    help="'auto' (CUDA if available, the default, as in train), 'cpu', 'cuda', "

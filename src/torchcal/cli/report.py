@@ -74,7 +74,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     with exclusive_lock(out, what="Output directory"):  # one report writer at a time
         prepare_report_dir(out)
         rep = build_report(args.run_dirs, out, title=args.title, n_bins=args.n_bins,
-                           figures=not args.no_figures)
+                           figures=not args.no_figures, checkpoint=args.checkpoint,
+                           mix_checkpoints=args.mix_checkpoints)
     for _path, msg in rep.errors:
         print(f"torchcal report: error: {msg}", file=sys.stderr)
     _print_tail(rep, Path(args.out))
@@ -95,5 +96,11 @@ def register(subparsers) -> None:
     p.add_argument("--title", default="torchcal report")
     p.add_argument("--n-bins", type=_positive_int, default=15, help="bins of the figures (default 15)")
     p.add_argument("--no-figures", action="store_true", help="tables only")
+    p.add_argument("--checkpoint", choices=("last", "best"), default="last",
+                   help="which evaluation of each run: the last epoch's results.json (default) "
+                        "or results-best.json (`torchcal eval RUN --checkpoint best`)")
+    p.add_argument("--mix-checkpoints", action="store_true",
+                   help="allow a table to hold runs evaluated from different checkpoints "
+                        "(refused otherwise; the Runs table names each group's checkpoint)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=cmd_report)

@@ -23,7 +23,13 @@ import numpy as np
 import torch
 
 from ..errors import ResultsFileError
-from ..evaluate import meta_from_config, read_results
+from ..evaluate import (
+    checkpoint_of_results_file,
+    logits_dirname,
+    meta_from_config,
+    read_results,
+    results_filename,
+)
 
 __all__ = [
     "RunRecord",
@@ -32,6 +38,7 @@ __all__ = [
     "find_result_files",
     "load_run",
     "load_runs",
+    "check_checkpoints",
     "flatten_results",
     "group_runs",
     "mean_std",
@@ -99,6 +106,18 @@ class RunRecord:
     def seed(self) -> Any:
         return self.meta.get("seed")
 
+    @property
+    def checkpoint(self) -> str:
+        """The evaluated checkpoint: ``meta.checkpoint``, else the results file's name."""
+        c = self.meta.get("checkpoint")
+        return str(c) if c else checkpoint_of_results_file(self.results_path)
+
+    @property
+    def logits_dir(self) -> Path:
+        """The saved logits of this evaluation (``logits/``, or ``logits-best/`` beside
+        ``results-best.json``)."""
+        return self.run_dir / logits_dirname(checkpoint_of_results_file(self.results_path))
+
 
 @dataclass
 class Group:
@@ -130,13 +149,18 @@ class LoadReport:
     errors: list[tuple[str, str]]
 
 
-def find_result_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[tuple[str, str]]]:
-    """Every ``results.json`` under ``paths`` (a path may also be a results file itself).
+def find_result_files(paths: Iterable[str | os.PathLike], checkpoint: str = "last",
+                      ) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Every ``results.json`` under ``paths`` (a path may also be a results file itself); with
+    ``checkpoint="best"`` every ``results-best.json`` (``torchcal eval RUN --checkpoint best``).
 
     Returns the sorted, de-duplicated files and ``(path, message)`` for arguments that do not
     exist or hold no ``results.json``, and for every ``torchcal train`` run directory found
     (one holding a training ``config.json``) whose ``results.json`` is missing.
     """
+    name = results_filename(checkpoint)
+    how = "`torchcal eval RUN_DIR`" + ("" if checkpoint == "last" else
+                                       f" --checkpoint {checkpoint}")
     found: dict[Path, None] = {}
     errors: list[tuple[str, str]] = []
     missing: dict[Path, None] = {}
@@ -145,11 +169,11 @@ def find_result_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], l
         if p.is_file():
             found[p.resolve()] = None
         elif p.is_dir():
-            hits = sorted(p.rglob("results.json"))
-            unevaluated = [d for d in _train_run_dirs(p) if not (d / "results.json").is_file()]
+            hits = sorted(p.rglob(name))
+            unevaluated = [d for d in _train_run_dirs(p) if not (d / name).is_file()]
             if not hits and not unevaluated:
-                errors.append((str(p), f"No results.json found under {str(p)!r} "
-                                       "(evaluate the run first: `torchcal eval RUN_DIR`)"))
+                errors.append((str(p), f"No {name} found under {str(p)!r} "
+                                       f"(evaluate the run first: {how})"))
             for h in hits:
                 found[h.resolve()] = None
             for d in unevaluated:
@@ -157,9 +181,9 @@ def find_result_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], l
         else:
             errors.append((str(p), f"Run directory {str(p)!r} does not exist"))
     for d in sorted(missing):
-        f = d / "results.json"
+        f = d / name
         errors.append((str(f), f"Results file {str(f)!r} does not exist: the run in {str(d)!r} "
-                               "was not evaluated or did not finish (`torchcal eval RUN_DIR`)"))
+                               f"was not evaluated or did not finish ({how})"))
     return sorted(found), errors
 
 
@@ -332,9 +356,10 @@ def ece_noise_floor(confidences: Any, *, n_bins: int = 15, n_draws: int = 200,
     return float(total) / n_draws
 
 
-def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
-    """Find and read every run under ``paths``; a bad file is recorded, never fatal."""
-    files, errors = find_result_files(paths)
+def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last") -> LoadReport:
+    """Find and read every run under ``paths`` (the evaluations of ``checkpoint``, see
+    :func:`find_result_files`); a bad file is recorded, never fatal."""
+    files, errors = find_result_files(paths, checkpoint)
     runs: list[RunRecord] = []
     for f in files:
         try:
@@ -344,6 +369,27 @@ def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
                 continue  # or of `torchcal uncertainty eval` (RUN_DIR/uncertainty/)
             errors.append((str(f), str(exc)))
     return LoadReport(runs=runs, errors=errors)
+
+
+def check_checkpoints(runs: Iterable[RunRecord], allow_mixed: bool = False) -> None:
+    """Refuse a table (one data set and model) whose runs were evaluated from different
+    checkpoints (``last`` and ``best``), unless ``allow_mixed``.
+
+    Raises:
+        ResultsFileError: naming, per checkpoint, the runs of the mixed table.
+    """
+    if allow_mixed:
+        return
+    tables: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for r in runs:
+        d, m = r.key[:2]
+        tables.setdefault((d, m), {}).setdefault(r.checkpoint, []).append(str(r.results_path))
+    for (d, m), by in tables.items():
+        if len(by) > 1:
+            detail = "; ".join(f"{c}: {', '.join(sorted(ps))}" for c, ps in sorted(by.items()))
+            raise ResultsFileError(
+                f"The runs of {d}/{m} were evaluated from different checkpoints ({detail}); "
+                "report one checkpoint (--checkpoint) or pass --mix-checkpoints")
 
 
 def _is_report_file(path: Path) -> bool:

@@ -89,7 +89,7 @@ def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
     for r in runs:
         if GAP_KEY in r.flat:
             continue
-        p = Path(r.run_dir) / "logits" / "test.npz"
+        p = r.logits_dir / "test.npz"
         if not p.is_file():
             continue
         try:
