@@ -117,11 +117,13 @@ def test_front_table_from_a_results_csv():
 def test_readme_front_table_equals_the_committed_results_csv():
     """The README's front table is generated from the committed demo results.csv: regenerate
     with `python -m torchcal.report.front README.md <csv>` after a new run."""
+    for doc in (ROOT / "README.md", ROOT / "docs" / "snippets" / "demo_table.md"):
+        text = doc.read_text(encoding="utf-8")
+        start = text.index("<!-- front-table: generated from ")
+        csv_rel = text[start:].split("generated from ", 1)[1].split(" by ", 1)[0]
+        csv_text = (doc.parent / csv_rel).read_text(encoding="utf-8")
+        assert replace_front_table(text, csv_rel, csv_text) == text, doc
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index("<!-- front-table: generated from ")
-    csv_rel = readme[start:].split("generated from ", 1)[1].split(" by ", 1)[0]
-    csv_text = (ROOT / csv_rel).read_text(encoding="utf-8")
-    assert replace_front_table(readme, csv_rel, csv_text) == readme
     # and the figures the README embeds from that run are committed next to it
     for line in readme.splitlines():
         if line.startswith("![") and "docs/results/" in line:
@@ -133,13 +135,19 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     claims section with verdicts computed from these runs (whatever they are)."""
     from torchcal.cli.demo import CLAIM_LOSSES, DemoConfig, run_demo
 
-    res = run_demo(DemoConfig(
+    cfg = DemoConfig(
         out=tmp_path / "demo", seeds=(0, 1), epochs=1, workers=1, progress=False, figures=False,
         data_kwargs={"n_train": 60, "n_val": 40, "n_test": 50},
         overrides={"data_root": str(tmp_path / "data"), "model_kwargs": {"width": 4},
-                   "ood_kwargs": {"mnist1d_shuffled": {"n": 30}}}))
+                   "ood_kwargs": {"mnist1d_shuffled": {"n": 30}}})
+    res = run_demo(cfg)
     assert res.failed == []
     md = res.report.report_md.read_text(encoding="utf-8")
+    assert "validate_args" not in md and "already finished" not in md
+    assert "On the full schedule" in md  # the shortened run quotes the --full verdicts
+    # the same command again: every run is skipped and the report says its time is not the demo's
+    again = run_demo(cfg).report.report_md.read_text(encoding="utf-8")
+    assert f"{2 * len(CLAIM_LOSSES)} of {2 * len(CLAIM_LOSSES)} runs were already finished" in again
     assert "MNIST-1D" in md and "Shortened schedule" in md and "AdaFocal uses the paper's λ=1" in md
     assert "60 / 40 / 50 train/validation/test signals" in md  # the sizes actually used
     section = md.split("## The papers' claims on this benchmark", 1)[1]
@@ -154,3 +162,29 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert "per seed (mnist1d / mnist1d_cnn)" in html and "<table>" in html
     doc = json.loads(res.report.results_json.read_text(encoding="utf-8"))
     assert all(GAP_KEY in g["mean"] for g in doc["groups"])
+
+
+def test_full_schedule_verdicts_quoted_by_the_demo_equal_the_committed_run():
+    """The shortened demo quotes the --full run's verdicts: they equal the claims computed from
+    the committed results.csv (regenerate both after a new --full run)."""
+    from torchcal.cli.demo import FULL_SCHEDULE_VERDICTS
+    from torchcal.report.aggregate import group_runs, runs_from_results_csv
+
+    csv_text = (ROOT / "docs" / "results" / "mnist1d" / "results.csv").read_text(encoding="utf-8")
+    got = {r.claim.key: (r.k, r.n) for r in check_claims(group_runs(runs_from_results_csv(csv_text)))}
+    assert got == {k: (v[1], v[2]) for k, v in FULL_SCHEDULE_VERDICTS.items()}
+    assert all(n == 5 for _k, n in got.values())  # the committed run is --full (5 seeds)
+
+
+def test_readme_claim_lines_equal_the_committed_run():
+    """Each claim line of the README states the verdict computed from the committed results.csv."""
+    from torchcal.cli.demo import FULL_SCHEDULE_VERDICTS
+    from torchcal.report.aggregate import group_runs, runs_from_results_csv
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    csv_text = (ROOT / "docs" / "results" / "mnist1d" / "results.csv").read_text(encoding="utf-8")
+    got = {r.claim.key: (r.k, r.n) for r in check_claims(group_runs(runs_from_results_csv(csv_text)))}
+    for key, (label, _k, _n) in FULL_SCHEDULE_VERDICTS.items():
+        k, n = got[key]
+        line = next(line for line in readme.splitlines() if line.startswith("- ") and label in line)
+        assert f"holds on {k} of {n} seeds" in line, (key, line)

@@ -236,6 +236,27 @@ def test_stale_detects_changed_training_settings(tiny_demo):
         assert _stale(run, dataclasses.replace(cfg, **change)), change
 
 
+def test_a_config_written_before_a_field_existed_is_not_stale(tiny_demo, tmp_path):
+    """A finished run whose config.json lacks a newer TrainConfig field (e.g. `tensorboard`,
+    `amp`) had that field's default: a rerun of the demo skips it instead of training it again
+    (the retraining of every committed --full run that this caught)."""
+    import json
+
+    from torchcal.cli.demo import _stale, _train_config
+
+    (job,) = demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
+                       tiny_demo.out_dir)
+    cfg = _train_config(job)
+    old = json.loads((tiny_demo.out_dir / "runs" / "ce" / "seed0" / "config.json").read_text())
+    for field in ("tensorboard", "amp", "compile"):
+        old.pop(field, None)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert not _stale(tmp_path, cfg)
+    import dataclasses
+
+    assert _stale(tmp_path, dataclasses.replace(cfg, compile=True))  # not the missing default
+
+
 def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     from pathlib import Path
 

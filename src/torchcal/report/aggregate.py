@@ -10,6 +10,8 @@ deviation (``ddof=1``; NaN for a single run), ignoring NaN entries (an undefined
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -39,6 +41,7 @@ __all__ = [
     "load_run",
     "load_runs",
     "check_checkpoints",
+    "runs_from_results_csv",
     "flatten_results",
     "group_runs",
     "mean_std",
@@ -369,6 +372,42 @@ def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last") -> L
                 continue  # or of `torchcal uncertainty eval` (RUN_DIR/uncertainty/)
             errors.append((str(f), str(exc)))
     return LoadReport(runs=runs, errors=errors)
+
+
+def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
+    """The runs of a report's ``results.csv`` (one row per run, fractions; written by
+    :func:`torchcal.report.tables.runs_csv`), read back without their run directories, so that
+    a committed ``results.csv`` can be grouped and its claims checked again.
+
+    >>> rows = "dataset,model,loss,loss_kwargs,seed,run_dir,test.pre.ece\nd,m,ce,{},0,r,0.04\n"
+    >>> r = runs_from_results_csv(rows)[0]
+    >>> r.key, r.seed, r.flat
+    (('d', 'm', 'ce', '{}'), 0, {'test.pre.ece': 0.04})
+    """
+    reader = csv.DictReader(io.StringIO(csv_text))
+    need = ("dataset", "model", "loss", "loss_kwargs", "seed", "run_dir")
+    if not reader.fieldnames or not set(need) <= set(reader.fieldnames):
+        raise ValueError(f"Expected `csv_text` to be a torchcal results.csv (columns "
+                         f"{', '.join(need)}, ...), got columns {reader.fieldnames}")
+    runs = []
+    for row in reader:
+        seed: Any = row["seed"]
+        if seed.lstrip("-").isdigit():
+            seed = int(seed)
+        meta = {"dataset": row["dataset"], "model": row["model"], "loss": row["loss"],
+                "loss_kwargs": json.loads(row["loss_kwargs"] or "{}"), "seed": seed}
+        flat = {}
+        for k, v in row.items():
+            if k in need or v in ("", None):
+                continue
+            try:
+                flat[k] = float(v)
+            except ValueError:
+                continue
+        runs.append(RunRecord(run_dir=Path(row["run_dir"]),
+                              results_path=Path(row["run_dir"]) / results_filename(),
+                              results={}, meta=meta, flat=flat))
+    return runs
 
 
 def check_checkpoints(runs: Iterable[RunRecord], allow_mixed: bool = False) -> None:
