@@ -379,7 +379,7 @@ def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
     :func:`torchcal.report.tables.runs_csv`), read back without their run directories, so that
     a committed ``results.csv`` can be grouped and its claims checked again.
 
-    >>> rows = "dataset,model,loss,loss_kwargs,seed,run_dir,test.pre.ece\nd,m,ce,{},0,r,0.04\n"
+    >>> rows = "dataset,model,loss,loss_kwargs,seed,run_dir,test.pre.ece\\nd,m,ce,{},0,r,0.04\\n"
     >>> r = runs_from_results_csv(rows)[0]
     >>> r.key, r.seed, r.flat
     (('d', 'm', 'ce', '{}'), 0, {'test.pre.ece': 0.04})
