@@ -87,6 +87,13 @@ def _epochs_logged(run: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+#: Long enough (about 0.04 s per digits epoch on an idle core) that the run cannot finish
+#: between its first checkpoint and the Ctrl-C: with 30 / 20 epochs an idle CI machine finished
+#: both runs first (exit 0 instead of 130); these leave about 5 s. The continuation trains the rest.
+TRAIN_EPOCHS = 200
+DEMO_EPOCHS = 150
+
+
 def _checkpoint_epoch(run: Path) -> int:
     from torchcal.train.checkpoint import load_checkpoint
 
@@ -101,27 +108,27 @@ def test_train_ctrl_c_prints_the_resume_command_and_it_continues(tmp_path, capsy
         assert f"in use by process {pid} (torchcal train" in capsys.readouterr().err
 
     err, exited, _ = _interrupt(
-        ["train", "--recipe", "digits-mlp", "--epochs", "30", "--checkpoint-every", "1",
+        ["train", "--recipe", "digits-mlp", "--epochs", str(TRAIN_EPOCHS), "--checkpoint-every", "1",
          "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run)],
         str(run / "checkpoints" / "last.pt"), eval_is_refused)
     print(f"train exited {exited:.2f} s after Ctrl-C")
     hint = f"torchcal train --out {run} --resume"
     assert err.strip().endswith(hint), err
     at = _checkpoint_epoch(run)
-    assert 1 <= at < 30
+    assert 1 <= at < TRAIN_EPOCHS
     before = _epochs_logged(run)[:at]
     # the printed command continues the run from its checkpoint
     assert main(shlex.split(hint)[1:]) == 0
     after = _epochs_logged(run)
-    assert len(after) == 30 and after[:at] == before  # the first epochs were not trained again
+    assert len(after) == TRAIN_EPOCHS and after[:at] == before  # the first epochs were not trained again
     assert "for epochs" in capsys.readouterr().out
 
 
 def test_demo_ctrl_c_stops_the_workers_and_the_same_command_continues(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["demo", "--dataset", "digits", "--losses", "ce", "--seeds", "0,1", "--epochs", "20", "--workers", "2",
+    argv = ["demo", "--dataset", "digits", "--losses", "ce", "--seeds", "0,1", "--epochs", str(DEMO_EPOCHS), "--workers", "2",
             "--no-progress", "--no-figures", "--out", str(out)]
-    # Ctrl-C while the workers train (a run's first checkpoint is written at epoch 2)
+    # Ctrl-C while the workers train (a run writes a checkpoint every tenth of its epochs)
     err, exited, all_gone = _interrupt(
         argv, str(out / "runs" / "ce" / "seed*" / "checkpoints" / "last.pt"))
     print(f"demo exited {exited:.2f} s, its workers gone {all_gone:.2f} s after Ctrl-C")
@@ -129,11 +136,11 @@ def test_demo_ctrl_c_stops_the_workers_and_the_same_command_continues(tmp_path, 
     cmd = err.rsplit(": ", 1)[1]
     assert shlex.split(cmd) == ["torchcal", *argv], cmd
     runs = {s: out / "runs" / "ce" / f"seed{s}" for s in (0, 1)}
-    # the workers stopped instead of finishing their runs (the first checkpoint is at epoch 2)
+    # the workers stopped instead of finishing their runs
     assert not all((r / "results.json").exists() for r in runs.values())
     at = {s: _checkpoint_epoch(r) if (r / "checkpoints" / "last.pt").exists() else 0
           for s, r in runs.items()}
-    assert any(1 <= a < 20 for a in at.values()), at
+    assert any(1 <= a < DEMO_EPOCHS for a in at.values()), at
     before = {s: _epochs_logged(r)[:at[s]] for s, r in runs.items()}
     # the same command (in this process: one worker, the same numbers) continues ...
     same = shlex.split(cmd)[1:]
@@ -141,8 +148,8 @@ def test_demo_ctrl_c_stops_the_workers_and_the_same_command_continues(tmp_path, 
     assert main(same) == 0
     for s, r in runs.items():
         after = _epochs_logged(r)
-        assert len(after) == 20 and after[:at[s]] == before[s], s  # resumed, not retrained
-        assert json.loads((r / "results.json").read_text())["meta"]["epoch"] == 20
+        assert len(after) == DEMO_EPOCHS and after[:at[s]] == before[s], s  # resumed
+        assert json.loads((r / "results.json").read_text())["meta"]["epoch"] == DEMO_EPOCHS
     # ... and once finished, a rerun skips every run (nothing rewritten)
     stamps = {s: (r / "results.json").stat().st_mtime_ns for s, r in runs.items()}
     assert main(same) == 0
