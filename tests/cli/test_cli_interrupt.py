@@ -30,10 +30,18 @@ def _env():
                 PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
+def _foreground_sigint() -> None:
+    """In the child before exec: SIGINT as in a terminal's foreground job. A shell without job
+    control (``cmd &``, ``nohup``, some CI runners) starts its background commands with SIGINT
+    ignored, the child would inherit that, and Python then installs no KeyboardInterrupt
+    handler: the Ctrl-C under test would do nothing and the run would finish (exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(argv):
     return subprocess.Popen([sys.executable, "-m", "torchcal", *argv], env=_env(),
                             start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_foreground_sigint)
 
 
 def _wait_for(pattern: str, proc: subprocess.Popen, timeout: float = 300) -> list[str]:
