@@ -92,7 +92,8 @@ try:  # the fused focal-family kernel of torchcal.functional: one log_softmax fo
 except ImportError:  # pragma: no cover - only if the functional internals are reorganised
     fused_loss = None
 
-__all__ = ["AdaFocalLoss", "adafocal_gamma_update", "published_equal_mass_edges", "EDGES"]
+__all__ = ["AdaFocalLoss", "adafocal_gamma_update", "published_equal_mass_edges",
+           "published_equal_mass_bins", "EDGES"]
 
 #: The two equal-mass edge definitions of :class:`AdaFocalLoss` (``edges=``).
 EDGES = ("equal_mass", "published")
@@ -171,6 +172,27 @@ def published_equal_mass_edges(sorted_conf: torch.Tensor, n_bins: int) -> torch.
     slope = s[j1] - s[j]
     inner = slope * (x - j.to(torch.float64)) + s[j]
     return torch.where(x >= n - 1, s[n - 1].expand_as(x), inner)
+
+
+def published_equal_mass_bins(
+    conf: torch.Tensor, n_bins: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bins of the published equal-mass binning: ``(edges (B+1,) float64, bin (N,), kept (N,))``.
+
+    ``edges`` from :func:`published_equal_mass_edges`; value ``x`` is in bin ``b`` when
+    ``e_b < x <= e_{b+1}``, compared in ``conf``'s dtype (the published code compares float32
+    confidences with the edges rounded to float32); ``kept`` is False for the values equal to
+    the minimum ``e_0``, which are in no bin.
+
+    Example:
+        >>> conf = torch.tensor([0.2, 0.9, 0.2, 0.5], dtype=torch.float64)
+        >>> edges, idx, kept = published_equal_mass_bins(conf, 2)
+        >>> edges.tolist(), idx.tolist(), kept.tolist()  # the two 0.2 (the minimum) are dropped
+        ([0.2, 0.5, 0.9], [0, 1, 0, 0], [False, True, False, True])
+    """
+    edges = published_equal_mass_edges(torch.sort(conf).values, n_bins)
+    cmp = edges.to(conf.dtype)
+    return edges, bin_index(conf, cmp[1:-1]), conf > cmp[0]
 
 
 def _dist_world() -> int:
@@ -424,13 +446,9 @@ class AdaFocalLoss(CalibrationLoss):
         order = torch.argsort(conf, stable=True)
         conf_s = conf[order]
         correct_s = correct[order]
-        if self.edges == "published":
-            full = published_equal_mass_edges(conf_s, self.n_bins)
-            interior = full[1:-1]
-            # compared in the confidences' dtype, as the published float32 comparisons
-            cmp = full.to(conf_s.dtype)
-            idx = bin_index(conf_s, cmp[1:-1])
-            kept = (conf_s > cmp[0]).to(torch.float64)  # ties with the minimum: in no bin
+        if self.edges == "published":  # ties with the minimum are in no bin (kept = 0)
+            full, idx, kept = published_equal_mass_bins(conf_s, self.n_bins)
+            interior, kept = full[1:-1], kept.to(torch.float64)
         else:
             interior = equal_mass_edges(conf_s, self.n_bins)
             idx = bin_index(conf_s, interior)
