@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import torchcal.functional as TF
 from torchcal.losses import CalibrationLoss, create_loss, list_losses
+from torchcal.losses.base import loss_on_validation, loss_set_epoch
 
 # Every per-sample loss (MMCE is a batch loss, tested in its own file and below).
 PER_SAMPLE = {
@@ -384,8 +385,26 @@ def test_registry_gradients(name):
     # away from FLSD's thresholds (its γ is piecewise constant in p_y)
     assert ((p_y[:, None] - torch.tensor([0.2, 0.5], dtype=torch.float64)).abs() > 1e-3).all()
     loss = create_loss(name)
+    # a state past the first epoch and one validation pass (stateful losses: ECE-loss blends
+    # from plain CE at epoch 0, the temperature-aware ones fit T)
+    loss_set_epoch(loss, 100)
+    loss_on_validation(loss, logits=3 * torch.randn(64, 4, generator=g, dtype=torch.float64),
+                       labels=torch.randint(0, 4, (64,), generator=g))
     xr = x.clone().requires_grad_(True)
-    if isinstance(loss, GradientWeightedLoss):
+    if hasattr(loss, "gradient_weights"):
+        # a detached weight times a per-sample base loss b (the exponentially weighted family,
+        # MMCE-GRA): loss(reduction="sum") = Σ w_i b_i and its gradient is Σ w_i ∇b_i
+        loss.reduction = "sum"
+        w, b = loss.gradient_weights(x, t)
+        torch.testing.assert_close(loss(x, t), (w * b).sum())
+        loss(xr, t).backward()
+        xh = x.clone().requires_grad_(True)
+        bh = loss.gradient_weights(xh, t)[1]
+        bh.register_hook(lambda grad: grad * w)
+        bh.sum().backward()
+        torch.testing.assert_close(xr.grad, xh.grad)
+        assert not torch.autograd.gradcheck(lambda z: loss(z, t), (xr,), raise_exception=False)
+    elif isinstance(loss, GradientWeightedLoss):
         loss.reduction = "none"
         w = (loss(x, t) / F.cross_entropy(x, t, reduction="none")).detach()
         loss.reduction = "sum"
