@@ -9,9 +9,12 @@ r"""The calibration-error training losses the BSCE-GRA repository compares again
 
   .. math::
       \mathrm{DECE} = \sum_b \frac{S_b}{N}\,\Big|\frac{\sum_i π_{ib} a_i}{S_b}
-                      - \frac{\sum_i π_{ib} r_i}{S_b}\Big|,\qquad S_b = \sum_i π_{ib}
+                      - \frac{\sum_i π_{ib} r_i}{S_b}\Big|
+                    = \frac{1}{N} \sum_b \Big|\sum_i π_{ib} (a_i - r_i)\Big|,
+      \qquad S_b = \sum_i π_{ib}
 
-  (``t_a = 100``, ``t_b = 0.01`` as the published ``DECE(t_a=100, t_b=0.01)``).
+  (``t_a = 100``, ``t_b = 0.01`` as the published ``DECE(t_a=100, t_b=0.01)``; computed in the
+  second form, in float64).
 * **ECE-KDE** (Popordanoska, Sayer, Blaschko, NeurIPS 2022): a kernel-density estimate of the
   Lp calibration error.  For ``mc_type="canonical"`` with a Dirichlet kernel
   ``K(f_i; f_j) = Dir(f_i; f_j / h + 1)``, leave-one-out ratios
@@ -82,7 +85,16 @@ def _check_labels(labels, n, c) -> torch.Tensor:
 # ------------------------------------------------------------------------------------- DECE
 def _dece(p: torch.Tensor, y: torch.Tensor, n_bins: int, t_a: float, t_b: float,
           weight: torch.Tensor | None = None) -> torch.Tensor:
-    """DECE of probabilities (M, C) and labels (M,); ``weight`` (0/1) drops rows."""
+    """DECE of probabilities (M, C) and labels (M,); ``weight`` (0/1) drops rows.
+
+    Evaluated in float64 and returned in ``p``'s dtype: with ``t_b = 0.01`` the soft binning
+    divides confidences of order 1 by 0.01, and float32 rounding of those logits would change
+    the bin weights (and the gradient) in the fourth digit.
+    """
+    out_dtype = p.dtype
+    p = p.to(torch.float64)
+    if weight is not None:
+        weight = weight.to(torch.float64)
     conf = p.max(dim=1).values
     cut = torch.linspace(0.0, 1.0, n_bins + 1, dtype=p.dtype, device=p.device)[:-1]
     w_bins = torch.arange(1, n_bins + 1, dtype=p.dtype, device=p.device)
@@ -97,9 +109,8 @@ def _dece(p: torch.Tensor, y: torch.Tensor, n_bins: int, t_a: float, t_b: float,
         n = weight.sum()
     else:
         n = torch.tensor(float(p.shape[0]), dtype=p.dtype, device=p.device)
-    mass = bins.sum(dim=0)
-    gap = (bins.t() @ acc - bins.t() @ conf) / mass
-    return (mass * gap.abs()).sum() / n
+    # S_b |A_b/S_b - C_b/S_b| = |A_b - C_b|: no division by a bin's (possibly tiny) mass
+    return ((bins.t() @ (acc - conf)).abs().sum() / n).to(out_dtype)
 
 
 def dece(
