@@ -12,7 +12,7 @@ from ._common import check_hyper, no_autocast
 from ._loss_utils import _compute_dtype, reduce_loss, target_log_probs
 
 __all__ = ["rows", "row_log_probs", "scaled_log_probs", "check_temperature", "kept_mask",
-           "batch_reduce", "weighted_ce", "WeightFn"]
+           "kept_count", "check_batch_reduction", "batch_reduce", "weighted_ce", "WeightFn"]
 
 #: ``weight_fn(log_probs (M, C), target (M,)) -> (M,)``: a per-row weight.
 WeightFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -56,6 +56,22 @@ def scaled_log_probs(input: torch.Tensor, temperature: float | torch.Tensor) -> 
 def kept_mask(target: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """Boolean mask of the entries not equal to ``ignore_index`` (target's shape)."""
     return target != ignore_index
+
+
+def kept_count(lp: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """The number M of kept entries as a 0-d tensor in ``lp``'s dtype."""
+    if valid is None:
+        return lp.new_tensor(float(lp.numel()))
+    return valid.sum().to(lp.dtype)
+
+
+def check_batch_reduction(reduction: str, name: str) -> None:
+    """A batch-level loss takes ``"mean"`` or ``"sum"``: reject ``"none"`` with a clear error."""
+    if reduction == "none":
+        raise ValueError(
+            f"Expected `reduction` to be 'mean' or 'sum' for {name}: it is a batch quantity, "
+            "so reduction='none' is not supported"
+        )
 
 
 def batch_reduce(value_mean: torch.Tensor, count: torch.Tensor, reduction: str) -> torch.Tensor:

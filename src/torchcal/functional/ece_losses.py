@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from ._common import check_hyper, no_autocast
 from ._loss_utils import check_loss_args, reduce_loss
-from ._plain import batch_reduce, row_log_probs
+from ._plain import batch_reduce, check_batch_reduction, kept_count, row_log_probs
 
 __all__ = [
     "dece",
@@ -140,15 +140,6 @@ def dece(
     return _dece(log_p.exp(), y, n_bins, t_a, t_b)
 
 
-def _check_batch(input, target, reduction, name):
-    check_loss_args(input, target, reduction)
-    if reduction == "none":
-        raise ValueError(
-            f"Expected `reduction` to be 'mean' or 'sum' for {name}: it is a batch quantity, "
-            "so reduction='none' is not supported"
-        )
-
-
 def dece_loss(
     input: torch.Tensor, target: torch.Tensor, lam: float = 1.0, *, n_bins: int = 15,
     t_a: float = 100.0, t_b: float = 0.01, cross_entropy: bool = False,
@@ -177,7 +168,8 @@ def dece_loss(
         >>> dece_loss(x, torch.tensor([0, 1]))
         tensor(0.3500)
     """
-    _check_batch(input, target, reduction, "DECE")
+    check_loss_args(input, target, reduction)
+    check_batch_reduction(reduction, "DECE")
     lam = check_hyper(lam, "lam")
     n_bins = _check_bins(n_bins)
     t_a = check_hyper(t_a, "t_a", positive=True)
@@ -185,7 +177,7 @@ def dece_loss(
     with no_autocast(input):
         log_p, lp, safe, valid = row_log_probs(input, target, ignore_index, validate_args)
         w = None if valid is None else valid.to(log_p.dtype)
-        m = lp.new_tensor(float(lp.numel())) if valid is None else valid.sum().to(lp.dtype)
+        m = kept_count(lp, valid)
         value = lam * _dece(log_p.exp(), safe, n_bins, t_a, t_b, w)
         if cross_entropy:
             value = value - lp.sum() / m
@@ -352,12 +344,13 @@ def ece_kde_loss(
         >>> ece_kde_loss(x, torch.tensor([0, 1, 1, 1]), lam=0.5, bandwidth=0.01)  # 0.7136 + 0.35
         tensor(1.0636)
     """
-    _check_batch(input, target, reduction, "ECE-KDE")
+    check_loss_args(input, target, reduction)
+    check_batch_reduction(reduction, "ECE-KDE")
     lam = check_hyper(lam, "lam")
     bandwidth, p = _check_kde_args(bandwidth, p, mc_type)
     with no_autocast(input):
         log_p, lp, safe, valid = row_log_probs(input, target, ignore_index, validate_args)
-        m = lp.new_tensor(float(lp.numel())) if valid is None else valid.sum().to(lp.dtype)
+        m = kept_count(lp, valid)
         value = -lp.sum() / m + lam * _ece_kde(log_p, safe, bandwidth, p, mc_type, valid)
         return batch_reduce(value, m, reduction)
 

@@ -22,7 +22,7 @@ import torch
 
 from ._common import check_hyper, no_autocast
 from ._loss_utils import check_loss_args
-from ._plain import batch_reduce, row_log_probs
+from ._plain import batch_reduce, check_batch_reduction, kept_count, row_log_probs
 
 __all__ = ["mmce_m_penalty", "mmce_m_loss", "mmce_gra_loss"]
 
@@ -59,18 +59,9 @@ def _batch_terms(input, target, ignore_index, validate_args, width):
     top, pred = log_p.max(dim=1)
     correct = pred == target.reshape(-1)
     w = None if valid is None else valid.to(top.dtype)
-    m = lp.new_tensor(float(lp.numel())) if valid is None else valid.sum().to(lp.dtype)
+    m = kept_count(lp, valid)
     pen = mmce_m_penalty(top.exp(), correct, width=width, weight=w)
     return -lp.sum() / m, pen, m
-
-
-def _check_batch_args(input, target, reduction, name):
-    check_loss_args(input, target, reduction)
-    if reduction == "none":
-        raise ValueError(
-            f"Expected `reduction` to be 'mean' or 'sum' for {name}: it is a batch quantity, "
-            "so reduction='none' is not supported"
-        )
 
 
 def mmce_m_loss(
@@ -93,7 +84,8 @@ def mmce_m_loss(
         >>> mmce_m_loss(x, torch.tensor([0, 0]))  # CE 0.7201 + MMCE_m 0.1072
         tensor(0.8273)
     """
-    _check_batch_args(input, target, reduction, "MMCE_m")
+    check_loss_args(input, target, reduction)
+    check_batch_reduction(reduction, "MMCE_m")
     lam = check_hyper(lam, "lam")
     with no_autocast(input):
         ce, pen, m = _batch_terms(input, target, ignore_index, validate_args, width)
@@ -112,7 +104,8 @@ def mmce_gra_loss(
         >>> mmce_gra_loss(x, torch.tensor([0, 0]))  # 0.1072 · 0.7201
         tensor(0.0772)
     """
-    _check_batch_args(input, target, reduction, "MMCE-GRA")
+    check_loss_args(input, target, reduction)
+    check_batch_reduction(reduction, "MMCE-GRA")
     with no_autocast(input):
         ce, pen, m = _batch_terms(input, target, ignore_index, validate_args, width)
         return batch_reduce(pen.detach() * ce, m, reduction)

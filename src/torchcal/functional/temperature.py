@@ -62,6 +62,14 @@ def _bsce_weight(beta: float, gamma: float) -> WeightFn:
     return fn
 
 
+def _run(input, target, weight: WeightFn, detach: bool, temperature, reduction: str,
+         ignore_index: int, validate_args: bool) -> torch.Tensor:
+    check_loss_args(input, target, reduction)
+    return weighted_ce(input, target, weight, detach=detach,
+                       temperature=check_temperature(temperature), reduction=reduction,
+                       ignore_index=ignore_index, validate_args=validate_args)
+
+
 def temperature_focal_loss(
     input: torch.Tensor, target: torch.Tensor, gamma: float = 3.0,
     temperature: float | torch.Tensor = 1.0, *, reduction: str = "mean",
@@ -85,12 +93,8 @@ def temperature_focal_loss(
         tensor(0.0341)
         >>> # (1 - sigmoid(1)) · -log sigmoid(2) = 0.2689 · 0.1269
     """
-    check_loss_args(input, target, reduction)
-    gamma = check_hyper(gamma, "gamma")
-    temperature = check_temperature(temperature)
-    return weighted_ce(input, target, _focal_weight(gamma), detach=False,
-                       temperature=temperature, reduction=reduction,
-                       ignore_index=ignore_index, validate_args=validate_args)
+    return _run(input, target, _focal_weight(check_hyper(gamma, "gamma")), False,
+                temperature, reduction, ignore_index, validate_args)
 
 
 def temperature_focal_gra_loss(
@@ -106,12 +110,8 @@ def temperature_focal_gra_loss(
         >>> temperature_focal_gra_loss(x, torch.tensor([0]), gamma=1.0, temperature=2.0)
         tensor(0.0341)
     """
-    check_loss_args(input, target, reduction)
-    gamma = check_hyper(gamma, "gamma")
-    temperature = check_temperature(temperature)
-    return weighted_ce(input, target, _focal_weight(gamma), detach=True,
-                       temperature=temperature, reduction=reduction,
-                       ignore_index=ignore_index, validate_args=validate_args)
+    return _run(input, target, _focal_weight(check_hyper(gamma, "gamma")), True,
+                temperature, reduction, ignore_index, validate_args)
 
 
 def temperature_dual_focal_loss(
@@ -129,12 +129,8 @@ def temperature_dual_focal_loss(
         >>> temperature_dual_focal_loss(x, torch.tensor([1]), gamma=1.0)  # T = 1: dual focal
         tensor(1.0836)
     """
-    check_loss_args(input, target, reduction)
-    gamma = check_hyper(gamma, "gamma")
-    temperature = check_temperature(temperature)
-    return weighted_ce(input, target, _dual_focal_weight(gamma), detach=False,
-                       temperature=temperature, reduction=reduction,
-                       ignore_index=ignore_index, validate_args=validate_args)
+    return _run(input, target, _dual_focal_weight(check_hyper(gamma, "gamma")), False,
+                temperature, reduction, ignore_index, validate_args)
 
 
 def temperature_dual_focal_gra_loss(
@@ -150,12 +146,8 @@ def temperature_dual_focal_gra_loss(
         >>> temperature_dual_focal_gra_loss(x, torch.tensor([1]), gamma=1.0)
         tensor(1.0836)
     """
-    check_loss_args(input, target, reduction)
-    gamma = check_hyper(gamma, "gamma")
-    temperature = check_temperature(temperature)
-    return weighted_ce(input, target, _dual_focal_weight(gamma), detach=True,
-                       temperature=temperature, reduction=reduction,
-                       ignore_index=ignore_index, validate_args=validate_args)
+    return _run(input, target, _dual_focal_weight(check_hyper(gamma, "gamma")), True,
+                temperature, reduction, ignore_index, validate_args)
 
 
 def temperature_bsce_loss(
@@ -181,13 +173,8 @@ def temperature_bsce_loss(
         >>> temperature_bsce_loss(x, torch.tensor([0]), temperature=2.0)  # 2·(1-σ(1))²·(-log σ(2))
         tensor(0.0184)
     """
-    check_loss_args(input, target, reduction)
-    beta = _check_beta(beta)
-    gamma = check_hyper(gamma, "gamma")
-    temperature = check_temperature(temperature)
-    return weighted_ce(input, target, _bsce_weight(beta, gamma), detach=False,
-                       temperature=temperature, reduction=reduction,
-                       ignore_index=ignore_index, validate_args=validate_args)
+    return _run(input, target, _bsce_weight(_check_beta(beta), check_hyper(gamma, "gamma")), False,
+                temperature, reduction, ignore_index, validate_args)
 
 
 def temperature_bsce_gra_loss(
@@ -203,10 +190,5 @@ def temperature_bsce_gra_loss(
         >>> temperature_bsce_gra_loss(x, torch.tensor([0]), temperature=2.0)
         tensor(0.0184)
     """
-    check_loss_args(input, target, reduction)
-    beta = _check_beta(beta)
-    gamma = check_hyper(gamma, "gamma")
-    temperature = check_temperature(temperature)
-    return weighted_ce(input, target, _bsce_weight(beta, gamma), detach=True,
-                       temperature=temperature, reduction=reduction,
-                       ignore_index=ignore_index, validate_args=validate_args)
+    return _run(input, target, _bsce_weight(_check_beta(beta), check_hyper(gamma, "gamma")), True,
+                temperature, reduction, ignore_index, validate_args)

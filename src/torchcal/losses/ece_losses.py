@@ -10,6 +10,7 @@ import torch
 
 from .._validation import check_labels, check_positive_int
 from ..functional._common import check_hyper, no_autocast
+from ..functional._plain import check_batch_reduction
 from ..functional.ece_losses import ECE_KDE_TYPES, dece_loss, ece_gap_loss, ece_kde_loss
 from ..metrics._common import binned_sums, classwise_sums
 from ..metrics.binning import equal_width_bin_index
@@ -19,14 +20,6 @@ from .base import CalibrationLoss
 from .temperature import gather_validation
 
 __all__ = ["DECELoss", "ECEKDELoss", "ECEGapLoss"]
-
-
-def _reject_none(obj: CalibrationLoss, reduction: str) -> None:
-    if reduction == "none":
-        raise ValueError(
-            f"Expected `reduction` to be 'mean' or 'sum' for {type(obj).__name__}: it is a batch "
-            "quantity, so reduction='none' is not supported"
-        )
 
 
 @register_loss("dece")
@@ -57,7 +50,7 @@ class DECELoss(CalibrationLoss):
                  t_b: float = 0.01, cross_entropy: bool = False, *, reduction: str = "mean",
                  ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        _reject_none(self, reduction)
+        check_batch_reduction(reduction, type(self).__name__)
         self.lam = check_hyper(lam, "lam")
         self.n_bins = check_positive_int(n_bins, "n_bins")
         self.t_a = check_hyper(t_a, "t_a", positive=True)
@@ -100,7 +93,7 @@ class ECEKDELoss(CalibrationLoss):
                  mc_type: str = "canonical", *, reduction: str = "mean",
                  ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        _reject_none(self, reduction)
+        check_batch_reduction(reduction, type(self).__name__)
         self.lam = check_hyper(lam, "lam")
         self.bandwidth = check_hyper(bandwidth, "bandwidth", positive=True)
         self.p = check_hyper(p, "p", positive=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..functional._common import check_hyper
+from ..functional._plain import check_batch_reduction
 from ..functional.basic import cross_entropy
 from ..functional.mmce_unweighted import _batch_terms, mmce_gra_loss, mmce_m_loss
 from ._registry import register_loss
@@ -22,11 +23,7 @@ class _BatchLoss(CalibrationLoss):
     def __init__(self, width: float = 0.4, *, reduction: str = "mean",
                  ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        if reduction == "none":
-            raise ValueError(
-                f"Expected `reduction` to be 'mean' or 'sum' for {type(self).__name__}: it is a "
-                "batch quantity, so reduction='none' is not supported"
-            )
+        check_batch_reduction(reduction, type(self).__name__)
         self.width = check_hyper(width, "width", positive=True)
 
 

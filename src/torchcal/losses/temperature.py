@@ -16,6 +16,7 @@ decimals ``k / 100``; the published ECE bins ``(k/B, (k+1)/B]`` are torchcal's.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,18 +71,33 @@ def gather_validation(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Ten
 
 
 class _ValidationTemperature:
-    """Mixin: the ``temperature`` buffer and its validation fit (module docstring)."""
+    """Mixin: the ``temperature`` buffer, its validation fit (module docstring), and a forward
+    calling ``_loss_fn(input, target, *hyperparameters, T, ...)``."""
 
     wants_validation = True
     temperature: torch.Tensor
+    _loss_fn: Callable[..., torch.Tensor]
 
-    def _init_temperature(self, criterion: str) -> None:
+    def _init_temperature(self, criterion: str, **hyperparameters: float) -> None:
         if criterion not in TEMPERATURE_CRITERIA:
             raise ValueError(
                 f"Expected `criterion` to be one of {TEMPERATURE_CRITERIA}, got {criterion!r}"
             )
+        self._hyper = tuple(hyperparameters)
+        for name, value in hyperparameters.items():
+            setattr(self, name, value)
         self.criterion = criterion
         self.register_buffer("temperature", torch.ones((), dtype=torch.float64))
+
+    def extra_repr(self) -> str:
+        hyper = "".join(f"{n}={getattr(self, n)}, " for n in self._hyper)
+        return (f"{hyper}criterion={self.criterion!r}, temperature={float(self.temperature):g}, "
+                f"reduction={self.reduction!r}")
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self._loss_fn(input, target, *(getattr(self, n) for n in self._hyper),
+                             self.temperature, reduction=self.reduction,
+                             ignore_index=self.ignore_index)
 
     @torch.no_grad()
     def fit_temperature(self, *, logits: Any, labels: Any) -> float:
@@ -120,19 +136,12 @@ class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
         0.01
     """
 
+    _loss_fn = staticmethod(temperature_focal_loss)
+
     def __init__(self, gamma: float = 3.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
-        self._init_temperature(criterion)
-
-    def extra_repr(self) -> str:
-        return (f"gamma={self.gamma}, criterion={self.criterion!r}, "
-                f"temperature={float(self.temperature):g}, reduction={self.reduction!r}")
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return temperature_focal_loss(input, target, self.gamma, self.temperature,
-                                      reduction=self.reduction, ignore_index=self.ignore_index)
+        self._init_temperature(criterion, gamma=check_hyper(gamma, "gamma"))
 
 
 @register_loss("temperature_focal_gra")
@@ -145,18 +154,12 @@ class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
         tensor(0.3466)
     """
 
+    _loss_fn = staticmethod(temperature_focal_gra_loss)
+
     def __init__(self, gamma: float = 3.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
-        self._init_temperature(criterion)
-
-    extra_repr = TemperatureFocalLoss.extra_repr
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return temperature_focal_gra_loss(input, target, self.gamma, self.temperature,
-                                          reduction=self.reduction,
-                                          ignore_index=self.ignore_index)
+        self._init_temperature(criterion, gamma=check_hyper(gamma, "gamma"))
 
 
 @register_loss("temperature_dual_focal")
@@ -170,18 +173,12 @@ class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
         tensor(1.0836)
     """
 
+    _loss_fn = staticmethod(temperature_dual_focal_loss)
+
     def __init__(self, gamma: float = 5.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
-        self._init_temperature(criterion)
-
-    extra_repr = TemperatureFocalLoss.extra_repr
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return temperature_dual_focal_loss(input, target, self.gamma, self.temperature,
-                                           reduction=self.reduction,
-                                           ignore_index=self.ignore_index)
+        self._init_temperature(criterion, gamma=check_hyper(gamma, "gamma"))
 
 
 @register_loss("temperature_dual_focal_gra")
@@ -195,18 +192,12 @@ class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
         tensor(1.0836)
     """
 
+    _loss_fn = staticmethod(temperature_dual_focal_gra_loss)
+
     def __init__(self, gamma: float = 5.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
-        self._init_temperature(criterion)
-
-    extra_repr = TemperatureFocalLoss.extra_repr
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return temperature_dual_focal_gra_loss(input, target, self.gamma, self.temperature,
-                                               reduction=self.reduction,
-                                               ignore_index=self.ignore_index)
+        self._init_temperature(criterion, gamma=check_hyper(gamma, "gamma"))
 
 
 _BSCE_ARGS = """
@@ -229,20 +220,13 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
         tensor(0.3466)
     """
 
+    _loss_fn = staticmethod(temperature_bsce_loss)
+
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, criterion: str = "ece",
                  reduction: str = "mean", ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.beta = _check_beta(beta)
-        self.gamma = check_hyper(gamma, "gamma")
-        self._init_temperature(criterion)
-
-    def extra_repr(self) -> str:
-        return (f"beta={self.beta}, gamma={self.gamma}, criterion={self.criterion!r}, "
-                f"temperature={float(self.temperature):g}, reduction={self.reduction!r}")
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return temperature_bsce_loss(input, target, self.beta, self.gamma, self.temperature,
-                                     reduction=self.reduction, ignore_index=self.ignore_index)
+        self._init_temperature(criterion, beta=_check_beta(beta),
+                               gamma=check_hyper(gamma, "gamma"))
 
 
 @register_loss("temperature_bsce_gra")
@@ -255,19 +239,13 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
         tensor(0.3466)
     """
 
+    _loss_fn = staticmethod(temperature_bsce_gra_loss)
+
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, criterion: str = "ece",
                  reduction: str = "mean", ignore_index: int = -100) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.beta = _check_beta(beta)
-        self.gamma = check_hyper(gamma, "gamma")
-        self._init_temperature(criterion)
-
-    extra_repr = TemperatureBSCELoss.extra_repr
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return temperature_bsce_gra_loss(input, target, self.beta, self.gamma, self.temperature,
-                                         reduction=self.reduction,
-                                         ignore_index=self.ignore_index)
+        self._init_temperature(criterion, beta=_check_beta(beta),
+                               gamma=check_hyper(gamma, "gamma"))
 
 
 @register_loss("consistency")
