@@ -225,6 +225,18 @@ def _loo_weights(log_k: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor
 
 def _ece_kde(log_f: torch.Tensor, y: torch.Tensor, h: float, p: float, mc_type: str,
              keep: torch.Tensor | None = None) -> torch.Tensor:
+    # In float64 (where the device has it): with a small h the kernels' log-normalisers are
+    # differences of lgamma values of order C/h, which float32 cancels to ~1e-4 absolute, so
+    # that the estimate (and its gradient) would depend on the order of the float32 operations
+    # (eager vs. a compiled kernel differ by ~0.4 % at h = 0.001).
+    out_dtype = log_f.dtype
+    if log_f.device.type != "mps":
+        log_f = log_f.to(torch.float64)
+    return _ece_kde_exact(log_f, y, h, p, mc_type, keep).to(out_dtype)
+
+
+def _ece_kde_exact(log_f: torch.Tensor, y: torch.Tensor, h: float, p: float, mc_type: str,
+                   keep: torch.Tensor | None) -> torch.Tensor:
     f = log_f.exp()
     w = None if keep is None else keep.to(f.dtype)
     if mc_type == "canonical":

@@ -48,25 +48,21 @@ class DECELoss(CalibrationLoss):
 
     def __init__(self, lam: float = 1.0, n_bins: int = 15, t_a: float = 100.0,
                  t_b: float = 0.01, cross_entropy: bool = False, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        check_batch_reduction(reduction, type(self).__name__)
-        self.lam = check_hyper(lam, "lam")
-        self.n_bins = check_positive_int(n_bins, "n_bins")
-        self.t_a = check_hyper(t_a, "t_a", positive=True)
-        self.t_b = check_hyper(t_b, "t_b", positive=True)
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
         if not isinstance(cross_entropy, bool):
             raise ValueError(f"Expected `cross_entropy` to be a bool, got {cross_entropy!r}")
-        self.cross_entropy = cross_entropy
-
-    def extra_repr(self) -> str:
-        return (f"lam={self.lam}, n_bins={self.n_bins}, t_a={self.t_a}, t_b={self.t_b}, "
-                f"cross_entropy={self.cross_entropy}, reduction={self.reduction!r}")
+        super().__init__(lam=lam, n_bins=check_positive_int(n_bins, "n_bins"),
+                         t_a=check_hyper(t_a, "t_a", positive=True),
+                         t_b=check_hyper(t_b, "t_b", positive=True), cross_entropy=cross_entropy,
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        check_batch_reduction(reduction, type(self).__name__)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return dece_loss(input, target, self.lam, n_bins=self.n_bins, t_a=self.t_a,
                          t_b=self.t_b, cross_entropy=self.cross_entropy,
-                         reduction=self.reduction, ignore_index=self.ignore_index)
+                         reduction=self.reduction, ignore_index=self.ignore_index,
+                         validate_args=self.validate_args)
 
 
 @register_loss("ece_kde")
@@ -91,24 +87,19 @@ class ECEKDELoss(CalibrationLoss):
 
     def __init__(self, lam: float = 1.0, bandwidth: float = 0.001, p: float = 1.0,
                  mc_type: str = "canonical", *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        check_batch_reduction(reduction, type(self).__name__)
-        self.lam = check_hyper(lam, "lam")
-        self.bandwidth = check_hyper(bandwidth, "bandwidth", positive=True)
-        self.p = check_hyper(p, "p", positive=True)
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
         if mc_type not in ECE_KDE_TYPES:
             raise ValueError(f"Expected `mc_type` to be one of {ECE_KDE_TYPES}, got {mc_type!r}")
-        self.mc_type = mc_type
-
-    def extra_repr(self) -> str:
-        return (f"lam={self.lam}, bandwidth={self.bandwidth}, p={self.p}, "
-                f"mc_type={self.mc_type!r}, reduction={self.reduction!r}")
+        super().__init__(lam=lam, bandwidth=check_hyper(bandwidth, "bandwidth", positive=True),
+                         p=check_hyper(p, "p", positive=True), mc_type=mc_type,
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        check_batch_reduction(reduction, type(self).__name__)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return ece_kde_loss(input, target, self.lam, bandwidth=self.bandwidth, p=self.p,
                             mc_type=self.mc_type, reduction=self.reduction,
-                            ignore_index=self.ignore_index)
+                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("ece_loss")
@@ -143,20 +134,20 @@ class ECEGapLoss(CalibrationLoss):
     wants_validation = True
 
     def __init__(self, n_bins: int = 15, total_epochs: int = 350, classwise_weight: float = 2.0,
-                 *, reduction: str = "mean", ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.n_bins = check_positive_int(n_bins, "n_bins")
-        self.total_epochs = check_positive_int(total_epochs, "total_epochs")
-        self.classwise_weight = check_hyper(classwise_weight, "classwise_weight")
+                 *, reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
+        super().__init__(n_bins=check_positive_int(n_bins, "n_bins"),
+                         total_epochs=check_positive_int(total_epochs, "total_epochs"),
+                         classwise_weight=check_hyper(classwise_weight, "classwise_weight"),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
         self.epoch = 0
         self.register_buffer("width_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
         self.register_buffer("mass_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
         self.classwise: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
-        return (f"n_bins={self.n_bins}, total_epochs={self.total_epochs}, "
-                f"classwise_weight={self.classwise_weight}, epoch={self.epoch}, "
-                f"reduction={self.reduction!r}")
+        return f"{super().extra_repr()}, epoch={self.epoch}"
 
     @property
     def progress(self) -> float:
@@ -216,4 +207,5 @@ class ECEGapLoss(CalibrationLoss):
             cw = torch.zeros(c, dtype=torch.float64, device=input.device)
         return ece_gap_loss(input, target, self.width_gaps, self.mass_gaps, cw,
                             progress=self.progress, classwise_weight=self.classwise_weight,
-                            reduction=self.reduction, ignore_index=self.ignore_index)
+                            reduction=self.reduction, ignore_index=self.ignore_index,
+                            validate_args=self.validate_args)

@@ -7,6 +7,8 @@ Brier).  The gradient is ``Σ_i w_i ∇b_i``; :meth:`ExpWeightedLoss.gradient_we
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..functional._common import check_hyper
@@ -30,10 +32,14 @@ __all__ = ["ExpWeightedLoss", "CrossEntropyExpLoss", "FocalExpLoss", "DualFocalE
 class ExpWeightedLoss(CalibrationLoss):
     """Base of the exponentially weighted losses: stores ``temperature`` (T > 0)."""
 
+    temperature: float
+
     def __init__(self, temperature: float = 1.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.temperature = check_hyper(temperature, "temperature", positive=True)
+                 ignore_index: int = -100, validate_args: bool = True,
+                 **hyperparameters: Any) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args, **hyperparameters,
+                         temperature=check_hyper(temperature, "temperature", positive=True))
 
     def base_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The per-sample base loss ``b`` (target's shape, with gradient)."""
@@ -45,9 +51,6 @@ class ExpWeightedLoss(CalibrationLoss):
         """``(w, b)``: the detached weights and the base losses; ``loss = reduce(w · b)``."""
         b = self.base_loss(input, target)
         return exp_weight(b, self.temperature), b
-
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, reduction={self.reduction!r}"
 
 
 @register_loss("ce_exp")
@@ -64,11 +67,12 @@ class CrossEntropyExpLoss(ExpWeightedLoss):
     """
 
     def base_loss(self, input, target):
-        return cross_entropy(input, target, reduction="none", ignore_index=self.ignore_index)
+        return cross_entropy(input, target, reduction="none", ignore_index=self.ignore_index,
+                             validate_args=self.validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return ce_exp_loss(input, target, self.temperature, reduction=self.reduction,
-                           ignore_index=self.ignore_index)
+                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("focal_exp")
@@ -85,21 +89,21 @@ class FocalExpLoss(ExpWeightedLoss):
         tensor(0.0656)
     """
 
-    def __init__(self, gamma: float = 3.0, temperature: float = 1.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(temperature, reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
+    gamma: float
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, " + super().extra_repr()
+    def __init__(self, gamma: float = 3.0, temperature: float = 1.0, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(temperature, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
     def base_loss(self, input, target):
         return focal_loss(input, target, self.gamma, reduction="none",
-                          ignore_index=self.ignore_index)
+                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return focal_exp_loss(input, target, self.gamma, self.temperature,
-                              reduction=self.reduction, ignore_index=self.ignore_index)
+                              reduction=self.reduction, ignore_index=self.ignore_index,
+                              validate_args=self.validate_args)
 
 
 @register_loss("dual_focal_exp")
@@ -118,16 +122,18 @@ class DualFocalExpLoss(FocalExpLoss):
     """
 
     def __init__(self, gamma: float = 5.0, temperature: float = 1.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(gamma, temperature, reduction=reduction, ignore_index=ignore_index)
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma, temperature, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
     def base_loss(self, input, target):
         return dual_focal_loss(input, target, self.gamma, reduction="none",
-                               ignore_index=self.ignore_index)
+                               ignore_index=self.ignore_index, validate_args=self.validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return dual_focal_exp_loss(input, target, self.gamma, self.temperature,
-                                   reduction=self.reduction, ignore_index=self.ignore_index)
+                                   reduction=self.reduction, ignore_index=self.ignore_index,
+                                   validate_args=self.validate_args)
 
 
 @register_loss("brier_exp")
@@ -144,8 +150,9 @@ class BrierExpLoss(ExpWeightedLoss):
     """
 
     def base_loss(self, input, target):
-        return brier_loss(input, target, reduction="none", ignore_index=self.ignore_index)
+        return brier_loss(input, target, reduction="none", ignore_index=self.ignore_index,
+                          validate_args=self.validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return brier_exp_loss(input, target, self.temperature, reduction=self.reduction,
-                              ignore_index=self.ignore_index)
+                              ignore_index=self.ignore_index, validate_args=self.validate_args)

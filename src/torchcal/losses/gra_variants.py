@@ -10,14 +10,12 @@ from collections.abc import Sequence
 
 import torch
 
-from ..functional._common import check_hyper
 from ..functional.focal import FLSD53, FLSD532, _check_schedule
 from ..functional.gra_variants import (
     bsce_adaptive_gra_loss,
     sample_dependent_focal_gra_loss,
     tlbs_loss,
 )
-from ..functional.gradient_weighted import _check_beta
 from ._registry import register_loss
 from .gradient_weighted import GradientWeightedLoss
 
@@ -40,17 +38,16 @@ class TLBSLoss(GradientWeightedLoss):
         tensor(0.0817)
     """
 
-    def __init__(self, gamma: float = 2.0, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
+    gamma: float
 
-    def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, reduction={self.reduction!r}"
+    def __init__(self, gamma: float = 2.0, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return tlbs_loss(input, target, self.gamma, reduction=self.reduction,
-                         ignore_index=self.ignore_index)
+                         ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 class SampleDependentFocalGRALoss(GradientWeightedLoss):
@@ -65,32 +62,34 @@ class SampleDependentFocalGRALoss(GradientWeightedLoss):
 
     def __init__(self, thresholds: Sequence[float] = FLSD53[0],
                  gammas: Sequence[float] = FLSD53[1], *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.thresholds, self.gammas = _check_schedule(thresholds, gammas)
-
-    def extra_repr(self) -> str:
-        return f"thresholds={self.thresholds}, gammas={self.gammas}, reduction={self.reduction!r}"
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        thr, gam = _check_schedule(thresholds, gammas)
+        super().__init__(thresholds=thr, gammas=gam, reduction=reduction,
+                         ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return sample_dependent_focal_gra_loss(input, target, self.thresholds, self.gammas,
                                                reduction=self.reduction,
-                                               ignore_index=self.ignore_index)
+                                               ignore_index=self.ignore_index,
+                                               validate_args=self.validate_args)
 
 
 @register_loss("focal_gra_flsd53")
-def focal_gra_flsd53(*, reduction: str = "mean", ignore_index: int = -100) -> SampleDependentFocalGRALoss:
+def focal_gra_flsd53(*, reduction: str = "mean", ignore_index: int = -100,
+                     validate_args: bool = True) -> SampleDependentFocalGRALoss:
     """FLSD-53-GRA: detached ``(1 - p_y)^γ`` with γ = 5 for p_y < 0.2, else 3
     (the published ``focal_loss_adaptive_gra --gamma 3``)."""
-    return SampleDependentFocalGRALoss(*FLSD53, reduction=reduction, ignore_index=ignore_index)
+    return SampleDependentFocalGRALoss(*FLSD53, reduction=reduction, ignore_index=ignore_index,
+                                       validate_args=validate_args)
 
 
 @register_loss("focal_gra_flsd532")
-def focal_gra_flsd532(*, reduction: str = "mean",
-                ignore_index: int = -100) -> SampleDependentFocalGRALoss:
+def focal_gra_flsd532(*, reduction: str = "mean", ignore_index: int = -100,
+                      validate_args: bool = True) -> SampleDependentFocalGRALoss:
     """FLSD-532-GRA: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5
     (the published ``focal_loss_adaptive_gra --gamma 2``)."""
-    return SampleDependentFocalGRALoss(*FLSD532, reduction=reduction, ignore_index=ignore_index)
+    return SampleDependentFocalGRALoss(*FLSD532, reduction=reduction, ignore_index=ignore_index,
+                                       validate_args=validate_args)
 
 
 @register_loss("bsce_adaptive_gra")
@@ -112,15 +111,12 @@ class BSCEAdaptiveGRALoss(GradientWeightedLoss):
 
     def __init__(self, beta: float = 2.0, thresholds: Sequence[float] = FLSD53[0],
                  gammas: Sequence[float] = FLSD53[1], *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.beta = _check_beta(beta)
-        self.thresholds, self.gammas = _check_schedule(thresholds, gammas)
-
-    def extra_repr(self) -> str:
-        return (f"beta={self.beta}, thresholds={self.thresholds}, gammas={self.gammas}, "
-                f"reduction={self.reduction!r}")
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        thr, gam = _check_schedule(thresholds, gammas)
+        super().__init__(beta=beta, thresholds=thr, gammas=gam, reduction=reduction,
+                         ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return bsce_adaptive_gra_loss(input, target, self.beta, self.thresholds, self.gammas,
-                                      reduction=self.reduction, ignore_index=self.ignore_index)
+                                      reduction=self.reduction, ignore_index=self.ignore_index,
+                                      validate_args=self.validate_args)

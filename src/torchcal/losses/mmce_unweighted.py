@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ..functional._common import check_hyper
 from ..functional._plain import check_batch_reduction
 from ..functional.basic import cross_entropy
 from ..functional.mmce_unweighted import _batch_terms, mmce_gra_loss, mmce_m_loss
@@ -20,11 +21,14 @@ class _BatchLoss(CalibrationLoss):
 
     published_reduction = "sum"
 
+    width: float
+
     def __init__(self, width: float = 0.4, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
+                 ignore_index: int = -100, validate_args: bool = True,
+                 **hyperparameters: Any) -> None:
+        super().__init__(reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args, **hyperparameters, width=width)
         check_batch_reduction(reduction, type(self).__name__)
-        self.width = check_hyper(width, "width", positive=True)
 
 
 @register_loss("mmce_m")
@@ -42,17 +46,16 @@ class MMCEUnweightedLoss(_BatchLoss):
         tensor(0.8273)
     """
 
-    def __init__(self, lam: float = 1.0, width: float = 0.4, *, reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(width, reduction=reduction, ignore_index=ignore_index)
-        self.lam = check_hyper(lam, "lam")
+    lam: float
 
-    def extra_repr(self) -> str:
-        return f"lam={self.lam}, width={self.width}, reduction={self.reduction!r}"
+    def __init__(self, lam: float = 1.0, width: float = 0.4, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(width, lam=lam, reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return mmce_m_loss(input, target, self.lam, width=self.width, reduction=self.reduction,
-                           ignore_index=self.ignore_index)
+                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("mmce_gra")
@@ -70,18 +73,17 @@ class MMCEGRALoss(_BatchLoss):
         tensor(0.0772)
     """
 
-    def extra_repr(self) -> str:
-        return f"width={self.width}, reduction={self.reduction!r}"
-
     def gradient_weights(
         self, input: torch.Tensor, target: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w, CE_i)`` with the batch's detached ``MMCE_m`` as every ``w_i``."""
-        ce = cross_entropy(input, target, reduction="none", ignore_index=self.ignore_index)
+        ce = cross_entropy(input, target, reduction="none", ignore_index=self.ignore_index,
+                           validate_args=self.validate_args)
         with torch.no_grad():
-            _, pen, _ = _batch_terms(input, target, self.ignore_index, True, self.width)
+            _, pen, _ = _batch_terms(input, target, self.ignore_index, self.validate_args,
+                                     self.width)
         return pen.expand(ce.shape), ce
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return mmce_gra_loss(input, target, width=self.width, reduction=self.reduction,
-                             ignore_index=self.ignore_index)
+                             ignore_index=self.ignore_index, validate_args=self.validate_args)

@@ -22,9 +22,8 @@ from typing import Any
 import torch
 
 from .._validation import as_tensor
-from ..functional._common import check_hyper, no_autocast
+from ..functional._common import no_autocast
 from ..functional.gra_variants import consistency_loss
-from ..functional.gradient_weighted import _check_beta
 from ..functional.temperature import (
     temperature_bsce_gra_loss,
     temperature_bsce_loss,
@@ -76,28 +75,27 @@ class _ValidationTemperature:
 
     wants_validation = True
     temperature: torch.Tensor
+    criterion: str
     _loss_fn: Callable[..., torch.Tensor]
 
-    def _init_temperature(self, criterion: str, **hyperparameters: float) -> None:
+    @staticmethod
+    def _check_criterion(criterion: str) -> str:
         if criterion not in TEMPERATURE_CRITERIA:
             raise ValueError(
                 f"Expected `criterion` to be one of {TEMPERATURE_CRITERIA}, got {criterion!r}"
             )
-        self._hyper = tuple(hyperparameters)
-        for name, value in hyperparameters.items():
-            setattr(self, name, value)
-        self.criterion = criterion
+        return criterion
+
+    def _init_temperature(self) -> None:
         self.register_buffer("temperature", torch.ones((), dtype=torch.float64))
 
     def extra_repr(self) -> str:
-        hyper = "".join(f"{n}={getattr(self, n)}, " for n in self._hyper)
-        return (f"{hyper}criterion={self.criterion!r}, temperature={float(self.temperature):g}, "
-                f"reduction={self.reduction!r}")
+        return f"{super().extra_repr()}, temperature={float(self.temperature):g}"  # type: ignore[misc]
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return self._loss_fn(input, target, *(getattr(self, n) for n in self._hyper),
-                             self.temperature, reduction=self.reduction,
-                             ignore_index=self.ignore_index)
+        hyper = (getattr(self, n) for n in self._hyperparameters if n != "criterion")
+        return self._loss_fn(input, target, *hyper, self.temperature, reduction=self.reduction,
+                             ignore_index=self.ignore_index, validate_args=self.validate_args)
 
     @torch.no_grad()
     def fit_temperature(self, *, logits: Any, labels: Any) -> float:
@@ -139,9 +137,11 @@ class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
     _loss_fn = staticmethod(temperature_focal_loss)
 
     def __init__(self, gamma: float = 3.0, *, criterion: str = "ece", reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self._init_temperature(criterion, gamma=check_hyper(gamma, "gamma"))
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        self._init_temperature()
 
 
 @register_loss("temperature_focal_gra")
@@ -157,9 +157,11 @@ class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     _loss_fn = staticmethod(temperature_focal_gra_loss)
 
     def __init__(self, gamma: float = 3.0, *, criterion: str = "ece", reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self._init_temperature(criterion, gamma=check_hyper(gamma, "gamma"))
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        self._init_temperature()
 
 
 @register_loss("temperature_dual_focal")
@@ -176,9 +178,11 @@ class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
     _loss_fn = staticmethod(temperature_dual_focal_loss)
 
     def __init__(self, gamma: float = 5.0, *, criterion: str = "ece", reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self._init_temperature(criterion, gamma=check_hyper(gamma, "gamma"))
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        self._init_temperature()
 
 
 @register_loss("temperature_dual_focal_gra")
@@ -195,9 +199,11 @@ class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     _loss_fn = staticmethod(temperature_dual_focal_gra_loss)
 
     def __init__(self, gamma: float = 5.0, *, criterion: str = "ece", reduction: str = "mean",
-                 ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self._init_temperature(criterion, gamma=check_hyper(gamma, "gamma"))
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        self._init_temperature()
 
 
 _BSCE_ARGS = """
@@ -223,10 +229,12 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
     _loss_fn = staticmethod(temperature_bsce_loss)
 
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, criterion: str = "ece",
-                 reduction: str = "mean", ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self._init_temperature(criterion, beta=_check_beta(beta),
-                               gamma=check_hyper(gamma, "gamma"))
+                 reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
+        super().__init__(beta=beta, gamma=gamma, criterion=self._check_criterion(criterion),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        self._init_temperature()
 
 
 @register_loss("temperature_bsce_gra")
@@ -242,10 +250,12 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
     _loss_fn = staticmethod(temperature_bsce_gra_loss)
 
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, criterion: str = "ece",
-                 reduction: str = "mean", ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self._init_temperature(criterion, beta=_check_beta(beta),
-                               gamma=check_hyper(gamma, "gamma"))
+                 reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
+        super().__init__(beta=beta, gamma=gamma, criterion=self._check_criterion(criterion),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        self._init_temperature()
 
 
 @register_loss("consistency")
@@ -278,22 +288,23 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
     """
 
     def __init__(self, gamma: float = 3.0, calibrator: Any = None, *, criterion: str = "ece",
-                 reduction: str = "mean", ignore_index: int = -100) -> None:
-        super().__init__(reduction=reduction, ignore_index=ignore_index)
-        self.gamma = check_hyper(gamma, "gamma")
+                 reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
         if calibrator is not None and not (callable(getattr(calibrator, "fit", None))
                                            and callable(getattr(calibrator, "predict_proba",
                                                                 None))):
             raise TypeError("Expected `calibrator` to have fit(logits, labels) and "
                             f"predict_proba(logits) methods, got {type(calibrator).__name__}")
+        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
         self.calibrator = calibrator
         self._calibrator_fitted = False
-        self._init_temperature(criterion)
+        self._init_temperature()
 
     def extra_repr(self) -> str:
         cal = "None" if self.calibrator is None else type(self.calibrator).__name__
-        return (f"gamma={self.gamma}, calibrator={cal}, criterion={self.criterion!r}, "
-                f"temperature={float(self.temperature):g}, reduction={self.reduction!r}")
+        return f"{super().extra_repr()}, calibrator={cal}"
 
     @torch.no_grad()
     def fit_temperature(self, *, logits: Any, labels: Any) -> float:
@@ -324,5 +335,6 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
         if calibrated_probs is None:
             calibrated_probs = self.calibrated_probs(input)
         return consistency_loss(input, target, calibrated_probs, self.gamma,
-                                reduction=self.reduction, ignore_index=self.ignore_index)
+                                reduction=self.reduction, ignore_index=self.ignore_index,
+                                validate_args=self.validate_args)
 
