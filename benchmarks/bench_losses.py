@@ -267,6 +267,10 @@ def _variants(name: str, compile_: bool, validate_off: bool = False) -> dict[str
     if validate_off:
         fns["tc_noval"] = create_loss(name, validate_args=False)
     if compile_:
+        # each loss compiled afresh, as a user compiles the one loss they train with: the GRA
+        # losses share GradientWeightedLoss.forward, whose per-class, per-shape compilations
+        # would otherwise add up past dynamo's recompile limit (8) within this one process
+        torch._dynamo.reset()
         fns["tc_c"] = _compiled(create_loss(name))
         if plain is not None:
             fns["plain_c"] = _compiled(plain)

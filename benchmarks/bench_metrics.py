@@ -10,14 +10,22 @@ times are noisy but ratios measured in the same run are meaningful.
 Targets (issue 2): ECE <= 0.5x torchmetrics' MulticlassCalibrationError (l1, 15 bins);
 AdaECE no slower than torchmetrics' equal-width ECE; Classwise-ECE under 2 s; each is also
 shown against one ``probs.max(dim=1)`` pass (the floor of any top-label metric).
+
+Then (``--peer-n``, default 100,000 samples) the metrics that have a reference implementation
+against it on the same probabilities: ``smooth_ece`` vs ``relplot.smECE``, ``debiased_ece`` vs
+``calibration.get_calibration_error`` (uncertainty-calibration), ``ks_error`` vs the spline
+paper's NumPy code; each pair is checked to agree before it is timed (skipped when the
+reference package is not installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 
+import numpy as np
 import torch
 
 import torchcal.metrics as M
@@ -35,6 +43,8 @@ def main() -> None:
     ap.add_argument("--c", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--peer-n", type=int, default=100_000,
+                    help="samples for the comparison with the reference implementations")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -107,6 +117,64 @@ def main() -> None:
         print(f"  {a} / {b}: {med:.3f}  (target <= {targets[(a, b)]}: {ok})")
     cw = statistics.median(times["torchcal classwise_ece"])
     print(f"  torchcal classwise_ece: {cw:.3f} s  (target < 2 s: {'OK' if cw < 2 else 'MISSED'})")
+    peers(args.peer_n, args.c, args.repeats)
+
+
+def _top1_np(p: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Top-1 confidence and correctness in NumPy (the references' own first step)."""
+    pred = p.argmax(axis=1)
+    return p[np.arange(len(p)), pred], (pred == y).astype(np.float64)
+
+
+def _ks_published(p: np.ndarray, y: np.ndarray) -> float:
+    """The spline paper's KS error: sort, cumulative sums, the largest gap."""
+    conf, correct = _top1_np(p, y)
+    order = np.argsort(conf)
+    n = len(conf)
+    return float(np.abs(np.cumsum(conf[order]) / n - np.cumsum(correct[order]) / n).max())
+
+
+def peers(n: int, c: int, repeats: int) -> None:
+    """Each metric with a reference implementation, timed against it back to back."""
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(3 * torch.randn(n, c, generator=g, dtype=torch.float64), dim=1)
+    labels = torch.randint(0, c, (n,), generator=g)
+    p_np, y_np = probs.numpy(), labels.numpy()
+    pairs = []  # every reference starts from the same (N, C) probabilities as torchcal
+    relplot = _optional("relplot")
+    if relplot is not None:
+        pairs.append(("smooth_ece", lambda: M.smooth_ece(probs=probs, labels=labels),
+                      "relplot.smECE", lambda: relplot.smECE(*_top1_np(p_np, y_np))))
+    cal = _optional("calibration")
+    if cal is not None:
+        pairs.append(("debiased_ece", lambda: M.debiased_ece(probs=probs, labels=labels),
+                      "calibration.get_calibration_error (top-label)",
+                      lambda: cal.get_calibration_error(p_np, y_np, mode="top-label")))
+    pairs.append(("ks_error", lambda: M.ks_error(probs=probs, labels=labels),
+                  "spline paper's NumPy KS", lambda: _ks_published(p_np, y_np)))
+    print(f"\nreference implementations, N={n:,} C={c} float64 (median over {repeats}):")
+    for ours_name, ours, ref_name, ref in pairs:
+        a, b = float(ours()), float(ref())
+        t_ours, t_ref = [], []
+        for r in range(repeats):
+            if r % 2 == 0:
+                t_ours.append(_time(ours))
+                t_ref.append(_time(ref))
+            else:
+                t_ref.append(_time(ref))
+                t_ours.append(_time(ours))
+        print(f"  {ours_name:13s} {statistics.median(t_ours):7.3f} s | {ref_name} "
+              f"{statistics.median(t_ref):7.3f} s | ratio "
+              f"{statistics.median(t_ours) / statistics.median(t_ref):5.2f} | values "
+              f"{a:.10f} vs {b:.10f} (|diff| {abs(a - b):.1e})")
+
+
+def _optional(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        print(f"  ({name} is not installed: skipped)")
+        return None
 
 
 if __name__ == "__main__":

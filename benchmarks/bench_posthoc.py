@@ -10,19 +10,29 @@
    against a baseline torch L-BFGS on log T (float64,
    strong Wolfe, as Guo et al.'s reference code but in log space).
 4. ``fit_temperatures`` (all four methods, one shared grid pass) wall time.
+5. (``--new-sizes``, default 5000x10) the other calibrators' fit times, each against its
+   reference where one is installed, on the same data and checked to agree:
+   ``IsotonicCalibration`` against scikit-learn's ``CalibratedClassifierCV(method="isotonic")``,
+   ``PlattScaling`` / ``BetaCalibration`` against netcal (two classes), and the fit times of
+   ``MatrixScaling``, ``DirichletCalibration`` and ``ConformalClassifier``.
 
 Usage::
 
-    python benchmarks/bench_posthoc.py [--sizes 50000x100,5000x10] [--repeats 3] [--threads 0]
+    python benchmarks/bench_posthoc.py [--sizes 50000x100,5000x10] [--new-sizes 5000x10]
+                                       [--repeats 3] [--threads 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -109,11 +119,78 @@ def run(n: int, c: int, repeats: int, n_bins: int) -> int:
     return 0
 
 
+def _median_time(fn, repeats):
+    times, out = [], None
+    for _ in range(repeats):
+        t, out = timed(fn)
+        times.append(t)
+    return statistics.median(times), out
+
+
+def run_new(n: int, c: int, repeats: int) -> None:
+    from torchcal.posthoc import (
+        BetaCalibration,
+        ConformalClassifier,
+        DirichletCalibration,
+        IsotonicCalibration,
+        MatrixScaling,
+        PlattScaling,
+    )
+
+    # the tests' scikit-learn reference (CalibratedClassifierCV on fixed probabilities)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "posthoc"))
+    from posthoc_reference import sklearn_isotonic
+
+    z, y = make_data(n, c)
+    z64 = z.double()
+    print(f"N={n} C={c}: the other calibrators (median of {repeats})")
+    for name, make in (("MatrixScaling()", MatrixScaling),
+                       ("MatrixScaling(reg='odir')", lambda: MatrixScaling(reg="odir")),
+                       ("DirichletCalibration()", DirichletCalibration)):
+        t, _ = _median_time(lambda m=make: m().fit(z, y), repeats)
+        print(f"  {name:28s} fit {t:7.3f} s")
+    p_np, y_np = torch.softmax(z64, 1).numpy(), y.numpy()
+    t_ours, q = _median_time(lambda: IsotonicCalibration().fit(z64, y).predict_proba(z64),
+                             repeats)
+    t_ref, q_ref = _median_time(lambda: sklearn_isotonic(p_np, y_np, p_np), repeats)
+    print(f"  {'IsotonicCalibration':28s} fit+predict {t_ours:7.3f} s | scikit-learn "
+          f"CalibratedClassifierCV {t_ref:7.3f} s | ratio {t_ours / t_ref:5.2f} | max |diff| "
+          f"{np.abs(q.numpy() - q_ref).max():.1e}")
+    t, cp = _median_time(lambda: ConformalClassifier(method="aps").fit(z, y), repeats)
+    t_sets, _ = _median_time(lambda: cp.predict_sets(z), repeats)
+    print(f"  {'ConformalClassifier(aps)':28s} fit {t:7.3f} s, predict_sets {t_sets:7.3f} s, "
+          f"mean set size {cp.mean_set_size(z):.2f}")
+    try:
+        netcal = importlib.import_module("netcal.scaling")
+    except ImportError:
+        print("  (netcal is not installed: Platt / beta comparison skipped)")
+        return
+    g = torch.Generator().manual_seed(1)
+    s = torch.rand(n, generator=g, dtype=torch.float64) * 0.96 + 0.02
+    yb = (torch.rand(n, generator=g, dtype=torch.float64) < s ** 2).long()
+    zb = torch.stack([torch.zeros_like(s), torch.log(s) - torch.log1p(-s)], dim=1)
+    for ours_cls, ref_cls in ((PlattScaling, netcal.LogisticCalibration),
+                              (BetaCalibration, netcal.BetaCalibration)):
+        t_ours, cal = _median_time(lambda c=ours_cls: c().fit(zb, yb), repeats)
+
+        def ref_fit(r=ref_cls):
+            m = r(method="mle")
+            m.fit(s.numpy(), yb.numpy())
+            return m
+
+        t_ref, ref = _median_time(ref_fit, repeats)
+        diff = np.abs(cal.predict_proba(zb)[:, 1].numpy() - ref.transform(s.numpy())).max()
+        print(f"  {ours_cls.__name__:28s} fit {t_ours:7.3f} s | netcal {ref_cls.__name__} "
+              f"{t_ref:7.3f} s | ratio {t_ours / t_ref:5.2f} | max |diff| {diff:.1e}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="50000x100,5000x10",
                     help="comma-separated NxC problem sizes (default: the issue's 50000x100 "
                          "and a CIFAR-10-sized validation set 5000x10)")
+    ap.add_argument("--new-sizes", default="5000x10",
+                    help="NxC sizes for the other calibrators (empty: skip them)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--n-bins", type=int, default=15)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave default)")
@@ -125,6 +202,9 @@ def main(argv=None) -> int:
         rc = run(n, c, args.repeats, args.n_bins)
         if rc:
             return rc
+    for size in filter(None, args.new_sizes.split(",")):
+        n, c = (int(v) for v in size.lower().split("x"))
+        run_new(n, c, args.repeats)
     return 0
 
 

@@ -14,6 +14,7 @@ __all__ = [
     "CheckpointError",
     "NotFittedError",
     "ResultsFileError",
+    "InUseError",
 ]
 
 
@@ -39,3 +40,7 @@ class NotFittedError(TorchcalError, RuntimeError):
 
 class ResultsFileError(TorchcalError, ValueError):
     """A results / logits file is missing or malformed."""
+
+
+class InUseError(TorchcalError, BlockingIOError):
+    """A run (or output) directory is locked by another live process (:func:`torchcal._io.exclusive_lock`)."""

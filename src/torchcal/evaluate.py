@@ -54,6 +54,10 @@ __all__ = [
     "evaluate_run_logits",
     "write_results",
     "read_results",
+    "CHECKPOINTS",
+    "results_filename",
+    "logits_dirname",
+    "checkpoint_of_results_file",
     "atomic_write_bytes",
     "atomic_write_text",
 ]
@@ -67,6 +71,53 @@ METRIC_KEYS = (
 )
 #: The post-hoc temperature methods fitted on the validation logits, in the order recorded.
 TEMPERATURE_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll")
+#: The checkpoints a run can be evaluated from: the last epoch's (what the papers report, and
+#: what ``torchcal train`` evaluates) and the best by the validation metric.
+CHECKPOINTS = ("last", "best")
+
+
+# --------------------------------------------------------------------------------------------
+# where a checkpoint's evaluation lives in a run directory
+# --------------------------------------------------------------------------------------------
+def _check_checkpoint(checkpoint: str) -> str:
+    if checkpoint not in CHECKPOINTS:
+        raise ValueError(f"Expected `checkpoint` to be one of {', '.join(CHECKPOINTS)}, got "
+                         f"{checkpoint!r}")
+    return checkpoint
+
+
+def results_filename(checkpoint: str = "last") -> str:
+    """The results file of a checkpoint's evaluation: ``results.json`` for the last epoch's,
+    ``results-<checkpoint>.json`` for another, so that evaluating ``best`` never replaces the
+    last epoch's results.
+
+    >>> results_filename(), results_filename("best")
+    ('results.json', 'results-best.json')
+    """
+    return "results.json" if _check_checkpoint(checkpoint) == "last" else f"results-{checkpoint}.json"
+
+
+def logits_dirname(checkpoint: str = "last") -> str:
+    """The logits directory of a checkpoint's evaluation (``logits``, ``logits-best``).
+
+    >>> logits_dirname(), logits_dirname("best")
+    ('logits', 'logits-best')
+    """
+    return "logits" if _check_checkpoint(checkpoint) == "last" else f"logits-{checkpoint}"
+
+
+def checkpoint_of_results_file(path: str | os.PathLike) -> str:
+    """The checkpoint a results file's name stands for (``results-best.json`` -> ``"best"``;
+    ``results.json`` and any other name -> ``"last"``).
+
+    >>> checkpoint_of_results_file("runs/a/results-best.json")
+    'best'
+    """
+    name = Path(path).name
+    for c in CHECKPOINTS:
+        if name == results_filename(c):
+            return c
+    return "last"
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,9 +180,12 @@ def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
             f"Logits file {str(path)!r} is malformed or truncated: {type(exc).__name__}: {exc}"
         ) from exc
     if z.ndim != 2 or not np.issubdtype(z.dtype, np.floating):
+        hint = ("; a binary classifier's scores of shape (N,) are stacked into (N, 2): "
+                "np.stack([np.zeros_like(z), z], 1) for logits z, "
+                "np.log(np.stack([1 - p, p], 1)) for probabilities p") if z.ndim == 1 else ""
         raise ResultsFileError(
             f"Logits file {str(path)!r} is malformed: expected `logits` 2-D floating, "
-            f"got dtype {z.dtype} shape {z.shape}"
+            f"got dtype {z.dtype} shape {z.shape}{hint}"
         )
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or y.shape[0] != z.shape[0]:
         raise ResultsFileError(

@@ -6,8 +6,9 @@ import torch
 
 import torchcal.metrics as M
 
-PROB_METRICS = [M.ece, M.mce, M.rmsce, M.adaptive_ece, M.classwise_ece, M.nll, M.brier,
-                M.error, M.topk_error, M.s99, M.reliability_curve]
+PROB_METRICS = [M.ece, M.mce, M.rmsce, M.ace, M.adaptive_ece, M.classwise_ece, M.nll, M.brier,
+                M.error, M.topk_error, M.s99, M.reliability_curve, M.smooth_ece,
+                M.smooth_reliability_curve, M.debiased_ece, M.ks_error]
 
 Z = torch.tensor([[2.0, 0.0, -1.0], [0.1, 0.2, 0.3], [1.0, 1.0, 5.0]])
 P = torch.softmax(Z, 1)
@@ -70,8 +71,10 @@ def test_non_finite_and_bad_probs(fn):
     badp[0, 0] = float("inf")
     with pytest.raises(ValueError, match="`probs` to be finite, found 1 NaN/Inf"):
         _call(fn, probs=badp, labels=Y)
-    bad[1, 1] = float("-inf")  # a masked logit is not accepted either
-    with pytest.raises(ValueError, match="`logits` to be finite, found 1 NaN/Inf"):
+    bad[1, 1] = float("-inf")  # a masked class is accepted (tests/metrics/test_metrics_inputs.py)
+    bad[1, 0] = float("-inf")
+    bad[1, 2] = float("-inf")  # but not a row with every class masked
+    with pytest.raises(ValueError, match="every class of row 1 is masked"):
         _call(fn, logits=bad, labels=Y)
     with pytest.raises(ValueError, match=r"`probs` to lie in \[0, 1\], got values in \[-0\.5, 1\.5\]"):
         _call(fn, probs=torch.tensor([[1.5, -0.5, 0.0]] * 3), labels=Y)
@@ -85,8 +88,8 @@ def test_non_finite_and_bad_probs(fn):
         _call(fn, logits="abc", labels=Y)
 
 
-@pytest.mark.parametrize("fn", [M.ece, M.mce, M.rmsce, M.adaptive_ece, M.classwise_ece,
-                                M.reliability_curve])
+@pytest.mark.parametrize("fn", [M.ece, M.mce, M.rmsce, M.ace, M.adaptive_ece, M.classwise_ece,
+                                M.reliability_curve, M.debiased_ece])
 @pytest.mark.parametrize("n_bins", [0, -3, 2.5, True, "15"])
 def test_n_bins(fn, n_bins):
     with pytest.raises(ValueError, match="`n_bins` to be a positive integer"):

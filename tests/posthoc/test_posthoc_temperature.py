@@ -27,14 +27,6 @@ from torchcal.posthoc import (
 from torchcal.posthoc import temperature as temperature_mod
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one intra-op thread is faster, and much faster on a loaded machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 def draw(t_star: float, n: int, c: int = 10, seed: int = 0, scale: float = 3.0):
     """Logits z and labels drawn from softmax(z / t_star): t_star is the true temperature."""
     g = torch.Generator().manual_seed(seed)
@@ -342,7 +334,12 @@ def test_custom_grid_and_order():
     ts = TemperatureScaling(method="grid_nll", grid=grid).fit(z, y)
     assert ts.temperature_ == 2.5
     assert len(ts.grid_scores_) == 4 and ts.grid_scores_[2] == min(ts.grid_scores_)
-    assert TemperatureScaling(grid=np.array([1, 2])).grid == (1.0, 2.0)
+    # the constructor stores the grid as given (scikit-learn's clone needs that); fit and
+    # to_dict read it as floats
+    np_grid = np.array([1, 2, 3])
+    ts = TemperatureScaling(method="grid_nll", grid=np_grid)
+    assert ts.grid is np_grid
+    assert ts.fit(z, y).to_dict()["grid"] == [1.0, 2.0, 3.0]
 
 
 # ----------------------------------------------------------------------------- contract, I/O
@@ -358,14 +355,17 @@ def test_fit_returns_self_and_transform_is_division():
     assert "grid_ece" in repr(ts)
 
 
-def test_numpy_input_gives_cpu_tensors_and_keeps_dtype():
+def test_numpy_input_gives_numpy_output_and_keeps_dtype():
     z, y = draw(2.0, 500, seed=12)
     ts = TemperatureScaling().fit(z.numpy(), y.numpy())
     t = TemperatureScaling().fit(z, y).temperature_
     assert ts.temperature_ == t
     out = ts.transform(z.double().numpy())
-    assert isinstance(out, torch.Tensor) and out.dtype == torch.float64
-    assert out.device.type == "cpu"
+    assert isinstance(out, np.ndarray) and out.dtype == np.float64
+    np.testing.assert_array_equal(out, (z.double() / t).numpy())
+    q = ts.predict_proba(z.numpy())
+    assert isinstance(q, np.ndarray) and q.dtype == np.float32
+    assert isinstance(ts.transform(z), torch.Tensor)  # torch in, torch out
     assert fit_temperatures(z.numpy(), y.numpy()) == fit_temperatures(z, y)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,14 +20,6 @@ from torchcal.posthoc import (
     calibrator_from_dict,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one intra-op thread is faster, and much faster on a loaded machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 def draw_biased(n: int, c: int = 6, seed: int = 0, t_star: float = 2.0):
     """Labels drawn from softmax(z / t_star + bias): per-class miscalibration that vector
@@ -251,9 +244,10 @@ def test_histogram_binning_numpy_input_and_dtype():
     z, y = draw_biased(300, c=3, seed=8)
     hb = HistogramBinning(n_bins=4).fit(z.numpy(), y.numpy())
     q = hb.predict_proba(z.numpy())
-    assert isinstance(q, torch.Tensor) and q.device.type == "cpu"
+    assert isinstance(q, np.ndarray) and q.dtype == np.float32  # NumPy in, NumPy out
+    q = torch.from_numpy(q)
     assert torch.equal(q, HistogramBinning(n_bins=4).fit(z, y).predict_proba(z))
-    q64 = hb.predict_proba(z.double().numpy())
+    q64 = torch.from_numpy(hb.predict_proba(z.double().numpy()))
     assert q64.dtype == torch.float64
     # float64 confidences may cross a (float32) edge: only samples on an edge can move bins
     on_edge = (q64.float() - q).abs().max(dim=1).values > 1e-6
@@ -284,7 +278,7 @@ def test_estimator_contract(cls):
     assert torch.allclose(torch.softmax(cal.transform(zt), dim=1), q, atol=1e-6)
     assert torch.equal(cls().fit_transform(z, y), cal.transform(z))
     from_np = cls().fit(z.numpy(), y.numpy())
-    assert torch.equal(from_np.predict_proba(zt.numpy()), q)
+    assert np.array_equal(from_np.predict_proba(zt.numpy()), q.numpy())
     assert repr(cal).startswith(f"{cls.__name__}(")
 
 

@@ -16,7 +16,8 @@ from torchcal.cli.demo import (
 )
 from torchcal.evaluate import SCHEMA, read_results, write_results
 
-TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False)
+TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False,
+            dataset="digits")
 
 
 def _same(a, b) -> bool:
@@ -94,10 +95,41 @@ def test_default_losses_cover_the_issue_list():
     names = applicable_losses()
     for n in ("ce", "ls", "brier", "mmce", "focal", "flsd53", "dual_focal", "adafocal", "bsce_gra"):
         assert n in names
-    jobs = demo_jobs(DemoConfig(seeds=(3, 4)), __import__("pathlib").Path("/x"))
+    jobs = demo_jobs(DemoConfig(seeds=(3, 4), dataset="digits"), __import__("pathlib").Path("/x"))
     assert len(jobs) == 2 * len(names)
     adaf = [j for j in jobs if j["loss"] == "adafocal"][0]
     assert adaf["loss_kwargs"]["lam"] == 0.1 and adaf["run_dir"].endswith("adafocal/seed3")
+    assert adaf["recipe"] == "digits-mlp" and adaf["noise_std"] == 0.5
+
+
+def test_mnist1d_is_the_default_at_the_papers_defaults():
+    """The default demo: MNIST-1D, the claims' losses, AdaFocal at the paper's λ=1 (no demo
+    override), 3 seeds x 60 epochs; --full: every demo loss, 5 seeds, the recipe's 350 epochs."""
+    from pathlib import Path
+
+    from torchcal.cli.demo import CLAIM_LOSSES, _train_config
+    from torchcal.train.trainer import build_loss
+
+    jobs = demo_jobs(DemoConfig(), Path("/x"))
+    assert {j["recipe"] for j in jobs} == {"mnist1d-cnn"}
+    assert sorted({j["seed"] for j in jobs}) == [0, 1, 2]
+    assert [j["loss"] for j in jobs if j["seed"] == 0] == list(CLAIM_LOSSES)
+    adaf = [j for j in jobs if j["loss"] == "adafocal"][0]
+    assert "lam" not in adaf["loss_kwargs"] and adaf["noise_std"] is None
+    tc = _train_config(adaf)
+    assert build_loss(tc).lam == 1.0  # the paper's λ, the registry default
+    assert tc.epochs == 60 and tc.effective_milestones() == [26, 43]  # 150/350, 250/350 of 60
+    assert "noise_std" not in tc.data_kwargs and tc.grad_clip == 2.0
+    full = demo_jobs(DemoConfig(full=True), Path("/x"))
+    assert sorted({j["seed"] for j in full}) == [0, 1, 2, 3, 4]
+    assert {j["loss"] for j in full} == set(applicable_losses())
+    assert _train_config(full[0]).epochs == 350 and _train_config(full[0]).milestones == [150, 250]
+    quick = demo_jobs(DemoConfig(quick=True), Path("/x"))
+    assert {j["loss"] for j in quick} == set(CLAIM_LOSSES)
+    with pytest.raises(ValueError, match="digits benchmark only"):
+        demo_jobs(DemoConfig(noise_std=0.3), Path("/x"))
+    with pytest.raises(ValueError, match="`dataset`"):
+        demo_jobs(DemoConfig(dataset="cifar"), Path("/x"))
 
 
 def test_failed_run_is_reported_not_fatal(tmp_path):
@@ -158,7 +190,7 @@ def test_demo_cli_prints_table_and_report_path(tiny_demo, tmp_path, capsys):
     shutil.copytree(tiny_demo.out_dir / "runs", out / "runs")
     log = out / "runs" / "ce" / "seed0" / "log.jsonl"
     before = log.read_text()
-    code = main(["demo", "--seeds", "0,", "--epochs", "3", "--losses", "ce,adafocal",
+    code = main(["demo", "--dataset", "digits", "--seeds", "0,", "--epochs", "3", "--losses", "ce,adafocal",
                  "--workers", "1", "--no-progress", "--no-figures", "--out", str(out)])
     cap = capsys.readouterr()
     assert code == 0, cap.err
@@ -204,12 +236,33 @@ def test_stale_detects_changed_training_settings(tiny_demo):
         assert _stale(run, dataclasses.replace(cfg, **change)), change
 
 
+def test_a_config_written_before_a_field_existed_is_not_stale(tiny_demo, tmp_path):
+    """A finished run whose config.json lacks a newer TrainConfig field (e.g. `tensorboard`,
+    `amp`) had that field's default: a rerun of the demo skips it instead of training it again
+    (the retraining of every committed --full run that this caught)."""
+    import json
+
+    from torchcal.cli.demo import _stale, _train_config
+
+    (job,) = demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
+                       tiny_demo.out_dir)
+    cfg = _train_config(job)
+    old = json.loads((tiny_demo.out_dir / "runs" / "ce" / "seed0" / "config.json").read_text())
+    for field in ("tensorboard", "amp", "compile"):
+        old.pop(field, None)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert not _stale(tmp_path, cfg)
+    import dataclasses
+
+    assert _stale(tmp_path, dataclasses.replace(cfg, compile=True))  # not the missing default
+
+
 def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     from pathlib import Path
 
     from torchcal.cli.demo import _setup_text, _train_config
 
-    cfg = DemoConfig(seeds=(0,), epochs=8, noise_std=0.3, data_kwargs={"n_copies": 2},
+    cfg = DemoConfig(dataset="digits", seeds=(0,), epochs=8, noise_std=0.3, data_kwargs={"n_copies": 2},
                      overrides={"lr": 0.02, "batch_size": 32, "model_kwargs": {"hidden": [32]}},
                      loss_kwargs={"focal": {"gamma": 2}}, losses=("ce", "focal"))
     jobs = demo_jobs(cfg, Path("/x"))
@@ -221,7 +274,8 @@ def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     for s in ("std 0.3", "2 independent noisy copies", "MLP 64-32-10", "lr 0.02", "batch 32",
               "8 epochs", "epochs 4, 6 (50%, 75%)", "60/10/30", "(1077 / 180 / 540 images)"):
         assert s in text, (s, text)
-    default = _setup_text(DemoConfig(seeds=(0, 1)), demo_jobs(DemoConfig(seeds=(0, 1)), Path("/x"))[0])
+    dg = DemoConfig(seeds=(0, 1), dataset="digits")
+    default = _setup_text(dg, demo_jobs(dg, Path("/x"))[0])
     for s in ("std 0.5", "60/10/30", "5 independent noisy copies", "MLP 64-256-256-10",
               "momentum 0.9, lr 0.05, weight decay 0.0005, batch 64, 100 epochs",
               "lr ×0.1 at epochs 50, 75 (50%, 75%)"):

@@ -275,8 +275,8 @@ def test_overrides_reach_the_config(tmp_path):
 
 
 def test_eval_command_last_and_best(tmp_path, capsys):
-    """`torchcal eval RUN_DIR` evaluates the last epoch's checkpoint, `--checkpoint best` the
-    selected one, into logits/*.npz and results.json."""
+    """`torchcal eval RUN_DIR` evaluates the last epoch's checkpoint into logits/*.npz and
+    results.json, `--checkpoint best` the selected one into logits-best/ and results-best.json."""
     import torch
 
     from torchcal.evaluate import load_logits, read_results
@@ -296,16 +296,18 @@ def test_eval_command_last_and_best(tmp_path, capsys):
         assert main(["eval", str(run), *flag]) == 0
         out = capsys.readouterr().out
         assert f"({which})" in out and "AUROC(entropy)" in out
-        res = read_results(run)
+        sub = "" if which == "last" else "-best"
+        res = read_results(run / f"results{sub}.json")
         assert res["meta"]["checkpoint"] == which
         model, cfg = load_model_from_run(run, checkpoint=which)
         splits = build_data(cfg)
         z, y = predict_logits(model, splits.test, "cpu", 512)
-        zs, ys = load_logits(run / "logits" / "test.npz")
+        zs, ys = load_logits(run / f"logits{sub}" / "test.npz")
         np.testing.assert_allclose(zs, z.numpy(), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(ys, y.numpy())
         assert set(res["temperatures"]) >= {"grid_ece", "grid_adaece", "grid_nll", "nll"}
-        assert "digits_ood" in res["ood"] and (run / "logits" / "ood_digits_ood.npz").is_file()
+        assert "digits_ood" in res["ood"] and (run / f"logits{sub}" / "ood_digits_ood.npz").is_file()
+    assert read_results(run)["meta"]["checkpoint"] == "last"  # kept beside the best's files
     log = [json.loads(s) for s in (run / "log.jsonl").read_text().splitlines()]
     best_epoch = min(range(3), key=lambda i: log[i]["val_nll"]) + 1
     assert res["meta"]["epoch"] == best_epoch

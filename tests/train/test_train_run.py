@@ -367,7 +367,11 @@ def test_evaluate_run_and_load_model(tmp_path):
     train(cfg)
     res = evaluate_run(tmp_path / "run", checkpoint="best")
     assert res["meta"]["checkpoint"] == "best"
-    assert (tmp_path / "run" / "logits" / "ood_digits_ood.npz").is_file() or not res["ood"]
+    # the best checkpoint's evaluation has its own files (issue #14 item 3)
+    assert (tmp_path / "run" / "results-best.json").is_file()
+    assert not (tmp_path / "run" / "results.json").exists()
+    assert (tmp_path / "run" / "logits-best" / "ood_digits_ood.npz").is_file() or not res["ood"]
+    assert evaluate_run(tmp_path / "run")["meta"]["checkpoint"] == "last"
     model, c2 = load_model_from_run(tmp_path / "run")
     assert c2.loss == "ce" and not model.training
     from torchcal.train import build_data

@@ -2,6 +2,11 @@
 
 The ``type=`` callables raise :class:`argparse.ArgumentTypeError`, which argparse prints as a
 usage error naming the option.
+
+Numbers on the terminal: calibration errors, error rates, accuracies and AUROCs are printed in
+percent with a ``%`` sign (:func:`pct`, as the report's tables), NLL in nats (:func:`fmt`);
+files (``results.json``, ``calib.json``, ...) always hold fractions.  Options that are shares
+(``--val-fraction``, ``split=``) are fractions.
 """
 
 from __future__ import annotations
@@ -9,9 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from typing import Any
 
-__all__ = ["positive_int", "even_int", "positive_float", "nonneg_float", "parse_loss_args", "fmt"]
+__all__ = ["positive_int", "even_int", "positive_float", "nonneg_float", "parse_loss_args",
+           "parse_loss_args_per_loss", "fmt", "pct", "PERCENT_NOTE", "plain_text",
+           "one_line_warnings"]
+
+#: The sentence the commands' --help epilogs use for the units of printed numbers.
+PERCENT_NOTE = ("Printed ECE, error and AUROC values are in percent, NLL in nats; "
+                "the JSON files hold fractions.")
 
 
 def positive_int(text: str) -> int:
@@ -84,6 +96,60 @@ def parse_loss_args(items: list[str] | None, option: str = "--loss-arg") -> dict
     return out
 
 
+def parse_loss_args_per_loss(items: list[str] | None, losses: list[str] | tuple[str, ...],
+                             option: str = "--loss-arg") -> dict[str, dict[str, Any]]:
+    """``--loss-arg`` items as ``{loss: {key: value}}``: the syntax of ``train`` and ``demo``.
+
+    An item is ``LOSS:KEY=VALUE``; ``KEY=VALUE`` (no loss named) is allowed when one loss is
+    trained.  ``LOSS`` must be one of ``losses``.  Values are read as in :func:`parse_loss_args`.
+
+    >>> parse_loss_args_per_loss(["focal:gamma=2", "ls:alpha=0.1"], ["focal", "ls"])
+    {'focal': {'gamma': 2}, 'ls': {'alpha': 0.1}}
+    >>> parse_loss_args_per_loss(["gamma=2", "focal:name=a:b"], ["focal"])
+    {'focal': {'gamma': 2, 'name': 'a:b'}}
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        head = item.partition("=")[0]
+        if ":" in head:
+            loss, _, kv = item.partition(":")
+            loss = loss.strip()
+            if loss not in losses:
+                raise ValueError(f"Expected `{option}` to name a trained loss "
+                                 f"({', '.join(losses)}), got {item!r}: the command does not "
+                                 f"train {loss!r}")
+        elif len(losses) == 1:
+            loss, kv = losses[0], item
+        else:
+            raise ValueError(f"Expected `{option}` as LOSS:KEY=VALUE when several losses are "
+                             f"trained ({', '.join(losses)}), got {item!r}")
+        out.setdefault(loss, {}).update(parse_loss_args([kv], option))
+    return out
+
+
+def pct(v: Any) -> str:
+    """A fraction (ECE, error, AUROC) for a summary line, in percent: ``n/a`` when missing.
+
+    >>> pct(0.12345), pct(None), pct(float("nan"))
+    ('12.35%', 'n/a', 'n/a')
+    """
+    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{100 * v:.2f}%"
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
+
+
+def plain_text(doc: str) -> str:
+    """A docstring's reStructuredText as plain text for ``--help``: inline literals lose their
+    double backquotes, roles keep the last part of their target, ``Examples::`` ends in one colon.
+
+    >>> plain_text("Run ``fit`` with :class:`~torchcal.uncertainty.UncertaintyHead`. Example::")
+    'Run fit with UncertaintyHead. Example:'
+    """
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1], doc)
+    return text.replace("``", "").replace("::", ":")
+
+
 def fmt(v: Any) -> str:
     """A metric for a summary line: 4 decimals, ``n/a`` for a missing or non-finite value.
 
@@ -91,3 +157,20 @@ def fmt(v: Any) -> str:
     ('0.1235', 'n/a', 'n/a')
     """
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
+
+
+def one_line_warnings(command: str):
+    """A ``warnings.formatwarning`` giving ``torchcal COMMAND: warning: MESSAGE`` on one line
+    (no file name, no source line).  Set by the command line while a command runs, never at
+    import; only the display changes (filters and recording, e.g. pytest's, are untouched).
+
+    >>> one_line_warnings("train")("amp is CUDA only; float32", UserWarning, "x.py", 3)
+    'torchcal train: warning: amp is CUDA only; float32\\n'
+    """
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        text = " ".join(str(message).split())
+        kind = "warning" if category is UserWarning else category.__name__
+        return f"torchcal {command}: {kind}: {text}\n"
+
+    return format_warning

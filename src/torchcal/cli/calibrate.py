@@ -8,10 +8,13 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
+from .._io import exclusive_lock
+from ._args import PERCENT_NOTE, pct
 from ._args import fmt as _fmt
 
 __all__ = ["register"]
@@ -46,6 +49,14 @@ def _calib_metrics(cal, logits, labels, n_bins: int) -> dict[str, float]:
             "error": float(error(probs=p, labels=y, validate_args=False))}
 
 
+def _run_dir_of(path: Path) -> Path | None:
+    """The run directory ``path`` lies in (``RUN/x.json``, ``RUN/sub/x.json``), or None."""
+    for d in list(path.resolve().parents)[:2]:
+        if (d / "checkpoints").is_dir() or (d / "config.json").is_file():
+            return d
+    return None
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .._io import atomic_write_text
     from .._io import to_jsonable as _jsonable
@@ -73,13 +84,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             report["test"] = {"pre": _calib_metrics(None, zt, yt, args.n_bins),
                               "post": _calib_metrics(cal, zt, yt, args.n_bins)}
         pre, post = report[split]["pre"], report[split]["post"]
-        lines.append(f"  {split}: ECE {_fmt(pre['ece'])} -> {_fmt(post['ece'])}, AdaECE "
-                     f"{_fmt(pre['adaptive_ece'])} -> {_fmt(post['adaptive_ece'])}, NLL "
-                     f"{_fmt(pre['nll'])} -> {_fmt(post['nll'])}, error {_fmt(pre['error'])}"
-                     f" -> {_fmt(post['error'])}")
+        lines.append(f"  {split}: ECE {pct(pre['ece'])} -> {pct(post['ece'])}, AdaECE "
+                     f"{pct(pre['adaptive_ece'])} -> {pct(post['adaptive_ece'])}, NLL "
+                     f"{_fmt(pre['nll'])} -> {_fmt(post['nll'])}, error {pct(pre['error'])}"
+                     f" -> {pct(post['error'])}")
     print("\n".join(lines))
     if args.out:
-        atomic_write_text(args.out, json.dumps(_jsonable(report), indent=2) + "\n")
+        run = _run_dir_of(Path(args.out))  # writing into a run: only while no one else owns it
+        with exclusive_lock(run) if run is not None else contextlib.nullcontext():
+            atomic_write_text(args.out, json.dumps(_jsonable(report), indent=2) + "\n")
         print(f"wrote {args.out}")
     return 0
 
@@ -94,7 +107,9 @@ def register(subparsers: Any) -> None:
                     "--test applies it to other logits.",
         epilog="examples:\n  torchcal calibrate runs/c10/logits/val.npz --test "
                "runs/c10/logits/test.npz --method grid_ece --out calib.json\n"
-               "  torchcal calibrate runs/c10 --method nll")
+               "  torchcal calibrate runs/c10 --method nll\n\n"
+               "An --out inside a run directory is written only while no other process owns the "
+               "run.\n" + PERCENT_NOTE)
     c.add_argument("logits", metavar="LOGITS.npz",
                    help="logits + labels to fit on, or a run directory (its logits/val.npz, "
                         "with --test defaulting to its logits/test.npz)")

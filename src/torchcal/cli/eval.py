@@ -11,6 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..evaluate import CHECKPOINTS, logits_dirname, results_filename
+from ._args import PERCENT_NOTE, pct
 from ._args import fmt as _fmt
 
 __all__ = ["register"]
@@ -23,12 +25,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                        device=args.device, batch_size=args.batch_size)
     pre, post = res["test"]["pre"], res["test"]["post"].get("grid_ece", {})
     t = res["temperatures"].get("grid_ece", float("nan"))
-    print(f"{args.run_dir} ({args.checkpoint}): test error {_fmt(pre.get('error'))}, "
-          f"ECE {_fmt(pre.get('ece'))} -> {_fmt(post.get('ece'))} (T={t:.2f}), "
-          f"AdaECE {_fmt(pre.get('adaptive_ece'))}, NLL {_fmt(pre.get('nll'))}")
+    print(f"{args.run_dir} ({args.checkpoint}): test error {pct(pre.get('error'))}, "
+          f"ECE {pct(pre.get('ece'))} -> {pct(post.get('ece'))} (T={t:.2f}), "
+          f"AdaECE {pct(pre.get('adaptive_ece'))}, NLL {_fmt(pre.get('nll'))}")
     for name, d in res.get("ood", {}).items():
-        print(f"  OOD {name}: AUROC(entropy) {_fmt(d.get('auroc_entropy'))}")
-    print(f"wrote {Path(args.run_dir) / 'results.json'} and {Path(args.run_dir) / 'logits'}/")
+        print(f"  OOD {name}: AUROC(entropy) {pct(d.get('auroc_entropy'))}")
+    run = Path(args.run_dir)
+    print(f"wrote {run / results_filename(args.checkpoint)} and "
+          f"{run / logits_dirname(args.checkpoint)}/")
     return 0
 
 
@@ -39,14 +43,21 @@ def register(subparsers: Any) -> None:
         "eval", formatter_class=F, help="evaluate a run's checkpoint into logits and results.json",
         description="Load RUN_DIR/checkpoints/<checkpoint>.pt, save validation/test/OOD logits "
                     "to RUN_DIR/logits/*.npz\nand every metric before and after temperature "
-                    "scaling to RUN_DIR/results.json.",
-        epilog="example:\n  torchcal eval runs/c10 --checkpoint best --data-root ~/data")
+                    "scaling to RUN_DIR/results.json. --checkpoint best writes\n"
+                    "RUN_DIR/logits-best/ and RUN_DIR/results-best.json instead, so that it never "
+                    "replaces the last\nepoch's results (`torchcal report --checkpoint best` "
+                    "reads them).",
+        epilog="example:\n  torchcal eval runs/c10 --checkpoint best --data-root ~/data\n\n"
+               "RUN_DIR is locked while this writes into it (a training of it must have ended).\n"
+               + PERCENT_NOTE)
     e.add_argument("run_dir", metavar="RUN_DIR", help="a torchcal train run directory")
-    e.add_argument("--checkpoint", choices=("last", "best"), default="last",
-                   help="which checkpoint: the last epoch's (default, as the papers report) or "
-                        "the best by validation metric")
+    e.add_argument("--checkpoint", choices=CHECKPOINTS, default="last",
+                   help="which checkpoint: the last epoch's (default, as the papers report; "
+                        "results.json) or the best by validation metric (results-best.json)")
     e.add_argument("--data-root", help="data directory (default: the one the run used)")
-    e.add_argument("--device", default="cpu", help="device to run the model on (default cpu)")
+    e.add_argument("--device", default="auto",
+                   help="'auto' (CUDA if available, the default, as in train), 'cpu', 'cuda', "
+                        "'cuda:N'")
     e.add_argument("--batch-size", type=int, default=None, help="prediction batch size")
     e.add_argument("--debug", action="store_true", help="show tracebacks")
     e.set_defaults(func=_cmd_eval)

@@ -1,14 +1,62 @@
-"""``torchcal report``: evaluated run directories -> tables and figures."""
+"""``torchcal report``: evaluated run directories -> tables and figures.
+
+An ``--out`` that already holds a report is refreshed: the figures of the earlier report are
+removed first (the new one may draw other groups, and a stale figure would sit beside the new
+report), the other files are replaced.  An ``--out`` that holds a training run (``config.json``,
+``checkpoints/``, ``log.jsonl``, or a ``results.json`` that is not a report's) is refused, since
+the report's ``results.json`` would replace the run's.  ``torchcal demo --out`` does the same.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from .._io import exclusive_lock
+from ..errors import TorchcalError
+from ._args import PERCENT_NOTE
 from ._args import positive_int as _positive_int
 
-__all__ = ["register", "cmd_report"]
+__all__ = ["register", "cmd_report", "prepare_report_dir"]
+
+_RUN_FILES = ("config.json", "log.jsonl", "checkpoints")
+
+
+def _is_report_results(path: Path) -> bool:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("torchcal.report/")
+
+
+def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
+    """Make ``out`` ready for a report: refuse a run directory, remove an earlier report's
+    figures (``figures/*.png``).  Returns the removed files.
+
+    Raises:
+        TorchcalError: ``out`` is a file, or holds a training run.
+    """
+    out = Path(out)
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise TorchcalError(f"Expected `{option}` to be a directory, got the file {str(out)!r}")
+    held = [n for n in _RUN_FILES if (out / n).exists()]
+    if (out / "results.json").is_file() and not _is_report_results(out / "results.json"):
+        held.append("results.json")
+    if held:
+        raise TorchcalError(
+            f"Expected `{option}` to be a new directory or an earlier report's, but "
+            f"{str(out)!r} holds a training run ({', '.join(held)}), which the report's files "
+            "would replace: choose another directory")
+    removed = []
+    for png in sorted((out / "figures").glob("*.png")):
+        png.unlink()
+        removed.append(png)
+    return removed
 
 
 def _print_tail(rep, out_dir: Path) -> None:
@@ -22,8 +70,12 @@ def _print_tail(rep, out_dir: Path) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from ..report.build import build_report  # matplotlib: not at `torchcal --help` time
 
-    rep = build_report(args.run_dirs, args.out, title=args.title, n_bins=args.n_bins,
-                       figures=not args.no_figures)
+    out = Path(args.out)
+    with exclusive_lock(out, what="Output directory"):  # one report writer at a time
+        prepare_report_dir(out)
+        rep = build_report(args.run_dirs, out, title=args.title, n_bins=args.n_bins,
+                           figures=not args.no_figures, checkpoint=args.checkpoint,
+                           mix_checkpoints=args.mix_checkpoints)
     for _path, msg in rep.errors:
         print(f"torchcal report: error: {msg}", file=sys.stderr)
     _print_tail(rep, Path(args.out))
@@ -36,11 +88,19 @@ def register(subparsers) -> None:
         "report", help="aggregate evaluated runs into tables and figures",
         description="Aggregate evaluated runs (directories holding results.json, searched "
                     "recursively) into report.md, report.html, figures and results.json/csv; "
-                    "runs are grouped by data set, model and loss, mean ± std over seeds.")
+                    "runs are grouped by data set, model and loss, mean ± std over seeds.",
+        epilog="An --out holding an earlier report is refreshed (its old figures removed); one "
+               "holding a training run is refused. " + PERCENT_NOTE)
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or results.json files")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--title", default="torchcal report")
     p.add_argument("--n-bins", type=_positive_int, default=15, help="bins of the figures (default 15)")
     p.add_argument("--no-figures", action="store_true", help="tables only")
+    p.add_argument("--checkpoint", choices=("last", "best"), default="last",
+                   help="which evaluation of each run: the last epoch's results.json (default) "
+                        "or results-best.json (`torchcal eval RUN --checkpoint best`)")
+    p.add_argument("--mix-checkpoints", action="store_true",
+                   help="allow a table to hold runs evaluated from different checkpoints "
+                        "(refused otherwise; the Runs table names each group's checkpoint)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=cmd_report)

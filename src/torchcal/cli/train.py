@@ -6,6 +6,10 @@ Examples::
     torchcal train --recipe cifar10-resnet50 --loss focal --loss-arg gamma=3 \\
         --data-root ~/data --download --out runs/c10-r50-focal
     torchcal train --out runs/c10-r50-focal --resume            # continue a killed run
+
+One process owns a run directory: a second ``train`` (or ``eval``, ...) of the same directory
+fails at once, naming the process that holds it.  Ctrl-C prints the command that continues the
+run; resuming a finished run trains nothing and says so.
     torchrun --nproc_per_node 4 -m torchcal train --recipe cifar100-wrn26-10 --loss adafocal ...
 """
 
@@ -13,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
+from .._io import read_lock_command
 from ..errors import TorchcalError
-from ._args import fmt as _fmt
-from ._args import parse_loss_args
+from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss, pct
 
 __all__ = ["register", "parse_loss_args", "config_from_args"]
 
@@ -70,6 +76,8 @@ def config_from_args(args: argparse.Namespace):
                                 f"{cfg.recipe!r} in {str(out)!r}")
     else:
         if not args.recipe:
+            if args.resume:
+                raise TorchcalError(_nothing_to_resume(out))
             raise TorchcalError("--recipe is required (one of: " + _recipe_help() + ")")
         cfg = get_recipe(args.recipe)
     upd: dict[str, Any] = {"out_dir": str(out), "resume": bool(args.resume)}
@@ -78,8 +86,9 @@ def config_from_args(args: argparse.Namespace):
         if args.loss != cfg.loss:
             upd["loss_kwargs"] = {}
     if args.loss_arg:
+        loss = upd.get("loss", cfg.loss)
         upd["loss_kwargs"] = {**upd.get("loss_kwargs", cfg.loss_kwargs),
-                              **parse_loss_args(args.loss_arg)}
+                              **parse_loss_args_per_loss(args.loss_arg, [loss]).get(loss, {})}
     if args.model is not None:
         upd["model"] = args.model
         if args.model != cfg.model:
@@ -96,7 +105,8 @@ def config_from_args(args: argparse.Namespace):
     if args.no_grad_clip:
         upd["grad_clip"] = None
     for flag, fld in (("download", "download"), ("compile", "compile"),
-                      ("channels_last", "channels_last"), ("uncertainty_head", "uncertainty_head")):
+                      ("channels_last", "channels_last"), ("uncertainty_head", "uncertainty_head"),
+                      ("tensorboard", "tensorboard")):
         if getattr(args, flag):
             upd[fld] = True
     if args.no_progress:
@@ -114,6 +124,50 @@ def config_from_args(args: argparse.Namespace):
     if cfg.model not in list_models():
         raise TorchcalError(f"Unknown model {cfg.model!r}; expected one of: {_model_help()}")
     return cfg.validate()
+
+
+def _nothing_to_resume(out: Path) -> str:
+    """Why ``--resume`` without ``--recipe`` cannot go on, and exactly what to run instead."""
+    if not out.exists():
+        return (f"Nothing to resume: {str(out)!r} does not exist. Start a new run with --recipe "
+                f"(one of: {_recipe_help()}), e.g. torchcal train --recipe digits-mlp "
+                f"--out {shlex.quote(str(out))}")
+    recorded = read_lock_command(out)  # the command of a process killed before config.json
+    lead = (f"Cannot resume {str(out)!r} without --recipe: it has no config.json (its run was "
+            "stopped before saving its settings, so no epoch was trained)")
+    if recorded and " train " in f" {recorded} " and "--recipe" in recorded:
+        again = recorded if "--resume" in recorded.split() else recorded + " --resume"
+        return f"{lead}. Run its command again: {again}"
+    return (f"{lead}. Pass the --recipe (one of: {_recipe_help()}) and options of the original "
+            f"command, e.g. torchcal train --recipe digits-mlp --out {shlex.quote(str(out))} "
+            "--resume")
+
+
+def _finished(cfg) -> bool:
+    """Whether ``cfg.out_dir`` holds all ``cfg.epochs`` epochs and their evaluation (or needs
+    none): a resume would train nothing."""
+    run = Path(cfg.out_dir)
+    if not (run / "checkpoints" / "last.pt").is_file():
+        return False
+    try:
+        meta = json.loads((run / "results.json").read_text(encoding="utf-8")).get("meta", {})
+        done = int(meta.get("epoch")) == cfg.epochs and meta.get("checkpoint") == "last"
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+    return done
+
+
+def _interrupt_hint(args: argparse.Namespace) -> str | None:
+    """After Ctrl-C: the exact command that continues the run."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    out = Path(args.out)
+    if (out / "checkpoints" / "last.pt").is_file() and (out / "config.json").is_file():
+        return ("finished epochs are kept; continue with: torchcal train --out "
+                f"{shlex.quote(args.out)} --resume")
+    argv = list(getattr(args, "argv", None) or [])
+    return ("no epoch was saved yet; start it again with: "
+            + shlex.join(["torchcal", *argv] if argv else ["torchcal", "train", "..."]))
 
 
 def _exit_distributed_worker() -> None:
@@ -143,6 +197,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     rank0 = int(os.environ.get("RANK", "0")) == 0
+    if cfg.resume and _finished(cfg):  # every rank sees the same files
+        if rank0:
+            print(f"torchcal train: nothing was trained: {cfg.out_dir} already holds all "
+                  f"{cfg.epochs} epochs and their results.json (raise --epochs to train further)")
+        return 0
     if cfg.resume and rank0 and not (Path(cfg.out_dir) / "checkpoints" / "last.pt").is_file():
         print(f"torchcal train: nothing to resume in {cfg.out_dir}; starting a new run")
     summary = train(cfg)
@@ -155,14 +214,21 @@ def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
     if not rank0:
         return
     f = summary["final"]
-    print(f"trained {cfg.recipe or cfg.dataset} with {cfg.loss} for {cfg.epochs} epochs in "
-          f"{summary['seconds']:.1f}s: val ECE {_fmt(f.get('val_ece'))}, test ECE "
-          f"{_fmt(f.get('test_ece'))}, test error {_fmt(f.get('test_error'))}")
+    start = int(summary.get("resumed_from") or 0)
+    if start >= cfg.epochs:
+        print(f"torchcal train: nothing was trained: {cfg.out_dir} already held all {cfg.epochs} "
+              "epochs (raise --epochs to train further); its last epoch:")
+    else:
+        what = f"epochs {start + 1}-{cfg.epochs}" if start else f"{cfg.epochs} epochs"
+        print(f"trained {cfg.recipe or cfg.dataset} with {cfg.loss} for {what} in "
+              f"{summary['seconds']:.1f}s:", end="")
+    print(f" val ECE {pct(f.get('val_ece'))}, test ECE {pct(f.get('test_ece'))}, test error "
+          f"{pct(f.get('test_error'))}")
     res = summary.get("results")
     if res:
         post = res["test"]["post"].get("grid_ece", {})
         print(f"post-T (grid_ece, T={res['temperatures'].get('grid_ece', float('nan')):.2f}) "
-              f"test ECE {_fmt(post.get('ece'))}; results: {Path(cfg.out_dir) / 'results.json'}")
+              f"test ECE {pct(post.get('ece'))}; results: {Path(cfg.out_dir) / 'results.json'}")
 
 
 def register(subparsers: Any) -> None:
@@ -178,13 +244,17 @@ def register(subparsers: Any) -> None:
         epilog="examples:\n  torchcal train --recipe digits-mlp --loss flsd53 --out runs/d1\n"
                "  torchcal train --recipe cifar10-resnet50 --loss focal --loss-arg gamma=3 "
                "--data-root ~/data --out runs/c10\n"
-               "  torchcal train --out runs/c10 --resume")
+               "  torchcal train --out runs/c10 --resume\n\n"
+               "One process owns RUN_DIR while it trains: a second train/eval of it fails at once "
+               "naming the\nholder's pid. Ctrl-C prints the command that continues the run.\n"
+               + PERCENT_NOTE)
     p.add_argument("--recipe", help=f"named recipe with the papers' settings: {_recipe_help()}")
     p.add_argument("--loss", help="training loss (registry name; default: the recipe's, ce). "
                                   f"One of: {_loss_help()}")
-    p.add_argument("--loss-arg", action="append", metavar="KEY=VALUE",
-                   help="loss hyperparameter, repeatable (e.g. --loss-arg gamma=3); values are "
-                        "parsed as JSON when possible")
+    p.add_argument("--loss-arg", action="append", metavar="[LOSS:]KEY=VALUE",
+                   help="loss hyperparameter, repeatable: LOSS:KEY=VALUE as in `torchcal demo` "
+                        "(e.g. --loss-arg focal:gamma=3), or KEY=VALUE for the one loss trained; "
+                        "values are parsed as JSON when possible")
     p.add_argument("--model", help="model (registry name) instead of the recipe's, e.g. "
                                    "resnet20 or small_cnn to try a CIFAR recipe on a CPU. "
                                    f"One of: {_model_help()}")
@@ -228,7 +298,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--num-threads", type=int, help="torch CPU threads of this process")
     p.add_argument("--num-workers", type=int, help="DataLoader workers (folder data sets)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write each epoch's scalars and AdaFocal's γ per bin to "
+                        "TensorBoard under OUT/tensorboard (needs the tensorboard package; "
+                        "log.jsonl stays the record): tensorboard --logdir OUT")
     p.add_argument("--no-eval", action="store_true",
                    help="skip writing logits/ and results.json after training")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(func=_cmd_train)
+    p.set_defaults(func=_cmd_train, interrupt_hint=_interrupt_hint)

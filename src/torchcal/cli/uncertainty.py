@@ -18,6 +18,7 @@ OOD sets, and zero-shot transfer (recall@1 R-AUROC) to other data sets.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 from pathlib import Path
@@ -25,8 +26,9 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json
+from .._io import atomic_write_json, exclusive_lock
 from ..errors import CheckpointError, TorchcalError
+from ._args import PERCENT_NOTE, plain_text
 from ._args import even_int as _even_int
 from ._args import nonneg_float as _nonneg_float
 from ._args import positive_float as _positive_float
@@ -93,13 +95,25 @@ def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
 
 
 def _f(v: Any) -> str:
-    return "  n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
+    """An AUROC / accuracy in percent (the report's and every command's unit)."""
+    return "  n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.2f}%"
+
+
+def _owning_run(run_dir: str) -> contextlib.AbstractContextManager:
+    """Own RUN_DIR while writing its uncertainty/ files (fails at once if a training or another
+    fit of it runs); a missing directory is left to the loader's error."""
+    return exclusive_lock(run_dir) if Path(run_dir).is_dir() else contextlib.nullcontext()
 
 
 # ------------------------------------------------------------------------------------------
 # fit
 # ------------------------------------------------------------------------------------------
 def cmd_fit(args: argparse.Namespace) -> int:
+    with _owning_run(args.run_dir):
+        return _fit(args)
+
+
+def _fit(args: argparse.Namespace) -> int:
     from ..uncertainty.cache import model_identity
     from ..uncertainty.fit import evaluate_head, fit_head
     from ..uncertainty.head import save_head
@@ -166,6 +180,11 @@ def _joint_head(args: argparse.Namespace, model: Any):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    with _owning_run(args.run_dir):
+        return _eval(args)
+
+
+def _eval(args: argparse.Namespace) -> int:
     from ..metrics import auroc
     from ..uncertainty.fit import _entropy, evaluate_head, predict_uncertainty
     from ..uncertainty.head import load_head
@@ -285,8 +304,9 @@ def register(subparsers: Any) -> None:
     """Add ``uncertainty fit`` and ``uncertainty eval`` to the ``torchcal`` command line."""
     p = subparsers.add_parser(
         "uncertainty", help="pretrained uncertainty heads on a trained classifier (fit | eval)",
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1])
+        description=plain_text(__doc__.split("\n\n")[0]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=plain_text(__doc__.split("\n\n", 1)[1]) + "\n" + PERCENT_NOTE)
     sub = p.add_subparsers(dest="uncertainty_command", metavar="ACTION")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 

@@ -7,6 +7,7 @@ live in :mod:`torchcal.metrics.binning`.
 
 from __future__ import annotations
 
+from .binfree import SmoothReliabilityCurve, ks_error, smooth_ece, smooth_reliability_curve
 from .binning import (
     bin_index,
     equal_mass_bin_index,
@@ -17,6 +18,7 @@ from .binning import (
 from .bootstrap import BootstrapResult, bootstrap_ci
 from .calibration import (
     ReliabilityCurve,
+    ace,
     adaptive_ece,
     classwise_ece,
     ece,
@@ -24,6 +26,7 @@ from .calibration import (
     reliability_curve,
     rmsce,
 )
+from .debiased import debiased_ece
 from .meter import CalibrationMeter
 from .ranking import aupr, aurc, auroc, fpr_at_tpr, ood_auroc, ood_scores, r_auroc
 from .scoring import brier, error, nll, s99, topk_error
@@ -32,10 +35,16 @@ __all__ = [
     "ece",
     "mce",
     "rmsce",
+    "ace",
     "adaptive_ece",
     "classwise_ece",
+    "smooth_ece",
+    "debiased_ece",
+    "ks_error",
     "reliability_curve",
     "ReliabilityCurve",
+    "smooth_reliability_curve",
+    "SmoothReliabilityCurve",
     "nll",
     "brier",
     "error",

@@ -6,11 +6,14 @@ functional metrics, the bootstrap and the streaming meter add up exactly the sam
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import Any
 
 import torch
 
-from .._validation import check_labels, resolve_probs
+from .._validation import as_tensor, check_labels, resolve_probs
 from .binning import equal_width_bin_index
 
 # Number of (row, class) elements handled per chunk by the classwise sums: bounds the
@@ -23,11 +26,94 @@ def result_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+_STACK_HINT = {
+    "probs": "for a binary problem with class-1 probabilities `p` of shape (N,), pass "
+             "`probs=torch.stack([1 - p, p], dim=1)` of shape (N, 2)",
+    "logits": "for a binary problem with one logit `z` (log-odds of class 1) per sample, pass "
+              "`logits=torch.stack([torch.zeros_like(z), z], dim=1)` of shape (N, 2)",
+}
+
+
+def resolve(logits: Any, probs: Any, *, validate_args: bool = True) -> torch.Tensor:
+    """Probabilities (N, C) from exactly one of ``logits`` / ``probs`` (the metrics' entry).
+
+    :func:`torchcal._validation.resolve_probs` plus three rules of the metrics:
+
+    * a 1-D float input (binary scores of shape (N,)) is refused with a hint to stack it into
+      (N, 2);
+    * logits may hold ``-inf`` (a masked class: probability 0), as the losses accept, as long
+      as every row has a finite entry; NaN and ``+inf`` are refused;
+    * logits that already look like probabilities (every entry in [0, 1] and every row summing
+      to 1 within ``max(1e-3, eps)``) give a :class:`UserWarning`: softmax of probabilities is
+      a much flatter distribution, so every metric would be silently wrong.  Python's warning
+      filter shows it once per calling line.
+    """
+    name = "logits" if logits is not None else "probs"
+    x = logits if logits is not None else probs
+    if (logits is None) != (probs is None):  # else resolve_probs reports "both" / "neither"
+        t = as_tensor(x, name)
+        if t.ndim == 1 and t.is_floating_point():
+            raise ValueError(
+                f"Expected `{name}` to be 2-D of shape (N, C), got shape {tuple(t.shape)}; "
+                + _STACK_HINT[name]
+            )
+        if logits is not None and validate_args:
+            _check_logits(t)
+            return resolve_probs(logits=t, validate_args=False)
+    return resolve_probs(logits, probs, validate_args=validate_args)
+
+
+def _check_logits(t: torch.Tensor) -> None:
+    """NaN / +inf refused, rows of only -inf refused, probability-like logits warned about."""
+    if not (t.is_floating_point() and t.ndim == 2 and t.numel()):
+        return  # resolve_probs reports dtype / shape / emptiness
+    lo, hi = torch.aminmax(t)
+    if bool(torch.isnan(lo) | torch.isnan(hi) | (hi == float("inf"))):
+        n_bad = int((torch.isnan(t) | (t == float("inf"))).sum())
+        raise ValueError(
+            f"Expected `logits` to be finite, found {n_bad} NaN/Inf value(s) (only -inf, a "
+            "masked class, is allowed)"
+        )
+    if bool(lo == float("-inf")):
+        dead = t.amax(dim=1) == float("-inf")
+        if bool(dead.any()):
+            row = int(dead.nonzero()[0, 0])
+            raise ValueError(
+                f"Expected every row of `logits` to have a finite entry, but every class of row "
+                f"{row} is masked (-inf)"
+            )
+    elif bool((lo >= 0) & (hi <= 1)):
+        sums = t.sum(dim=1, dtype=torch.promote_types(t.dtype, torch.float32))
+        tol = max(1e-3, torch.finfo(t.dtype).eps)
+        if bool(((sums.double() - 1).abs() <= tol).all()):
+            warnings.warn(
+                "`logits` look like probabilities (every entry in [0, 1] and every row summing "
+                "to 1): they are passed through softmax, which flattens them and makes the "
+                "metric wrong. Pass them as `probs=` instead.",
+                UserWarning,
+                stacklevel=_caller_stacklevel(),
+            )
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _caller_stacklevel() -> int:
+    """``stacklevel`` of the first frame outside torchcal, relative to the caller of this
+    function's caller (so a warning points at the user's line whatever the call depth)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 def prepare(
     logits: Any, probs: Any, labels: Any, *, validate_args: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities (N, C) and int64 labels (N,) on the probabilities' device."""
-    p = resolve_probs(logits, probs, validate_args=validate_args)
+    """Probabilities (N, C) and int64 labels (N,) on the probabilities' device (see
+    :func:`resolve` for the input rules)."""
+    p = resolve(logits, probs, validate_args=validate_args)
     y = check_labels(labels, n=p.shape[0], num_classes=p.shape[1], device=p.device)
     return p, y
 
@@ -49,13 +135,14 @@ def binned_sums(
 
 
 def calibration_from_sums(sums: torch.Tensor, norm: str) -> torch.Tensor:
-    """ECE ("l1"), MCE ("max") or RMSCE ("l2") in float64 from per-bin sums.
+    """ECE ("l1"), MCE ("max"), RMSCE ("l2") or ACE ("mean") in float64 from per-bin sums.
 
     ``sums`` has shape (3, ..., B): per-bin count, confidence sum and correct count; the result
     has the middle shape (0-d for (3, B); (R,) for a batch of R bootstrap resamples).
     ``(n_b/N)|acc_b - conf_b| = |A_b - S_b|/N`` with ``A_b``/``S_b`` the per-bin sums, so ECE is
     computed without dividing by the (possibly zero) counts.  Empty bins contribute 0 to every
-    norm (their gap is defined as 0 and gaps are >= 0, so the max is over non-empty bins).
+    norm (their gap is defined as 0 and gaps are >= 0, so the max is over non-empty bins);
+    "mean" is the unweighted mean gap over the non-empty bins.
     """
     counts, conf_sum, acc_sum = sums[0], sums[1], sums[2]
     n = counts.sum(dim=-1)
@@ -67,7 +154,9 @@ def calibration_from_sums(sums: torch.Tensor, norm: str) -> torch.Tensor:
         return gap.amax(dim=-1)
     if norm == "l2":
         return torch.sqrt((counts * gap * gap).sum(dim=-1) / n)
-    raise ValueError(f"Expected `norm` to be one of 'l1', 'max', 'l2', got {norm!r}")
+    if norm == "mean":
+        return gap.sum(dim=-1) / (counts > 0).sum(dim=-1)
+    raise ValueError(f"Expected `norm` to be one of 'l1', 'max', 'l2', 'mean', got {norm!r}")
 
 
 def classwise_sums(p: torch.Tensor, y: torch.Tensor, n_bins: int) -> torch.Tensor:

@@ -7,6 +7,9 @@ Equal-width bins (ECE, MCE, RMSCE, Classwise-ECE, reliability diagrams)
     and the first bin also holds 0, so bin index = ``#{k in 1..B-1 : e_k < x}``: a value of
     exactly 0 is in bin 0, exactly 1.0 is in bin B-1, and a value equal to an interior edge
     ``e_k`` is in bin k-1.  The same holds in float16, bfloat16, float32 and float64.
+    Every value is in some bin: exact-zero probabilities (masked classes, a saturated softmax;
+    they matter for Classwise-ECE) are counted in the first bin, where code that uses
+    ``lower < x <= upper`` for every bin, such as the focal-loss calibration code, drops them.
 
 Equal-mass bins (AdaECE, AdaFocal)
     Sort the values ``s_0 <= ... <= s_{N-1}``; interior edges are

@@ -9,7 +9,7 @@ Classwise-ECE additionally holds the (C * B, N) sparse matrix of per-sample cont
 percentile interval: the ``(1 - level)/2`` and ``(1 + level)/2`` quantiles (linear
 interpolation, as ``numpy.percentile``) of the R resampled values.
 
-Vectorised over resamples for ``ece``, ``mce``, ``rmsce``, ``adaptive_ece`` and
+Vectorised over resamples for ``ece``, ``mce``, ``rmsce``, ``ace``, ``adaptive_ece`` and
 ``classwise_ece``: the equal-width bin of a sample does not change under resampling, so a batch
 of resamples is one offset ``bincount`` (or, for Classwise-ECE, one sparse matrix product of
 the resample multiplicities with the per-sample (class, bin) contributions); AdaECE sorts each
@@ -42,6 +42,7 @@ _METRICS: dict[str, Callable[..., torch.Tensor]] = {
     "ece": calibration.ece,
     "mce": calibration.mce,
     "rmsce": calibration.rmsce,
+    "ace": calibration.ace,
     "adaptive_ece": calibration.adaptive_ece,
     "classwise_ece": calibration.classwise_ece,
     "nll": scoring.nll,
@@ -49,7 +50,8 @@ _METRICS: dict[str, Callable[..., torch.Tensor]] = {
     "error": scoring.error,
     "topk_error": scoring.topk_error,
 }
-_NORMS = {calibration.ece: "l1", calibration.mce: "max", calibration.rmsce: "l2"}
+_NORMS = {calibration.ece: "l1", calibration.mce: "max", calibration.rmsce: "l2",
+          calibration.ace: "mean"}
 
 
 class BootstrapResult(NamedTuple):
@@ -162,7 +164,7 @@ def bootstrap_ci(
 
     Args:
         metric: a metric function (e.g. :func:`torchcal.metrics.ece`) or its name (``"ece"``,
-            ``"mce"``, ``"rmsce"``, ``"adaptive_ece"``, ``"classwise_ece"``, ``"nll"``,
+            ``"mce"``, ``"rmsce"``, ``"ace"``, ``"adaptive_ece"``, ``"classwise_ece"``, ``"nll"``,
             ``"brier"``, ``"error"``, ``"topk_error"``), or any callable taking
             ``logits=``/``probs=`` and ``labels=`` and returning a 0-d tensor.
         logits: (N, C) logits; exactly one of ``logits`` / ``probs``.

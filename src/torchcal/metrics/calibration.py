@@ -1,4 +1,4 @@
-"""Binned calibration errors: ECE, MCE, RMSCE, AdaECE (equal-mass), Classwise-ECE, and the
+"""Binned calibration errors: ECE, MCE, RMSCE, ACE, AdaECE (equal-mass), Classwise-ECE, and the
 reliability curve behind them.
 
 Conventions (shared with :mod:`torchcal.metrics.binning`, the single home of bin assignment):
@@ -42,6 +42,7 @@ __all__ = [
     "ece",
     "mce",
     "rmsce",
+    "ace",
     "adaptive_ece",
     "classwise_ece",
     "reliability_curve",
@@ -138,6 +139,33 @@ def rmsce(
     return _top_label(logits, probs, labels, n_bins, validate_args, "l2")
 
 
+def ace(
+    *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Average calibration error: the unweighted mean gap over the non-empty equal-width bins.
+
+    ``ACE = (1 / |B+|) sum_{b in B+} |acc_b - conf_b|`` with ``B+`` the bins holding at least
+    one top-1 confidence.  Unlike ECE, every non-empty bin counts the same whatever its size,
+    so a sparsely populated bin weighs as much as a full one.  This is what the focal-loss
+    calibration code (Mukhoti et al. 2020, ``average_calibration_error`` in
+    ``Metrics/metrics.py``) computes; that code bins a confidence c into
+    ``ceil(B c - 1)`` in float64, which is this module's right-closed rule except for a
+    confidence within rounding of an edge.  Not the "adaptive calibration error" of Nixon et
+    al. 2019, which is also abbreviated ACE.
+
+    Same inputs and bin convention as :func:`ece`: edges ``k/B`` in the input's dtype, bins
+    ``(e_k, e_{k+1}]``, 0 in the first bin, 1.0 in the last, ``e_k`` in bin k-1.
+
+    Example:
+        >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
+        ...                       [0.1, 0.8, 0.1]])
+        >>> ace(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=4)  # (0.05 + 0.35) / 2
+        tensor(0.2000)
+    """
+    return _top_label(logits, probs, labels, n_bins, validate_args, "mean")
+
+
 def adaptive_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -175,6 +203,17 @@ def classwise_ece(
     [y_i = k])| / (N C)``; O(N C) time, memory bounded by chunking.  Every ``p_ik`` is binned
     by the convention of :func:`ece` (edges ``k/B`` in the input's dtype, right-closed bins, an
     exact 0 in the first bin, 1.0 in the last, ``e_k`` in bin k-1).
+
+    Two conventions differ from the focal-loss calibration code (``ClasswiseECELoss``), on
+    purpose:
+
+    * the mean is over all C classes (the columns of the input).  That code averages over
+      ``max(label) + 1`` classes, so when the highest classes never occur among the labels it
+      drops their (non-zero) terms and divides by a smaller count;
+    * an exact-zero probability is in the first bin (``[0, 1/B]``), so every one of the N C
+      probabilities is counted.  That code's bins are ``(e_k, e_{k+1}]`` with no special case
+      for 0, so exact zeros (masked classes, saturated softmax) fall in no bin.  Both differ
+      from this function only when such inputs occur.
 
     Example:
         >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],

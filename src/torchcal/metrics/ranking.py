@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from .._validation import as_tensor, check_finite, resolve_probs
-from ._common import check_unit_interval
+from .._validation import as_tensor, check_finite
+from ._common import check_unit_interval, resolve
 
 __all__ = ["auroc", "aupr", "fpr_at_tpr", "aurc", "r_auroc", "ood_auroc", "ood_scores"]
 
@@ -210,7 +210,7 @@ def ood_scores(
     probs = []
     for name, z in (("id_logits", id_logits), ("ood_logits", ood_logits)):
         try:
-            probs.append(resolve_probs(logits=z, validate_args=validate_args))
+            probs.append(resolve(z, None, validate_args=validate_args))
         except (ValueError, TypeError) as exc:
             raise type(exc)(str(exc).replace("`logits`", f"`{name}`")) from None
     if probs[0].shape[1] != probs[1].shape[1]:
@@ -224,7 +224,8 @@ def ood_scores(
         if score == "entropy":
             t = as_tensor(z, name).to(device=p.device)
             logp = torch.log_softmax(t.to(torch.promote_types(t.dtype, torch.float32)), dim=1)
-            s = -(logp.exp() * logp).sum(dim=1, dtype=torch.float64)
+            plogp = logp.exp() * logp  # a masked class (-inf logit) adds 0, not 0 * -inf
+            s = -plogp.masked_fill(logp == float("-inf"), 0.0).sum(dim=1, dtype=torch.float64)
         else:
             s = -p.max(dim=1).values.to(torch.float64)
         parts.append(s.to(device))

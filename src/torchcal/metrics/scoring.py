@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from .._validation import as_tensor, check_labels, check_positive_int, resolve_probs
-from ._common import check_unit_interval, prepare, result_dtype, top1
+from .._validation import as_tensor, check_labels, check_positive_int
+from ._common import check_unit_interval, prepare, resolve, result_dtype, top1
 
 __all__ = ["nll", "brier", "error", "topk_error", "s99"]
 
@@ -31,7 +31,7 @@ def nll(
         >>> nll(logits=torch.zeros(2, 4), labels=torch.tensor([0, 3]))  # log 4
         tensor(1.3863)
     """
-    p = resolve_probs(logits, probs, validate_args=validate_args)
+    p = resolve(logits, probs, validate_args=validate_args)
     y = check_labels(labels, n=p.shape[0], num_classes=p.shape[1], device=p.device)
     return nll_per_sample(logits, p, y).mean().to(result_dtype(p.dtype))
 

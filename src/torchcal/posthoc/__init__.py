@@ -5,22 +5,37 @@ Every calibrator follows scikit-learn's estimator contract: the constructor stor
 ``transform(logits)`` gives calibrated logits, ``predict_proba(logits)`` calibrated
 probabilities, ``to_dict()`` / ``from_dict(d)`` round-trip through JSON, and use before ``fit``
 raises :class:`torchcal.errors.NotFittedError`.  Inputs are torch tensors (any device; results
-stay there) or NumPy arrays (results are CPU tensors).
+stay there) or NumPy arrays (results are NumPy arrays).
 
 * :class:`TemperatureScaling` (``method="nll" | "grid_ece" | "grid_adaece" | "grid_nll"``) and
   :func:`fit_temperatures` (all four temperatures at once, as the evaluation records them);
   :func:`temperature_grid_scores` (the vectorised grid search itself).
 * :class:`VectorScaling`: per-class scale and bias fitted by NLL.
 * :class:`HistogramBinning`: top-label histogram binning.
+* :class:`MatrixScaling` and :class:`DirichletCalibration` (``reg="odir"``): full linear maps of
+  the logits / log-probabilities.
+* :class:`IsotonicCalibration`: one-vs-rest isotonic regression, renormalised.
+* :class:`PlattScaling` and :class:`BetaCalibration`: binary problems.
+* :class:`ConformalClassifier` (``method="lac" | "aps" | "raps"``): prediction sets with a
+  coverage guarantee.
 * :func:`calibrator_from_dict`: rebuild any of them from ``to_dict()`` output.
+
+Every calibrator is a scikit-learn estimator (``get_params`` / ``set_params``, so ``clone``,
+``Pipeline`` and ``GridSearchCV`` work; :meth:`Calibrator.score` is the mean log-likelihood).
+A failed fit raises :class:`CalibrationError` (a :class:`torchcal.errors.TorchcalError`) with
+the reason.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._common import Calibrator, default_grid
+from ._common import CalibrationError, Calibrator, Estimator, default_grid
+from .binary import BetaCalibration, PlattScaling
+from .conformal import ConformalClassifier
 from .histogram import HistogramBinning
+from .isotonic import IsotonicCalibration
+from .linear import DirichletCalibration, MatrixScaling
 from .temperature import (
     CRITERIA,
     METHODS,
@@ -32,9 +47,16 @@ from .vector import VectorScaling
 
 __all__ = [
     "Calibrator",
+    "CalibrationError",
     "TemperatureScaling",
     "VectorScaling",
+    "MatrixScaling",
+    "DirichletCalibration",
     "HistogramBinning",
+    "IsotonicCalibration",
+    "PlattScaling",
+    "BetaCalibration",
+    "ConformalClassifier",
     "fit_temperatures",
     "temperature_grid_scores",
     "default_grid",
@@ -43,14 +65,18 @@ __all__ = [
     "CRITERIA",
 ]
 
-_TYPES = {c.__name__: c for c in (TemperatureScaling, VectorScaling, HistogramBinning)}
+_TYPES = {c.__name__: c for c in (
+    TemperatureScaling, VectorScaling, MatrixScaling, DirichletCalibration, HistogramBinning,
+    IsotonicCalibration, PlattScaling, BetaCalibration, ConformalClassifier,
+)}
 
 
-def calibrator_from_dict(d: dict[str, Any]) -> Calibrator:
-    """Rebuild a fitted calibrator of any type from its ``to_dict()`` output.
+def calibrator_from_dict(d: dict[str, Any]) -> Estimator:
+    """Rebuild a fitted calibrator (or conformal predictor) of any type from its ``to_dict()``
+    output.
 
     >>> import torch
-    >>> ts = TemperatureScaling(method="grid_nll").fit(torch.eye(3) * 4, torch.arange(3))
+    >>> ts = TemperatureScaling(method="grid_nll").fit(torch.eye(3) * 4, torch.tensor([0, 1, 1]))
     >>> calibrator_from_dict(ts.to_dict()).temperature_ == ts.temperature_
     True
     """

@@ -8,11 +8,20 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator
 
 from .._validation import as_tensor, check_labels
-from ..errors import NotFittedError
+from ..errors import NotFittedError, TorchcalError
 
-__all__ = ["Calibrator", "default_grid", "check_grid", "prepare_fit", "prepare_logits"]
+__all__ = [
+    "Calibrator",
+    "CalibrationError",
+    "Estimator",
+    "default_grid",
+    "check_grid",
+    "prepare_fit",
+    "prepare_logits",
+]
 
 _SCHEMA_VERSION = 1
 
@@ -103,6 +112,12 @@ def prepare_fit(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return z, y
 
 
+def log_proba(q: torch.Tensor) -> torch.Tensor:
+    """``log q`` clamped at the dtype's smallest normal number (finite "logits" whose softmax
+    gives back the probabilities ``q``: the transform of the probability-level calibrators)."""
+    return torch.log(q.clamp(min=torch.finfo(q.dtype).tiny))
+
+
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half precision, else the dtype itself (float32 / float64)."""
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
@@ -133,36 +148,130 @@ def float_list(value: Any, name: str, *, length: int | None = None,
     return out
 
 
-class Calibrator:
-    """Base of the post-hoc calibrators (scikit-learn's estimator contract).
+class CalibrationError(TorchcalError, RuntimeError):
+    """A calibrator could not be fitted (an optimiser ran out of budget, a non-finite
+    objective); the message gives the reason.  The command line reports it as one line."""
 
-    The constructor stores settings; :meth:`fit` learns attributes ending in ``_`` and returns
-    ``self``; :meth:`transform` maps logits to calibrated logits and :meth:`predict_proba` to
-    probabilities; :meth:`to_dict` / ``from_dict`` round-trip through JSON.  Using an
-    unfitted calibrator raises :class:`torchcal.errors.NotFittedError`.
+
+def like_input(out: torch.Tensor, ref: Any) -> Any:
+    """``out`` as a NumPy array when the input ``ref`` was one (NumPy in, NumPy out), else the
+    tensor itself."""
+    if isinstance(ref, np.ndarray):
+        return out.detach().cpu().numpy()
+    return out
+
+
+def check_choice(value: Any, name: str, choices: tuple) -> Any:
+    """``value`` if it is one of ``choices``, else ValueError naming ``name``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"Expected `{name}` to be one of {choices}, got {value!r}")
+    return value
+
+
+def check_n_classes(z: torch.Tensor, n_classes: int | None, name: str = "logits") -> None:
+    """Raise if ``z`` has a different number of columns than the data the calibrator saw."""
+    if n_classes is not None and z.shape[1] != n_classes:
+        raise ValueError(
+            f"Expected `{name}` to have {n_classes} classes (columns) as in fit, "
+            f"got {z.shape[1]}"
+        )
+
+
+# Largest |gradient| of a validation objective accepted when L-BFGS stops on its budget.
+GRAD_TOL = 1e-6
+
+
+def lbfgs_fit(params: list[torch.Tensor], objective: Any, *, max_iter: int, name: str,
+              hint: str = "") -> tuple[float, float]:
+    """Minimise ``objective()`` (a 0-d float64 tensor of ``params``) with L-BFGS (strong Wolfe
+    line search) and return its ``(start, end)`` values.
+
+    Raises :class:`CalibrationError` with the reason if the objective becomes non-finite, or if
+    L-BFGS uses up its budget (``max_iter`` iterations or ``1.25 * max_iter`` evaluations) with
+    the gradient still above ``GRAD_TOL``; ``hint`` (e.g. why the objective may have no finite
+    minimiser) is added to that message.
+    """
+    opt = torch.optim.LBFGS(
+        params, lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-14,
+        history_size=20, line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = objective()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        with torch.no_grad():
+            start = float(objective())
+        opt.step(closure)
+        state = opt.state[opt.param_groups[0]["params"][0]]
+        n_iter, n_eval = state.get("n_iter", 0), state.get("func_evals", 0)
+        loss = objective()
+        grads = torch.autograd.grad(loss, params)
+    end = float(loss.detach())
+    if not math.isfinite(end):
+        raise CalibrationError(
+            f"{name} failed: L-BFGS reached a non-finite validation objective ({end!r}) after "
+            f"{n_iter} iterations"
+        )
+    grad = max(float(g.abs().max()) for g in grads)
+    max_eval = opt.param_groups[0]["max_eval"]
+    if (n_iter >= max_iter or n_eval >= max_eval) and not grad <= GRAD_TOL:
+        raise CalibrationError(
+            f"{name} failed: L-BFGS used its budget ({n_iter} iterations, {n_eval} function "
+            f"evaluations; max_iter={max_iter}) with the validation NLL gradient still "
+            f"{grad:.3g} (> {GRAD_TOL:g}){hint}; increase `max_iter`"
+        )
+    return start, end
+
+
+def backtrack(objective: Any, theta: torch.Tensor, f: float, step: torch.Tensor, slope: float
+              ) -> tuple[torch.Tensor, float] | None:
+    """Armijo backtracking along ``-step`` from ``theta`` (objective value ``f``; ``slope`` the
+    directional derivative ``<grad, step>``) for the damped Newton fits.
+
+    Returns the first ``(theta - t step, value)`` with ``t = 1, 1/2, ...`` that decreases
+    ``objective`` strictly and by at least ``1e-4 t slope``, or ``None`` when no ``t`` down to
+    ``1e-12`` does: the minimum is then reached to rounding (a non-strict test would accept
+    equal values forever).
+    """
+    t = 1.0
+    while t > 1e-12:
+        cand = theta - t * step
+        f_new = objective(cand)
+        if f_new < f and f_new <= f - 1e-4 * t * slope:
+            return cand, f_new
+        t /= 2
+    return None
+
+
+def absent_classes(y: torch.Tensor, c: int) -> list[int]:
+    """The class indices in [0, C) that never occur in ``y``."""
+    return (torch.bincount(y, minlength=c) == 0).nonzero().flatten().tolist()
+
+
+def describe_classes(classes: list[int]) -> str:
+    """``"0, 3, 7"`` (the first ten, then ``...``)."""
+    return ", ".join(map(str, classes[:10])) + (", ..." if len(classes) > 10 else "")
+
+
+class Estimator(BaseEstimator):
+    """scikit-learn's estimator contract shared by the calibrators and the conformal predictor.
+
+    ``get_params`` / ``set_params`` come from :class:`sklearn.base.BaseEstimator` (so
+    ``sklearn.base.clone``, ``Pipeline`` and ``GridSearchCV`` work): every constructor stores
+    its arguments unchanged under their own names, after checking them, and ``fit`` checks
+    them again (``set_params`` does not).  Learned attributes end in ``_``; using an unfitted
+    estimator raises :class:`torchcal.errors.NotFittedError`.
     """
 
     _fitted_attr: str = ""
 
-    def fit(self, logits: Any, labels: Any) -> Calibrator:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def transform(self, logits: Any) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def predict_proba(self, logits: Any) -> torch.Tensor:
-        """Calibrated probabilities (N, C): ``softmax(transform(logits))``, computed in at least
-        float32 and returned in the logits' floating dtype (as the metrics do)."""
-        zt = self.transform(logits)
-        return torch.softmax(zt.to(work_dtype(zt.dtype)), dim=1).to(zt.dtype)
-
-    def fit_transform(self, logits: Any, labels: Any) -> torch.Tensor:
-        """``fit(logits, labels).transform(logits)``."""
-        return self.fit(logits, labels).transform(logits)
-
     @property
     def is_fitted(self) -> bool:
-        """Whether :meth:`fit` (or ``from_dict``) has set the learned attributes."""
+        """Whether ``fit`` (or ``from_dict``) has set the learned attributes."""
         return getattr(self, self._fitted_attr, None) is not None
 
     def _check_fitted(self) -> None:
@@ -172,9 +281,6 @@ class Calibrator:
                 f"This {name} instance is not fitted yet; call `fit(logits, labels)` before "
                 "using it"
             )
-
-    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - abstract
-        raise NotImplementedError
 
     @classmethod
     def _check_dict(cls, d: Any, keys: tuple[str, ...]) -> None:
@@ -192,9 +298,62 @@ class Calibrator:
         if missing:
             raise ValueError(f"Expected `d` to have the key(s) {missing} written by to_dict()")
 
-    def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in self._params().items())
+    def _header(self) -> dict[str, Any]:
+        """The ``type`` / ``version`` / settings part of ``to_dict`` (JSON-safe)."""
+        return {"type": type(self).__name__, "version": _SCHEMA_VERSION,
+                **self.get_params(deep=False)}
+
+    def __repr__(self, N_CHAR_MAX: int = 700) -> str:  # noqa: N803 - BaseEstimator's signature
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_params(deep=False).items())
         return f"{type(self).__name__}({params})"
 
-    def _params(self) -> dict[str, Any]:  # pragma: no cover - abstract
-        return {}
+
+class Calibrator(Estimator):
+    """Base of the post-hoc calibrators (scikit-learn's estimator contract).
+
+    The constructor stores settings; :meth:`fit` learns attributes ending in ``_`` and returns
+    ``self``; :meth:`transform` maps logits to calibrated logits and :meth:`predict_proba` to
+    probabilities; :meth:`score` is the mean log-likelihood (higher is better, what
+    ``GridSearchCV`` maximises); :meth:`to_dict` / ``from_dict`` round-trip through JSON.
+    Torch tensors in give tensors out (same device and dtype); NumPy arrays in give NumPy
+    arrays out.  Subclasses implement :meth:`_transform` (and :meth:`_predict_proba` when the
+    probabilities come first) on validated tensors.
+    """
+
+    def fit(self, logits: Any, labels: Any) -> Calibrator:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _transform(self, z: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _predict_proba(self, z: torch.Tensor) -> torch.Tensor:
+        zt = self._transform(z)
+        return torch.softmax(zt.to(work_dtype(zt.dtype)), dim=1).to(zt.dtype)
+
+    def transform(self, logits: Any) -> Any:
+        """Calibrated logits (N, C) in the logits' dtype and device (NumPy for NumPy input)."""
+        self._check_fitted()
+        return like_input(self._transform(prepare_logits(logits)), logits)
+
+    def predict_proba(self, logits: Any) -> Any:
+        """Calibrated probabilities (N, C): ``softmax(transform(logits))``, computed in at least
+        float32 and returned in the logits' floating dtype (NumPy for NumPy input)."""
+        self._check_fitted()
+        return like_input(self._predict_proba(prepare_logits(logits)), logits)
+
+    def fit_transform(self, logits: Any, labels: Any) -> Any:
+        """``fit(logits, labels).transform(logits)``."""
+        return self.fit(logits, labels).transform(logits)
+
+    def score(self, logits: Any, labels: Any) -> float:
+        """Mean log-likelihood ``(1/N) sum_i log q_{i, y_i}`` of the labels under the calibrated
+        probabilities (the negative NLL, float64): higher is better, so ``GridSearchCV`` can
+        tune a calibrator's settings without a ``scoring`` argument."""
+        self._check_fitted()
+        z = prepare_logits(logits)
+        y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+        logq = torch.log_softmax(self._transform(z).to(torch.float64), dim=1)
+        return float(logq.gather(1, y.unsqueeze(1)).mean())
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError

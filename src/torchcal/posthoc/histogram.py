@@ -14,7 +14,7 @@ from ..metrics.binning import (
     equal_width_bin_index,
     equal_width_edges,
 )
-from ._common import Calibrator, float_list, prepare_fit, prepare_logits, work_dtype
+from ._common import Calibrator, float_list, log_proba, prepare_fit, work_dtype
 
 __all__ = ["HistogramBinning"]
 
@@ -63,11 +63,10 @@ class HistogramBinning(Calibrator):
     _fitted_attr = "bin_values_"
 
     def __init__(self, n_bins: int = 15, binning: str = "equal_mass") -> None:
-        self.n_bins = check_positive_int(n_bins, "n_bins")
-        self.binning = _check_binning(binning)
-
-    def _params(self) -> dict[str, Any]:
-        return {"n_bins": self.n_bins, "binning": self.binning}
+        check_positive_int(n_bins, "n_bins")
+        _check_binning(binning)
+        self.n_bins = n_bins
+        self.binning = binning
 
     @staticmethod
     def _top1(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,15 +93,13 @@ class HistogramBinning(Calibrator):
         self.n_classes_ = z.shape[1]
         return self
 
-    def predict_proba(self, logits: Any) -> torch.Tensor:
+    def _predict_proba(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated probabilities (N, C) in the logits' dtype (at least float32 inside)."""
-        self._check_fitted()
-        z = prepare_logits(logits)
         p, conf, pred = self._top1(z)
         if self.binning == "equal_mass":
             idx = bin_index(conf, self.edges_)
         else:
-            idx = equal_width_bin_index(conf, self.n_bins)
+            idx = equal_width_bin_index(conf, self.edges_.shape[0] + 1)
         h = self.bin_values_.to(conf.device)[idx]
         c64 = conf.to(torch.float64)
         h = torch.where(torch.isnan(h), c64, h)
@@ -116,11 +113,10 @@ class HistogramBinning(Calibrator):
         q = others.scatter(1, pred.unsqueeze(1), h.unsqueeze(1))
         return q.to(z.dtype)
 
-    def transform(self, logits: Any) -> torch.Tensor:
+    def _transform(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated "logits" ``log q`` (``q`` = :meth:`predict_proba`, clamped at the dtype's
         smallest normal number so they stay finite); ``softmax`` of them gives back ``q``."""
-        q = self.predict_proba(logits)
-        return torch.log(q.clamp(min=torch.finfo(q.dtype).tiny))
+        return log_proba(self._predict_proba(z))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe description (settings, edges and bin values; ``None`` for empty bins)."""

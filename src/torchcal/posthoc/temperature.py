@@ -42,7 +42,6 @@ from ._common import (
     check_grid,
     finite_float,
     prepare_fit,
-    prepare_logits,
     work_dtype,
 )
 
@@ -210,6 +209,21 @@ def _argmin_smallest(scores: torch.Tensor, temps: Sequence[float], what: str) ->
     return min(t for t, v in zip(temps, vals, strict=True) if v == best)
 
 
+def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str) -> None:
+    """``RuntimeWarning`` when a grid search chose the smallest or largest temperature of a
+    grid of more than one: the criterion may keep falling beyond it."""
+    lo, hi = min(temps), max(temps)
+    if len(set(temps)) > 1 and t in (lo, hi):
+        side = "smallest" if t == lo else "largest"
+        warnings.warn(
+            f"TemperatureScaling(method={method!r}): the fitted temperature T = {t:g} is the "
+            f"{side} entry of the grid [{lo:g}, {hi:g}], so the best temperature may lie "
+            "outside it; pass a wider `grid`.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def _fit_nll(z: torch.Tensor, y: torch.Tensor) -> float:
     """Minimise the float64 validation NLL over T (safeguarded Newton on ``beta = 1/T``).
 
@@ -313,7 +327,9 @@ class TemperatureScaling(Calibrator):
             ``"grid_ece"`` (lowest validation ECE over the grid, the focal-calibration
             papers), ``"grid_adaece"`` (lowest equal-mass ECE, AdaFocal) or ``"grid_nll"``.
         grid: temperatures searched by the grid methods (default ``0.1, 0.2, ..., 10.0``,
-            exact decimals ``k / 10``).  Ties go to the smallest T.
+            exact decimals ``k / 10``).  Ties go to the smallest T.  A fitted temperature at
+            the smallest or largest grid entry gives a ``RuntimeWarning``: the optimum may lie
+            outside the grid.
         n_bins: bins of the ECE criteria.
 
     Attributes:
@@ -338,12 +354,12 @@ class TemperatureScaling(Calibrator):
     def __init__(
         self, method: str = "nll", grid: Sequence[float] | None = None, n_bins: int = 15
     ) -> None:
-        self.method = _check_method(method)
-        self.grid = None if grid is None else check_grid(grid)
-        self.n_bins = check_positive_int(n_bins, "n_bins")
-
-    def _params(self) -> dict[str, Any]:
-        return {"method": self.method, "grid": self.grid, "n_bins": self.n_bins}
+        _check_method(method)
+        check_grid(grid)
+        check_positive_int(n_bins, "n_bins")
+        self.method = method
+        self.grid = grid
+        self.n_bins = n_bins
 
     def fit(self, logits: Any, labels: Any) -> TemperatureScaling:
         """Fit T on validation ``logits`` (N, C) and ``labels`` (N,); returns ``self``."""
@@ -359,12 +375,11 @@ class TemperatureScaling(Calibrator):
         scores = _grid_scores(z, y, temps, n_bins, (crit,))[crit]
         self.grid_scores_ = scores.tolist()
         self.temperature_ = _argmin_smallest(scores, temps, crit)
+        warn_if_on_grid_edge(self.temperature_, temps, method)
         return self
 
-    def transform(self, logits: Any) -> torch.Tensor:
-        """Calibrated logits ``z / T`` (same dtype and device; NumPy input gives a CPU tensor)."""
-        self._check_fitted()
-        z = prepare_logits(logits)
+    def _transform(self, z: torch.Tensor) -> torch.Tensor:
+        """Calibrated logits ``z / T`` (same dtype and device)."""
         return z / self.temperature_
 
     def to_dict(self) -> dict[str, Any]:
@@ -374,7 +389,7 @@ class TemperatureScaling(Calibrator):
             "type": type(self).__name__,
             "version": 1,
             "method": self.method,
-            "grid": None if self.grid is None else list(self.grid),
+            "grid": None if self.grid is None else list(check_grid(self.grid)),
             "n_bins": self.n_bins,
             "temperature": float(self.temperature_),
         }
@@ -383,7 +398,8 @@ class TemperatureScaling(Calibrator):
     def from_dict(cls, d: dict[str, Any]) -> TemperatureScaling:
         """Rebuild a fitted calibrator from :meth:`to_dict`'s output."""
         cls._check_dict(d, ("method", "grid", "n_bins", "temperature"))
-        obj = cls(method=d["method"], grid=d["grid"], n_bins=d["n_bins"])
+        grid = None if d["grid"] is None else check_grid(d["grid"])
+        obj = cls(method=d["method"], grid=grid, n_bins=d["n_bins"])
         t = finite_float(d["temperature"], "d['temperature']")
         if t <= 0:
             raise ValueError(f"Expected `d['temperature']` to be positive, got {t!r}")
@@ -414,5 +430,7 @@ def fit_temperatures(
     out = {
         m: _argmin_smallest(scores[c], temps, c) for m, c in _METHOD_CRITERION.items()
     }
+    for m, t in out.items():
+        warn_if_on_grid_edge(t, temps, m)
     out["nll"] = _fit_nll(z, y)
     return {m: out[m] for m in METHODS[1:] + METHODS[:1]}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -10,13 +9,27 @@ import torch
 import torch.nn.functional as F
 
 from .._validation import check_positive_int
-from ._common import Calibrator, float_list, prepare_fit, prepare_logits
+from ._common import (
+    Calibrator,
+    absent_classes,
+    check_n_classes,
+    describe_classes,
+    float_list,
+    lbfgs_fit,
+    prepare_fit,
+)
 from .temperature import _fit_nll
 
 __all__ = ["VectorScaling"]
 
-# Largest |gradient| of the mean validation NLL accepted when L-BFGS stops on its budget.
-_GRAD_TOL = 1e-6
+
+def absent_hint(absent: list[int]) -> str:
+    """The reason L-BFGS may not converge when some classes never occur in validation."""
+    if not absent:
+        return ""
+    return (f": {len(absent)} class(es) never occur in the validation labels "
+            f"({describe_classes(absent)}), so the NLL has no finite minimiser (their "
+            "biases fall without bound); use more validation data, or temperature scaling")
 
 
 class VectorScaling(Calibrator):
@@ -32,8 +45,9 @@ class VectorScaling(Calibrator):
     A class that never occurs among the validation labels has no finite optimum (its bias
     falls towards ``-inf``): :meth:`fit` warns (``RuntimeWarning``) and names such classes.
     If L-BFGS uses up its budget (``max_iter`` iterations or ``1.25 * max_iter`` evaluations)
-    with the NLL gradient still above ``1e-6``, :meth:`fit` raises ``RuntimeError`` giving
-    that reason.
+    with the NLL gradient still above ``1e-6``, :meth:`fit` raises
+    :class:`~torchcal.posthoc.CalibrationError` (a :class:`~torchcal.errors.TorchcalError`
+    and ``RuntimeError``) giving that reason and, when classes are absent, naming them.
 
     Args:
         max_iter: L-BFGS iterations.
@@ -56,23 +70,20 @@ class VectorScaling(Calibrator):
     _fitted_attr = "weight_"
 
     def __init__(self, max_iter: int = 500) -> None:
-        self.max_iter = check_positive_int(max_iter, "max_iter")
-
-    def _params(self) -> dict[str, Any]:
-        return {"max_iter": self.max_iter}
+        check_positive_int(max_iter, "max_iter")
+        self.max_iter = max_iter
 
     def fit(self, logits: Any, labels: Any) -> VectorScaling:
         """Fit ``w`` and ``b`` on validation ``logits`` (N, C) and ``labels`` (N,)."""
         max_iter = check_positive_int(self.max_iter, "max_iter")
         z, y = prepare_fit(logits, labels)
         c = z.shape[1]
-        absent = (torch.bincount(y, minlength=c) == 0).nonzero().flatten().tolist()
+        absent = absent_classes(y, c)
         if absent:
-            shown = ", ".join(map(str, absent[:10])) + (", ..." if len(absent) > 10 else "")
             warnings.warn(
                 f"VectorScaling: {len(absent)} class(es) never occur in the validation labels "
-                f"({shown}); their biases have no finite optimum and are pushed towards -inf, "
-                "so those classes get almost no probability",
+                f"({describe_classes(absent)}); their biases have no finite optimum and are "
+                "pushed towards -inf, so those classes get almost no probability",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -82,40 +93,9 @@ class VectorScaling(Calibrator):
         b0 = torch.zeros(c, dtype=torch.float64, device=z.device)
         w = w0.clone().requires_grad_(True)
         b = b0.clone().requires_grad_(True)
-        opt = torch.optim.LBFGS(
-            [w, b], lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-14,
-            history_size=20, line_search_fn="strong_wolfe",
-        )
-
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            loss = F.cross_entropy(z64 * w + b, y)
-            loss.backward()
-            return loss
-
-        with torch.enable_grad():
-            with torch.no_grad():
-                start = float(F.cross_entropy(z64 * w0 + b0, y))
-            opt.step(closure)
-        state = opt.state[opt.param_groups[0]["params"][0]]
-        n_iter, n_eval = state.get("n_iter", 0), state.get("func_evals", 0)
-        with torch.enable_grad():
-            loss = F.cross_entropy(z64 * w + b, y)
-            gw, gb = torch.autograd.grad(loss, (w, b))
-        end = float(loss.detach())
-        if not math.isfinite(end):
-            raise RuntimeError(
-                f"VectorScaling failed: L-BFGS reached a non-finite validation NLL ({end!r}) "
-                f"after {n_iter} iterations"
-            )
-        grad = float(torch.maximum(gw.abs().max(), gb.abs().max()))
-        max_eval = opt.param_groups[0]["max_eval"]
-        if (n_iter >= max_iter or n_eval >= max_eval) and not grad <= _GRAD_TOL:
-            raise RuntimeError(
-                f"VectorScaling failed: L-BFGS used its budget ({n_iter} iterations, {n_eval} "
-                f"function evaluations; max_iter={max_iter}) with the validation NLL gradient "
-                f"still {grad:.3g} (> {_GRAD_TOL:g}); increase `max_iter`"
-            )
+        start, end = lbfgs_fit([w, b], lambda: F.cross_entropy(z64 * w + b, y),
+                               max_iter=max_iter, name="VectorScaling",
+                               hint=absent_hint(absent))
         if end > start:  # cannot happen with a descent line search; keep the guarantee anyway
             w, b = w0, b0
         self.weight_ = w.detach().cpu()
@@ -123,15 +103,9 @@ class VectorScaling(Calibrator):
         self.n_classes_ = c
         return self
 
-    def transform(self, logits: Any) -> torch.Tensor:
+    def _transform(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated logits ``w * z + b`` in the logits' dtype and device."""
-        self._check_fitted()
-        z = prepare_logits(logits)
-        if z.shape[1] != self.n_classes_:
-            raise ValueError(
-                f"Expected `logits` to have {self.n_classes_} classes (columns) as in fit, "
-                f"got {z.shape[1]}"
-            )
+        check_n_classes(z, self.n_classes_)
         w = self.weight_.to(device=z.device)
         b = self.bias_.to(device=z.device)
         if z.dtype == torch.float64:

@@ -10,6 +10,8 @@ deviation (``ddof=1``; NaN for a single run), ignoring NaN entries (an undefined
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -23,7 +25,13 @@ import numpy as np
 import torch
 
 from ..errors import ResultsFileError
-from ..evaluate import meta_from_config, read_results
+from ..evaluate import (
+    checkpoint_of_results_file,
+    logits_dirname,
+    meta_from_config,
+    read_results,
+    results_filename,
+)
 
 __all__ = [
     "RunRecord",
@@ -32,6 +40,8 @@ __all__ = [
     "find_result_files",
     "load_run",
     "load_runs",
+    "check_checkpoints",
+    "runs_from_results_csv",
     "flatten_results",
     "group_runs",
     "mean_std",
@@ -113,6 +123,18 @@ class RunRecord:
     def seed(self) -> Any:
         return self.meta.get("seed")
 
+    @property
+    def checkpoint(self) -> str:
+        """The evaluated checkpoint: ``meta.checkpoint``, else the results file's name."""
+        c = self.meta.get("checkpoint")
+        return str(c) if c else checkpoint_of_results_file(self.results_path)
+
+    @property
+    def logits_dir(self) -> Path:
+        """The saved logits of this evaluation (``logits/``, or ``logits-best/`` beside
+        ``results-best.json``)."""
+        return self.run_dir / logits_dirname(checkpoint_of_results_file(self.results_path))
+
 
 @dataclass
 class Group:
@@ -144,13 +166,18 @@ class LoadReport:
     errors: list[tuple[str, str]]
 
 
-def find_result_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[tuple[str, str]]]:
-    """Every ``results.json`` under ``paths`` (a path may also be a results file itself).
+def find_result_files(paths: Iterable[str | os.PathLike], checkpoint: str = "last",
+                      ) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Every ``results.json`` under ``paths`` (a path may also be a results file itself); with
+    ``checkpoint="best"`` every ``results-best.json`` (``torchcal eval RUN --checkpoint best``).
 
     Returns the sorted, de-duplicated files and ``(path, message)`` for arguments that do not
     exist or hold no ``results.json``, and for every ``torchcal train`` run directory found
     (one holding a training ``config.json``) whose ``results.json`` is missing.
     """
+    name = results_filename(checkpoint)
+    how = "`torchcal eval RUN_DIR`" + ("" if checkpoint == "last" else
+                                       f" --checkpoint {checkpoint}")
     found: dict[Path, None] = {}
     errors: list[tuple[str, str]] = []
     missing: dict[Path, None] = {}
@@ -159,11 +186,11 @@ def find_result_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], l
         if p.is_file():
             found[p.resolve()] = None
         elif p.is_dir():
-            hits = sorted(p.rglob("results.json"))
-            unevaluated = [d for d in _train_run_dirs(p) if not (d / "results.json").is_file()]
+            hits = sorted(p.rglob(name))
+            unevaluated = [d for d in _train_run_dirs(p) if not (d / name).is_file()]
             if not hits and not unevaluated:
-                errors.append((str(p), f"No results.json found under {str(p)!r} "
-                                       "(evaluate the run first: `torchcal eval RUN_DIR`)"))
+                errors.append((str(p), f"No {name} found under {str(p)!r} "
+                                       f"(evaluate the run first: {how})"))
             for h in hits:
                 found[h.resolve()] = None
             for d in unevaluated:
@@ -171,9 +198,9 @@ def find_result_files(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], l
         else:
             errors.append((str(p), f"Run directory {str(p)!r} does not exist"))
     for d in sorted(missing):
-        f = d / "results.json"
+        f = d / name
         errors.append((str(f), f"Results file {str(f)!r} does not exist: the run in {str(d)!r} "
-                               "was not evaluated or did not finish (`torchcal eval RUN_DIR`)"))
+                               f"was not evaluated or did not finish ({how})"))
     return sorted(found), errors
 
 
@@ -346,9 +373,10 @@ def ece_noise_floor(confidences: Any, *, n_bins: int = 15, n_draws: int = 200,
     return float(total) / n_draws
 
 
-def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
-    """Find and read every run under ``paths``; a bad file is recorded, never fatal."""
-    files, errors = find_result_files(paths)
+def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last") -> LoadReport:
+    """Find and read every run under ``paths`` (the evaluations of ``checkpoint``, see
+    :func:`find_result_files`); a bad file is recorded, never fatal."""
+    files, errors = find_result_files(paths, checkpoint)
     runs: list[RunRecord] = []
     for f in files:
         try:
@@ -358,6 +386,63 @@ def load_runs(paths: Iterable[str | os.PathLike]) -> LoadReport:
                 continue  # or of `torchcal uncertainty eval` (RUN_DIR/uncertainty/)
             errors.append((str(f), str(exc)))
     return LoadReport(runs=runs, errors=errors)
+
+
+def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
+    """The runs of a report's ``results.csv`` (one row per run, fractions; written by
+    :func:`torchcal.report.tables.runs_csv`), read back without their run directories, so that
+    a committed ``results.csv`` can be grouped and its claims checked again.
+
+    >>> rows = "dataset,model,loss,loss_kwargs,seed,run_dir,test.pre.ece\\nd,m,ce,{},0,r,0.04\\n"
+    >>> r = runs_from_results_csv(rows)[0]
+    >>> r.key, r.seed, r.flat
+    (('d', 'm', 'ce', '{}'), 0, {'test.pre.ece': 0.04})
+    """
+    reader = csv.DictReader(io.StringIO(csv_text))
+    need = ("dataset", "model", "loss", "loss_kwargs", "seed", "run_dir")
+    if not reader.fieldnames or not set(need) <= set(reader.fieldnames):
+        raise ValueError(f"Expected `csv_text` to be a torchcal results.csv (columns "
+                         f"{', '.join(need)}, ...), got columns {reader.fieldnames}")
+    runs = []
+    for row in reader:
+        seed: Any = row["seed"]
+        if seed.lstrip("-").isdigit():
+            seed = int(seed)
+        meta = {"dataset": row["dataset"], "model": row["model"], "loss": row["loss"],
+                "loss_kwargs": json.loads(row["loss_kwargs"] or "{}"), "seed": seed}
+        flat = {}
+        for k, v in row.items():
+            if k in need or v in ("", None):
+                continue
+            try:
+                flat[k] = float(v)
+            except ValueError:
+                continue
+        runs.append(RunRecord(run_dir=Path(row["run_dir"]),
+                              results_path=Path(row["run_dir"]) / results_filename(),
+                              results={}, meta=meta, flat=flat))
+    return runs
+
+
+def check_checkpoints(runs: Iterable[RunRecord], allow_mixed: bool = False) -> None:
+    """Refuse a table (one data set and model) whose runs were evaluated from different
+    checkpoints (``last`` and ``best``), unless ``allow_mixed``.
+
+    Raises:
+        ResultsFileError: naming, per checkpoint, the runs of the mixed table.
+    """
+    if allow_mixed:
+        return
+    tables: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for r in runs:
+        d, m = r.key[:2]
+        tables.setdefault((d, m), {}).setdefault(r.checkpoint, []).append(str(r.results_path))
+    for (d, m), by in tables.items():
+        if len(by) > 1:
+            detail = "; ".join(f"{c}: {', '.join(sorted(ps))}" for c, ps in sorted(by.items()))
+            raise ResultsFileError(
+                f"The runs of {d}/{m} were evaluated from different checkpoints ({detail}); "
+                "report one checkpoint (--checkpoint) or pass --mix-checkpoints")
 
 
 def _is_report_file(path: Path) -> bool:

@@ -35,7 +35,16 @@ from .._io import to_jsonable as _jsonable
 from ..errors import ResultsFileError
 from ..evaluate import load_logits
 from . import tables as T
-from .aggregate import Group, LoadReport, RunRecord, ece_noise_floor, group_runs, load_runs
+from .aggregate import (
+    Group,
+    LoadReport,
+    RunRecord,
+    check_checkpoints,
+    ece_noise_floor,
+    group_runs,
+    load_runs,
+)
+from .claims import add_confidence_gaps, claims_markdown, claims_section
 from .plots import MIN_COUNT
 
 __all__ = ["ReportOutput", "build_report", "gamma_history"]
@@ -173,7 +182,7 @@ def _run_test_logits(g: Group) -> RunLogits:
     """``(test logits, labels, grid-ECE temperature)`` of every run of ``g`` that saved them."""
     out: RunLogits = []
     for r in g.runs:
-        p = r.run_dir / "logits" / "test.npz"
+        p = r.logits_dir / "test.npz"
         if not p.is_file():
             continue
         try:
@@ -290,7 +299,7 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                 continue
             s_id, s_ood = [], []
             for r in g.runs:
-                pi, po = r.run_dir / "logits" / "test.npz", r.run_dir / "logits" / f"ood_{name}.npz"
+                pi, po = r.logits_dir / "test.npz", r.logits_dir / f"ood_{name}.npz"
                 if not (pi.is_file() and po.is_file()):
                     continue
                 try:
@@ -381,6 +390,9 @@ def build_report(
     intro: str = "",
     n_bins: int = 15,
     figures: bool = True,
+    claims: bool = False,
+    checkpoint: str = "last",
+    mix_checkpoints: bool = False,
 ) -> ReportOutput:
     """Aggregate the evaluated runs found under ``paths`` into ``out_dir``.
 
@@ -392,6 +404,13 @@ def build_report(
         intro: Markdown paragraphs placed under the title (the demo describes its setup here).
         n_bins: bins of the reliability diagrams and histograms.
         figures: draw the figures (needs the runs' saved logits).
+        claims: add the section "The papers' claims on this benchmark"
+            (:func:`torchcal.report.claims.claims_markdown`) and each run's mean confidence
+            minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits).
+        checkpoint: with ``paths``, read the evaluations of this checkpoint (``"last"``:
+            ``results.json``; ``"best"``: ``results-best.json``).
+        mix_checkpoints: allow one table to hold runs evaluated from different checkpoints
+            (refused otherwise; the Runs table states each group's checkpoint either way).
 
     Raises:
         ResultsFileError: when no run could be read at all (the message lists every bad file).
@@ -399,11 +418,14 @@ def build_report(
     if runs is None:
         if paths is None:
             raise ValueError("Expected `paths` or `runs`, got neither")
-        runs = load_runs(paths)
+        runs = load_runs(paths, checkpoint)
     errors = list(runs.errors)
     if not runs.runs:
         detail = "; ".join(msg for _p, msg in errors) or "nothing given"
         raise ResultsFileError(f"No evaluated run could be read: {detail}")
+    check_checkpoints(runs.runs, mix_checkpoints)
+    if claims:
+        add_confidence_gaps(runs.runs)
     groups = group_runs(runs.runs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -413,10 +435,12 @@ def build_report(
     floors = _noise_floors(groups, logits, n_bins)
     figs = _make_figures(groups, fig_dir, n_bins, notes, logits) if figures else {}
     table_sets = T.tables_for(groups, floors)
-    runs_table = T.Table("Run directories", ["Group", "Seeds", "Run directories"], [
+    runs_table = T.Table("Run directories", ["Group", "Seeds", "Checkpoint", "Run directories"], [
         [T.Cell(f"{g.label} ({g.dataset}/{g.model})"), T.Cell(", ".join(map(str, g.seeds))),
+         T.Cell(", ".join(sorted({r.checkpoint for r in g.runs}))),
          T.Cell(", ".join(_rel(r.run_dir, out) for r in g.runs))] for g in groups],
-        ["Run directories relative to this report."])
+        ["Run directories relative to this report. Checkpoint: the evaluated checkpoint "
+         "(last: the last epoch's, as the papers report; best: by the validation metric)."])
 
     # ---- markdown
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -434,6 +458,9 @@ def build_report(
         for f in figs.get(key, []):
             rel = f.path.relative_to(out).as_posix()
             md += [f"#### {f.title}", "", f"![{f.title}]({rel})", "", f"_{f.caption}_", ""]
+    claims_md = claims_markdown(groups) if claims else ""
+    if claims_md:
+        md += [claims_md, ""]
     md += ["## Runs", "", runs_table.to_markdown(), ""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -455,6 +482,8 @@ def build_report(
             b64 = base64.b64encode(f.path.read_bytes()).decode("ascii")
             h.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{b64}\">"
                      f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
+    for block in claims_section(groups) if claims_md else []:
+        h.append(block.to_html() if isinstance(block, T.Table) else _md_to_html_blocks(block))
     h += ["<h2>Runs</h2>", runs_table.to_html()]
     if notes:
         h.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")

@@ -16,6 +16,7 @@ from .predict import (
     predict_logits,
 )
 from .recipes import get_recipe, list_recipes, register_recipe
+from .tracking import TensorBoardLogger
 from .trainer import build_loss, train
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "load_model_from_run",
     "save_checkpoint",
     "load_checkpoint",
+    "TensorBoardLogger",
 ]

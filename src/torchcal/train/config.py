@@ -75,6 +75,9 @@ class TrainConfig:
             detached pre-logit features with the ranking loss (REFERENCE §5).
         head_lr, head_weight_decay: AdamW settings of the head.
         progress: show a tqdm progress bar.
+        tensorboard: also write each epoch's log line (the scalars and AdaFocal's γ per bin) to
+            TensorBoard event files under ``out_dir/tensorboard`` (needs the ``tensorboard``
+            package); ``log.jsonl`` stays the record.
     """
 
     recipe: str = ""
@@ -119,6 +122,7 @@ class TrainConfig:
     head_lr: float = 1e-3
     head_weight_decay: float = 1e-4
     progress: bool = True
+    tensorboard: bool = False
 
     # ------------------------------------------------------------------------------------
     def validate(self) -> TrainConfig:

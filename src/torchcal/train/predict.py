@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._io import exclusive_lock
 from ..errors import CheckpointError, DataNotFoundError, TorchcalError
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
@@ -372,15 +373,22 @@ def collect_predictions(model: nn.Module, splits: Any, ood_sets: dict[str, Any],
 def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_dir: str | Path,
                       config: TrainConfig, *, epoch: int, checkpoint: str = "last",
                       write: bool = True) -> dict[str, Any]:
-    """Save ``RUN_DIR/logits/<name>.npz`` and ``RUN_DIR/results.json``; return the results.
+    """Save ``RUN_DIR/logits/<name>.npz`` and ``RUN_DIR/results.json`` (for ``checkpoint="best"``:
+    ``logits-best/`` and ``results-best.json``, leaving the last epoch's files); return the results.
 
     Run it in one process (under DDP: rank 0, after the process group is gone, since the
     metrics would otherwise try to sync across ranks).
     """
-    from ..evaluate import evaluate_logits, save_logits, write_results
+    from ..evaluate import (
+        evaluate_logits,
+        logits_dirname,
+        results_filename,
+        save_logits,
+        write_results,
+    )
 
     run_dir = Path(run_dir)
-    ld = run_dir / "logits"
+    ld = run_dir / logits_dirname(checkpoint)  # "best" never replaces the last epoch's files
     if write:
         for name, (z, y) in preds.items():
             save_logits(ld / f"{name}.npz", z, y)
@@ -390,13 +398,17 @@ def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_d
         ood_logits={k[len("ood_"):]: v[0] for k, v in preds.items() if k.startswith("ood_")},
         n_bins=config.n_bins, meta=_meta(config, epoch, checkpoint))
     if write:
-        write_results(run_dir, results)
+        write_results(run_dir / results_filename(checkpoint), results)
     return results
 
 
 def evaluate_run(run_dir: str | Path, checkpoint: str = "last", *, data_root: str | None = None,
                  device: str = "cpu", batch_size: int | None = None) -> dict[str, Any]:
     """Evaluate a run's checkpoint: write ``logits/*.npz`` and ``results.json``; return results.
+
+    The last epoch's checkpoint writes ``logits/`` and ``results.json``; ``checkpoint="best"``
+    writes ``logits-best/`` and ``results-best.json`` beside them, so that neither evaluation
+    replaces the other (:func:`torchcal.evaluate.results_filename`).
 
     Args:
         run_dir: a ``torchcal train`` run directory.
@@ -407,7 +419,15 @@ def evaluate_run(run_dir: str | Path, checkpoint: str = "last", *, data_root: st
     Raises:
         CheckpointError: the checkpoint is missing or corrupt.
         DataNotFoundError: the data set files are absent.
+        InUseError: another process owns the run directory (a training or evaluation of it).
     """
+    if not Path(run_dir).is_dir():
+        raise CheckpointError(f"Run directory {str(run_dir)!r} does not exist")
+    with exclusive_lock(run_dir):  # the run's owner for as long as this writes into it
+        return _evaluate_run(run_dir, checkpoint, data_root, device, batch_size)
+
+
+def _evaluate_run(run_dir, checkpoint, data_root, device, batch_size) -> dict[str, Any]:
     state = _load_run_checkpoint(run_dir, checkpoint)
     config = TrainConfig.from_dict(state["config"])
     if data_root is not None:

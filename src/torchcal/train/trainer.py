@@ -25,6 +25,7 @@ global batch, and only rank 0 logs and writes files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -37,7 +38,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .._io import append_text
+from .._io import append_text, exclusive_lock
 from ..errors import CheckpointError, TorchcalError
 from ..losses.base import (
     loss_on_validation,
@@ -72,6 +73,7 @@ from .predict import (
     resolve_device,
     write_predictions,
 )
+from .tracking import TENSORBOARD_DIR, TensorBoardLogger, tensorboard_available
 
 __all__ = ["train", "build_loss", "epoch_metrics"]
 
@@ -277,6 +279,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     Raises:
         TorchcalError: the run directory already holds a run and ``resume`` is False, or the
             checkpoint to resume does not match the config.
+        InUseError: another process is using the run directory (it holds
+            ``RUN_DIR/.torchcal.lock`` for the life of its run).
         ValueError: a bad config field, unknown loss/model/data set.
     """
     if not isinstance(config, TrainConfig):
@@ -290,7 +294,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
                           (config.device == "auto" and torch.cuda.is_available())) else "cpu"
     env = setup_distributed(dev_type)
     try:
-        return _train(config, env, t_start)
+        # rank 0 owns the run directory for the whole run: a second process fails at once
+        with exclusive_lock(config.out_dir) if env.is_main else contextlib.nullcontext():
+            return _train(config, env, t_start)
     finally:
         cleanup_distributed(env)
 
@@ -357,6 +363,9 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
         raise ValueError(f"Unknown model {config.model!r}; expected one of: "
                          f"{', '.join(list_models())}")
     loss_fn = build_loss(config)
+    if config.tensorboard and not tensorboard_available():
+        raise TorchcalError("--tensorboard needs the `tensorboard` package: pip install "
+                            "\"torchcal[tensorboard]\" (or pip install tensorboard)")
 
     # --- data --------------------------------------------------------------------------------
     splits = build_data(config)
@@ -452,6 +461,9 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     best_snapshot: dict[str, Any] | None = None
     best_dirty = False
 
+    # TensorBoard mirrors log.jsonl; on resume it drops the events of epochs trained again
+    tb = (TensorBoardLogger(run_dir / TENSORBOARD_DIR, purge_step=start_epoch + 1 if start_epoch
+                            else None) if config.tensorboard and env.is_main else None)
     bar = None
     if config.progress and env.is_main:
         from tqdm.auto import tqdm
@@ -576,6 +588,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
             # checkpoint, so a kill between the two loses nothing ------------------------------
             if env.is_main:
                 _append_jsonl(log_path, rec)
+                if tb is not None:
+                    tb.log_epoch(rec)
                 if (epoch + 1) % config.checkpoint_every == 0 or last_epoch:
                     extra = {"num_classes": num_classes, "input_shape": input_shape,
                              "config": config.to_dict(), "best": dict(best)}
@@ -593,6 +607,8 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     finally:
         if bar is not None:
             bar.close()
+        if tb is not None:
+            tb.close()
 
     trained_epochs = max(config.epochs, start_epoch)
     preds = None

@@ -1,0 +1,167 @@
+"""One-vs-rest isotonic regression (Zadrozny & Elkan 2002), renormalised."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.isotonic import IsotonicRegression
+
+from ._common import (
+    Calibrator,
+    check_n_classes,
+    float_list,
+    log_proba,
+    prepare_fit,
+    work_dtype,
+)
+
+__all__ = ["IsotonicCalibration"]
+
+
+def _interp_rows(x: torch.Tensor, knots_x: torch.Tensor, knots_y: torch.Tensor,
+                 sizes: torch.Tensor) -> torch.Tensor:
+    """Column k of ``x`` (N, K) mapped through the piecewise-linear function with the first
+    ``sizes[k]`` knots of row k of ``knots_x`` / ``knots_y`` (K, M), clipped to its range;
+    vectorised over classes (one batched ``searchsorted``)."""
+    k, m = knots_x.shape
+    last = (sizes - 1).unsqueeze(1)
+    pos = torch.arange(m, device=x.device).unsqueeze(0)
+    # pad every row beyond its last knot with increasing abscissae and a flat value, so that
+    # all rows share one (K, M + 1) table and values at or past the end read the last knot
+    lo_x = knots_x[:, :1]
+    hi_x = knots_x.gather(1, last)
+    hi_y = knots_y.gather(1, last)
+    pad = pos > last
+    kx = torch.where(pad, hi_x + (pos - last), knots_x)
+    ky = torch.where(pad, hi_y, knots_y)
+    kx = torch.cat([kx, kx[:, -1:] + 1], dim=1)
+    ky = torch.cat([ky, ky[:, -1:]], dim=1)
+    xt = torch.minimum(torch.maximum(x.T, lo_x), hi_x).contiguous()  # (K, N), clipped
+    j = torch.searchsorted(kx, xt, right=True).clamp_(1, m)
+    x0, x1 = kx.gather(1, j - 1), kx.gather(1, j)
+    y0, y1 = ky.gather(1, j - 1), ky.gather(1, j)
+    slope = (y1 - y0) / (x1 - x0)
+    return (y0 + slope * (xt - x0)).T
+
+
+class IsotonicCalibration(Calibrator):
+    """One-vs-rest isotonic regression on the class probabilities, renormalised.
+
+    Fit: for every class k, scikit-learn's ``IsotonicRegression(out_of_bounds="clip")`` maps
+    the validation probabilities ``p_ik = softmax(z_i)_k`` to the indicators ``[y_i = k]``
+    (a non-decreasing, piecewise-linear map ``g_k``).  Predict: ``q_ik = g_k(p_ik) /
+    sum_j g_j(p_ij)``, or the uniform ``1 / C`` where every ``g_j`` is 0.  With two classes
+    only class 1 is fitted and ``q_0 = 1 - q_1``.  This is scikit-learn's
+    ``CalibratedClassifierCV(method="isotonic")`` applied to fixed probabilities, with the
+    same numbers (to float rounding); the maps are kept as their knots and evaluated by one
+    batched interpolation over all classes.
+
+    Isotonic regression is non-parametric: it needs a large validation set, it can change
+    the arg-max (and the accuracy), and its steps give ties among the calibrated
+    probabilities.
+
+    Attributes:
+        knots_x_ (list[torch.Tensor]): per class, the increasing float64 abscissae of ``g_k``
+            (class 0 is empty for a binary problem).
+        knots_y_ (list[torch.Tensor]): per class, the values of ``g_k`` at those abscissae.
+        n_classes_ (int): C.
+
+    Example:
+        >>> z = torch.tensor([[2.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 2.0]])
+        >>> iso = IsotonicCalibration().fit(z, torch.tensor([0, 1, 1, 1]))
+        >>> iso.predict_proba(z)[:, 1]
+        tensor([0., 1., 1., 1.])
+    """
+
+    _fitted_attr = "knots_x_"
+
+    def __init__(self) -> None:
+        pass
+
+    @staticmethod
+    def _probs(z: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(z.to(torch.float64), dim=1)
+
+    def fit(self, logits: Any, labels: Any) -> IsotonicCalibration:
+        """Fit one isotonic map per class on validation ``logits`` (N, C) and ``labels``."""
+        z, y = prepare_fit(logits, labels)
+        p = self._probs(z).cpu().numpy()
+        yn = y.cpu().numpy()
+        c = p.shape[1]
+        knots_x, knots_y = [], []
+        for k in range(c):  # one scikit-learn fit per class (not per sample)
+            if c == 2 and k == 0:
+                knots_x.append(torch.zeros(0, dtype=torch.float64))
+                knots_y.append(torch.zeros(0, dtype=torch.float64))
+                continue
+            iso = IsotonicRegression(out_of_bounds="clip").fit(p[:, k], (yn == k).astype(float))
+            knots_x.append(torch.from_numpy(np.asarray(iso.X_thresholds_, dtype=np.float64)))
+            knots_y.append(torch.from_numpy(np.asarray(iso.y_thresholds_, dtype=np.float64)))
+        self.knots_x_ = knots_x
+        self.knots_y_ = knots_y
+        self.n_classes_ = c
+        return self
+
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        fitted = [k for k in range(self.n_classes_) if self.knots_x_[k].numel()]
+        sizes = torch.tensor([self.knots_x_[k].numel() for k in fitted])
+        m = int(sizes.max())
+        kx = torch.zeros(len(fitted), m, dtype=torch.float64)
+        ky = torch.zeros(len(fitted), m, dtype=torch.float64)
+        for row, k in enumerate(fitted):  # C rows of knots (not samples)
+            kx[row, : sizes[row]] = self.knots_x_[k]
+            ky[row, : sizes[row]] = self.knots_y_[k]
+        return kx.to(device), ky.to(device), sizes.to(device)
+
+    def _predict_proba(self, z: torch.Tensor) -> torch.Tensor:
+        """Calibrated probabilities (N, C) in the logits' dtype (float64 inside)."""
+        check_n_classes(z, self.n_classes_)
+        p = self._probs(z)
+        kx, ky, sizes = self._tables(z.device)
+        if self.n_classes_ == 2:
+            q1 = _interp_rows(p[:, 1:], kx, ky, sizes)
+            q = torch.cat([1 - q1, q1], dim=1)
+        else:
+            g = _interp_rows(p, kx, ky, sizes)
+            total = g.sum(dim=1, keepdim=True)
+            q = torch.where(total > 0, g / total.clamp(min=torch.finfo(torch.float64).tiny),
+                            1.0 / self.n_classes_)
+        return q.to(work_dtype(z.dtype)).to(z.dtype)
+
+    def _transform(self, z: torch.Tensor) -> torch.Tensor:
+        """Calibrated "logits" ``log q`` (clamped at the dtype's smallest normal number)."""
+        return log_proba(self._predict_proba(z))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe description (the knots of every class's map)."""
+        self._check_fitted()
+        return {
+            **self._header(),
+            "knots_x": [t.tolist() for t in self.knots_x_],
+            "knots_y": [t.tolist() for t in self.knots_y_],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IsotonicCalibration:
+        """Rebuild a fitted calibrator from :meth:`to_dict`'s output."""
+        cls._check_dict(d, ("knots_x", "knots_y"))
+        kx, ky = d["knots_x"], d["knots_y"]
+        if not (isinstance(kx, list) and isinstance(ky, list) and len(kx) == len(ky) >= 2):
+            raise ValueError("Expected `d['knots_x']` and `d['knots_y']` to be lists of one "
+                             "list of knots per class (at least 2 classes)")
+        obj = cls()
+        xs, ys = [], []
+        for k, (a, b) in enumerate(zip(kx, ky, strict=True)):
+            xa = float_list(a, f"d['knots_x'][{k}]")
+            yb = float_list(b, f"d['knots_y'][{k}]", length=len(xa))
+            if any(v < u for u, v in zip(xa, xa[1:], strict=False)):
+                raise ValueError(f"Expected `d['knots_x'][{k}]` to be sorted")
+            xs.append(torch.tensor(xa, dtype=torch.float64))
+            ys.append(torch.tensor(yb, dtype=torch.float64))
+        obj.knots_x_, obj.knots_y_, obj.n_classes_ = xs, ys, len(xs)
+        empty = [k for k in range(len(xs)) if not xs[k].numel()]
+        if empty != ([0] if len(xs) == 2 else []):
+            raise ValueError("Expected knots for every class (for 2 classes: class 1 only)")
+        return obj

@@ -1,0 +1,320 @@
+"""The seed papers' qualitative claims, tested seed by seed on evaluated runs.
+
+Each claim compares runs of the same seed (and the same data set and model) and either holds or
+fails on that seed; its verdict, "holds on k of n seeds", is computed here from the runs'
+results, never written by hand.  A seed enters a claim only when every loss the claim needs has
+a run with that seed; a claim with no such seed is "not tested".
+
+The claims (pre-temperature test metrics; "similar error" means within
+:data:`SIMILAR_ERROR` = 3 percentage points of cross-entropy's test error):
+
+* Mukhoti et al. 2020 (NeurIPS): cross-entropy is over-confident, T > 1 (grid-ECE temperature on
+  validation); focal loss (γ=3) and FLSD-53 each give a lower ECE than cross-entropy at similar
+  error.
+* Ghosh et al. 2022 (NeurIPS): AdaFocal gives the lowest AdaECE of the focal family of its tables
+  (focal γ=3, FLSD-53, AdaFocal), at error similar to cross-entropy's.
+* Lin et al. 2025: BSCE-GRA gives a lower ECE than cross-entropy and than BSCE without gradient
+  weighting.
+* Tao et al. 2023 (ICML): dual focal gives a lower ECE than focal.
+
+Beside the verdicts the section shows the direction of each loss's miscalibration: the
+temperature T (> 1: over-confident, < 1: under-confident) and the mean top-1 confidence minus the
+accuracy on the test set (:func:`confidence_gap`), since the losses fail in opposite directions.
+
+>>> conf = np.array([0.9, 0.8, 0.6, 0.7]); correct = np.array([1, 0, 1, 0])
+>>> round(float(conf.mean() - correct.mean()), 3)
+0.25
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ResultsFileError
+from ..evaluate import load_logits
+from .aggregate import Group, RunRecord, loss_label
+from .tables import Cell, Table, fmt_mean_std
+
+__all__ = [
+    "CLAIMS",
+    "Claim",
+    "ClaimResult",
+    "SIMILAR_ERROR",
+    "GAP_KEY",
+    "confidence_gap",
+    "add_confidence_gaps",
+    "check_claims",
+    "claims_markdown",
+    "claims_section",
+    "claim_table",
+    "direction_table",
+]
+
+#: "Similar error": within this many percentage points of cross-entropy's test error.
+SIMILAR_ERROR = 3.0
+#: The flattened results key of the test set's mean confidence minus accuracy (pre T).
+GAP_KEY = "test.pre.conf_minus_acc"
+
+ECE, ADAECE, ERR, TEMP = "test.pre.ece", "test.pre.adaptive_ece", "test.pre.error", \
+    "temperature.grid_ece"
+
+
+def confidence_gap(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Mean top-1 softmax confidence minus top-1 accuracy: > 0 over-, < 0 under-confident.
+
+    ``gap = mean_i max_k softmax(z_i)_k - mean_i [argmax_k z_ik == y_i]``
+
+    >>> z = np.log(np.array([[0.9, 0.1], [0.6, 0.4]])); y = np.array([0, 1])
+    >>> round(confidence_gap(z, y), 3)
+    0.25
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(labels)
+    if z.ndim != 2 or y.shape != (z.shape[0],) or z.shape[0] == 0:
+        raise ValueError(f"Expected `logits` of shape (N, C) with N > 0 and `labels` of shape (N,),"
+                         f" got {z.shape} and {y.shape}")
+    p = np.exp(z - z.max(1, keepdims=True))
+    conf = (p / p.sum(1, keepdims=True)).max(1)
+    return float(conf.mean() - (z.argmax(1) == y).mean())
+
+
+def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
+    """Add :data:`GAP_KEY` to each run's flattened numbers from its saved test logits (runs
+    without readable ``logits/test.npz`` are left without it)."""
+    for r in runs:
+        if GAP_KEY in r.flat:
+            continue
+        p = r.logits_dir / "test.npz"
+        if not p.is_file():
+            continue
+        try:
+            z, y = load_logits(p)
+        except ResultsFileError:
+            continue
+        r.flat[GAP_KEY] = confidence_gap(z, y)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One paper's claim: ``check(numbers by loss) -> (holds, shown numbers)`` on one seed."""
+
+    key: str
+    source: str
+    text: str
+    losses: tuple[str, ...]
+    check: Callable[[Mapping[str, Mapping[str, float]]], bool]
+    columns: tuple[tuple[str, str, str], ...]  # (loss, metric key, header)
+
+
+def _lt(a: float, b: float) -> bool:
+    return not (math.isnan(a) or math.isnan(b)) and a < b
+
+
+def _similar_error(n: Mapping[str, Mapping[str, float]], loss: str) -> bool:
+    d = abs(n[loss][ERR] - n["ce"][ERR])
+    return not math.isnan(d) and 100.0 * d <= SIMILAR_ERROR
+
+
+def _lower_at_similar_error(loss: str) -> Callable[[Mapping[str, Mapping[str, float]]], bool]:
+    return lambda n: _lt(n[loss][ECE], n["ce"][ECE]) and _similar_error(n, loss)
+
+
+def _adafocal_lowest(n: Mapping[str, Mapping[str, float]]) -> bool:
+    return (_lt(n["adafocal"][ADAECE], n["focal"][ADAECE])
+            and _lt(n["adafocal"][ADAECE], n["flsd53"][ADAECE]) and _similar_error(n, "adafocal"))
+
+
+def _cols(losses: Sequence[str], key: str, name: str) -> tuple[tuple[str, str, str], ...]:
+    return tuple((loss, key, f"{loss_label(loss)} {name}") for loss in losses)
+
+
+_MUKHOTI = "Mukhoti et al. 2020, *Calibrating Deep Neural Networks using Focal Loss* (NeurIPS)"
+#: The claims, in the report's order.
+CLAIMS: tuple[Claim, ...] = (
+    Claim("mukhoti_ce_overconfident", _MUKHOTI,
+          "cross-entropy is over-confident: its temperature T (grid search on validation ECE) "
+          "is above 1.",
+          ("ce",), lambda n: n["ce"][TEMP] > 1.0,
+          (("ce", TEMP, "CE T"), ("ce", GAP_KEY, "CE conf − acc %"), ("ce", ERR, "CE error %"))),
+    Claim("mukhoti_focal_lt_ce", _MUKHOTI,
+          f"focal loss (γ=3) gives a lower pre-T ECE than cross-entropy at similar error "
+          f"(within {SIMILAR_ERROR:g} points).",
+          ("ce", "focal"), _lower_at_similar_error("focal"),
+          _cols(("ce", "focal"), ECE, "ECE %") + _cols(("ce", "focal"), ERR, "error %")),
+    Claim("mukhoti_flsd53_lt_ce", _MUKHOTI,
+          f"FLSD-53 gives a lower pre-T ECE than cross-entropy at similar error "
+          f"(within {SIMILAR_ERROR:g} points).",
+          ("ce", "flsd53"), _lower_at_similar_error("flsd53"),
+          _cols(("ce", "flsd53"), ECE, "ECE %") + _cols(("ce", "flsd53"), ERR, "error %")),
+    Claim("ghosh_adafocal_lowest", "Ghosh et al. 2022, *AdaFocal: Calibration-aware Adaptive "
+          "Focal Loss* (NeurIPS)",
+          "AdaFocal gives the lowest pre-T AdaECE of the focal family (focal γ=3, FLSD-53, "
+          f"AdaFocal), at error close to cross-entropy's (within {SIMILAR_ERROR:g} points).",
+          ("ce", "focal", "flsd53", "adafocal"), _adafocal_lowest,
+          _cols(("focal", "flsd53", "adafocal"), ADAECE, "AdaECE %")
+          + _cols(("ce", "adafocal"), ERR, "error %")),
+    Claim("lin_bsce_gra", "Lin et al. 2025 (BSCE-GRA: the Brier-score uncertainty weights each "
+          "sample's gradient)",
+          "BSCE-GRA gives a lower pre-T ECE than cross-entropy, and lower than BSCE without "
+          "gradient weighting.",
+          ("ce", "bsce", "bsce_gra"),
+          lambda n: _lt(n["bsce_gra"][ECE], n["ce"][ECE]) and _lt(n["bsce_gra"][ECE], n["bsce"][ECE]),
+          _cols(("ce", "bsce", "bsce_gra"), ECE, "ECE %")),
+    Claim("tao_dual_focal", "Tao et al. 2023, *Dual Focal Loss for Calibration* (ICML)",
+          "dual focal gives a lower pre-T ECE than focal loss.",
+          ("focal", "dual_focal"), lambda n: _lt(n["dual_focal"][ECE], n["focal"][ECE]),
+          _cols(("focal", "dual_focal"), ECE, "ECE %")),
+)
+
+
+@dataclass
+class ClaimResult:
+    """A claim's outcome on one (data set, model): per-seed numbers and the computed verdict."""
+
+    claim: Claim
+    dataset: str
+    model: str
+    seeds: list = field(default_factory=list)
+    holds: list[bool] = field(default_factory=list)
+    numbers: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # needed losses without any run
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def k(self) -> int:
+        return sum(self.holds)
+
+    @property
+    def verdict(self) -> str:
+        """``"holds on k of n seeds"``, ``"fails on every seed (0 of n)"`` or ``"not tested"``."""
+        if not self.n:
+            need = ", ".join(loss_label(x) for x in self.missing) or "a common seed"
+            return f"not tested (no run of {need})"
+        if self.k == 0:
+            return f"fails on every seed (holds on 0 of {self.n})"
+        return f"holds on {self.k} of {self.n} seed{'s' if self.n > 1 else ''}"
+
+    @property
+    def passed(self) -> bool:
+        """Holds on every tested seed (and was tested)."""
+        return self.n > 0 and self.k == self.n
+
+
+def _by_loss(groups: Sequence[Group]) -> dict[str, Group]:
+    out: dict[str, Group] = {}
+    for g in groups:
+        out.setdefault(g.loss, g)  # a second configuration of a loss is not a claim's loss
+    return out
+
+
+def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
+    """Test every claim on every seed, per (data set, model) of ``groups``.
+
+    A seed is tested when each loss of the claim has a run with that seed.
+    """
+    results = []
+    keys: dict[tuple[str, str], list[Group]] = {}
+    for g in groups:
+        keys.setdefault((g.dataset, g.model), []).append(g)
+    for (ds, model), gs in keys.items():
+        by_loss = _by_loss(gs)
+        for c in claims:
+            res = ClaimResult(c, ds, model, missing=[x for x in c.losses if x not in by_loss])
+            if not res.missing:
+                per_seed = [{r.seed: r for r in by_loss[x].runs} for x in c.losses]
+                common = [s for s in per_seed[0] if all(s in d for d in per_seed[1:])]
+                for s in sorted(common, key=lambda v: (str(type(v)), v)):
+                    nums = {x: dict(d[s].flat) for x, d in zip(c.losses, per_seed, strict=True)}
+                    for x in c.losses:
+                        for key in (ECE, ADAECE, ERR, TEMP, GAP_KEY):
+                            nums[x].setdefault(key, math.nan)
+                    res.seeds.append(s)
+                    res.holds.append(bool(c.check(nums)))
+                    res.numbers.append(nums)
+            results.append(res)
+    return results
+
+
+def _num(key: str, v: float) -> str:
+    if math.isnan(v):
+        return "–"
+    return f"{v:.1f}" if key == TEMP else f"{100.0 * v:.2f}"
+
+
+def claim_table(res: ClaimResult) -> Table:
+    """The per-seed numbers of one claim, with ✓/✗ per seed."""
+    header = ["Seed"] + [h for _l, _k, h in res.claim.columns] + ["Holds"]
+    rows = []
+    for s, ok, nums in zip(res.seeds, res.holds, res.numbers, strict=True):
+        rows.append([Cell(str(s))] + [Cell(_num(k, nums[loss].get(k, math.nan)))
+                                      for loss, k, _h in res.claim.columns]
+                    + [Cell("yes" if ok else "no")])
+    short = res.claim.source.split(",")[0].split(" (")[0]
+    return Table(f"{short}, per seed ({res.dataset} / {res.model})", header, rows)
+
+
+def direction_table(groups: Sequence[Group]) -> Table:
+    """Per loss: pre-T ECE, T, mean confidence − accuracy and on how many seeds it is > 0."""
+    header = ["Loss", "ECE pre T %", "T", "conf − acc %", "Over-confident on"]
+    rows = []
+    for g in groups:
+        gaps = [r.flat.get(GAP_KEY, math.nan) for r in g.runs]
+        known = [x for x in gaps if not math.isnan(x)]
+        over = sum(x > 0 for x in known)
+        rows.append([
+            Cell(g.label),
+            Cell(fmt_mean_std(100 * g.mean.get(ECE, math.nan), 100 * g.std.get(ECE, math.nan), 2)),
+            Cell(fmt_mean_std(g.mean.get(TEMP, math.nan), g.std.get(TEMP, math.nan), 2)),
+            Cell(fmt_mean_std(100 * g.mean.get(GAP_KEY, math.nan),
+                              100 * g.std.get(GAP_KEY, math.nan), 2)),
+            Cell(f"{over} of {len(known)} seed{'s' if len(known) > 1 else ''}" if known else "–"),
+        ])
+    notes = ["T: grid-ECE temperature fitted on validation (T > 1: the model was over-confident "
+             "on validation, T < 1: under-confident). conf − acc: mean top-1 confidence minus "
+             "accuracy on the test set before temperature scaling (> 0: over-confident). "
+             "mean ± std over seeds."]
+    return Table(f"Over- or under-confident: {groups[0].dataset} / {groups[0].model}", header,
+                 rows, notes)
+
+
+def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
+                   heading: str = "## The papers' claims on this benchmark") -> list[str | Table]:
+    """The report section as blocks: Markdown paragraphs (str) and tables, in order; empty when
+    no claim can be tested on ``groups``."""
+    results = check_claims(groups, claims)
+    if not any(r.n for r in results):
+        return []
+    blocks: list[str | Table] = [
+        heading,
+        "Each seed paper's qualitative claim, tested on every seed of this run (pre-temperature "
+        "test metrics; a seed counts when every loss the claim needs has a run with it; "
+        f"\"similar error\": within {SIMILAR_ERROR:g} percentage points of cross-entropy's). "
+        "The verdicts are computed from the runs' results."]
+    by_key: dict[tuple[str, str], list[ClaimResult]] = {}
+    for r in results:
+        by_key.setdefault((r.dataset, r.model), []).append(r)
+    for (ds, model), rs in by_key.items():
+        if len(by_key) > 1:
+            blocks.append(f"### {ds} / {model}")
+        for r in rs:
+            blocks.append(f"**{r.claim.source}:** {r.claim.text} **Verdict: {r.verdict}.**")
+            if r.n:
+                blocks.append(claim_table(r))
+        gs = [g for g in groups if (g.dataset, g.model) == (ds, model)]
+        blocks.append(direction_table(gs))
+    return blocks
+
+
+def claims_markdown(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
+                    heading: str = "## The papers' claims on this benchmark") -> str:
+    """The report section in Markdown (:func:`claims_section`); "" when nothing is testable."""
+    blocks = claims_section(groups, claims, heading)
+    return "\n\n".join(b.to_markdown().rstrip() if isinstance(b, Table) else b
+                       for b in blocks).rstrip() + ("\n" if blocks else "")
