@@ -36,8 +36,9 @@ def row_log_probs(
 
 
 def check_temperature(temperature: Any, name: str = "temperature") -> float | torch.Tensor:
-    """A positive finite number, or a 0-d tensor used as is (a module's fitted buffer)."""
-    if isinstance(temperature, torch.Tensor) and temperature.ndim == 0:
+    """A positive finite number, or a one-element tensor (0-d or shape (1,)) used as is (a
+    module's fitted buffer)."""
+    if isinstance(temperature, torch.Tensor) and temperature.ndim <= 1 and temperature.numel() == 1:
         if temperature.requires_grad or not temperature.is_floating_point():
             raise ValueError(f"Expected `{name}` to be a positive number or a 0-d float tensor "
                              f"without gradient, got {temperature!r}")

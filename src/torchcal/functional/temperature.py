@@ -11,7 +11,7 @@ probabilities ``q = softmax(z / T)`` while the cross-entropy term keeps ``p = so
 Each has a GRA variant whose weight is detached (the gradient is ``Σ_i w_i ∇CE_i``).  The
 published training re-fits T after every epoch on the validation set (a grid 0.01, 0.02, ...,
 10.00, lowest ECE or NLL); :mod:`torchcal.losses.temperature` holds that state, the functions
-here take ``temperature`` as an argument (a positive number or a 0-d tensor).  At ``T = 1``
+here take ``temperature`` as an argument (a positive number or a one-element tensor).  At ``T = 1``
 they equal focal, dual focal, BSCE and their GRA forms.  Written as plain tensor operations.
 """
 
@@ -82,7 +82,7 @@ def temperature_focal_loss(
         input: logits of shape (N, C) or (N, C, d1, ...).
         target: class indices of shape (N,) or (N, d1, ...).
         gamma: γ >= 0 (default 3).
-        temperature: T > 0 of the weight's probabilities (a number or a 0-d tensor).
+        temperature: T > 0 of the weight's probabilities (a number or a one-element tensor).
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         ignore_index: target value to ignore.
         validate_args: check the target range.
@@ -163,7 +163,7 @@ def temperature_bsce_loss(
         target: class indices of shape (N,) or (N, d1, ...).
         beta: norm order > 0 (default 2).
         gamma: exponent >= 0 (default 2).
-        temperature: T > 0 (a number or a 0-d tensor).
+        temperature: T > 0 (a number or a one-element tensor).
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         ignore_index: target value to ignore.
         validate_args: check the target range.

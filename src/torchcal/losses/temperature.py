@@ -87,7 +87,9 @@ class _ValidationTemperature:
         return criterion
 
     def _init_temperature(self) -> None:
-        self.register_buffer("temperature", torch.ones((), dtype=torch.float64))
+        # shape (1,), not 0-d: Dynamo reads a 0-d float buffer of an unspecialised module as a
+        # Python scalar and restarts its analysis to turn it back into a tensor
+        self.register_buffer("temperature", torch.ones(1, dtype=torch.float64))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, temperature={float(self.temperature):g}"  # type: ignore[misc]
