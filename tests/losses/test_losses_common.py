@@ -14,6 +14,12 @@ import torch.nn.functional as F
 
 import torchcal.functional as TF
 from torchcal.losses import CalibrationLoss, create_loss, list_losses
+from torchcal.losses.base import loss_on_validation, loss_set_epoch
+
+# Equal-width gaps of the ECE-loss; bins 4 and 5 are equal, so that p_y = 1/3 (the uniform row
+# below), on the edge 5/15 in one dtype and not in another, gets the same weight in all dtypes.
+ECE_GAPS = torch.tensor([-0.3, -0.25, -0.2, -0.15, -0.1, -0.1, 0.0, 0.05, 0.1, 0.15, 0.2, 0.25,
+                         0.3, 0.35, 0.4])
 
 # Every per-sample loss (MMCE is a batch loss, tested in its own file and below).
 PER_SAMPLE = {
@@ -38,6 +44,29 @@ PER_SAMPLE = {
     "dual_focal_gra": lambda x, t, **kw: TF.dual_focal_gra_loss(x, t, **kw),
     "gradient_weighted": lambda x, t, **kw: TF.gradient_weighted_loss(
         x, t, torch.linspace(0.5, 2.0, t.numel()).reshape(t.shape), **kw),
+    # the published code's other per-sample losses (issue #16)
+    "temperature_focal": lambda x, t, **kw: TF.temperature_focal_loss(x, t, 3.0, 1.7, **kw),
+    "temperature_focal_gra": lambda x, t, **kw: TF.temperature_focal_gra_loss(x, t, 0.5, 0.6, **kw),
+    "temperature_dual_focal": lambda x, t, **kw: TF.temperature_dual_focal_loss(x, t, 5.0, 1.7,
+                                                                               **kw),
+    "temperature_dual_focal_gra": lambda x, t, **kw: TF.temperature_dual_focal_gra_loss(
+        x, t, 5.0, 0.6, **kw),
+    "temperature_bsce": lambda x, t, **kw: TF.temperature_bsce_loss(x, t, 2.0, 2.0, 1.7, **kw),
+    "temperature_bsce_b1": lambda x, t, **kw: TF.temperature_bsce_loss(x, t, 1.0, 0.5, 0.6, **kw),
+    "temperature_bsce_gra": lambda x, t, **kw: TF.temperature_bsce_gra_loss(x, t, 3.0, 1.0, 1.7,
+                                                                           **kw),
+    "tlbs": lambda x, t, **kw: TF.tlbs_loss(x, t, **kw),
+    "focal_gra_flsd53": lambda x, t, **kw: TF.sample_dependent_focal_gra_loss(x, t, **kw),
+    "bsce_adaptive_gra": lambda x, t, **kw: TF.bsce_adaptive_gra_loss(x, t, **kw),
+    "consistency": lambda x, t, **kw: TF.consistency_loss(
+        x, t, torch.softmax(x.detach().float() / 2.0, 1) if x.ndim > 1 else x, **kw),
+    "ce_exp": lambda x, t, **kw: TF.ce_exp_loss(x, t, **kw),
+    "focal_exp": lambda x, t, **kw: TF.focal_exp_loss(x, t, 2.0, 0.5, **kw),
+    "dual_focal_exp": lambda x, t, **kw: TF.dual_focal_exp_loss(x, t, **kw),
+    "brier_exp": lambda x, t, **kw: TF.brier_exp_loss(x, t, 2.0, **kw),
+    "ece_gap": lambda x, t, **kw: TF.ece_gap_loss(
+        x, t, ECE_GAPS, torch.linspace(0.2, -0.1, 15),
+        torch.linspace(0.0, 0.2, x.shape[1] if x.ndim > 1 else 1), progress=0.7, **kw),
 }
 NAMES = sorted(PER_SAMPLE)
 
@@ -181,7 +210,11 @@ def test_cross_entropy_matches_torch():
 
 
 # ---------------------------------------------------------------------------- bad input
-ALL_FUNCS = dict(PER_SAMPLE, mmce=lambda x, t, **kw: TF.mmce_loss(x, t, **kw))
+ALL_FUNCS = dict(PER_SAMPLE, mmce=lambda x, t, **kw: TF.mmce_loss(x, t, **kw),
+                 mmce_m=lambda x, t, **kw: TF.mmce_m_loss(x, t, **kw),
+                 mmce_gra=lambda x, t, **kw: TF.mmce_gra_loss(x, t, **kw),
+                 dece=lambda x, t, **kw: TF.dece_loss(x, t, **kw),
+                 ece_kde=lambda x, t, **kw: TF.ece_kde_loss(x, t, **kw))
 
 
 @pytest.mark.parametrize("name", sorted(ALL_FUNCS))
@@ -384,8 +417,26 @@ def test_registry_gradients(name):
     # away from FLSD's thresholds (its γ is piecewise constant in p_y)
     assert ((p_y[:, None] - torch.tensor([0.2, 0.5], dtype=torch.float64)).abs() > 1e-3).all()
     loss = create_loss(name)
+    # a state past the first epoch and one validation pass (stateful losses: ECE-loss blends
+    # from plain CE at epoch 0, the temperature-aware ones fit T)
+    loss_set_epoch(loss, 100)
+    loss_on_validation(loss, logits=3 * torch.randn(64, 4, generator=g, dtype=torch.float64),
+                       labels=torch.randint(0, 4, (64,), generator=g))
     xr = x.clone().requires_grad_(True)
-    if isinstance(loss, GradientWeightedLoss):
+    if hasattr(loss, "gradient_weights"):
+        # a detached weight times a per-sample base loss b (the exponentially weighted family,
+        # MMCE-GRA): loss(reduction="sum") = Σ w_i b_i and its gradient is Σ w_i ∇b_i
+        loss.reduction = "sum"
+        w, b = loss.gradient_weights(x, t)
+        torch.testing.assert_close(loss(x, t), (w * b).sum())
+        loss(xr, t).backward()
+        xh = x.clone().requires_grad_(True)
+        bh = loss.gradient_weights(xh, t)[1]
+        bh.register_hook(lambda grad: grad * w)
+        bh.sum().backward()
+        torch.testing.assert_close(xr.grad, xh.grad)
+        assert not torch.autograd.gradcheck(lambda z: loss(z, t), (xr,), raise_exception=False)
+    elif isinstance(loss, GradientWeightedLoss):
         loss.reduction = "none"
         w = (loss(x, t) / F.cross_entropy(x, t, reduction="none")).detach()
         loss.reduction = "sum"

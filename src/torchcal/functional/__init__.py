@@ -8,6 +8,22 @@ for float64 input; also for bfloat16/half input and under autocast) and returns 
 
 from .basic import brier_loss, cross_entropy, label_smoothing_loss
 from .dual_focal import dual_focal_loss
+from .ece_losses import (
+    dece,
+    dece_loss,
+    ece_gap_loss,
+    ece_gap_weight,
+    ece_kde,
+    ece_kde_loss,
+    kde_bandwidth,
+)
+from .exp_weighted import (
+    brier_exp_loss,
+    ce_exp_loss,
+    dual_focal_exp_loss,
+    exp_weight,
+    focal_exp_loss,
+)
 from .focal import (
     FLSD53,
     FLSD532,
@@ -20,6 +36,12 @@ from .focal import (
     sample_dependent_gamma,
     signed_focal_loss,
 )
+from .gra_variants import (
+    bsce_adaptive_gra_loss,
+    consistency_loss,
+    sample_dependent_focal_gra_loss,
+    tlbs_loss,
+)
 from .gradient_weighted import (
     brier_uncertainty,
     bsce_gra_loss,
@@ -29,6 +51,15 @@ from .gradient_weighted import (
     gradient_weighted_loss,
 )
 from .mmce import mmce_loss, mmce_penalty
+from .mmce_unweighted import mmce_gra_loss, mmce_m_loss, mmce_m_penalty
+from .temperature import (
+    temperature_bsce_gra_loss,
+    temperature_bsce_loss,
+    temperature_dual_focal_gra_loss,
+    temperature_dual_focal_loss,
+    temperature_focal_gra_loss,
+    temperature_focal_loss,
+)
 
 __all__ = [
     "FLSD53",
@@ -53,4 +84,29 @@ __all__ = [
     "sample_dependent_focal_loss",
     "sample_dependent_gamma",
     "signed_focal_loss",
+    "brier_exp_loss",
+    "bsce_adaptive_gra_loss",
+    "ce_exp_loss",
+    "consistency_loss",
+    "dece",
+    "dece_loss",
+    "dual_focal_exp_loss",
+    "ece_gap_loss",
+    "ece_gap_weight",
+    "ece_kde",
+    "ece_kde_loss",
+    "exp_weight",
+    "focal_exp_loss",
+    "kde_bandwidth",
+    "mmce_gra_loss",
+    "mmce_m_loss",
+    "mmce_m_penalty",
+    "sample_dependent_focal_gra_loss",
+    "temperature_bsce_gra_loss",
+    "temperature_bsce_loss",
+    "temperature_dual_focal_gra_loss",
+    "temperature_dual_focal_loss",
+    "temperature_focal_gra_loss",
+    "temperature_focal_loss",
+    "tlbs_loss",
 ]

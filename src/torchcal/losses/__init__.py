@@ -6,7 +6,16 @@ from .base import CalibrationLoss
 from .brier import BrierLoss
 from .cross_entropy import CrossEntropyLoss
 from .dual_focal import DualFocalLoss
+from .ece_losses import DECELoss, ECEGapLoss, ECEKDELoss
+from .exp_weighted import (
+    BrierExpLoss,
+    CrossEntropyExpLoss,
+    DualFocalExpLoss,
+    ExpWeightedLoss,
+    FocalExpLoss,
+)
 from .focal import FocalLoss, InverseFocalLoss, SampleDependentFocalLoss, ScheduledFocalLoss
+from .gra_variants import BSCEAdaptiveGRALoss, SampleDependentFocalGRALoss, TLBSLoss
 from .gradient_weighted import (
     BSCEGRALoss,
     BSCELoss,
@@ -16,7 +25,17 @@ from .gradient_weighted import (
 )
 from .label_smoothing import LabelSmoothingLoss
 from .mmce import MMCELoss
+from .mmce_unweighted import MMCEGRALoss, MMCEUnweightedLoss
 from .multitask import UncertaintyWeighting
+from .temperature import (
+    ConsistencyLoss,
+    TemperatureBSCEGRALoss,
+    TemperatureBSCELoss,
+    TemperatureDualFocalGRALoss,
+    TemperatureDualFocalLoss,
+    TemperatureFocalGRALoss,
+    TemperatureFocalLoss,
+)
 
 __all__ = [
     "create_loss",
@@ -39,4 +58,24 @@ __all__ = [
     "SampleDependentFocalLoss",
     "ScheduledFocalLoss",
     "UncertaintyWeighting",
+    "BrierExpLoss",
+    "BSCEAdaptiveGRALoss",
+    "ConsistencyLoss",
+    "CrossEntropyExpLoss",
+    "DECELoss",
+    "DualFocalExpLoss",
+    "ECEGapLoss",
+    "ECEKDELoss",
+    "ExpWeightedLoss",
+    "FocalExpLoss",
+    "MMCEGRALoss",
+    "MMCEUnweightedLoss",
+    "SampleDependentFocalGRALoss",
+    "TemperatureBSCEGRALoss",
+    "TemperatureBSCELoss",
+    "TemperatureDualFocalGRALoss",
+    "TemperatureDualFocalLoss",
+    "TemperatureFocalGRALoss",
+    "TemperatureFocalLoss",
+    "TLBSLoss",
 ]

@@ -1,7 +1,9 @@
 """Pretrained uncertainty heads (Kirchhof et al. 2024).
 
 * :class:`UncertaintyHead`: an MLP reading a frozen backbone's embedding through a stop-gradient;
-  :func:`ranking_loss`: the pairwise hinge it is trained with.
+  :func:`ranking_loss`: the pairwise hinge it is trained with (with the published ``leeway``);
+  :func:`loss_prediction_mse` and :func:`log_uncertainty_regularizer`: the published code's
+  loss-prediction objective and log-uncertainty regulariser (:mod:`.objectives`).
 * :class:`EmbeddingCache`: the backbone's embeddings, logits and labels computed once and stored
   on disk (memory-mapped, checksummed, atomically built, stale/corrupt caches detected).
 * :func:`fit_head` (AdamW + cosine from the cache), :func:`evaluate_head` (R-AUROC against
@@ -19,10 +21,15 @@ from .fit import (
     zero_shot_transfer,
 )
 from .head import UncertaintyHead, load_head, per_sample_cross_entropy, ranking_loss, save_head
+from .objectives import HEAD_OBJECTIVES, head_loss, log_uncertainty_regularizer, loss_prediction_mse
 
 __all__ = [
     "UncertaintyHead",
     "ranking_loss",
+    "loss_prediction_mse",
+    "log_uncertainty_regularizer",
+    "head_loss",
+    "HEAD_OBJECTIVES",
     "per_sample_cross_entropy",
     "save_head",
     "load_head",

@@ -2,7 +2,9 @@
 
 :func:`fit_head` follows the published recipe: AdamW with ``lr = 1e-3 * batch_size / 256``,
 weight decay ``1e-4``, a cosine schedule over all steps, the pairwise :func:`ranking_loss`
-against the frozen classifier's per-sample cross-entropy.
+against the frozen classifier's per-sample cross-entropy (or the published code's other
+objectives: ``objective="mse"`` loss prediction, ``leeway``, ``unc_reg_lambda``; see
+:mod:`torchcal.uncertainty.objectives`).
 
 :func:`evaluate_head` reports R-AUROC (the AUROC of ``-u`` for predicting correctness) against
 
@@ -24,7 +26,8 @@ from torch import nn
 
 from .._validation import check_nonneg_finite, check_positive_int
 from .cache import EmbeddingCache
-from .head import UncertaintyHead, per_sample_cross_entropy, ranking_loss
+from .head import UncertaintyHead, per_sample_cross_entropy
+from .objectives import HEAD_OBJECTIVES, head_loss
 
 __all__ = [
     "HeadFit",
@@ -93,13 +96,16 @@ def fit_head(
     lr: float | None = None,
     weight_decay: float = 1e-4,
     margin: float = 0.1,
+    objective: str = "ranking",
+    leeway: float = 0.0,
+    unc_reg_lambda: float = 0.0,
     width: int = 512,
     depth: int = 2,
     device: torch.device | str | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> HeadFit:
-    """Train an :class:`UncertaintyHead` on cached embeddings with the ranking loss.
+    """Train an :class:`UncertaintyHead` on cached embeddings with the ranking loss (default).
 
     The whole cache is loaded to ``device`` once; every epoch draws a new permutation (from
     ``seed``) and visits it in batches of ``batch_size`` (a final partial batch is trimmed to an
@@ -113,6 +119,10 @@ def fit_head(
         lr: AdamW learning rate (default ``1e-3 * batch_size / 256``).
         weight_decay: AdamW weight decay.
         margin: ranking-loss margin.
+        objective: ``"ranking"`` (the paper's pairwise hinge) or ``"mse"`` (loss prediction,
+            :func:`~torchcal.uncertainty.objectives.loss_prediction_mse`).
+        leeway: the ranking loss' ρ: pairs whose losses differ by less count as equal.
+        unc_reg_lambda: λ of the log-uncertainty regulariser ``-λ·log(mean u)`` (0 = off).
         device: where to train (default: the head's device, else CPU).
         seed: seed of the initialisation (new heads) and of the batch order.
         progress: show a tqdm progress bar.
@@ -125,6 +135,11 @@ def fit_head(
     if batch_size < 2 or batch_size % 2:
         raise ValueError(f"Expected `batch_size` to be even and >= 2 (pairs), got {batch_size}")
     weight_decay = check_nonneg_finite(weight_decay, "weight_decay")
+    if objective not in HEAD_OBJECTIVES:
+        raise ValueError(f"Expected `objective` to be one of {HEAD_OBJECTIVES}, got {objective!r}")
+    margin = check_nonneg_finite(margin, "margin")
+    leeway = check_nonneg_finite(leeway, "leeway")
+    unc_reg_lambda = check_nonneg_finite(unc_reg_lambda, "unc_reg_lambda")
     lr = 1e-3 * batch_size / 256 if lr is None else lr
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"Expected `lr` to be a positive finite number, got {lr!r}")
@@ -178,7 +193,8 @@ def fit_head(
             for s in range(steps_per_epoch):
                 idx = perm[s * bs:(s + 1) * bs]
                 idx = idx[: idx.shape[0] - idx.shape[0] % 2]
-                loss = ranking_loss(head(emb[idx]), target[idx], margin=margin)
+                loss = head_loss(head(emb[idx]), target[idx], objective=objective, margin=margin,
+                                 leeway=leeway, unc_reg_lambda=unc_reg_lambda)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

@@ -101,38 +101,49 @@ def _as_vector(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def ranking_loss(
-    uncertainty: torch.Tensor, target_loss: torch.Tensor, margin: float = 0.1
+    uncertainty: torch.Tensor, target_loss: torch.Tensor, margin: float = 0.1,
+    leeway: float = 0.0,
 ) -> torch.Tensor:
     """Pairwise ranking hinge of the pretrained-uncertainty paper.
 
     The batch is paired consecutively as (0, 1), (2, 3), ...; for a pair ``(a, b)``::
 
         s = +1 if l_a > l_b else -1          (ties count as -1)
+        s = 0  if |l_a - l_b| < leeway        (the published code's ``leeway_rho``)
         L = mean_pairs max(0, -s * (u_a - u_b) + margin)
 
     ``target_loss`` (the frozen classifier's per-sample cross-entropy) is detached here, so only
-    ``uncertainty`` receives gradients.
+    ``uncertainty`` receives gradients.  With ``leeway = ρ > 0`` (Kirchhof et al.'s ``url`` code,
+    ``LossOrderLoss(leeway_rho=ρ)``, CLI ``--orderloss_leeway``) pairs whose losses differ by
+    less than ρ count as equal: their term is the constant ``margin`` and they give no gradient.
+    ``leeway=0`` (the default, the published default) is the plain hinge.
 
     Args:
         uncertainty: predicted uncertainties, shape (N,) or (N, 1), N even and > 0.
         target_loss: per-sample target losses, same number of entries.
         margin: hinge margin (0.1 in the paper), finite and >= 0.
+        leeway: ρ, finite and >= 0 (default 0).
 
     Returns:
         0-d tensor (the mean over the N/2 pairs), in the uncertainty's dtype and device.
 
     Raises:
-        ValueError: odd or empty batch, shape mismatch, negative margin.
+        ValueError: odd or empty batch, shape mismatch, negative margin or leeway.
 
     Example:
         >>> u = torch.tensor([0.1, 0.2, 0.3, 0.3])
         >>> l = torch.tensor([2.0, 1.0, 1.0, 1.0])
         >>> ranking_loss(u, l)  # pair 1: s=+1, 0.1+0.1=0.2; pair 2 (tie): s=-1, 0+0.1
         tensor(0.1500)
+        >>> u = torch.tensor([0.5, 0.3, 0.2, 0.6])
+        >>> l = torch.tensor([1.05, 1.0, 2.0, 0.5])
+        >>> ranking_loss(u, l), ranking_loss(u, l, leeway=0.1)  # pair 1: 0 -> 0.1 (s = 0)
+        (tensor(0.2500), tensor(0.3000))
     """
     u = _as_vector(uncertainty, "uncertainty")
     t = _as_vector(target_loss, "target_loss").detach()
     margin = check_nonneg_finite(margin, "margin")
+    leeway = check_nonneg_finite(leeway, "leeway")
     n = u.shape[0]
     if t.shape[0] != n:
         raise ValueError(
@@ -147,6 +158,8 @@ def ranking_loss(
     u_a, u_b = u[0::2], u[1::2]
     t_a, t_b = t[0::2], t[1::2]
     sign = torch.where(t_a > t_b, 1.0, -1.0).to(u.dtype)
+    if leeway > 0:
+        sign = torch.where((t_a - t_b).abs() >= leeway, sign, torch.zeros_like(sign))
     return torch.clamp(margin - sign * (u_a - u_b), min=0).mean()
 
 

@@ -1,0 +1,211 @@
+r"""The calibration-error training losses the BSCE-GRA repository compares against, as modules:
+DECE, ECE-KDE and its ECE-loss (see :mod:`torchcal.functional.ece_losses`)."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from .._validation import check_labels, check_positive_int
+from ..functional._common import check_hyper, no_autocast
+from ..functional._plain import check_batch_reduction
+from ..functional.ece_losses import ECE_KDE_TYPES, dece_loss, ece_gap_loss, ece_kde_loss
+from ..metrics._common import binned_sums, classwise_sums
+from ..metrics.binning import equal_width_bin_index
+from ._registry import register_loss
+from .adafocal import published_equal_mass_bins
+from .base import CalibrationLoss
+from .temperature import gather_validation
+
+__all__ = ["DECELoss", "ECEKDELoss", "ECEGapLoss"]
+
+
+@register_loss("dece")
+class DECELoss(CalibrationLoss):
+    r"""``λ·DECE`` (+ ``CE_mean`` with ``cross_entropy=True``): the differentiable ECE of
+    Bohdal et al. as a training loss (see :func:`torchcal.functional.dece_loss`).
+
+    The BSCE-GRA repository trains with the DECE value alone (the default here) and does not
+    scale it by the batch size: ``published_reduction = "mean"``.  ``"sum"`` gives N times the
+    value, ``"none"`` is rejected.
+
+    Args:
+        lam: λ >= 0 (default 1).
+        n_bins: soft bins (15).
+        t_a: soft-rank temperature (100).
+        t_b: soft-binning temperature (0.01).
+        cross_entropy: add the mean cross-entropy (Bohdal et al.'s use).
+
+    Example:
+        >>> x = torch.log(torch.tensor([[0.9, 0.1], [0.6, 0.4]]))
+        >>> DECELoss()(x, torch.tensor([0, 1]))
+        tensor(0.3500)
+    """
+
+    published_reduction = "mean"
+
+    def __init__(self, lam: float = 1.0, n_bins: int = 15, t_a: float = 100.0,
+                 t_b: float = 0.01, cross_entropy: bool = False, *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        if not isinstance(cross_entropy, bool):
+            raise ValueError(f"Expected `cross_entropy` to be a bool, got {cross_entropy!r}")
+        super().__init__(lam=lam, n_bins=check_positive_int(n_bins, "n_bins"),
+                         t_a=check_hyper(t_a, "t_a", positive=True),
+                         t_b=check_hyper(t_b, "t_b", positive=True), cross_entropy=cross_entropy,
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        check_batch_reduction(reduction, type(self).__name__)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return dece_loss(input, target, self.lam, n_bins=self.n_bins, t_a=self.t_a,
+                         t_b=self.t_b, cross_entropy=self.cross_entropy,
+                         reduction=self.reduction, ignore_index=self.ignore_index,
+                         validate_args=self.validate_args)
+
+
+@register_loss("ece_kde")
+class ECEKDELoss(CalibrationLoss):
+    r"""``CE_mean + λ·ECE_KDE``, the calibration-regularised objective of Popordanoska et al.
+    (see :func:`torchcal.functional.ece_kde_loss`).  ``"sum"`` gives N times it.
+
+    Args:
+        lam: λ >= 0 (default 1; the paper chooses it by cross-validation).
+        bandwidth: kernel bandwidth h > 0 (0.001, the published example;
+            :func:`torchcal.functional.kde_bandwidth` picks one by leave-one-out likelihood).
+        p: the order p > 0 of the Lp error (1).
+        mc_type: ``"canonical"`` (default), ``"marginal"`` or ``"top_label"``.
+
+    Example:
+        >>> x = torch.log(torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.2, 0.8], [0.2, 0.8]]))
+        >>> ECEKDELoss(lam=0.5, bandwidth=0.01)(x, torch.tensor([0, 1, 1, 1]))
+        tensor(1.0636)
+    """
+
+    published_reduction = "mean"
+
+    def __init__(self, lam: float = 1.0, bandwidth: float = 0.001, p: float = 1.0,
+                 mc_type: str = "canonical", *, reduction: str = "mean",
+                 ignore_index: int = -100, validate_args: bool = True) -> None:
+        if mc_type not in ECE_KDE_TYPES:
+            raise ValueError(f"Expected `mc_type` to be one of {ECE_KDE_TYPES}, got {mc_type!r}")
+        super().__init__(lam=lam, bandwidth=check_hyper(bandwidth, "bandwidth", positive=True),
+                         p=check_hyper(p, "p", positive=True), mc_type=mc_type,
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        check_batch_reduction(reduction, type(self).__name__)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ece_kde_loss(input, target, self.lam, bandwidth=self.bandwidth, p=self.p,
+                            mc_type=self.mc_type, reduction=self.reduction,
+                            ignore_index=self.ignore_index, validate_args=self.validate_args)
+
+
+@register_loss("ece_loss")
+class ECEGapLoss(CalibrationLoss):
+    r"""The BSCE-GRA repository's ECE-loss: cross-entropy weighted per sample by detached
+    validation calibration gaps (see :func:`torchcal.functional.ece_gap_loss`).
+
+    State, set by :meth:`update` after every validation pass (the trainer's ``on_validation``):
+    the signed gaps ``conf_b - acc_b`` of the validation top-1 confidence in ``n_bins``
+    equal-width bins (torchcal's bins) and in the published equal-mass bins
+    (:func:`~torchcal.losses.adafocal.published_equal_mass_bins`; empty bins 0), and the
+    classwise ECE of every one of the C classes (the published code counts ``max(label) + 1``
+    classes).  ``set_epoch`` sets ``progress = epoch / total_epochs`` (clipped to [0, 1]): the
+    weight is ``(1 - progress) + progress·u`` (epoch 0 is plain cross-entropy).  Before the
+    first update every gap is 0 (the published code needs the statistics before its first
+    batch, which it gets from CE warm-up epochs).  The published code also refreshes the
+    statistics from the training set each epoch and then overwrites them with the
+    validation's; torchcal keeps the validation's.  Everything is saved in ``state_dict``.
+
+    Args:
+        n_bins: bins of both binnings (15).
+        total_epochs: the length of the blend from CE to the gap weight (350).
+        classwise_weight: factor of the classwise term (2).
+
+    Example:
+        >>> loss = ECEGapLoss(n_bins=2, total_epochs=10)
+        >>> x = torch.tensor([[0.0, 0.0]])
+        >>> loss(x, torch.tensor([0]))  # epoch 0: plain CE
+        tensor(0.6931)
+    """
+
+    wants_validation = True
+
+    def __init__(self, n_bins: int = 15, total_epochs: int = 350, classwise_weight: float = 2.0,
+                 *, reduction: str = "mean", ignore_index: int = -100,
+                 validate_args: bool = True) -> None:
+        super().__init__(n_bins=check_positive_int(n_bins, "n_bins"),
+                         total_epochs=check_positive_int(total_epochs, "total_epochs"),
+                         classwise_weight=check_hyper(classwise_weight, "classwise_weight"),
+                         reduction=reduction, ignore_index=ignore_index,
+                         validate_args=validate_args)
+        self.epoch = 0
+        self.register_buffer("width_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
+        self.register_buffer("mass_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
+        self.classwise: torch.Tensor | None = None
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, epoch={self.epoch}"
+
+    @property
+    def progress(self) -> float:
+        return min(self.epoch / self.total_epochs, 1.0)
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
+            raise ValueError(f"Expected `epoch` to be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+
+    @torch.no_grad()
+    def update(self, *, logits: Any, labels: Any) -> None:
+        """Set the three gap statistics from validation logits (N, C) and labels (N,)."""
+        z, y = gather_validation(logits, labels)
+        if not z.is_floating_point() or z.ndim != 2 or z.shape[0] == 0 or z.shape[1] < 2:
+            raise ValueError("Expected `logits` to be a non-empty floating-point tensor of shape "
+                             f"(N, C) with C >= 2, got {z.dtype} {tuple(z.shape)}")
+        y = check_labels(y, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+        with no_autocast(z):
+            p = torch.softmax(z.to(torch.float64 if z.dtype == torch.float64
+                                   else torch.float32), dim=1)
+        conf, pred = p.max(dim=1)
+        correct = pred == y
+        b, n = self.n_bins, float(z.shape[0])
+        count, conf_sum, acc_sum = binned_sums(equal_width_bin_index(conf, b), conf,
+                                               correct.long(), b)
+        self.width_gaps.copy_((conf_sum - acc_sum) / count.clamp_min(1.0))
+        _, idx, kept = published_equal_mass_bins(conf, b)
+        k = kept.to(torch.float64)
+        cnt = torch.zeros(b, dtype=torch.float64, device=z.device).index_add_(0, idx, k)
+        gap = torch.zeros(b, dtype=torch.float64, device=z.device).index_add_(
+            0, idx, k * (conf.double() - correct.double()))
+        self.mass_gaps.copy_((gap / cnt.clamp_min(1.0)).to(self.mass_gaps.device))
+        self.classwise = (classwise_sums(p, y, b).view(z.shape[1], b).abs().sum(dim=1) / n)
+
+    def on_validation(self, *, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Trainer hook: :meth:`update` with this rank's validation outputs."""
+        self.update(logits=logits, labels=labels)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        cw = None if self.classwise is None else self.classwise.detach().cpu().clone()
+        return {"epoch": self.epoch, "classwise": cw}
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, dict) or "epoch" not in state:
+            raise ValueError("Expected the ECE-loss extra state to be a dict with 'epoch'")
+        self.set_epoch(int(state["epoch"]))
+        cw = state.get("classwise")
+        self.classwise = None if cw is None else torch.as_tensor(cw, dtype=torch.float64)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        c = input.shape[1]
+        cw = self.classwise
+        if cw is None or cw.shape[0] != c:
+            if cw is not None:
+                raise ValueError(f"Expected {cw.shape[0]} classes (the validation's), got {c}")
+            cw = torch.zeros(c, dtype=torch.float64, device=input.device)
+        return ece_gap_loss(input, target, self.width_gaps, self.mass_gaps, cw,
+                            progress=self.progress, classwise_weight=self.classwise_weight,
+                            reduction=self.reduction, ignore_index=self.ignore_index,
+                            validate_args=self.validate_args)
