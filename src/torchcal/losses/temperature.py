@@ -2,7 +2,7 @@ r"""Temperature-aware losses of the BSCE-GRA repository and its consistency loss
 
 The weight of each loss reads ``q = softmax(z / T)`` (see
 :mod:`torchcal.functional.temperature`); ``T`` is a float64 buffer (``temperature``, 1 before
-the first fit, saved in ``state_dict``) that :meth:`fit_temperature` re-fits on the validation
+the first fit, saved in ``state_dict``) that ``fit_temperature`` re-fits on the validation
 outputs after every epoch, as the published training does (``update_temperature``): the
 ``T`` of the grid 0.01, 0.02, ..., 10.00 (:data:`PUBLISHED_TEMPERATURE_GRID`) with the lowest
 validation ECE (15 equal-width bins, ``criterion="ece"``, the published default) or NLL
@@ -113,20 +113,17 @@ class _ValidationTemperature:
         self.fit_temperature(logits=logits, labels=labels)
 
 
-_ARGS = """
+@register_loss("temperature_focal")
+class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
+    r"""Temperature focal loss ``-(1 - q_y)^γ log p_y``, ``q = softmax(z / T)``, T fitted
+    on validation (see :func:`torchcal.functional.temperature_focal_loss`).
+
     Args:
-        gamma: γ >= 0 (default {gamma}).
+        gamma: γ >= 0 (default 3).
         criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
         reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
         ignore_index: target value to ignore.
-"""
 
-
-@register_loss("temperature_focal")
-class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
-    __doc__ = r"""Temperature focal loss ``-(1 - q_y)^γ log p_y``, ``q = softmax(z / T)``, T fitted
-    on validation (see :func:`torchcal.functional.temperature_focal_loss`).
-    """ + _ARGS.format(gamma=3) + r"""
     Example:
         >>> loss = TemperatureFocalLoss(gamma=1.0)
         >>> loss(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))  # T = 1 before a fit
@@ -148,9 +145,15 @@ class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
 
 @register_loss("temperature_focal_gra")
 class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
-    __doc__ = r"""Temperature focal GRA: ``(1 - q_y)^γ`` detached times ``-log p_y``
+    r"""Temperature focal GRA: ``(1 - q_y)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_focal_gra_loss`).
-    """ + _ARGS.format(gamma=3) + r"""
+
+    Args:
+        gamma: γ >= 0 (default 3).
+        criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
+        reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
+        ignore_index: target value to ignore.
+
     Example:
         >>> TemperatureFocalGRALoss(gamma=1.0)(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
         tensor(0.3466)
@@ -168,9 +171,15 @@ class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
 
 @register_loss("temperature_dual_focal")
 class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
-    __doc__ = r"""Temperature dual focal loss ``-(1 - q_y + q_j)^γ log p_y`` (see
+    r"""Temperature dual focal loss ``-(1 - q_y + q_j)^γ log p_y`` (see
     :func:`torchcal.functional.temperature_dual_focal_loss`).
-    """ + _ARGS.format(gamma=5) + r"""
+
+    Args:
+        gamma: γ >= 0 (default 5).
+        criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
+        reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
+        ignore_index: target value to ignore.
+
     Example:
         >>> x = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
         >>> TemperatureDualFocalLoss(gamma=1.0)(x, torch.tensor([1]))
@@ -189,9 +198,15 @@ class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
 
 @register_loss("temperature_dual_focal_gra")
 class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
-    __doc__ = r"""Temperature dual focal GRA: ``(1 - q_y + q_j)^γ`` detached times ``-log p_y``
+    r"""Temperature dual focal GRA: ``(1 - q_y + q_j)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_dual_focal_gra_loss`).
-    """ + _ARGS.format(gamma=5) + r"""
+
+    Args:
+        gamma: γ >= 0 (default 5).
+        criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
+        reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
+        ignore_index: target value to ignore.
+
     Example:
         >>> x = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
         >>> TemperatureDualFocalGRALoss(gamma=1.0)(x, torch.tensor([1]))
@@ -208,21 +223,18 @@ class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
         self._init_temperature()
 
 
-_BSCE_ARGS = """
+@register_loss("temperature_bsce")
+class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
+    r"""Temperature BSCE ``-‖onehot(y) - q‖_β^γ log p_y`` (see
+    :func:`torchcal.functional.temperature_bsce_loss`).
+
     Args:
         beta: norm order β > 0 (default 2; the published ``--bsce-norm``).
         gamma: exponent γ >= 0 (default 2).
         criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
         reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
         ignore_index: target value to ignore.
-"""
 
-
-@register_loss("temperature_bsce")
-class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
-    __doc__ = r"""Temperature BSCE ``-‖onehot(y) - q‖_β^γ log p_y`` (see
-    :func:`torchcal.functional.temperature_bsce_loss`).
-    """ + _BSCE_ARGS + r"""
     Example:
         >>> TemperatureBSCELoss()(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))  # 0.5 · log 2
         tensor(0.3466)
@@ -241,9 +253,16 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
 
 @register_loss("temperature_bsce_gra")
 class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
-    __doc__ = r"""Temperature BSCE-GRA: ``‖onehot(y) - q‖_β^γ`` detached times ``-log p_y`` (see
+    r"""Temperature BSCE-GRA: ``‖onehot(y) - q‖_β^γ`` detached times ``-log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_gra_loss`).
-    """ + _BSCE_ARGS + r"""
+
+    Args:
+        beta: norm order β > 0 (default 2; the published ``--bsce-norm``).
+        gamma: exponent γ >= 0 (default 2).
+        criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
+        reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
+        ignore_index: target value to ignore.
+
     Example:
         >>> TemperatureBSCEGRALoss()(torch.tensor([[0.0, 0.0]]), torch.tensor([0]))
         tensor(0.3466)
