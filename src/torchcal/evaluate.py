@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._io import atomic_write_bytes, atomic_write_text
-from ._io import to_jsonable as _jsonable
+from ._io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from ._validation import as_tensor, check_finite, check_labels, check_positive_int
 from .errors import ResultsFileError
+from .runs import CHECKPOINTS, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
 
 __all__ = [
     "SCHEMA",
@@ -71,55 +71,6 @@ METRIC_KEYS = (
 )
 #: The post-hoc temperature methods fitted on the validation logits, in the order recorded.
 TEMPERATURE_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll")
-#: The checkpoints a run can be evaluated from: the last epoch's (what the papers report, and
-#: what ``torchcal train`` evaluates) and the best by the validation metric.
-CHECKPOINTS = ("last", "best")
-
-
-# --------------------------------------------------------------------------------------------
-# where a checkpoint's evaluation lives in a run directory
-# --------------------------------------------------------------------------------------------
-def _check_checkpoint(checkpoint: str) -> str:
-    if checkpoint not in CHECKPOINTS:
-        raise ValueError(f"Expected `checkpoint` to be one of {', '.join(CHECKPOINTS)}, got "
-                         f"{checkpoint!r}")
-    return checkpoint
-
-
-def results_filename(checkpoint: str = "last") -> str:
-    """The results file of a checkpoint's evaluation: ``results.json`` for the last epoch's,
-    ``results-<checkpoint>.json`` for another, so that evaluating ``best`` never replaces the
-    last epoch's results.
-
-    >>> results_filename(), results_filename("best")
-    ('results.json', 'results-best.json')
-    """
-    return "results.json" if _check_checkpoint(checkpoint) == "last" else f"results-{checkpoint}.json"
-
-
-def logits_dirname(checkpoint: str = "last") -> str:
-    """The logits directory of a checkpoint's evaluation (``logits``, ``logits-best``).
-
-    >>> logits_dirname(), logits_dirname("best")
-    ('logits', 'logits-best')
-    """
-    return "logits" if _check_checkpoint(checkpoint) == "last" else f"logits-{checkpoint}"
-
-
-def checkpoint_of_results_file(path: str | os.PathLike) -> str:
-    """The checkpoint a results file's name stands for (``results-best.json`` -> ``"best"``;
-    ``results.json`` and any other name -> ``"last"``).
-
-    >>> checkpoint_of_results_file("runs/a/results-best.json")
-    'best'
-    """
-    name = Path(path).name
-    for c in CHECKPOINTS:
-        if name == results_filename(c):
-            return c
-    return "last"
-
-
 # --------------------------------------------------------------------------------------------
 # logits files
 # --------------------------------------------------------------------------------------------
@@ -342,17 +293,16 @@ def evaluate_run_logits(
     defaults to the fields of ``RUN_DIR/config.json`` (dataset, model, loss, loss_kwargs, seed,
     recipe, epochs) when that file exists.
     """
-    run_dir = Path(run_dir)
-    ld = run_dir / "logits"
-    zv, yv = load_logits(ld / "val.npz")
-    zt, yt = load_logits(ld / "test.npz")
-    ood = {p.stem[len("ood_"):]: load_logits(p)[0] for p in sorted(ld.glob("ood_*.npz"))}
+    run = RunDir(run_dir)
+    zv, yv = load_logits(run.logits("val"))
+    zt, yt = load_logits(run.logits("test"))
+    ood = {name: load_logits(p)[0] for name, p in run.ood_logits().items()}
     if meta is None:
-        meta = meta_from_config(run_dir / "config.json") if (run_dir / "config.json").exists() else {}
+        meta = meta_from_config(run.config) if run.config.exists() else {}
     res = evaluate_logits(val_logits=zv, val_labels=yv, test_logits=zt, test_labels=yt,
                           ood_logits=ood, n_bins=n_bins, meta=meta)
     if write:
-        write_results(run_dir, res)
+        write_results(run.path, res)
     return res
 
 
@@ -382,9 +332,7 @@ def write_results(run_dir: str | os.PathLike, results: Mapping[str, Any]) -> Pat
     ``run_dir`` may also be a path ending in ``.json``, written as is.
     """
     p = Path(run_dir)
-    path = p if p.suffix == ".json" else p / "results.json"
-    text = json.dumps(_jsonable(results), indent=2, sort_keys=False, allow_nan=False)
-    return atomic_write_text(path, text + "\n")
+    return atomic_write_json(p if p.suffix == ".json" else RunDir(p).results(), results)
 
 
 def _nan_for_none(x: Any) -> Any:
@@ -402,7 +350,7 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     """
     path = Path(path)
     if path.is_dir():
-        path = path / "results.json"
+        path = RunDir(path).results()
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:

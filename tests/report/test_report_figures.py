@@ -5,12 +5,12 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from sklearn.metrics import roc_auc_score
 from sklearn.metrics import roc_curve as sk_roc_curve
 
 from torchcal.report import figures as F
 from torchcal.report.build import gamma_history
+from torchcal.runs import LOSS_STATE_KEY
 
 
 def test_roc_curve_matches_sklearn_with_ties():
@@ -40,30 +40,25 @@ def test_every_figure_renders(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == sorted(figs)  # no temp files left
 
 
-@pytest.mark.parametrize("layout", ["per_epoch_dict", "per_epoch_list", "whole_history"])
-def test_gamma_history_from_log(tmp_path, layout):
+def test_gamma_history_from_log(tmp_path):
+    """γ history comes from the one documented key: each log line's ``loss_state.gammas``."""
     g = np.arange(12, dtype=float).reshape(4, 3)
-    lines = []
-    for e in range(4):
-        rec = {"epoch": e, "train_loss": 1.0}
-        if layout == "per_epoch_dict":
-            rec["loss_state"] = {"gammas": g[e].tolist(), "bin_edges": [0, 0.5, 0.9, 1]}
-        elif layout == "per_epoch_list":
-            rec["gammas"] = g[e].tolist()
-        lines.append(rec)
-    if layout == "whole_history":
-        lines[-1]["adafocal_history"] = [{"gammas": row.tolist()} for row in g]
-    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    lines = [{"epoch": e + 1, "train_loss": 1.0,
+              LOSS_STATE_KEY: {"gammas": g[e].tolist(), "bin_edges": [0, 0.5, 0.9, 1]}}
+             for e in range(4)]
+    text = "\n".join(json.dumps(r) for r in lines) + "\n" + '{"epoch": 5, "tr'  # torn last line
+    (tmp_path / "log.jsonl").write_text(text)
     np.testing.assert_array_equal(gamma_history(tmp_path), g)
 
 
-def test_gamma_history_absent_or_from_checkpoint(tmp_path):
-    (tmp_path / "log.jsonl").write_text(json.dumps({"epoch": 0, "train_loss": 1.0}) + "\n")
-    assert gamma_history(tmp_path) is None
-    (tmp_path / "checkpoints").mkdir()
-    hist = torch.arange(6.0).reshape(2, 3)
-    torch.save({"model": {}, "loss": {"history": hist}}, tmp_path / "checkpoints" / "last.pt")
-    np.testing.assert_array_equal(gamma_history(tmp_path), hist.numpy())
+def test_gamma_history_absent(tmp_path):
+    assert gamma_history(tmp_path) is None  # no log
+    (tmp_path / "log.jsonl").write_text(json.dumps({"epoch": 1, "train_loss": 1.0}) + "\n")
+    assert gamma_history(tmp_path) is None  # a loss without per-bin γ
+    lines = [{"epoch": 1, LOSS_STATE_KEY: {"gammas": [1.0, 2.0]}},
+             {"epoch": 2, LOSS_STATE_KEY: {"gammas": [1.0, 2.0, 3.0]}}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert gamma_history(tmp_path) is None  # the bins disagree: no figure rather than a wrong one
 
 
 def _logits(rng, n=400, c=5):

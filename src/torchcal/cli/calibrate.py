@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import exclusive_lock
+from ..runs import RunDir
 from ._args import PERCENT_NOTE, pct
 from ._args import fmt as _fmt
 
@@ -52,7 +53,7 @@ def _calib_metrics(cal, logits, labels, n_bins: int) -> dict[str, float]:
 def _run_dir_of(path: Path) -> Path | None:
     """The run directory ``path`` lies in (``RUN/x.json``, ``RUN/sub/x.json``), or None."""
     for d in list(path.resolve().parents)[:2]:
-        if (d / "checkpoints").is_dir() or (d / "config.json").is_file():
+        if RunDir(d).looks_like_run():
             return d
     return None
 
@@ -64,9 +65,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     src = Path(args.logits)
     if src.is_dir():  # a run directory: fit on its validation logits, test on its test logits
-        if args.test is None and (src / "logits" / "test.npz").is_file():
-            args.test = str(src / "logits" / "test.npz")
-        args.logits = str(src / "logits" / "val.npz")
+        run = RunDir(src)
+        if args.test is None and run.logits("test").is_file():
+            args.test = str(run.logits("test"))
+        args.logits = str(run.logits("val"))
     zv, yv = load_logits(args.logits)
     cal = _make_calibrator(args.method, args.n_bins).fit(zv, yv)
     report: dict[str, Any] = {"method": args.method, "fit_on": str(args.logits),

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import LOCK_NAME, exclusive_lock
+from ..runs import RunDir
 from ._args import PERCENT_NOTE, one_line_warnings, parse_loss_args, parse_loss_args_per_loss
 from ._args import nonneg_float as _nonneg_float
 from ._args import positive_int as _positive_int
@@ -400,7 +401,7 @@ def _stale(run_dir: Path, config) -> bool:
     with the checkpoint's optimiser and schedule (more epochs, another lr or batch size), which
     would report a model that a fresh run with these settings does not give.
     """
-    p = run_dir / "config.json"
+    p = RunDir(run_dir).config
     if not p.is_file():
         return False
     try:
@@ -421,11 +422,11 @@ def _stale(run_dir: Path, config) -> bool:
 def _finished(run_dir: Path, config) -> bool:
     """Whether ``run_dir`` holds this run's evaluated last epoch (a rerun skips it)."""
     try:
-        res = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+        res = json.loads(RunDir(run_dir).results().read_text(encoding="utf-8"))
         meta = res["meta"]
         return (int(meta["epoch"]) == config.epochs and meta.get("checkpoint") == "last"
                 and int(res["n_bins"]) == config.n_bins
-                and (run_dir / "checkpoints" / "last.pt").is_file())
+                and RunDir(run_dir).has_checkpoint("last"))
     except (OSError, ValueError, TypeError, KeyError):
         return False
 
@@ -475,7 +476,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 # or a broken checkpoint: never report it under these settings, train afresh
                 _clear_run_dir(run_dir)
                 train(_train_config(job))
-            if not (run_dir / "results.json").is_file():
+            if not RunDir(run_dir).results().is_file():
                 evaluate_run_logits(run_dir, n_bins=job["n_bins"], meta=_meta(job))
     except Exception as exc:  # reported, the other runs go on
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -487,7 +488,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 def _meta(job: dict[str, Any]) -> dict[str, Any]:
     from ..evaluate import meta_from_config
 
-    p = Path(job["run_dir"]) / "config.json"
+    p = RunDir(job["run_dir"]).config
     meta = meta_from_config(p) if p.is_file() else {}
     meta.setdefault("dataset", "digits")
     meta.setdefault("model", "mlp")

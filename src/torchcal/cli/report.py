@@ -16,12 +16,12 @@ from pathlib import Path
 
 from .._io import exclusive_lock
 from ..errors import TorchcalError
+from ..runs import RunDir
 from ._args import PERCENT_NOTE
 from ._args import positive_int as _positive_int
 
 __all__ = ["register", "cmd_report", "prepare_report_dir"]
 
-_RUN_FILES = ("config.json", "log.jsonl", "checkpoints")
 
 
 def _is_report_results(path: Path) -> bool:
@@ -44,9 +44,10 @@ def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
         return []
     if not out.is_dir():
         raise TorchcalError(f"Expected `{option}` to be a directory, got the file {str(out)!r}")
-    held = [n for n in _RUN_FILES if (out / n).exists()]
-    if (out / "results.json").is_file() and not _is_report_results(out / "results.json"):
-        held.append("results.json")
+    run = RunDir(out)
+    held = [p.name for p in (run.config, run.log, run.checkpoint_dir) if p.exists()]
+    if run.results().is_file() and not _is_report_results(run.results()):
+        held.append(run.results().name)
     if held:
         raise TorchcalError(
             f"Expected `{option}` to be a new directory or an earlier report's, but "
@@ -64,7 +65,7 @@ def _print_tail(rep, out_dir: Path) -> None:
     print(rep.text)
     print(f"Report: {rep.report_md}")
     print(f"        {rep.report_html} (figures embedded)")
-    print(f"Every number: {out_dir / 'results.json'}, {out_dir / 'results.csv'}")
+    print(f"Every number: {out_dir / rep.results_json.name}, {out_dir / rep.results_csv.name}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

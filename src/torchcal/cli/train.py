@@ -25,6 +25,7 @@ from typing import Any
 
 from .._io import read_lock_command
 from ..errors import TorchcalError
+from ..runs import RunDir
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss, pct
 
 __all__ = ["register", "parse_loss_args", "config_from_args"]
@@ -69,7 +70,7 @@ def config_from_args(args: argparse.Namespace):
     from ..train.recipes import get_recipe
 
     out = Path(args.out)
-    if args.resume and (out / "config.json").is_file():
+    if args.resume and RunDir(out).config.is_file():
         cfg = read_config(out)
         if args.recipe and cfg.recipe and args.recipe != cfg.recipe:
             raise TorchcalError(f"--recipe {args.recipe} differs from the run's recipe "
@@ -133,8 +134,8 @@ def _nothing_to_resume(out: Path) -> str:
                 f"(one of: {_recipe_help()}), e.g. torchcal train --recipe digits-mlp "
                 f"--out {shlex.quote(str(out))}")
     recorded = read_lock_command(out)  # the command of a process killed before config.json
-    lead = (f"Cannot resume {str(out)!r} without --recipe: it has no config.json (its run was "
-            "stopped before saving its settings, so no epoch was trained)")
+    lead = (f"Cannot resume {str(out)!r} without --recipe: it has no {RunDir(out).config.name} "
+            "(its run was stopped before saving its settings, so no epoch was trained)")
     if recorded and " train " in f" {recorded} " and "--recipe" in recorded:
         again = recorded if "--resume" in recorded.split() else recorded + " --resume"
         return f"{lead}. Run its command again: {again}"
@@ -146,11 +147,11 @@ def _nothing_to_resume(out: Path) -> str:
 def _finished(cfg) -> bool:
     """Whether ``cfg.out_dir`` holds all ``cfg.epochs`` epochs and their evaluation (or needs
     none): a resume would train nothing."""
-    run = Path(cfg.out_dir)
-    if not (run / "checkpoints" / "last.pt").is_file():
+    run = RunDir(cfg.out_dir)
+    if not run.has_checkpoint("last"):
         return False
     try:
-        meta = json.loads((run / "results.json").read_text(encoding="utf-8")).get("meta", {})
+        meta = json.loads(run.results().read_text(encoding="utf-8")).get("meta", {})
         done = int(meta.get("epoch")) == cfg.epochs and meta.get("checkpoint") == "last"
     except (OSError, ValueError, TypeError, AttributeError):
         return False
@@ -162,7 +163,7 @@ def _interrupt_hint(args: argparse.Namespace) -> str | None:
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     out = Path(args.out)
-    if (out / "checkpoints" / "last.pt").is_file() and (out / "config.json").is_file():
+    if RunDir(out).has_checkpoint("last") and RunDir(out).config.is_file():
         return ("finished epochs are kept; continue with: torchcal train --out "
                 f"{shlex.quote(args.out)} --resume")
     argv = list(getattr(args, "argv", None) or [])
@@ -200,9 +201,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if cfg.resume and _finished(cfg):  # every rank sees the same files
         if rank0:
             print(f"torchcal train: nothing was trained: {cfg.out_dir} already holds all "
-                  f"{cfg.epochs} epochs and their results.json (raise --epochs to train further)")
+                  f"{cfg.epochs} epochs and their {RunDir(cfg.out_dir).results().name} (raise "
+                  "--epochs to train further)")
         return 0
-    if cfg.resume and rank0 and not (Path(cfg.out_dir) / "checkpoints" / "last.pt").is_file():
+    if cfg.resume and rank0 and not RunDir(cfg.out_dir).has_checkpoint("last"):
         print(f"torchcal train: nothing to resume in {cfg.out_dir}; starting a new run")
     summary = train(cfg)
     _print_summary(cfg, summary, rank0)
@@ -228,7 +230,7 @@ def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
     if res:
         post = res["test"]["post"].get("grid_ece", {})
         print(f"post-T (grid_ece, T={res['temperatures'].get('grid_ece', float('nan')):.2f}) "
-              f"test ECE {pct(post.get('ece'))}; results: {Path(cfg.out_dir) / 'results.json'}")
+              f"test ECE {pct(post.get('ece'))}; results: {RunDir(cfg.out_dir).results()}")
 
 
 def register(subparsers: Any) -> None:

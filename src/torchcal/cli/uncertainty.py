@@ -28,6 +28,7 @@ import torch
 
 from .._io import atomic_write_json, exclusive_lock
 from ..errors import CheckpointError, TorchcalError
+from ..runs import RunDir
 from ._args import PERCENT_NOTE, plain_text
 from ._args import even_int as _even_int
 from ._args import nonneg_float as _nonneg_float
@@ -74,7 +75,7 @@ def _load_run(args: argparse.Namespace):
 
 
 def _cache_root(args: argparse.Namespace) -> Path:
-    return Path(args.cache_dir) if args.cache_dir else Path(args.run_dir) / "uncertainty" / "cache"
+    return Path(args.cache_dir) if args.cache_dir else RunDir(args.run_dir).uncertainty_cache
 
 
 def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
@@ -136,7 +137,7 @@ def _fit(args: argparse.Namespace) -> int:
     fit = fit_head(train_cache, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                    weight_decay=args.weight_decay, width=args.width, depth=args.depth,
                    device=device, seed=args.seed, progress=not args.no_progress)
-    out = Path(args.out) if args.out else Path(args.run_dir) / "uncertainty" / "head.pt"
+    out = Path(args.out) if args.out else RunDir(args.run_dir).uncertainty_head
     lr = args.lr if args.lr is not None else 1e-3 * args.batch_size / 256
     meta = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint,
             "dataset": config.dataset, "model": config.model, "loss": config.loss,
@@ -165,7 +166,7 @@ def _joint_head(args: argparse.Namespace, model: Any):
     from ..train.checkpoint import load_checkpoint
     from ..uncertainty.head import UncertaintyHead
 
-    path = Path(args.run_dir) / "checkpoints" / f"{args.checkpoint}.pt"
+    path = RunDir(args.run_dir).checkpoint(args.checkpoint)
     state = load_checkpoint(path)
     if not state.get("head"):
         raise CheckpointError(
@@ -256,7 +257,7 @@ def _eval(args: argparse.Namespace) -> int:
                              other.test, dataset=name)
         results["transfer"][name] = evaluate_head(head, cache, classifier=False, **kw)
 
-    out = Path(args.out) if args.out else Path(args.run_dir) / "uncertainty" / "results.json"
+    out = Path(args.out) if args.out else RunDir(args.run_dir).uncertainty_results
     atomic_write_json(out, results)
     for name, r in results["splits"].items():
         b = r.get("baselines", {}).get("max_prob", {})

@@ -29,7 +29,7 @@ from .calibration import (
 from .debiased import debiased_ece
 from .meter import CalibrationMeter
 from .ranking import aupr, aurc, auroc, fpr_at_tpr, ood_auroc, ood_scores, r_auroc
-from .scoring import brier, error, nll, s99, topk_error
+from .scoring import brier, entropy, error, nll, s99, topk_error
 
 __all__ = [
     "ece",
@@ -50,6 +50,7 @@ __all__ = [
     "error",
     "topk_error",
     "s99",
+    "entropy",
     "auroc",
     "aupr",
     "fpr_at_tpr",

@@ -127,11 +127,15 @@ def top1(p: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def binned_sums(
     idx: torch.Tensor, conf: torch.Tensor, correct: torch.Tensor, n_bins: int
 ) -> torch.Tensor:
-    """Per-bin (count, confidence sum, correct count) as a float64 tensor of shape (3, B)."""
-    # counts and correct counts from one integer bincount over (bin, correct) pairs
-    both = torch.bincount(idx * 2 + correct, minlength=2 * n_bins).view(n_bins, 2)
-    conf_sum = torch.bincount(idx, weights=conf.to(torch.float64), minlength=n_bins)
-    return torch.stack([both.sum(dim=1).to(torch.float64), conf_sum, both[:, 1].to(torch.float64)])
+    """Per-bin (count, confidence sum, correct count) as a float64 tensor of shape (3, B).
+
+    One ``index_add_`` on the device: no host synchronisation (``torch.bincount`` on CUDA reads
+    the largest index back to the host), so the trainer can call it every batch.
+    """
+    conf = conf.to(torch.float64)
+    rows = torch.stack([torch.ones_like(conf), conf, correct.to(torch.float64)])
+    sums = torch.zeros(3, n_bins, dtype=torch.float64, device=conf.device)
+    return sums.index_add_(1, idx.long(), rows)
 
 
 def calibration_from_sums(sums: torch.Tensor, norm: str) -> torch.Tensor:

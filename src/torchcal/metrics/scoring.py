@@ -14,7 +14,29 @@ import torch
 from .._validation import as_tensor, check_labels, check_positive_int
 from ._common import check_unit_interval, prepare, resolve, result_dtype, top1
 
-__all__ = ["nll", "brier", "error", "topk_error", "s99"]
+__all__ = ["nll", "brier", "error", "topk_error", "s99", "entropy"]
+
+
+def entropy(*, logits: Any = None, probs: Any = None, validate_args: bool = True) -> torch.Tensor:
+    """Per-sample predictive entropy ``H_i = -sum_c p_ic log p_ic`` in nats, shape (N,).
+
+    The one entropy of the library (the trainer's diagnostics, OOD scores, uncertainty heads).
+    From ``logits`` it uses ``log_softmax`` (no ``0 * log 0`` NaN); from ``probs`` a zero
+    probability contributes 0.  The result has the input's float dtype promoted to at least
+    float32.
+
+    Example:
+        >>> entropy(logits=torch.zeros(2, 4))  # log 4
+        tensor([1.3863, 1.3863])
+        >>> entropy(probs=torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+        tensor([0.0000, 0.6931])
+    """
+    p = resolve(logits, probs, validate_args=validate_args)
+    if logits is not None:
+        z = as_tensor(logits, "logits").to(device=p.device, dtype=result_dtype(p.dtype))
+        logp = torch.log_softmax(z, dim=1)
+        return -(logp.exp() * logp).sum(dim=1)
+    return -torch.special.xlogy(p, p).sum(dim=1)
 
 
 def nll(

@@ -25,13 +25,8 @@ import numpy as np
 import torch
 
 from ..errors import ResultsFileError
-from ..evaluate import (
-    checkpoint_of_results_file,
-    logits_dirname,
-    meta_from_config,
-    read_results,
-    results_filename,
-)
+from ..evaluate import meta_from_config, read_results
+from ..runs import CONFIG_FILE, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
 
 __all__ = [
     "RunRecord",
@@ -207,7 +202,7 @@ def find_result_files(paths: Iterable[str | os.PathLike], checkpoint: str = "las
 def _train_run_dirs(root: Path) -> list[Path]:
     """Directories under ``root`` (itself included) holding a ``torchcal train`` config.json."""
     out = []
-    for c in sorted(root.rglob("config.json")):
+    for c in sorted(root.rglob(CONFIG_FILE)):
         try:
             d = json.loads(c.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -259,13 +254,13 @@ def load_run(results_path: str | os.PathLike) -> RunRecord:
     res = read_results(results_path)
     run_dir = results_path.parent
     meta = dict(res.get("meta") or {})
-    cfg_path = run_dir / "config.json"
+    cfg_path = RunDir(run_dir).config
     if cfg_path.exists():
         for k, v in meta_from_config(cfg_path).items():
             meta.setdefault(k, v)
     if not meta.get("loss"):
         raise ResultsFileError(
-            f"Results file {str(results_path)!r} names no loss (neither meta.loss nor a config.json)"
+            f"Results file {str(results_path)!r} names no loss (neither meta.loss nor a {CONFIG_FILE})"
         )
     if meta.get("loss_kwargs") is not None and not isinstance(meta["loss_kwargs"], dict):
         raise ResultsFileError(

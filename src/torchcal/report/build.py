@@ -26,7 +26,6 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from .._io import atomic_write_text
 from .._io import to_jsonable as _jsonable
 from ..errors import ResultsFileError
 from ..evaluate import load_logits
+from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
 from . import tables as T
 from .aggregate import (
     Group,
@@ -90,81 +90,27 @@ def _group_slug(g: Group) -> str:
 # --------------------------------------------------------------------------------------------
 # AdaFocal history
 # --------------------------------------------------------------------------------------------
-def _as_gamma_rows(obj: Any) -> np.ndarray | None:
-    """(E, B) array from a history object: a list of γ vectors or of dicts holding 'gammas'."""
-    if isinstance(obj, dict):
-        for k in ("gammas", "gamma", "history"):
-            if k in obj:
-                return _as_gamma_rows(obj[k])
-        return None
-    if isinstance(obj, (list, tuple)) and obj:
-        rows = []
-        for item in obj:
-            if isinstance(item, dict):
-                item = item.get("gammas", item.get("gamma"))
-            try:
-                a = np.asarray(item, dtype=np.float64).ravel()
-            except (TypeError, ValueError):
-                return None
-            rows.append(a)
-        if rows and all(r.shape == rows[0].shape and r.size > 1 for r in rows):
-            return np.stack(rows)
-    if hasattr(obj, "ndim") and getattr(obj, "ndim", 0) == 2:
-        return np.asarray(obj, dtype=np.float64)
-    return None
-
-
 def gamma_history(run_dir: str | os.PathLike) -> np.ndarray | None:
     """AdaFocal's per-bin γ over epochs, shape (E, B), from a run's ``log.jsonl`` (or None).
 
-    Each log line may carry the loss state as ``"adafocal": {"gammas": [...]}``,
-    ``"loss_state": {"gammas": [...]}`` or ``"gammas": [...]``; the last line may instead hold
-    the whole history (``"adafocal_history"``).  Falls back to the ``history`` kept in the
-    checkpoint's loss state (``checkpoints/last.pt``).
+    Read from the one documented place: the ``gammas`` of each log line's
+    :data:`~torchcal.runs.LOSS_STATE_KEY` object (``"loss_state": {"gammas": [...], ...}``, as the
+    trainer writes it).  None when no line has per-bin γ (a loss without them, a run with no log)
+    or when the lines disagree on the number of bins.
     """
-    run_dir = Path(run_dir)
-    log = run_dir / "log.jsonl"
-    if log.is_file():
-        rows: list[Any] = []
+    rows = []
+    for rec in RunDir(run_dir).read_log():
+        state = rec.get(LOSS_STATE_KEY)
+        g = state.get("gammas") if isinstance(state, dict) else None
+        if g is None:
+            continue
         try:
-            lines = [json.loads(s) for s in log.read_text(encoding="utf-8").splitlines() if s.strip()]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            lines = []
-        for rec in lines:
-            if not isinstance(rec, dict):
-                continue
-            for k in ("adafocal_history", "gamma_history"):
-                if k in rec and (h := _as_gamma_rows(rec[k])) is not None:
-                    return h
-            for k in ("adafocal", "loss_state", "gammas", "loss_gammas"):
-                if k in rec:
-                    v = rec[k]
-                    if isinstance(v, dict):
-                        v = v.get("gammas", v.get("gamma"))
-                    if v is not None:
-                        rows.append(v)
-                        break
-        h = _as_gamma_rows(rows) if rows else None
-        if h is not None:
-            return h
-    ckpt = run_dir / "checkpoints" / "last.pt"
-    if ckpt.is_file():
-        try:
-            import torch
-
-            state = torch.load(ckpt, map_location="cpu", weights_only=True)
-        except Exception:
+            rows.append(np.asarray(g, dtype=np.float64).ravel())
+        except (TypeError, ValueError):
             return None
-        stack = [state]
-        while stack:
-            obj = stack.pop()
-            if isinstance(obj, dict):
-                for k, v in obj.items():
-                    if k in ("history", "gamma_history") and (h := _as_gamma_rows(v)) is not None:
-                        return h
-                    if isinstance(v, dict):
-                        stack.append(v)
-    return None
+    if not rows or any(r.shape != rows[0].shape or r.size < 2 for r in rows):
+        return None
+    return np.stack(rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,7 +128,7 @@ def _run_test_logits(g: Group) -> RunLogits:
     """``(test logits, labels, grid-ECE temperature)`` of every run of ``g`` that saved them."""
     out: RunLogits = []
     for r in g.runs:
-        p = r.logits_dir / "test.npz"
+        p = r.logits_dir / logits_filename("test")
         if not p.is_file():
             continue
         try:
@@ -299,7 +245,8 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                 continue
             s_id, s_ood = [], []
             for r in g.runs:
-                pi, po = r.logits_dir / "test.npz", r.logits_dir / f"ood_{name}.npz"
+                pi = r.logits_dir / logits_filename("test")
+                po = r.logits_dir / logits_filename(f"ood:{name}")
                 if not (pi.is_file() and po.is_file()):
                     continue
                 try:
@@ -511,7 +458,7 @@ def build_report(
     paths_out = dict(
         report_md=atomic_write_text(out / "report.md", md_text),
         report_html=atomic_write_text(out / "report.html", "\n".join(h) + "\n"),
-        results_json=atomic_write_text(out / "results.json",
+        results_json=atomic_write_text(out / REPORT_RESULTS_FILE,
                                        json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n"),
         results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups)),
         summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ResultsFileError
 from ..evaluate import load_logits
+from ..runs import logits_filename
 from .aggregate import Group, RunRecord, loss_label
 from .tables import Cell, Table, fmt_mean_std
 
@@ -88,7 +89,7 @@ def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
     for r in runs:
         if GAP_KEY in r.flat:
             continue
-        p = r.logits_dir / "test.npz"
+        p = r.logits_dir / logits_filename("test")
         if not p.is_file():
             continue
         try:

@@ -46,6 +46,7 @@ import torch
 from .._io import atomic_write_bytes, atomic_write_text
 from .._io import remove_stale_temp_files as _remove_stale
 from ..errors import CheckpointError
+from ..runs import RunDir
 
 __all__ = [
     "FORMAT",
@@ -230,10 +231,10 @@ def remove_stale_run_temp_files(run_dir: str | os.PathLike) -> list[Path]:
     ``logits/*.npz``, e.g. ``checkpoints/.last.pt.<pid>-<random>.tmp``), and only those whose
     writing process is gone (:func:`torchcal._io.remove_stale_temp_files`).
     """
-    run_dir = Path(run_dir)
-    return (_remove_stale(run_dir, ("config.json", "results.json", "log.jsonl"))
-            + _remove_stale(run_dir / "checkpoints", ("*.pt", "*.pt.sha256"))
-            + _remove_stale(run_dir / "logits", ("*.npz",)))
+    removed: list[Path] = []
+    for directory, patterns in RunDir(run_dir).stale_temp_patterns():
+        removed += _remove_stale(directory, patterns)
+    return removed
 
 
 # ------------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from torch import nn
 
 from .._io import exclusive_lock
 from ..errors import CheckpointError, DataNotFoundError, TorchcalError
+from ..evaluate import evaluate_logits, save_logits, write_results
+from ..runs import RunDir
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
 from .distributed import DistEnv, gather_padded, shard_indices
@@ -190,12 +192,10 @@ def load_model_from_run(run_dir: str | Path, checkpoint: str = "last", device: s
 
 
 def _load_run_checkpoint(run_dir: str | Path, checkpoint: str) -> dict[str, Any]:
-    if checkpoint not in ("last", "best"):
-        raise ValueError(f"Expected `checkpoint` to be 'last' or 'best', got {checkpoint!r}")
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
+    path = RunDir(run_dir).checkpoint(checkpoint)  # ValueError for a checkpoint not last/best
+    if not Path(run_dir).is_dir():
         raise CheckpointError(f"Run directory {str(run_dir)!r} does not exist")
-    return load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt")
+    return load_checkpoint(path)
 
 
 # ------------------------------------------------------------------------------------------
@@ -379,26 +379,17 @@ def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_d
     Run it in one process (under DDP: rank 0, after the process group is gone, since the
     metrics would otherwise try to sync across ranks).
     """
-    from ..evaluate import (
-        evaluate_logits,
-        logits_dirname,
-        results_filename,
-        save_logits,
-        write_results,
-    )
-
-    run_dir = Path(run_dir)
-    ld = run_dir / logits_dirname(checkpoint)  # "best" never replaces the last epoch's files
-    if write:
+    run = RunDir(run_dir)
+    if write:  # "best" never replaces the last epoch's files
         for name, (z, y) in preds.items():
-            save_logits(ld / f"{name}.npz", z, y)
+            save_logits(run.logits(name, checkpoint), z, y)
     results = evaluate_logits(
         val_logits=preds["val"][0], val_labels=preds["val"][1],
         test_logits=preds["test"][0], test_labels=preds["test"][1],
         ood_logits={k[len("ood_"):]: v[0] for k, v in preds.items() if k.startswith("ood_")},
         n_bins=config.n_bins, meta=_meta(config, epoch, checkpoint))
     if write:
-        write_results(run_dir / results_filename(checkpoint), results)
+        write_results(run.results(checkpoint), results)
     return results
 
 
@@ -450,10 +441,10 @@ def _evaluate_run(run_dir, checkpoint, data_root, device, batch_size) -> dict[st
 
 def read_config(run_dir: str | Path) -> TrainConfig:
     """The :class:`TrainConfig` stored in ``RUN_DIR/config.json``."""
-    p = Path(run_dir) / "config.json"
+    p = RunDir(run_dir).config
     try:
         return TrainConfig.from_dict(json.loads(p.read_text(encoding="utf-8")))
     except FileNotFoundError as exc:
-        raise TorchcalError(f"Run directory {str(run_dir)!r} has no config.json") from exc
+        raise TorchcalError(f"Run directory {str(run_dir)!r} has no {p.name}") from exc
     except (json.JSONDecodeError, ValueError, TypeError) as exc:
         raise TorchcalError(f"Config file {str(p)!r} is malformed: {exc}") from exc

@@ -32,11 +32,10 @@ import os
 from typing import Any
 
 from ..errors import TorchcalError
+from ..runs import TENSORBOARD_DIR
 
 __all__ = ["TENSORBOARD_DIR", "TensorBoardLogger", "tensorboard_scalars", "tensorboard_available"]
 
-#: the event files' directory inside a run directory (``torchcal train --tensorboard``)
-TENSORBOARD_DIR = "tensorboard"
 
 _SPLITS = ("train", "val", "test")
 #: keys of a log line that are not scalars to plot

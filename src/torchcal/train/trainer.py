@@ -18,6 +18,12 @@ One function, :func:`train`, runs a :class:`~torchcal.train.TrainConfig` end to 
 * at the end, the last epoch's model is evaluated into ``RUN_DIR/logits/*.npz`` and
   ``RUN_DIR/results.json`` (``evaluate=True``).
 
+The run directory's layout belongs to :mod:`torchcal.runs`.  :func:`fit` is the loop itself and
+reads top to bottom like a plain PyTorch loop: the pieces it calls (resume checks, building,
+one training epoch, end-of-epoch evaluation, checkpointing, final evaluation) are the helpers
+below it.  The optional joint uncertainty head (``uncertainty_head``) is a plug-in object with
+hooks (:class:`JointHead`; :class:`NoHead` does nothing), so the loop has no special case for it.
+
 Under ``torchrun`` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel (gloo on CPU,
 NCCL on CUDA), every rank trains on its shard of the epoch's permutation, ``batch_size`` is the
 global batch, and only rank 0 logs and writes files.
@@ -26,26 +32,34 @@ global batch, and only rank 0 logs and writes files.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 import warnings
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
 
-from .._io import append_text, exclusive_lock
+from .._io import exclusive_lock
 from ..errors import CheckpointError, TorchcalError
+from ..losses import create_loss
 from ..losses.base import (
     loss_on_validation,
     loss_set_epoch,
     loss_wants_validation,
     published_reduction,
 )
+from ..metrics import ece as _ece
+from ..metrics import entropy, equal_width_bin_index
+from ..metrics._common import binned_sums, calibration_from_sums, top1
+from ..models import list_models
+from ..runs import LOSS_STATE_KEY, RunDir
+from ..uncertainty import UncertaintyHead, ranking_loss
 from .checkpoint import (
     load_checkpoint,
     remove_stale_run_temp_files,
@@ -70,16 +84,18 @@ from .predict import (
     check_model_input,
     collect_predictions,
     load_ood_sets,
+    predict_logits,
     resolve_device,
     write_predictions,
 )
-from .tracking import TENSORBOARD_DIR, TensorBoardLogger, tensorboard_available
+from .tracking import TensorBoardLogger, tensorboard_available
 
-__all__ = ["train", "build_loss", "epoch_metrics"]
+__all__ = ["train", "fit", "build_loss", "epoch_metrics", "NoHead", "JointHead"]
 
 _COMPAT_FIELDS = ("dataset", "model", "loss", "seed", "batch_size", "model_kwargs",
                   "val_fraction", "data_seed")
 _DATA_KWARGS_IGNORED = ("verify",)  # data options that do not change the data
+_SCHEDULE_FIELDS = ("lr", "momentum", "weight_decay", "nesterov", "lr_gamma")
 
 
 def _data_identity(config: TrainConfig) -> dict[str, Any]:
@@ -91,8 +107,6 @@ def _data_identity(config: TrainConfig) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------
 def build_loss(config: TrainConfig, num_classes: int | None = None) -> nn.Module:
     """The loss of ``config`` with its reduction resolved (``"published"`` -> the papers')."""
-    from ..losses import create_loss
-
     kwargs = config.effective_loss_kwargs()
     try:
         loss = create_loss(config.loss, **kwargs)
@@ -108,58 +122,6 @@ def _loss_reduction(loss: nn.Module) -> str:
     return str(getattr(loss, "reduction", "mean"))
 
 
-class _FeaturesAndLogits(nn.Module):
-    """``forward(x) -> (logits, features)`` in one pass (features -> model.fc), for DDP."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        f = self.model.forward_features(x)
-        return self.model.fc(f), f
-
-
-def _nan_to_none(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _nan_to_none(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_nan_to_none(v) for v in x]
-    return x
-
-
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    append_text(path, json.dumps(_nan_to_none(record), allow_nan=False) + "\n")
-
-
-def _truncate_log(path: Path, keep_epochs: int) -> None:
-    """Keep the log lines of epochs ``<= keep_epochs`` (a resumed run rewrites the rest)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line of a killed run
-        if isinstance(rec, dict) and int(rec.get("epoch", 0)) <= keep_epochs:
-            kept.append(line)
-    from ..evaluate import atomic_write_text
-
-    atomic_write_text(path, "".join(s + "\n" for s in kept))
-
-
-def _write_config(run_dir: Path, config: TrainConfig, extra: dict[str, Any]) -> None:
-    from ..evaluate import atomic_write_text
-
-    d = config.to_dict()
-    d["loss_kwargs"] = config.effective_loss_kwargs()
-    d.update(extra)
-    atomic_write_text(run_dir / "config.json", json.dumps(_nan_to_none(d), indent=2) + "\n")
-
-
 def _loss_state_for_log(loss: nn.Module) -> dict[str, Any]:
     """Small inspectable loss state (e.g. AdaFocal's per-bin γ and bin edges) for the log."""
     out: dict[str, Any] = {}
@@ -172,32 +134,28 @@ def _loss_state_for_log(loss: nn.Module) -> dict[str, Any]:
     return out
 
 
-def _entropy(z: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(z, dim=1)
-    return -(logp.exp() * logp).sum(dim=1)
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` where ``mask`` is 1 (NaN when the mask is empty), on the device."""
+    n = mask.sum()
+    nan = torch.tensor(float("nan"), device=values.device)
+    return torch.where(n > 0, (values * mask).sum() / n.clamp_min(1), nan)
 
 
 def epoch_metrics(logits: torch.Tensor, labels: torch.Tensor, *, n_bins: int = 15,
                   diagnostics: bool = False) -> dict[str, float]:
     """NLL, ECE, error (and with ``diagnostics`` the NLL / entropy of correct vs incorrect
     samples) of a logged split, as floats."""
-    from ..metrics import ece
-
     z = logits.float()
     nll_i = F.cross_entropy(z, labels, reduction="none")
     correct = z.argmax(1) == labels
     vals = [nll_i.mean(), 1.0 - correct.float().mean(),
-            ece(logits=z, labels=labels, n_bins=n_bins, validate_args=False)]
+            _ece(logits=z, labels=labels, n_bins=n_bins, validate_args=False)]
     keys = ["nll", "error", "ece"]
     if diagnostics:
-        ent = _entropy(z)
+        ent = entropy(logits=z, validate_args=False)
         c = correct.float()
-        nc, ni = c.sum(), (1 - c).sum()
-        nan = torch.tensor(float("nan"), device=z.device)
-        vals += [torch.where(nc > 0, (nll_i * c).sum() / nc.clamp_min(1), nan),
-                 torch.where(ni > 0, (nll_i * (1 - c)).sum() / ni.clamp_min(1), nan),
-                 torch.where(nc > 0, (ent * c).sum() / nc.clamp_min(1), nan),
-                 torch.where(ni > 0, (ent * (1 - c)).sum() / ni.clamp_min(1), nan)]
+        vals += [_masked_mean(nll_i, c), _masked_mean(nll_i, 1 - c),
+                 _masked_mean(ent, c), _masked_mean(ent, 1 - c)]
         keys += ["nll_correct", "nll_incorrect", "entropy_correct", "entropy_incorrect"]
     host = torch.stack([v.float().reshape(()) for v in vals]).cpu().tolist()
     return dict(zip(keys, host, strict=True))
@@ -217,41 +175,33 @@ def _chunked_loss(loss: nn.Module, logits: torch.Tensor, labels: torch.Tensor,
     return total / max(n, 1)
 
 
-def _val_pass(model, source, env, bs, amp, loss):
-    """Validation logits (gathered) and drive the loss' ``on_validation`` with this rank's share."""
-    from .predict import predict_logits
-
-    z, y, (lz, ly) = predict_logits(model, None, source.device, bs, env=env, source=source,
-                                    amp=amp, return_local=True)
-    loss_on_validation(loss, logits=lz, labels=ly)
-    return z, y
-
-
 class _TrainStats:
-    """Fixed-size per-epoch training statistics accumulated on the device (no host syncs)."""
+    """Fixed-size per-epoch training statistics accumulated on the device (no host syncs).
+
+    The binned calibration sums and the ECE come from :mod:`torchcal.metrics` (the same bins
+    and formula as :func:`torchcal.metrics.ece`); only the loss and NLL sums are kept here.
+    """
 
     def __init__(self, n_bins: int, device: torch.device) -> None:
         self.n_bins = n_bins
         # loss_sum, nll_sum, correct, count
         self.scalars = torch.zeros(4, dtype=torch.float64, device=device)
-        # per bin: count, conf sum, correct sum
+        # per bin: count, conf sum, correct sum (torchcal.metrics' binned sums)
         self.bins = torch.zeros(3, n_bins, dtype=torch.float64, device=device)
 
     @torch.no_grad()
     def update(self, logits: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor) -> None:
-        from ..metrics import equal_width_bin_index
-
         z = logits.detach().float()
         logp = torch.log_softmax(z, 1)
-        conf, pred = logp.max(1)
+        conf, correct = top1(logp, y)
         conf = conf.exp()
-        correct = (pred == y).double()
         nll = -logp.gather(1, y[:, None]).sum()
-        self.scalars += torch.stack([loss_sum.detach().double(), nll.double(), correct.sum(),
+        self.scalars += torch.stack([loss_sum.detach().double(), nll.double(),
+                                     correct.sum().double(),
                                      torch.tensor(float(y.shape[0]), dtype=torch.float64,
                                                   device=z.device)])
-        idx = equal_width_bin_index(conf, self.n_bins)
-        self.bins.index_add_(1, idx, torch.stack([torch.ones_like(correct), conf.double(), correct]))
+        self.bins += binned_sums(equal_width_bin_index(conf, self.n_bins), conf, correct,
+                                 self.n_bins)
 
     def compute(self, env: DistEnv) -> dict[str, float]:
         flat = torch.cat([self.scalars, self.bins.reshape(-1)])
@@ -260,9 +210,160 @@ class _TrainStats:
         flat = flat.cpu()
         s, b = flat[:4], flat[4:].reshape(3, self.n_bins)
         n = float(s[3]) if float(s[3]) > 0 else float("nan")
-        ece = float((b[1] - b[2]).abs().sum()) / n
+        ece = float(calibration_from_sums(b, "l1")) if n == n else float("nan")
         return {"loss": float(s[0]) / n, "nll": float(s[1]) / n, "error": 1.0 - float(s[2]) / n,
                 "ece": ece}
+
+
+# ------------------------------------------------------------------------------------------
+# the joint uncertainty head as a plug-in
+# ------------------------------------------------------------------------------------------
+class NoHead:
+    """The trainer's hooks when no joint uncertainty head is trained: every hook does nothing.
+
+    :class:`JointHead` overrides them; the training loop calls the hooks unconditionally.
+    """
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The module the loop calls: ``forward(x)`` -> logits (or logits and features)."""
+        return model
+
+    def split(self, out: Any) -> tuple[torch.Tensor, Any]:
+        """``(logits, features)`` of the wrapped module's output."""
+        return out, None
+
+    def distribute(self, device_ids: list[int] | None) -> None:
+        """Wrap the head's modules in DistributedDataParallel."""
+
+    def start_epoch(self) -> None:
+        """Train mode and a fresh epoch sum of the head's loss."""
+
+    def add_loss(self, total: torch.Tensor, logits: torch.Tensor, feats: Any,
+                 y: torch.Tensor) -> torch.Tensor:
+        """``total`` plus the head's loss on this batch."""
+        return total
+
+    def zero_grad(self) -> None:
+        """Clear the head's gradients."""
+
+    def step(self, scaler: torch.amp.GradScaler) -> None:
+        """Step the head's optimiser (through the loop's scaler)."""
+
+    def state(self, full: bool) -> dict[str, Any]:
+        """The checkpoint entries of the head (``full``: with the optimiser's state)."""
+        return {"head": None, "head_optimizer": None} if full else {"head": None}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Restore the head from a checkpoint's entries."""
+
+    def log(self, rec: dict[str, Any], n_batches: int) -> None:
+        """Add the head's epoch numbers to a log record."""
+
+
+class JointHead(NoHead):
+    """A :class:`~torchcal.uncertainty.UncertaintyHead` trained jointly on the model's features
+    with the ranking loss against the per-sample cross-entropy (AdamW, its own learning rate)."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device) -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(epoch_seed(config.seed, 0, stream=7))
+            self.head: nn.Module = UncertaintyHead(int(model.num_features)).to(device)
+        self.opt = torch.optim.AdamW(self.head.parameters(), lr=config.head_lr,
+                                     weight_decay=config.head_weight_decay)
+        self.loss_sum = torch.zeros((), device=device)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return _FeaturesAndLogits(model)
+
+    def split(self, out: Any) -> tuple[torch.Tensor, Any]:
+        return out
+
+    def distribute(self, device_ids: list[int] | None) -> None:
+        self.head = DistributedDataParallel(self.head, device_ids=device_ids)
+
+    def start_epoch(self) -> None:
+        self.head.train()
+        self.loss_sum = torch.zeros((), device=self.loss_sum.device)
+
+    def add_loss(self, total, logits, feats, y):
+        m = (y.shape[0] // 2) * 2
+        if m < 2:
+            return total
+        target = F.cross_entropy(logits.detach(), y, reduction="none")
+        hl = ranking_loss(self.head(feats[:m].float()), target[:m])
+        self.loss_sum = self.loss_sum + hl.detach()
+        return total + hl
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def step(self, scaler: torch.amp.GradScaler) -> None:
+        scaler.step(self.opt)
+
+    def state(self, full: bool) -> dict[str, Any]:
+        h = getattr(self.head, "module", self.head)
+        out = {"head": h.state_dict()}
+        if full:
+            out["head_optimizer"] = self.opt.state_dict()
+        return out
+
+    def load(self, state: dict[str, Any]) -> None:
+        if not state.get("head"):
+            raise KeyError("no uncertainty head state")
+        self.head.load_state_dict(state["head"])
+        self.opt.load_state_dict(state["head_optimizer"])
+
+    def log(self, rec: dict[str, Any], n_batches: int) -> None:
+        rec["head_ranking_loss"] = float(self.loss_sum) / max(1, n_batches)
+
+
+class _FeaturesAndLogits(nn.Module):
+    """``forward(x) -> (logits, features)`` in one pass (features -> model.fc), for DDP."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = self.model.forward_features(x)
+        return self.model.fc(f), f
+
+
+# ------------------------------------------------------------------------------------------
+# the state of one training run
+# ------------------------------------------------------------------------------------------
+@dataclass
+class _Run:
+    """Everything :func:`fit` works with, built by :func:`_build`."""
+
+    config: TrainConfig
+    env: DistEnv
+    device: torch.device
+    amp: str
+    run: RunDir
+    local_bs: int
+    splits: Any
+    src: dict[str, BatchSource]
+    num_classes: int
+    input_shape: list[int]
+    model: nn.Module  # the bare model (no DDP / compile wrapper)
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    head: NoHead
+    fwd: nn.Module = field(init=False)  # what the loop calls (wrapped for the head, DDP, compile)
+    start_epoch: int = 0
+    best: dict[str, Any] = field(default_factory=dict)
+    best_snapshot: dict[str, Any] | None = None
+
+    @property
+    def eval_bs(self) -> int:
+        return max(self.local_bs, 256)
+
+    @property
+    def n_batches(self) -> int:
+        return _n_batches(self.src["train"].n, self.env.world_size, self.local_bs)
 
 
 # ------------------------------------------------------------------------------------------
@@ -296,69 +397,130 @@ def train(config: TrainConfig) -> dict[str, Any]:
     try:
         # rank 0 owns the run directory for the whole run: a second process fails at once
         with exclusive_lock(config.out_dir) if env.is_main else contextlib.nullcontext():
-            return _train(config, env, t_start)
+            summary = fit(config, env)
     finally:
         cleanup_distributed(env)
+    summary["seconds"] = time.perf_counter() - t_start
+    return summary
 
 
-def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
+def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
+    """The training loop of :func:`train` (which also validates ``config``, sets up the process
+    group and holds the run directory's lock): build, resume, train the remaining epochs with
+    an evaluation, log line and checkpoint after each, then evaluate the last epoch."""
+    env = env or DistEnv()
+    r = _build(config, env, _resume_state(config, env))
+    ood_sets = load_ood_sets(config, r.splits) if config.evaluate else {}
+    final = _finished_run_numbers(r)
+    with _progress_bar(r) as bar, _tensorboard(r) as tb:
+        for epoch in range(r.start_epoch, config.epochs):
+            t0 = time.perf_counter()
+            torch.manual_seed(epoch_seed(config.seed, epoch, stream=3 + env.rank))
+            loss_set_epoch(r.loss_fn, epoch)
+            r.fwd.train()
+            r.head.start_epoch()
+            stats = _TrainStats(config.n_bins, r.device)
+            lr = r.optimizer.param_groups[0]["lr"]
+            for step, (x, y) in enumerate(_train_batches(r, epoch)):
+                with _autocast(r.device, r.amp):
+                    logits, feats = r.head.split(r.fwd(x))
+                logits = logits.float()
+                loss = r.loss_fn(logits, y)
+                stats.update(logits, y, _sample_sum(r, loss, y))
+                if _loss_reduction(r.loss_fn) == "sum" and env.enabled:
+                    loss = loss * env.world_size  # DDP averages gradients; a sum must sum
+                total = r.head.add_loss(loss, logits, feats, y)
+                _backward_and_step(r, total)
+                if bar is not None:
+                    bar.update(1)
+                if _update_every(r.loss_fn) and (step + 1) % _update_every(r.loss_fn) == 0:
+                    _validation_pass(r)  # a stateful loss' extra update (AdaFocal & co.)
+                    r.fwd.train()
+            r.scheduler.step()
+            rec = {"epoch": epoch + 1, "lr": lr}
+            rec.update({f"train_{k}": v for k, v in stats.compute(env).items()})
+            rec.update(_evaluate_epoch(r, epoch))
+            rec["seconds"] = time.perf_counter() - t0
+            final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
+            best_improved = _update_best(r, rec, epoch)
+            if env.is_main:  # the log line first: a resume drops lines past its checkpoint
+                r.run.append_log(rec)
+                if tb is not None:
+                    tb.log_epoch(rec)
+                _checkpoint(r, epoch, best_improved)
+                if bar is not None:
+                    bar.set_postfix(val_ece=f"{rec['val_ece']:.4f}",
+                                    val_err=f"{rec['val_error']:.4f}", refresh=False)
+    epochs = max(config.epochs, r.start_epoch)
+    return {"run_dir": str(r.run.path), "epochs": epochs, "resumed_from": r.start_epoch,
+            "final": final, "best": r.best, "results": _final_evaluation(r, ood_sets, epochs),
+            "world_size": env.world_size}
+
+
+# ------------------------------------------------------------------------------------------
+# resume checks
+# ------------------------------------------------------------------------------------------
+def _resume_state(config: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
+    """The checkpoint to continue (None for a new run), checked against ``config``.
+
+    ``resume=True`` without a checkpoint starts a new run ("resume if there is anything to
+    resume"); a checkpoint without ``resume`` is refused.
+    """
+    run = RunDir(config.out_dir)
+    if not run.has_checkpoint("last"):
+        return None
+    if not config.resume:
+        raise TorchcalError(
+            f"Run directory {str(run.path)!r} already holds a run "
+            f"({run.checkpoint('last').relative_to(run.path).as_posix()}); "
+            "pass --resume to continue it or choose another --out")
+    state = load_checkpoint(run.checkpoint("last"), map_location="cpu")
+    _check_resumable(TrainConfig.from_dict(state["config"]), config, int(state["epoch"]), env)
+    return state
+
+
+def _check_resumable(old: TrainConfig, config: TrainConfig, epoch: int, env: DistEnv) -> None:
+    """Refuse a checkpoint trained with other data, model, loss or more epochs; warn when the
+    optimiser or schedule settings changed (the checkpoint's state is kept)."""
+    where = f"Cannot resume {str(config.out_dir)!r}"
+    for k in _COMPAT_FIELDS:
+        if getattr(old, k) != getattr(config, k):
+            raise CheckpointError(f"{where}: its checkpoint has {k}={getattr(old, k)!r}, "
+                                  f"the config {k}={getattr(config, k)!r}")
+    if _data_identity(old) != _data_identity(config):
+        raise CheckpointError(f"{where}: its checkpoint was trained with data_kwargs="
+                              f"{_data_identity(old)!r}, the config has {_data_identity(config)!r}")
+    if epoch > config.epochs:
+        raise CheckpointError(f"{where}: its checkpoint has trained {epoch} epochs, more than "
+                              f"the requested epochs={config.epochs}")
+    changed = [k for k in _SCHEDULE_FIELDS if getattr(old, k) != getattr(config, k)]
+    if old.effective_milestones() != config.effective_milestones():
+        changed.append("milestones")
+    if changed and env.is_main:
+        warnings.warn(f"Resuming {str(config.out_dir)!r}: the checkpoint's optimiser and schedule "
+                      f"state is kept, so the changed {', '.join(changed)} take no effect",
+                      stacklevel=5)
+    if old.effective_loss_kwargs() != config.effective_loss_kwargs():
+        raise CheckpointError(f"{where}: its checkpoint has loss_kwargs="
+                              f"{old.effective_loss_kwargs()!r}, the config "
+                              f"{config.effective_loss_kwargs()!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# building
+# ------------------------------------------------------------------------------------------
+def _device_and_amp(config: TrainConfig, env: DistEnv) -> tuple[torch.device, str]:
     device = resolve_device(config.device, env)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    amp = config.amp if device.type == "cuda" else "off"
     if config.amp != "off" and device.type != "cuda" and env.is_main:
         warnings.warn(f"amp={config.amp!r} is only used on CUDA; training in float32 on {device}",
-                      stacklevel=3)
-    run_dir = Path(config.out_dir)
-    ckpt_dir = run_dir / "checkpoints"
-    last_path = ckpt_dir / "last.pt"
-    best_path = ckpt_dir / "best.pt"
-    log_path = run_dir / "log.jsonl"
+                      stacklevel=5)
+    return device, (config.amp if device.type == "cuda" else "off")
 
-    if config.batch_size % env.world_size:
-        raise ValueError(f"Expected `batch_size` ({config.batch_size}) to be divisible by the "
-                         f"number of processes ({env.world_size})")
-    local_bs = config.batch_size // env.world_size
 
-    # --- resume state ----------------------------------------------------------------------
-    state = None
-    if last_path.exists():
-        if not config.resume:
-            raise TorchcalError(
-                f"Run directory {str(run_dir)!r} already holds a run (checkpoints/last.pt); "
-                "pass --resume to continue it or choose another --out")
-        state = load_checkpoint(last_path, map_location="cpu")
-        old = TrainConfig.from_dict(state["config"])
-        for k in _COMPAT_FIELDS:
-            if getattr(old, k) != getattr(config, k):
-                raise CheckpointError(
-                    f"Cannot resume {str(run_dir)!r}: its checkpoint has {k}={getattr(old, k)!r}, "
-                    f"the config {k}={getattr(config, k)!r}")
-        if _data_identity(old) != _data_identity(config):
-            raise CheckpointError(
-                f"Cannot resume {str(run_dir)!r}: its checkpoint was trained with data_kwargs="
-                f"{_data_identity(old)!r}, the config has {_data_identity(config)!r}")
-        if int(state["epoch"]) > config.epochs:
-            raise CheckpointError(
-                f"Cannot resume {str(run_dir)!r}: its checkpoint has trained {int(state['epoch'])} "
-                f"epochs, more than the requested epochs={config.epochs}")
-        changed = [k for k in ("lr", "momentum", "weight_decay", "nesterov", "lr_gamma")
-                   if getattr(old, k) != getattr(config, k)]
-        if old.effective_milestones() != config.effective_milestones():
-            changed.append("milestones")
-        if changed and env.is_main:
-            warnings.warn(f"Resuming {str(run_dir)!r}: the checkpoint's optimiser and schedule "
-                          f"state is kept, so the changed {', '.join(changed)} take no effect",
-                          stacklevel=3)
-        if old.effective_loss_kwargs() != config.effective_loss_kwargs():
-            raise CheckpointError(
-                f"Cannot resume {str(run_dir)!r}: its checkpoint has loss_kwargs="
-                f"{old.effective_loss_kwargs()!r}, the config {config.effective_loss_kwargs()!r}")
-    # (resume=True without a checkpoint starts a new run: "resume if there is anything to resume")
-
-    # --- names and hyperparameters first: fail before any data is loaded -------------------
-    from ..models import list_models
-
+def _check_names(config: TrainConfig) -> nn.Module:
+    """The loss; unknown model / loss names and bad hyperparameters fail before any data."""
     if config.model not in list_models():
         raise ValueError(f"Unknown model {config.model!r}; expected one of: "
                          f"{', '.join(list_models())}")
@@ -366,281 +528,263 @@ def _train(config: TrainConfig, env: DistEnv, t_start: float) -> dict[str, Any]:
     if config.tensorboard and not tensorboard_available():
         raise TorchcalError("--tensorboard needs the `tensorboard` package: pip install "
                             "\"torchcal[tensorboard]\" (or pip install tensorboard)")
+    return loss_fn
 
-    # --- data --------------------------------------------------------------------------------
+
+def _build(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None) -> _Run:
+    """Data, model, loss, optimiser, schedule, scaler and head; restored from ``state``;
+    wrapped for DDP / compile; the run directory prepared (rank 0)."""
+    device, amp = _device_and_amp(config, env)
+    if config.batch_size % env.world_size:
+        raise ValueError(f"Expected `batch_size` ({config.batch_size}) to be divisible by the "
+                         f"number of processes ({env.world_size})")
+    loss_fn = _check_names(config)
     splits = build_data(config)
-    num_classes = int(splits.num_classes)
-    input_shape = [int(s) for s in splits.input_shape]
-    mean, std = getattr(splits, "mean", None), getattr(splits, "std", None)
+    num_classes, input_shape = int(splits.num_classes), [int(s) for s in splits.input_shape]
     use_cl = bool(config.channels_last and device.type == "cuda")
-    src = {name: BatchSource(getattr(splits, name), device, mean=mean, std=std,
-                             channels_last=use_cl, num_workers=config.num_workers,
+    src = {name: BatchSource(getattr(splits, name), device, mean=getattr(splits, "mean", None),
+                             std=getattr(splits, "std", None), channels_last=use_cl,
+                             num_workers=config.num_workers,
                              padding=int(getattr(splits, "padding", 4)))
            for name in ("train", "val", "test")}
-    augment = bool(getattr(splits, "augment", False))
-    n_train = src["train"].n
-
-    # --- model, loss, optimiser ------------------------------------------------------------
     torch.manual_seed(config.seed)
     model = build_model(config, num_classes, input_shape).to(device)
     check_model_input(model, input_shape, num_classes, model_name=config.model,
                       dataset=config.dataset)
     if use_cl:
         model = model.to(memory_format=torch.channels_last)
-    loss_fn = loss_fn.to(device)
-    reduction = _loss_reduction(loss_fn)
-
-    head = head_opt = None
-    if config.uncertainty_head:
-        from ..uncertainty import UncertaintyHead
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(epoch_seed(config.seed, 0, stream=7))
-            head = UncertaintyHead(int(model.num_features)).to(device)
-        head_opt = torch.optim.AdamW(head.parameters(), lr=config.head_lr,
-                                     weight_decay=config.head_weight_decay)
-
+    head = JointHead(model, config, device) if config.uncertainty_head else NoHead()
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
                                 weight_decay=config.weight_decay, nesterov=config.nesterov)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(
-        optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma)
-    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
-
-    start_epoch = 0
-    best = {"metric": config.select_best_by, "value": float("inf"), "epoch": 0}
+    r = _Run(config=config, env=env, device=device, amp=amp, run=RunDir(config.out_dir),
+             local_bs=config.batch_size // env.world_size, splits=splits, src=src,
+             num_classes=num_classes, input_shape=input_shape, model=model,
+             loss_fn=loss_fn.to(device), optimizer=optimizer,
+             scheduler=torch.optim.lr_scheduler.MultiStepLR(
+                 optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma),
+             scaler=torch.amp.GradScaler("cuda", enabled=amp == "fp16"), head=head,
+             best={"metric": config.select_best_by, "value": float("inf"), "epoch": 0})
     if state is not None:
-        try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            loss_fn.load_state_dict(state.get("loss") or {})
-            if scaler is not None and state.get("scaler"):
-                scaler.load_state_dict(state["scaler"])
-            if head is not None:
-                if not state.get("head"):
-                    raise KeyError("no uncertainty head state")
-                head.load_state_dict(state["head"])
-                head_opt.load_state_dict(state["head_optimizer"])
-        except (RuntimeError, KeyError, ValueError) as exc:
-            raise CheckpointError(f"Cannot resume from {str(last_path)!r}: "
-                                  f"{str(exc).splitlines()[0]}") from exc
-        start_epoch = int(state["epoch"])
-        best = dict(state.get("best") or best)
-        restore_rng_state(state["rng"])
-        loss_fn.to(device)
-
-    # --- wrappers --------------------------------------------------------------------------
-    core = model
-    fwd: nn.Module = _FeaturesAndLogits(model) if head is not None else model
-    if env.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ids = [device.index] if device.type == "cuda" else None
-        fwd = DDP(fwd, device_ids=ids)
-        if head is not None:
-            head = DDP(head, device_ids=ids)
-    if config.compile:  # after DDP, as PyTorch recommends
-        fwd = torch.compile(fwd)
-
+        _restore(r, state)
+    _wrap(r)
     if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_run_temp_files(run_dir)  # of a run killed mid-write
-        _write_config(run_dir, config, {"num_classes": num_classes, "input_shape": input_shape,
-                                        "world_size": env.world_size})
-        if start_epoch > 0:
-            _truncate_log(log_path, start_epoch)
-        elif log_path.exists():
-            log_path.unlink()
-    ood_sets = load_ood_sets(config, splits) if config.evaluate else {}
+        _prepare_run_dir(r)
+    return r
 
-    wants_val = loss_wants_validation(loss_fn)
-    update_every = getattr(loss_fn, "update_every", None)
-    update_every = int(update_every) if wants_val and update_every else 0
-    eval_bs = max(local_bs, 256)
-    loss_chunk = max(local_bs, 1024)  # chunks of the logged val/test loss (MMCE is O(chunk^2))
-    best_snapshot: dict[str, Any] | None = None
-    best_dirty = False
 
-    # TensorBoard mirrors log.jsonl; on resume it drops the events of epochs trained again
-    tb = (TensorBoardLogger(run_dir / TENSORBOARD_DIR, purge_step=start_epoch + 1 if start_epoch
-                            else None) if config.tensorboard and env.is_main else None)
-    bar = None
-    if config.progress and env.is_main:
-        from tqdm.auto import tqdm
-
-        per_epoch = _n_batches(n_train, env.world_size, local_bs)
-        bar = tqdm(total=config.epochs * per_epoch, initial=start_epoch * per_epoch,
-                   desc=f"{config.recipe or config.dataset} {config.loss}", unit="batch",
-                   dynamic_ncols=True, leave=True)
-
-    final: dict[str, float] = {}
-    if start_epoch >= config.epochs and env.is_main and log_path.exists():
-        # a finished run resumed: nothing to train, report the last epoch's numbers
-        for line in log_path.read_text(encoding="utf-8").splitlines()[-1:]:
-            final = {k: v for k, v in json.loads(line).items()
-                     if isinstance(v, float) and k != "seconds"}
+def _restore(r: _Run, state: dict[str, Any]) -> None:
+    """Load a checkpoint's training state into ``r`` (CheckpointError when it does not fit)."""
     try:
-        for epoch in range(start_epoch, config.epochs):
-            t0 = time.perf_counter()
-            torch.manual_seed(epoch_seed(config.seed, epoch, stream=3 + env.rank))
-            loss_set_epoch(loss_fn, epoch)
-            fwd.train()
-            if head is not None:
-                head.train()
-            perm = epoch_permutation(n_train, config.seed, epoch)
-            shard, _ = shard_indices(perm, env.rank, env.world_size)
-            gen = None
-            if augment and src["train"].array:
-                gen = torch.Generator(device=device)
-                gen.manual_seed(epoch_seed(config.seed, epoch, stream=1000 + env.rank))
-            stats = _TrainStats(config.n_bins, device)
-            head_loss_sum = torch.zeros((), device=device)
-            lr = optimizer.param_groups[0]["lr"]
-            for step, (x, y) in enumerate(src["train"].batches(
-                    shard, local_bs, augment=augment, generator=gen, drop_singleton=True)):
-                with _autocast(device, amp):
-                    out = fwd(x)
-                if head is not None:
-                    logits, feats = out
-                else:
-                    logits = out
-                logits = logits.float()
-                loss = loss_fn(logits, y)
-                sample_sum = loss.detach() * y.shape[0] if reduction == "mean" else loss.detach()
-                if reduction == "sum" and env.enabled:
-                    # DDP averages gradients over ranks; a summed loss must sum over them
-                    loss = loss * env.world_size
-                total = loss
-                if head is not None:
-                    from ..uncertainty import ranking_loss
+        r.model.load_state_dict(state["model"])
+        r.optimizer.load_state_dict(state["optimizer"])
+        r.scheduler.load_state_dict(state["scheduler"])
+        r.loss_fn.load_state_dict(state.get("loss") or {})
+        if r.scaler.is_enabled() and state.get("scaler"):
+            r.scaler.load_state_dict(state["scaler"])
+        r.head.load(state)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"Cannot resume from {str(r.run.checkpoint('last'))!r}: "
+                              f"{str(exc).splitlines()[0]}") from exc
+    r.start_epoch = int(state["epoch"])
+    r.best = dict(state.get("best") or r.best)
+    restore_rng_state(state["rng"])
+    r.loss_fn.to(r.device)
 
-                    m = (y.shape[0] // 2) * 2
-                    if m >= 2:
-                        target = F.cross_entropy(logits.detach(), y, reduction="none")
-                        hl = ranking_loss(head(feats[:m].float()), target[:m])
-                        total = total + hl
-                        head_loss_sum = head_loss_sum + hl.detach()
-                optimizer.zero_grad(set_to_none=True)
-                if head_opt is not None:
-                    head_opt.zero_grad(set_to_none=True)
-                if scaler is not None:
-                    scaler.scale(total).backward()
-                    if config.grad_clip is not None:
-                        scaler.unscale_(optimizer)
-                        torch.nn.utils.clip_grad_norm_(core.parameters(), config.grad_clip)
-                    scaler.step(optimizer)
-                    if head_opt is not None:
-                        scaler.step(head_opt)
-                    scaler.update()
-                else:
-                    total.backward()
-                    if config.grad_clip is not None:
-                        torch.nn.utils.clip_grad_norm_(core.parameters(), config.grad_clip)
-                    optimizer.step()
-                    if head_opt is not None:
-                        head_opt.step()
-                stats.update(logits, y, sample_sum)
-                if bar is not None:
-                    bar.update(1)
-                if update_every and (step + 1) % update_every == 0:
-                    _val_pass(core, src["val"], env, eval_bs, amp, loss_fn)
-                    fwd.train()
-            scheduler.step()
 
-            # --- end of epoch: validation (drives stateful losses), test, log ------------------
-            rec: dict[str, Any] = {"epoch": epoch + 1, "lr": lr}
-            rec.update({f"train_{k}": v for k, v in stats.compute(env).items()})
-            zv, yv = _val_pass(core, src["val"], env, eval_bs, amp, loss_fn)
-            vm = epoch_metrics(zv, yv, n_bins=config.n_bins)
-            vm["loss"] = float(_chunked_loss(loss_fn, zv, yv, loss_chunk))
-            rec.update({f"val_{k}": v for k, v in vm.items()})
-            last_epoch = epoch + 1 == config.epochs
-            if config.eval_test_every and ((epoch + 1) % config.eval_test_every == 0 or last_epoch):
-                from .predict import predict_logits
+def _wrap(r: _Run) -> None:
+    """The module the loop calls: the head's wrapper, then DDP, then ``torch.compile``."""
+    r.fwd = r.head.wrap(r.model)
+    if r.env.enabled:
+        ids = [r.device.index] if r.device.type == "cuda" else None
+        r.fwd = DistributedDataParallel(r.fwd, device_ids=ids)
+        r.head.distribute(ids)
+    if r.config.compile:  # after DDP, as PyTorch recommends
+        r.fwd = torch.compile(r.fwd)
 
-                zt, yt = predict_logits(core, None, device, eval_bs, env=env, source=src["test"],
-                                        amp=amp)
-                tm = epoch_metrics(zt, yt, n_bins=config.n_bins, diagnostics=True)
-                tm["loss"] = float(_chunked_loss(loss_fn, zt, yt, loss_chunk))
-                rec.update({f"test_{k}": v for k, v in tm.items()})
-            rec["fc_weight_norm"] = float(core.fc.weight.detach().float().norm()) if hasattr(
-                core, "fc") else None
-            if head is not None:
-                rec["head_ranking_loss"] = float(head_loss_sum) / max(
-                    1, _n_batches(n_train, env.world_size, local_bs))
-            ls = _loss_state_for_log(loss_fn)
-            if ls:
-                rec["loss_state"] = ls
-            rec["seconds"] = time.perf_counter() - t0
-            final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
 
-            # --- best ----------------------------------------------------------------------
-            if config.select_best_by != "none":
-                v = rec.get(f"val_{config.select_best_by}")
-                if v is not None and math.isfinite(v) and v < best["value"]:
-                    best = {"metric": config.select_best_by, "value": float(v), "epoch": epoch + 1}
-                    if env.is_main:
-                        # best.pt is for evaluation: the weights and the loss/head state
-                        best_snapshot = _snapshot(core, None, None, loss_fn, None, head, None)
-                        best_dirty = True
+def _prepare_run_dir(r: _Run) -> None:
+    """Create the run directory, clear a killed run's temporary files, write ``config.json``,
+    and keep the log lines up to the resumed epoch (all of them go for a new run)."""
+    r.run.path.mkdir(parents=True, exist_ok=True)
+    remove_stale_run_temp_files(r.run.path)  # of a run killed mid-write
+    cfg = r.config.to_dict()
+    cfg["loss_kwargs"] = r.config.effective_loss_kwargs()
+    cfg.update(num_classes=r.num_classes, input_shape=r.input_shape,
+               world_size=r.env.world_size)
+    r.run.write_config(cfg)
+    if r.start_epoch > 0:
+        r.run.truncate_log(r.start_epoch)
+    elif r.run.log.exists():
+        r.run.log.unlink()
 
-            # --- log, then checkpoint (rank 0): a resumed run drops log lines past its
-            # checkpoint, so a kill between the two loses nothing ------------------------------
-            if env.is_main:
-                _append_jsonl(log_path, rec)
-                if tb is not None:
-                    tb.log_epoch(rec)
-                if (epoch + 1) % config.checkpoint_every == 0 or last_epoch:
-                    extra = {"num_classes": num_classes, "input_shape": input_shape,
-                             "config": config.to_dict(), "best": dict(best)}
-                    if best_dirty and best_snapshot is not None:
-                        save_checkpoint(best_path, {**best_snapshot, **extra,
-                                                    "epoch": int(best["epoch"]),
-                                                    "rng": rng_state_tensors()})
-                        best_dirty = False
-                    save_checkpoint(last_path, {
-                        **_snapshot(core, optimizer, scheduler, loss_fn, scaler, head, head_opt),
-                        **extra, "epoch": epoch + 1, "rng": rng_state_tensors()})
-                if bar is not None:
-                    bar.set_postfix(val_ece=f"{vm['ece']:.4f}", val_err=f"{vm['error']:.4f}",
-                                    refresh=False)
+
+@contextlib.contextmanager
+def _progress_bar(r: _Run):
+    """A tqdm bar over every training batch of the run (rank 0 with ``progress``), or None."""
+    if not (r.config.progress and r.env.is_main):
+        yield None
+        return
+    per_epoch = r.n_batches
+    bar = tqdm(total=r.config.epochs * per_epoch, initial=r.start_epoch * per_epoch,
+               desc=f"{r.config.recipe or r.config.dataset} {r.config.loss}", unit="batch",
+               dynamic_ncols=True, leave=True)
+    try:
+        yield bar
     finally:
-        if bar is not None:
-            bar.close()
-        if tb is not None:
-            tb.close()
+        bar.close()
 
-    trained_epochs = max(config.epochs, start_epoch)
+
+@contextlib.contextmanager
+def _tensorboard(r: _Run):
+    """TensorBoard mirroring ``log.jsonl`` (rank 0 with ``tensorboard``), or None; on resume it
+    drops the events of the epochs trained again."""
+    if not (r.config.tensorboard and r.env.is_main):
+        yield None
+        return
+    tb = TensorBoardLogger(r.run.tensorboard,
+                           purge_step=r.start_epoch + 1 if r.start_epoch else None)
+    try:
+        yield tb
+    finally:
+        tb.close()
+
+
+def _finished_run_numbers(r: _Run) -> dict[str, float]:
+    """A finished run resumed (nothing to train): the last logged epoch's numbers."""
+    if r.start_epoch < r.config.epochs or not r.env.is_main:
+        return {}
+    log = r.run.read_log()
+    return {k: v for k, v in log[-1].items() if isinstance(v, float) and k != "seconds"} if log \
+        else {}
+
+
+# ------------------------------------------------------------------------------------------
+# one epoch
+# ------------------------------------------------------------------------------------------
+def _train_batches(r: _Run, epoch: int):
+    """This rank's training batches of ``epoch``: its shard of the epoch's permutation, with the
+    epoch's augmentation (both from ``(seed, epoch)`` alone)."""
+    src = r.src["train"]
+    perm = epoch_permutation(src.n, r.config.seed, epoch)
+    shard, _ = shard_indices(perm, r.env.rank, r.env.world_size)
+    augment = bool(getattr(r.splits, "augment", False))
+    gen = None
+    if augment and src.array:
+        gen = torch.Generator(device=r.device)
+        gen.manual_seed(epoch_seed(r.config.seed, epoch, stream=1000 + r.env.rank))
+    return src.batches(shard, r.local_bs, augment=augment, generator=gen, drop_singleton=True)
+
+
+def _sample_sum(r: _Run, loss: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The batch's summed per-sample loss (for the logged mean), whatever the reduction."""
+    return loss.detach() * y.shape[0] if _loss_reduction(r.loss_fn) == "mean" else loss.detach()
+
+
+def _backward_and_step(r: _Run, total: torch.Tensor) -> None:
+    """One backward pass and optimiser step; the scaler is a no-op unless AMP is fp16."""
+    r.optimizer.zero_grad(set_to_none=True)
+    r.head.zero_grad()
+    r.scaler.scale(total).backward()
+    if r.config.grad_clip is not None:
+        r.scaler.unscale_(r.optimizer)
+        torch.nn.utils.clip_grad_norm_(r.model.parameters(), r.config.grad_clip)
+    r.scaler.step(r.optimizer)
+    r.head.step(r.scaler)
+    r.scaler.update()
+
+
+def _update_every(loss_fn: nn.Module) -> int:
+    """Batches between a stateful loss' extra validation passes (0: none)."""
+    every = getattr(loss_fn, "update_every", None)
+    return int(every) if loss_wants_validation(loss_fn) and every else 0
+
+
+def _validation_pass(r: _Run) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validation logits (gathered) and drive the loss' ``on_validation`` with this rank's share."""
+    z, y, (lz, ly) = predict_logits(r.model, None, r.device, r.eval_bs, env=r.env,
+                                    source=r.src["val"], amp=r.amp, return_local=True)
+    loss_on_validation(r.loss_fn, logits=lz, labels=ly)
+    return z, y
+
+
+def _evaluate_epoch(r: _Run, epoch: int) -> dict[str, Any]:
+    """End of an epoch: the validation pass (which drives stateful losses), the test split
+    every ``eval_test_every`` epochs and at the last, and what the log records beside them."""
+    chunk = max(r.local_bs, 1024)  # chunks of the logged val/test loss (MMCE is O(chunk^2))
+    zv, yv = _validation_pass(r)
+    vm = epoch_metrics(zv, yv, n_bins=r.config.n_bins)
+    vm["loss"] = float(_chunked_loss(r.loss_fn, zv, yv, chunk))
+    rec: dict[str, Any] = {f"val_{k}": v for k, v in vm.items()}
+    every = r.config.eval_test_every
+    if every and ((epoch + 1) % every == 0 or epoch + 1 == r.config.epochs):
+        zt, yt = predict_logits(r.model, None, r.device, r.eval_bs, env=r.env,
+                                source=r.src["test"], amp=r.amp)
+        tm = epoch_metrics(zt, yt, n_bins=r.config.n_bins, diagnostics=True)
+        tm["loss"] = float(_chunked_loss(r.loss_fn, zt, yt, chunk))
+        rec.update({f"test_{k}": v for k, v in tm.items()})
+    fc = getattr(r.model, "fc", None)
+    rec["fc_weight_norm"] = float(fc.weight.detach().float().norm()) if fc is not None else None
+    r.head.log(rec, r.n_batches)
+    ls = _loss_state_for_log(r.loss_fn)
+    if ls:
+        rec[LOSS_STATE_KEY] = ls
+    return rec
+
+
+def _update_best(r: _Run, rec: dict[str, Any], epoch: int) -> bool:
+    """Track the best epoch by the validation ``select_best_by`` metric; rank 0 keeps a
+    snapshot of its weights and loss/head state for ``best.pt``.  True when it improved."""
+    if r.config.select_best_by == "none":
+        return False
+    v = rec.get(f"val_{r.config.select_best_by}")
+    if v is None or not math.isfinite(v) or not v < r.best["value"]:
+        return False
+    r.best = {"metric": r.config.select_best_by, "value": float(v), "epoch": epoch + 1}
+    if r.env.is_main:
+        r.best_snapshot = _snapshot(r, full=False)
+    return True
+
+
+def _checkpoint(r: _Run, epoch: int, best_improved: bool) -> None:
+    """Every ``checkpoint_every`` epochs and at the last (rank 0): ``best.pt`` when a better
+    epoch is pending, then ``last.pt``."""
+    last_epoch = epoch + 1 == r.config.epochs
+    if (epoch + 1) % r.config.checkpoint_every and not last_epoch:
+        return
+    extra = {"num_classes": r.num_classes, "input_shape": r.input_shape,
+             "config": r.config.to_dict(), "best": dict(r.best)}
+    if r.best_snapshot is not None:
+        save_checkpoint(r.run.checkpoint("best"), {**r.best_snapshot, **extra,
+                                                   "epoch": int(r.best["epoch"]),
+                                                   "rng": rng_state_tensors()})
+        r.best_snapshot = None  # written: the next best.pt waits for a better epoch
+    save_checkpoint(r.run.checkpoint("last"), {**_snapshot(r, full=True), **extra,
+                                               "epoch": epoch + 1, "rng": rng_state_tensors()})
+
+
+def _final_evaluation(r: _Run, ood_sets: dict[str, Any], epochs: int) -> dict[str, Any] | None:
+    """Evaluate the last epoch into ``logits/`` and ``results.json`` (rank 0 writes)."""
+    env = r.env
     preds = None
-    if config.evaluate:
-        preds = collect_predictions(core, splits, ood_sets, config, device=device, env=env,
-                                    batch_size=eval_bs)
+    if r.config.evaluate:
+        preds = collect_predictions(r.model, r.splits, ood_sets, r.config, device=r.device,
+                                    env=env, batch_size=r.eval_bs)
     if env.enabled:
         dist.barrier()
         if env.initialized_here:
             # the final metrics run on rank 0 alone: leave the process group first so that
             # nothing in them tries to sync with the other ranks
             cleanup_distributed(env)
-    results = None
-    if preds is not None:
-        if env.is_main:
-            results = write_predictions(preds, run_dir, config, epoch=trained_epochs,
-                                        checkpoint="last")
-        elif env.enabled and not env.initialized_here:
-            # a process group created by the caller stays up and metrics that sync under DDP
-            # need every rank: compute the same results everywhere, write on rank 0 only
-            write_predictions(preds, run_dir, config, epoch=trained_epochs, checkpoint="last",
-                              write=False)
-    return {
-        "run_dir": str(run_dir),
-        "epochs": trained_epochs,
-        "resumed_from": start_epoch,
-        "final": final,
-        "best": best,
-        "results": results,
-        "seconds": time.perf_counter() - t_start,
-        "world_size": env.world_size,
-    }
+    if preds is None:
+        return None
+    if env.is_main:
+        return write_predictions(preds, r.run.path, r.config, epoch=epochs, checkpoint="last")
+    if env.enabled and not env.initialized_here:
+        # a process group created by the caller stays up and metrics that sync under DDP
+        # need every rank: compute the same results everywhere, write on rank 0 only
+        write_predictions(preds, r.run.path, r.config, epoch=epochs, checkpoint="last",
+                          write=False)
+    return None
 
 
 def _n_batches(n: int, world_size: int, batch_size: int) -> int:
@@ -665,14 +809,16 @@ def _clone_state(sd: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _snapshot(model, optimizer, scheduler, loss_fn, scaler, head, head_opt) -> dict[str, Any]:
-    h = getattr(head, "module", head)
-    return _clone_state({
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "loss": loss_fn.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "head": h.state_dict() if h is not None else None,
-        "head_optimizer": head_opt.state_dict() if head_opt is not None else None,
-    })
+def _snapshot(r: _Run, full: bool) -> dict[str, Any]:
+    """A copy of the run's state for a checkpoint: the weights and the loss/head state, and
+    with ``full`` the optimiser, schedule and scaler (``best.pt`` is for evaluation only)."""
+    state: dict[str, Any] = {"model": r.model.state_dict(), "loss": r.loss_fn.state_dict()}
+    if full:
+        state.update(optimizer=r.optimizer.state_dict(), scheduler=r.scheduler.state_dict(),
+                     scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None)
+    else:
+        state.update(optimizer=None, scheduler=None, scaler=None)
+    state.update(r.head.state(full))
+    if not full:
+        state["head_optimizer"] = None
+    return _clone_state(state)

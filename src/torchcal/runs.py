@@ -1,0 +1,274 @@
+"""The run directory: the one owner of its layout and of its file names.
+
+A run directory (``torchcal train --out RUN_DIR``) holds::
+
+    RUN_DIR/
+      config.json              the TrainConfig, plus num_classes / input_shape / world_size
+      log.jsonl                one JSON object per epoch (see LOG_KEYS below)
+      checkpoints/last.pt      the last epoch's training state (+ last.pt.sha256)
+      checkpoints/best.pt      the best epoch by the validation ``select_best_by`` metric
+      logits/{val,test,ood_<name>}.npz      the last checkpoint's predictions
+      results.json             their metrics (schema ``torchcal.results/1``)
+      logits-best/, results-best.json       the same for ``torchcal eval --checkpoint best``
+      tensorboard/             TensorBoard event files (``--tensorboard``)
+      uncertainty/head.pt, uncertainty/results.json, uncertainty/cache/
+                               ``torchcal uncertainty fit / eval`` and their embedding cache
+
+Every other module asks :class:`RunDir` (or the functions below) for these paths, so that the
+layout is written down here once.  The epoch log's γ history of a stateful loss is the
+``loss_state`` object of each log line (:data:`LOSS_STATE_KEY`, e.g. AdaFocal's per-bin
+``gammas`` and ``bin_edges``); :func:`read_log` reads it back.
+
+>>> run = RunDir("runs/a")
+>>> run.results("best").as_posix(), run.logits("test").as_posix(), run.checkpoint().as_posix()
+('runs/a/results-best.json', 'runs/a/logits/test.npz', 'runs/a/checkpoints/last.pt')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._io import append_text, atomic_write_json, atomic_write_text, to_jsonable
+
+__all__ = [
+    "RunDir",
+    "CHECKPOINTS",
+    "CONFIG_FILE",
+    "LOG_FILE",
+    "CHECKPOINT_DIR",
+    "TENSORBOARD_DIR",
+    "UNCERTAINTY_DIR",
+    "LOSS_STATE_KEY",
+    "REPORT_RESULTS_FILE",
+    "results_filename",
+    "logits_dirname",
+    "checkpoint_of_results_file",
+    "read_log",
+    "logits_filename",
+]
+
+#: The checkpoints a run can be evaluated from: the last epoch's (what the papers report, and
+#: what ``torchcal train`` evaluates) and the best by the validation metric.
+CHECKPOINTS = ("last", "best")
+CONFIG_FILE = "config.json"
+LOG_FILE = "log.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+UNCERTAINTY_DIR = "uncertainty"
+_RESULTS_FILE = "results.json"
+_LOGITS_DIR = "logits"
+_CHECKPOINT_SUFFIX = ".pt"
+_HEAD_FILE = "head.pt"
+#: The file name of a report's own machine-readable results (``torchcal report --out``).
+REPORT_RESULTS_FILE = _RESULTS_FILE
+#: The key of a log line holding the loss's inspectable state (γ history of AdaFocal & co.).
+LOSS_STATE_KEY = "loss_state"
+#: The splits saved as ``logits/<split>.npz`` (plus ``ood_<name>.npz`` per OOD set).
+SPLITS = ("val", "test")
+_OOD_PREFIX = "ood_"
+
+
+def _check_checkpoint(checkpoint: str) -> str:
+    if checkpoint not in CHECKPOINTS:
+        raise ValueError(f"Expected `checkpoint` to be one of {', '.join(CHECKPOINTS)}, got "
+                         f"{checkpoint!r}")
+    return checkpoint
+
+
+def results_filename(checkpoint: str = "last") -> str:
+    """The results file of a checkpoint's evaluation: ``results.json`` for the last epoch's,
+    ``results-<checkpoint>.json`` for another, so that evaluating ``best`` never replaces the
+    last epoch's results.
+
+    >>> results_filename(), results_filename("best")
+    ('results.json', 'results-best.json')
+    """
+    if _check_checkpoint(checkpoint) == "last":
+        return _RESULTS_FILE
+    stem, suffix = os.path.splitext(_RESULTS_FILE)
+    return f"{stem}-{checkpoint}{suffix}"
+
+
+def logits_dirname(checkpoint: str = "last") -> str:
+    """The logits directory of a checkpoint's evaluation (``logits``, ``logits-best``).
+
+    >>> logits_dirname(), logits_dirname("best")
+    ('logits', 'logits-best')
+    """
+    return _LOGITS_DIR if _check_checkpoint(checkpoint) == "last" else f"{_LOGITS_DIR}-{checkpoint}"
+
+
+def checkpoint_of_results_file(path: str | os.PathLike) -> str:
+    """The checkpoint a results file's name stands for (``results-best.json`` -> ``"best"``;
+    ``results.json`` and any other name -> ``"last"``).
+
+    >>> checkpoint_of_results_file("runs/a/results-best.json")
+    'best'
+    """
+    name = Path(path).name
+    for c in CHECKPOINTS:
+        if name == results_filename(c):
+            return c
+    return "last"
+
+
+def logits_filename(split: str) -> str:
+    """The file of a split's saved logits in a logits directory: ``val`` -> ``val.npz``;
+    ``ood:<name>`` -> ``ood_<name>.npz`` (an OOD set).
+
+    >>> logits_filename("test"), logits_filename("ood:svhn")
+    ('test.npz', 'ood_svhn.npz')
+    """
+    if split.startswith("ood:"):
+        split = _OOD_PREFIX + split[len("ood:"):]
+    return f"{split}.npz"
+
+
+def is_results_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is named like a run's results file (``results.json``, ``results-best.json``)."""
+    return Path(path).name in {results_filename(c) for c in CHECKPOINTS}
+
+
+class RunDir:
+    """The paths of one run directory (nothing is created until something is written).
+
+    Args:
+        path: the run directory (``--out`` of ``torchcal train``).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    # --- paths ---------------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        """``config.json``."""
+        return self.path / CONFIG_FILE
+
+    @property
+    def log(self) -> Path:
+        """``log.jsonl``: one JSON object per epoch."""
+        return self.path / LOG_FILE
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """``checkpoints/``."""
+        return self.path / CHECKPOINT_DIR
+
+    def checkpoint(self, which: str = "last") -> Path:
+        """``checkpoints/<which>.pt`` (``which`` is ``"last"`` or ``"best"``)."""
+        return self.checkpoint_dir / f"{_check_checkpoint(which)}{_CHECKPOINT_SUFFIX}"
+
+    def results(self, checkpoint: str = "last") -> Path:
+        """``results.json`` (``results-best.json`` for the best checkpoint)."""
+        return self.path / results_filename(checkpoint)
+
+    def logits_dir(self, checkpoint: str = "last") -> Path:
+        """``logits/`` (``logits-best/`` for the best checkpoint)."""
+        return self.path / logits_dirname(checkpoint)
+
+    def logits(self, split: str, checkpoint: str = "last") -> Path:
+        """``logits/<split>.npz``: ``split`` is ``val``, ``test``, ``ood_<name>`` or ``ood:<name>``."""
+        return self.logits_dir(checkpoint) / logits_filename(split)
+
+    def ood_logits(self, checkpoint: str = "last") -> dict[str, Path]:
+        """The saved OOD logits files, by OOD set name (sorted)."""
+        d = self.logits_dir(checkpoint)
+        return {p.stem[len(_OOD_PREFIX):]: p for p in sorted(d.glob(f"{_OOD_PREFIX}*.npz"))}
+
+    @property
+    def tensorboard(self) -> Path:
+        """``tensorboard/``: the event files of ``--tensorboard``."""
+        return self.path / TENSORBOARD_DIR
+
+    @property
+    def uncertainty_head(self) -> Path:
+        """``uncertainty/head.pt``: the default output of ``torchcal uncertainty fit``."""
+        return self.path / UNCERTAINTY_DIR / _HEAD_FILE
+
+    @property
+    def uncertainty_cache(self) -> Path:
+        """``uncertainty/cache/``: the default embedding cache of ``torchcal uncertainty``."""
+        return self.path / UNCERTAINTY_DIR / "cache"
+
+    @property
+    def uncertainty_results(self) -> Path:
+        """``uncertainty/results.json``: the default output of ``torchcal uncertainty eval``."""
+        return self.path / UNCERTAINTY_DIR / _RESULTS_FILE
+
+    # --- state -----------------------------------------------------------------------------
+    def has_checkpoint(self, which: str = "last") -> bool:
+        """Whether ``checkpoints/<which>.pt`` exists."""
+        return self.checkpoint(which).is_file()
+
+    def looks_like_run(self) -> bool:
+        """Whether the directory holds a training run (a config or a checkpoints folder)."""
+        return self.config.is_file() or self.checkpoint_dir.is_dir()
+
+    def stale_temp_patterns(self) -> list[tuple[Path, tuple[str, ...]]]:
+        """(directory, file patterns) whose temporary files a killed run may have left."""
+        return [(self.path, (CONFIG_FILE, _RESULTS_FILE, results_filename("best"), LOG_FILE)),
+                (self.checkpoint_dir, (f"*{_CHECKPOINT_SUFFIX}", f"*{_CHECKPOINT_SUFFIX}.sha256")),
+                (self.logits_dir(), ("*.npz",)), (self.logits_dir("best"), ("*.npz",))]
+
+    # --- config.json and log.jsonl -------------------------------------------------------
+    def read_config(self) -> dict[str, Any]:
+        """``config.json`` as a dict (``FileNotFoundError`` / ``ValueError`` when missing / bad)."""
+        d = json.loads(self.config.read_text(encoding="utf-8"))
+        if not isinstance(d, dict):
+            raise ValueError(f"{str(self.config)!r} is not a JSON object")
+        return d
+
+    def write_config(self, config: Mapping[str, Any]) -> Path:
+        """Write ``config.json`` atomically (non-finite floats as ``null``)."""
+        return atomic_write_json(self.config, dict(config))
+
+    def append_log(self, record: Mapping[str, Any]) -> None:
+        """Append one epoch's record to ``log.jsonl`` (flushed and fsynced)."""
+        append_text(self.log, json.dumps(to_jsonable(dict(record)), allow_nan=False) + "\n")
+
+    def read_log(self) -> list[dict[str, Any]]:
+        """The epoch records of ``log.jsonl`` (``[]`` without a log; a torn last line is skipped)."""
+        return read_log(self.log)
+
+    def truncate_log(self, keep_epochs: int) -> None:
+        """Keep the log lines of epochs ``<= keep_epochs`` (a resumed run rewrites the rest)."""
+        if not self.log.exists():
+            return
+        kept = [line for line, rec in _log_lines(self.log) if int(rec.get("epoch", 0)) <= keep_epochs]
+        atomic_write_text(self.log, "".join(line + "\n" for line in kept))
+
+
+def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The JSON objects of a ``log.jsonl`` file, in order (``[]`` when it does not exist).
+
+    A line that is not a JSON object (the torn last line of a killed run) is skipped.
+    """
+    return [rec for _, rec in _log_lines(Path(path))]
+
+
+def _log_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The (line, parsed object) pairs of a JSON-lines file; lines that are no object skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append((line, rec))
+    return out

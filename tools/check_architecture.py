@@ -1,0 +1,244 @@
+"""Measure torchcal's architecture rules from the source (``ast`` only; torchcal is not imported).
+
+    python tools/check_architecture.py [SRC]      # SRC defaults to ./src; exit 1 on a violation
+
+It prints one line per rule with its count, then every violation:
+
+1. **layers**: imports only point down (a module may import its own layer and the layers below)::
+
+       L6  cli/
+       L5  train/  report/  integrations/   (siblings: never importing each other)
+       L4  evaluate.py  runs.py
+       L3  losses/  posthoc/  uncertainty/
+       L2  metrics/  functional/  models/  data/
+       L1  errors.py  _validation.py  _io.py  _registry.py
+
+   Every import counts, including those inside functions and ``if TYPE_CHECKING:`` blocks.
+2. **argparse** is imported only under ``cli/``.
+3. **function length**: no function body is longer than 80 lines (from its first statement,
+   docstring included, to its last line).
+4. **run-directory names**: each file name of a run directory (``config.json``, ``log.jsonl``,
+   ``results.json``, ``checkpoints/last.pt``, ...) appears in one module only,
+   ``torchcal/runs.py``.  Counted: every string literal (f-string parts included) that holds a
+   file name, and every directory name joined with ``/`` or ``joinpath``; not counted:
+   docstrings and the ``help=`` / ``description=`` / ``epilog=`` text of the command line.
+
+``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+LAYERS = {
+    "cli": 6,
+    "__main__": 6,
+    "train": 5,
+    "report": 5,
+    "integrations": 5,
+    "evaluate": 4,
+    "runs": 4,
+    "losses": 3,
+    "posthoc": 3,
+    "uncertainty": 3,
+    "metrics": 2,
+    "functional": 2,
+    "models": 2,
+    "data": 2,
+    "errors": 1,
+    "_validation": 1,
+    "_io": 1,
+    "_registry": 1,
+}
+# The package root (``torchcal/__init__.py``) re-exports the library; it sits just under cli/.
+ROOT_LAYER = 5.5
+# Siblings in one layer that must not import each other (layer 5 only; layers 2 and 3 may).
+SIBLINGS_APART = {"train", "report", "integrations"}
+MAX_FUNCTION_LINES = 80
+# The run directory's file and directory names, and their one owner.
+RUN_FILES = ("config.json", "log.jsonl", "results.json", "results-best.json", "last.pt",
+             "best.pt", "head.pt", "val.npz", "test.npz")
+RUN_DIRS = ("checkpoints", "logits", "logits-best", "tensorboard", "uncertainty")
+RUN_DIR_OWNER = "torchcal.runs"
+HELP_KEYWORDS = {"help", "description", "epilog", "usage"}
+
+
+def modules(src: Path) -> list[tuple[str, Path]]:
+    """``(dotted module name, path)`` of every module of the torchcal package under ``src``."""
+    out = []
+    for path in sorted((src / "torchcal").rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out.append((".".join(parts), path))
+    return out
+
+
+def unit(module: str) -> str | None:
+    """The top-level unit of a ``torchcal`` module name (``torchcal.train.cli`` -> ``train``)."""
+    parts = module.split(".")
+    if parts[0] != "torchcal":
+        return None
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer(u: str) -> float:
+    if u == "":
+        return ROOT_LAYER
+    if u not in LAYERS:
+        raise AssertionError(f"torchcal.{u} is in no layer; add it to LAYERS in {__file__}")
+    return LAYERS[u]
+
+
+def imports(module: str, path: Path, tree: ast.AST) -> list[tuple[int, str]]:
+    """Every module ``module`` imports (absolute names), with line numbers."""
+    is_pkg = path.name == "__init__.py"
+    package = module.split(".") if is_pkg else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "torchcal":  # ``from torchcal import train`` names a sub-package
+                subs = [a.name for a in node.names if a.name in LAYERS]
+                found += [(node.lineno, f"torchcal.{name}") for name in subs]
+                if len(subs) < len(node.names):
+                    found.append((node.lineno, target))
+            else:
+                found.append((node.lineno, target))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
+            if node.args and isinstance(node.args[0], ast.Constant):
+                found.append((node.lineno, str(node.args[0].value)))
+    return found
+
+
+def layer_violations(module: str, path: Path, tree: ast.AST, rel: Path
+                     ) -> tuple[list[str], list[str]]:
+    """(upward imports, argparse imports outside cli/) of one module."""
+    upward, argparse_uses = [], []
+    u = unit(module)
+    lay = layer(u)
+    for lineno, target in imports(module, path, tree):
+        if target.split(".")[0] == "argparse" and u != "cli":
+            argparse_uses.append(f"{rel}:{lineno} imports argparse")
+        tu = unit(target)
+        if tu is None or tu == u:
+            continue
+        if tu == "":  # ``import torchcal`` / ``from torchcal import x``: the root package
+            if u != "" and lay < ROOT_LAYER:
+                upward.append(f"{rel}:{lineno} ({u}, L{lay}) imports the torchcal root")
+            continue
+        tl = layer(tu)
+        if tl > lay:
+            upward.append(f"{rel}:{lineno} ({u}, L{lay}) imports {target} (L{tl})")
+        elif tl == lay and {u, tu} <= SIBLINGS_APART:
+            upward.append(f"{rel}:{lineno} ({u}) imports its sibling {target}")
+    return upward, argparse_uses
+
+
+def long_functions(tree: ast.AST, rel: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions of one module whose body is longer than ``limit`` lines."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.body[0].lineno + 1
+            if n > limit:
+                out.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+    return out
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[ast.Constant, ast.AST | None]]:
+    """Every string literal with its parent node (f-string parts included), except
+    docstrings and command-line help text."""
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg in HELP_KEYWORDS:
+                    skip.update(id(n) for n in ast.walk(kw.value))
+    for parent in ast.walk(tree):
+        for child in ast.iter_child_nodes(parent):
+            if (isinstance(child, ast.Constant) and isinstance(child.value, str)
+                    and id(child) not in skip):
+                yield child, parent
+
+
+_FILE_RES = {name: re.compile(rf"(?<![\w-]){re.escape(name)}(?![\w-])") for name in RUN_FILES}
+
+
+def run_dir_names(tree: ast.AST) -> dict[str, list[int]]:
+    """The run-directory names one module spells out: name -> line numbers."""
+    found: dict[str, list[int]] = {}
+    for const, parent in _strings(tree):
+        for name, rx in _FILE_RES.items():
+            if rx.search(const.value):
+                found.setdefault(name, []).append(const.lineno)
+        if const.value in RUN_DIRS and _is_path_join(const, parent):
+            found.setdefault(const.value, []).append(const.lineno)
+    return found
+
+
+def _is_path_join(const: ast.Constant, parent: ast.AST | None) -> bool:
+    if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div):
+        return True
+    return (isinstance(parent, ast.Call) and const in parent.args
+            and getattr(parent.func, "attr", getattr(parent.func, "id", None))
+            in {"joinpath", "join", "Path"})
+
+
+def check(src: Path) -> dict[str, list[str]]:
+    """Every violation of the four rules under ``src``, by rule."""
+    out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
+                                 "run-directory names": []}
+    spelled: dict[str, list[str]] = {}
+    for module, path in modules(src):
+        rel = path.relative_to(src)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        upward, uses = layer_violations(module, path, tree, rel)
+        out["layers"] += upward
+        out["argparse"] += uses
+        out["function length"] += long_functions(tree, rel)
+        if module != RUN_DIR_OWNER:
+            for name, lines in run_dir_names(tree).items():
+                spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")
+    for name, where in sorted(spelled.items()):
+        out["run-directory names"].append(f"{name!r} outside {RUN_DIR_OWNER}: {'; '.join(where)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    src = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "src"
+    if not (src / "torchcal" / "__init__.py").is_file():
+        print(f"check_architecture: no torchcal package under {str(src)!r}", file=sys.stderr)
+        return 2
+    result = check(src)
+    for rule, problems in result.items():
+        print(f"{rule}: {len(problems)} violation{'' if len(problems) == 1 else 's'}")
+    for rule, problems in result.items():
+        for p in problems:
+            print(f"  [{rule}] {p}")
+    return 1 if any(result.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
