@@ -2,7 +2,8 @@
 
 Sub-packages are imported on first use: ``torchcal.metrics``, ``torchcal.losses``,
 ``torchcal.functional``, ``torchcal.posthoc``, ``torchcal.uncertainty``, ``torchcal.data``,
-``torchcal.models``, ``torchcal.train``, ``torchcal.report``.
+``torchcal.models``, ``torchcal.train``, ``torchcal.report``, ``torchcal.evaluate``,
+``torchcal.runs`` (the run directory's layout), ``torchcal.errors``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ __version__ = "0.1.0"
 
 _SUBPACKAGES = (
     "metrics", "losses", "functional", "posthoc", "uncertainty", "data", "models", "train",
-    "report", "evaluate", "errors",
+    "report", "evaluate", "runs", "errors",
 )
 
 __all__ = ["__version__", *_SUBPACKAGES]

@@ -7,55 +7,45 @@ the table; :func:`create_loss` builds one by name with keyword hyperparameters a
 
 from __future__ import annotations
 
-import fnmatch
 import inspect
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any, TypeVar
 
 from torch import nn
 
-__all__ = ["register_loss", "create_loss", "list_losses", "loss_entrypoint"]
+from .._registry import Registry
 
-_LOSSES: dict[str, Callable[..., nn.Module]] = {}
+__all__ = ["register_loss", "create_loss", "list_losses", "loss_entrypoint", "LOSSES"]
+
 T = TypeVar("T")
 
 
-def register_loss(name: str) -> Callable[[T], T]:
-    """Class/factory decorator registering a loss under ``name`` (lower case, unique)."""
-    if not isinstance(name, str) or not name or name != name.lower():
-        raise ValueError(f"Expected `name` to be a non-empty lower-case string, got {name!r}")
-
-    def deco(fn: T) -> T:
-        if name in _LOSSES and _LOSSES[name] is not fn:
-            raise ValueError(f"Loss {name!r} is already registered")
-        _LOSSES[name] = fn  # type: ignore[assignment]
-        return fn
-
-    return deco
-
-
-def _ensure_loaded() -> None:
+def _load_builtin_losses() -> None:
     # Importing the package registers every built-in loss.
-    from .. import losses  # noqa: F401
+    import_module("torchcal.losses")
+
+
+#: The loss table (a :class:`torchcal._registry.Registry`): display names, canonical order and
+#: papers of every registered loss, read by the report and the command line.
+LOSSES: Registry[Callable[..., nn.Module]] = Registry("loss", loader=_load_builtin_losses)
+
+
+def register_loss(name: str, *, display: str | None = None, order: float | None = None,
+                  paper: str | None = None) -> Callable[[T], T]:
+    """Class/factory decorator registering a loss under ``name`` (lower case, unique), with its
+    display name, canonical table position and paper (:class:`~torchcal._registry.Registry`)."""
+    return LOSSES.register(name, display=display, order=order, paper=paper)
 
 
 def list_losses(pattern: str | None = None) -> list[str]:
     """Sorted registered loss names, optionally filtered by a shell-style ``pattern``."""
-    _ensure_loaded()
-    names = sorted(_LOSSES)
-    if pattern is not None:
-        names = [n for n in names if fnmatch.fnmatch(n, pattern)]
-    return names
+    return LOSSES.names(pattern)
 
 
 def loss_entrypoint(name: str) -> Callable[..., nn.Module]:
     """The class or factory registered as ``name``."""
-    _ensure_loaded()
-    if name not in _LOSSES:
-        raise ValueError(
-            f"Unknown loss {name!r}; expected one of: {', '.join(sorted(_LOSSES))}"
-        )
-    return _LOSSES[name]
+    return LOSSES.get(name)
 
 
 def create_loss(name: str, **kwargs: Any) -> nn.Module:

@@ -219,7 +219,8 @@ def _all_gather_varlen(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([p[:n] for p, n in zip(parts, sizes_host, strict=True)])
 
 
-@register_loss("adafocal")
+@register_loss("adafocal", display="AdaFocal", order=11,
+               paper="Ghosh et al., NeurIPS 2022")
 class AdaFocalLoss(CalibrationLoss):
     r"""AdaFocal: focal / inverse-focal loss with one γ per confidence bin, updated from
     validation calibration (see the module docstring for every rule and convention).

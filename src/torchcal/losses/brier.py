@@ -15,7 +15,8 @@ __all__ = ["BrierLoss", "BRIER_PUBLISHED_REDUCTIONS"]
 BRIER_PUBLISHED_REDUCTIONS = ("mean", "sum")
 
 
-@register_loss("brier")
+@register_loss("brier", display="Brier", order=2,
+               paper="Brier, 1950")
 class BrierLoss(CalibrationLoss):
     """``Σ_c (p_c - onehot(y)_c)^2`` per sample (see :func:`torchcal.functional.brier_loss`).
 

@@ -53,7 +53,7 @@ class ExpWeightedLoss(CalibrationLoss):
         return exp_weight(b, self.temperature), b
 
 
-@register_loss("ce_exp")
+@register_loss("ce_exp", display="Cross-entropy (exp.-weighted)", order=22)
 class CrossEntropyExpLoss(ExpWeightedLoss):
     """Exponentially weighted cross-entropy (the published ``CrossEntropyExp``; see
     :func:`torchcal.functional.ce_exp_loss`).
@@ -75,7 +75,7 @@ class CrossEntropyExpLoss(ExpWeightedLoss):
                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("focal_exp")
+@register_loss("focal_exp", display="Focal (exp.-weighted)", order=23)
 class FocalExpLoss(ExpWeightedLoss):
     """Exponentially weighted focal loss (the published ``FocalLossExp``; see
     :func:`torchcal.functional.focal_exp_loss`).
@@ -106,7 +106,7 @@ class FocalExpLoss(ExpWeightedLoss):
                               validate_args=self.validate_args)
 
 
-@register_loss("dual_focal_exp")
+@register_loss("dual_focal_exp", display="Dual focal (exp.-weighted)", order=24)
 class DualFocalExpLoss(FocalExpLoss):
     """Exponentially weighted dual focal loss (the published ``DualFocalLossExp``; see
     :func:`torchcal.functional.dual_focal_exp_loss`).
@@ -136,7 +136,7 @@ class DualFocalExpLoss(FocalExpLoss):
                                    validate_args=self.validate_args)
 
 
-@register_loss("brier_exp")
+@register_loss("brier_exp", display="Brier (exp.-weighted)", order=25)
 class BrierExpLoss(ExpWeightedLoss):
     """Exponentially weighted Brier score (the published ``BrierScoreExp``, summed over the
     batch; see :func:`torchcal.functional.brier_exp_loss`).

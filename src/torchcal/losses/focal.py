@@ -29,7 +29,8 @@ __all__ = [
 ]
 
 
-@register_loss("focal")
+@register_loss("focal", display="Focal", order=4,
+               paper="Mukhoti et al., NeurIPS 2020")
 class FocalLoss(CalibrationLoss):
     """Focal loss ``-(1-p_y)^γ log p_y`` (see :func:`torchcal.functional.focal_loss`).
 
@@ -53,7 +54,8 @@ class FocalLoss(CalibrationLoss):
                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("inverse_focal")
+@register_loss("inverse_focal", display="Inverse focal", order=5,
+               paper="Wang et al., NeurIPS 2021")
 class InverseFocalLoss(CalibrationLoss):
     """Inverse focal loss ``-(1+p_y)^γ log p_y`` (see :func:`torchcal.functional.inverse_focal_loss`).
 
@@ -104,7 +106,8 @@ class SampleDependentFocalLoss(CalibrationLoss):
                                            validate_args=self.validate_args)
 
 
-@register_loss("flsd53")
+@register_loss("flsd53", display="FLSD-53", order=6,
+               paper="Mukhoti et al., NeurIPS 2020")
 def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
            validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-53: γ = 5 for p_y < 0.2, else 3."""
@@ -112,7 +115,8 @@ def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
                                     validate_args=validate_args)
 
 
-@register_loss("flsd532")
+@register_loss("flsd532", display="FLSD-532", order=7,
+               paper="Mukhoti et al., NeurIPS 2020")
 def flsd532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-532: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5."""
@@ -186,7 +190,7 @@ class ScheduledFocalLoss(CalibrationLoss):
                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("flsc531")
+@register_loss("flsc531", display="FLSc-531", order=8)
 def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-531: γ = 5 for epochs [0, 100), 3 for [100, 250), 1 afterwards."""
@@ -194,7 +198,7 @@ def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
                               ignore_index=ignore_index, validate_args=validate_args)
 
 
-@register_loss("flsc532")
+@register_loss("flsc532", display="FLSc-532", order=9)
 def flsc532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-532: γ = 5 for epochs [0, 100), 3 for [100, 250), 2 afterwards."""

@@ -23,7 +23,7 @@ __all__ = ["TLBSLoss", "SampleDependentFocalGRALoss", "BSCEAdaptiveGRALoss", "fo
            "focal_gra_flsd532"]
 
 
-@register_loss("tlbs")
+@register_loss("tlbs", display="TLBS", order=18)
 class TLBSLoss(GradientWeightedLoss):
     """TLBS: ``|c - r|^γ`` (detached) times ``-log p_y`` with ``r`` the top-1 confidence and
     ``c`` the correctness (the published ``TLBSLoss``; see
@@ -74,7 +74,7 @@ class SampleDependentFocalGRALoss(GradientWeightedLoss):
                                                validate_args=self.validate_args)
 
 
-@register_loss("focal_gra_flsd53")
+@register_loss("focal_gra_flsd53", display="FLSD-53-GRA", order=19)
 def focal_gra_flsd53(*, reduction: str = "mean", ignore_index: int = -100,
                      validate_args: bool = True) -> SampleDependentFocalGRALoss:
     """FLSD-53-GRA: detached ``(1 - p_y)^γ`` with γ = 5 for p_y < 0.2, else 3
@@ -83,7 +83,7 @@ def focal_gra_flsd53(*, reduction: str = "mean", ignore_index: int = -100,
                                        validate_args=validate_args)
 
 
-@register_loss("focal_gra_flsd532")
+@register_loss("focal_gra_flsd532", display="FLSD-532-GRA", order=20)
 def focal_gra_flsd532(*, reduction: str = "mean", ignore_index: int = -100,
                       validate_args: bool = True) -> SampleDependentFocalGRALoss:
     """FLSD-532-GRA: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5
@@ -92,7 +92,7 @@ def focal_gra_flsd532(*, reduction: str = "mean", ignore_index: int = -100,
                                        validate_args=validate_args)
 
 
-@register_loss("bsce_adaptive_gra")
+@register_loss("bsce_adaptive_gra", display="BSCE-GRA (adaptive γ)", order=21)
 class BSCEAdaptiveGRALoss(GradientWeightedLoss):
     """Adaptive BSCE-GRA: ``‖onehot(y) - p‖_β^{γ_i}`` (detached) times ``-log p_y`` with ``γ_i``
     from the FLSD threshold schedule of ``p_y`` (the published ``BSCELossAdaptiveGra``; see

@@ -12,7 +12,8 @@ from .base import CalibrationLoss
 __all__ = ["LabelSmoothingLoss"]
 
 
-@register_loss("ls")
+@register_loss("ls", display="Label smoothing", order=1,
+               paper="Szegedy et al., CVPR 2016")
 class LabelSmoothingLoss(CalibrationLoss):
     """Cross-entropy against smoothed targets (see :func:`torchcal.functional.label_smoothing_loss`).
 

@@ -12,7 +12,8 @@ from .base import CalibrationLoss
 __all__ = ["MMCELoss"]
 
 
-@register_loss("mmce")
+@register_loss("mmce", display="MMCE", order=3,
+               paper="Kumar et al., ICML 2018")
 class MMCELoss(CalibrationLoss):
     """Cross-entropy plus λ times the weighted MMCE penalty (see :func:`torchcal.functional.mmce_loss`).
 

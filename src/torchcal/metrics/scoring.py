@@ -28,8 +28,8 @@ def entropy(*, logits: Any = None, probs: Any = None, validate_args: bool = True
     Example:
         >>> entropy(logits=torch.zeros(2, 4))  # log 4
         tensor([1.3863, 1.3863])
-        >>> entropy(probs=torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
-        tensor([0.0000, 0.6931])
+        >>> entropy(probs=torch.tensor([[0.5, 0.5], [0.25, 0.75]]))
+        tensor([0.6931, 0.5623])
     """
     p = resolve(logits, probs, validate_args=validate_args)
     if logits is not None:

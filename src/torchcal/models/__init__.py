@@ -26,7 +26,7 @@ mnist1d_cnn         MNIST-1D paper's 1-D CNN (3 convs of width 64, stride 2, fc)
 from __future__ import annotations
 
 from . import densenet, mnist1d, resnet, small, wide_resnet  # noqa: F401  (fill the registry)
-from ._registry import adapt_state_dict, create_model, list_models, register_model
+from ._registry import MODELS, adapt_state_dict, create_model, list_models, register_model
 from .densenet import DenseNet
 from .mnist1d import MNIST1DCNN
 from .resnet import BasicBlock, Bottleneck, CifarResNet, ImageNetResNet
@@ -37,6 +37,7 @@ __all__ = [
     "create_model",
     "list_models",
     "register_model",
+    "MODELS",
     "adapt_state_dict",
     "CifarResNet",
     "ImageNetResNet",

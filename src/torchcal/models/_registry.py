@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Callable
 
 from torch import nn
 
-__all__ = ["register_model", "create_model", "list_models", "adapt_state_dict"]
+from .._registry import Registry
 
-_MODELS: dict[str, Callable[..., nn.Module]] = {}
+__all__ = ["register_model", "create_model", "list_models", "adapt_state_dict", "MODELS"]
+
+#: The model table (a :class:`torchcal._registry.Registry`).
+MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
 
 
-def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    """Decorator registering a model constructor ``fn(num_classes, **kw) -> nn.Module``."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"Expected `name` to be a non-empty string, got {name!r}")
-
-    def deco(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        if name in _MODELS and _MODELS[name] is not fn:
-            raise ValueError(f"Model {name!r} is already registered")
-        _MODELS[name] = fn
-        return fn
-
-    return deco
+def register_model(name: str, *, display: str | None = None, order: float | None = None,
+                   paper: str | None = None,
+                   ) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator registering a model constructor ``fn(num_classes, **kw) -> nn.Module`` under
+    ``name`` (lower case, unique), with its display name, table position and paper."""
+    return MODELS.register(name, display=display, order=order, paper=paper)
 
 
 def list_models(pattern: str | None = None) -> list[str]:
@@ -34,10 +30,7 @@ def list_models(pattern: str | None = None) -> list[str]:
     >>> list_models("resnet5*")
     ['resnet50', 'resnet50_tiny']
     """
-    names = sorted(_MODELS)
-    if pattern is not None:
-        names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-    return names
+    return MODELS.names(pattern)
 
 
 def create_model(name: str, num_classes: int, **kwargs) -> nn.Module:
@@ -59,13 +52,10 @@ def create_model(name: str, num_classes: int, **kwargs) -> nn.Module:
     >>> m.fc.out_features, m.num_features
     (10, 256)
     """
-    if name not in _MODELS:
-        raise ValueError(
-            f"Unknown model {name!r}; expected one of: {', '.join(sorted(_MODELS))}"
-        )
+    fn = MODELS.get(name)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"Expected `num_classes` to be a positive integer, got {num_classes!r}")
-    return _MODELS[name](num_classes, **kwargs)
+    return fn(num_classes, **kwargs)
 
 
 def adapt_state_dict(state_dict: dict) -> dict:

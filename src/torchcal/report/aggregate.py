@@ -26,6 +26,7 @@ import torch
 
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config, read_results
+from ..losses import LOSSES
 from ..runs import CONFIG_FILE, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
 
 __all__ = [
@@ -47,31 +48,9 @@ __all__ = [
 ]
 
 #: Display order and names of the registry's losses (others follow alphabetically).
-LOSS_ORDER = (
-    "ce", "ls", "brier", "mmce", "focal", "inverse_focal", "flsd53", "flsd532", "flsc531",
-    "flsc532", "dual_focal", "adafocal", "bsce", "bsce_gra", "focal_gra", "dual_focal_gra",
-    "mmce_m", "mmce_gra", "tlbs", "focal_gra_flsd53", "focal_gra_flsd532", "bsce_adaptive_gra",
-    "ce_exp", "focal_exp", "dual_focal_exp", "brier_exp", "temperature_focal",
-    "temperature_focal_gra", "temperature_dual_focal", "temperature_dual_focal_gra",
-    "temperature_bsce", "temperature_bsce_gra", "consistency", "dece", "ece_kde", "ece_loss",
-)
-_PRETTY = {
-    "ce": "Cross-entropy", "ls": "Label smoothing", "brier": "Brier", "mmce": "MMCE",
-    "focal": "Focal", "inverse_focal": "Inverse focal", "flsd53": "FLSD-53",
-    "flsd532": "FLSD-532", "flsc531": "FLSc-531", "flsc532": "FLSc-532",
-    "dual_focal": "Dual focal", "adafocal": "AdaFocal", "bsce": "BSCE", "bsce_gra": "BSCE-GRA",
-    "focal_gra": "Focal-GRA", "dual_focal_gra": "Dual focal-GRA",
-    "mmce_m": "MMCE (unweighted)", "mmce_gra": "MMCE-GRA", "tlbs": "TLBS",
-    "focal_gra_flsd53": "FLSD-53-GRA", "focal_gra_flsd532": "FLSD-532-GRA",
-    "bsce_adaptive_gra": "BSCE-GRA (adaptive γ)", "ce_exp": "Cross-entropy (exp.-weighted)",
-    "focal_exp": "Focal (exp.-weighted)", "dual_focal_exp": "Dual focal (exp.-weighted)",
-    "brier_exp": "Brier (exp.-weighted)", "temperature_focal": "Temperature focal",
-    "temperature_focal_gra": "Temperature focal-GRA",
-    "temperature_dual_focal": "Temperature dual focal",
-    "temperature_dual_focal_gra": "Temperature dual focal-GRA",
-    "temperature_bsce": "Temperature BSCE", "temperature_bsce_gra": "Temperature BSCE-GRA",
-    "consistency": "Consistency", "dece": "DECE", "ece_kde": "ECE-KDE", "ece_loss": "ECE loss",
-}
+#: The canonical loss order of tables and figures: the ``order`` of each registered loss
+#: (:data:`torchcal.losses.LOSSES`); display names come from the same registry.
+LOSS_ORDER = tuple(LOSSES.ordered())
 _GREEK = {"gamma": "γ", "alpha": "α", "lam": "λ", "beta": "β"}
 
 
@@ -91,7 +70,7 @@ def loss_label(loss: str, loss_kwargs: Mapping[str, Any] | None = None) -> str:
     >>> loss_label("adafocal", {"lam": 0.1, "n_bins": 15})
     'AdaFocal (λ=0.1, n_bins=15)'
     """
-    name = _PRETTY.get(loss, loss)
+    name = LOSSES.display(loss)
     if loss_kwargs:
         args = ", ".join(f"{_GREEK.get(k, k)}={_fmt_value(v)}" for k, v in sorted(loss_kwargs.items()))
         name = f"{name} ({args})"

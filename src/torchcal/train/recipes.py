@@ -30,24 +30,26 @@ True
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from collections.abc import Callable
 
+from .._registry import Registry
 from ..data.mnist1d import MNIST1D_SEED
 from ..errors import TorchcalError
 from .config import TrainConfig
 
-__all__ = ["get_recipe", "list_recipes", "register_recipe", "UnknownRecipeError"]
+__all__ = ["get_recipe", "list_recipes", "register_recipe", "UnknownRecipeError", "RECIPES"]
 
 
 class UnknownRecipeError(TorchcalError, ValueError):
     """The recipe name is not registered."""
 
 
-_RECIPES: dict[str, Callable[[], TrainConfig]] = {}
+#: The recipe table (a :class:`torchcal._registry.Registry` of zero-argument factories).
+RECIPES: Registry[Callable[[], TrainConfig]] = Registry("recipe", error=UnknownRecipeError)
 
 
-def register_recipe(name: str, factory: Callable[[], TrainConfig] | TrainConfig | None = None):
+def register_recipe(name: str, factory: Callable[[], TrainConfig] | TrainConfig | None = None,
+                    *, display: str | None = None, paper: str | None = None):
     """Register a recipe under ``name``: a :class:`TrainConfig` or a zero-argument factory.
 
     Usable as a decorator (``@register_recipe("my-recipe")`` on a factory) or a call.
@@ -67,9 +69,9 @@ def register_recipe(name: str, factory: Callable[[], TrainConfig] | TrainConfig 
             fn = f
         else:
             raise TypeError(f"Expected a TrainConfig or a factory, got {type(f).__name__}")
-        if name in _RECIPES:
+        if name in RECIPES:
             raise ValueError(f"Recipe {name!r} is already registered")
-        _RECIPES[name] = fn
+        RECIPES.register(name, fn, display=display, paper=paper)
         return f
 
     if factory is None:
@@ -79,19 +81,12 @@ def register_recipe(name: str, factory: Callable[[], TrainConfig] | TrainConfig 
 
 def list_recipes(pattern: str | None = None) -> list[str]:
     """Sorted recipe names, optionally filtered by a shell-style ``pattern``."""
-    names = sorted(_RECIPES)
-    if pattern is not None:
-        names = [n for n in names if fnmatch.fnmatch(n, pattern)]
-    return names
+    return RECIPES.names(pattern)
 
 
 def get_recipe(name: str) -> TrainConfig:
     """A fresh :class:`TrainConfig` of recipe ``name`` (its ``recipe`` field set to ``name``)."""
-    if name not in _RECIPES:
-        raise UnknownRecipeError(
-            f"Unknown recipe {name!r}; expected one of: {', '.join(list_recipes())}"
-        )
-    cfg = _RECIPES[name]()
+    cfg = RECIPES.get(name)()
     # deep-copy the mutable fields so callers may edit them freely
     cfg = dataclasses.replace(
         cfg, recipe=name, model_kwargs=dict(cfg.model_kwargs), loss_kwargs=dict(cfg.loss_kwargs),

@@ -1,0 +1,120 @@
+"""One generic registry with metadata, behind the loss, model and recipe tables.
+
+Every table of named things (``torchcal.losses``, ``torchcal.models``, the training recipes) is
+a :class:`Registry`: names are non-empty lower-case strings, registering the same object twice
+is a no-op and another object under a taken name is an error, lookups of unknown names raise
+the registry's error listing the valid names.  Each entry carries metadata that reports and
+command lines read instead of keeping their own copies:
+
+* ``display``: the human name in tables and figures (default: the registered name);
+* ``order``: the canonical position in tables (entries without one come after, by name);
+* ``paper``: where the method comes from (free text, e.g. "Mukhoti et al., NeurIPS 2020").
+
+>>> reg = Registry("widget")
+>>> @reg.register("b", display="Bee", order=2)
+... def make_b(): return "b"
+>>> _ = reg.register("a", lambda: "a", display="Ay", order=1)
+>>> reg.names(), reg.ordered(), reg.display("b"), reg.get("a")()
+(['a', 'b'], ['a', 'b'], 'Bee', 'a')
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Registry", "Entry"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered object and its metadata."""
+
+    name: str
+    obj: T
+    display: str
+    order: float | None = None
+    paper: str | None = None
+
+
+class Registry(Generic[T]):
+    """A table of named objects with metadata.
+
+    Args:
+        kind: what the entries are, for messages ("loss", "model", "recipe").
+        error: the exception class of an unknown name (default ``ValueError``).
+        loader: called before every lookup, e.g. to import the modules that register the
+            built-in entries.
+    """
+
+    def __init__(self, kind: str, *, error: type[Exception] = ValueError,
+                 loader: Callable[[], None] | None = None) -> None:
+        self.kind = kind
+        self.error = error
+        self._loader = loader
+        self._entries: dict[str, Entry[T]] = {}
+
+    def _load(self) -> None:
+        if self._loader is not None:
+            self._loader()
+
+    def register(self, name: str, obj: T | None = None, *, display: str | None = None,
+                 order: float | None = None, paper: str | None = None) -> Any:
+        """Register ``obj`` under ``name``; without ``obj``, a decorator that does."""
+        if not isinstance(name, str) or not name or name != name.lower():
+            raise ValueError(f"Expected `name` to be a non-empty lower-case string, got {name!r}")
+        if display is not None and (not isinstance(display, str) or not display):
+            raise ValueError(f"Expected `display` to be a non-empty string, got {display!r}")
+
+        def add(o: T) -> T:
+            old = self._entries.get(name)
+            if old is not None and old.obj is not o:
+                raise ValueError(f"{self.kind.capitalize()} {name!r} is already registered")
+            self._entries[name] = Entry(name, o, display or name, order, paper)
+            return o
+
+        return add if obj is None else add(obj)
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return name in self._entries
+
+    def names(self, pattern: str | None = None) -> list[str]:
+        """Sorted names, optionally filtered by a shell-style ``pattern`` (case-sensitive)."""
+        self._load()
+        names = sorted(self._entries)
+        if pattern is not None:
+            names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        return names
+
+    def entry(self, name: str) -> Entry[T]:
+        """The entry of ``name`` (the registry's error, listing the valid names, if unknown)."""
+        self._load()
+        if name not in self._entries:
+            raise self.error(f"Unknown {self.kind} {name!r}; expected one of: "
+                             f"{', '.join(sorted(self._entries))}")
+        return self._entries[name]
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``."""
+        return self.entry(name).obj
+
+    def display(self, name: str) -> str:
+        """The display name of ``name`` (``name`` itself when it is not registered)."""
+        self._load()
+        e = self._entries.get(name)
+        return e.display if e is not None else name
+
+    def rank(self, name: str) -> tuple[float, str]:
+        """Sort key of the canonical order: ``order``, then name; unordered/unknown names last."""
+        self._load()
+        e = self._entries.get(name)
+        return (e.order if e is not None and e.order is not None else float("inf"), name)
+
+    def ordered(self) -> list[str]:
+        """Every name in the canonical order."""
+        return sorted(self.names(), key=self.rank)
