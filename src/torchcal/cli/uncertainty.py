@@ -186,16 +186,55 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ..metrics import auroc
-    from ..uncertainty.fit import _entropy, evaluate_head, predict_uncertainty
-    from ..uncertainty.head import load_head
+    from ..uncertainty.fit import evaluate_head
 
     model, config, splits, device = _load_run(args)
+    head, head_path, head_meta = _eval_head(args, model)
+    head.to(device)
+
+    results = _results_skeleton(args, config, head_path, head_meta)
+    kw = {"device": device, "chunk_size": args.chunk_size}
+    test_scores = None
+    for name in args.splits:
+        cache = _build_cache(args, model, config, splits, device, name, getattr(splits, name))
+        results["splits"][name] = evaluate_head(head, cache, **kw)
+        if name == "test":
+            test_scores = _head_and_entropy(head, cache, device)
+
+    if not args.no_ood:
+        from ..train.predict import load_ood_sets
+
+        for name, ds in load_ood_sets(config, splits).items():
+            cache = _build_cache(args, model, config, splits, device, f"ood_{name}", ds)
+            res = evaluate_head(head, cache, classifier=False, **kw)
+            if test_scores is None:
+                tc = _build_cache(args, model, config, splits, device, "test", splits.test)
+                test_scores = _head_and_entropy(head, tc, device)
+            res.update(_ood_aurocs(test_scores, _head_and_entropy(head, cache, device)))
+            results["ood"][name] = res
+
+    for name in args.transfer:
+        other = _transfer_splits(name, config, splits)
+        cache = _build_cache(args, model, config, splits, device, f"transfer_{name}",
+                             other.test, dataset=name)
+        results["transfer"][name] = evaluate_head(head, cache, classifier=False, **kw)
+
+    out = Path(args.out) if args.out else RunDir(args.run_dir).uncertainty_results
+    atomic_write_json(out, results)
+    _print_results(results)
+    print(f"wrote {out}")
+    return 0
+
+
+def _eval_head(args: argparse.Namespace, model: Any):
+    """(head, its file or None if joint, its metadata) to evaluate, checked against the model."""
+    from ..uncertainty.head import load_head
+
     if args.joint:
         head, head_meta = _joint_head(args, model)
         head_path = None
     else:
-        head_path = Path(args.head) if args.head else Path(args.run_dir) / "uncertainty" / "head.pt"
+        head_path = Path(args.head) if args.head else RunDir(args.run_dir).uncertainty_head
         if not head_path.is_file():
             raise TorchcalError(
                 f"No uncertainty head at {str(head_path)!r}: run `torchcal uncertainty fit "
@@ -204,9 +243,13 @@ def _eval(args: argparse.Namespace) -> int:
     if head.in_features != int(model.num_features):
         raise TorchcalError(
             f"The head reads {head.in_features}-d embeddings, the model gives {model.num_features}")
-    head.to(device)
+    return head, head_path, head_meta
 
-    results: dict[str, Any] = {
+
+def _results_skeleton(args: argparse.Namespace, config: Any, head_path: Path | None,
+                      head_meta: dict[str, Any]) -> dict[str, Any]:
+    """The results.json document with its meta data and empty splits/ood/transfer sections."""
+    return {
         "schema": RESULTS_SCHEMA,
         "meta": {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint,
                  "dataset": config.dataset, "model": config.model, "loss": config.loss,
@@ -214,51 +257,46 @@ def _eval(args: argparse.Namespace) -> int:
                  "head_meta": {k: v for k, v in head_meta.items() if k != "epoch_losses"}},
         "splits": {}, "ood": {}, "transfer": {},
     }
-    kw = {"device": device, "chunk_size": args.chunk_size}
-    test_u = test_entropy = None
-    for name in args.splits:
-        cache = _build_cache(args, model, config, splits, device, name, getattr(splits, name))
-        results["splits"][name] = evaluate_head(head, cache, **kw)
-        if name == "test":
-            emb, logits, _ = cache.tensors(device)
-            test_u, test_entropy = predict_uncertainty(head, emb), _entropy(logits)
 
-    if not args.no_ood:
-        from ..train.predict import load_ood_sets
 
-        for name, ds in load_ood_sets(config, splits).items():
-            cache = _build_cache(args, model, config, splits, device, f"ood_{name}", ds)
-            res = evaluate_head(head, cache, classifier=False, **kw)
-            if test_u is None:
-                tc = _build_cache(args, model, config, splits, device, "test", splits.test)
-                emb, logits, _ = tc.tensors(device)
-                test_u, test_entropy = predict_uncertainty(head, emb), _entropy(logits)
-            emb, logits, _ = cache.tensors(device)
-            u = predict_uncertainty(head, emb)
-            is_ood = torch.cat([torch.zeros_like(test_u, dtype=torch.long),
-                                torch.ones_like(u, dtype=torch.long)])
-            res["auroc_head"] = float(auroc(scores=torch.cat([test_u, u]), labels=is_ood))
-            res["auroc_entropy"] = float(auroc(scores=torch.cat([test_entropy, _entropy(logits)]),
-                                               labels=is_ood))
-            results["ood"][name] = res
+def _head_and_entropy(head: Any, cache: Any, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's uncertainties and the classifier's predictive entropies on a cache's rows."""
+    from ..uncertainty.fit import _entropy, predict_uncertainty
 
-    for name in args.transfer:
-        from ..data import load_splits
+    emb, logits, _ = cache.tensors(device)
+    return predict_uncertainty(head, emb), _entropy(logits)
 
-        try:
-            other = load_splits(name, config.data_root, download=False)
-        except (TypeError, ValueError, KeyError) as exc:
-            raise TorchcalError(f"Cannot load transfer data set {name!r}: {exc}") from exc
-        if tuple(other.input_shape) != tuple(splits.input_shape):
-            raise TorchcalError(
-                f"Transfer data set {name!r} has inputs {tuple(other.input_shape)}, the model "
-                f"expects {tuple(splits.input_shape)}")
-        cache = _build_cache(args, model, config, splits, device, f"transfer_{name}",
-                             other.test, dataset=name)
-        results["transfer"][name] = evaluate_head(head, cache, classifier=False, **kw)
 
-    out = Path(args.out) if args.out else RunDir(args.run_dir).uncertainty_results
-    atomic_write_json(out, results)
+def _ood_aurocs(test_scores: tuple[torch.Tensor, torch.Tensor],
+                ood_scores: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
+    """AUROC of telling OOD rows from test rows by the head's uncertainty and by entropy."""
+    from ..metrics import auroc
+
+    (test_u, test_entropy), (u, entropy) = test_scores, ood_scores
+    is_ood = torch.cat([torch.zeros_like(test_u, dtype=torch.long),
+                        torch.ones_like(u, dtype=torch.long)])
+    return {"auroc_head": float(auroc(scores=torch.cat([test_u, u]), labels=is_ood)),
+            "auroc_entropy": float(auroc(scores=torch.cat([test_entropy, entropy]),
+                                         labels=is_ood))}
+
+
+def _transfer_splits(name: str, config: Any, splits: Any):
+    """The splits of transfer data set ``name``, checked to have the run's input shape."""
+    from ..data import load_splits
+
+    try:
+        other = load_splits(name, config.data_root, download=False)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise TorchcalError(f"Cannot load transfer data set {name!r}: {exc}") from exc
+    if tuple(other.input_shape) != tuple(splits.input_shape):
+        raise TorchcalError(
+            f"Transfer data set {name!r} has inputs {tuple(other.input_shape)}, the model "
+            f"expects {tuple(splits.input_shape)}")
+    return other
+
+
+def _print_results(results: dict[str, Any]) -> None:
+    """Print the per-split, OOD and zero-shot transfer summary of an eval's results."""
     for name, r in results["splits"].items():
         b = r.get("baselines", {}).get("max_prob", {})
         print(f"{name:>6}: n={r['n']}  accuracy {_f(r.get('accuracy'))}  "
@@ -269,8 +307,6 @@ def _eval(args: argparse.Namespace) -> int:
     for name, r in results["transfer"].items():
         print(f"  zero-shot {name}: R-AUROC(recall@1) {_f(r.get('r_auroc_recall'))} "
               f"(recall@1 {_f(r.get('recall_at_1'))})")
-    print(f"wrote {out}")
-    return 0
 
 
 # ------------------------------------------------------------------------------------------

@@ -208,6 +208,115 @@ def _default_embed(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, tor
     return z, logits
 
 
+def _check_build_args(model: nn.Module, n_passes: int, batch_size: int, on_stale: str,
+                      augment: Callable | None) -> tuple[int, int]:
+    """Validate :meth:`EmbeddingCache.build`'s arguments; return ``(n_passes, batch_size)``."""
+    n_passes = check_positive_int(n_passes, "n_passes")
+    batch_size = check_positive_int(batch_size, "batch_size")
+    if on_stale not in ("rebuild", "error"):
+        raise ValueError(f"Expected `on_stale` to be 'rebuild' or 'error', got {on_stale!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"Expected `model` to be a torch.nn.Module, got {type(model).__name__}")
+    if n_passes > 1 and augment is None:
+        warnings.warn("n_passes > 1 without `augment` stores identical copies of every row",
+                      stacklevel=3)
+    return n_passes, batch_size
+
+
+def _model_device(model: nn.Module, device: torch.device | str | None) -> torch.device:
+    """``device``, or by default the device of the model's first parameter (else CPU)."""
+    if device is None:
+        p = next(iter(model.parameters()), None)
+        device = p.device if p is not None else torch.device("cpu")
+    return torch.device(device)
+
+
+def _input_pipeline(augment: Callable[..., torch.Tensor] | None,
+                    transform: Callable[[torch.Tensor], torch.Tensor] | None,
+                    device: torch.device, seed: int) -> Callable[[Any], torch.Tensor]:
+    """A function moving an input batch to ``device``, then augmenting and transforming it."""
+    gen = None
+    aug_takes_gen = False
+    if augment is not None:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(seed))
+        try:
+            aug_takes_gen = "generator" in inspect.signature(augment).parameters
+        except (TypeError, ValueError):  # pragma: no cover - builtins
+            aug_takes_gen = False
+
+    def prep(x: Any) -> torch.Tensor:
+        x = torch.as_tensor(x).to(device, non_blocking=True)
+        if augment is not None:
+            x = augment(x, generator=gen) if aug_takes_gen else augment(x)
+        if transform is not None:
+            x = transform(x)
+        elif not x.is_floating_point():
+            x = x.float()
+        return x
+
+    return prep
+
+
+def _embed_batch(model: nn.Module, embed_fn: Callable, x: torch.Tensor,
+                 y: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(embeddings (B, D) float32, logits (B, C) float32, labels (B,) int64)`` on the CPU."""
+    z, logits = embed_fn(model, x)
+    z = z.detach().float().reshape(z.shape[0], -1).cpu().numpy()
+    logits = logits.detach().float().cpu().numpy()
+    y = torch.as_tensor(y).long().cpu().numpy()
+    return z, logits, y
+
+
+def _open_arrays(tmp: Path, rows: int, dim: int, num_classes: int) -> dict[str, np.memmap]:
+    """Create the writable ``.npy`` memmaps of a cache with ``rows`` rows in ``tmp``."""
+    return {
+        "embeddings": np.lib.format.open_memmap(
+            tmp / "embeddings.npy", mode="w+", dtype=np.float32, shape=(rows, dim)),
+        "logits": np.lib.format.open_memmap(
+            tmp / "logits.npy", mode="w+", dtype=np.float32, shape=(rows, num_classes)),
+        "labels": np.lib.format.open_memmap(
+            tmp / "labels.npy", mode="w+", dtype=np.int64, shape=(rows,)),
+    }
+
+
+def _embed_all(tmp: Path, model: nn.Module, make_iter: Callable[[], Iterator[tuple[Any, Any]]],
+               prep: Callable[[Any], torch.Tensor], embed_fn: Callable, *, n: int, n_passes: int,
+               progress: bool) -> dict[str, np.memmap]:
+    """Run ``model`` over ``n_passes`` passes of the data into the memmaps in ``tmp``."""
+    arrays: dict[str, np.memmap] = {}
+    rows = n * n_passes
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=rows, desc="embedding cache", unit="img", leave=False)
+    pos = 0
+    with torch.no_grad():
+        for _ in range(n_passes):
+            for x, y in make_iter():
+                z, logits, y = _embed_batch(model, embed_fn, prep(x), y)
+                b = z.shape[0]
+                if not arrays:
+                    arrays = _open_arrays(tmp, rows, z.shape[1], logits.shape[1])
+                if pos + b > rows or logits.shape[0] != b or y.shape[0] != b:
+                    raise ValueError(
+                        "Expected the data to yield as many rows as its length "
+                        f"({n}) with one embedding, logit row and label per input"
+                    )
+                arrays["embeddings"][pos:pos + b] = z
+                arrays["logits"][pos:pos + b] = logits
+                arrays["labels"][pos:pos + b] = y
+                pos += b
+                if bar is not None:
+                    bar.update(b)
+    if bar is not None:
+        bar.close()
+    if pos != rows:
+        raise ValueError(f"Expected the data to yield {rows} rows, got {pos}")
+    return arrays
+
+
 # ------------------------------------------------------------------------------------------
 # the cache
 # ------------------------------------------------------------------------------------------
@@ -417,121 +526,28 @@ class EmbeddingCache:
             seed: seed of the augmentation generator.
             progress: show a tqdm progress bar.
         """
-        n_passes = check_positive_int(n_passes, "n_passes")
-        batch_size = check_positive_int(batch_size, "batch_size")
-        if on_stale not in ("rebuild", "error"):
-            raise ValueError(f"Expected `on_stale` to be 'rebuild' or 'error', got {on_stale!r}")
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"Expected `model` to be a torch.nn.Module, got {type(model).__name__}")
-        if n_passes > 1 and augment is None:
-            warnings.warn("n_passes > 1 without `augment` stores identical copies of every row",
-                          stacklevel=2)
+        n_passes, batch_size = _check_build_args(model, n_passes, batch_size, on_stale, augment)
         path = Path(path)
         identity = cls.identity_of(model, data, data_id=data_id, n_passes=n_passes,
                                    augment=augment, transform=transform)
         if path.exists():
-            try:
-                return cls.open(path, expect=identity)
-            except CacheError as exc:
-                if on_stale == "error":
-                    raise
-                warnings.warn(f"{exc}; rebuilding", stacklevel=2)
+            cached = cls._reuse(path, identity, on_stale)
+            if cached is not None:
+                return cached
         n, make_iter = _batches_of(data, batch_size)
         if n == 0:
             raise ValueError("Expected `data` to hold at least one sample, got 0")
-        embed_fn = embed or _default_embed
-        if device is None:
-            p = next(iter(model.parameters()), None)
-            device = p.device if p is not None else torch.device("cpu")
-        device = torch.device(device)
-        gen = None
-        aug_takes_gen = False
-        if augment is not None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(int(seed))
-            try:
-                aug_takes_gen = "generator" in inspect.signature(augment).parameters
-            except (TypeError, ValueError):  # pragma: no cover - builtins
-                aug_takes_gen = False
+        device = _model_device(model, device)
+        prep = _input_pipeline(augment, transform, device, seed)
 
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = make_temp_dir(path.parent, f".{path.name}.tmp-")
         was_training = model.training
         model.eval()
         try:
-            arrays: dict[str, np.memmap] = {}
-            rows = n * n_passes
-            bar = None
-            if progress:
-                from tqdm.auto import tqdm
-
-                bar = tqdm(total=rows, desc="embedding cache", unit="img", leave=False)
-            pos = 0
-            with torch.no_grad():
-                for _ in range(n_passes):
-                    for x, y in make_iter():
-                        x = torch.as_tensor(x).to(device, non_blocking=True)
-                        if augment is not None:
-                            x = augment(x, generator=gen) if aug_takes_gen else augment(x)
-                        if transform is not None:
-                            x = transform(x)
-                        elif not x.is_floating_point():
-                            x = x.float()
-                        z, logits = embed_fn(model, x)
-                        z = z.detach().float().reshape(z.shape[0], -1).cpu().numpy()
-                        logits = logits.detach().float().cpu().numpy()
-                        y = torch.as_tensor(y).long().cpu().numpy()
-                        b = z.shape[0]
-                        if not arrays:
-                            arrays = {
-                                "embeddings": np.lib.format.open_memmap(
-                                    tmp / "embeddings.npy", mode="w+", dtype=np.float32,
-                                    shape=(rows, z.shape[1])),
-                                "logits": np.lib.format.open_memmap(
-                                    tmp / "logits.npy", mode="w+", dtype=np.float32,
-                                    shape=(rows, logits.shape[1])),
-                                "labels": np.lib.format.open_memmap(
-                                    tmp / "labels.npy", mode="w+", dtype=np.int64, shape=(rows,)),
-                            }
-                        if pos + b > rows or logits.shape[0] != b or y.shape[0] != b:
-                            raise ValueError(
-                                "Expected the data to yield as many rows as its length "
-                                f"({n}) with one embedding, logit row and label per input"
-                            )
-                        arrays["embeddings"][pos:pos + b] = z
-                        arrays["logits"][pos:pos + b] = logits
-                        arrays["labels"][pos:pos + b] = y
-                        pos += b
-                        if bar is not None:
-                            bar.update(b)
-            if bar is not None:
-                bar.close()
-            if pos != rows:
-                raise ValueError(f"Expected the data to yield {rows} rows, got {pos}")
-            meta: dict[str, Any] = {}
-            for name, arr in arrays.items():
-                arr.flush()
-                shape, dtype = list(arr.shape), str(arr.dtype)
-                fpath = tmp / f"{name}.npy"
-                fsync_dir(fpath)
-                meta[name] = {"file": fpath.name, "shape": shape, "dtype": dtype,
-                              "sha256": _sha256_file(fpath)}
-            arrays.clear()
-            manifest = {
-                "schema": CACHE_SCHEMA,
-                "rows": rows,
-                "n_samples": n,
-                "n_passes": n_passes,
-                "arrays": meta,
-                "identity": identity,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "torch": torch.__version__,
-            }
-            with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
-                json.dump(manifest, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_dir(tmp)
+            arrays = _embed_all(tmp, model, make_iter, prep, embed or _default_embed,
+                                n=n, n_passes=n_passes, progress=progress)
+            _write_manifest(tmp, arrays, n=n, n_passes=n_passes, identity=identity)
             _publish(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -539,6 +555,46 @@ class EmbeddingCache:
         finally:
             model.train(was_training)
         return cls(path, verify=False)
+
+    @classmethod
+    def _reuse(cls, path: Path, identity: dict[str, Any], on_stale: str) -> EmbeddingCache | None:
+        """The valid, current cache at ``path``, else None (or raise if ``on_stale="error"``)."""
+        try:
+            return cls.open(path, expect=identity)
+        except CacheError as exc:
+            if on_stale == "error":
+                raise
+            warnings.warn(f"{exc}; rebuilding", stacklevel=3)
+        return None
+
+
+def _write_manifest(tmp: Path, arrays: dict[str, np.memmap], *, n: int, n_passes: int,
+                    identity: dict[str, Any]) -> None:
+    """Flush and checksum the filled ``arrays``, then write and fsync ``tmp/manifest.json``."""
+    meta: dict[str, Any] = {}
+    for name, arr in arrays.items():
+        arr.flush()
+        shape, dtype = list(arr.shape), str(arr.dtype)
+        fpath = tmp / f"{name}.npy"
+        fsync_dir(fpath)
+        meta[name] = {"file": fpath.name, "shape": shape, "dtype": dtype,
+                      "sha256": _sha256_file(fpath)}
+    arrays.clear()
+    manifest = {
+        "schema": CACHE_SCHEMA,
+        "rows": n * n_passes,
+        "n_samples": n,
+        "n_passes": n_passes,
+        "arrays": meta,
+        "identity": identity,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+    }
+    with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
 
 
 def _publish(tmp: Path, path: Path) -> None:

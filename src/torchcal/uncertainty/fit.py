@@ -130,6 +130,44 @@ def fit_head(
     Returns:
         :class:`HeadFit` ``(head in eval mode, mean loss per epoch)``.
     """
+    epochs, batch_size, lr, weight_decay, loss_kw = _check_fit_args(
+        epochs, batch_size, lr, weight_decay, objective, margin, leeway, unc_reg_lambda)
+    if device is None:
+        device = next(head.parameters()).device if head is not None else torch.device("cpu")
+    device = torch.device(device)
+    emb, target = _training_data(data, device)
+    n, d = emb.shape
+    head = _init_head(head, d, width=width, depth=depth, seed=seed)
+    head.to(device).train()
+
+    bs = min(batch_size, n - n % 2)
+    full, rest = divmod(n, bs)
+    steps_per_epoch = full + (1 if rest >= 2 else 0)
+    total = steps_per_epoch * epochs
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+    gen = torch.Generator().manual_seed(int(seed))
+    bar = _progress_bar(total) if progress else None
+    epoch_losses: list[float] = []
+    try:
+        for epoch in range(epochs):
+            perm = torch.randperm(n, generator=gen).to(device)
+            running = _train_epoch(head, emb, target, perm, bs, steps_per_epoch, opt, sched,
+                                   loss_kw, bar)
+            epoch_losses.append(float(running) / steps_per_epoch)
+            if bar is not None:
+                bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_losses[-1]:.4f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    head.eval()
+    return HeadFit(head, epoch_losses)
+
+
+def _check_fit_args(epochs: int, batch_size: int, lr: float | None, weight_decay: float,
+                    objective: str, margin: float, leeway: float, unc_reg_lambda: float,
+                    ) -> tuple[int, int, float, float, dict[str, Any]]:
+    """Validate :func:`fit_head`'s settings; return them with the loss settings as kwargs."""
     epochs = check_positive_int(epochs, "epochs")
     batch_size = check_positive_int(batch_size, "batch_size")
     if batch_size < 2 or batch_size % 2:
@@ -143,14 +181,17 @@ def fit_head(
     lr = 1e-3 * batch_size / 256 if lr is None else lr
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"Expected `lr` to be a positive finite number, got {lr!r}")
-    if device is None:
-        device = next(head.parameters()).device if head is not None else torch.device("cpu")
-    device = torch.device(device)
+    loss_kw = {"objective": objective, "margin": margin, "leeway": leeway,
+               "unc_reg_lambda": unc_reg_lambda}
+    return epochs, batch_size, lr, weight_decay, loss_kw
 
+
+def _training_data(data: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float embeddings (N, D) and the classifier's per-sample cross-entropy (N,) to train on."""
     emb, logits, labels = _unpack(data, device=device)
     if logits is None:
         raise ValueError("Expected `logits` to train the head (its target is the classifier's loss)")
-    n, d = emb.shape
+    n = emb.shape[0]
     if n < 2:
         raise ValueError(f"Expected at least 2 samples to train the head, got {n}")
     lo, hi = int(labels.min()), int(labels.max())
@@ -160,8 +201,12 @@ def fit_head(
             f"values in [{lo}, {hi}]"
         )
     target = per_sample_cross_entropy(logits, labels)
-    emb = emb.float()
+    return emb.float(), target
 
+
+def _init_head(head: UncertaintyHead | None, d: int, *, width: int, depth: int,
+               seed: int) -> UncertaintyHead:
+    """A new seeded ``UncertaintyHead(d, width, depth)``, or ``head`` checked to take width d."""
     if head is None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -171,45 +216,33 @@ def fit_head(
     elif head.in_features != d:
         raise ValueError(f"Expected `head` with in_features={d} (the cache's embedding width), "
                          f"got {head.in_features}")
-    head.to(device).train()
+    return head
 
-    bs = min(batch_size, n - n % 2)
-    full, rest = divmod(n, bs)
-    steps_per_epoch = full + (1 if rest >= 2 else 0)
-    total = steps_per_epoch * epochs
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
-    gen = torch.Generator().manual_seed(int(seed))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, desc="uncertainty head", unit="step", leave=False)
-    epoch_losses: list[float] = []
-    try:
-        for epoch in range(epochs):
-            perm = torch.randperm(n, generator=gen).to(device)
-            running = torch.zeros((), device=device)
-            for s in range(steps_per_epoch):
-                idx = perm[s * bs:(s + 1) * bs]
-                idx = idx[: idx.shape[0] - idx.shape[0] % 2]
-                loss = head_loss(head(emb[idx]), target[idx], objective=objective, margin=margin,
-                                 leeway=leeway, unc_reg_lambda=unc_reg_lambda)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                running += loss.detach()
-                if bar is not None:
-                    bar.update(1)
-            epoch_losses.append(float(running) / steps_per_epoch)
-            if bar is not None:
-                bar.set_postfix(epoch=epoch + 1, loss=f"{epoch_losses[-1]:.4f}")
-    finally:
+def _progress_bar(total: int) -> Any:
+    """A tqdm bar over the ``total`` optimiser steps of :func:`fit_head`."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="uncertainty head", unit="step", leave=False)
+
+
+def _train_epoch(head: UncertaintyHead, emb: torch.Tensor, target: torch.Tensor,
+                 perm: torch.Tensor, bs: int, steps: int, opt: torch.optim.Optimizer,
+                 sched: Any, loss_kw: dict[str, Any], bar: Any) -> torch.Tensor:
+    """One epoch of ``steps`` optimiser steps over ``perm`` in even batches; the summed loss."""
+    running = torch.zeros((), device=perm.device)
+    for s in range(steps):
+        idx = perm[s * bs:(s + 1) * bs]
+        idx = idx[: idx.shape[0] - idx.shape[0] % 2]
+        loss = head_loss(head(emb[idx]), target[idx], **loss_kw)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        running += loss.detach()
         if bar is not None:
-            bar.close()
-    head.eval()
-    return HeadFit(head, epoch_losses)
+            bar.update(1)
+    return running
 
 
 @torch.no_grad()
