@@ -249,6 +249,32 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                  n_bins: int, notes: list[str], logits: dict[str, RunLogits]) -> None:
     from . import figures as F
 
+    pooled, conf, acc = _reliability_figures(F, ds, model, gs, figs, fig_dir, n_bins, notes,
+                                             logits)
+    if pooled:
+        fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
+                                     title=f"Reliability before temperature scaling, {ds}/{model} test")
+        path = F.save_figure(fig, fig_dir / f"reliability_overview_{_slug(ds, model)}.png")
+        figs.insert(0, Figure("Reliability overview (pre T)", path,
+                              "Reliability diagrams of every loss before temperature scaling "
+                              "(test logits pooled over seeds; the ECE in each panel is that of "
+                              "the pooled logits, not the mean over seeds of the tables). "
+                              + _SPARSE_NOTE))
+    if conf:
+        fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
+                                      title=f"Top-1 confidence, {ds}/{model} test (pre T)")
+        path = F.save_figure(fig, fig_dir / f"confidence_{_slug(ds, model)}.png")
+        figs.append(Figure("Confidence histograms", path,
+                           "Histogram of the top-1 confidence on the test set before temperature scaling; "
+                           "dashed: mean confidence, solid: accuracy."))
+    _ood_roc_figures(F, ds, model, gs, figs, fig_dir, pooled)
+    _gamma_figures(F, ds, model, gs, figs, fig_dir, notes)
+
+
+def _reliability_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+                         fig_dir: Path, n_bins: int, notes: list[str],
+                         logits: dict[str, RunLogits]):
+    """Draw each group's pre/post-T reliability pair; return its pooled logits, conf and acc."""
     conf: dict[str, np.ndarray] = {}
     acc: dict[str, float] = {}
     pooled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
@@ -269,23 +295,12 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                            "the ECE in the panels is that of the pooled logits. " + _SPARSE_NOTE))
         conf[g.label] = _top1_confidence(pre)
         acc[g.label] = float((pre.argmax(1) == y).mean())
-    if pooled:
-        fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
-                                     title=f"Reliability before temperature scaling, {ds}/{model} test")
-        path = F.save_figure(fig, fig_dir / f"reliability_overview_{_slug(ds, model)}.png")
-        figs.insert(0, Figure("Reliability overview (pre T)", path,
-                              "Reliability diagrams of every loss before temperature scaling "
-                              "(test logits pooled over seeds; the ECE in each panel is that of "
-                              "the pooled logits, not the mean over seeds of the tables). "
-                              + _SPARSE_NOTE))
-    if conf:
-        fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
-                                      title=f"Top-1 confidence, {ds}/{model} test (pre T)")
-        path = F.save_figure(fig, fig_dir / f"confidence_{_slug(ds, model)}.png")
-        figs.append(Figure("Confidence histograms", path,
-                           "Histogram of the top-1 confidence on the test set before temperature scaling; "
-                           "dashed: mean confidence, solid: accuracy."))
-    # OOD ROC curves
+    return pooled, conf, acc
+
+
+def _ood_roc_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+                     fig_dir: Path, pooled: dict[str, Any]) -> None:
+    """Draw one entropy ROC figure per OOD set of the runs (groups with pooled logits)."""
     ood_names: list[str] = []
     for g in gs:
         for r in g.runs:
@@ -297,23 +312,9 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
         for g in gs:
             if g.label not in pooled:
                 continue
-            s_id, s_ood = [], []
-            for r in g.runs:
-                pi, po = r.logits_dir / "test.npz", r.logits_dir / f"ood_{name}.npz"
-                if not (pi.is_file() and po.is_file()):
-                    continue
-                try:
-                    s_id.append(_entropy(load_logits(pi)[0]))
-                    s_ood.append(_entropy(load_logits(po)[0]))
-                except ResultsFileError:
-                    continue
-            if not s_id:
-                continue
-            scores = np.concatenate(s_id + s_ood)
-            pos = np.r_[np.zeros(sum(map(len, s_id))), np.ones(sum(map(len, s_ood)))]
-            fpr, tpr = F.roc_curve(scores, pos)
-            auc = g.mean.get(f"ood.{name}.auroc_entropy", math.nan)
-            curves[g.label] = (fpr, tpr, auc, g.std.get(f"ood.{name}.auroc_entropy", math.nan))
+            curve = _ood_roc_curve(F, g, name)
+            if curve is not None:
+                curves[g.label] = curve
         if curves:
             fig = F.roc_figure(curves, title=f"OOD ROC (entropy), {ds}/{model} test vs {name}")
             path = F.save_figure(fig, fig_dir / f"roc_{_slug(ds, model, name)}.png")
@@ -322,7 +323,32 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                                f"negatives, {name} as positives), seeds pooled: one panel per "
                                "loss (blue) over the other losses (grey) and the first loss "
                                "(dashed); titles: AUROC in %, mean ± std over seeds."))
-    # AdaFocal gamma per bin
+
+
+def _ood_roc_curve(F, g: Group, name: str):
+    """``(fpr, tpr, auroc mean, auroc std)`` of a group against OOD set ``name``, or None."""
+    s_id, s_ood = [], []
+    for r in g.runs:
+        pi, po = r.logits_dir / "test.npz", r.logits_dir / f"ood_{name}.npz"
+        if not (pi.is_file() and po.is_file()):
+            continue
+        try:
+            s_id.append(_entropy(load_logits(pi)[0]))
+            s_ood.append(_entropy(load_logits(po)[0]))
+        except ResultsFileError:
+            continue
+    if not s_id:
+        return None
+    scores = np.concatenate(s_id + s_ood)
+    pos = np.r_[np.zeros(sum(map(len, s_id))), np.ones(sum(map(len, s_ood)))]
+    fpr, tpr = F.roc_curve(scores, pos)
+    auc = g.mean.get(f"ood.{name}.auroc_entropy", math.nan)
+    return (fpr, tpr, auc, g.std.get(f"ood.{name}.auroc_entropy", math.nan))
+
+
+def _gamma_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+                   fig_dir: Path, notes: list[str]) -> None:
+    """Draw AdaFocal's γ per bin over epochs for every group with a γ history."""
     for g in gs:
         hist = {f"seed {r.seed}": h for r in g.runs if (h := gamma_history(r.run_dir)) is not None}
         if not hist:
