@@ -158,7 +158,15 @@ def load_splits(name: str, root: str | os.PathLike | None = None, *, download: b
     """
     if name not in _DATASETS:
         raise ValueError(f"Unknown data set {name!r}; expected one of: {', '.join(_DATASETS)}")
+    take = _keyword_taker(name, kw)
+    if name == "digits":
+        return _digits_splits(take, seed=seed, val_fraction=val_fraction)
+    return _file_splits(name, default_root(root), take, download=download, seed=seed,
+                        val_fraction=val_fraction)
 
+
+def _keyword_taker(name: str, kw: dict):
+    """A ``take(*allowed)`` that returns a copy of ``kw``, refusing keywords not allowed."""
     def take(*allowed: str) -> dict:
         extra = sorted(set(kw) - set(allowed))
         if extra:
@@ -166,18 +174,25 @@ def load_splits(name: str, root: str | os.PathLike | None = None, *, download: b
                              f"accepted: {', '.join(allowed) or 'none'}")
         return dict(kw)
 
-    if name == "digits":
-        opts = take("noise_std", "n_copies", "split")
-        if "split" not in opts:
-            from ._base import _check_fraction
+    return take
 
-            vf = _check_fraction(val_fraction)
-            if vf >= 0.7:
-                raise ValueError(f"Expected `val_fraction` < 0.7 for digits (30% is the test split), got {val_fraction!r}")
-            opts["split"] = (round(0.7 - vf, 12), vf, 0.3)
-        return load_digits_splits(seed=seed, **opts)
 
-    root = default_root(root)
+def _digits_splits(take, *, seed: int, val_fraction: float) -> DataSplits:
+    """The ``digits`` splits, with ``split`` derived from ``val_fraction`` unless given."""
+    opts = take("noise_std", "n_copies", "split")
+    if "split" not in opts:
+        from ._base import _check_fraction
+
+        vf = _check_fraction(val_fraction)
+        if vf >= 0.7:
+            raise ValueError(f"Expected `val_fraction` < 0.7 for digits (30% is the test split), got {val_fraction!r}")
+        opts["split"] = (round(0.7 - vf, 12), vf, 0.3)
+    return load_digits_splits(seed=seed, **opts)
+
+
+def _file_splits(name: str, root: Path, take, *, download: bool, seed: int,
+                 val_fraction: float) -> DataSplits:
+    """The splits of a data set kept under the data root ``root`` (every one but digits)."""
     if name == "mnist1d":
         return load_mnist1d_splits(root, seed=seed, **take("n_train", "n_val", "n_test", "cache"))
     if name in ("cifar10", "cifar100"):

@@ -396,6 +396,16 @@ class AdaFocalLoss(CalibrationLoss):
                 any rank's input is bad (instead of the others waiting in the gather), and no
                 rank changes its state.
         """
+        conf, correct = self._gathered_stats(logits, labels, sync_dist)
+        if conf.numel() == 0:
+            raise ValueError("Expected at least one validation sample, got 0")
+        interior, gaps, counts = self._bin_gaps(conf, correct)
+        self._adopt(interior, gaps, counts)
+
+    def _gathered_stats(
+        self, logits: Any, labels: Any, sync_dist: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validated (confidence, correct) of this rank, or of every rank under distributed."""
         distributed = sync_dist and _dist_world() > 1
         try:
             conf, correct = self._validation_stats(logits, labels)
@@ -421,8 +431,12 @@ class AdaFocalLoss(CalibrationLoss):
                 torch.stack([conf.double(), correct.double()], 1).reshape(-1))
             packed = packed.reshape(-1, 2)
             conf, correct = packed[:, 0].to(conf.dtype), packed[:, 1].to(conf.dtype)
-        if conf.numel() == 0:
-            raise ValueError("Expected at least one validation sample, got 0")
+        return conf, correct
+
+    def _bin_gaps(
+        self, conf: torch.Tensor, correct: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Interior equal-mass edges, per-bin (conf - acc) gaps and float64 counts."""
         # Sorted order makes the per-bin sums independent of sample order and rank split.
         order = torch.argsort(conf, stable=True)
         conf_s = conf[order]
@@ -434,7 +448,6 @@ class AdaFocalLoss(CalibrationLoss):
             interior = equal_mass_edges(conf_s, self.n_bins)
             idx = bin_index(conf_s, interior)
             kept = torch.ones_like(conf_s, dtype=torch.float64)
-        dev = self.gammas.device
         b = self.n_bins
         counts = torch.zeros(b, dtype=torch.float64, device=conf.device).index_add_(0, idx, kept)
         conf_sum = torch.zeros(b, dtype=torch.float64, device=conf.device).index_add_(
@@ -443,6 +456,11 @@ class AdaFocalLoss(CalibrationLoss):
             0, idx, correct_s.double() * kept)
         denom = counts.clamp_min(1.0)
         gaps = torch.where(counts > 0, (conf_sum - acc_sum) / denom, torch.zeros_like(counts))
+        return interior, gaps, counts
+
+    def _adopt(self, interior: torch.Tensor, gaps: torch.Tensor, counts: torch.Tensor) -> None:
+        """Move γ by the gaps, adopt the new edges and append a history record."""
+        dev = self.gammas.device
         new_gammas = adafocal_gamma_update(
             self.gammas, gaps.to(dev), lam=self.lam, switch_point=self.switch_point,
             gamma_min=self.gamma_min, gamma_max=self.gamma_max,

@@ -186,22 +186,8 @@ def bootstrap_ci(
         >>> bool(res.low <= res.estimate <= res.high)
         True
     """
-    if isinstance(metric, str):
-        if metric not in _METRICS:
-            raise ValueError(
-                f"Expected `metric` to be one of {sorted(_METRICS)} or a callable, got {metric!r}"
-            )
-        fn = _METRICS[metric]
-    elif callable(metric):
-        fn = metric
-    else:
-        raise TypeError(f"Expected `metric` to be a metric name or a callable, got {metric!r}")
-    n_resamples = check_positive_int(n_resamples, "n_resamples")
-    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0.0 < level < 1.0:
-        raise ValueError(f"Expected `level` to be a number in (0, 1), got {level!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"Expected `seed` to be an integer, got {seed!r}")
-    seed = int(seed)
+    fn = _resolve_metric(metric)
+    n_resamples, seed = _check_options(n_resamples, level, seed)
 
     estimate = fn(logits=logits, probs=probs, labels=labels, **metric_kwargs)
     if not isinstance(estimate, torch.Tensor) or estimate.ndim != 0:
@@ -210,38 +196,77 @@ def bootstrap_ci(
     n = p.shape[0]
     batches = _index_batches(n, n_resamples, seed, p.device)
 
-    vectorised = fn in _NORMS or fn in (calibration.adaptive_ece, calibration.classwise_ece)
-    per_sample = fn in (scoring.nll, scoring.brier, scoring.error, scoring.topk_error)
-    allowed = {"n_bins", "validate_args"} if vectorised else {"k", "validate_args"}
-    if (vectorised or per_sample) and set(metric_kwargs) <= allowed:
-        if fn is scoring.nll:
-            stats = _mean_stats(scoring.nll_per_sample(logits, p, y), batches)
-        elif fn is scoring.brier:
-            stats = _mean_stats(scoring.brier_per_sample(p, y), batches)
-        elif fn is scoring.error:
-            # the arg-max rule of `error` (first index on ties), not top-k's tie rule
-            stats = _mean_stats(~top1(p, y)[1], batches)
-        elif fn is scoring.topk_error:
-            stats = _mean_stats(~scoring.topk_hits(p, y, metric_kwargs.get("k", 5)), batches)
-        elif fn is calibration.classwise_ece:
-            stats = _classwise_stats(p, y, batches, metric_kwargs.get("n_bins", 15))
-        elif fn is calibration.adaptive_ece:
-            stats = _top_label_stats(p, y, batches, metric_kwargs.get("n_bins", 15), "l1",
-                                     equal_mass=True)
-        else:
-            stats = _top_label_stats(p, y, batches, metric_kwargs.get("n_bins", 15),
-                                     _NORMS[fn], equal_mass=False)
-    else:
-        kwargs = dict(metric_kwargs)
-        if _accepts(fn, "validate_args"):
-            kwargs.setdefault("validate_args", False)
-        src_name = "logits" if logits is not None else "probs"
-        src = as_tensor(logits if logits is not None else probs, src_name).to(p.device)
-        vals = [fn(**{src_name: src[i]}, labels=y[i], **kwargs)
-                for _, _, idx in batches for i in idx]
-        stats = torch.stack(vals).to(torch.float64)
+    stats = _fast_stats(fn, logits, p, y, batches, metric_kwargs)
+    if stats is None:
+        stats = _looped_stats(fn, logits, probs, p, y, batches, metric_kwargs)
 
     alpha = (1.0 - float(level)) / 2.0
     q = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64, device=stats.device)
     low, high = torch.quantile(stats.to(torch.float64), q)
     return BootstrapResult(estimate, low.to(estimate.dtype), high.to(estimate.dtype))
+
+
+def _resolve_metric(metric: str | Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The metric function named by ``metric`` (a name of ``_METRICS`` or a callable)."""
+    if isinstance(metric, str):
+        if metric not in _METRICS:
+            raise ValueError(
+                f"Expected `metric` to be one of {sorted(_METRICS)} or a callable, got {metric!r}"
+            )
+        return _METRICS[metric]
+    if callable(metric):
+        return metric
+    raise TypeError(f"Expected `metric` to be a metric name or a callable, got {metric!r}")
+
+
+def _check_options(n_resamples: int, level: float, seed: int) -> tuple[int, int]:
+    """Validate ``n_resamples``, ``level`` and ``seed``; return ``(n_resamples, int(seed))``."""
+    n_resamples = check_positive_int(n_resamples, "n_resamples")
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0.0 < level < 1.0:
+        raise ValueError(f"Expected `level` to be a number in (0, 1), got {level!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"Expected `seed` to be an integer, got {seed!r}")
+    return n_resamples, int(seed)
+
+
+def _fast_stats(
+    fn: Callable[..., torch.Tensor], logits: Any, p: torch.Tensor, y: torch.Tensor, batches,
+    metric_kwargs: dict[str, Any],
+) -> torch.Tensor | None:
+    """The R resampled values by the vectorised paths, or None if ``fn`` has none."""
+    vectorised = fn in _NORMS or fn in (calibration.adaptive_ece, calibration.classwise_ece)
+    per_sample = fn in (scoring.nll, scoring.brier, scoring.error, scoring.topk_error)
+    allowed = {"n_bins", "validate_args"} if vectorised else {"k", "validate_args"}
+    if not ((vectorised or per_sample) and set(metric_kwargs) <= allowed):
+        return None
+    if fn is scoring.nll:
+        return _mean_stats(scoring.nll_per_sample(logits, p, y), batches)
+    if fn is scoring.brier:
+        return _mean_stats(scoring.brier_per_sample(p, y), batches)
+    if fn is scoring.error:
+        # the arg-max rule of `error` (first index on ties), not top-k's tie rule
+        return _mean_stats(~top1(p, y)[1], batches)
+    if fn is scoring.topk_error:
+        return _mean_stats(~scoring.topk_hits(p, y, metric_kwargs.get("k", 5)), batches)
+    if fn is calibration.classwise_ece:
+        return _classwise_stats(p, y, batches, metric_kwargs.get("n_bins", 15))
+    if fn is calibration.adaptive_ece:
+        return _top_label_stats(p, y, batches, metric_kwargs.get("n_bins", 15), "l1",
+                                equal_mass=True)
+    return _top_label_stats(p, y, batches, metric_kwargs.get("n_bins", 15),
+                            _NORMS[fn], equal_mass=False)
+
+
+def _looped_stats(
+    fn: Callable[..., torch.Tensor], logits: Any, probs: Any, p: torch.Tensor, y: torch.Tensor,
+    batches, metric_kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """The R resampled values by calling ``fn`` on each resample (float64)."""
+    kwargs = dict(metric_kwargs)
+    if _accepts(fn, "validate_args"):
+        kwargs.setdefault("validate_args", False)
+    src_name = "logits" if logits is not None else "probs"
+    src = as_tensor(logits if logits is not None else probs, src_name).to(p.device)
+    vals = [fn(**{src_name: src[i]}, labels=y[i], **kwargs)
+            for _, _, idx in batches for i in idx]
+    return torch.stack(vals).to(torch.float64)

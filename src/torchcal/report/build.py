@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -195,6 +196,32 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                  n_bins: int, notes: list[str], logits: dict[str, RunLogits]) -> None:
     from . import figures as F
 
+    pooled, conf, acc = _reliability_figures(F, ds, model, gs, figs, fig_dir, n_bins, notes,
+                                             logits)
+    if pooled:
+        fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
+                                     title=f"Reliability before temperature scaling, {ds}/{model} test")
+        path = F.save_figure(fig, fig_dir / f"reliability_overview_{_slug(ds, model)}.png")
+        figs.insert(0, Figure("Reliability overview (pre T)", path,
+                              "Reliability diagrams of every loss before temperature scaling "
+                              "(test logits pooled over seeds; the ECE in each panel is that of "
+                              "the pooled logits, not the mean over seeds of the tables). "
+                              + _SPARSE_NOTE))
+    if conf:
+        fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
+                                      title=f"Top-1 confidence, {ds}/{model} test (pre T)")
+        path = F.save_figure(fig, fig_dir / f"confidence_{_slug(ds, model)}.png")
+        figs.append(Figure("Confidence histograms", path,
+                           "Histogram of the top-1 confidence on the test set before temperature scaling; "
+                           "dashed: mean confidence, solid: accuracy."))
+    _ood_roc_figures(F, ds, model, gs, figs, fig_dir, pooled)
+    _gamma_figures(F, ds, model, gs, figs, fig_dir, notes)
+
+
+def _reliability_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+                         fig_dir: Path, n_bins: int, notes: list[str],
+                         logits: dict[str, RunLogits]):
+    """Draw each group's pre/post-T reliability pair; return its pooled logits, conf and acc."""
     conf: dict[str, np.ndarray] = {}
     acc: dict[str, float] = {}
     pooled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
@@ -215,23 +242,12 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                            "the ECE in the panels is that of the pooled logits. " + _SPARSE_NOTE))
         conf[g.label] = _top1_confidence(pre)
         acc[g.label] = float((pre.argmax(1) == y).mean())
-    if pooled:
-        fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
-                                     title=f"Reliability before temperature scaling, {ds}/{model} test")
-        path = F.save_figure(fig, fig_dir / f"reliability_overview_{_slug(ds, model)}.png")
-        figs.insert(0, Figure("Reliability overview (pre T)", path,
-                              "Reliability diagrams of every loss before temperature scaling "
-                              "(test logits pooled over seeds; the ECE in each panel is that of "
-                              "the pooled logits, not the mean over seeds of the tables). "
-                              + _SPARSE_NOTE))
-    if conf:
-        fig = F.confidence_histograms(conf, n_bins=n_bins, accuracies=acc,
-                                      title=f"Top-1 confidence, {ds}/{model} test (pre T)")
-        path = F.save_figure(fig, fig_dir / f"confidence_{_slug(ds, model)}.png")
-        figs.append(Figure("Confidence histograms", path,
-                           "Histogram of the top-1 confidence on the test set before temperature scaling; "
-                           "dashed: mean confidence, solid: accuracy."))
-    # OOD ROC curves
+    return pooled, conf, acc
+
+
+def _ood_roc_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+                     fig_dir: Path, pooled: dict[str, Any]) -> None:
+    """Draw one entropy ROC figure per OOD set of the runs (groups with pooled logits)."""
     ood_names: list[str] = []
     for g in gs:
         for r in g.runs:
@@ -243,24 +259,9 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
         for g in gs:
             if g.label not in pooled:
                 continue
-            s_id, s_ood = [], []
-            for r in g.runs:
-                pi = r.logits_dir / logits_filename("test")
-                po = r.logits_dir / logits_filename(f"ood:{name}")
-                if not (pi.is_file() and po.is_file()):
-                    continue
-                try:
-                    s_id.append(_entropy(load_logits(pi)[0]))
-                    s_ood.append(_entropy(load_logits(po)[0]))
-                except ResultsFileError:
-                    continue
-            if not s_id:
-                continue
-            scores = np.concatenate(s_id + s_ood)
-            pos = np.r_[np.zeros(sum(map(len, s_id))), np.ones(sum(map(len, s_ood)))]
-            fpr, tpr = F.roc_curve(scores, pos)
-            auc = g.mean.get(f"ood.{name}.auroc_entropy", math.nan)
-            curves[g.label] = (fpr, tpr, auc, g.std.get(f"ood.{name}.auroc_entropy", math.nan))
+            curve = _ood_roc_curve(F, g, name)
+            if curve is not None:
+                curves[g.label] = curve
         if curves:
             fig = F.roc_figure(curves, title=f"OOD ROC (entropy), {ds}/{model} test vs {name}")
             path = F.save_figure(fig, fig_dir / f"roc_{_slug(ds, model, name)}.png")
@@ -269,12 +270,38 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
                                f"negatives, {name} as positives), seeds pooled: one panel per "
                                "loss (blue) over the other losses (grey) and the first loss "
                                "(dashed); titles: AUROC in %, mean ± std over seeds."))
-    # AdaFocal gamma per bin
+
+
+def _ood_roc_curve(F, g: Group, name: str):
+    """``(fpr, tpr, auroc mean, auroc std)`` of a group against OOD set ``name``, or None."""
+    s_id, s_ood = [], []
+    for r in g.runs:
+        pi = r.logits_dir / logits_filename("test")
+        po = r.logits_dir / logits_filename(f"ood:{name}")
+        if not (pi.is_file() and po.is_file()):
+            continue
+        try:
+            s_id.append(_entropy(load_logits(pi)[0]))
+            s_ood.append(_entropy(load_logits(po)[0]))
+        except ResultsFileError:
+            continue
+    if not s_id:
+        return None
+    scores = np.concatenate(s_id + s_ood)
+    pos = np.r_[np.zeros(sum(map(len, s_id))), np.ones(sum(map(len, s_ood)))]
+    fpr, tpr = F.roc_curve(scores, pos)
+    auc = g.mean.get(f"ood.{name}.auroc_entropy", math.nan)
+    return (fpr, tpr, auc, g.std.get(f"ood.{name}.auroc_entropy", math.nan))
+
+
+def _gamma_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+                   fig_dir: Path, notes: list[str]) -> None:
+    """Draw AdaFocal's γ per bin over epochs for every group with a γ history."""
     for g in gs:
         hist = {f"seed {r.seed}": h for r in g.runs if (h := gamma_history(r.run_dir)) is not None}
         if not hist:
             if g.loss == "adafocal":
-                notes.append(f"{g.label}: no γ history found in log.jsonl or checkpoints, no γ plot.")
+                notes.append(f"{g.label}: no γ history found in its runs' epoch logs, no γ plot.")
             continue
         gmax = g.loss_kwargs.get("gamma_max", 20.0) if g.loss == "adafocal" else None
         fig = F.gamma_history_figure(hist, title=f"{g.label}: γ per bin over epochs ({ds}/{model})",
@@ -362,15 +389,7 @@ def build_report(
     Raises:
         ResultsFileError: when no run could be read at all (the message lists every bad file).
     """
-    if runs is None:
-        if paths is None:
-            raise ValueError("Expected `paths` or `runs`, got neither")
-        runs = load_runs(paths, checkpoint)
-    errors = list(runs.errors)
-    if not runs.runs:
-        detail = "; ".join(msg for _p, msg in errors) or "nothing given"
-        raise ResultsFileError(f"No evaluated run could be read: {detail}")
-    check_checkpoints(runs.runs, mix_checkpoints)
+    runs, errors = _readable_runs(paths, runs, checkpoint, mix_checkpoints)
     if claims:
         add_confidence_gaps(runs.runs)
     groups = group_runs(runs.runs)
@@ -382,30 +401,71 @@ def build_report(
     floors = _noise_floors(groups, logits, n_bins)
     figs = _make_figures(groups, fig_dir, n_bins, notes, logits) if figures else {}
     table_sets = T.tables_for(groups, floors)
-    runs_table = T.Table("Run directories", ["Group", "Seeds", "Checkpoint", "Run directories"], [
+    runs_table = _runs_table(groups, out)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    claims_md = claims_markdown(groups) if claims else ""
+    md_text = _report_markdown(title, intro, stamp, len(runs.runs), groups, table_sets, figs, out,
+                               claims_md, runs_table, notes, errors)
+    html_text = _report_html(title, intro, stamp, len(runs.runs), groups, table_sets, figs,
+                             claims_md, runs_table, notes, errors)
+    doc = _results_doc(stamp, groups, floors, errors)
+    paths_out = dict(
+        report_md=atomic_write_text(out / "report.md", md_text),
+        report_html=atomic_write_text(out / "report.html", html_text),
+        results_json=atomic_write_text(out / REPORT_RESULTS_FILE,
+                                       json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n"),
+        results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups)),
+        summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),
+    )
+    all_figs = [f.path for fs in figs.values() for f in fs]
+    text_parts = [tabs[0].to_text() for _key, tabs in table_sets]
+    md_tables = [tabs[0].to_markdown() for _key, tabs in table_sets]
+    return ReportOutput(out_dir=out, figures=all_figs, groups=groups, errors=errors,
+                        text="\n".join(text_parts), markdown_tables="\n".join(md_tables),
+                        notes=notes, **paths_out)
+
+
+def _readable_runs(paths: Iterable[str | os.PathLike] | None, runs: LoadReport | None,
+                   checkpoint: str, mix_checkpoints: bool) -> tuple[LoadReport, list]:
+    """The loaded runs and their load errors; raise when no run could be read."""
+    if runs is None:
+        if paths is None:
+            raise ValueError("Expected `paths` or `runs`, got neither")
+        runs = load_runs(paths, checkpoint)
+    errors = list(runs.errors)
+    if not runs.runs:
+        detail = "; ".join(msg for _p, msg in errors) or "nothing given"
+        raise ResultsFileError(f"No evaluated run could be read: {detail}")
+    check_checkpoints(runs.runs, mix_checkpoints)
+    return runs, errors
+
+
+def _runs_table(groups: Sequence[Group], out: Path) -> T.Table:
+    """The "Run directories" table: seeds, checkpoint and run directories of each group."""
+    return T.Table("Run directories", ["Group", "Seeds", "Checkpoint", "Run directories"], [
         [T.Cell(f"{g.label} ({g.dataset}/{g.model})"), T.Cell(", ".join(map(str, g.seeds))),
          T.Cell(", ".join(sorted({r.checkpoint for r in g.runs}))),
          T.Cell(", ".join(_rel(r.run_dir, out) for r in g.runs))] for g in groups],
         ["Run directories relative to this report. Checkpoint: the evaluated checkpoint "
          "(last: the last epoch's, as the papers report; best: by the validation metric)."])
 
-    # ---- markdown
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    md = [f"# {title}", "", f"Generated {stamp} from {len(runs.runs)} evaluated run(s) in "
+
+def _report_markdown(title: str, intro: str, stamp: str, n_runs: int, groups: Sequence[Group],
+                     table_sets, figs: dict[tuple[str, str], list[Figure]], out: Path,
+                     claims_md: str, runs_table: T.Table, notes: list[str],
+                     errors: list) -> str:
+    """The text of report.md."""
+    md = [f"# {title}", "", f"Generated {stamp} from {n_runs} evaluated run(s) in "
           f"{len(groups)} group(s).", ""]
     if intro:
         md += [intro.strip(), ""]
-    text_parts, md_tables = [], []
     for key, tabs in table_sets:
         md += [f"## {key[0]} / {key[1]}", ""]
         for tab in tabs:
             md += [tab.to_markdown(), ""]
-        md_tables.append(tabs[0].to_markdown())
-        text_parts.append(tabs[0].to_text())
         for f in figs.get(key, []):
             rel = f.path.relative_to(out).as_posix()
             md += [f"#### {f.title}", "", f"![{f.title}]({rel})", "", f"_{f.caption}_", ""]
-    claims_md = claims_markdown(groups) if claims else ""
     if claims_md:
         md += [claims_md, ""]
     md += ["## Runs", "", runs_table.to_markdown(), ""]
@@ -413,13 +473,17 @@ def build_report(
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     if errors:
         md += ["## Skipped files", ""] + [f"- `{p}`: {m}" for p, m in errors] + [""]
-    md_text = "\n".join(md).rstrip() + "\n"
+    return "\n".join(md).rstrip() + "\n"
 
-    # ---- html
+
+def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequence[Group],
+                 table_sets, figs: dict[tuple[str, str], list[Figure]], claims_md: str,
+                 runs_table: T.Table, notes: list[str], errors: list) -> str:
+    """The text of report.html (figures embedded as base64 PNG)."""
     h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
          f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
          f"<h1>{html.escape(title)}</h1>",
-         f"<p>Generated {stamp} from {len(runs.runs)} evaluated run(s) in {len(groups)} group(s).</p>"]
+         f"<p>Generated {stamp} from {n_runs} evaluated run(s) in {len(groups)} group(s).</p>"]
     if intro:
         h.append(_md_to_html_blocks(intro))
     for key, tabs in table_sets:
@@ -439,9 +503,12 @@ def build_report(
             f"<li class=\"err\"><code>{html.escape(p)}</code>: {html.escape(m)}</li>" for p, m in errors)
             + "</ul>")
     h.append("</body></html>")
+    return "\n".join(h) + "\n"
 
-    # ---- data
-    doc = {
+
+def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list) -> dict:
+    """The content of results.json: groups, runs and skipped files."""
+    return {
         "schema": REPORT_SCHEMA,
         "generated": stamp,
         "groups": [{
@@ -455,18 +522,6 @@ def build_report(
                  for g in groups for r in g.runs],
         "errors": [{"path": p, "error": m} for p, m in errors],
     }
-    paths_out = dict(
-        report_md=atomic_write_text(out / "report.md", md_text),
-        report_html=atomic_write_text(out / "report.html", "\n".join(h) + "\n"),
-        results_json=atomic_write_text(out / REPORT_RESULTS_FILE,
-                                       json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n"),
-        results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups)),
-        summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),
-    )
-    all_figs = [f.path for fs in figs.values() for f in fs]
-    return ReportOutput(out_dir=out, figures=all_figs, groups=groups, errors=errors,
-                        text="\n".join(text_parts), markdown_tables="\n".join(md_tables),
-                        notes=notes, **paths_out)
 
 
 def _rel(p: Path, base: Path) -> str:
