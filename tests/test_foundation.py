@@ -136,7 +136,7 @@ def test_registry_unknown_and_kwargs():
     finally:
         from torchcal.losses import _registry
 
-        _registry._LOSSES.pop("_test_dummy", None)
+        _registry.LOSSES.unregister("_test_dummy")
 
 
 def test_protocol_helpers_on_plain_and_stateful_losses():

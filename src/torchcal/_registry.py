@@ -72,12 +72,18 @@ class Registry(Generic[T]):
 
         def add(o: T) -> T:
             old = self._entries.get(name)
-            if old is not None and old.obj is not o:
-                raise ValueError(f"{self.kind.capitalize()} {name!r} is already registered")
+            if old is not None:
+                if old.obj is not o:
+                    raise ValueError(f"{self.kind.capitalize()} {name!r} is already registered")
+                return o  # the same object again (a module imported twice): a no-op
             self._entries[name] = Entry(name, o, display or name, order, paper)
             return o
 
         return add if obj is None else add(obj)
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a no-op when it is not registered); for tests and plug-ins."""
+        self._entries.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         self._load()

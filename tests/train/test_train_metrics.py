@@ -70,3 +70,17 @@ def test_chunked_loss_is_the_per_sample_mean(reduction):
     loss = torch.nn.CrossEntropyLoss(reduction=reduction)
     got = float(_chunked_loss(loss, z, y, 64))
     assert got == pytest.approx(float(torch.nn.functional.cross_entropy(z, y)), abs=1e-6)
+
+
+def test_train_ece_has_the_sign_of_a_gap_in_each_bin():
+    """Hand-worked: an under-confident bin (confidence 0.9, both right: gap +0.1) and an
+    over-confident one (0.7, both wrong: gap -0.7) give ECE = 0.5 * 0.1 + 0.5 * 0.7 = 0.4; a
+    signed sum (a lost ``abs``) would give |0.05 - 0.35| = 0.3."""
+    z = torch.tensor([[math.log(9.0), 0.0]] * 2 + [[math.log(7 / 3), 0.0]] * 2)
+    y = torch.tensor([0, 0, 1, 1])
+    stats = _TrainStats(15, torch.device("cpu"))
+    stats.update(z[:3], y[:3], torch.zeros(()))  # two batches: the sums must add per bin
+    stats.update(z[3:], y[3:], torch.zeros(()))
+    assert stats.compute(DistEnv())["ece"] == pytest.approx(0.4, abs=1e-6)
+    assert epoch_metrics(z, y, n_bins=15)["ece"] == pytest.approx(0.4, abs=1e-6)
+    assert _ref_ece(z, y, 15) == pytest.approx(0.4, abs=1e-6)

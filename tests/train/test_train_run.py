@@ -285,7 +285,7 @@ class _ProtocolProbe(CalibrationLoss):
         return torch.nn.functional.cross_entropy(input, target, reduction=self.reduction)
 
 
-def test_stateful_loss_driven_only_through_the_protocol(tmp_path, monkeypatch):
+def test_stateful_loss_driven_only_through_the_protocol(tmp_path, monkeypatch, request):
     from torchcal.losses import _registry
     from torchcal.train import trainer
 
@@ -295,7 +295,8 @@ def test_stateful_loss_driven_only_through_the_protocol(tmp_path, monkeypatch):
         made.append(_ProtocolProbe(**kw))
         return made[-1]
 
-    monkeypatch.setitem(_registry._LOSSES, "test_protocol_probe", factory)
+    _registry.LOSSES.register("test_protocol_probe", factory)
+    request.addfinalizer(lambda: _registry.LOSSES.unregister("test_protocol_probe"))
     cfg = digits_config(tmp_path, loss="test_protocol_probe", epochs=2, evaluate=False)
     train(cfg)
     probe = made[-1]

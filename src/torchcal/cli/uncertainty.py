@@ -261,10 +261,11 @@ def _results_skeleton(args: argparse.Namespace, config: Any, head_path: Path | N
 
 def _head_and_entropy(head: Any, cache: Any, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's uncertainties and the classifier's predictive entropies on a cache's rows."""
-    from ..uncertainty.fit import _entropy, predict_uncertainty
+    from ..metrics import entropy
+    from ..uncertainty.fit import predict_uncertainty
 
     emb, logits, _ = cache.tensors(device)
-    return predict_uncertainty(head, emb), _entropy(logits)
+    return predict_uncertainty(head, emb), entropy(logits=logits.float(), validate_args=False)
 
 
 def _ood_aurocs(test_scores: tuple[torch.Tensor, torch.Tensor],

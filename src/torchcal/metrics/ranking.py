@@ -14,6 +14,7 @@ import torch
 
 from .._validation import as_tensor, check_finite
 from ._common import check_unit_interval, resolve
+from .scoring import plogp_from_logits
 
 __all__ = ["auroc", "aupr", "fpr_at_tpr", "aurc", "r_auroc", "ood_auroc", "ood_scores"]
 
@@ -223,9 +224,8 @@ def ood_scores(
     for name, z, p in (("id_logits", id_logits, probs[0]), ("ood_logits", ood_logits, probs[1])):
         if score == "entropy":
             t = as_tensor(z, name).to(device=p.device)
-            logp = torch.log_softmax(t.to(torch.promote_types(t.dtype, torch.float32)), dim=1)
-            plogp = logp.exp() * logp  # a masked class (-inf logit) adds 0, not 0 * -inf
-            s = -plogp.masked_fill(logp == float("-inf"), 0.0).sum(dim=1, dtype=torch.float64)
+            plogp = plogp_from_logits(t.to(torch.promote_types(t.dtype, torch.float32)))
+            s = -plogp.sum(dim=1, dtype=torch.float64)
         else:
             s = -p.max(dim=1).values.to(torch.float64)
         parts.append(s.to(device))

@@ -34,9 +34,15 @@ def entropy(*, logits: Any = None, probs: Any = None, validate_args: bool = True
     p = resolve(logits, probs, validate_args=validate_args)
     if logits is not None:
         z = as_tensor(logits, "logits").to(device=p.device, dtype=result_dtype(p.dtype))
-        logp = torch.log_softmax(z, dim=1)
-        return -(logp.exp() * logp).sum(dim=1)
+        return -plogp_from_logits(z).sum(dim=1)
     return -torch.special.xlogy(p, p).sum(dim=1)
+
+
+def plogp_from_logits(z: torch.Tensor) -> torch.Tensor:
+    """The terms ``p_c log p_c`` (N, C) of the entropy from float logits via ``log_softmax``; a
+    masked class (``-inf`` logit) adds 0, not ``0 * -inf``."""
+    logp = torch.log_softmax(z, dim=1)
+    return (logp.exp() * logp).masked_fill(logp == float("-inf"), 0.0)
 
 
 def nll(

@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from .._io import atomic_write_text
 from .._io import to_jsonable as _jsonable
 from ..errors import ResultsFileError
 from ..evaluate import load_logits
+from ..metrics import entropy
 from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
 from . import tables as T
 from .aggregate import (
@@ -170,10 +172,9 @@ def _noise_floors(groups: Sequence[Group], logits: dict[str, RunLogits], n_bins:
 
 
 def _entropy(z: np.ndarray) -> np.ndarray:
-    z = np.asarray(z, dtype=np.float64)
-    z = z - z.max(axis=1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    return -(np.exp(logp) * logp).sum(axis=1)
+    """Predictive entropy (float64) of saved logits, by :func:`torchcal.metrics.entropy`."""
+    return entropy(logits=torch.as_tensor(np.asarray(z, dtype=np.float64)),
+                   validate_args=False).numpy()
 
 
 def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int, notes: list[str],

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .._validation import check_nonneg_finite, check_positive_int
+from ..metrics import entropy
 from .cache import EmbeddingCache
 from .head import UncertaintyHead, per_sample_cross_entropy
 from .objectives import HEAD_OBJECTIVES, head_loss
@@ -315,11 +316,6 @@ def _safe_r_auroc(uncertainty: torch.Tensor, correct: torch.Tensor) -> float:
     return float(r_auroc(uncertainty=uncertainty, correct=correct))
 
 
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits.float(), dim=1)
-    return -(logp.exp() * logp).sum(dim=1)
-
-
 def evaluate_head(
     head: UncertaintyHead,
     data: EmbeddingCache | tuple,
@@ -364,7 +360,7 @@ def evaluate_head(
     if baselines and logits is not None:
         lg = logits.to(u.device)
         base_scores = {"max_prob": 1 - torch.softmax(lg.double(), 1).amax(1),
-                       "entropy": _entropy(lg).double()}
+                       "entropy": entropy(logits=lg.float(), validate_args=False).double()}
     base_res: dict[str, dict[str, float]] = {k: {} for k in base_scores}
     if classifier:
         correct = logits.to(u.device).argmax(1) == labels
