@@ -7,6 +7,7 @@ check has already failed (the checks themselves reduce to one boolean per condit
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "check_scalar",
     "as_tensor",
     "check_positive_int",
     "check_nonneg_finite",
@@ -48,21 +50,95 @@ def as_tensor(x: Any, name: str, *, device: torch.device | str | None = None) ->
     return t
 
 
+_BOUNDARIES = {"both": (True, True), "left": (True, False), "right": (False, True),
+               "neither": (False, False)}
+
+
+def _describe(target_type: type, min_val: float | None, max_val: float | None,
+              closed: tuple[bool, bool]) -> str:
+    """The ``expected`` text of :func:`check_scalar`: "a positive integer", "in [0, 1)", ..."""
+    if min_val is not None and max_val is not None:
+        return (f"{'an integer' if target_type is int else 'a number'} in "
+                f"{'[' if closed[0] else '('}{min_val:g}, {max_val:g}{']' if closed[1] else ')'}")
+    if target_type is int:
+        if max_val is None and min_val in (0, 1) and closed[0]:
+            return "a positive integer" if min_val == 1 else "a non-negative integer"
+        base = "an integer"
+    else:
+        if max_val is None and min_val == 0:
+            return "a finite non-negative number" if closed[0] else "a finite number > 0"
+        base = "a finite number"
+    if min_val is not None:
+        return f"{base} {'>=' if closed[0] else '>'} {min_val:g}"
+    if max_val is not None:
+        return f"{base} {'<=' if closed[1] else '<'} {max_val:g}"
+    return base
+
+
+def check_scalar(value: Any, name: str, target_type: type = float, *,
+                 min_val: float | None = None, max_val: float | None = None,
+                 include_boundaries: str = "both", allow_none: bool = False,
+                 expected: str | None = None) -> Any:
+    """Validate a scalar parameter and return it as ``target_type`` (after scikit-learn's
+    ``check_scalar``): the one parametrised check behind every hyperparameter of the library.
+
+    Args:
+        value: the parameter.  Booleans are never numbers here; for ``float`` a 0-d tensor that
+            needs no gradient is read as its value, and NaN / Inf are refused.
+        name: the argument's name, for the message.
+        target_type: ``int`` (any integral number) or ``float`` (any finite real number).
+        min_val, max_val: the bounds (None: unbounded).
+        include_boundaries: which bounds are allowed values: ``"both"``, ``"left"``,
+            ``"right"`` or ``"neither"``.
+        allow_none: ``None`` passes (and is returned).
+        expected: the message's description of a valid value (default: from the bounds, e.g.
+            "a positive integer", "a finite non-negative number", "in [0, 1)").
+
+    Raises:
+        ValueError: ``Expected `name` to be <expected>, got <value>``.
+
+    >>> check_scalar(3, "n_bins", int, min_val=1), check_scalar(0.5, "alpha", max_val=1.0,
+    ...                                                         min_val=0.0)
+    (3, 0.5)
+    >>> check_scalar(0, "n_bins", int, min_val=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `n_bins` to be a positive integer, got 0
+    """
+    if target_type not in (int, float):
+        raise TypeError(f"Expected `target_type` to be int or float, got {target_type!r}")
+    if include_boundaries not in _BOUNDARIES:
+        raise ValueError(f"Expected `include_boundaries` to be one of {tuple(_BOUNDARIES)}, "
+                         f"got {include_boundaries!r}")
+    if value is None and allow_none:
+        return None
+    closed = _BOUNDARIES[include_boundaries]
+    v = value
+    if target_type is float and isinstance(v, torch.Tensor) and v.ndim == 0 \
+            and not v.requires_grad:
+        v = v.item()
+    kind = numbers.Integral if target_type is int else numbers.Real
+    ok = not isinstance(v, bool) and isinstance(v, kind)
+    if ok:
+        v = target_type(v)
+        ok = (math.isfinite(v)
+              and (min_val is None or (v >= min_val if closed[0] else v > min_val))
+              and (max_val is None or (v <= max_val if closed[1] else v < max_val)))
+    if not ok:
+        what = expected or _describe(target_type, min_val, max_val, closed)
+        raise ValueError(f"Expected `{name}` to be {what}{' or None' if allow_none else ''}, "
+                         f"got {value!r}")
+    return v
+
+
 def check_positive_int(value: Any, name: str) -> int:
     """Return ``value`` as int if it is a positive integer, else raise ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"Expected `{name}` to be a positive integer, got {value!r}")
-    return int(value)
+    return check_scalar(value, name, int, min_val=1)
 
 
 def check_nonneg_finite(value: Any, name: str) -> float:
     """Return ``value`` as float if it is a finite number >= 0, else raise ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"Expected `{name}` to be a finite non-negative number, got {value!r}")
-    v = float(value)
-    if not np.isfinite(v) or v < 0:
-        raise ValueError(f"Expected `{name}` to be a finite non-negative number, got {value!r}")
-    return v
+    return check_scalar(value, name, float, min_val=0.0)
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import LOCK_NAME, exclusive_lock
+from .._validation import check_scalar
 from ..runs import RunDir
 from ._args import PERCENT_NOTE, one_line_warnings, parse_loss_args, parse_loss_args_per_loss
 from ._args import nonneg_float as _nonneg_float
@@ -786,12 +787,9 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     cfg = resolve(cfg or DemoConfig())
     if not cfg.seeds:
         raise ValueError("Expected `seeds` to hold at least one seed, got none")
-    if cfg.workers < 1:
-        raise ValueError(f"Expected `workers` to be a positive integer, got {cfg.workers!r}")
-    if cfg.epochs is not None and cfg.epochs < 1:
-        raise ValueError(f"Expected `epochs` to be a positive integer, got {cfg.epochs!r}")
-    if cfg.noise_std is not None and not cfg.noise_std >= 0:
-        raise ValueError(f"Expected `noise_std` to be a finite non-negative number, got {cfg.noise_std!r}")
+    check_scalar(cfg.workers, "workers", int, min_val=1)
+    check_scalar(cfg.epochs, "epochs", int, min_val=1, allow_none=True)
+    check_scalar(cfg.noise_std, "noise_std", float, min_val=0.0, allow_none=True)
     losses = list(cfg.losses)
     from ..losses import list_losses
 

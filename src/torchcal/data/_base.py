@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from .._validation import check_scalar
+
 __all__ = ["ArrayDataset", "DataSplits", "split_indices", "stratified_holdout"]
 
 #: Normalisation of CIFAR-10 and CIFAR-100 in the papers' code (REFERENCE §6).
@@ -101,10 +103,8 @@ class DataSplits:
 
 
 def _check_fraction(val_fraction: float) -> float:
-    if (isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real)
-            or not 0.0 < float(val_fraction) < 1.0):
-        raise ValueError(f"Expected `val_fraction` to be in (0, 1), got {val_fraction!r}")
-    return float(val_fraction)
+    return check_scalar(val_fraction, "val_fraction", float, min_val=0.0, max_val=1.0,
+                        include_boundaries="neither", expected="in (0, 1)")
 
 
 def split_indices(n: int, val_fraction: float = 0.1, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -146,8 +146,7 @@ def stratified_holdout(labels: np.ndarray, per_class: int, seed: int = 1) -> tup
     (2, [0, 1])
     """
     labels = np.asarray(labels)
-    if isinstance(per_class, bool) or not isinstance(per_class, numbers.Integral) or per_class < 1:
-        raise ValueError(f"Expected `per_class` to be a positive integer, got {per_class!r}")
+    check_scalar(per_class, "per_class", int, min_val=1)
     n = labels.shape[0]
     perm = np.random.RandomState(seed).permutation(n)
     order = perm[np.argsort(labels[perm], kind="stable")]

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .._validation import check_scalar
+
 __all__ = ["random_crop_flip", "normalize"]
 
 
@@ -47,8 +49,7 @@ def random_crop_flip(x: Tensor, padding: int = 4, generator: torch.Generator | N
     """
     if not isinstance(x, Tensor) or x.dim() != 4:
         raise ValueError(f"Expected `x` to be a tensor of shape (N, C, H, W), got {getattr(x, 'shape', type(x))}")
-    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-        raise ValueError(f"Expected `padding` to be a non-negative integer, got {padding!r}")
+    padding = check_scalar(padding, "padding", int, min_val=0)
     n, c, h, w = x.shape
     if n == 0:
         return x.clone()

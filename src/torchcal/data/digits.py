@@ -22,35 +22,19 @@ same Gaussian noise.  Patch positions and noise come from ``np.random.default_rn
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from .._validation import check_scalar
 from ._base import ArrayDataset, DataSplits
 
 __all__ = ["load_digits_splits", "load_digits_ood"]
 
 
 def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"Expected `seed` to be a non-negative integer, got {seed!r}")
-    return int(seed)
-
-
-def _check_noise(noise_std) -> float:
-    if (isinstance(noise_std, bool) or not isinstance(noise_std, numbers.Real)
-            or not math.isfinite(float(noise_std)) or float(noise_std) < 0):
-        raise ValueError(f"Expected `noise_std` to be a finite non-negative number, got {noise_std!r}")
-    return float(noise_std)
-
-
-def _check_count(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ValueError(f"Expected `{name}` to be a positive integer, got {v!r}")
-    return int(v)
+    return check_scalar(seed, "seed", int, min_val=0)
 
 
 def _noisy(x: np.ndarray, copies: int, std: float, rng: np.random.Generator) -> np.ndarray:
@@ -82,8 +66,8 @@ def load_digits_splits(seed: int = 0, noise_std: float = 0.5, n_copies: int = 5,
     from sklearn.model_selection import train_test_split
 
     seed = _check_seed(seed)
-    std = _check_noise(noise_std)
-    n_copies = _check_count("n_copies", n_copies)
+    std = check_scalar(noise_std, "noise_std", float, min_val=0.0)
+    n_copies = check_scalar(n_copies, "n_copies", int, min_val=1)
     fr = [float(f) for f in split] if isinstance(split, (list, tuple)) else []
     if len(fr) != 3 or any(not (0 < f < 1) for f in fr) or abs(sum(fr) - 1) > 1e-9:
         raise ValueError(f"Expected `split` to be three fractions in (0, 1) summing to 1, got {split!r}")
@@ -127,9 +111,9 @@ def load_digits_ood(seed: int = 0, noise_std: float = 0.5, n: int = 1000,
     from sklearn.datasets import load_sample_images
 
     seed = _check_seed(seed)
-    std = _check_noise(noise_std)
-    n = _check_count("n", n)
-    downscale = _check_count("downscale", downscale)
+    std = check_scalar(noise_std, "noise_std", float, min_val=0.0)
+    n = check_scalar(n, "n", int, min_val=1)
+    downscale = check_scalar(downscale, "downscale", int, min_val=1)
     greys = []
     for img in load_sample_images().images:
         g = img[..., :3].astype(np.float64) @ np.array([0.299, 0.587, 0.114])

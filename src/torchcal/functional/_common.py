@@ -4,11 +4,11 @@ a power with a finite gradient at 0)."""
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 from typing import Any
 
 import torch
+
+from .._validation import check_scalar
 
 __all__ = ["check_hyper", "check_alpha", "no_autocast", "as_gamma", "safe_pow"]
 
@@ -17,31 +17,16 @@ def check_hyper(
     value: Any, name: str, *, allow_negative: bool = False, positive: bool = False,
 ) -> float:
     """Return ``value`` as float if it is a finite real number (>= 0 unless ``allow_negative``;
-    > 0 if ``positive``)."""
-    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad:
-        value = value.item()
-    if positive:
-        kind = "finite number > 0"
-    else:
-        kind = "finite number" if allow_negative else "finite non-negative number"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"Expected `{name}` to be a {kind}, got {value!r}")
-    v = float(value)
-    if (not math.isfinite(v) or (v < 0 and not allow_negative and not positive)
-            or (v <= 0 and positive)):
-        raise ValueError(f"Expected `{name}` to be a {kind}, got {value!r}")
-    return v
+    > 0 if ``positive``); a 0-d tensor is read as its value (:func:`check_scalar`)."""
+    if allow_negative and not positive:
+        return check_scalar(value, name, float)
+    return check_scalar(value, name, float, min_val=0.0,
+                        include_boundaries="neither" if positive else "left")
 
 
 def check_alpha(value: Any, name: str = "alpha") -> float:
     """Return ``value`` as float if it is in [0, 1) (a number or a 0-d tensor)."""
-    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
-        0.0 <= float(value) < 1.0
-    ):
-        raise ValueError(f"Expected `{name}` to be a number in [0, 1), got {value!r}")
-    return float(value)
+    return check_scalar(value, name, float, min_val=0.0, max_val=1.0, include_boundaries="left")
 
 
 def no_autocast(t: torch.Tensor) -> contextlib.AbstractContextManager:

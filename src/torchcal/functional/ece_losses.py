@@ -39,6 +39,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .._validation import check_scalar
 from ._common import check_hyper, no_autocast
 from ._loss_utils import check_loss_args, reduce_loss
 from ._plain import batch_reduce, check_batch_reduction, kept_count, row_log_probs
@@ -59,9 +60,7 @@ ECE_KDE_TYPES = ("canonical", "marginal", "top_label")
 
 
 def _check_bins(n_bins) -> int:
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
-        raise ValueError(f"Expected `n_bins` to be a positive integer, got {n_bins!r}")
-    return n_bins
+    return check_scalar(n_bins, "n_bins", int, min_val=1)
 
 
 def _log_probs(logits, probs, name="ece_kde") -> torch.Tensor:
@@ -440,9 +439,7 @@ def ece_gap_loss(
         tensor(0.4159)
     """
     check_loss_args(input, target, reduction)
-    progress = check_hyper(progress, "progress")
-    if progress > 1:
-        raise ValueError(f"Expected `progress` to be in [0, 1], got {progress!r}")
+    progress = check_scalar(progress, "progress", float, min_val=0.0, max_val=1.0)
     classwise_weight = check_hyper(classwise_weight, "classwise_weight")
     c = input.shape[1]
     if width_gaps.ndim != 1 or mass_gaps.shape != width_gaps.shape or width_gaps.numel() == 0:

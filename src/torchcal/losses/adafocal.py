@@ -71,14 +71,12 @@ of the valid ranks waiting in the gather until the process-group timeout.
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .._validation import as_tensor, check_finite, check_labels, check_positive_int
+from .._validation import as_tensor, check_finite, check_labels, check_positive_int, check_scalar
 from ..functional._common import no_autocast
 from ..functional._loss_utils import check_loss_args, reduce_loss, target_log_probs
 from ..functional.focal import signed_focal_terms
@@ -91,14 +89,6 @@ __all__ = ["AdaFocalLoss", "adafocal_gamma_update", "published_equal_mass_edges"
 
 #: The two equal-mass edge definitions of :class:`AdaFocalLoss` (``edges=``).
 EDGES = ("equal_mass", "published")
-
-
-def _check_real(value: Any, name: str, kind: str = "finite number") -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
-        float(value)
-    ):
-        raise ValueError(f"Expected `{name}` to be a {kind}, got {value!r}")
-    return float(value)
 
 
 def adafocal_gamma_update(
@@ -290,19 +280,16 @@ class AdaFocalLoss(CalibrationLoss):
         validate_args: bool = True,
     ) -> None:
         n_bins = check_positive_int(n_bins, "n_bins")
-        gamma_min = _check_real(gamma_min, "gamma_min")
-        gamma_max = _check_real(gamma_max, "gamma_max")
+        gamma_min = check_scalar(gamma_min, "gamma_min")
+        gamma_max = check_scalar(gamma_max, "gamma_max")
         if not gamma_min < gamma_max:
             raise ValueError(
                 f"Expected `gamma_min` < `gamma_max`, got gamma_min={gamma_min!r}, "
                 f"gamma_max={gamma_max!r}"
             )
-        switch_point = _check_real(switch_point, "switch_point", "finite positive number")
-        if switch_point <= 0:
-            raise ValueError(
-                f"Expected `switch_point` to be a finite positive number, got {switch_point!r}"
-            )
-        gamma_init = _check_real(gamma_init, "gamma_init")
+        switch_point = check_scalar(switch_point, "switch_point", min_val=0.0,
+                                    include_boundaries="neither")
+        gamma_init = check_scalar(gamma_init, "gamma_init")
         if not gamma_min <= gamma_init <= gamma_max:
             raise ValueError(
                 f"Expected `gamma_init` to be in [gamma_min, gamma_max] = [{gamma_min}, "

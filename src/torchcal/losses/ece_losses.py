@@ -3,12 +3,11 @@ DECE, ECE-KDE and its ECE-loss (see :mod:`torchcal.functional.ece_losses`)."""
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import torch
 
-from .._validation import check_labels, check_positive_int
+from .._validation import check_labels, check_positive_int, check_scalar
 from ..functional._common import check_hyper, no_autocast
 from ..functional._plain import check_batch_reduction
 from ..functional.ece_losses import ECE_KDE_TYPES, dece_loss, ece_gap_loss, ece_kde_loss
@@ -154,9 +153,7 @@ class ECEGapLoss(CalibrationLoss):
         return min(self.epoch / self.total_epochs, 1.0)
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
-            raise ValueError(f"Expected `epoch` to be a non-negative integer, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = check_scalar(epoch, "epoch", int, min_val=0)
 
     @torch.no_grad()
     def update(self, *, logits: Any, labels: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._validation import check_scalar
 from ..functional import focal_loss, inverse_focal_loss, sample_dependent_focal_loss
 from ..functional.focal import FLSD53, FLSD532, _check_schedule
 from ._registry import register_loss
@@ -168,9 +169,7 @@ class ScheduledFocalLoss(CalibrationLoss):
         return self.gammas[k]
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
-            raise ValueError(f"Expected `epoch` to be a non-negative integer, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = check_scalar(epoch, "epoch", int, min_val=0)
         self.gamma_tensor.fill_(self.gamma)
 
     def get_extra_state(self) -> Any:

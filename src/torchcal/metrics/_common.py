@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._validation import as_tensor, check_labels, resolve_probs
+from .._validation import as_tensor, check_labels, check_scalar, resolve_probs
 from .binning import equal_width_bin_index
 
 # Number of (row, class) elements handled per chunk by the classwise sums: bounds the
@@ -189,12 +189,5 @@ def classwise_sums(p: torch.Tensor, y: torch.Tensor, n_bins: int) -> torch.Tenso
 
 def check_unit_interval(value: Any, name: str, *, closed_low: bool = False) -> float:
     """Return ``value`` as float if it is in (0, 1] (or [0, 1]), else raise ValueError."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = float("nan")
-    ok = (0.0 <= v <= 1.0) if closed_low else (0.0 < v <= 1.0)
-    if isinstance(value, bool) or not ok:
-        interval = "[0, 1]" if closed_low else "(0, 1]"
-        raise ValueError(f"Expected `{name}` to be a number in {interval}, got {value!r}")
-    return v
+    return check_scalar(value, name, float, min_val=0.0, max_val=1.0,
+                        include_boundaries="both" if closed_low else "right")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .._validation import check_scalar
 from ._registry import register_model
 
 __all__ = ["MLP", "SmallCNN", "mlp", "small_cnn"]
@@ -37,8 +38,8 @@ class MLP(nn.Module):
         super().__init__()
         if len(hidden) == 0:
             raise ValueError("Expected `hidden` to hold at least one layer width, got ()")
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"Expected `dropout` to be in [0, 1), got {dropout!r}")
+        dropout = check_scalar(dropout, "dropout", float, min_val=0.0, max_val=1.0,
+                               include_boundaries="left", expected="in [0, 1)")
         layers: list[nn.Module] = []
         d = int(in_features)
         for h in hidden:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from .._validation import as_tensor, check_labels
+from .._validation import as_tensor, check_labels, check_scalar
 from ..errors import NotFittedError, TorchcalError
 
 __all__ = [
@@ -125,11 +125,7 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def finite_float(value: Any, name: str) -> float:
     """``value`` as a Python float, or ValueError naming ``name`` if it is not a finite number."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
-        float(value)
-    ):
-        raise ValueError(f"Expected `{name}` to be a finite number, got {value!r}")
-    return float(value)
+    return check_scalar(value, name, float)
 
 
 def float_list(value: Any, name: str, *, length: int | None = None,

@@ -14,6 +14,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._validation import check_scalar
+
 __all__ = ["TrainConfig", "AMP_MODES", "SELECT_BEST_BY", "REDUCTIONS"]
 
 AMP_MODES = ("off", "bf16", "fp16")
@@ -129,19 +131,12 @@ class TrainConfig:
         """Check every field; raise ``ValueError`` naming the first bad one.  Returns self."""
 
         def pos_int(name: str, allow_zero: bool = False) -> None:
-            v = getattr(self, name)
-            lo = 0 if allow_zero else 1
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-                kind = "a non-negative" if allow_zero else "a positive"
-                raise ValueError(f"Expected `{name}` to be {kind} integer, got {v!r}")
+            check_scalar(getattr(self, name), name, int, min_val=0 if allow_zero else 1)
 
-        def finite(name: str, lo: float = 0.0, strict: bool = False) -> None:
-            v = getattr(self, name)
-            ok = (not isinstance(v, bool) and isinstance(v, numbers.Real)
-                  and math.isfinite(float(v)) and (float(v) > lo if strict else float(v) >= lo))
-            if not ok:
-                rel = ">" if strict else ">="
-                raise ValueError(f"Expected `{name}` to be a finite number {rel} {lo:g}, got {v!r}")
+        def finite(name: str, strict: bool = False) -> None:
+            check_scalar(getattr(self, name), name, float, min_val=0.0,
+                         include_boundaries="neither" if strict else "left",
+                         expected=f"a finite number {'>' if strict else '>='} 0")
 
         def choice(name: str, options: tuple[str, ...]) -> None:
             v = getattr(self, name)
@@ -163,20 +158,16 @@ class TrainConfig:
         pos_int("num_workers", allow_zero=True)
         if self.num_threads is not None:
             pos_int("num_threads")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
-            raise ValueError(f"Expected `seed` to be a non-negative integer, got {self.seed!r}")
-        if self.data_seed is not None and (
-            isinstance(self.data_seed, bool) or not isinstance(self.data_seed, numbers.Integral)
-        ):
-            raise ValueError(f"Expected `data_seed` to be an integer or None, got {self.data_seed!r}")
+        check_scalar(self.seed, "seed", int, min_val=0)
+        check_scalar(self.data_seed, "data_seed", int, allow_none=True)
         finite("lr", strict=True)
         finite("momentum")
         finite("weight_decay")
         finite("lr_gamma", strict=True)
         finite("head_lr", strict=True)
         finite("head_weight_decay")
-        if not (0.0 < float(self.val_fraction) < 1.0):
-            raise ValueError(f"Expected `val_fraction` to be in (0, 1), got {self.val_fraction!r}")
+        check_scalar(self.val_fraction, "val_fraction", float, min_val=0.0, max_val=1.0,
+                     include_boundaries="neither", expected="in (0, 1)")
         if self.grad_clip is not None:
             finite("grad_clip", strict=True)
         ms = self.milestones

@@ -31,6 +31,7 @@ import numbers
 import os
 from typing import Any
 
+from .._validation import check_scalar
 from ..errors import TorchcalError
 from ..runs import TENSORBOARD_DIR
 
@@ -106,9 +107,7 @@ class TensorBoardLogger:
         # optional dependency, imported only when tracking is asked for
         from torch.utils.tensorboard import SummaryWriter
 
-        if purge_step is not None and (not isinstance(purge_step, int) or purge_step < 0):
-            raise ValueError(f"Expected `purge_step` to be a non-negative integer or None, got "
-                             f"{purge_step!r}")
+        check_scalar(purge_step, "purge_step", int, min_val=0, allow_none=True)
         self.log_dir = os.fspath(log_dir)
         self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=purge_step)
 
