@@ -13,7 +13,8 @@ only), so that they stay true:
   (every import counts, including those inside functions and ``if TYPE_CHECKING:`` blocks);
 * ``argparse`` is imported only under ``cli/``;
 * no function body is longer than 80 lines;
-* each run-directory file name appears in one module only, ``torchcal/runs.py``.
+* each run-directory file name appears in one module only, ``torchcal/runs.py``;
+* an import inside a function says why in a comment (optional dependency, start-up time).
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
 another checkout).
@@ -65,6 +66,10 @@ def test_run_directory_names_only_in_runs(result):
     assert not result["run-directory names"], "\n".join(result["run-directory names"])
 
 
+def test_deferred_imports_say_why(result):
+    assert not result["deferred imports"], "\n".join(result["deferred imports"])
+
+
 def test_script_exit_status(capsys):
     assert arch.main([str(SRC)]) == 0
     out = capsys.readouterr().out
@@ -93,7 +98,7 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
     "where, source, rule, expected",
     [
         ("metrics", "from ..train import trainer\n", "layers", "imports torchcal.train"),
-        ("metrics", "def f():\n    import torchcal.report.build\n", "layers",
+        ("metrics", "def f():\n    import torchcal.report.build  # why\n", "layers",
          "imports torchcal.report.build"),
         ("metrics", "from .. import cli\n", "layers", "imports torchcal.cli"),
         ("report", "from ..train.predict import build_data\n", "layers",
@@ -109,6 +114,9 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
         ("train", 'def f():\n    """Writes RUN/config.json."""\n', None, None),  # a docstring
         ("cli", 'p.add_argument("--x", help="writes RUN/results.json")\n', None, None),
         ("report", 'name = "results.json.bak"\n', "run-directory names", "'results.json'"),
+        ("metrics", "def f():\n    import numpy\n", "deferred imports", "in f: import numpy"),
+        ("metrics", "def f():\n    # scipy is slow to import\n    import scipy\n", None, None),
+        ("metrics", "def f():\n    import scipy  # slow\n", None, None),
     ],
 )
 def test_checker_catches_violations(tmp_path, where, source, rule, expected):

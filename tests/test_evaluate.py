@@ -19,6 +19,7 @@ from torchcal.evaluate import (
     TEMPERATURE_METHODS,
     evaluate_logits,
     evaluate_run_logits,
+    evaluate_saved_logits,
     load_logits,
     read_results,
     save_logits,
@@ -192,7 +193,10 @@ def test_results_roundtrip_and_run_dir(tmp_path, data):
     save_logits(run / "logits" / "ood_noise.npz", zo, -np.ones(len(zo), dtype=np.int64))
     (run / "config.json").write_text(json.dumps({"dataset": "synthetic", "model": "none", "loss": "ce",
                                                  "seed": 3, "lr": 0.1}))
-    r2 = evaluate_run_logits(run)
+    r2 = evaluate_saved_logits(run)
     assert r2["meta"] == {"dataset": "synthetic", "model": "none", "loss": "ce", "seed": 3}
     assert read_results(run)["test"]["pre"]["ece"] == pytest.approx(res["test"]["pre"]["ece"])
     assert r2["ood"]["noise"]["auroc_entropy"] == pytest.approx(res["ood"]["noise"]["auroc_entropy"])
+    with pytest.warns(DeprecationWarning, match="use torchcal.evaluate.evaluate_saved_logits"):
+        old = evaluate_run_logits(run, write=False)  # the old name keeps working
+    assert old["test"]["pre"]["ece"] == r2["test"]["pre"]["ece"] and old["meta"] == r2["meta"]

@@ -22,6 +22,9 @@ It prints one line per rule with its count, then every violation:
    ``torchcal/runs.py``.  Counted: every string literal (f-string parts included) that holds a
    file name, and every directory name joined with ``/`` or ``joinpath``; not counted:
    docstrings and the ``help=`` / ``description=`` / ``epilog=`` text of the command line.
+5. **deferred imports**: an import inside a function says why it is not at the top of the
+   module (an optional dependency, start-up time, a platform) in a comment on its line or the
+   line above.
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -205,14 +208,31 @@ def _is_path_join(const: ast.Constant, parent: ast.AST | None) -> bool:
             in {"joinpath", "join", "Path"})
 
 
+def unexplained_deferred_imports(tree: ast.AST, lines: list[str], rel: Path) -> list[str]:
+    """Imports inside functions without a comment (on their line or the line above)."""
+    out, seen = [], set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in seen:
+                seen.add(node.lineno)
+                here, above = lines[node.lineno - 1], lines[node.lineno - 2]
+                if "#" not in here and not above.strip().startswith("#"):
+                    out.append(f"{rel}:{node.lineno} in {fn.name}: {here.strip()}")
+    return out
+
+
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the four rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
-                                 "run-directory names": []}
+                                 "run-directory names": [], "deferred imports": []}
     spelled: dict[str, list[str]] = {}
     for module, path in modules(src):
         rel = path.relative_to(src)
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text, filename=str(path))
+        out["deferred imports"] += unexplained_deferred_imports(tree, text.split("\n"), rel)
         upward, uses = layer_violations(module, path, tree, rel)
         out["layers"] += upward
         out["argparse"] += uses

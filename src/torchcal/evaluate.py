@@ -28,8 +28,10 @@ the logits divided by the ``grid_ece`` temperature.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ import torch
 from ._io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from ._validation import as_tensor, check_finite, check_labels, check_positive_int
 from .errors import ResultsFileError
+from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
+from .posthoc import fit_temperatures
 from .runs import CHECKPOINTS, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
 
 __all__ = [
@@ -51,6 +55,7 @@ __all__ = [
     "compute_metrics",
     "ood_metrics",
     "evaluate_logits",
+    "evaluate_saved_logits",
     "evaluate_run_logits",
     "write_results",
     "read_results",
@@ -97,7 +102,6 @@ def save_logits(path: str | os.PathLike, logits: Any, labels: Any) -> Path:
             f"Expected `labels` to be 1-D integers with {z.shape[0]} entries, "
             f"got dtype {y.dtype} and shape {tuple(y.shape)}"
         )
-    import io
 
     buf = io.BytesIO()
     np.savez(buf, logits=z.float().numpy(), labels=y.long().numpy())
@@ -172,8 +176,6 @@ def compute_metrics(logits: Any, labels: Any, *, n_bins: int = 15) -> dict[str, 
 
     ``topk_error`` is the top-5 error (NaN when C < 5).
     """
-    from .metrics import CalibrationMeter
-
     z = _check_logits(logits, "logits")
     y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
     # the logits are complete here: never sync with other ranks (this may run on rank 0 alone)
@@ -190,8 +192,6 @@ def ood_metrics(id_logits: Any, ood_logits: Any, *, temperature: float | None = 
     ``aupr_entropy``, ``aupr_max_prob`` (fractions).  Scores: softmax entropy and
     ``-max_c p_c`` of ``logits / temperature`` (``temperature=None`` means 1).
     """
-    from .metrics import aupr, auroc, fpr_at_tpr, ood_scores
-
     zi = _check_logits(id_logits, "id_logits")
     zo = _check_logits(ood_logits, "ood_logits", zi.shape[1])
     if temperature is not None:
@@ -241,8 +241,6 @@ def evaluate_logits(
         >>> round(r["test"]["post"]["grid_ece"]["ece"], 4)
         0.0023
     """
-    from .posthoc import fit_temperatures
-
     n_bins = check_positive_int(n_bins, "n_bins")
     zv = _check_logits(val_logits, "val_logits")
     C = zv.shape[1]
@@ -283,11 +281,13 @@ def evaluate_logits(
     }
 
 
-def evaluate_run_logits(
+def evaluate_saved_logits(
     run_dir: str | os.PathLike, *, n_bins: int = 15, meta: Mapping[str, Any] | None = None,
     write: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate the saved logits of a run directory and (by default) write ``results.json``.
+    """Evaluate the saved logits of a run directory and (by default) write ``results.json``
+    (no model needed; :func:`torchcal.train.evaluate_checkpoint` runs the model first).
+    Formerly ``evaluate_run_logits``.
 
     Reads ``RUN_DIR/logits/val.npz``, ``test.npz`` and every ``ood_<name>.npz``; ``meta``
     defaults to the fields of ``RUN_DIR/config.json`` (dataset, model, loss, loss_kwargs, seed,
@@ -304,6 +304,18 @@ def evaluate_run_logits(
     if write:
         write_results(run.path, res)
     return res
+
+
+def evaluate_run_logits(
+    run_dir: str | os.PathLike, *, n_bins: int = 15, meta: Mapping[str, Any] | None = None,
+    write: bool = True,
+) -> dict[str, Any]:
+    """Deprecated name of :func:`evaluate_saved_logits` (same arguments and results; a
+    ``DeprecationWarning`` names the new function)."""
+    warnings.warn("torchcal.evaluate.evaluate_run_logits is deprecated: use "
+                  "torchcal.evaluate.evaluate_saved_logits (same arguments)",
+                  DeprecationWarning, stacklevel=2)
+    return evaluate_saved_logits(run_dir, n_bins=n_bins, meta=meta, write=write)
 
 
 _META_FIELDS = ("dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epochs")

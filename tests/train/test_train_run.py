@@ -362,17 +362,18 @@ def test_uncertainty_head_leaves_the_classifier_unchanged(tmp_path):
 
 
 def test_evaluate_run_and_load_model(tmp_path):
-    from torchcal.train import evaluate_run, load_model_from_run, predict_logits
+    from torchcal.train import evaluate_checkpoint, evaluate_run, load_model_from_run, predict_logits
 
     cfg = digits_config(tmp_path, epochs=2, evaluate=False, select_best_by="error")
     train(cfg)
-    res = evaluate_run(tmp_path / "run", checkpoint="best")
+    res = evaluate_checkpoint(tmp_path / "run", checkpoint="best")
     assert res["meta"]["checkpoint"] == "best"
     # the best checkpoint's evaluation has its own files (issue #14 item 3)
     assert (tmp_path / "run" / "results-best.json").is_file()
     assert not (tmp_path / "run" / "results.json").exists()
     assert (tmp_path / "run" / "logits-best" / "ood_digits_ood.npz").is_file() or not res["ood"]
-    assert evaluate_run(tmp_path / "run")["meta"]["checkpoint"] == "last"
+    with pytest.warns(DeprecationWarning, match="use torchcal.train.evaluate_checkpoint"):
+        assert evaluate_run(tmp_path / "run")["meta"]["checkpoint"] == "last"  # the old name
     model, c2 = load_model_from_run(tmp_path / "run")
     assert c2.loss == "ce" and not model.training
     from torchcal.train import build_data
@@ -382,7 +383,7 @@ def test_evaluate_run_and_load_model(tmp_path):
     zs, ys = np.load(tmp_path / "run" / "logits" / "test.npz").values()
     assert z.shape[0] == len(splits.test)
     with pytest.raises(CheckpointError, match="does not exist"):
-        evaluate_run(tmp_path / "nope")
+        evaluate_checkpoint(tmp_path / "nope")
 
 
 def test_bad_config_values_raise_before_training(tmp_path):

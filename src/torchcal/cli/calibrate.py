@@ -13,7 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .._io import exclusive_lock
+import torch
+
+from .. import posthoc
+from .._io import atomic_write_text, exclusive_lock
+from .._io import to_jsonable as _jsonable
+from ..evaluate import load_logits
+from ..metrics import adaptive_ece, ece, error, nll
 from ..runs import RunDir
 from ._args import PERCENT_NOTE, pct
 from ._args import fmt as _fmt
@@ -25,8 +31,6 @@ _METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll", "vector", "histogram")
 
 
 def _make_calibrator(method: str, n_bins: int):
-    from .. import posthoc
-
     if method in ("grid_ece", "grid_adaece", "grid_nll", "nll"):
         return posthoc.TemperatureScaling(method=method, n_bins=n_bins)
     if method == "vector":
@@ -35,9 +39,6 @@ def _make_calibrator(method: str, n_bins: int):
 
 
 def _calib_metrics(cal, logits, labels, n_bins: int) -> dict[str, float]:
-    import torch
-
-    from ..metrics import adaptive_ece, ece, error, nll
 
     p = torch.as_tensor(cal.predict_proba(logits)).double() if cal is not None else None
     if p is None:
@@ -59,10 +60,6 @@ def _run_dir_of(path: Path) -> Path | None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .._io import atomic_write_text
-    from .._io import to_jsonable as _jsonable
-    from ..evaluate import load_logits
-
     src = Path(args.logits)
     if src.is_dir():  # a run directory: fit on its validation logits, test on its test logits
         run = RunDir(src)

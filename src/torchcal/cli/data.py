@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 
+from ..data import default_root, list_datasets, list_ood_sets
+from ..data.download import RESOURCES
+from ..data.prepare import PREPARABLE, prepare, status
+
 __all__ = ["register"]
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from ..data import list_datasets, list_ood_sets
-    from ..data.download import RESOURCES
-
     print("data sets (load_splits):", ", ".join(list_datasets()))
     print("OOD sets (load_ood):     ", ", ".join(list_ood_sets()))
     print("official files (published MD5):")
@@ -30,9 +31,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from ..data import default_root
-    from ..data.prepare import PREPARABLE, status
-
     root = default_root(args.data_root)
     names = args.names or list(PREPARABLE)
     all_ready = True
@@ -51,9 +49,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    from ..data import default_root
-    from ..data.prepare import prepare
-
     root = default_root(args.data_root)
     for name in args.names:
         prepare(name, root, download=True, verify=not args.no_verify, progress=not args.no_progress)
@@ -63,8 +58,6 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``torchcal data list | check | download``."""
-    from ..data.prepare import PREPARABLE
-
     p = subparsers.add_parser(
         "data", help="list, check and download the data sets",
         description="List the supported data sets and their official files, check what a data "

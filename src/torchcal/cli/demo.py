@@ -39,7 +39,9 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as _dt
+import inspect
 import json
+import multiprocessing as mp
 import os
 import shlex
 import shutil
@@ -48,6 +50,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -55,9 +58,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+
 from .._io import LOCK_NAME, exclusive_lock
 from .._validation import check_scalar
+from ..errors import CheckpointError
+from ..evaluate import evaluate_saved_logits, meta_from_config
+from ..losses import list_losses
+from ..losses._registry import loss_entrypoint
+from ..report.aggregate import loss_label
+from ..report.build import build_report
 from ..runs import RunDir
+from ..train import get_recipe, train
+from ..train.build import build_data, build_model
+from ..train.trainer import build_loss
 from ._args import PERCENT_NOTE, one_line_warnings, parse_loss_args, parse_loss_args_per_loss
 from ._args import nonneg_float as _nonneg_float
 from ._args import positive_int as _positive_int
@@ -253,8 +268,6 @@ class DemoResult:
 
 def applicable_losses() -> list[str]:
     """The registered losses of :data:`DEMO_LOSSES` (its order): the ``--full`` / digits list."""
-    from ..losses import list_losses
-
     registered = set(list_losses())
     return [n for n in DEMO_LOSSES if n in registered]
 
@@ -337,7 +350,6 @@ def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
 def _set_threads() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
-    import torch
 
     torch.set_num_threads(1)
     try:
@@ -347,8 +359,6 @@ def _set_threads() -> None:
 
 
 def _train_config(job: dict[str, Any]):
-    from ..train import get_recipe
-
     cfg = get_recipe(job["recipe"])
     fields = {f.name for f in dataclasses.fields(cfg)}
     upd: dict[str, Any] = {
@@ -457,9 +467,6 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
            "skipped": False}
     try:
         _set_threads()
-        from ..errors import CheckpointError
-        from ..evaluate import evaluate_run_logits
-        from ..train import train
 
         run_dir = Path(job["run_dir"])
         config = _train_config(job)
@@ -478,7 +485,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 _clear_run_dir(run_dir)
                 train(_train_config(job))
             if not RunDir(run_dir).results().is_file():
-                evaluate_run_logits(run_dir, n_bins=job["n_bins"], meta=_meta(job))
+                evaluate_saved_logits(run_dir, n_bins=job["n_bins"], meta=_meta(job))
     except Exception as exc:  # reported, the other runs go on
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()
@@ -487,8 +494,6 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _meta(job: dict[str, Any]) -> dict[str, Any]:
-    from ..evaluate import meta_from_config
-
     p = RunDir(job["run_dir"]).config
     meta = meta_from_config(p) if p.is_file() else {}
     meta.setdefault("dataset", "digits")
@@ -499,15 +504,12 @@ def _meta(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_jobs(jobs: list[dict[str, Any]], workers: int, progress: bool) -> list[dict[str, Any]]:
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=len(jobs), unit="run", desc="torchcal demo", disable=not progress,
                file=sys.stderr, smoothing=0.0,
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}<{remaining} left]")
     results: list[dict[str, Any]] = []
     try:
         if workers <= 1:  # in this process: one thread while training, the caller's afterwards
-            import torch
 
             threads = torch.get_num_threads()
             env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -524,8 +526,6 @@ def _run_jobs(jobs: list[dict[str, Any]], workers: int, progress: bool) -> list[
                     else:
                         os.environ[k] = v
         else:
-            import multiprocessing as mp
-
             ctx = mp.get_context("spawn")
             # the workers start with SIGINT ignored (inherited through exec): a Ctrl-C reaches
             # the whole process group, and only this process handles it, by stopping them
@@ -559,8 +559,6 @@ def _run_jobs(jobs: list[dict[str, Any]], workers: int, progress: bool) -> list[
 
 def _worker_init() -> None:
     """A demo worker: one thread, SIGINT ignored (the parent stops it), one-line warnings."""
-    import warnings
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.formatwarning = one_line_warnings("demo")
     _set_threads()
@@ -597,10 +595,6 @@ def _stop_workers(ex: ProcessPoolExecutor) -> None:
 
 def _hyper_text(loss: str, kwargs: dict[str, Any]) -> str:
     """``'Focal: gamma=3'`` from the registry entry's signature defaults and ``kwargs``."""
-    import inspect
-
-    from ..losses._registry import loss_entrypoint
-    from ..report.aggregate import loss_label
 
     try:
         sig = inspect.signature(loss_entrypoint(loss))
@@ -623,7 +617,6 @@ def _pct(f: float) -> str:
 def _setup_text(cfg: DemoConfig, job: dict[str, Any]) -> str:
     """The benchmark paragraph, from the effective settings of the demo's runs."""
     cfg = resolve(cfg)
-    from ..train.predict import build_data, build_model
 
     tc = _train_config(job)
     model_txt = f"`{tc.model}`"
@@ -632,7 +625,6 @@ def _setup_text(cfg: DemoConfig, job: dict[str, Any]) -> str:
         splits = build_data(tc)
         info = dict(getattr(splits, "info", {}) or {})
         model = build_model(tc, int(splits.num_classes), splits.input_shape)
-        import torch
 
         widths = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if widths:
@@ -698,8 +690,6 @@ def _setup_text(cfg: DemoConfig, job: dict[str, Any]) -> str:
 
 
 def _recipe_epochs(recipe: str) -> int:
-    from ..train import get_recipe
-
     return int(get_recipe(recipe).epochs)
 
 
@@ -730,8 +720,6 @@ def _intro(cfg: DemoConfig, losses: Sequence[str], jobs: list[dict[str, Any]], s
         "**Losses** (with every hyperparameter, registry defaults unless the demo sets them): "
         + "; ".join(_hyper_text(n, _loss_kwargs(cfg, n)) for n in losses) + ".",
     ]
-    from ..losses import list_losses
-    from ..report.aggregate import loss_label
 
     left = [n for n in list_losses() if n not in losses]
     if left:
@@ -761,9 +749,6 @@ def _intro(cfg: DemoConfig, losses: Sequence[str], jobs: list[dict[str, Any]], s
 def _check_settings(jobs: list[dict[str, Any]]) -> None:
     """Raise ValueError for settings no run could train with (unknown TrainConfig fields, invalid
     values, unknown data set options, bad loss arguments)."""
-    from ..train.predict import build_data
-    from ..train.trainer import build_loss
-
     seen = set()
     for job in jobs:
         if job["loss"] not in seen:
@@ -781,8 +766,6 @@ def _check_settings(jobs: list[dict[str, Any]]) -> None:
 
 def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     """Train, evaluate and report the demo; returns where everything went."""
-    from ..report.build import build_report
-
     t_start = time.perf_counter() - _process_age()
     cfg = resolve(cfg or DemoConfig())
     if not cfg.seeds:
@@ -791,7 +774,6 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     check_scalar(cfg.epochs, "epochs", int, min_val=1, allow_none=True)
     check_scalar(cfg.noise_std, "noise_std", float, min_val=0.0, allow_none=True)
     losses = list(cfg.losses)
-    from ..losses import list_losses
 
     known = set(list_losses())
     bad = [n for n in losses if n not in known]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..evaluate import CHECKPOINTS, logits_dirname, results_filename
+from ..train.evaluation import evaluate_checkpoint
 from ._args import PERCENT_NOTE, pct
 from ._args import fmt as _fmt
 
@@ -19,9 +20,7 @@ __all__ = ["register"]
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from ..train.predict import evaluate_run
-
-    res = evaluate_run(args.run_dir, checkpoint=args.checkpoint, data_root=args.data_root,
+    res = evaluate_checkpoint(args.run_dir, checkpoint=args.checkpoint, data_root=args.data_root,
                        device=args.device, batch_size=args.batch_size)
     pre, post = res["test"]["pre"], res["test"]["post"].get("grid_ece", {})
     t = res["temperatures"].get("grid_ece", float("nan"))

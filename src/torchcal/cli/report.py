@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .._io import exclusive_lock
 from ..errors import TorchcalError
+from ..report.build import build_report  # matplotlib: not at `torchcal --help` time
 from ..runs import RunDir
 from ._args import PERCENT_NOTE
 from ._args import positive_int as _positive_int
@@ -69,8 +70,6 @@ def _print_tail(rep, out_dir: Path) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..report.build import build_report  # matplotlib: not at `torchcal --help` time
-
     out = Path(args.out)
     with exclusive_lock(out, what="Output directory"):  # one report writer at a time
         prepare_report_dir(out)

@@ -20,27 +20,32 @@ import dataclasses
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from .._io import read_lock_command
 from ..errors import TorchcalError
+from ..losses import list_losses
+from ..models import list_models
 from ..runs import RunDir
+from ..train.config import TrainConfig
+from ..train.evaluation import read_config
+from ..train.recipes import get_recipe, list_recipes
+from ..train.trainer import train
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss, pct
 
 __all__ = ["register", "parse_loss_args", "config_from_args"]
 
 
 def _recipe_help() -> str:
-    from ..train.recipes import list_recipes
-
     return ", ".join(list_recipes())
 
 
 def _loss_help() -> str:
     try:
-        from ..losses import list_losses
-
         names = list_losses()
     except Exception:  # pragma: no cover - a broken loss module must not break --help
         names = []
@@ -48,8 +53,6 @@ def _loss_help() -> str:
 
 
 def _model_help() -> str:
-    from ..models import list_models
-
     return ", ".join(list_models())
 
 
@@ -65,10 +68,6 @@ _OVERRIDES = {
 
 def config_from_args(args: argparse.Namespace):
     """The :class:`TrainConfig` a ``torchcal train`` command line describes."""
-    from ..train.config import TrainConfig
-    from ..train.predict import read_config
-    from ..train.recipes import get_recipe
-
     out = Path(args.out)
     if args.resume and RunDir(out).config.is_file():
         cfg = read_config(out)
@@ -117,8 +116,6 @@ def config_from_args(args: argparse.Namespace):
     cfg = dataclasses.replace(cfg, **upd)
     if not isinstance(cfg, TrainConfig):  # pragma: no cover
         raise TypeError("internal: recipe did not give a TrainConfig")
-    from ..losses import list_losses
-    from ..models import list_models
 
     if cfg.loss not in list_losses():
         raise TorchcalError(f"Unknown loss {cfg.loss!r}; expected one of: {_loss_help()}")
@@ -182,9 +179,6 @@ def _exit_distributed_worker() -> None:
     skips the interpreter shutdown.  Only for a process group that ``train`` created and
     destroyed (a torchrun launch of this command).
     """
-    import sys
-
-    import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not (dist.is_available()
                                                             and dist.is_initialized()):
@@ -194,8 +188,6 @@ def _exit_distributed_worker() -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from ..train.trainer import train
-
     cfg = config_from_args(args)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if cfg.resume and _finished(cfg):  # every rank sees the same files

@@ -27,8 +27,18 @@ from typing import Any
 import torch
 
 from .._io import atomic_write_json, exclusive_lock
+from ..data import load_splits
+from ..data.augment import normalize, random_crop_flip
 from ..errors import CheckpointError, TorchcalError
+from ..metrics import auroc, entropy
 from ..runs import RunDir
+from ..train import build_data, load_model_from_run
+from ..train.build import load_ood_sets
+from ..train.checkpoint import load_checkpoint
+from ..train.device import resolve_device
+from ..uncertainty.cache import EmbeddingCache, model_identity
+from ..uncertainty.fit import evaluate_head, fit_head, predict_uncertainty
+from ..uncertainty.head import UncertaintyHead, load_head, save_head
 from ._args import PERCENT_NOTE, plain_text
 from ._args import even_int as _even_int
 from ._args import nonneg_float as _nonneg_float
@@ -48,8 +58,6 @@ def _prep_inputs(mean: Any, std: Any):
 
     def prep(x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.uint8 and mean is not None:
-            from ..data.augment import normalize
-
             return normalize(x, mean, std)
         return x if x.dtype == torch.float32 else x.float()
 
@@ -57,9 +65,6 @@ def _prep_inputs(mean: Any, std: Any):
 
 
 def _load_run(args: argparse.Namespace):
-    from ..train import build_data, load_model_from_run
-    from ..train.predict import resolve_device
-
     device = resolve_device(args.device)
     model, config = load_model_from_run(args.run_dir, checkpoint=args.checkpoint, device=str(device))
     if args.data_root is not None:
@@ -83,8 +88,6 @@ def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
                  dataset: str | None = None):
     """Cache ``data`` under ``CACHE_DIR/name``; inputs are normalised with the run's own
     ``splits.mean/std`` (what the backbone was trained on), also for OOD and transfer sets."""
-    from ..uncertainty.cache import EmbeddingCache
-
     data_id = {"dataset": dataset or config.dataset, "split": name, "data_seed": config.data_seed,
                "seed": config.seed, "mean": splits.mean, "std": splits.std,
                "data_kwargs": dict(config.data_kwargs)}
@@ -115,18 +118,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from ..uncertainty.cache import model_identity
-    from ..uncertainty.fit import evaluate_head, fit_head
-    from ..uncertainty.head import save_head
-
     model, config, splits, device = _load_run(args)
     augment = None
     passes = args.passes
     if passes > 1:
         x = getattr(splits.train, "data", None)
         if splits.augment and isinstance(x, torch.Tensor) and x.ndim == 4:
-            from ..data.augment import random_crop_flip
-
             augment = functools.partial(random_crop_flip, padding=int(splits.padding))
         else:
             print(f"note: {config.dataset} is trained without augmentation; using 1 pass "
@@ -163,9 +160,6 @@ def _fit(args: argparse.Namespace) -> int:
 # eval
 # ------------------------------------------------------------------------------------------
 def _joint_head(args: argparse.Namespace, model: Any):
-    from ..train.checkpoint import load_checkpoint
-    from ..uncertainty.head import UncertaintyHead
-
     path = RunDir(args.run_dir).checkpoint(args.checkpoint)
     state = load_checkpoint(path)
     if not state.get("head"):
@@ -186,8 +180,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from ..uncertainty.fit import evaluate_head
-
     model, config, splits, device = _load_run(args)
     head, head_path, head_meta = _eval_head(args, model)
     head.to(device)
@@ -202,8 +194,6 @@ def _eval(args: argparse.Namespace) -> int:
             test_scores = _head_and_entropy(head, cache, device)
 
     if not args.no_ood:
-        from ..train.predict import load_ood_sets
-
         for name, ds in load_ood_sets(config, splits).items():
             cache = _build_cache(args, model, config, splits, device, f"ood_{name}", ds)
             res = evaluate_head(head, cache, classifier=False, **kw)
@@ -228,8 +218,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _eval_head(args: argparse.Namespace, model: Any):
     """(head, its file or None if joint, its metadata) to evaluate, checked against the model."""
-    from ..uncertainty.head import load_head
-
     if args.joint:
         head, head_meta = _joint_head(args, model)
         head_path = None
@@ -261,9 +249,6 @@ def _results_skeleton(args: argparse.Namespace, config: Any, head_path: Path | N
 
 def _head_and_entropy(head: Any, cache: Any, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's uncertainties and the classifier's predictive entropies on a cache's rows."""
-    from ..metrics import entropy
-    from ..uncertainty.fit import predict_uncertainty
-
     emb, logits, _ = cache.tensors(device)
     return predict_uncertainty(head, emb), entropy(logits=logits.float(), validate_args=False)
 
@@ -271,8 +256,6 @@ def _head_and_entropy(head: Any, cache: Any, device: Any) -> tuple[torch.Tensor,
 def _ood_aurocs(test_scores: tuple[torch.Tensor, torch.Tensor],
                 ood_scores: tuple[torch.Tensor, torch.Tensor]) -> dict[str, float]:
     """AUROC of telling OOD rows from test rows by the head's uncertainty and by entropy."""
-    from ..metrics import auroc
-
     (test_u, test_entropy), (u, entropy) = test_scores, ood_scores
     is_ood = torch.cat([torch.zeros_like(test_u, dtype=torch.long),
                         torch.ones_like(u, dtype=torch.long)])
@@ -283,8 +266,6 @@ def _ood_aurocs(test_scores: tuple[torch.Tensor, torch.Tensor],
 
 def _transfer_splits(name: str, config: Any, splits: Any):
     """The splits of transfer data set ``name``, checked to have the run's input shape."""
-    from ..data import load_splits
-
     try:
         other = load_splits(name, config.data_root, download=False)
     except (TypeError, ValueError, KeyError) as exc:

@@ -29,14 +29,20 @@ from ._base import (
     IMAGENET_STD,
     ArrayDataset,
     DataSplits,
+    _check_fraction,
+    default_root,
     split_indices,
     stratified_holdout,
 )
 from .augment import normalize, random_crop_flip
+from .cifar import load_cifar, load_cifar10c
 from .digits import load_digits_ood, load_digits_splits
 from .download import RESOURCES, download_url, extract_archive, md5sum
+from .imagenet import load_imagenet_splits
 from .mnist1d import load_mnist1d_ood, load_mnist1d_splits
 from .prepare import prepare
+from .svhn import load_svhn
+from .tinyimagenet import load_tinyimagenet_splits
 
 __all__ = [
     "ArrayDataset",
@@ -97,13 +103,6 @@ def default_ood_sets(name: str) -> tuple[str, ...]:
     (('svhn', 'cifar10c'), ())
     """
     return _DEFAULT_OOD.get(name, ())
-
-
-def default_root(root: str | os.PathLike | None = None) -> Path:
-    """``root``, else ``$TORCHCAL_DATA_ROOT``, else ``./data``."""
-    if root is not None:
-        return Path(root)
-    return Path(os.environ.get("TORCHCAL_DATA_ROOT", "data"))
 
 
 def _split_array(train, test, *, seed: int, val_fraction: float):
@@ -181,8 +180,6 @@ def _digits_splits(take, *, seed: int, val_fraction: float) -> DataSplits:
     """The ``digits`` splits, with ``split`` derived from ``val_fraction`` unless given."""
     opts = take("noise_std", "n_copies", "split")
     if "split" not in opts:
-        from ._base import _check_fraction
-
         vf = _check_fraction(val_fraction)
         if vf >= 0.7:
             raise ValueError(f"Expected `val_fraction` < 0.7 for digits (30% is the test split), got {val_fraction!r}")
@@ -196,8 +193,6 @@ def _file_splits(name: str, root: Path, take, *, download: bool, seed: int,
     if name == "mnist1d":
         return load_mnist1d_splits(root, seed=seed, **take("n_train", "n_val", "n_test", "cache"))
     if name in ("cifar10", "cifar100"):
-        from .cifar import load_cifar
-
         opts = take("verify")
         train, test, classes = load_cifar(name, root, download=download, **opts)
         tr, va, te = _split_array(train, test, seed=seed, val_fraction=val_fraction)
@@ -205,8 +200,6 @@ def _file_splits(name: str, root: Path, take, *, download: bool, seed: int,
                           CIFAR_STD, True, name, 4,
                           {"root": str(root), "seed": seed, "classes": classes})
     if name == "svhn":
-        from .svhn import load_svhn
-
         opts = take("verify")
         train = load_svhn(root, "train", download=download, **opts)
         test = load_svhn(root, "test", download=download, **opts)
@@ -214,12 +207,9 @@ def _file_splits(name: str, root: Path, take, *, download: bool, seed: int,
         return DataSplits(tr, va, te, 10, (3, 32, 32), CIFAR_MEAN, CIFAR_STD, False, name, 0,
                           {"root": str(root), "seed": seed})
     if name == "tinyimagenet":
-        from .tinyimagenet import load_tinyimagenet_splits
-
         opts = take("verify", "per_class", "cache")
         return load_tinyimagenet_splits(root, download=download, seed=seed, **opts)
     # imagenet
-    from .imagenet import load_imagenet_splits
 
     opts = take("image_size", "resize_size")
     return load_imagenet_splits(root, seed=seed, val_fraction=val_fraction, **opts)
@@ -260,14 +250,11 @@ def load_ood(name: str, root: str | os.PathLike | None = None, *, download: bool
     if name == "mnist1d_shuffled":
         return load_mnist1d_ood(root, seed=seed, **take("n", "cache"))
     if name == "svhn":
-        from .svhn import load_svhn
-
         opts = take("verify", "keep_labels")
         keep = bool(opts.pop("keep_labels", False))
         ds = load_svhn(root, "test", download=download, **opts)
         if not keep:
             ds.labels.fill_(-1)
         return ds
-    from .cifar import load_cifar10c
 
     return load_cifar10c(root, download=download, **take("corruption", "severity", "verify"))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,6 +102,13 @@ class DataSplits:
     name: str
     padding: int = 4
     info: dict | None = None
+
+
+def default_root(root: str | os.PathLike | None = None) -> Path:
+    """``root``, else ``$TORCHCAL_DATA_ROOT``, else ``./data``."""
+    if root is not None:
+        return Path(root)
+    return Path(os.environ.get("TORCHCAL_DATA_ROOT", "data"))
 
 
 def _check_fraction(val_fraction: float) -> float:

@@ -62,7 +62,10 @@ def load_digits_splits(seed: int = 0, noise_std: float = 0.5, n_copies: int = 5,
     >>> len(s.train), len(s.val), len(s.test), s.train.data.dtype, s.input_shape
     (1077, 900, 2700, torch.float32, (64,))
     """
+    # deferred: scikit-learn is slow to import: only when the data set is built (start-up time)
     from sklearn.datasets import load_digits
+
+    # deferred: scikit-learn is slow to import: only when the data set is built (start-up time)
     from sklearn.model_selection import train_test_split
 
     seed = _check_seed(seed)
@@ -108,6 +111,7 @@ def load_digits_ood(seed: int = 0, noise_std: float = 0.5, n: int = 1000,
     >>> tuple(ood.data.shape), ood.labels.tolist()
     ((5, 64), [-1, -1, -1, -1, -1])
     """
+    # deferred: scikit-learn is slow to import: only when the data set is built (start-up time)
     from sklearn.datasets import load_sample_images
 
     seed = _check_seed(seed)

@@ -35,6 +35,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from tqdm import tqdm
+
 from .._io import fsync_dir
 from ..errors import ChecksumError, DataNotFoundError
 
@@ -128,8 +130,6 @@ def download_url(url: str, path: str | os.PathLike, md5: str | None, *, timeout:
             total = resp.headers.get("Content-Length")
             bar = None
             if progress:
-                from tqdm import tqdm
-
                 bar = tqdm(total=int(total) if total else None, unit="B", unit_scale=True,
                            desc=path.name, initial=start if mode == "ab" else 0)
             with open(part, mode) as f:
@@ -262,6 +262,7 @@ def data_lock(root: str | os.PathLike, *, create: bool = False):
             return
         root.mkdir(parents=True, exist_ok=True)
     try:
+        # deferred: fcntl exists on POSIX only
         import fcntl
     except ImportError:  # pragma: no cover - Windows
         yield

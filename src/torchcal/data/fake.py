@@ -113,6 +113,7 @@ def write_fake_cifar(root: str | os.PathLike, name: str = "cifar10", n_train: in
 def write_fake_svhn(root: str | os.PathLike, split: str = "test", n: int = 30, seed: int = 0) -> Path:
     """Write ``root/<split>_32x32.mat`` with ``X`` (32, 32, 3, n) uint8 and ``y`` (n, 1) in
     1..10 (10 is the digit 0), as the official files."""
+    # deferred: scipy is slow to import: only when it is used (start-up time)
     from scipy.io import savemat
 
     root = Path(root)
@@ -141,6 +142,7 @@ def write_fake_cifar10c(root: str | os.PathLike, corruptions=("gaussian_noise",)
 
 
 def _jpeg(img: np.ndarray) -> bytes:
+    # deferred: Pillow: only when images are decoded (start-up time)
     from PIL import Image
 
     buf = io.BytesIO()
@@ -172,6 +174,7 @@ def write_fake_tinyimagenet(root: str | os.PathLike, n_classes: int = 3, n_train
         for i in range(n_train):
             img = imgs[i]
             if i == 0:  # a grey-scale JPEG
+                # deferred: Pillow: only when images are decoded (start-up time)
                 from PIL import Image
 
                 buf = io.BytesIO()

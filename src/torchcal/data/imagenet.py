@@ -120,6 +120,7 @@ class ImageFolderDataset(Dataset):
 
     def load(self, index: int):
         """The transformed PIL image of item ``index``."""
+        # deferred: Pillow: only when images are decoded (start-up time)
         from PIL import Image
 
         path, _ = self.samples[index]

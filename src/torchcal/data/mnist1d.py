@@ -48,7 +48,7 @@ import torch
 
 from .._io import atomic_write_bytes
 from .._validation import check_positive_int
-from ._base import ArrayDataset, DataSplits
+from ._base import ArrayDataset, DataSplits, default_root
 from .digits import _check_seed as check_seed
 
 __all__ = ["load_mnist1d_splits", "load_mnist1d_ood", "generate_mnist1d", "mnist1d_cache_path",
@@ -78,9 +78,6 @@ def _version() -> str:
 
 
 def _resolve_root(root: str | os.PathLike | None) -> Path:
-    # imported here: torchcal.data imports this module while it is being initialised
-    from . import default_root
-
     return default_root(root)
 
 

@@ -25,6 +25,7 @@ def load_svhn(root: str | os.PathLike, split: str = "test", *, download: bool = 
     """
     if split not in ("train", "test"):
         raise ValueError(f"Expected `split` to be 'train' or 'test', got {split!r}")
+    # deferred: scipy is slow to import: only when it is used (start-up time)
     from scipy.io import loadmat
 
     root = Path(root)

@@ -50,6 +50,7 @@ def _find_folder(root: Path, download: bool, verify: bool) -> Path:
 
 
 def _decode(paths: list[Path]) -> np.ndarray:
+    # deferred: Pillow: only when images are decoded (start-up time)
     from PIL import Image
 
     out = np.empty((len(paths), 64, 64, 3), dtype=np.uint8)

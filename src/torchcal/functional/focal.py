@@ -270,6 +270,7 @@ def flsd532_loss(input: torch.Tensor, target: torch.Tensor, *, reduction: str = 
 
 def _gamma_star_np(p0: np.ndarray) -> np.ndarray:
     """γ*(p0) in float64 (see :func:`focal_gamma_star` for the method)."""
+    # deferred: scipy is slow to import: only when it is used (start-up time)
     from scipy.special import lambertw
 
     p = np.asarray(p0, dtype=np.float64)

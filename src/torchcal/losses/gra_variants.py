@@ -45,7 +45,8 @@ class TLBSLoss(GradientWeightedLoss):
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The fused published form (``forward`` without an explicit ``weight``)."""
         return tlbs_loss(input, target, self.gamma, reduction=self.reduction,
                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
@@ -67,7 +68,8 @@ class SampleDependentFocalGRALoss(GradientWeightedLoss):
         super().__init__(thresholds=thr, gammas=gam, reduction=reduction,
                          ignore_index=ignore_index, validate_args=validate_args)
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The fused published form (``forward`` without an explicit ``weight``)."""
         return sample_dependent_focal_gra_loss(input, target, self.thresholds, self.gammas,
                                                reduction=self.reduction,
                                                ignore_index=self.ignore_index,
@@ -116,7 +118,8 @@ class BSCEAdaptiveGRALoss(GradientWeightedLoss):
         super().__init__(beta=beta, thresholds=thr, gammas=gam, reduction=reduction,
                          ignore_index=ignore_index, validate_args=validate_args)
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The fused published form (``forward`` without an explicit ``weight``)."""
         return bsce_adaptive_gra_loss(input, target, self.beta, self.thresholds, self.gammas,
                                       reduction=self.reduction, ignore_index=self.ignore_index,
                                       validate_args=self.validate_args)

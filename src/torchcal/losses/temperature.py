@@ -351,7 +351,7 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
                                  f"{tuple(z.shape)}")
             return torch.as_tensor(self.calibrator.predict_proba(z)).to(z)
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor,  # type: ignore[override]
+    def forward(self, input: torch.Tensor, target: torch.Tensor,
                 calibrated_probs: torch.Tensor | None = None) -> torch.Tensor:
         if calibrated_probs is None:
             calibrated_probs = self.calibrated_probs(input)

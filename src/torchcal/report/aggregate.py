@@ -27,6 +27,7 @@ import torch
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config, read_results
 from ..losses import LOSSES
+from ..metrics import equal_width_bin_index
 from ..runs import CONFIG_FILE, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
 
 __all__ = [
@@ -329,8 +330,6 @@ def ece_noise_floor(confidences: Any, *, n_bins: int = 15, n_draws: int = 200,
     >>> round(ece_noise_floor([0.5] * 100, n_bins=1, n_draws=4000), 3)  # E|Bin(100,.5)/100-.5|
     0.04
     """
-    from ..metrics import equal_width_bin_index
-
     c = torch.as_tensor(np.asarray(confidences, dtype=np.float64))
     if c.ndim != 1 or c.numel() == 0:
         raise ValueError(f"Expected `confidences` to be a non-empty 1-D array, got shape {tuple(c.shape)}")

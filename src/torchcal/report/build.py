@@ -37,6 +37,7 @@ from ..errors import ResultsFileError
 from ..evaluate import load_logits
 from ..metrics import entropy
 from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
+from . import figures as F
 from . import tables as T
 from .aggregate import (
     Group,
@@ -195,8 +196,6 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int, notes: li
 
 def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], fig_dir: Path,
                  n_bins: int, notes: list[str], logits: dict[str, RunLogits]) -> None:
-    from . import figures as F
-
     pooled, conf, acc = _reliability_figures(F, ds, model, gs, figs, fig_dir, n_bins, notes,
                                              logits)
     if pooled:

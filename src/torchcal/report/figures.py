@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write_bytes
+from .plots import reliability_diagram
 
 __all__ = [
     "new_figure",
@@ -31,7 +32,10 @@ __all__ = [
 
 def new_figure(width: float, height: float):
     """A matplotlib Figure (constrained layout) with an Agg canvas attached (no pyplot)."""
+    # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
@@ -94,8 +98,6 @@ def reliability_pair(
 ):
     """Two reliability diagrams side by side, before and after temperature scaling, each with
     its samples per bin below (:func:`~torchcal.report.plots.reliability_diagram`)."""
-    from .plots import reliability_diagram
-
     fig = new_figure(8.0, 5.2)
     (a0, h0), (a1, h1) = _reliability_grid(fig, 2, 2)
     t = f" (T={temperature:.2f})" if temperature is not None else ""
@@ -113,8 +115,6 @@ def reliability_overview(
 ):
     """All losses' reliability diagrams in one grid, each with its samples per bin below:
     ``{label: (logits, labels)}``."""
-    from .plots import reliability_diagram
-
     names = list(curves)
     ncols = min(5, max(1, len(names)))
     nrows = max(1, -(-len(names) // ncols))
@@ -228,6 +228,7 @@ def gamma_history_figure(
     glance: a dashed line at ``gamma_max`` when some run reaches half of it, else a note that
     γ_max lies above the scale (so the curves are not flattened against 0).
     """
+    # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
     import matplotlib
 
     names = [n for n in histories if np.asarray(histories[n]).ndim == 2
@@ -266,7 +267,10 @@ def gamma_history_figure(
     for ax in axes[len(names):]:
         ax.set_visible(False)
     if names:
+        # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
         from matplotlib.cm import ScalarMappable
+
+        # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
         from matplotlib.colors import Normalize
 
         B = max(np.asarray(histories[n]).shape[-1] for n in names)

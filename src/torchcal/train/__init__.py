@@ -1,20 +1,25 @@
 """Training harness: configs, the papers' recipes, the trainer, checkpoints and evaluation.
 
+Modules: :mod:`~torchcal.train.config` and :mod:`~torchcal.train.recipes` (what to train),
+:mod:`~torchcal.train.trainer` (``train`` and its loop ``fit``), :mod:`~torchcal.train.build`
+(data and model from a config, a trained model from a checkpoint),
+:mod:`~torchcal.train.device`, :mod:`~torchcal.train.inference` (``predict_logits``),
+:mod:`~torchcal.train.evaluation` (``evaluate_checkpoint``), :mod:`~torchcal.train.checkpoint`,
+:mod:`~torchcal.train.distributed` and :mod:`~torchcal.train.tracking`.  The run directory's
+layout belongs to :mod:`torchcal.runs`.
+
 >>> from torchcal.train import get_recipe
 >>> cfg = get_recipe("digits-mlp")
 >>> cfg.model, cfg.epochs, cfg.batch_size, cfg.lr
 ('mlp', 100, 64, 0.05)
 """
 
+from .build import build_data, build_model, load_model_from_run
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .predict import (
-    build_data,
-    build_model,
-    evaluate_run,
-    load_model_from_run,
-    predict_logits,
-)
+from .evaluation import evaluate_checkpoint
+from .inference import predict_logits
+from .predict import evaluate_run  # the deprecated name of evaluate_checkpoint
 from .recipes import get_recipe, list_recipes, register_recipe
 from .tracking import TensorBoardLogger
 from .trainer import build_loss, train
@@ -29,6 +34,7 @@ __all__ = [
     "build_data",
     "build_model",
     "predict_logits",
+    "evaluate_checkpoint",
     "evaluate_run",
     "load_model_from_run",
     "save_checkpoint",

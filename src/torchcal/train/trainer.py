@@ -60,6 +60,7 @@ from ..metrics._common import binned_sums, calibration_from_sums, top1
 from ..models import list_models
 from ..runs import LOSS_STATE_KEY, RunDir
 from ..uncertainty import UncertaintyHead, ranking_loss
+from .build import build_data, build_model, check_model_input, load_ood_sets
 from .checkpoint import (
     load_checkpoint,
     remove_stale_run_temp_files,
@@ -68,6 +69,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .config import TrainConfig
+from .device import _autocast, resolve_device
 from .distributed import (
     DistEnv,
     cleanup_distributed,
@@ -76,18 +78,8 @@ from .distributed import (
     setup_distributed,
     shard_indices,
 )
-from .predict import (
-    BatchSource,
-    _autocast,
-    build_data,
-    build_model,
-    check_model_input,
-    collect_predictions,
-    load_ood_sets,
-    predict_logits,
-    resolve_device,
-    write_predictions,
-)
+from .evaluation import collect_predictions, write_predictions
+from .inference import BatchSource, predict_logits
 from .tracking import TensorBoardLogger, tensorboard_available
 
 __all__ = ["train", "fit", "build_loss", "epoch_metrics", "NoHead", "JointHead"]

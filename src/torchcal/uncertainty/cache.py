@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from .._io import fsync_dir, make_temp_dir
 from .._validation import check_positive_int
@@ -288,8 +289,6 @@ def _embed_all(tmp: Path, model: nn.Module, make_iter: Callable[[], Iterator[tup
     rows = n * n_passes
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=rows, desc="embedding cache", unit="img", leave=False)
     pos = 0
     with torch.no_grad():

@@ -23,9 +23,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from .._validation import check_nonneg_finite, check_positive_int
-from ..metrics import entropy
+from ..metrics import entropy, r_auroc
 from .cache import EmbeddingCache
 from .head import UncertaintyHead, per_sample_cross_entropy
 from .objectives import HEAD_OBJECTIVES, head_loss
@@ -222,8 +223,6 @@ def _init_head(head: UncertaintyHead | None, d: int, *, width: int, depth: int,
 
 def _progress_bar(total: int) -> Any:
     """A tqdm bar over the ``total`` optimiser steps of :func:`fit_head`."""
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="uncertainty head", unit="step", leave=False)
 
 
@@ -308,8 +307,6 @@ def recall_at_1_correct(embeddings: torch.Tensor, labels: torch.Tensor,
 
 def _safe_r_auroc(uncertainty: torch.Tensor, correct: torch.Tensor) -> float:
     """R-AUROC, NaN when every prediction is correct or every one is wrong."""
-    from ..metrics import r_auroc
-
     k = int(correct.sum())
     if k == 0 or k == correct.shape[0]:
         return float("nan")
