@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..functional._common import check_alpha, check_hyper
+from .._validation import check_scalar
+from ..functional._common import check_alpha
 from ..functional._loss_utils import REDUCTIONS
 
 __all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "loss_set_epoch", "loss_on_validation",
@@ -42,20 +43,33 @@ __all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "loss_set_epoch", "loss_o
 
 
 def _non_negative(value: Any, name: str) -> float:
-    return check_hyper(value, name)
+    return check_scalar(value, name, float, min_val=0.0)
 
 
 def _positive(value: Any, name: str) -> float:
-    return check_hyper(value, name, positive=True)
+    return check_scalar(value, name, float, min_val=0.0, include_boundaries="neither")
 
 
-#: How :class:`CalibrationLoss` validates each hyperparameter name of torchcal's vocabulary.
+def _positive_int(value: Any, name: str) -> int:
+    return check_scalar(value, name, int, min_val=1)
+
+
+#: How :class:`CalibrationLoss` validates each hyperparameter name of torchcal's vocabulary
+#: (every check is :func:`torchcal._validation.check_scalar`).
 HYPERPARAMETER_CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "gamma": _non_negative,
     "lam": _non_negative,
     "alpha": check_alpha,  # label smoothing, in [0, 1)
     "beta": _positive,  # a norm order
     "width": _positive,  # a kernel width
+    "bandwidth": _positive,  # a kernel bandwidth
+    "p": _positive,  # a norm order
+    "temperature": _positive,
+    "t_a": _positive,  # soft-binning temperatures (DECE)
+    "t_b": _positive,
+    "classwise_weight": _non_negative,
+    "n_bins": _positive_int,
+    "total_epochs": _positive_int,
 }
 
 
@@ -83,6 +97,9 @@ class CalibrationLoss(nn.Module):
     published_reduction: str = "sum"
     wants_validation: bool = False
     update_every: int | None = None
+    #: Attributes of training state (not hyperparameters) that ``repr`` shows last, e.g. the
+    #: epoch of a scheduled loss.
+    repr_state: tuple[str, ...] = ()
 
     def __init__(self, *, reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True, **hyperparameters: Any) -> None:
@@ -108,6 +125,7 @@ class CalibrationLoss(nn.Module):
             shown.append(("ignore_index", self.ignore_index))
         if not self.validate_args:
             shown.append(("validate_args", False))
+        shown += [(name, getattr(self, name)) for name in self.repr_state]
         return ", ".join(f"{name}={value!r}" for name, value in shown)
 
     def set_epoch(self, epoch: int) -> None:

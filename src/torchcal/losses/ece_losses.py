@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from .._validation import check_labels, check_positive_int, check_scalar
-from ..functional._common import check_hyper, no_autocast
+from .._validation import check_labels, check_scalar
+from ..functional._common import no_autocast
 from ..functional._plain import check_batch_reduction
 from ..functional.ece_losses import ECE_KDE_TYPES, dece_loss, ece_gap_loss, ece_kde_loss
 from ..metrics._common import binned_sums, classwise_sums
@@ -50,9 +50,7 @@ class DECELoss(CalibrationLoss):
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         if not isinstance(cross_entropy, bool):
             raise ValueError(f"Expected `cross_entropy` to be a bool, got {cross_entropy!r}")
-        super().__init__(lam=lam, n_bins=check_positive_int(n_bins, "n_bins"),
-                         t_a=check_hyper(t_a, "t_a", positive=True),
-                         t_b=check_hyper(t_b, "t_b", positive=True), cross_entropy=cross_entropy,
+        super().__init__(lam=lam, n_bins=n_bins, t_a=t_a, t_b=t_b, cross_entropy=cross_entropy,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         check_batch_reduction(reduction, type(self).__name__)
@@ -89,8 +87,7 @@ class ECEKDELoss(CalibrationLoss):
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         if mc_type not in ECE_KDE_TYPES:
             raise ValueError(f"Expected `mc_type` to be one of {ECE_KDE_TYPES}, got {mc_type!r}")
-        super().__init__(lam=lam, bandwidth=check_hyper(bandwidth, "bandwidth", positive=True),
-                         p=check_hyper(p, "p", positive=True), mc_type=mc_type,
+        super().__init__(lam=lam, bandwidth=bandwidth, p=p, mc_type=mc_type,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         check_batch_reduction(reduction, type(self).__name__)
@@ -132,21 +129,19 @@ class ECEGapLoss(CalibrationLoss):
 
     wants_validation = True
 
+    repr_state = ("epoch",)
+
     def __init__(self, n_bins: int = 15, total_epochs: int = 350, classwise_weight: float = 2.0,
                  *, reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
-        super().__init__(n_bins=check_positive_int(n_bins, "n_bins"),
-                         total_epochs=check_positive_int(total_epochs, "total_epochs"),
-                         classwise_weight=check_hyper(classwise_weight, "classwise_weight"),
+        super().__init__(n_bins=n_bins, total_epochs=total_epochs,
+                         classwise_weight=classwise_weight,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self.epoch = 0
         self.register_buffer("width_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
         self.register_buffer("mass_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
         self.classwise: torch.Tensor | None = None
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, epoch={self.epoch}"
 
     @property
     def progress(self) -> float:

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from ..functional._common import check_hyper
 from ..functional.basic import brier_loss, cross_entropy
 from ..functional.dual_focal import dual_focal_loss
 from ..functional.exp_weighted import (
@@ -39,7 +38,7 @@ class ExpWeightedLoss(CalibrationLoss):
                  **hyperparameters: Any) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args, **hyperparameters,
-                         temperature=check_hyper(temperature, "temperature", positive=True))
+                         temperature=temperature)
 
     def base_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The per-sample base loss ``b`` (target's shape, with gradient)."""

@@ -141,6 +141,8 @@ class ScheduledFocalLoss(CalibrationLoss):
     milestones: tuple[int, ...]
     gammas: tuple[float, ...]
 
+    repr_state = ("epoch",)
+
     def __init__(self, milestones: Sequence[int] = (100, 250),
                  gammas: Sequence[float] = (5.0, 3.0, 1.0), *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
@@ -177,9 +179,6 @@ class ScheduledFocalLoss(CalibrationLoss):
 
     def set_extra_state(self, state: Any) -> None:
         self.set_epoch(int(state["epoch"]))
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, epoch={self.epoch}"
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # Eager: γ as a number (no host sync).  Compiled: γ as a tensor input of the graph, so
