@@ -54,10 +54,15 @@ __all__ = [
 #: The checkpoints a run can be evaluated from: the last epoch's (what the papers report, and
 #: what ``torchcal train`` evaluates) and the best by the validation metric.
 CHECKPOINTS = ("last", "best")
+#: The run's configuration: the TrainConfig plus num_classes, input_shape and world_size.
 CONFIG_FILE = "config.json"
+#: The epoch log: one JSON object per line and epoch.
 LOG_FILE = "log.jsonl"
+#: The folder of ``last.pt`` and ``best.pt`` (each with a ``.sha256`` beside it).
 CHECKPOINT_DIR = "checkpoints"
+#: The folder of the TensorBoard event files (``torchcal train --tensorboard``).
 TENSORBOARD_DIR = "tensorboard"
+#: The folder of ``torchcal uncertainty``'s head, results and embedding cache.
 UNCERTAINTY_DIR = "uncertainty"
 _RESULTS_FILE = "results.json"
 _LOGITS_DIR = "logits"
