@@ -362,7 +362,12 @@ def test_uncertainty_head_leaves_the_classifier_unchanged(tmp_path):
 
 
 def test_evaluate_run_and_load_model(tmp_path):
-    from torchcal.train import evaluate_checkpoint, evaluate_run, load_model_from_run, predict_logits
+    from torchcal.train import (
+        evaluate_checkpoint,
+        evaluate_run,
+        load_model_from_run,
+        predict_logits,
+    )
 
     cfg = digits_config(tmp_path, epochs=2, evaluate=False, select_best_by="error")
     train(cfg)
