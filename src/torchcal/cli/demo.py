@@ -919,7 +919,7 @@ def register(subparsers) -> None:
                     "MNIST-1D signals with the CIFAR papers' recipe (mnist1d-cnn), every loss at "
                     f"its published defaults (AdaFocal λ=1): the {len(m.losses)} losses the "
                     f"papers' claims compare x {len(m.seeds)} seeds x {m.epochs} epochs (the "
-                    "recipe's milestone fractions; 116 s measured on 2 idle cores). --full: every "
+                    "recipe's milestone fractions; 68 s measured on 2 idle cores). --full: every "
                     f"demo loss x {len(m.full_seeds)} seeds x the recipe's 350 epochs. "
                     "--dataset digits: the noisy-digits MLP benchmark (every loss, "
                     f"{len(g.seeds)} seeds x 100 epochs, AdaFocal λ={g.adafocal_lam:g}). Runs "
@@ -934,10 +934,10 @@ def register(subparsers) -> None:
     size.add_argument("--quick", action="store_true",
                       help=f"a smoke test: MNIST-1D {len(m.quick_seeds)} seed x {m.quick_epochs} "
                            f"epochs of the claims' losses; digits {len(g.quick_seeds)} seeds x "
-                           f"{g.quick_epochs} epochs (26 s measured on MNIST-1D)")
+                           f"{g.quick_epochs} epochs (19 s measured on MNIST-1D)")
     size.add_argument("--full", action="store_true",
                       help="every demo loss, the recipe's full schedule, 5 seeds (MNIST-1D: "
-                           "350 epochs, 42 minutes measured on 2 idle cores)")
+                           "350 epochs, 19 minutes measured on 2 idle cores)")
     d.add_argument("--seeds", type=parse_seeds, default=None,
                    help=f"number of seeds or a list such as 0,3,7 (default: MNIST-1D "
                         f"{len(m.seeds)}, --full {len(m.full_seeds)}; digits {len(g.seeds)})")
