@@ -680,7 +680,9 @@ def _setup_text(cfg: DemoConfig, job: dict[str, Any]) -> str:
                 " On the full schedule (`torchcal demo --full`, 5 seeds, committed in the "
                 "repository under docs/results/mnist1d) the claims below held on: "
                 + "; ".join(f"{t} {k} of {n}" for t, k, n in FULL_SCHEDULE_VERDICTS.values())
-                + " seeds; where this run's verdicts differ, the shorter schedule is the cause.")
+                + " seeds (a re-run on another CPU: AdaFocal 5 of 5, the rest the same; "
+                "docs/results/mnist1d/RERUN.md); where this run's verdicts differ, the shorter "
+                "schedule is the likely cause.")
     opt = (f"SGD, momentum {tc.momentum:g}{', Nesterov' if tc.nesterov else ''}, lr {tc.lr:g}, "
            f"weight decay {tc.weight_decay:g}, batch {tc.batch_size}, {tc.epochs} epochs, {sched}"
            + (f", gradient clipping at {tc.grad_clip:g}" if tc.grad_clip else ""))
