@@ -105,6 +105,9 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
         ("metrics", "def f():\n    import numpy\n", "deferred imports", "in f: import numpy"),
         ("metrics", "def f():\n    # scipy is slow to import\n    import scipy\n", None, None),
         ("metrics", "def f():\n    import scipy  # slow\n", None, None),
+        ("metrics", "def f():\n    # slow\n    import scipy\n    import numpy\n", None, None),
+        ("metrics", "def f():\n    # slow\n    import scipy\n\n    import numpy\n",
+         "deferred imports", "in f: import numpy"),
     ],
 )
 def test_checker_catches_violations(tmp_path, where, source, rule, expected):

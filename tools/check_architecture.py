@@ -23,8 +23,8 @@ It prints one line per rule with its count, then every violation:
    file name, and every directory name joined with ``/`` or ``joinpath``; not counted:
    docstrings and the ``help=`` / ``description=`` / ``epilog=`` text of the command line.
 5. **deferred imports**: an import inside a function says why it is not at the top of the
-   module (an optional dependency, start-up time, a platform) in a comment on its line or the
-   line above.
+   module (an optional dependency, start-up time, a platform) in a comment on its line or
+   above it (one comment may head a block of adjacent imports).
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -208,6 +208,18 @@ def _is_path_join(const: ast.Constant, parent: ast.AST | None) -> bool:
             in {"joinpath", "join", "Path"})
 
 
+def _has_reason(lines: list[str], lineno: int) -> bool:
+    """A comment on the import's line, or on the line above it or above the block of imports
+    it closes (one comment may explain several adjacent imports)."""
+    i = lineno - 1
+    if "#" in lines[i]:
+        return True
+    i -= 1
+    while i >= 0 and lines[i].strip().startswith(("import ", "from ")):
+        i -= 1
+    return i >= 0 and lines[i].strip().startswith("#")
+
+
 def unexplained_deferred_imports(tree: ast.AST, lines: list[str], rel: Path) -> list[str]:
     """Imports inside functions without a comment (on their line or the line above)."""
     out, seen = [], set()
@@ -217,9 +229,8 @@ def unexplained_deferred_imports(tree: ast.AST, lines: list[str], rel: Path) -> 
         for node in ast.walk(fn):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in seen:
                 seen.add(node.lineno)
-                here, above = lines[node.lineno - 1], lines[node.lineno - 2]
-                if "#" not in here and not above.strip().startswith("#"):
-                    out.append(f"{rel}:{node.lineno} in {fn.name}: {here.strip()}")
+                if not _has_reason(lines, node.lineno):
+                    out.append(f"{rel}:{node.lineno} in {fn.name}: {lines[node.lineno - 1].strip()}")
     return out
 
 

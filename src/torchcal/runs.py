@@ -72,8 +72,6 @@ _HEAD_FILE = "head.pt"
 REPORT_RESULTS_FILE = _RESULTS_FILE
 #: The key of a log line holding the loss's inspectable state (γ history of AdaFocal & co.).
 LOSS_STATE_KEY = "loss_state"
-#: The splits saved as ``logits/<split>.npz`` (plus ``ood_<name>.npz`` per OOD set).
-SPLITS = ("val", "test")
 _OOD_PREFIX = "ood_"
 
 
@@ -122,20 +120,13 @@ def checkpoint_of_results_file(path: str | os.PathLike) -> str:
 
 
 def logits_filename(split: str) -> str:
-    """The file of a split's saved logits in a logits directory: ``val`` -> ``val.npz``;
-    ``ood:<name>`` -> ``ood_<name>.npz`` (an OOD set).
+    """The file of a split's saved logits in a logits directory (``val``, ``test`` or
+    ``ood_<name>`` for an OOD set).
 
-    >>> logits_filename("test"), logits_filename("ood:svhn")
+    >>> logits_filename("test"), logits_filename("ood_svhn")
     ('test.npz', 'ood_svhn.npz')
     """
-    if split.startswith("ood:"):
-        split = _OOD_PREFIX + split[len("ood:"):]
     return f"{split}.npz"
-
-
-def is_results_file(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is named like a run's results file (``results.json``, ``results-best.json``)."""
-    return Path(path).name in {results_filename(c) for c in CHECKPOINTS}
 
 
 class RunDir:
@@ -150,9 +141,6 @@ class RunDir:
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
-
-    def __fspath__(self) -> str:
-        return os.fspath(self.path)
 
     # --- paths ---------------------------------------------------------------------------
     @property
@@ -183,7 +171,7 @@ class RunDir:
         return self.path / logits_dirname(checkpoint)
 
     def logits(self, split: str, checkpoint: str = "last") -> Path:
-        """``logits/<split>.npz``: ``split`` is ``val``, ``test``, ``ood_<name>`` or ``ood:<name>``."""
+        """``logits/<split>.npz``: ``split`` is ``val``, ``test`` or ``ood_<name>``."""
         return self.logits_dir(checkpoint) / logits_filename(split)
 
     def ood_logits(self, checkpoint: str = "last") -> dict[str, Path]:

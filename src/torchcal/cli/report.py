@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .._io import exclusive_lock
 from ..errors import TorchcalError
-from ..report.build import build_report  # matplotlib: not at `torchcal --help` time
+from ..report.build import build_report
 from ..runs import RunDir
 from ._args import PERCENT_NOTE
 from ._args import positive_int as _positive_int

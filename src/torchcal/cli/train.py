@@ -160,7 +160,8 @@ def _interrupt_hint(args: argparse.Namespace) -> str | None:
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     out = Path(args.out)
-    if RunDir(out).has_checkpoint("last") and RunDir(out).config.is_file():
+    run = RunDir(out)
+    if run.has_checkpoint("last") and run.config.is_file():
         return ("finished epochs are kept; continue with: torchcal train --out "
                 f"{shlex.quote(args.out)} --resume")
     argv = list(getattr(args, "argv", None) or [])

@@ -64,8 +64,6 @@ def load_digits_splits(seed: int = 0, noise_std: float = 0.5, n_copies: int = 5,
     """
     # deferred: scikit-learn is slow to import: only when the data set is built (start-up time)
     from sklearn.datasets import load_digits
-
-    # deferred: scikit-learn is slow to import: only when the data set is built (start-up time)
     from sklearn.model_selection import train_test_split
 
     seed = _check_seed(seed)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import json
 import math
 import os
 import re
@@ -31,8 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import atomic_write_text
-from .._io import to_jsonable as _jsonable
+from .._io import atomic_write_json, atomic_write_text
 from ..errors import ResultsFileError
 from ..evaluate import load_logits
 from ..metrics import entropy
@@ -196,7 +194,7 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int, notes: li
 
 def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], fig_dir: Path,
                  n_bins: int, notes: list[str], logits: dict[str, RunLogits]) -> None:
-    pooled, conf, acc = _reliability_figures(F, ds, model, gs, figs, fig_dir, n_bins, notes,
+    pooled, conf, acc = _reliability_figures(ds, model, gs, figs, fig_dir, n_bins, notes,
                                              logits)
     if pooled:
         fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
@@ -214,11 +212,11 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
         figs.append(Figure("Confidence histograms", path,
                            "Histogram of the top-1 confidence on the test set before temperature scaling; "
                            "dashed: mean confidence, solid: accuracy."))
-    _ood_roc_figures(F, ds, model, gs, figs, fig_dir, pooled)
-    _gamma_figures(F, ds, model, gs, figs, fig_dir, notes)
+    _ood_roc_figures(ds, model, gs, figs, fig_dir, pooled)
+    _gamma_figures(ds, model, gs, figs, fig_dir, notes)
 
 
-def _reliability_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+def _reliability_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
                          fig_dir: Path, n_bins: int, notes: list[str],
                          logits: dict[str, RunLogits]):
     """Draw each group's pre/post-T reliability pair; return its pooled logits, conf and acc."""
@@ -245,7 +243,7 @@ def _reliability_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list
     return pooled, conf, acc
 
 
-def _ood_roc_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+def _ood_roc_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
                      fig_dir: Path, pooled: dict[str, Any]) -> None:
     """Draw one entropy ROC figure per OOD set of the runs (groups with pooled logits)."""
     ood_names: list[str] = []
@@ -259,7 +257,7 @@ def _ood_roc_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Fig
         for g in gs:
             if g.label not in pooled:
                 continue
-            curve = _ood_roc_curve(F, g, name)
+            curve = _ood_roc_curve(g, name)
             if curve is not None:
                 curves[g.label] = curve
         if curves:
@@ -272,12 +270,12 @@ def _ood_roc_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Fig
                                "(dashed); titles: AUROC in %, mean ± std over seeds."))
 
 
-def _ood_roc_curve(F, g: Group, name: str):
+def _ood_roc_curve(g: Group, name: str):
     """``(fpr, tpr, auroc mean, auroc std)`` of a group against OOD set ``name``, or None."""
     s_id, s_ood = [], []
     for r in g.runs:
         pi = r.logits_dir / logits_filename("test")
-        po = r.logits_dir / logits_filename(f"ood:{name}")
+        po = r.logits_dir / logits_filename(f"ood_{name}")
         if not (pi.is_file() and po.is_file()):
             continue
         try:
@@ -294,7 +292,7 @@ def _ood_roc_curve(F, g: Group, name: str):
     return (fpr, tpr, auc, g.std.get(f"ood.{name}.auroc_entropy", math.nan))
 
 
-def _gamma_figures(F, ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
+def _gamma_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
                    fig_dir: Path, notes: list[str]) -> None:
     """Draw AdaFocal's γ per bin over epochs for every group with a γ history."""
     for g in gs:
@@ -412,8 +410,7 @@ def build_report(
     paths_out = dict(
         report_md=atomic_write_text(out / "report.md", md_text),
         report_html=atomic_write_text(out / "report.html", html_text),
-        results_json=atomic_write_text(out / REPORT_RESULTS_FILE,
-                                       json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n"),
+        results_json=atomic_write_json(out / REPORT_RESULTS_FILE, doc, indent=1),
         results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups)),
         summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),
     )

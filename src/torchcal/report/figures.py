@@ -34,8 +34,6 @@ def new_figure(width: float, height: float):
     """A matplotlib Figure (constrained layout) with an Agg canvas attached (no pyplot)."""
     # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
@@ -269,8 +267,6 @@ def gamma_history_figure(
     if names:
         # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
         from matplotlib.cm import ScalarMappable
-
-        # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
         from matplotlib.colors import Normalize
 
         B = max(np.asarray(histories[n]).shape[-1] for n in names)

@@ -28,8 +28,6 @@ def _atomic_write_png(fig: Any, path: str | os.PathLike) -> Path:
 def _new_figure(width: float, height: float) -> Any:
     # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=100)

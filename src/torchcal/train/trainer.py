@@ -243,7 +243,7 @@ class NoHead:
 
     def state(self, full: bool) -> dict[str, Any]:
         """The checkpoint entries of the head (``full``: with the optimiser's state)."""
-        return {"head": None, "head_optimizer": None} if full else {"head": None}
+        return {"head": None, "head_optimizer": None}
 
     def load(self, state: dict[str, Any]) -> None:
         """Restore the head from a checkpoint's entries."""
@@ -294,10 +294,7 @@ class JointHead(NoHead):
 
     def state(self, full: bool) -> dict[str, Any]:
         h = getattr(self.head, "module", self.head)
-        out = {"head": h.state_dict()}
-        if full:
-            out["head_optimizer"] = self.opt.state_dict()
-        return out
+        return {"head": h.state_dict(), "head_optimizer": self.opt.state_dict() if full else None}
 
     def load(self, state: dict[str, Any]) -> None:
         if not state.get("head"):
@@ -404,6 +401,7 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
     r = _build(config, env, _resume_state(config, env))
     ood_sets = load_ood_sets(config, r.splits) if config.evaluate else {}
     final = _finished_run_numbers(r)
+    reduction, every = _loss_reduction(r.loss_fn), _update_every(r.loss_fn)
     with _progress_bar(r) as bar, _tensorboard(r) as tb:
         for epoch in range(r.start_epoch, config.epochs):
             t0 = time.perf_counter()
@@ -418,14 +416,14 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
                     logits, feats = r.head.split(r.fwd(x))
                 logits = logits.float()
                 loss = r.loss_fn(logits, y)
-                stats.update(logits, y, _sample_sum(r, loss, y))
-                if _loss_reduction(r.loss_fn) == "sum" and env.enabled:
+                stats.update(logits, y, _sample_sum(loss, y, reduction))
+                if reduction == "sum" and env.enabled:
                     loss = loss * env.world_size  # DDP averages gradients; a sum must sum
                 total = r.head.add_loss(loss, logits, feats, y)
                 _backward_and_step(r, total)
                 if bar is not None:
                     bar.update(1)
-                if _update_every(r.loss_fn) and (step + 1) % _update_every(r.loss_fn) == 0:
+                if every and (step + 1) % every == 0:
                     _validation_pass(r)  # a stateful loss' extra update (AdaFocal & co.)
                     r.fwd.train()
             r.scheduler.step()
@@ -667,9 +665,9 @@ def _train_batches(r: _Run, epoch: int):
     return src.batches(shard, r.local_bs, augment=augment, generator=gen, drop_singleton=True)
 
 
-def _sample_sum(r: _Run, loss: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _sample_sum(loss: torch.Tensor, y: torch.Tensor, reduction: str) -> torch.Tensor:
     """The batch's summed per-sample loss (for the logged mean), whatever the reduction."""
-    return loss.detach() * y.shape[0] if _loss_reduction(r.loss_fn) == "mean" else loss.detach()
+    return loss.detach() * y.shape[0] if reduction == "mean" else loss.detach()
 
 
 def _backward_and_step(r: _Run, total: torch.Tensor) -> None:
@@ -804,13 +802,10 @@ def _clone_state(sd: dict[str, Any]) -> dict[str, Any]:
 def _snapshot(r: _Run, full: bool) -> dict[str, Any]:
     """A copy of the run's state for a checkpoint: the weights and the loss/head state, and
     with ``full`` the optimiser, schedule and scaler (``best.pt`` is for evaluation only)."""
-    state: dict[str, Any] = {"model": r.model.state_dict(), "loss": r.loss_fn.state_dict()}
-    if full:
-        state.update(optimizer=r.optimizer.state_dict(), scheduler=r.scheduler.state_dict(),
-                     scaler=r.scaler.state_dict() if r.scaler.is_enabled() else None)
-    else:
-        state.update(optimizer=None, scheduler=None, scaler=None)
-    state.update(r.head.state(full))
-    if not full:
-        state["head_optimizer"] = None
+    state: dict[str, Any] = {
+        "model": r.model.state_dict(), "loss": r.loss_fn.state_dict(),
+        "optimizer": r.optimizer.state_dict() if full else None,
+        "scheduler": r.scheduler.state_dict() if full else None,
+        "scaler": r.scaler.state_dict() if full and r.scaler.is_enabled() else None,
+        **r.head.state(full)}
     return _clone_state(state)
