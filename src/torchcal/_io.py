@@ -21,13 +21,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fnmatch
+import hashlib
 import json
 import math
 import os
 import re
 import secrets
+import stat
 import sys
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -35,7 +38,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from .errors import InUseError
+from .errors import ChecksumError, InUseError
 
 try:  # POSIX; on Windows there is no fcntl and exclusive_lock does not lock (see there)
     import fcntl
@@ -56,6 +59,17 @@ __all__ = [
     "LOCK_NAME",
     "write_error",
     "to_jsonable",
+    "checksum_path",
+    "sha256_file",
+    "write_verified",
+    "read_verified",
+    "check_sha256",
+    "read_bytes_bounded",
+    "parse_json",
+    "read_json",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_JSON_INT_DIGITS",
 ]
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -394,3 +408,267 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
     """Write ``to_jsonable(obj)`` as strict JSON (no NaN tokens) atomically."""
     text = json.dumps(to_jsonable(obj), indent=indent, allow_nan=False)
     return atomic_write_text(path, text + "\n")
+
+
+# ------------------------------------------------------------------------------------------
+# integrity: every file torchcal writes and later trusts is verified on read the same way
+# ------------------------------------------------------------------------------------------
+_DIGEST_RE = re.compile(r"^([0-9a-f]{64})  \*?(.+)$")
+_CHUNK = 1 << 20
+
+
+def checksum_path(path: str | os.PathLike) -> Path:
+    """The SHA-256 file beside ``path``: ``last.pt`` -> ``last.pt.sha256``."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of the file ``path``, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_digests(path: Path, what: str, error: type[Exception]) -> list[str]:
+    """The digests listed in ``path``'s SHA-256 file (``error`` if unreadable or malformed)."""
+    side = checksum_path(path)
+    try:
+        lines = read_bytes_bounded(side, max_bytes=1 << 16, what="Checksum file",
+                                   error=error).decode("ascii").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"Checksum file {str(side)!r} of {what.lower()} {str(path)!r} cannot be "
+                    f"read: {exc}") from exc
+    digests = []
+    for line in lines:
+        m = _DIGEST_RE.match(line.strip())
+        if m is None or m.group(2) != path.name:
+            raise error(f"Checksum file {str(side)!r} is malformed: expected lines "
+                        f"'<sha256 hex>  {path.name}', got {line[:80]!r}")
+        digests.append(m.group(1))
+    if not digests:
+        raise error(f"Checksum file {str(side)!r} is empty")
+    return digests
+
+
+def _write_digests(side: Path, digests: list[str], name: str) -> None:
+    with atomic_writer(side) as f:
+        f.write("".join(f"{d}  {name}\n" for d in digests).encode("ascii"))
+
+
+def write_verified(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically and its SHA-256 to ``path + ".sha256"``
+    (``sha256sum`` format: ``sha256sum -c NAME.sha256`` checks it by hand).
+
+    The new digest is first added to the SHA-256 file, then the file is replaced, then only
+    the new digest is kept: a kill between any two steps leaves a file matching one of the
+    listed digests (or, replacing a file of an older torchcal, one without a SHA-256 file).
+    Read it back with :func:`read_verified`.
+    """
+    path = Path(path)
+    digest = hashlib.sha256(data).hexdigest()
+    side = checksum_path(path)
+    if not (path.is_file() and not side.is_file()):  # else: replacing an unverified file
+        previous: list[str] = []
+        if path.is_file():
+            with contextlib.suppress(ChecksumError, OSError):
+                previous = [d for d in _read_digests(path, "File", ChecksumError)
+                            if d != digest][:7]
+        _write_digests(side, [digest, *previous], path.name)
+    atomic_write_bytes(path, data)
+    _write_digests(side, [digest], path.name)
+    return path
+
+
+def _mismatch(path: Path, what: str, where: str, expected: str, got: str, hint: str,
+              error: type[Exception]) -> Exception:
+    return error(f"{what} {str(path)!r} does not match its SHA-256 in {where} (expected "
+                 f"{expected[:16]}..., got {got[:16]}...): the file was corrupted or modified "
+                 f"after it was written; {hint}")
+
+
+def read_verified(path: str | os.PathLike, *, what: str = "File",
+                  error: type[Exception] = ChecksumError, hint: str = "do not use it",
+                  max_bytes: int | None = None) -> bytes:
+    """The bytes of ``path`` (written by :func:`write_verified`), checked against its SHA-256
+    file: the one integrity check of every file torchcal writes and later trusts.
+
+    Args:
+        path: the file.
+        what: how the error messages name the file (``"Checkpoint"``, ``"Uncertainty head"``).
+        error: the exception type raised (a :class:`~torchcal.errors.TorchcalError`).
+        hint: what to do about a mismatch (``"re-run torchcal uncertainty fit"``).
+        max_bytes: refuse larger files (None: no limit); see :func:`read_bytes_bounded`.
+
+    A file without a SHA-256 file (written before torchcal verified it) is read with a
+    :class:`UserWarning`.
+
+    Raises:
+        error: the file (or its SHA-256 file) is not a readable regular file, or its SHA-256
+            matches none of the listed digests (the message names the file and ``hint``).
+    """
+    path = Path(path)
+    try:
+        data = read_bytes_bounded(path, max_bytes=max_bytes, what=what, error=error)
+    except OSError as exc:
+        raise error(f"{what} {str(path)!r} cannot be read: {exc}") from exc
+    side = checksum_path(path)
+    if not side.exists():
+        warnings.warn(f"{what} {str(path)!r} has no {side.name} (it was written before "
+                      "torchcal verified its files): read without an integrity check",
+                      stacklevel=3)
+        return data
+    digests = _read_digests(path, what, error)
+    got = hashlib.sha256(data).hexdigest()
+    if got not in digests:
+        raise _mismatch(path, what, side.name, digests[0], got, hint, error)
+    return data
+
+
+def check_sha256(path: str | os.PathLike, expected: str, *, what: str = "File",
+                 where: str = "its manifest", error: type[Exception] = ChecksumError,
+                 hint: str = "do not use it") -> None:
+    """Check a (large, memory-mapped) file against a SHA-256 recorded elsewhere (``where``, e.g.
+    a verified manifest), streaming: the same check and message as :func:`read_verified`."""
+    path = Path(path)
+    got = sha256_file(path)
+    if got != str(expected):
+        raise _mismatch(path, what, where, str(expected), got, hint, error)
+
+
+# ------------------------------------------------------------------------------------------
+# bounded reads: what torchcal reads back cannot hang it, exhaust its memory or its stack
+# ------------------------------------------------------------------------------------------
+#: Largest JSON file :func:`read_json` reads (results, configs, manifests, calibrations).
+MAX_JSON_BYTES = 16 << 20
+#: Deepest nesting of arrays and objects :func:`parse_json` accepts.
+MAX_JSON_DEPTH = 64
+#: Most digits of a JSON integer :func:`parse_json` accepts (Python refuses > 4300 anyway).
+MAX_JSON_INT_DIGITS = 64
+_STRING_RE = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+
+
+def read_bytes_bounded(path: str | os.PathLike, *, max_bytes: int | None,
+                       what: str = "File", error: type[Exception] = ValueError) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``max_bytes`` bytes.
+
+    A FIFO, a device (also through a symbolic link, e.g. to ``/dev/zero``), a socket or a
+    directory is refused before it is opened, so reading cannot block or run forever; the file
+    is opened with ``O_NONBLOCK`` and checked again (it may have been swapped meanwhile) and at
+    most ``max_bytes + 1`` bytes are read.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (callers tell "missing" from "bad").
+        error: not a regular file, or larger than ``max_bytes`` (the message names the file).
+        OSError: it cannot be read.
+    """
+    path = Path(path)
+
+    def check(st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what} {str(path)!r} is not a regular file (a directory, FIFO, "
+                        "device or socket): refused")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise error(f"{what} {str(path)!r} has {st.st_size:,} bytes, more than the "
+                        f"{max_bytes:,} such a file may have: refused")
+
+    check(os.stat(path))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(
+        os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as f:
+        check(os.fstat(fd))
+        data = f.read(-1 if max_bytes is None else max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise error(f"{what} {str(path)!r} grew past {max_bytes:,} bytes while read: refused")
+    return data
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise _Refused(f"an integer of {len(text.lstrip('-')):,} digits (at most "
+                       f"{MAX_JSON_INT_DIGITS} allowed)")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise _Refused(f"the number {text[:40]} overflows to {v}")
+    return v
+
+
+def _parse_constant(name: str) -> Any:
+    raise _Refused(f"the non-finite value {name} (torchcal writes null)")
+
+
+def _max_depth(data: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` outside strings (vectorised: no recursion, no loop)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    arr = np.frombuffer(_STRING_RE.sub(b"", data), dtype=np.uint8)
+    step = (((arr == ord("[")) | (arr == ord("{"))).astype(np.int32)
+            - ((arr == ord("]")) | (arr == ord("}"))).astype(np.int32))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def parse_json(data: bytes | str, *, what: str = "File", path: str | os.PathLike = "",
+               error: type[Exception] = ValueError) -> Any:
+    """Strict JSON of bounded shape: ``error`` naming ``path`` for invalid UTF-8 or JSON,
+    nesting deeper than :data:`MAX_JSON_DEPTH`, integers longer than
+    :data:`MAX_JSON_INT_DIGITS` digits, ``NaN``/``Infinity`` or numbers that overflow.
+
+    >>> parse_json(b'{"a": [1, 2.5, null]}')
+    {'a': [1, 2.5, None]}
+    >>> parse_json("[" * 100, path="x.json")
+    Traceback (most recent call last):
+    ValueError: File 'x.json' is nested 100 levels deep (at most 64 allowed): refused
+    """
+    name = f"{what} {str(path)!r}"
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    depth = _max_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise error(f"{name} is nested {depth} levels deep (at most {MAX_JSON_DEPTH} allowed): "
+                    "refused")
+    try:
+        text = raw.decode("utf-8") if isinstance(data, bytes) else data
+        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_parse_constant)
+    except UnicodeDecodeError as exc:
+        raise error(f"{name} cannot be read: it is not UTF-8 text ({exc})") from None
+    except _Refused as exc:
+        raise error(f"{name} holds {exc}: refused") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise error(f"{name} is not valid JSON: {str(exc)[:200]}") from None
+
+
+def read_json(path: str | os.PathLike, *, what: str = "File", error: type[Exception] = ValueError,
+              max_bytes: int = MAX_JSON_BYTES, verified: bool = False,
+              hint: str = "do not use it") -> Any:
+    """The one reader of JSON that torchcal reads back: :func:`read_bytes_bounded` (a regular
+    file of at most ``max_bytes``), then :func:`parse_json`; with ``verified`` the file is
+    first checked against its SHA-256 file (:func:`read_verified`).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (unless ``verified``: then ``error``).
+        error: anything else, the message naming the file.
+    """
+    path = Path(path)
+    if verified:
+        if not path.exists():
+            raise error(f"{what} {str(path)!r} does not exist")
+        data = read_verified(path, what=what, error=error, hint=hint, max_bytes=max_bytes)
+    else:
+        try:
+            data = read_bytes_bounded(path, max_bytes=max_bytes, what=what, error=error)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise error(f"{what} {str(path)!r} cannot be read: {exc}") from exc
+    return parse_json(data, what=what, path=path, error=error)

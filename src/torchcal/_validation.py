@@ -22,6 +22,8 @@ __all__ = [
     "check_finite",
     "check_labels",
     "resolve_probs",
+    "METRIC_RANGES",
+    "metric_value_problem",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -243,3 +245,37 @@ def resolve_probs(
                 f"found a row summing to {float(worst):.6g}"
             )
     return t
+
+
+#: The possible values of each metric torchcal writes (``results.json``, ``torchcal calibrate``'s
+#: output): a value outside its range cannot come from a real evaluation.  OOD scores (names
+#: holding ``auroc``, ``aupr`` or ``fpr``) lie in [0, 1] too.
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(("ece", "adaptive_ece", "classwise_ece", "mce", "rmsce", "error",
+                     "topk_error", "s99_share", "s99_accuracy"), (0.0, 1.0)),
+    "nll": (0.0, math.inf),
+    "brier": (0.0, 2.0),
+}
+_UNIT_PARTS = ("auroc", "aupr", "fpr")
+
+
+def metric_value_problem(name: str, value: Any) -> str:
+    """What is impossible about the metric value ``value`` of metric ``name`` ('' if nothing).
+
+    ``None`` (a metric that is undefined, written as ``null``) is fine; anything else must be a
+    finite number (not a bool) within the metric's range (:data:`METRIC_RANGES`).
+
+    >>> metric_value_problem("ece", 0.02), metric_value_problem("error", 7.0)
+    ('', 'expected `error` to be a number in [0, 1], got 7.0')
+    """
+    if value is None:
+        return ""
+    lo, hi = METRIC_RANGES.get(name, (0.0, 1.0) if any(
+        part in name for part in _UNIT_PARTS) else (-math.inf, math.inf))
+    span = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(value)):
+        return f"expected `{name}` to be a finite number, got {value!r}"
+    if not lo <= value <= hi:
+        return f"expected `{name}` to be a number {'in ' if math.isfinite(hi) else ''}{span}, got {value!r}"
+    return ""

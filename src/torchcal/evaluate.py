@@ -29,7 +29,7 @@ the logits divided by the ``grid_ece`` temperature.
 from __future__ import annotations
 
 import io
-import json
+import math
 import os
 import warnings
 from collections.abc import Mapping
@@ -39,8 +39,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from ._validation import as_tensor, check_finite, check_labels, check_positive_int
+from ._io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from ._validation import (
+    as_tensor,
+    check_finite,
+    check_labels,
+    check_positive_int,
+    metric_value_problem,
+)
 from .errors import ResultsFileError
 from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
 from .posthoc import fit_temperatures
@@ -325,11 +331,9 @@ def meta_from_config(path: str | os.PathLike) -> dict[str, Any]:
     """The run-describing fields of a ``config.json`` (ResultsFileError naming the file if bad)."""
     path = Path(path)
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = read_json(path, what="Config file", error=ResultsFileError)
     except FileNotFoundError as exc:
         raise ResultsFileError(f"Config file {str(path)!r} does not exist") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultsFileError(f"Config file {str(path)!r} is not valid JSON: {exc}") from exc
     if not isinstance(cfg, dict):
         raise ResultsFileError(f"Config file {str(path)!r} is malformed: expected a JSON object")
     return {k: cfg[k] for k in _META_FIELDS if k in cfg}
@@ -345,6 +349,22 @@ def write_results(run_dir: str | os.PathLike, results: Mapping[str, Any]) -> Pat
     """
     p = Path(run_dir)
     return atomic_write_json(p if p.suffix == ".json" else RunDir(p).results(), results)
+
+
+def _impossible_metric(res: Mapping[str, Any]) -> str:
+    """The first impossible metric value of a results document ('' if none), e.g.
+    ``"test.pre: expected `ece` to be a number in [0, 1], got -5"``."""
+    sections: list[tuple[str, Any]] = [("test.pre", res["test"]["pre"])]
+    sections += [(f"test.post.{m}", d) for m, d in (res["test"].get("post") or {}).items()]
+    if isinstance(res.get("val"), dict):
+        sections += [(f"val.{k}", d) for k, d in res["val"].items() if isinstance(d, dict)]
+    sections += [(f"ood.{k}", d) for k, d in (res.get("ood") or {}).items() if isinstance(d, dict)]
+    for where, metrics in sections:
+        for name, value in metrics.items():
+            problem = metric_value_problem(str(name), value)
+            if problem:
+                return f"{where}: {problem}"
+    return ""
 
 
 def _nan_for_none(x: Any) -> Any:
@@ -363,16 +383,10 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         path = RunDir(path).results()
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # bounded: a regular file of at most 16 MiB, no NaN/Infinity, bounded nesting
+        res = read_json(path, what="Results file", error=ResultsFileError)
     except FileNotFoundError as exc:
         raise ResultsFileError(f"Results file {str(path)!r} does not exist") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ResultsFileError(f"Results file {str(path)!r} cannot be read: {exc}") from exc
-    try:
-        res = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ResultsFileError(f"Results file {str(path)!r} is not valid JSON: {exc}") from exc
 
     def bad(msg: str) -> ResultsFileError:
         return ResultsFileError(f"Results file {str(path)!r} is malformed: {msg}")
@@ -391,11 +405,14 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
         if v is not None and not isinstance(v, (int, float)):
             raise bad(f"expected test.pre[{k!r}] to be a number, got {v!r}")
     for k, v in (res.get("temperatures") or {}).items():
-        if not isinstance(v, (int, float)) or not (v > 0):
-            raise bad(f"expected temperatures[{k!r}] to be a positive number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
+            raise bad(f"expected temperatures[{k!r}] to be a positive number, finite, got {v!r}")
     post = test.get("post", {})
     if not isinstance(post, dict) or not all(isinstance(v, dict) for v in post.values()):
         raise bad("expected 'test' -> 'post' to map methods to metric objects")
+    problem = _impossible_metric(res)
+    if problem:
+        raise bad(problem)
     res.setdefault("meta", {})
     res.setdefault("temperatures", {})
     res.setdefault("ood", {})

@@ -11,7 +11,7 @@ A run directory (``torchcal train --out RUN_DIR``) holds::
       results.json             their metrics (schema ``torchcal.results/1``)
       logits-best/, results-best.json       the same for ``torchcal eval --checkpoint best``
       tensorboard/             TensorBoard event files (``--tensorboard``)
-      uncertainty/head.pt, uncertainty/results.json, uncertainty/cache/
+      uncertainty/head.pt (+ head.pt.sha256), uncertainty/results.json, uncertainty/cache/
                                ``torchcal uncertainty fit / eval`` and their embedding cache
 
 Every other module asks :class:`RunDir` (or the functions below) for these paths, so that the

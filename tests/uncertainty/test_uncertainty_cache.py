@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from torchcal._io import write_verified
 from torchcal.errors import TorchcalError
 from torchcal.uncertainty import (
     CacheError,
@@ -159,12 +160,12 @@ def test_corruption_is_rejected(tmp_path, digits_backbone):
     man_text = (path / "manifest.json").read_text()
 
     _flip_byte(files["embeddings"])  # silent bit flip: only the checksum sees it
-    with pytest.raises(CacheError, match="corrupt.*sha256"):
+    with pytest.raises(CacheError, match="does not match its SHA-256 in manifest.json"):
         EmbeddingCache(path)
     files["embeddings"].write_bytes(pristine["embeddings"])
 
     files["logits"].write_bytes(pristine["logits"][:-100])  # truncated
-    with pytest.raises(CacheError, match="corrupt"):
+    with pytest.raises(CacheError, match="corrupted or modified.*rebuild the cache"):
         EmbeddingCache(path)
     with pytest.raises(CacheError, match="truncated"):
         EmbeddingCache(path, verify=False)
@@ -172,13 +173,16 @@ def test_corruption_is_rejected(tmp_path, digits_backbone):
 
     man = json.loads(man_text)
     man["arrays"]["labels"]["shape"] = [99]
-    (path / "manifest.json").write_text(json.dumps(man))
+    (path / "manifest.json").write_text(json.dumps(man))  # an edited manifest: its SHA-256
+    with pytest.raises(CacheError, match="manifest.*does not match its SHA-256"):
+        EmbeddingCache(path, verify=False)
+    write_verified(path / "manifest.json", json.dumps(man).encode())  # edited and re-hashed
     with pytest.raises(CacheError, match="manifest says"):
         EmbeddingCache(path, verify=False)
-    (path / "manifest.json").write_text(man_text[:-20])
-    with pytest.raises(CacheError, match="manifest.*corrupt"):
+    write_verified(path / "manifest.json", man_text[:-20].encode())
+    with pytest.raises(CacheError, match="manifest.*not valid JSON"):
         EmbeddingCache(path)
-    (path / "manifest.json").write_text(man_text)
+    write_verified(path / "manifest.json", man_text.encode())
 
     os.remove(files["labels"])
     with pytest.raises(CacheError, match="missing labels.npy"):

@@ -168,12 +168,18 @@ def test_save_load_head_round_trip_and_corruption(tmp_path):
     assert meta == {"epochs": 3}
     x = torch.randn(4, 6)
     torch.testing.assert_close(again(x), head(x))
-    assert [p.name for p in path.parent.iterdir()] == ["head.pt"]  # no temp files left
+    # no temp files left; the head's SHA-256 beside it
+    assert sorted(p.name for p in path.parent.iterdir()) == ["head.pt", "head.pt.sha256"]
     path.write_bytes(path.read_bytes()[:50])
-    with pytest.raises(CheckpointError, match="corrupt"):
+    with pytest.raises(CheckpointError, match="does not match its SHA-256"):
+        load_head(path)
+    path.with_name("head.pt.sha256").unlink()  # a head of an older torchcal: no SHA-256 file
+    with pytest.warns(UserWarning, match="without an integrity check"), \
+            pytest.raises(CheckpointError, match="corrupt"):
         load_head(path)
     torch.save({"format": "other"}, path)
-    with pytest.raises(CheckpointError, match="not a torchcal uncertainty head"):
+    with pytest.warns(UserWarning), \
+            pytest.raises(CheckpointError, match="not a torchcal uncertainty head"):
         load_head(path)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_head(tmp_path / "none.pt")

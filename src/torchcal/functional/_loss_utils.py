@@ -157,7 +157,11 @@ def _target_log_probs_async(log_p, target, ignore_index, validate_args):
     ignored = target == ignore_index
     if validate_args:
         bad = ((target < 0) | (target >= c)) & ~ignored
-        msg = f"Expected `target` values in [0, {c - 1}] (or ignore_index={ignore_index})"
+        # under torch.compile the message must not format C: that would specialise the graph
+        # on the number of classes (one recompilation per shape, up to Dynamo's limit)
+        msg = ("Expected `target` values in [0, C - 1] for C classes (or ignore_index="
+               f"{ignore_index})" if torch.compiler.is_compiling() else
+               f"Expected `target` values in [0, {c - 1}] (or ignore_index={ignore_index})")
         try:
             torch._assert_async(~bad.any(), msg)
         except TypeError:  # torch without the message overload

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,14 @@ class GradientWeightedLoss(CalibrationLoss):
             raise TypeError(f"Expected `weight_fn` to be callable, got {type(weight_fn).__name__}")
         self.weight_fn = weight_fn
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Each preset gets its own copy of ``forward``'s code: ``torch.compile`` (Dynamo) keeps
+        # its compiled graphs and its recompile limit per code object, so presets sharing one
+        # ``forward`` would use up the limit together (one entry per class, dtype, ...).
+        super().__init_subclass__(**kwargs)
+        if "forward" not in cls.__dict__:
+            cls.forward = _own_copy(cls.forward)
+
     def forward(self, input: torch.Tensor, target: torch.Tensor,
                 weight: torch.Tensor | float | None = None) -> torch.Tensor:
         if weight is None:
@@ -64,6 +73,15 @@ class GradientWeightedLoss(CalibrationLoss):
         return gradient_weighted_loss(input, target, weight, reduction=self.reduction,
                                       ignore_index=self.ignore_index,
                                       validate_args=self.validate_args)
+
+
+def _own_copy(fn: Callable) -> Callable:
+    """A new function with a new (equal) code object: ``fn``'s behaviour, its own Dynamo cache."""
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__, copy.__doc__ = fn.__kwdefaults__, fn.__doc__
+    copy.__qualname__, copy.__annotations__ = fn.__qualname__, dict(fn.__annotations__)
+    return copy
 
 
 class _BrierWeight(CalibrationLoss):

@@ -20,7 +20,9 @@ Integrity: beside each checkpoint ``NAME.pt`` lies ``NAME.pt.sha256`` in the for
 ``sha256sum`` (``<hex digest>  NAME.pt``; ``sha256sum -c last.pt.sha256`` checks it by hand).
 :func:`save_checkpoint` first adds the new digest to that file, then replaces the checkpoint,
 then leaves only the new digest, so a kill at any moment leaves a checkpoint that matches one
-of the listed digests (or, replacing a checkpoint of an older torchcal, one without the file).  :func:`load_checkpoint` hashes the bytes it loads and raises
+of the listed digests (or, replacing a checkpoint of an older torchcal, one without the file):
+:func:`torchcal._io.write_verified`, the one writer of every file torchcal verifies later.
+:func:`load_checkpoint` hashes the bytes it loads (:func:`torchcal._io.read_verified`) and raises
 :class:`~torchcal.errors.CheckpointError` when they match none (a flipped bit, an edited file);
 a checkpoint without the file (written before torchcal checked checkpoints) loads with a
 warning.  The fields a loader uses to build things (``epoch``, ``num_classes``,
@@ -29,21 +31,18 @@ warning.  The fields a loader uses to build things (``epoch``, ``num_classes``,
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
 import numbers
 import os
 import random
-import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._io import atomic_write_bytes, atomic_write_text
+from .._io import checksum_path, read_verified, write_verified
 from .._io import remove_stale_temp_files as _remove_stale
 from ..errors import CheckpointError
 from ..runs import RunDir
@@ -64,57 +63,6 @@ FORMAT = "torchcal.checkpoint/1"
 #: Largest ``num_classes`` a checkpoint may declare (ImageNet-21k has 21,841 classes).
 MAX_CLASSES = 1_000_000
 _MAX_SIDE = 1 << 16  # largest entry of ``input_shape``
-_DIGEST_RE = re.compile(r"^([0-9a-f]{64})  \*?(.+)$")
-
-
-def checksum_path(path: str | os.PathLike) -> Path:
-    """The SHA-256 file of checkpoint ``path``: ``last.pt`` -> ``last.pt.sha256``."""
-    path = Path(path)
-    return path.with_name(path.name + ".sha256")
-
-
-def _read_digests(path: Path) -> list[str]:
-    """The digests listed in checkpoint ``path``'s SHA-256 file (CheckpointError if malformed)."""
-    side = checksum_path(path)
-    try:
-        lines = side.read_text(encoding="ascii").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"Checksum file {str(side)!r} cannot be read: {exc}") from exc
-    digests = []
-    for line in lines:
-        m = _DIGEST_RE.match(line.strip())
-        if m is None or m.group(2) != path.name:
-            raise CheckpointError(f"Checksum file {str(side)!r} is malformed: expected lines "
-                                  f"'<sha256 hex>  {path.name}', got {line[:80]!r}")
-        digests.append(m.group(1))
-    if not digests:
-        raise CheckpointError(f"Checksum file {str(side)!r} is empty")
-    return digests
-
-
-def _digest_text(digests: list[str], name: str) -> str:
-    return "".join(f"{d}  {name}\n" for d in digests)
-
-
-def _write_verified(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` and its SHA-256 beside it, so that a kill between any two
-    steps leaves a pair that verifies (see the module docstring)."""
-    digest = hashlib.sha256(data).hexdigest()
-    side = checksum_path(path)
-    if path.is_file() and not side.is_file():
-        pass  # replacing an unverified (older) checkpoint: a kill before the rename keeps it so
-    else:
-        previous: list[str] = []
-        if path.is_file():
-            try:
-                previous = [d for d in _read_digests(path) if d != digest][:7]
-            except CheckpointError:
-                pass
-        # the old checkpoint stays verifiable until it is replaced, the new one once it is
-        atomic_write_text(side, _digest_text([digest, *previous], path.name))
-    atomic_write_bytes(path, data)
-    atomic_write_text(side, _digest_text([digest], path.name))
-    return path
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
@@ -123,35 +71,13 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     path = Path(path)
     buf = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buf)
-    return _write_verified(path, buf.getvalue())
+    return write_verified(path, buf.getvalue())
 
 
 def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Copy checkpoint ``src`` to ``dst`` atomically, with a SHA-256 file for ``dst``."""
     dst = Path(dst)
-    return _write_verified(dst, Path(src).read_bytes())
-
-
-def _read_verified(path: Path) -> bytes:
-    """The bytes of checkpoint ``path``, checked against its SHA-256 file (warning if absent)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"Checkpoint {str(path)!r} cannot be read: {exc}") from exc
-    side = checksum_path(path)
-    if not side.exists():
-        warnings.warn(f"Checkpoint {str(path)!r} has no {side.name} (it was written before "
-                      "torchcal verified checkpoints): loaded without an integrity check",
-                      stacklevel=3)
-        return data
-    digests = _read_digests(path)
-    got = hashlib.sha256(data).hexdigest()
-    if got not in digests:
-        raise CheckpointError(
-            f"Checkpoint {str(path)!r} does not match its SHA-256 in {side.name} (expected "
-            f"{digests[0][:16]}..., got {got[:16]}...): the file was corrupted or modified "
-            "after it was written; do not use it")
-    return data
+    return write_verified(dst, Path(src).read_bytes())
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
@@ -170,7 +96,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"Checkpoint {str(path)!r} does not exist")
-    data = _read_verified(path)
+    data = read_verified(path, what="Checkpoint", error=CheckpointError)
     try:
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as exc:  # RuntimeError/EOFError/UnpicklingError/zip errors

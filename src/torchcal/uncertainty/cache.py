@@ -7,6 +7,7 @@ the paper reports about 180x faster head training this way.
 Layout of a cache directory::
 
     PATH/manifest.json     schema, shapes, dtypes, sha256 per array, backbone and data identity
+    PATH/manifest.json.sha256   the manifest's own SHA-256 (:func:`torchcal._io.write_verified`)
     PATH/embeddings.npy    float32 (R, D)   R = n_samples * n_passes, rows pass-major
     PATH/logits.npy        float32 (R, C)
     PATH/labels.npy        int64   (R,)
@@ -39,7 +40,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._io import fsync_dir, make_temp_dir
+from .._io import (
+    check_sha256,
+    fsync_dir,
+    make_temp_dir,
+    read_json,
+    sha256_file,
+    write_verified,
+)
 from .._validation import check_positive_int
 from ..errors import TorchcalError
 
@@ -54,7 +62,6 @@ __all__ = [
 
 CACHE_SCHEMA = "torchcal.embedding_cache/1"
 _ARRAYS = {"embeddings": np.float32, "logits": np.float32, "labels": np.int64}
-_CHUNK = 1 << 22
 
 
 class CacheError(TorchcalError, ValueError):
@@ -147,14 +154,6 @@ def _callable_name(fn: Callable | None) -> str | None:
 # ------------------------------------------------------------------------------------------
 # file helpers
 # ------------------------------------------------------------------------------------------
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # ------------------------------------------------------------------------------------------
 # data iteration
 # ------------------------------------------------------------------------------------------
@@ -336,12 +335,10 @@ class EmbeddingCache:
         man_path = self.path / "manifest.json"
         if not self.path.is_dir():
             raise CacheError(f"Embedding cache {str(self.path)!r} does not exist")
-        try:
-            manifest = json.loads(man_path.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise CacheError(f"Embedding cache {str(self.path)!r} has no manifest.json") from exc
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CacheError(f"Embedding cache manifest {str(man_path)!r} is corrupt: {exc}") from exc
+        if not man_path.is_file():
+            raise CacheError(f"Embedding cache {str(self.path)!r} has no manifest.json")
+        manifest = read_json(man_path, what="Embedding cache manifest", error=CacheError,
+                             verified=True, hint="rebuild the cache")
         if not isinstance(manifest, dict) or manifest.get("schema") != CACHE_SCHEMA:
             raise CacheError(
                 f"{str(man_path)!r} is not a {CACHE_SCHEMA} manifest "
@@ -366,12 +363,8 @@ class EmbeddingCache:
         if not fpath.is_file():
             raise CacheError(f"Embedding cache {str(self.path)!r} is missing {file}")
         if verify:
-            actual = _sha256_file(fpath)
-            if actual != digest:
-                raise CacheError(
-                    f"Embedding cache file {str(fpath)!r} is corrupt: sha256 {actual[:12]}... "
-                    f"does not match the manifest's {str(digest)[:12]}...; rebuild the cache"
-                )
+            check_sha256(fpath, digest, what="Embedding cache file", where="manifest.json",
+                         error=CacheError, hint="rebuild the cache")
         try:
             arr = np.load(fpath, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
@@ -577,7 +570,7 @@ def _write_manifest(tmp: Path, arrays: dict[str, np.memmap], *, n: int, n_passes
         fpath = tmp / f"{name}.npy"
         fsync_dir(fpath)
         meta[name] = {"file": fpath.name, "shape": shape, "dtype": dtype,
-                      "sha256": _sha256_file(fpath)}
+                      "sha256": sha256_file(fpath)}
     arrays.clear()
     manifest = {
         "schema": CACHE_SCHEMA,
@@ -589,10 +582,7 @@ def _write_manifest(tmp: Path, arrays: dict[str, np.memmap], *, n: int, n_passes
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__,
     }
-    with open(tmp / "manifest.json", "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
+    write_verified(tmp / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))
     fsync_dir(tmp)
 
 

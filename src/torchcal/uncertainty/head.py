@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._io import atomic_write_bytes
+from .._io import read_verified, write_verified
 from .._validation import check_nonneg_finite, check_positive_int
 from ..errors import CheckpointError
 
@@ -186,8 +186,9 @@ HEAD_FORMAT = "torchcal.uncertainty_head/1"
 
 
 def save_head(head: UncertaintyHead, path: str | os.PathLike, meta: dict | None = None) -> None:
-    """Write a head (architecture + weights + ``meta``) atomically: temp file in the same
-    directory, fsync, ``os.replace``.  Read it back with :func:`load_head`."""
+    """Write a head (architecture + weights + ``meta``) atomically (temp file in the same
+    directory, fsync, ``os.replace``) with its SHA-256 beside it (``head.pt.sha256``,
+    :func:`torchcal._io.write_verified`).  Read it back with :func:`load_head`."""
     if not isinstance(head, UncertaintyHead):
         raise TypeError(f"Expected `head` to be an UncertaintyHead, got {type(head).__name__}")
     path = Path(path)
@@ -202,17 +203,26 @@ def save_head(head: UncertaintyHead, path: str | os.PathLike, meta: dict | None 
     }
     buf = io.BytesIO()
     torch.save(state, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    write_verified(path, buf.getvalue())
 
 
 def load_head(path: str | os.PathLike, map_location: Any = "cpu") -> tuple[UncertaintyHead, dict]:
     """Load a head written by :func:`save_head` (``weights_only=True``) -> ``(head in eval
-    mode, meta)``.  Raises :class:`~torchcal.errors.CheckpointError` if missing or corrupt."""
+    mode, meta)``.
+
+    The file is checked against its SHA-256 file first (:func:`torchcal._io.read_verified`; a
+    head written before torchcal verified heads loads with a warning).
+
+    Raises:
+        CheckpointError: the file is missing, corrupt, or does not match its SHA-256.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"Uncertainty head file {str(path)!r} does not exist")
+    data = read_verified(path, what="Uncertainty head file", error=CheckpointError,
+                         hint="fit the head again (torchcal uncertainty fit)")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as exc:  # truncated zip, unpickling errors, ...
         raise CheckpointError(
             f"Uncertainty head file {str(path)!r} is corrupt or truncated ({type(exc).__name__})"
