@@ -29,6 +29,7 @@ the logits divided by the ``grid_ece`` temperature.
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import warnings
@@ -39,7 +40,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from ._io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    to_jsonable,
+    write_verified,
+)
 from ._validation import (
     as_tensor,
     check_finite,
@@ -65,6 +73,8 @@ __all__ = [
     "evaluate_run_logits",
     "write_results",
     "read_results",
+    "write_calibration",
+    "read_calibration",
     "CHECKPOINTS",
     "results_filename",
     "logits_dirname",
@@ -421,3 +431,41 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
         res["val"] = _nan_for_none(res["val"])
     res["ood"] = _nan_for_none(res["ood"])
     return res
+
+
+# --------------------------------------------------------------------------------------------
+# torchcal calibrate's output
+# --------------------------------------------------------------------------------------------
+def write_calibration(path: str | os.PathLike, report: Mapping[str, Any]) -> Path:
+    """Write ``torchcal calibrate``'s output (the calibrator's ``to_dict()`` and the metrics
+    before and after) as JSON, atomically, with its SHA-256 in ``path + ".sha256"``
+    (:func:`torchcal._io.write_verified`)."""
+    text = json.dumps(to_jsonable(dict(report)), indent=2, allow_nan=False) + "\n"
+    return write_verified(path, text.encode("utf-8"))
+
+
+def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
+    """Read ``torchcal calibrate --out`` output, verified against its SHA-256 file and bounded
+    (:func:`torchcal._io.read_json`); rebuild the calibrator with
+    :func:`torchcal.posthoc.calibrator_from_dict` from its ``"calibrator"`` entry.
+
+    Raises:
+        ResultsFileError: the file is missing, does not match its SHA-256, is not bounded
+            JSON, or holds an impossible metric value (the message names the file).
+    """
+    path = Path(path)
+    doc = read_json(path, what="Calibration file", error=ResultsFileError, verified=True,
+                    hint="run torchcal calibrate again")
+    if not isinstance(doc, dict):
+        raise ResultsFileError(f"Calibration file {str(path)!r} is malformed: expected a JSON "
+                               "object")
+    for split in ("val", "test"):
+        for stage, metrics in (doc.get(split) or {}).items() if isinstance(doc.get(split),
+                                                                            dict) else ():
+            problems = ([metric_value_problem(str(k), v) for k, v in metrics.items()]
+                        if isinstance(metrics, dict) else ["expected an object of metrics"])
+            problem = next((p for p in problems if p), "")
+            if problem:
+                raise ResultsFileError(f"Calibration file {str(path)!r} is malformed: "
+                                       f"{split}.{stage}: {problem}")
+    return doc

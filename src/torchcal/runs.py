@@ -32,7 +32,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._io import append_text, atomic_write_json, atomic_write_text, to_jsonable
+from ._io import (
+    append_text,
+    atomic_write_json,
+    atomic_write_text,
+    parse_json,
+    read_bytes_bounded,
+    read_json,
+    to_jsonable,
+)
 
 __all__ = [
     "RunDir",
@@ -58,6 +66,8 @@ CHECKPOINTS = ("last", "best")
 CONFIG_FILE = "config.json"
 #: The epoch log: one JSON object per line and epoch.
 LOG_FILE = "log.jsonl"
+#: Largest ``log.jsonl`` torchcal reads back (a 350-epoch AdaFocal log is under 1 MB).
+MAX_LOG_BYTES = 256 << 20
 #: The folder of ``last.pt`` and ``best.pt`` (each with a ``.sha256`` beside it).
 CHECKPOINT_DIR = "checkpoints"
 #: The folder of the TensorBoard event files (``torchcal train --tensorboard``).
@@ -217,7 +227,7 @@ class RunDir:
     # --- config.json and log.jsonl -------------------------------------------------------
     def read_config(self) -> dict[str, Any]:
         """``config.json`` as a dict (``FileNotFoundError`` / ``ValueError`` when missing / bad)."""
-        d = json.loads(self.config.read_text(encoding="utf-8"))
+        d = read_json(self.config, what="Config file")  # bounded (torchcal._io.read_json)
         if not isinstance(d, dict):
             raise ValueError(f"{str(self.config)!r} is not a JSON object")
         return d
@@ -252,15 +262,16 @@ def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def _log_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """The (line, parsed object) pairs of a JSON-lines file; lines that are no object skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+    try:  # bounded: a regular file of at most MAX_LOG_BYTES; each line a bounded JSON value
+        lines = read_bytes_bounded(path, max_bytes=MAX_LOG_BYTES, what="Log file",
+                                   error=ValueError).decode("utf-8").splitlines()
     except FileNotFoundError:
         return []
     out = []
     for line in lines:
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = parse_json(line, what="Log line of", path=path)
+        except ValueError:
             continue
         if isinstance(rec, dict):
             out.append((line, rec))

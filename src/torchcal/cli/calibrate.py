@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import posthoc
-from .._io import atomic_write_text, exclusive_lock
-from .._io import to_jsonable as _jsonable
-from ..evaluate import load_logits
+from .._io import exclusive_lock
+from ..evaluate import load_logits, write_calibration
 from ..metrics import adaptive_ece, ece, error, nll
 from ..runs import RunDir
 from ._args import PERCENT_NOTE, pct
@@ -91,7 +89,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.out:
         run = _run_dir_of(Path(args.out))  # writing into a run: only while no one else owns it
         with exclusive_lock(run) if run is not None else contextlib.nullcontext():
-            atomic_write_text(args.out, json.dumps(_jsonable(report), indent=2) + "\n")
+            write_calibration(args.out, report)
         print(f"wrote {args.out}")
     return 0
 
@@ -119,6 +117,8 @@ def register(subparsers: Any) -> None:
                         "(default grid_ece)")
     c.add_argument("--test", metavar="TEST.npz", help="logits to evaluate the fitted calibrator on")
     c.add_argument("--n-bins", type=int, default=15, help="bins of ECE and the grid search")
-    c.add_argument("--out", metavar="OUT.json", help="write the calibrator and metrics as JSON")
+    c.add_argument("--out", metavar="OUT.json",
+                   help="write the calibrator and metrics as JSON, with its SHA-256 beside it "
+                        "(OUT.json.sha256; torchcal.evaluate.read_calibration verifies it)")
     c.add_argument("--debug", action="store_true", help="show tracebacks")
     c.set_defaults(func=_cmd_calibrate)

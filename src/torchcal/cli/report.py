@@ -10,11 +10,10 @@ the report's ``results.json`` would replace the run's.  ``torchcal demo --out`` 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from .._io import exclusive_lock
+from .._io import exclusive_lock, read_json
 from ..errors import TorchcalError
 from ..report.build import build_report
 from ..runs import RunDir
@@ -27,8 +26,8 @@ __all__ = ["register", "cmd_report", "prepare_report_dir"]
 
 def _is_report_results(path: Path) -> bool:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+        doc = read_json(path, what="Results file")
+    except (OSError, ValueError):
         return False
     return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("torchcal.report/")
 

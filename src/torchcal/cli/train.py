@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shlex
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .._io import read_lock_command
+from .._io import read_json, read_lock_command
 from ..errors import TorchcalError
 from ..losses import list_losses
 from ..models import list_models
@@ -148,7 +147,7 @@ def _finished(cfg) -> bool:
     if not run.has_checkpoint("last"):
         return False
     try:
-        meta = json.loads(run.results().read_text(encoding="utf-8")).get("meta", {})
+        meta = read_json(run.results(), what="Results file").get("meta", {})
         done = int(meta.get("epoch")) == cfg.epochs and meta.get("checkpoint") == "last"
     except (OSError, ValueError, TypeError, AttributeError):
         return False

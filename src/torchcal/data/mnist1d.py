@@ -130,7 +130,8 @@ def _make(num_samples: int, seed: int, shuffle_seq: bool) -> tuple[np.ndarray, n
 
 
 def _read_cache(path: Path, num_samples: int, seed: int, shuffle_seq: bool):
-    """``(x, y)`` from a valid cache file, else ``None`` (with a warning when it is corrupt)."""
+    """``(x, y)`` from a valid cache file, else ``None`` (with a warning when it is corrupt:
+    whatever the exception, an unreadable cache is regenerated, never fatal)."""
     if not path.is_file():
         return None
     try:
@@ -144,8 +145,10 @@ def _read_cache(path: Path, num_samples: int, seed: int, shuffle_seq: bool):
               and args.get("mnist1d_version") == _version()
               and x.dtype == np.float32 and y.dtype == np.int64
               and _digest(x, y, args_json) == digest)
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
-        warnings.warn(f"MNIST-1D cache {str(path)!r} unreadable ({exc}); regenerating", stacklevel=3)
+    except Exception as exc:  # noqa: BLE001 - ANY unreadable cache is stale (BadZipFile,
+        # EOFError, zlib.error, ... from a bit flip or a truncation): warn and regenerate
+        warnings.warn(f"MNIST-1D cache {str(path)!r} unreadable ({type(exc).__name__}: "
+                      f"{str(exc)[:200]}); regenerating", stacklevel=3)
         return None
     if not ok:
         warnings.warn(f"MNIST-1D cache {str(path)!r} does not match its content hash or "

@@ -14,7 +14,9 @@ All images are 64x64 JPEGs, some grey-scale (converted to RGB).  Decoded once in
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,10 +99,7 @@ def load_tinyimagenet(root: str | os.PathLike, *, download: bool = False, verify
     cache_path = folder / _CACHE
     xtr = xva = None
     if cache and cache_path.is_file():
-        with np.load(cache_path, allow_pickle=False) as z:
-            if z["train_y"].shape == ytr.shape and np.array_equal(z["train_y"], ytr) \
-                    and np.array_equal(z["val_y"], yva):
-                xtr, xva = z["train_x"], z["val_x"]
+        xtr, xva = _read_cache(cache_path, ytr, yva)
     if xtr is None:
         xtr, xva = _decode(train_paths), _decode(val_paths)
         if cache:
@@ -108,6 +107,20 @@ def load_tinyimagenet(root: str | os.PathLike, *, download: bool = False, verify
                 np.savez(f, train_x=xtr, train_y=ytr, val_x=xva, val_y=yva)
     return (ArrayDataset(torch.from_numpy(np.asarray(xtr)), torch.from_numpy(ytr)),
             ArrayDataset(torch.from_numpy(np.asarray(xva)), torch.from_numpy(yva)), wnids)
+
+
+def _read_cache(path: Path, ytr: np.ndarray, yva: np.ndarray) -> tuple[Any, Any]:
+    """The cached ``(train_x, val_x)`` if the cache is readable and holds these labels, else
+    ``(None, None)``; ANY unreadable cache (truncated, bit flips) is stale: warn, decode again."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if z["train_y"].shape == ytr.shape and np.array_equal(z["train_y"], ytr) \
+                    and np.array_equal(z["val_y"], yva):
+                return z["train_x"], z["val_x"]
+    except Exception as exc:  # noqa: BLE001 - BadZipFile, EOFError, zlib.error, KeyError, ...
+        warnings.warn(f"Tiny-ImageNet cache {str(path)!r} unreadable ({type(exc).__name__}: "
+                      f"{str(exc)[:200]}); decoding the images again", stacklevel=3)
+    return None, None
 
 
 def load_tinyimagenet_splits(root: str | os.PathLike, *, download: bool = False, seed: int = 1,

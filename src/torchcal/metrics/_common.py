@@ -82,17 +82,32 @@ def _check_logits(t: torch.Tensor) -> None:
                 f"Expected every row of `logits` to have a finite entry, but every class of row "
                 f"{row} is masked (-inf)"
             )
-    elif bool((lo >= 0) & (hi <= 1)):
-        sums = t.sum(dim=1, dtype=torch.promote_types(t.dtype, torch.float32))
-        tol = max(1e-3, torch.finfo(t.dtype).eps)
-        if bool(((sums.double() - 1).abs() <= tol).all()):
-            warnings.warn(
-                "`logits` look like probabilities (every entry in [0, 1] and every row summing "
-                "to 1): they are passed through softmax, which flattens them and makes the "
-                "metric wrong. Pass them as `probs=` instead.",
-                UserWarning,
-                stacklevel=_caller_stacklevel(),
-            )
+    else:
+        warn_if_probabilities(t, lo=lo, hi=hi)
+
+
+def warn_if_probabilities(t: torch.Tensor, *, lo: torch.Tensor | None = None,
+                          hi: torch.Tensor | None = None, name: str = "logits",
+                          what: str = "the metric",
+                          instead: str = "Pass them as `probs=` instead.") -> None:
+    """Warn (:class:`UserWarning`, pointing at the user's line) when the logits ``t`` (N, C)
+    look like probabilities: every entry in [0, 1] and every row summing to 1 within
+    ``max(1e-3, eps)``.  Softmax of probabilities is a much flatter distribution, so whatever
+    uses them (``what``) would be silently wrong.  ``lo``/``hi``: ``t``'s extremes if known."""
+    if lo is None or hi is None:
+        lo, hi = torch.aminmax(t.detach())
+    if not bool((lo >= 0) & (hi <= 1)):
+        return
+    sums = t.detach().sum(dim=1, dtype=torch.promote_types(t.dtype, torch.float32))
+    tol = max(1e-3, torch.finfo(t.dtype).eps)
+    if bool(((sums.double() - 1).abs() <= tol).all()):
+        warnings.warn(
+            f"`{name}` look like probabilities (every entry in [0, 1] and every row summing "
+            f"to 1): they are passed through softmax, which flattens them and makes {what} "
+            f"wrong. {instead}",
+            UserWarning,
+            stacklevel=_caller_stacklevel(),
+        )
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -247,7 +247,8 @@ def _fast_stats(
         # the arg-max rule of `error` (first index on ties), not top-k's tie rule
         return _mean_stats(~top1(p, y)[1], batches)
     if fn is scoring.topk_error:
-        return _mean_stats(~scoring.topk_hits(p, y, metric_kwargs.get("k", 5)), batches)
+        return _mean_stats(~scoring.topk_hits(scoring.ranking_scores(logits, p), y,
+                                              metric_kwargs.get("k", 5)), batches)
     if fn is calibration.classwise_ece:
         return _classwise_stats(p, y, batches, metric_kwargs.get("n_bins", 15))
     if fn is calibration.adaptive_ece:

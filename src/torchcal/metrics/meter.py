@@ -16,7 +16,13 @@ from ._common import (
     top1,
 )
 from .binning import equal_mass_bin_index, equal_width_bin_index
-from .scoring import brier_per_sample, confident_mask, nll_per_sample, topk_hits
+from .scoring import (
+    brier_per_sample,
+    confident_mask,
+    nll_per_sample,
+    ranking_scores,
+    topk_hits,
+)
 
 __all__ = ["CalibrationMeter"]
 
@@ -142,7 +148,8 @@ class CalibrationMeter:
         cw += classwise_sums(p, y, self.n_bins)
         confident = confident_mask(conf, self.threshold)
         hits = (
-            topk_hits(p, y, self.topk) if self.topk <= self.num_classes
+            topk_hits(ranking_scores(logits, p), y, self.topk)
+            if self.topk <= self.num_classes
             else torch.zeros_like(correct)
         )
         logits_dev = None if logits is None else torch.as_tensor(logits).to(p.device)

@@ -116,14 +116,20 @@ def topk_error(
 ) -> torch.Tensor:
     """Top-k error: share of samples whose label is not among the k most probable classes.
 
-    A sample is a hit when fewer than k classes have a strictly larger probability than its
-    true class (so ties at the k-th place count in the sample's favour and the result does
-    not depend on how ``topk`` breaks ties).  ``k`` must not exceed C.
+    Given ``logits``, the classes are ranked on the logits themselves (softmax is monotone, so
+    this is the ranking of the exact probabilities, in any dtype: probabilities computed in
+    float16 or float32 underflow to ties for large logits).  Given ``probs``, they are ranked on
+    the probabilities.  A sample is a hit when fewer than ``k`` other classes score at least as
+    high as its true class, so **ties count as misses** (the result does not depend on how
+    ``topk`` breaks ties, and tied scores never make a sample look better ranked than it is).
+    ``k`` must not exceed C.
 
     Example:
         >>> probs = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1]])
         >>> topk_error(probs=probs, labels=torch.tensor([1, 2]), k=2)
         tensor(0.5000)
+        >>> topk_error(probs=torch.tensor([[0.4, 0.4, 0.2]]), labels=torch.tensor([1]), k=1)
+        tensor(1.)
     """
     k = check_positive_int(k, "k")
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
@@ -131,14 +137,21 @@ def topk_error(
         raise ValueError(
             f"Expected `k` to be at most the number of classes C={p.shape[1]}, got {k}"
         )
-    hits = topk_hits(p, y, k)
+    hits = topk_hits(ranking_scores(logits, p), y, k)
     return (1.0 - hits.to(torch.float64).mean()).to(result_dtype(p.dtype))
 
 
-def topk_hits(p: torch.Tensor, y: torch.Tensor, k: int) -> torch.Tensor:
-    """(N,) bool: fewer than ``k`` classes strictly more probable than the true class."""
-    p_y = p.gather(1, y[:, None])
-    return (p > p_y).sum(dim=1) < k
+def ranking_scores(logits: Any, p: torch.Tensor) -> torch.Tensor:
+    """What top-k ranks: the ``logits`` when given (exact in any dtype), else the
+    probabilities ``p``."""
+    return p if logits is None else torch.as_tensor(logits).to(p.device)
+
+
+def topk_hits(scores: torch.Tensor, y: torch.Tensor, k: int) -> torch.Tensor:
+    """(N,) bool: fewer than ``k`` other classes score at least as high as the true class
+    (ties count as misses)."""
+    s_y = scores.gather(1, y[:, None])
+    return (scores >= s_y).sum(dim=1) <= k
 
 
 def confident_mask(conf: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -12,6 +12,7 @@ from sklearn.base import BaseEstimator
 
 from .._validation import as_tensor, check_labels, check_scalar
 from ..errors import NotFittedError, TorchcalError
+from ..metrics._common import warn_if_probabilities
 
 __all__ = [
     "Calibrator",
@@ -104,6 +105,8 @@ def prepare_fit(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
     classes, NaN/Inf, labels of the wrong length, dtype or range.
     """
     z = prepare_logits(logits).detach()
+    warn_if_probabilities(z, what="the calibrator",  # as the metrics do (fit(probs, y))
+                          instead="Pass logits (or log-probabilities: log(probs)) instead.")
     if z.shape[0] < 2:
         raise ValueError(
             f"Expected at least 2 validation samples (rows of `logits`), got {z.shape[0]}"

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._io import read_json
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config, read_results
 from ..losses import LOSSES
@@ -184,8 +185,8 @@ def _train_run_dirs(root: Path) -> list[Path]:
     out = []
     for c in sorted(root.rglob(CONFIG_FILE)):
         try:
-            d = json.loads(c.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            d = read_json(c, what="Config file")
+        except (OSError, ValueError):
             continue
         if isinstance(d, dict) and {"dataset", "model", "loss", "epochs"} <= d.keys():
             out.append(c.parent)

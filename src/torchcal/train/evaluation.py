@@ -5,7 +5,6 @@ as ``logits/*.npz`` and turned into ``results.json`` by :mod:`torchcal.evaluate`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +118,8 @@ def read_config(run_dir: str | Path) -> TrainConfig:
     """The :class:`TrainConfig` stored in ``RUN_DIR/config.json``."""
     p = RunDir(run_dir).config
     try:
-        return TrainConfig.from_dict(json.loads(p.read_text(encoding="utf-8")))
+        return TrainConfig.from_dict(RunDir(run_dir).read_config())
     except FileNotFoundError as exc:
         raise TorchcalError(f"Run directory {str(run_dir)!r} has no {p.name}") from exc
-    except (json.JSONDecodeError, ValueError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:
         raise TorchcalError(f"Config file {str(p)!r} is malformed: {exc}") from exc
