@@ -70,6 +70,8 @@ __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "MAX_JSON_INT_DIGITS",
+    "is_within",
+    "find_files",
 ]
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -672,3 +674,53 @@ def read_json(path: str | os.PathLike, *, what: str = "File", error: type[Except
         except OSError as exc:
             raise error(f"{what} {str(path)!r} cannot be read: {exc}") from exc
     return parse_json(data, what=what, path=path, error=error)
+
+
+# ------------------------------------------------------------------------------------------
+# symbolic links: run trees and data roots are not left through a link
+# ------------------------------------------------------------------------------------------
+def is_within(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """Whether ``path`` resolves (all links followed) to ``root`` itself or somewhere below it."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _holds(directory: Path, name: str) -> bool:
+    """Whether ``directory`` holds a file ``name`` itself, in a child or in a grandchild."""
+    with contextlib.suppress(OSError):
+        return any(next(directory.glob(pat), None) is not None
+                   for pat in (name, f"*/{name}", f"*/*/{name}"))
+    return False
+
+
+def find_files(root: str | os.PathLike, name: str,
+               ) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """The files called ``name`` under the tree ``root`` (itself included), by torchcal's
+    symbolic-link policy for run trees and data roots: **a link is followed only where it
+    stays inside the tree**.
+
+    Directory links are never descended into (what they point to inside the tree is found
+    under its real path; following them could loop).  A link that leaves the tree - a file link
+    called ``name``, or a directory link to a directory holding ``name`` up to two levels down
+    (another run, another tree of runs) - is not followed and comes back in the second list as
+    ``(link, resolved target)`` so that the caller names it.
+
+    Returns:
+        ``(files, leaving)``, each sorted.
+    """
+    root = Path(root)
+    files: list[Path] = []
+    leaving: list[tuple[Path, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        for d in dirnames:
+            link = here / d
+            if link.is_symlink() and not is_within(link, root) and _holds(link, name):
+                leaving.append((link, Path(os.path.realpath(link))))
+        if name in filenames:
+            f = here / name
+            if f.is_symlink() and not is_within(f, root):
+                leaving.append((f, Path(os.path.realpath(f))))
+            else:
+                files.append(f)
+    return sorted(files), sorted(leaving)

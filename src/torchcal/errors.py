@@ -15,6 +15,7 @@ __all__ = [
     "NotFittedError",
     "ResultsFileError",
     "InUseError",
+    "DivergedError",
 ]
 
 
@@ -44,3 +45,8 @@ class ResultsFileError(TorchcalError, ValueError):
 
 class InUseError(TorchcalError, BlockingIOError):
     """A run (or output) directory is locked by another live process (:func:`torchcal._io.exclusive_lock`)."""
+
+
+class DivergedError(TorchcalError, RuntimeError):
+    """Training diverged: the loss or the parameters became NaN/Inf (the run stops at that epoch;
+    its directory keeps the last good checkpoint)."""

@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
-from .._io import fsync_dir
+from .._io import fsync_dir, is_within
 from ..errors import ChecksumError, DataNotFoundError
 
 __all__ = ["Resource", "RESOURCES", "md5sum", "download_url", "extract_archive", "fetch_resource",
@@ -173,14 +173,23 @@ def _check_member_name(name: str, archive: Path) -> PurePosixPath:
     return p
 
 
-def _merge_move(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst``: whole when ``dst`` is absent, else file by file (overwriting)."""
+def _merge_move(src: Path, dst: Path, root: Path) -> None:
+    """Move ``src`` to ``dst``: whole when ``dst`` is absent, else file by file (overwriting).
+
+    Never writes through a symbolic link that leads out of the data root ``root`` (the
+    symbolic-link policy of run trees and data roots); a file link is replaced, not written
+    through (:func:`os.replace`)."""
+    if dst.is_symlink() and dst.is_dir() and not is_within(dst, root):
+        raise ValueError(
+            f"Refusing to extract into {str(dst)!r}: it is a symbolic link to "
+            f"{os.path.realpath(dst)!r}, outside the data root {str(root)!r} (torchcal does not "
+            "write through links that leave the data root); remove the link or extract elsewhere")
     if not dst.exists():
         os.replace(src, dst)
         return
     if src.is_dir() and dst.is_dir():
         for child in src.iterdir():
-            _merge_move(child, dst / child.name)
+            _merge_move(child, dst / child.name, root)
         return
     if dst.is_dir():
         raise ValueError(f"Cannot replace directory {dst} by a file from the archive")
@@ -192,7 +201,8 @@ def extract_archive(path: str | os.PathLike, root: str | os.PathLike) -> Path:
 
     Every member is checked before anything is written: absolute names, ``..`` components,
     symbolic or hard links, and device / FIFO members are rejected (``ValueError`` naming the
-    member).  Members are extracted into a temporary directory inside ``root`` that is then moved
+    member); so is a symbolic link already inside ``root`` that leads out of it and that a
+    member would be written through.  Members are extracted into a temporary directory inside ``root`` that is then moved
     into place, so an interrupted extraction leaves no half-written tree under the final names.
 
     Returns:
@@ -242,7 +252,7 @@ def _extract_into(path: Path, root: Path, tmp: Path) -> None:
     else:
         raise ValueError(f"Expected a tar or zip archive, got {path}")
     for child in list(tmp.iterdir()):
-        _merge_move(child, root / child.name)
+        _merge_move(child, root / child.name, root)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import read_json
+from .._io import find_files, read_json
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config, read_results
 from ..losses import LOSSES
@@ -162,9 +162,13 @@ def find_result_files(paths: Iterable[str | os.PathLike], checkpoint: str = "las
         if p.is_file():
             found[p.resolve()] = None
         elif p.is_dir():
-            hits = sorted(p.rglob(name))
+            hits, leaving = find_files(p, name)  # links leaving the tree: named, not followed
+            for link, target in leaving:
+                errors.append((str(link), f"Skipped {str(link)!r}: a symbolic link to "
+                               f"{str(target)!r}, outside {str(p)!r} (links that leave a run tree "
+                               "are not followed; pass the target itself to report it)"))
             unevaluated = [d for d in _train_run_dirs(p) if not (d / name).is_file()]
-            if not hits and not unevaluated:
+            if not hits and not unevaluated and not leaving:
                 errors.append((str(p), f"No {name} found under {str(p)!r} "
                                        f"(evaluate the run first: {how})"))
             for h in hits:
@@ -183,7 +187,7 @@ def find_result_files(paths: Iterable[str | os.PathLike], checkpoint: str = "las
 def _train_run_dirs(root: Path) -> list[Path]:
     """Directories under ``root`` (itself included) holding a ``torchcal train`` config.json."""
     out = []
-    for c in sorted(root.rglob(CONFIG_FILE)):
+    for c in find_files(root, CONFIG_FILE)[0]:
         try:
             d = read_json(c, what="Config file")
         except (OSError, ValueError):

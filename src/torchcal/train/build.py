@@ -156,4 +156,22 @@ def load_run_checkpoint(run_dir: str | Path, checkpoint: str = "last") -> dict[s
     path = RunDir(run_dir).checkpoint(checkpoint)  # ValueError for a checkpoint not last/best
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"Run directory {str(run_dir)!r} does not exist")
+    if checkpoint == "best" and not path.exists():
+        _explain_missing_best(RunDir(run_dir), path)
     return load_checkpoint(path)
+
+
+def _explain_missing_best(run: RunDir, path: Path) -> None:
+    """Raise a CheckpointError saying why ``best.pt`` is absent and what to do instead."""
+    try:
+        select = run.read_config().get("select_best_by")
+    except (OSError, ValueError):
+        select = None
+    if select == "none":
+        why = ("the run was trained with --select-best-by none, which keeps no best epoch; "
+               "evaluate its last epoch (--checkpoint last), or train again with "
+               "--select-best-by ece (or nll, error)")
+    else:
+        why = ("no epoch was checkpointed as the best yet (the run ended or was stopped before "
+               "one, or every validation value was NaN); evaluate --checkpoint last")
+    raise CheckpointError(f"Checkpoint {str(path)!r} does not exist: {why}")

@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .._io import exclusive_lock
-from ..errors import CheckpointError, TorchcalError
+from ..errors import CheckpointError, DivergedError, TorchcalError
 from ..losses import create_loss
 from ..losses.base import (
     loss_on_validation,
@@ -429,6 +429,7 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
             r.scheduler.step()
             rec = {"epoch": epoch + 1, "lr": lr}
             rec.update({f"train_{k}": v for k, v in stats.compute(env).items()})
+            _stop_if_diverged(r, epoch, rec["train_loss"])  # before any log line or checkpoint
             rec.update(_evaluate_epoch(r, epoch))
             rec["seconds"] = time.perf_counter() - t0
             final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
@@ -681,6 +682,31 @@ def _backward_and_step(r: _Run, total: torch.Tensor) -> None:
     r.scaler.step(r.optimizer)
     r.head.step(r.scaler)
     r.scaler.update()
+
+
+def _stop_if_diverged(r: _Run, epoch: int, train_loss: float) -> None:
+    """Raise :class:`~torchcal.errors.DivergedError` when the epoch's mean training loss or a
+    parameter (model, joint head) is NaN/Inf.  One host sync per epoch: a non-finite batch
+    loss makes the loss sum accumulated on the device non-finite, and the parameters are
+    reduced to one flag (every rank sees the same reduced loss and replicated weights)."""
+    params = [p.detach() for p in r.model.parameters()]
+    params += [p.detach() for p in getattr(r.head, "head", nn.Module()).parameters()]
+    finite_params = bool(torch.stack([torch.isfinite(p).all() for p in params]).all()) \
+        if params else True
+    # fp16 autocast: the scaler skips steps whose loss overflowed, only the weights tell
+    finite_loss = math.isfinite(train_loss) or r.amp == "fp16"
+    if finite_loss and finite_params:
+        return
+    what = " and ".join(w for w, bad in (("the training loss", not finite_loss),
+                                         ("the parameters", not finite_params)) if bad)
+    clip = ("gradient clipping is off (--no-grad-clip)" if r.config.grad_clip is None
+            else f"gradients are clipped at {r.config.grad_clip:g}")
+    last = ("the last good checkpoint (checkpoints/last.pt, from before this epoch) is kept"
+            if r.run.has_checkpoint("last") else "no checkpoint was written yet")
+    raise DivergedError(
+        f"Training diverged in epoch {epoch + 1}: {what} became NaN/Inf; the learning rate "
+        f"(lr={r.config.lr:g}) is likely too high ({clip}): lower --lr or clip gradients "
+        f"(--grad-clip). Stopped; {last} in {str(r.run.path)!r}")
 
 
 def _update_every(loss_fn: nn.Module) -> int:
