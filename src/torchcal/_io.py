@@ -651,17 +651,18 @@ def parse_json(data: bytes | str, *, what: str = "File", path: str | os.PathLike
 
 
 def read_json(path: str | os.PathLike, *, what: str = "File", error: type[Exception] = ValueError,
-              max_bytes: int = MAX_JSON_BYTES, verified: bool = False,
+              max_bytes: int | None = None, verified: bool = False,
               hint: str = "do not use it") -> Any:
     """The one reader of JSON that torchcal reads back: :func:`read_bytes_bounded` (a regular
-    file of at most ``max_bytes``), then :func:`parse_json`; with ``verified`` the file is
-    first checked against its SHA-256 file (:func:`read_verified`).
+    file of at most ``max_bytes``, default :data:`MAX_JSON_BYTES`), then :func:`parse_json`;
+    with ``verified`` the file is first checked against its SHA-256 file (:func:`read_verified`).
 
     Raises:
         FileNotFoundError: ``path`` does not exist (unless ``verified``: then ``error``).
         error: anything else, the message naming the file.
     """
     path = Path(path)
+    max_bytes = MAX_JSON_BYTES if max_bytes is None else max_bytes
     if verified:
         if not path.exists():
             raise error(f"{what} {str(path)!r} does not exist")

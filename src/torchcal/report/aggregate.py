@@ -426,6 +426,8 @@ def check_checkpoints(runs: Iterable[RunRecord], allow_mixed: bool = False) -> N
 def _is_report_file(path: Path) -> bool:
     """Whether ``path`` starts like the ``results.json`` of a report or of ``uncertainty eval``
     (read as bytes: a file that is not UTF-8 is a bad run file, not a crash)."""
+    if not path.is_file():  # a FIFO or a device: never opened (it could block or never end)
+        return False
     try:
         with open(path, "rb") as fh:
             head = fh.read(200)
