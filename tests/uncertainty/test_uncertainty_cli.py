@@ -106,6 +106,25 @@ def test_errors_are_one_line(digits_run, capsys, tmp_path):
     assert code == 2 and "corrupt" in err
 
 
+def test_eval_refuses_a_corrupted_head(digits_run, capsys, tmp_path):
+    """A single flipped bit in head.pt: `uncertainty eval` exits 2 with one line naming the file
+    (it exited 0 with other numbers before heads carried a SHA-256)."""
+    head = tmp_path / "head.pt"
+    common = ["--no-progress", "--device", "cpu", "--cache-dir", str(tmp_path / "caches")]
+    code, _, err = _run(["uncertainty", "fit", str(digits_run), "--epochs", "1", "--width", "16",
+                         "--out", str(head), *common], capsys)
+    assert code == 0, err
+    assert (tmp_path / "head.pt.sha256").is_file()
+    data = bytearray(head.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    head.write_bytes(bytes(data))
+    code, _, err = _run(["uncertainty", "eval", str(digits_run), "--head", str(head), "--no-ood",
+                         "--splits", "val", "--out", str(tmp_path / "r.json"), *common], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert str(head) in err and "does not match its SHA-256" in err and "fit the head again" in err
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_bare_command_prints_help(capsys):
     assert main(["uncertainty"]) == 2
     assert "fit" in capsys.readouterr().out

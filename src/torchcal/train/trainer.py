@@ -701,8 +701,8 @@ def _stop_if_diverged(r: _Run, epoch: int, train_loss: float) -> None:
                                          ("the parameters", not finite_params)) if bad)
     clip = ("gradient clipping is off (--no-grad-clip)" if r.config.grad_clip is None
             else f"gradients are clipped at {r.config.grad_clip:g}")
-    last = ("the last good checkpoint (checkpoints/last.pt, from before this epoch) is kept"
-            if r.run.has_checkpoint("last") else "no checkpoint was written yet")
+    last = (f"the last good checkpoint ({r.run.checkpoint('last').name}, from before this "
+            "epoch) is kept" if r.run.has_checkpoint("last") else "no checkpoint was written yet")
     raise DivergedError(
         f"Training diverged in epoch {epoch + 1}: {what} became NaN/Inf; the learning rate "
         f"(lr={r.config.lr:g}) is likely too high ({clip}): lower --lr or clip gradients "
