@@ -14,6 +14,20 @@ write - also when the process is killed mid-write.
 
 :func:`exclusive_lock` makes one process the owner of a directory (a run directory, a report's
 output directory) for as long as it writes there.
+
+Reading back what torchcal wrote:
+
+* **Integrity**: :func:`write_verified` writes a file with its SHA-256 beside it
+  (``NAME.sha256``) and :func:`read_verified` checks it on every read - the one check of every
+  file torchcal writes and later trusts (checkpoints, uncertainty heads, the embedding cache's
+  manifest, ``torchcal calibrate``'s output); :func:`check_sha256` checks a large file against
+  a digest listed in such a verified file.
+* **Bounded reads**: :func:`read_json` (via :func:`read_bytes_bounded` and :func:`parse_json`)
+  reads only regular files of bounded size, with bounded nesting and integer length and no
+  NaN/Infinity.
+* **Symbolic links**: :func:`find_files` walks a run tree without following links that leave it,
+  and returns them so that the caller names them; :func:`is_within` tells whether a path
+  resolves inside a tree.
 """
 
 from __future__ import annotations

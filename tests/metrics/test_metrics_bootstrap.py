@@ -100,6 +100,10 @@ def test_error_interval_uses_the_arg_max_rule_on_tied_probabilities():
     lo, hi = np.quantile(vals, [0.05, 0.95])
     assert res.low.item() == pytest.approx(lo, abs=1e-12) and lo > 0.2
     assert res.high.item() == pytest.approx(hi, abs=1e-12)
-    # top-k error keeps its own rule (ties count as hits), still equal to a loop
+    # top-k error has its own rule (ties count as misses: here the tied rows, as for `error`),
+    # still equal to a loop
     res_k = M.bootstrap_ci("topk_error", probs=p, labels=y, n_resamples=50, seed=1, k=1)
-    assert res_k.estimate.item() == 0.0 and res_k.high.item() == 0.0
+    vals_k = np.array([M.topk_error(probs=p[i], labels=y[i], k=1).item() for i in idx])
+    assert res_k.estimate.item() == 0.5
+    assert res_k.low.item() == pytest.approx(np.quantile(vals_k, 0.05), abs=1e-12)
+    assert res_k.high.item() == pytest.approx(np.quantile(vals_k, 0.95), abs=1e-12)

@@ -74,10 +74,14 @@ def test_topk_error_reference(k):
         assert M.topk_error(logits=z, labels=y, k=7).item() == 0.0
 
 
-def test_topk_ties_count_as_hits():
+def test_topk_ties_count_as_misses():
+    # class 2 ties with class 1 for the 2nd place: a miss at k=2 (a hit before issue 25),
+    # a hit at k=3; on probabilities and on the logits alike
     p = torch.tensor([[0.4, 0.3, 0.3]])
-    assert M.topk_error(probs=p, labels=torch.tensor([2]), k=2).item() == 0.0
+    assert M.topk_error(probs=p, labels=torch.tensor([2]), k=2).item() == 1.0
     assert M.topk_error(probs=p, labels=torch.tensor([2]), k=1).item() == 1.0
+    assert M.topk_error(probs=p, labels=torch.tensor([2]), k=3).item() == 0.0
+    assert M.topk_error(logits=p.log(), labels=torch.tensor([2]), k=2).item() == 1.0
 
 
 def test_s99():
