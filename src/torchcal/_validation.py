@@ -16,6 +16,9 @@ import torch
 
 __all__ = [
     "check_scalar",
+    "Interval",
+    "Options",
+    "SequenceOf",
     "as_tensor",
     "check_positive_int",
     "check_nonneg_finite",
@@ -129,6 +132,94 @@ def check_scalar(value: Any, name: str, target_type: type = float, *,
         raise ValueError(f"Expected `{name}` to be {what}{' or None' if allow_none else ''}, "
                          f"got {value!r}")
     return v
+
+
+class Interval:
+    """A number constraint, :func:`check_scalar` with its bounds fixed (scikit-learn's
+    ``Interval``): called as ``constraint(value, name)`` it returns the checked value.
+
+    Args:
+        target_type: ``int`` or ``float``.
+        left, right: the bounds (None: unbounded).
+        closed: which bounds are allowed values: ``"both"``, ``"left"``, ``"right"`` or
+            ``"neither"``.
+        allow_none: ``None`` passes.
+
+    >>> Interval(float, 0, None, closed="left")(2, "gamma")
+    2.0
+    >>> Interval(int, 1, None)(0, "n_bins")
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `n_bins` to be a positive integer, got 0
+    """
+
+    def __init__(self, target_type: type, left: float | None, right: float | None, *,
+                 closed: str = "both", allow_none: bool = False) -> None:
+        if target_type not in (int, float):
+            raise TypeError(f"Expected `target_type` to be int or float, got {target_type!r}")
+        if closed not in _BOUNDARIES:
+            raise ValueError(f"Expected `closed` to be one of {tuple(_BOUNDARIES)}, "
+                             f"got {closed!r}")
+        self.target_type, self.left, self.right = target_type, left, right
+        self.closed, self.allow_none = closed, allow_none
+
+    def __call__(self, value: Any, name: str) -> Any:
+        return check_scalar(value, name, self.target_type, min_val=self.left,
+                            max_val=self.right, include_boundaries=self.closed,
+                            allow_none=self.allow_none)
+
+    def __repr__(self) -> str:
+        none = ", allow_none=True" if self.allow_none else ""
+        return (f"Interval({self.target_type.__name__}, {self.left!r}, {self.right!r}, "
+                f"closed={self.closed!r}{none})")
+
+
+class Options:
+    """A choice constraint: the value must be one of ``values`` (scikit-learn's ``StrOptions``).
+
+    >>> Options(("ece", "nll"))("nll", "criterion")
+    'nll'
+    >>> Options((True, False))(1, "cross_entropy")
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `cross_entropy` to be one of (True, False), got 1
+    """
+
+    def __init__(self, values: tuple[Any, ...]) -> None:
+        self.values = tuple(values)
+
+    def __call__(self, value: Any, name: str) -> Any:
+        # identity and type as well as equality: 1 is not True, 1.0 is not "1"
+        if not any(value is v or (type(value) is type(v) and value == v) for v in self.values):
+            raise ValueError(f"Expected `{name}` to be one of {self.values}, got {value!r}")
+        return value
+
+    def __repr__(self) -> str:
+        return f"Options({self.values!r})"
+
+
+class SequenceOf:
+    """A sequence constraint: every item passes ``item`` (e.g. an :class:`Interval`); returns
+    the checked items as a tuple.
+
+    >>> SequenceOf(Interval(int, 0, None))([100, 250], "milestones")
+    (100, 250)
+    >>> SequenceOf(Interval(float, 0, None))(5, "gammas")
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `gammas` to be a sequence, got 5
+    """
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+    def __call__(self, value: Any, name: str) -> tuple[Any, ...]:
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise ValueError(f"Expected `{name}` to be a sequence, got {value!r}")
+        return tuple(self.item(v, name) for v in value)
+
+    def __repr__(self) -> str:
+        return f"SequenceOf({self.item!r})"
 
 
 def check_positive_int(value: Any, name: str) -> int:

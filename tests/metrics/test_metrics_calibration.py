@@ -224,7 +224,7 @@ def test_result_dtype_and_input_not_modified(dtype, expected):
 
 
 def test_classwise_chunking_matches_one_chunk(monkeypatch):
-    import torchcal.metrics._common as common
+    import torchcal.metrics.binning as common
 
     z, y = _random(301, 7, seed=5)
     full = M.classwise_ece(logits=z, labels=y)

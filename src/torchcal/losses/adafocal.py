@@ -76,13 +76,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._validation import as_tensor, check_finite, check_labels, check_positive_int, check_scalar
-from ..functional._common import no_autocast
-from ..functional._loss_utils import check_loss_args, reduce_loss, target_log_probs
+from .._validation import Interval, Options, as_tensor, check_finite, check_labels
+from ..functional import check_loss_args, no_autocast, reduce_loss, target_log_probs
 from ..functional.focal import signed_focal_terms
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
 from ._registry import register_loss
-from .base import CalibrationLoss
+from .base import ANY_NUMBER, NON_NEGATIVE, POSITIVE, POSITIVE_INT, CalibrationLoss
 
 __all__ = ["AdaFocalLoss", "adafocal_gamma_update", "published_equal_mass_edges",
            "published_equal_mass_bins", "EDGES"]
@@ -265,6 +264,12 @@ class AdaFocalLoss(CalibrationLoss):
     gamma_min: float
     switch_point: float
 
+    _parameter_constraints = {
+        "n_bins": POSITIVE_INT, "lam": NON_NEGATIVE, "gamma_init": ANY_NUMBER,
+        "gamma_max": ANY_NUMBER, "gamma_min": ANY_NUMBER, "switch_point": POSITIVE,
+        "update_every": Interval(int, 1, None, allow_none=True), "edges": Options(EDGES),
+    }
+
     def __init__(
         self,
         n_bins: int = 15,
@@ -279,30 +284,20 @@ class AdaFocalLoss(CalibrationLoss):
         ignore_index: int = -100,
         validate_args: bool = True,
     ) -> None:
-        n_bins = check_positive_int(n_bins, "n_bins")
-        gamma_min = check_scalar(gamma_min, "gamma_min")
-        gamma_max = check_scalar(gamma_max, "gamma_max")
-        if not gamma_min < gamma_max:
-            raise ValueError(
-                f"Expected `gamma_min` < `gamma_max`, got gamma_min={gamma_min!r}, "
-                f"gamma_max={gamma_max!r}"
-            )
-        switch_point = check_scalar(switch_point, "switch_point", min_val=0.0,
-                                    include_boundaries="neither")
-        gamma_init = check_scalar(gamma_init, "gamma_init")
-        if not gamma_min <= gamma_init <= gamma_max:
-            raise ValueError(
-                f"Expected `gamma_init` to be in [gamma_min, gamma_max] = [{gamma_min}, "
-                f"{gamma_max}], got {gamma_init!r}"
-            )
-        if update_every is not None:
-            update_every = check_positive_int(update_every, "update_every")
-        if edges not in EDGES:
-            raise ValueError(f"Expected `edges` to be one of {EDGES}, got {edges!r}")
         super().__init__(n_bins=n_bins, lam=lam, gamma_init=gamma_init, gamma_max=gamma_max,
                          gamma_min=gamma_min, switch_point=switch_point,
                          update_every=update_every, edges=edges, reduction=reduction,
                          ignore_index=ignore_index, validate_args=validate_args)
+        if not self.gamma_min < self.gamma_max:
+            raise ValueError(
+                f"Expected `gamma_min` < `gamma_max`, got gamma_min={self.gamma_min!r}, "
+                f"gamma_max={self.gamma_max!r}"
+            )
+        if not self.gamma_min <= self.gamma_init <= self.gamma_max:
+            raise ValueError(
+                f"Expected `gamma_init` to be in [gamma_min, gamma_max] = [{self.gamma_min}, "
+                f"{self.gamma_max}], got {self.gamma_init!r}"
+            )
         self.register_buffer(
             "gammas", torch.full((self.n_bins,), self.gamma_init, dtype=torch.float64)
         )

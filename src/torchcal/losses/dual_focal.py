@@ -6,7 +6,7 @@ import torch
 
 from ..functional import dual_focal_loss
 from ._registry import register_loss
-from .base import CalibrationLoss
+from .base import NON_NEGATIVE, CalibrationLoss
 
 __all__ = ["DualFocalLoss"]
 
@@ -30,10 +30,12 @@ class DualFocalLoss(CalibrationLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 5.0, *, reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return dual_focal_loss(input, target, self.gamma, reduction=self.reduction,
+        return dual_focal_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                                ignore_index=self.ignore_index, validate_args=self.validate_args)

@@ -15,7 +15,7 @@ from ..functional import (
     gradient_weighted_loss,
 )
 from ._registry import register_loss
-from .base import CalibrationLoss
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["GradientWeightedLoss", "BSCEGRALoss", "BSCELoss", "FocalGRALoss", "DualFocalGRALoss"]
 
@@ -72,6 +72,8 @@ class _BrierWeight(CalibrationLoss):
     beta: float
     gamma: float
 
+    _parameter_constraints = {"beta": POSITIVE, "gamma": NON_NEGATIVE}
+
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(beta=beta, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
@@ -93,7 +95,7 @@ class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
     """
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return bsce_gra_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
+        return bsce_gra_loss(input, target, beta=self.beta, gamma=self.gamma, reduction=self.reduction,
                              ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
@@ -108,7 +110,7 @@ class BSCELoss(_BrierWeight):
     """
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return bsce_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
+        return bsce_loss(input, target, beta=self.beta, gamma=self.gamma, reduction=self.reduction,
                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
@@ -123,13 +125,15 @@ class FocalGRALoss(GradientWeightedLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return focal_gra_loss(input, target, self.gamma, reduction=self.reduction,
+        return focal_gra_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                               ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
@@ -145,12 +149,14 @@ class DualFocalGRALoss(GradientWeightedLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 5.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return dual_focal_gra_loss(input, target, self.gamma, reduction=self.reduction,
+        return dual_focal_gra_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                                    ignore_index=self.ignore_index,
                                    validate_args=self.validate_args)

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from .._validation import as_tensor
-from ..functional._common import no_autocast
+from .._validation import Options, as_tensor
+from ..functional import no_autocast
 from ..functional.gra_variants import consistency_loss
 from ..functional.temperature import (
     temperature_bsce_gra_loss,
@@ -35,7 +35,7 @@ from ..functional.temperature import (
 from ..posthoc.temperature import TemperatureScaling
 from ._registry import register_loss
 from .adafocal import _all_gather_varlen, _dist_world
-from .base import CalibrationLoss
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 from .gradient_weighted import GradientWeightedLoss
 
 __all__ = [
@@ -69,22 +69,20 @@ def gather_validation(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Ten
     return zg.to(z.dtype), yg
 
 
+_GAMMA_CRITERION = {"gamma": NON_NEGATIVE, "criterion": Options(TEMPERATURE_CRITERIA)}
+_BETA_GAMMA_CRITERION = {"beta": POSITIVE, **_GAMMA_CRITERION}
+
+
 class _ValidationTemperature:
     """Mixin: the ``temperature`` buffer, its validation fit (module docstring), and a forward
-    calling ``_loss_fn(input, target, *hyperparameters, T, ...)``."""
+    calling ``_loss_fn(input, target, **hyperparameters, temperature=T, ...)`` (every
+    hyperparameter but ``criterion``, by name)."""
 
     wants_validation = True
     temperature: torch.Tensor
     criterion: str
+    hyperparameters: dict[str, Any]
     _loss_fn: Callable[..., torch.Tensor]
-
-    @staticmethod
-    def _check_criterion(criterion: str) -> str:
-        if criterion not in TEMPERATURE_CRITERIA:
-            raise ValueError(
-                f"Expected `criterion` to be one of {TEMPERATURE_CRITERIA}, got {criterion!r}"
-            )
-        return criterion
 
     def _init_temperature(self) -> None:
         # shape (1,), not 0-d: Dynamo reads a 0-d float buffer of an unspecialised module as a
@@ -95,9 +93,10 @@ class _ValidationTemperature:
         return f"{super().extra_repr()}, temperature={float(self.temperature):g}"  # type: ignore[misc]
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        hyper = (getattr(self, n) for n in self._hyperparameters if n != "criterion")
-        return self._loss_fn(input, target, *hyper, self.temperature, reduction=self.reduction,
-                             ignore_index=self.ignore_index, validate_args=self.validate_args)
+        hyper = {k: v for k, v in self.hyperparameters.items() if k != "criterion"}
+        return self._loss_fn(input, target, **hyper, temperature=self.temperature,
+                             reduction=self.reduction, ignore_index=self.ignore_index,
+                             validate_args=self.validate_args)
 
     @torch.no_grad()
     def fit_temperature(self, *, logits: Any, labels: Any) -> float:
@@ -134,10 +133,11 @@ class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
     """
 
     _loss_fn = staticmethod(temperature_focal_loss)
+    _parameter_constraints = _GAMMA_CRITERION
 
     def __init__(self, gamma: float = 3.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
@@ -160,10 +160,11 @@ class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     """
 
     _loss_fn = staticmethod(temperature_focal_gra_loss)
+    _parameter_constraints = _GAMMA_CRITERION
 
     def __init__(self, gamma: float = 3.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
@@ -187,10 +188,11 @@ class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
     """
 
     _loss_fn = staticmethod(temperature_dual_focal_loss)
+    _parameter_constraints = _GAMMA_CRITERION
 
     def __init__(self, gamma: float = 5.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
@@ -214,10 +216,11 @@ class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     """
 
     _loss_fn = staticmethod(temperature_dual_focal_gra_loss)
+    _parameter_constraints = _GAMMA_CRITERION
 
     def __init__(self, gamma: float = 5.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
@@ -241,11 +244,12 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
     """
 
     _loss_fn = staticmethod(temperature_bsce_loss)
+    _parameter_constraints = _BETA_GAMMA_CRITERION
 
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, criterion: str = "ece",
                  reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
-        super().__init__(beta=beta, gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(beta=beta, gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
@@ -269,11 +273,12 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
     """
 
     _loss_fn = staticmethod(temperature_bsce_gra_loss)
+    _parameter_constraints = _BETA_GAMMA_CRITERION
 
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, criterion: str = "ece",
                  reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
-        super().__init__(beta=beta, gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(beta=beta, gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
@@ -308,6 +313,8 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
         tensor(0.1386)
     """
 
+    _parameter_constraints = _GAMMA_CRITERION
+
     def __init__(self, gamma: float = 3.0, calibrator: Any = None, *, criterion: str = "ece",
                  reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
@@ -316,7 +323,7 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
                                                                 None))):
             raise TypeError("Expected `calibrator` to have fit(logits, labels) and "
                             f"predict_proba(logits) methods, got {type(calibrator).__name__}")
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self.calibrator = calibrator
@@ -355,7 +362,7 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
                 calibrated_probs: torch.Tensor | None = None) -> torch.Tensor:
         if calibrated_probs is None:
             calibrated_probs = self.calibrated_probs(input)
-        return consistency_loss(input, target, calibrated_probs, self.gamma,
+        return consistency_loss(input, target, calibrated_probs, gamma=self.gamma,
                                 reduction=self.reduction, ignore_index=self.ignore_index,
                                 validate_args=self.validate_args)
 
