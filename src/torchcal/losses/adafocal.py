@@ -80,6 +80,7 @@ from .._validation import Interval, Options, as_tensor, check_finite, check_labe
 from ..functional import check_loss_args, no_autocast, reduce_loss, target_log_probs
 from ..functional.focal import signed_focal_terms
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
+from ..metrics.distributed import all_gather_uneven, world_size
 from ._registry import register_loss
 from .base import ANY_NUMBER, NON_NEGATIVE, POSITIVE, POSITIVE_INT, CalibrationLoss
 
@@ -178,12 +179,6 @@ def published_equal_mass_bins(
     return edges, bin_index(conf, cmp[1:-1]), conf > cmp[0]
 
 
-def _dist_world() -> int:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
-
 def _collective_device(t: Any) -> torch.device:
     """Device for a collective: the tensor's own, else the process group's default."""
     if isinstance(t, torch.Tensor):
@@ -191,21 +186,6 @@ def _collective_device(t: Any) -> torch.device:
     if dist.get_backend() == "nccl":  # pragma: no cover - needs CUDA
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _all_gather_varlen(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate a 1-D tensor from every rank in rank order (shares may differ in length)."""
-    world = dist.get_world_size()
-    n_local = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
-    sizes = [torch.zeros_like(n_local) for _ in range(world)]
-    dist.all_gather(sizes, n_local)
-    sizes_host = [int(s) for s in torch.cat(sizes).cpu().tolist()]
-    n_max = max(sizes_host)
-    padded = torch.zeros(n_max, dtype=t.dtype, device=t.device)
-    padded[: t.shape[0]] = t
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes_host, strict=True)])
 
 
 @register_loss("adafocal", display="AdaFocal", order=11,
@@ -388,7 +368,7 @@ class AdaFocalLoss(CalibrationLoss):
         self, logits: Any, labels: Any, sync_dist: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Validated (confidence, correct) of this rank, or of every rank under distributed."""
-        distributed = sync_dist and _dist_world() > 1
+        distributed = sync_dist and world_size() > 1
         try:
             conf, correct = self._validation_stats(logits, labels)
             error: Exception | None = None
@@ -409,7 +389,7 @@ class AdaFocalLoss(CalibrationLoss):
                     "AdaFocal update: the validation logits/labels of another rank were "
                     "invalid (see that rank's error); no rank changed its state"
                 )
-            packed = _all_gather_varlen(
+            packed = all_gather_uneven(
                 torch.stack([conf.double(), correct.double()], 1).reshape(-1))
             packed = packed.reshape(-1, 2)
             conf, correct = packed[:, 0].to(conf.dtype), packed[:, 1].to(conf.dtype)

@@ -32,9 +32,9 @@ from ..functional.temperature import (
     temperature_focal_gra_loss,
     temperature_focal_loss,
 )
+from ..metrics.distributed import all_gather_uneven, world_size
 from ..posthoc.temperature import TemperatureScaling
 from ._registry import register_loss
-from .adafocal import _all_gather_varlen, _dist_world
 from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 from .gradient_weighted import GradientWeightedLoss
 
@@ -61,11 +61,11 @@ def gather_validation(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Ten
     inputs themselves without an initialised process group of size > 1)."""
     z = as_tensor(logits, "logits")
     y = as_tensor(labels, "labels")
-    if _dist_world() <= 1:
+    if world_size() <= 1:
         return z, y
     c = z.shape[-1]
-    zg = _all_gather_varlen(z.detach().to(torch.float64).reshape(-1)).reshape(-1, c)
-    yg = _all_gather_varlen(y.detach().to(torch.int64).reshape(-1))
+    zg = all_gather_uneven(z.detach().to(torch.float64).reshape(-1)).reshape(-1, c)
+    yg = all_gather_uneven(y.detach().to(torch.int64).reshape(-1))
     return zg.to(z.dtype), yg
 
 
