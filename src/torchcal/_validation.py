@@ -24,6 +24,7 @@ __all__ = [
     "check_nonneg_finite",
     "check_finite",
     "check_labels",
+    "check_logits",
     "resolve_probs",
 ]
 
@@ -243,6 +244,35 @@ def check_finite(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"Expected `{name}` to be finite, found {n_bad} NaN/Inf value(s)")
 
 
+def check_logits(x: Any, name: str = "logits", *, min_classes: int = 2,
+                 finite: bool = True) -> torch.Tensor:
+    """Validate scores of shape (N, C) (logits, or probabilities with ``finite=False``): a
+    floating dtype, 2-D, non-empty, at least ``min_classes`` columns and, with ``finite``, no
+    NaN/Inf.  Returns the input as a tensor (:func:`as_tensor`, no copy).
+
+    >>> check_logits([[0.0, 1.0]]).shape
+    torch.Size([1, 2])
+    >>> check_logits([[0.0], [1.0]])
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `logits` to have at least 2 classes (columns), got 1
+    """
+    t = as_tensor(x, name)
+    if not t.is_floating_point():
+        raise TypeError(f"Expected `{name}` to have a floating dtype, got {t.dtype}")
+    if t.ndim != 2:
+        raise ValueError(f"Expected `{name}` to be 2-D of shape (N, C), got shape {tuple(t.shape)}")
+    if t.shape[0] == 0:
+        raise ValueError(f"Expected `{name}` to be non-empty, got shape {tuple(t.shape)}")
+    if t.shape[1] < min_classes:
+        raise ValueError(
+            f"Expected `{name}` to have at least {min_classes} classes (columns), got {t.shape[1]}"
+        )
+    if finite:
+        check_finite(t.detach(), name)
+    return t
+
+
 def check_labels(
     labels: Any, *, n: int | None, num_classes: int | None, name: str = "labels",
     device: torch.device | None = None,
@@ -297,19 +327,8 @@ def resolve_probs(
             + ("both" if logits is not None else "neither")
         )
     name = "logits" if logits is not None else "probs"
-    t = as_tensor(logits if logits is not None else probs, name)
-    if not t.is_floating_point():
-        raise TypeError(f"Expected `{name}` to have a floating dtype, got {t.dtype}")
-    if t.ndim != 2:
-        raise ValueError(f"Expected `{name}` to be 2-D of shape (N, C), got shape {tuple(t.shape)}")
-    if t.shape[0] == 0:
-        raise ValueError(f"Expected `{name}` to be non-empty, got shape {tuple(t.shape)}")
-    if t.shape[1] < min_classes:
-        raise ValueError(
-            f"Expected `{name}` to have at least {min_classes} classes (columns), got {t.shape[1]}"
-        )
-    if validate_args and logits is not None:
-        check_finite(t, name)
+    t = check_logits(logits if logits is not None else probs, name, min_classes=min_classes,
+                     finite=validate_args and logits is not None)
     if logits is not None:
         work = t if t.dtype in (torch.float32, torch.float64) else t.float()
         return torch.softmax(work, dim=1).to(t.dtype)
