@@ -154,3 +154,26 @@ def test_constraints_report_the_argument_and_what_was_expected():
         Interval(float, 0, 1, closed="open")
     assert "Interval(float, 0, None, closed='left')" == repr(Interval(float, 0, None,
                                                                       closed="left"))
+
+
+@pytest.mark.parametrize("name", list_losses())
+def test_every_loss_log_state_is_json(name):
+    import json
+
+    loss = create_loss(name)
+    state = loss.log_state()
+    assert json.loads(json.dumps(state)) == state
+
+
+def test_log_state_of_the_stateful_losses():
+    from torchcal.losses import AdaFocalLoss, ScheduledFocalLoss
+
+    ada = AdaFocalLoss(n_bins=2)
+    assert ada.log_state() == {"gammas": [1.0, 1.0], "bin_edges": [0.0, 0.5, 1.0]}
+    sched = ScheduledFocalLoss(milestones=(2,), gammas=(5.0, 1.0))
+    sched.set_epoch(2)
+    assert sched.log_state() == {"gamma": 1.0}
+    temp = TemperatureBSCELoss()
+    temp.temperature.fill_(2.5)
+    assert temp.log_state() == {"temperature": 2.5}
+    assert create_loss("focal").log_state() == {}  # a constant γ is in the config, not the log

@@ -189,7 +189,8 @@ def _collective_device(t: Any) -> torch.device:
 
 
 @register_loss("adafocal", display="AdaFocal", order=11,
-               paper="Ghosh et al., NeurIPS 2022")
+               paper="Ghosh et al. 2022, *AdaFocal: Calibration-aware Adaptive Focal Loss* "
+                     "(NeurIPS)")
 class AdaFocalLoss(CalibrationLoss):
     r"""AdaFocal: focal / inverse-focal loss with one γ per confidence bin, updated from
     validation calibration (see the module docstring for every rule and convention).
@@ -445,6 +446,11 @@ class AdaFocalLoss(CalibrationLoss):
     def on_validation(self, *, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Trainer hook: :meth:`update` with this rank's validation outputs."""
         self.update(logits=logits, labels=labels)
+
+    def log_state(self) -> dict[str, Any]:
+        """The per-bin γ and the bin edges (as float32 lists) for the run's log."""
+        return {"gammas": self.gammas.detach().float().cpu().tolist(),
+                "bin_edges": self.bin_edges.detach().float().cpu().tolist()}
 
     def reset(self) -> None:
         """Back to the initial state (equal-width edges, ``gamma_init`` everywhere, no history)."""

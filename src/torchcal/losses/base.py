@@ -47,7 +47,7 @@ from ..functional import REDUCTIONS
 __all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "NON_NEGATIVE", "POSITIVE",
            "POSITIVE_INT", "ANY_NUMBER", "NUMBERS",
            "NON_NEGATIVE_NUMBERS", "NON_NEGATIVE_INTS", "loss_set_epoch", "loss_on_validation",
-           "loss_wants_validation", "published_reduction"]
+           "loss_wants_validation", "loss_log_state", "published_reduction"]
 
 
 #: A finite number >= 0 (γ, λ, ...).
@@ -191,6 +191,13 @@ def loss_on_validation(loss: nn.Module, *, logits: torch.Tensor, labels: torch.T
     fn = getattr(loss, "on_validation", None)
     if callable(fn) and loss_wants_validation(loss):
         fn(logits=logits, labels=labels)
+
+
+def loss_log_state(loss: nn.Module) -> dict[str, Any]:
+    """The loss' :meth:`~CalibrationLoss.log_state` (empty for a loss without one, e.g.
+    ``nn.CrossEntropyLoss``)."""
+    fn = getattr(loss, "log_state", None)
+    return dict(fn()) if callable(fn) else {}
 
 
 def published_reduction(loss: Any) -> str:

@@ -11,7 +11,7 @@ from .._validation import Options, check_labels, check_scalar
 from ..functional import check_batch_reduction, no_autocast
 from ..functional.ece_losses import ECE_KDE_TYPES, dece_loss, ece_gap_loss, ece_kde_loss
 from ..metrics.binning import binned_sums, classwise_sums, equal_width_bin_index
-from ._registry import register_loss
+from ._registry import LIN_2025_CODE, register_loss
 from .adafocal import published_equal_mass_bins
 from .base import HYPERPARAMETER_CHECKS, NON_NEGATIVE, POSITIVE, POSITIVE_INT, CalibrationLoss
 from .temperature import gather_validation
@@ -19,7 +19,9 @@ from .temperature import gather_validation
 __all__ = ["DECELoss", "ECEKDELoss", "ECEGapLoss"]
 
 
-@register_loss("dece", display="DECE", order=33)
+@register_loss("dece", display="DECE", order=33,
+               paper="Bohdal et al. 2021, *Meta-Calibration: Learning of Model Calibration Using "
+                     "Differentiable Expected Calibration Error* (arXiv)")
 class DECELoss(CalibrationLoss):
     r"""``λ·DECE`` (+ ``CE_mean`` with ``cross_entropy=True``): the differentiable ECE of
     Bohdal et al. as a training loss (see :func:`torchcal.functional.dece_loss`).
@@ -61,7 +63,9 @@ class DECELoss(CalibrationLoss):
                          validate_args=self.validate_args)
 
 
-@register_loss("ece_kde", display="ECE-KDE", order=34)
+@register_loss("ece_kde", display="ECE-KDE", order=34,
+               paper="Popordanoska et al. 2022, *A Consistent and Differentiable Lp Canonical "
+                     "Calibration Error Estimator* (NeurIPS)")
 class ECEKDELoss(CalibrationLoss):
     r"""``CE_mean + λ·ECE_KDE``, the calibration-regularised objective of Popordanoska et al.
     (see :func:`torchcal.functional.ece_kde_loss`).  ``"sum"`` gives N times it.
@@ -98,7 +102,8 @@ class ECEKDELoss(CalibrationLoss):
                             ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("ece_loss", display="ECE loss", order=35)
+@register_loss("ece_loss", display="ECE loss", order=35,
+               paper=LIN_2025_CODE)
 class ECEGapLoss(CalibrationLoss):
     r"""The BSCE-GRA repository's ECE-loss: cross-entropy weighted per sample by detached
     validation calibration gaps (see :func:`torchcal.functional.ece_gap_loss`).

@@ -21,7 +21,7 @@ from ..functional.exp_weighted import (
     focal_exp_loss,
 )
 from ..functional.focal import focal_loss
-from ._registry import register_loss
+from ._registry import LIN_2025_CODE, register_loss
 from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["ExpWeightedLoss", "CrossEntropyExpLoss", "FocalExpLoss", "DualFocalExpLoss",
@@ -54,7 +54,8 @@ class ExpWeightedLoss(CalibrationLoss):
         return exp_weight(b, temperature=self.temperature), b
 
 
-@register_loss("ce_exp", display="Cross-entropy (exp.-weighted)", order=22)
+@register_loss("ce_exp", display="Cross-entropy (exp.-weighted)", order=22,
+               paper=LIN_2025_CODE)
 class CrossEntropyExpLoss(ExpWeightedLoss):
     """Exponentially weighted cross-entropy (the published ``CrossEntropyExp``; see
     :func:`torchcal.functional.ce_exp_loss`).
@@ -76,7 +77,8 @@ class CrossEntropyExpLoss(ExpWeightedLoss):
                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("focal_exp", display="Focal (exp.-weighted)", order=23)
+@register_loss("focal_exp", display="Focal (exp.-weighted)", order=23,
+               paper=LIN_2025_CODE)
 class FocalExpLoss(ExpWeightedLoss):
     """Exponentially weighted focal loss (the published ``FocalLossExp``; see
     :func:`torchcal.functional.focal_exp_loss`).
@@ -109,7 +111,8 @@ class FocalExpLoss(ExpWeightedLoss):
                               validate_args=self.validate_args)
 
 
-@register_loss("dual_focal_exp", display="Dual focal (exp.-weighted)", order=24)
+@register_loss("dual_focal_exp", display="Dual focal (exp.-weighted)", order=24,
+               paper=LIN_2025_CODE)
 class DualFocalExpLoss(FocalExpLoss):
     """Exponentially weighted dual focal loss (the published ``DualFocalLossExp``; see
     :func:`torchcal.functional.dual_focal_exp_loss`).
@@ -139,7 +142,8 @@ class DualFocalExpLoss(FocalExpLoss):
                                    validate_args=self.validate_args)
 
 
-@register_loss("brier_exp", display="Brier (exp.-weighted)", order=25)
+@register_loss("brier_exp", display="Brier (exp.-weighted)", order=25,
+               paper=LIN_2025_CODE)
 class BrierExpLoss(ExpWeightedLoss):
     """Exponentially weighted Brier score (the published ``BrierScoreExp``, summed over the
     batch; see :func:`torchcal.functional.brier_exp_loss`).

@@ -14,7 +14,7 @@ import torch
 from .._validation import check_scalar
 from ..functional import focal_loss, inverse_focal_loss, sample_dependent_focal_loss
 from ..functional.focal import FLSD53, FLSD532, check_schedule
-from ._registry import register_loss
+from ._registry import MUKHOTI_2020, register_loss
 from .base import NON_NEGATIVE, NON_NEGATIVE_INTS, NON_NEGATIVE_NUMBERS, NUMBERS, CalibrationLoss
 
 __all__ = [
@@ -30,7 +30,7 @@ __all__ = [
 
 
 @register_loss("focal", display="Focal", order=4,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper=MUKHOTI_2020)
 class FocalLoss(CalibrationLoss):
     """Focal loss ``-(1-p_y)^γ log p_y`` (see :func:`torchcal.functional.focal_loss`).
 
@@ -57,7 +57,8 @@ class FocalLoss(CalibrationLoss):
 
 
 @register_loss("inverse_focal", display="Inverse focal", order=5,
-               paper="Wang et al., NeurIPS 2021")
+               paper="Wang et al. 2021, *Rethinking Calibration of Deep Neural Networks: Do "
+                     "Not Be Afraid of Overconfidence* (NeurIPS)")
 class InverseFocalLoss(CalibrationLoss):
     """Inverse focal loss ``-(1+p_y)^γ log p_y`` (see :func:`torchcal.functional.inverse_focal_loss`).
 
@@ -114,7 +115,7 @@ class SampleDependentFocalLoss(CalibrationLoss):
 
 
 @register_loss("flsd53", display="FLSD-53", order=6,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper=MUKHOTI_2020)
 def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
            validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-53: γ = 5 for p_y < 0.2, else 3."""
@@ -123,7 +124,7 @@ def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
 
 
 @register_loss("flsd532", display="FLSD-532", order=7,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper=MUKHOTI_2020)
 def flsd532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-532: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5."""
@@ -173,6 +174,10 @@ class ScheduledFocalLoss(CalibrationLoss):
         self.epoch = check_scalar(epoch, "epoch", int, min_val=0)
         self.gamma_tensor.fill_(self.gamma)
 
+    def log_state(self) -> dict[str, Any]:
+        """This epoch's γ for the run's log."""
+        return {"gamma": float(self.gamma)}
+
     def get_extra_state(self) -> Any:
         return {"epoch": self.epoch}
 
@@ -187,7 +192,8 @@ class ScheduledFocalLoss(CalibrationLoss):
                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("flsc531", display="FLSc-531", order=8)
+@register_loss("flsc531", display="FLSc-531", order=8,
+               paper=MUKHOTI_2020)
 def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-531: γ = 5 for epochs [0, 100), 3 for [100, 250), 1 afterwards."""
@@ -195,7 +201,8 @@ def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
                               ignore_index=ignore_index, validate_args=validate_args)
 
 
-@register_loss("flsc532", display="FLSc-532", order=9)
+@register_loss("flsc532", display="FLSc-532", order=9,
+               paper=MUKHOTI_2020)
 def flsc532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-532: γ = 5 for epochs [0, 100), 3 for [100, 250), 2 afterwards."""

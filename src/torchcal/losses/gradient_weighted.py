@@ -14,7 +14,7 @@ from ..functional import (
     focal_gra_loss,
     gradient_weighted_loss,
 )
-from ._registry import register_loss
+from ._registry import LIN_2025, LIN_2025_CODE, register_loss
 from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["GradientWeightedLoss", "BSCEGRALoss", "BSCELoss", "FocalGRALoss", "DualFocalGRALoss"]
@@ -80,7 +80,8 @@ class _BrierWeight(CalibrationLoss):
                          validate_args=validate_args)
 
 
-@register_loss("bsce_gra", display="BSCE-GRA", order=13)
+@register_loss("bsce_gra", display="BSCE-GRA", order=13,
+               paper=LIN_2025)
 class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
     """BSCE-GRA: ``‖onehot(y) - p‖_β^γ`` (detached) times ``-log p_y``
     (see :func:`torchcal.functional.bsce_gra_loss`).
@@ -99,7 +100,8 @@ class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
                              ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("bsce", display="BSCE", order=12)
+@register_loss("bsce", display="BSCE", order=12,
+               paper=LIN_2025)
 class BSCELoss(_BrierWeight):
     """BSCE: ``‖onehot(y) - p‖_β^γ · (-log p_y)`` with the weight **not** detached
     (see :func:`torchcal.functional.bsce_loss`).
@@ -114,7 +116,8 @@ class BSCELoss(_BrierWeight):
                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("focal_gra", display="Focal-GRA", order=14)
+@register_loss("focal_gra", display="Focal-GRA", order=14,
+               paper=LIN_2025_CODE)
 class FocalGRALoss(GradientWeightedLoss):
     """FL-GRA: ``(1-p_y)^γ`` (detached) times ``-log p_y``; γ default 3.
 
@@ -137,7 +140,8 @@ class FocalGRALoss(GradientWeightedLoss):
                               ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("dual_focal_gra", display="Dual focal-GRA", order=15)
+@register_loss("dual_focal_gra", display="Dual focal-GRA", order=15,
+               paper=LIN_2025_CODE)
 class DualFocalGRALoss(GradientWeightedLoss):
     """DFL-GRA: ``(1-p_y+p_j)^γ`` (all detached) times ``-log p_y``; γ default 5.
 

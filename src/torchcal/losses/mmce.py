@@ -7,14 +7,14 @@ import torch
 from .._validation import Options
 from ..functional import mmce_loss
 from ..functional.mmce import MMCE_NORMALIZATIONS
-from ._registry import register_loss
+from ._registry import KUMAR_2018, register_loss
 from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["MMCELoss"]
 
 
 @register_loss("mmce", display="MMCE", order=3,
-               paper="Kumar et al., ICML 2018")
+               paper=KUMAR_2018)
 class MMCELoss(CalibrationLoss):
     """Cross-entropy plus λ times the weighted MMCE penalty (see :func:`torchcal.functional.mmce_loss`).
 

@@ -10,7 +10,7 @@ import torch
 from ..functional import check_batch_reduction
 from ..functional.basic import cross_entropy
 from ..functional.mmce_unweighted import mmce_gra_loss, mmce_m_loss, mmce_m_terms
-from ._registry import register_loss
+from ._registry import KUMAR_2018, LIN_2025_CODE, register_loss
 from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["MMCEUnweightedLoss", "MMCEGRALoss"]
@@ -33,7 +33,8 @@ class _BatchLoss(CalibrationLoss):
         check_batch_reduction(reduction, type(self).__name__)
 
 
-@register_loss("mmce_m", display="MMCE (unweighted)", order=16)
+@register_loss("mmce_m", display="MMCE (unweighted)", order=16,
+               paper=KUMAR_2018)
 class MMCEUnweightedLoss(_BatchLoss):
     """``CE_mean + λ·MMCE_m``: the unweighted MMCE (the focal-calibration code's ``mmce``
     option; see :func:`torchcal.functional.mmce_m_loss`).  ``"sum"`` gives N times it (the
@@ -62,7 +63,8 @@ class MMCEUnweightedLoss(_BatchLoss):
                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("mmce_gra", display="MMCE-GRA", order=17)
+@register_loss("mmce_gra", display="MMCE-GRA", order=17,
+               paper=LIN_2025_CODE)
 class MMCEGRALoss(_BatchLoss):
     """MMCE-GRA: ``MMCE_m`` (detached) times ``CE_mean`` (the BSCE-GRA repository's
     ``MMCEGRA``; see :func:`torchcal.functional.mmce_gra_loss`).  The gradient is

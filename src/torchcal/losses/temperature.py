@@ -34,7 +34,7 @@ from ..functional.temperature import (
 )
 from ..metrics.distributed import all_gather_uneven, world_size
 from ..posthoc.temperature import TemperatureScaling
-from ._registry import register_loss
+from ._registry import LIN_2025_CODE, register_loss
 from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 from .gradient_weighted import GradientWeightedLoss
 
@@ -111,8 +111,13 @@ class _ValidationTemperature:
         """Trainer hook: :meth:`fit_temperature` with this rank's validation outputs."""
         self.fit_temperature(logits=logits, labels=labels)
 
+    def log_state(self) -> dict[str, Any]:
+        """The temperature of the last validation fit, for the run's log."""
+        return {"temperature": float(self.temperature)}
 
-@register_loss("temperature_focal", display="Temperature focal", order=26)
+
+@register_loss("temperature_focal", display="Temperature focal", order=26,
+               paper=LIN_2025_CODE)
 class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature focal loss ``-(1 - q_y)^γ log p_y``, ``q = softmax(z / T)``, T fitted
     on validation (see :func:`torchcal.functional.temperature_focal_loss`).
@@ -143,7 +148,8 @@ class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_focal_gra", display="Temperature focal-GRA", order=27)
+@register_loss("temperature_focal_gra", display="Temperature focal-GRA", order=27,
+               paper=LIN_2025_CODE)
 class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature focal GRA: ``(1 - q_y)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_focal_gra_loss`).
@@ -170,7 +176,8 @@ class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_dual_focal", display="Temperature dual focal", order=28)
+@register_loss("temperature_dual_focal", display="Temperature dual focal", order=28,
+               paper=LIN_2025_CODE)
 class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature dual focal loss ``-(1 - q_y + q_j)^γ log p_y`` (see
     :func:`torchcal.functional.temperature_dual_focal_loss`).
@@ -198,7 +205,8 @@ class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_dual_focal_gra", display="Temperature dual focal-GRA", order=29)
+@register_loss("temperature_dual_focal_gra", display="Temperature dual focal-GRA", order=29,
+               paper=LIN_2025_CODE)
 class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature dual focal GRA: ``(1 - q_y + q_j)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_dual_focal_gra_loss`).
@@ -226,7 +234,8 @@ class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_bsce", display="Temperature BSCE", order=30)
+@register_loss("temperature_bsce", display="Temperature BSCE", order=30,
+               paper=LIN_2025_CODE)
 class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature BSCE ``-‖onehot(y) - q‖_β^γ log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_loss`).
@@ -255,7 +264,8 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_bsce_gra", display="Temperature BSCE-GRA", order=31)
+@register_loss("temperature_bsce_gra", display="Temperature BSCE-GRA", order=31,
+               paper=LIN_2025_CODE)
 class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature BSCE-GRA: ``‖onehot(y) - q‖_β^γ`` detached times ``-log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_gra_loss`).
@@ -284,7 +294,8 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
         self._init_temperature()
 
 
-@register_loss("consistency", display="Consistency", order=32)
+@register_loss("consistency", display="Consistency", order=32,
+               paper=LIN_2025_CODE)
 class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
     r"""The BSCE-GRA repository's consistency loss: ``(1 - q_y)^γ`` detached times ``-log p_y``,
     ``q`` the probabilities of a calibrator re-fitted on every validation pass (see
@@ -343,6 +354,10 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
         self.calibrator.fit(z, y)
         self._calibrator_fitted = True
         return float("nan")
+
+    def log_state(self) -> dict[str, Any]:
+        """The fitted temperature when it is what ``q`` comes from (no calibrator)."""
+        return super().log_state() if self.calibrator is None else {}
 
     @torch.no_grad()
     def calibrated_probs(self, input: torch.Tensor) -> torch.Tensor:
