@@ -105,20 +105,25 @@ def layer(u: str) -> float:
     return LAYERS[u]
 
 
-def imports(module: str, path: Path, tree: ast.AST) -> list[tuple[int, str]]:
-    """Every module ``module`` imports (absolute names), with line numbers."""
+def from_target(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module name of a ``from ... import`` in ``module`` (relative levels
+    resolved)."""
+    if not node.level:
+        return node.module or ""
     is_pkg = path.name == "__init__.py"
     package = module.split(".") if is_pkg else module.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(module: str, path: Path, tree: ast.AST) -> list[tuple[int, str]]:
+    """Every module ``module`` imports (absolute names), with line numbers."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = from_target(module, path, node)
             if target == "torchcal":  # ``from torchcal import train`` names a sub-package
                 subs = [a.name for a in node.names if a.name in LAYERS]
                 found += [(node.lineno, f"torchcal.{name}") for name in subs]
@@ -162,17 +167,11 @@ def _private(name: str) -> bool:
 
 def private_imports(module: str, path: Path, tree: ast.AST, rel: Path) -> list[str]:
     """Imports of a leading-underscore module or name of another torchcal unit."""
-    is_pkg = path.name == "__init__.py"
-    package = module.split(".") if is_pkg else module.split(".")[:-1]
     u = unit(module)
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = from_target(module, path, node)
             pairs = [(target, a.name) for a in node.names]
         elif isinstance(node, ast.Import):
             pairs = [(a.name, None) for a in node.names]
