@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import torchcal.functional as TF
-from torchcal._validation import Interval, Options
 from torchcal.losses import (
     LOSSES,
     CalibrationLoss,
@@ -18,6 +17,7 @@ from torchcal.losses import (
     list_losses,
     register_loss,
 )
+from torchcal.losses.base import Interval, Options
 
 _BASE_ARGS = ("reduction", "ignore_index", "validate_args")
 

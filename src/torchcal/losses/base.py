@@ -20,9 +20,9 @@ N·(CE_mean + λ·MMCE)).  A faithful recipe sets ``loss.reduction = loss.publis
 
 :class:`CalibrationLoss` also holds a loss' hyperparameters.  Each loss class declares them,
 with their constraints, in ``_parameter_constraints`` (scikit-learn's convention): a dict from
-name to a callable ``constraint(value, name) -> value`` (:class:`~torchcal._validation.Interval`,
-:class:`~torchcal._validation.Options`, or a function).  A subclass passes its hyperparameters to
-``super().__init__`` by name; there each is checked by its declared constraint, a name the class
+name to a callable ``constraint(value, name) -> value`` (:class:`Interval`, :class:`Options`,
+:class:`SequenceOf`, re-exported here from :mod:`torchcal._validation`, or a function).  A
+subclass passes its hyperparameters to ``super().__init__`` by name; there each is checked by its declared constraint, a name the class
 does not declare (or a declared one not passed) is refused with a ``TypeError``, and all are
 stored as attributes, kept (:attr:`~CalibrationLoss.hyperparameters`) and shown by ``repr`` in
 declaration order, whatever the order of the call.  A subclass adding a hyperparameter declares
@@ -41,10 +41,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from .._validation import Interval, SequenceOf
+from .._validation import Interval, Options, SequenceOf
 from ..functional import REDUCTIONS
 
-__all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "NON_NEGATIVE", "POSITIVE",
+__all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "Interval", "Options", "SequenceOf", "NON_NEGATIVE", "POSITIVE",
            "POSITIVE_INT", "ANY_NUMBER", "NUMBERS",
            "NON_NEGATIVE_NUMBERS", "NON_NEGATIVE_INTS", "loss_set_epoch", "loss_on_validation",
            "loss_wants_validation", "loss_log_state", "published_reduction"]
