@@ -58,6 +58,10 @@ def test_deferred_imports_say_why(result):
     assert not result["deferred imports"], "\n".join(result["deferred imports"])
 
 
+def test_no_private_import_across_units(result):
+    assert not result["private imports"], "\n".join(result["private imports"])
+
+
 def test_script_exit_status(capsys):
     assert arch.main([str(SRC)]) == 0
     out = capsys.readouterr().out
@@ -71,6 +75,7 @@ def _package(tmp_path: Path, where: str, source: str) -> Path:
     (pkg / "__init__.py").write_text("")
     (pkg / "errors.py").write_text("")
     (pkg / "runs.py").write_text('CONFIG = "config.json"\n')  # the owner may spell the names
+    (pkg / "_validation.py").write_text("")
     for sub in ("train", "metrics", "report", "cli"):
         (pkg / sub).mkdir()
         (pkg / sub / "__init__.py").write_text("")
@@ -108,13 +113,26 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
         ("metrics", "def f():\n    # slow\n    import scipy\n    import numpy\n", None, None),
         ("metrics", "def f():\n    # slow\n    import scipy\n\n    import numpy\n",
          "deferred imports", "in f: import numpy"),
+        ("train", "from ..metrics._common import top1\n", "private imports",
+         "imports torchcal.metrics._common.top1"),
+        ("train", "from ..metrics.meter import _gather\n", "private imports",
+         "imports torchcal.metrics.meter._gather"),
+        ("train", "import torchcal.metrics._common\n", "private imports",
+         "imports torchcal.metrics._common"),
+        ("train", "def f():\n    from ..metrics import _x  # why\n", "private imports",
+         "imports torchcal.metrics._x"),
+        ("train", "from .. import _io\n", None, None),  # a layer-1 module: shared
+        ("train", "from .._validation import check_scalar\n", None, None),  # layer 1: shared
+        ("train", "from ._own import x\nfrom .other import _y\n", None, None),  # its own unit
+        ("train", "from ..metrics import __version__\n", None, None),  # a dunder
     ],
 )
 def test_checker_catches_violations(tmp_path, where, source, rule, expected):
     """Each checker can fail: an upward import (also inside a function or as ``from .. import``),
     a layer-5 sibling import, argparse outside cli/, an 81-line function, a run-directory name
-    outside runs.py (a literal, an f-string part, a joined directory); docstrings, help text
-    and plain words pass."""
+    outside runs.py (a literal, an f-string part, a joined directory), a private module or name
+    of another unit (also as ``import`` or inside a function); docstrings, help text, plain
+    words, the layer-1 modules, a unit's own private names and dunders pass."""
     result = arch.check(_package(tmp_path, where, source))
     found = {k: v for k, v in result.items() if v}
     if rule is None:

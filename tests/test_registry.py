@@ -65,3 +65,21 @@ def test_every_loss_has_a_display_name_and_an_order():
     assert loss_label("flsd53") == "FLSD-53" and loss_label("bsce_gra") == "BSCE-GRA"
     assert loss_label("focal", {"gamma": 3.0}) == "Focal (γ=3)"
     assert LOSSES.entry("focal").paper and LOSSES.entry("adafocal").paper
+
+
+def test_every_loss_names_its_paper_and_the_claims_cite_it():
+    """``paper`` is filled for every loss, and the report's claims read it (no copy kept)."""
+    from torchcal.report.claims import CLAIMS
+
+    empty = [n for n in list_losses() if not LOSSES.paper(n)]
+    assert not empty, f"losses registered without a paper: {empty}"
+    cited = {c.key: c.source for c in CLAIMS}
+    assert cited["mukhoti_focal_lt_ce"] == LOSSES.paper("focal") == LOSSES.paper("flsd53")
+    assert cited["ghosh_adafocal_lowest"] == LOSSES.paper("adafocal")
+    assert cited["lin_bsce_gra"] == LOSSES.paper("bsce_gra")
+    assert cited["tao_dual_focal"] == LOSSES.paper("dual_focal")
+    reg = Registry("widget")
+    reg.register("a", lambda: 1, paper="Someone 2026")
+    assert reg.paper("a") == "Someone 2026"
+    with pytest.raises(ValueError, match="Unknown widget"):
+        reg.paper("b")

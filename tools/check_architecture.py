@@ -25,6 +25,12 @@ It prints one line per rule with its count, then every violation:
 5. **deferred imports**: an import inside a function says why it is not at the top of the
    module (an optional dependency, start-up time, a platform) in a comment on its line or
    above it (one comment may head a block of adjacent imports).
+6. **private imports**: no module imports a leading-underscore name from another unit of
+   torchcal (``from ..functional._common import x``, ``from ..losses.adafocal import _f``,
+   ``import torchcal.metrics._common``): a unit's private modules and names are its own, and
+   what another unit needs is public there.  The layer-1 modules ``_validation``, ``_io`` and
+   ``_registry`` are private to users but shared by every unit, so they are excepted; dunder
+   names (``__version__``) are not private.
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -68,6 +74,8 @@ RUN_FILES = ("config.json", "log.jsonl", "results.json", "results-best.json", "l
 RUN_DIRS = ("checkpoints", "logits", "logits-best", "tensorboard", "uncertainty")
 RUN_DIR_OWNER = "torchcal.runs"
 HELP_KEYWORDS = {"help", "description", "epilog", "usage"}
+# Private by name, shared by every unit: the layer-1 modules.
+SHARED_PRIVATE = {"_validation", "_io", "_registry"}
 
 
 def modules(src: Path) -> list[tuple[str, Path]]:
@@ -97,20 +105,25 @@ def layer(u: str) -> float:
     return LAYERS[u]
 
 
-def imports(module: str, path: Path, tree: ast.AST) -> list[tuple[int, str]]:
-    """Every module ``module`` imports (absolute names), with line numbers."""
+def from_target(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module name of a ``from ... import`` in ``module`` (relative levels
+    resolved)."""
+    if not node.level:
+        return node.module or ""
     is_pkg = path.name == "__init__.py"
     package = module.split(".") if is_pkg else module.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(module: str, path: Path, tree: ast.AST) -> list[tuple[int, str]]:
+    """Every module ``module`` imports (absolute names), with line numbers."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = from_target(module, path, node)
             if target == "torchcal":  # ``from torchcal import train`` names a sub-package
                 subs = [a.name for a in node.names if a.name in LAYERS]
                 found += [(node.lineno, f"torchcal.{name}") for name in subs]
@@ -146,6 +159,37 @@ def layer_violations(module: str, path: Path, tree: ast.AST, rel: Path
         elif tl == lay and {u, tu} <= SIBLINGS_APART:
             upward.append(f"{rel}:{lineno} ({u}) imports its sibling {target}")
     return upward, argparse_uses
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(module: str, path: Path, tree: ast.AST, rel: Path) -> list[str]:
+    """Imports of a leading-underscore module or name of another torchcal unit."""
+    u = unit(module)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = from_target(module, path, node)
+            pairs = [(target, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            pairs = [(a.name, None) for a in node.names]
+        else:
+            continue
+        for target, name in pairs:
+            parts = target.split(".")
+            if parts[0] != "torchcal":
+                continue
+            full = parts[1:] + ([name] if name and name != "*" else [])
+            tu = full[0] if full else ""
+            if tu == u or tu in SHARED_PRIVATE:
+                continue
+            bad = [p for p in full if _private(p)]
+            if bad:
+                shown = f"{target}.{name}" if name else target
+                out.append(f"{rel}:{node.lineno} ({u or 'torchcal'}) imports {shown}")
+    return out
 
 
 def long_functions(tree: ast.AST, rel: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
@@ -235,9 +279,10 @@ def unexplained_deferred_imports(tree: ast.AST, lines: list[str], rel: Path) -> 
 
 
 def check(src: Path) -> dict[str, list[str]]:
-    """Every violation of the four rules under ``src``, by rule."""
+    """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
-                                 "run-directory names": [], "deferred imports": []}
+                                 "run-directory names": [], "deferred imports": [],
+                                 "private imports": []}
     spelled: dict[str, list[str]] = {}
     for module, path in modules(src):
         rel = path.relative_to(src)
@@ -248,6 +293,7 @@ def check(src: Path) -> dict[str, list[str]]:
         out["layers"] += upward
         out["argparse"] += uses
         out["function length"] += long_functions(tree, rel)
+        out["private imports"] += private_imports(module, path, tree, rel)
         if module != RUN_DIR_OWNER:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")

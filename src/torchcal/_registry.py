@@ -8,7 +8,8 @@ command lines read instead of keeping their own copies:
 
 * ``display``: the human name in tables and figures (default: the registered name);
 * ``order``: the canonical position in tables (entries without one come after, by name);
-* ``paper``: where the method comes from (free text, e.g. "Mukhoti et al., NeurIPS 2020").
+* ``paper``: where the method comes from, as the report cites it (free text, e.g.
+  "Mukhoti et al. 2020, *Calibrating Deep Neural Networks using Focal Loss* (NeurIPS)").
 
 >>> reg = Registry("widget")
 >>> @reg.register("b", display="Bee", order=2)
@@ -114,6 +115,10 @@ class Registry(Generic[T]):
         self._load()
         e = self._entries.get(name)
         return e.display if e is not None else name
+
+    def paper(self, name: str) -> str | None:
+        """The ``paper`` of ``name`` (the registry's error, listing the valid names, if unknown)."""
+        return self.entry(name).paper
 
     def rank(self, name: str) -> tuple[float, str]:
         """Sort key of the canonical order: ``order``, then name; unordered/unknown names last."""

@@ -16,11 +16,15 @@ import torch
 
 __all__ = [
     "check_scalar",
+    "Interval",
+    "Options",
+    "SequenceOf",
     "as_tensor",
     "check_positive_int",
     "check_nonneg_finite",
     "check_finite",
     "check_labels",
+    "check_logits",
     "resolve_probs",
     "METRIC_RANGES",
     "metric_value_problem",
@@ -133,6 +137,94 @@ def check_scalar(value: Any, name: str, target_type: type = float, *,
     return v
 
 
+class Interval:
+    """A number constraint, :func:`check_scalar` with its bounds fixed (scikit-learn's
+    ``Interval``): called as ``constraint(value, name)`` it returns the checked value.
+
+    Args:
+        target_type: ``int`` or ``float``.
+        left, right: the bounds (None: unbounded).
+        closed: which bounds are allowed values: ``"both"``, ``"left"``, ``"right"`` or
+            ``"neither"``.
+        allow_none: ``None`` passes.
+
+    >>> Interval(float, 0, None, closed="left")(2, "gamma")
+    2.0
+    >>> Interval(int, 1, None)(0, "n_bins")
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `n_bins` to be a positive integer, got 0
+    """
+
+    def __init__(self, target_type: type, left: float | None, right: float | None, *,
+                 closed: str = "both", allow_none: bool = False) -> None:
+        if target_type not in (int, float):
+            raise TypeError(f"Expected `target_type` to be int or float, got {target_type!r}")
+        if closed not in _BOUNDARIES:
+            raise ValueError(f"Expected `closed` to be one of {tuple(_BOUNDARIES)}, "
+                             f"got {closed!r}")
+        self.target_type, self.left, self.right = target_type, left, right
+        self.closed, self.allow_none = closed, allow_none
+
+    def __call__(self, value: Any, name: str) -> Any:
+        return check_scalar(value, name, self.target_type, min_val=self.left,
+                            max_val=self.right, include_boundaries=self.closed,
+                            allow_none=self.allow_none)
+
+    def __repr__(self) -> str:
+        none = ", allow_none=True" if self.allow_none else ""
+        return (f"Interval({self.target_type.__name__}, {self.left!r}, {self.right!r}, "
+                f"closed={self.closed!r}{none})")
+
+
+class Options:
+    """A choice constraint: the value must be one of ``values`` (scikit-learn's ``StrOptions``).
+
+    >>> Options(("ece", "nll"))("nll", "criterion")
+    'nll'
+    >>> Options((True, False))(1, "cross_entropy")
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `cross_entropy` to be one of (True, False), got 1
+    """
+
+    def __init__(self, values: tuple[Any, ...]) -> None:
+        self.values = tuple(values)
+
+    def __call__(self, value: Any, name: str) -> Any:
+        # identity and type as well as equality: 1 is not True, 1.0 is not "1"
+        if not any(value is v or (type(value) is type(v) and value == v) for v in self.values):
+            raise ValueError(f"Expected `{name}` to be one of {self.values}, got {value!r}")
+        return value
+
+    def __repr__(self) -> str:
+        return f"Options({self.values!r})"
+
+
+class SequenceOf:
+    """A sequence constraint: every item passes ``item`` (e.g. an :class:`Interval`); returns
+    the checked items as a tuple.
+
+    >>> SequenceOf(Interval(int, 0, None))([100, 250], "milestones")
+    (100, 250)
+    >>> SequenceOf(Interval(float, 0, None))(5, "gammas")
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `gammas` to be a sequence, got 5
+    """
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+    def __call__(self, value: Any, name: str) -> tuple[Any, ...]:
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise ValueError(f"Expected `{name}` to be a sequence, got {value!r}")
+        return tuple(self.item(v, name) for v in value)
+
+    def __repr__(self) -> str:
+        return f"SequenceOf({self.item!r})"
+
+
 def check_positive_int(value: Any, name: str) -> int:
     """Return ``value`` as int if it is a positive integer, else raise ValueError."""
     return check_scalar(value, name, int, min_val=1)
@@ -152,6 +244,35 @@ def check_finite(t: torch.Tensor, name: str) -> None:
     if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
         n_bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"Expected `{name}` to be finite, found {n_bad} NaN/Inf value(s)")
+
+
+def check_logits(x: Any, name: str = "logits", *, min_classes: int = 2,
+                 finite: bool = True) -> torch.Tensor:
+    """Validate scores of shape (N, C) (logits, or probabilities with ``finite=False``): a
+    floating dtype, 2-D, non-empty, at least ``min_classes`` columns and, with ``finite``, no
+    NaN/Inf.  Returns the input as a tensor (:func:`as_tensor`, no copy).
+
+    >>> check_logits([[0.0, 1.0]]).shape
+    torch.Size([1, 2])
+    >>> check_logits([[0.0], [1.0]])
+    Traceback (most recent call last):
+    ...
+    ValueError: Expected `logits` to have at least 2 classes (columns), got 1
+    """
+    t = as_tensor(x, name)
+    if not t.is_floating_point():
+        raise TypeError(f"Expected `{name}` to have a floating dtype, got {t.dtype}")
+    if t.ndim != 2:
+        raise ValueError(f"Expected `{name}` to be 2-D of shape (N, C), got shape {tuple(t.shape)}")
+    if t.shape[0] == 0:
+        raise ValueError(f"Expected `{name}` to be non-empty, got shape {tuple(t.shape)}")
+    if t.shape[1] < min_classes:
+        raise ValueError(
+            f"Expected `{name}` to have at least {min_classes} classes (columns), got {t.shape[1]}"
+        )
+    if finite:
+        check_finite(t.detach(), name)
+    return t
 
 
 def check_labels(
@@ -208,19 +329,8 @@ def resolve_probs(
             + ("both" if logits is not None else "neither")
         )
     name = "logits" if logits is not None else "probs"
-    t = as_tensor(logits if logits is not None else probs, name)
-    if not t.is_floating_point():
-        raise TypeError(f"Expected `{name}` to have a floating dtype, got {t.dtype}")
-    if t.ndim != 2:
-        raise ValueError(f"Expected `{name}` to be 2-D of shape (N, C), got shape {tuple(t.shape)}")
-    if t.shape[0] == 0:
-        raise ValueError(f"Expected `{name}` to be non-empty, got shape {tuple(t.shape)}")
-    if t.shape[1] < min_classes:
-        raise ValueError(
-            f"Expected `{name}` to have at least {min_classes} classes (columns), got {t.shape[1]}"
-        )
-    if validate_args and logits is not None:
-        check_finite(t, name)
+    t = check_logits(logits if logits is not None else probs, name, min_classes=min_classes,
+                     finite=validate_args and logits is not None)
     if logits is not None:
         work = t if t.dtype in (torch.float32, torch.float64) else t.float()
         return torch.softmax(work, dim=1).to(t.dtype)

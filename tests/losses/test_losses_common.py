@@ -497,8 +497,15 @@ def test_repr_shows_the_validated_hyperparameters(name):
         assert f"{attr}={getattr(loss, attr)!r}" in text
 
 
-def test_base_validates_vocabulary_names_and_flags():
+def test_base_validates_declared_hyperparameters_and_flags():
+    from torchcal._validation import Options
+    from torchcal.losses.base import HYPERPARAMETER_CHECKS as V
+
     class Toy(CalibrationLoss):
+        _parameter_constraints = {"gamma": V["gamma"], "lam": V["lam"], "alpha": V["alpha"],
+                                  "beta": V["beta"], "width": V["width"],
+                                  "spread": Options(("x", "y"))}
+
         def __init__(self, gamma=2, lam=1, alpha=0.1, beta=1, width=0.5, spread="x", **kw):
             super().__init__(gamma=gamma, lam=lam, alpha=alpha, beta=beta, width=width,
                              spread=spread, **kw)
@@ -510,7 +517,7 @@ def test_base_validates_vocabulary_names_and_flags():
                          "reduction='mean', ignore_index=3)")
     for kw, match in [({"gamma": -1}, "`gamma`"), ({"lam": float("nan")}, "`lam`"),
                       ({"alpha": 1.0}, "`alpha`"), ({"beta": 0}, "`beta`"),
-                      ({"width": -0.1}, "`width`")]:
+                      ({"width": -0.1}, "`width`"), ({"spread": "z"}, "`spread`")]:
         with pytest.raises(ValueError, match=match):
             Toy(**kw)
     with pytest.raises(TypeError, match="`validate_args`"):

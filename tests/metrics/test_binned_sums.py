@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torchcal.metrics._common import (
+from torchcal.metrics.binning import (
     _binned_sums_bincount,
     _binned_sums_index_add,
     binned_sums,

@@ -224,7 +224,7 @@ def test_result_dtype_and_input_not_modified(dtype, expected):
 
 
 def test_classwise_chunking_matches_one_chunk(monkeypatch):
-    import torchcal.metrics._common as common
+    import torchcal.metrics.binning as common
 
     z, y = _random(301, 7, seed=5)
     full = M.classwise_ece(logits=z, labels=y)
@@ -292,3 +292,37 @@ def test_perfectly_calibrated_source_tends_to_zero(seed):
     y = (g.uniform(size=u.shape[0]) >= u - 0.2).astype(np.int64)
     p = np.stack([u, 1 - u], 1)
     assert M.ece(probs=p, labels=y).item() == pytest.approx(0.2, abs=0.01)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_confidence_gap_against_numpy(dtype):
+    """Mean top-1 confidence minus accuracy, against a NumPy float64 computation; logits and
+    probs agree, and the sign says over- (> 0) or under-confident (< 0)."""
+    g = torch.Generator().manual_seed(3)
+    z = (torch.randn(257, 6, generator=g) * 2).to(dtype)
+    y = torch.randint(0, 6, (257,), generator=g)
+    zn = z.double().numpy()
+    p = np.exp(zn - zn.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    want = p.max(1).mean() - (p.argmax(1) == y.numpy()).mean()
+    got = M.confidence_gap(logits=z, labels=y)
+    assert got.dtype == dtype and got.ndim == 0
+    assert float(got) == pytest.approx(want, abs=1e-6 if dtype == torch.float32 else 1e-12)
+    assert float(M.confidence_gap(probs=torch.softmax(z.double(), 1), labels=y)) == \
+        pytest.approx(want, abs=1e-12)
+    over = M.confidence_gap(probs=torch.tensor([[0.9, 0.1]] * 2), labels=torch.tensor([0, 1]))
+    assert float(over) == pytest.approx(0.4)  # confidence 0.9, accuracy 0.5
+    with pytest.raises(ValueError, match="`labels`"):
+        M.confidence_gap(logits=z, labels=y[:-1])
+
+
+def test_ece_noise_floor_is_the_metrics_one():
+    from torchcal.report.aggregate import ece_noise_floor
+
+    assert ece_noise_floor is M.ece_noise_floor
+    # one bin, c = 0.5: E|Bin(n, 1/2)/n - 1/2| (exact by summing the binomial law)
+    from math import comb
+
+    n = 40
+    exact = sum(comb(n, k) * abs(k / n - 0.5) for k in range(n + 1)) / 2 ** n
+    assert M.ece_noise_floor([0.5] * n, n_bins=1, n_draws=20000) == pytest.approx(exact, rel=0.03)

@@ -281,6 +281,9 @@ class _ProtocolProbe(CalibrationLoss):
         self.val_sizes.append(int(labels.shape[0]))
         assert logits.shape == (labels.shape[0], 10)
 
+    def log_state(self):
+        return {"validations": int(self.n_validations)}
+
     def forward(self, input, target):
         return torch.nn.functional.cross_entropy(input, target, reduction=self.reduction)
 
@@ -309,6 +312,10 @@ def test_stateful_loss_driven_only_through_the_protocol(tmp_path, monkeypatch, r
     # the loss state is in the checkpoint
     st = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert int(st["loss"]["n_validations"]) == 2 * per_epoch
+    # the log's loss state is what the loss' own log_state() returns, after each epoch
+    lines = [json.loads(t) for t in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["loss_state"] for r in lines] == [{"validations": per_epoch},
+                                                {"validations": 2 * per_epoch}]
 
 
 def _train_labels(cfg):

@@ -65,8 +65,7 @@ from .._io import LOCK_NAME, exclusive_lock
 from .._validation import check_scalar
 from ..errors import CheckpointError
 from ..evaluate import evaluate_saved_logits, meta_from_config
-from ..losses import list_losses
-from ..losses._registry import loss_entrypoint
+from ..losses import list_losses, loss_entrypoint
 from ..report.aggregate import loss_label
 from ..report.build import build_report
 from ..runs import RunDir

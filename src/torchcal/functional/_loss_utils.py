@@ -23,6 +23,7 @@ from ._common import no_autocast
 __all__ = ["check_loss_args", "check_target_range", "target_log_probs", "reduce_loss", "flat_rows",
            "unflat_rows", "REDUCTIONS"]
 
+#: The values of every loss' ``reduction``: as ``F.cross_entropy``'s.
 REDUCTIONS = ("mean", "sum", "none")
 
 

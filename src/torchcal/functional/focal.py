@@ -29,6 +29,7 @@ from ._common import as_gamma, check_hyper, no_autocast, safe_pow
 from ._loss_utils import check_loss_args, reduce_loss, target_log_probs
 
 __all__ = [
+    "check_schedule",
     "signed_focal_loss",
     "focal_loss",
     "inverse_focal_loss",
@@ -166,10 +167,17 @@ def inverse_focal_loss(
                          allow_negative=False, sign=-1.0, validate_args=validate_args)
 
 
-def _check_schedule(
+def check_schedule(
     thresholds: Sequence[float], gammas: Sequence[float], names: tuple[str, str] = (
         "thresholds", "gammas"),
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Validate a γ schedule: strictly increasing ``thresholds`` (finite numbers) and one more
+    ``gammas`` (numbers >= 0); returns both as tuples of floats.  ``names`` are the arguments'
+    names for the messages (``("milestones", "gammas")`` for an epoch schedule).
+
+    >>> check_schedule([0.2, 0.5], [5, 3, 3])
+    ((0.2, 0.5), (5.0, 3.0, 3.0))
+    """
     tn, gn = names
     try:
         thr = tuple(float(check_hyper(t, tn, allow_negative=True)) for t in thresholds)
@@ -198,7 +206,7 @@ def sample_dependent_gamma(
         >>> sample_dependent_gamma(torch.tensor([0.1, 0.2, 0.3, 0.5, 0.9]), *FLSD532)
         tensor([5., 3., 3., 2., 2.])
     """
-    thr, gam = _check_schedule(thresholds, gammas)
+    thr, gam = check_schedule(thresholds, gammas)
     p = p_y.detach()
     t = torch.tensor(thr, dtype=p.dtype, device=p.device)
     g = torch.tensor(gam, dtype=p.dtype, device=p.device)
@@ -232,7 +240,7 @@ def sample_dependent_focal_loss(
         tensor(0.0866)
     """
     check_loss_args(input, target, reduction)
-    thr, gam = _check_schedule(thresholds, gammas)
+    thr, gam = check_schedule(thresholds, gammas)
     with no_autocast(input):
         _, lp, _, valid = target_log_probs(input, target, ignore_index,
                                            validate_args=validate_args)

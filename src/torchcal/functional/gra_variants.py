@@ -24,7 +24,7 @@ import torch
 from ._common import check_hyper
 from ._loss_utils import check_loss_args
 from ._plain import rows, weighted_ce
-from .focal import FLSD53, _check_schedule
+from .focal import FLSD53, check_schedule
 from .gradient_weighted import _check_beta, brier_uncertainty
 
 __all__ = ["tlbs_loss", "sample_dependent_focal_gra_loss", "bsce_adaptive_gra_loss",
@@ -86,7 +86,7 @@ def sample_dependent_focal_gra_loss(
         tensor(0.0866)
     """
     check_loss_args(input, target, reduction)
-    thr, gam = _check_schedule(thresholds, gammas)
+    thr, gam = check_schedule(thresholds, gammas)
 
     def weight(log_p, y):
         lp_y = log_p.gather(1, y.unsqueeze(1)).squeeze(1)
@@ -112,7 +112,7 @@ def bsce_adaptive_gra_loss(
     """
     check_loss_args(input, target, reduction)
     beta = _check_beta(beta)
-    thr, gam = _check_schedule(thresholds, gammas)
+    thr, gam = check_schedule(thresholds, gammas)
 
     def weight(log_p, y):
         lp_y = log_p.gather(1, y.unsqueeze(1)).squeeze(1)

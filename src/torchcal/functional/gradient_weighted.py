@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_hyper, no_autocast
+from ._common import check_hyper, no_autocast, safe_pow
 from ._loss_utils import (
     _as_compute,
     _as_index,
@@ -96,14 +96,6 @@ def _gra(input: torch.Tensor, target: torch.Tensor, weight_of, *, reduction: str
         return reduce_loss(torch.mul(w, lp).neg(), valid, reduction)
 
 
-def _safe_pow(x: torch.Tensor, e: float) -> torch.Tensor:
-    """``x**e`` for x >= 0 with a zero (not NaN/inf) gradient at x = 0 when e < 1."""
-    if e >= 1.0 or e == 0.0:
-        return x.pow(e)
-    pos = x > 0
-    return torch.where(pos, torch.where(pos, x, torch.ones_like(x)).pow(e), torch.zeros_like(x))
-
-
 def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2.0,
                       gamma: float = 2.0) -> torch.Tensor:
     r"""``u_i = ‖onehot(y_i) - p_i‖_β^γ`` from log-probabilities (N, C, ...) and targets (N, ...)
@@ -120,8 +112,8 @@ def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2
     elif beta == 1.0:
         s = d.abs().sum(1)
     else:
-        s = _safe_pow(d.abs(), beta).sum(1)
-    return s if gamma == beta else _safe_pow(s, gamma / beta)
+        s = safe_pow(d.abs(), beta).sum(1)
+    return s if gamma == beta else safe_pow(s, gamma / beta)
 
 
 def bsce_gra_loss(

@@ -24,7 +24,7 @@ from ._common import check_hyper, no_autocast
 from ._loss_utils import check_loss_args
 from ._plain import batch_reduce, check_batch_reduction, kept_count, row_log_probs
 
-__all__ = ["mmce_m_penalty", "mmce_m_loss", "mmce_gra_loss"]
+__all__ = ["mmce_m_penalty", "mmce_m_terms", "mmce_m_loss", "mmce_gra_loss"]
 
 
 def mmce_m_penalty(
@@ -53,8 +53,12 @@ def mmce_m_penalty(
     return torch.where(m > 0, total / m.clamp_min(1.0).square(), torch.zeros_like(total))
 
 
-def _batch_terms(input, target, ignore_index, validate_args, width):
-    """(CE_mean, MMCE_m, M) over the kept entries."""
+def mmce_m_terms(
+    input: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100,
+    validate_args: bool = True, width: float = 0.4,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(CE_mean, MMCE_m, M)`` of a batch over its kept entries (M of them), in the
+    computation dtype (call after ``check_loss_args``, with autocast off)."""
     log_p, lp, _, valid = row_log_probs(input, target, ignore_index, validate_args)
     top, pred = log_p.max(dim=1)
     correct = pred == target.reshape(-1)
@@ -88,7 +92,8 @@ def mmce_m_loss(
     check_batch_reduction(reduction, "MMCE_m")
     lam = check_hyper(lam, "lam")
     with no_autocast(input):
-        ce, pen, m = _batch_terms(input, target, ignore_index, validate_args, width)
+        ce, pen, m = mmce_m_terms(input, target, ignore_index=ignore_index,
+                                  validate_args=validate_args, width=width)
         return batch_reduce(ce + lam * pen, m, reduction)
 
 
@@ -107,5 +112,6 @@ def mmce_gra_loss(
     check_loss_args(input, target, reduction)
     check_batch_reduction(reduction, "MMCE-GRA")
     with no_autocast(input):
-        ce, pen, m = _batch_terms(input, target, ignore_index, validate_args, width)
+        ce, pen, m = mmce_m_terms(input, target, ignore_index=ignore_index,
+                                  validate_args=validate_args, width=width)
         return batch_reduce(pen.detach() * ce, m, reduction)

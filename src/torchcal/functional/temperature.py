@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_hyper
+from ._common import check_hyper, safe_pow
 from ._loss_utils import check_loss_args
 from ._plain import WeightFn, check_temperature, weighted_ce
 from .dual_focal import log_p_below
-from .gradient_weighted import _check_beta, _safe_pow
+from .gradient_weighted import _check_beta
 
 __all__ = [
     "temperature_focal_loss",
@@ -37,7 +37,7 @@ __all__ = [
 def _focal_weight(gamma: float) -> WeightFn:
     def fn(log_q, y):
         lq_y = log_q.gather(1, y.unsqueeze(1)).squeeze(1)
-        return _safe_pow(-torch.expm1(lq_y), gamma)
+        return safe_pow(-torch.expm1(lq_y), gamma)
 
     return fn
 
@@ -46,7 +46,7 @@ def _dual_focal_weight(gamma: float) -> WeightFn:
     def fn(log_q, y):
         lq_y = log_q.gather(1, y.unsqueeze(1)).squeeze(1)
         lj, _ = log_p_below(log_q, lq_y)
-        return _safe_pow(-torch.expm1(lq_y) + lj.exp(), gamma)
+        return safe_pow(-torch.expm1(lq_y) + lj.exp(), gamma)
 
     return fn
 
@@ -57,7 +57,7 @@ def _bsce_weight(beta: float, gamma: float) -> WeightFn:
         # out of place throughout, so that it is differentiable (the non-GRA loss)
         idx = y.unsqueeze(1)
         d = log_q.exp().scatter(1, idx, torch.expm1(log_q.gather(1, idx)))
-        return _safe_pow(_safe_pow(d.abs(), beta).sum(dim=1), gamma / beta)
+        return safe_pow(safe_pow(d.abs(), beta).sum(dim=1), gamma / beta)
 
     return fn
 

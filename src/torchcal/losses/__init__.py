@@ -1,6 +1,6 @@
 """Training losses (``nn.Module``) behind one registry: :func:`create_loss`, :func:`list_losses`."""
 
-from ._registry import LOSSES, create_loss, list_losses, register_loss
+from ._registry import LOSSES, create_loss, list_losses, loss_entrypoint, register_loss
 from .adafocal import AdaFocalLoss
 from .base import CalibrationLoss
 from .brier import BrierLoss
@@ -40,6 +40,7 @@ from .temperature import (
 __all__ = [
     "create_loss",
     "list_losses",
+    "loss_entrypoint",
     "LOSSES",
     "register_loss",
     "CalibrationLoss",

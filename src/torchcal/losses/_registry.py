@@ -18,6 +18,16 @@ from .._registry import Registry
 
 __all__ = ["register_loss", "create_loss", "list_losses", "loss_entrypoint", "LOSSES"]
 
+# The papers the built-in losses come from (their registry ``paper``; the report's claims cite
+# them from there).
+MUKHOTI_2020 = ("Mukhoti et al. 2020, *Calibrating Deep Neural Networks using Focal Loss* "
+                "(NeurIPS)")
+KUMAR_2018 = ("Kumar et al. 2018, *Trainable Calibration Measures for Neural Networks from "
+              "Kernel Mean Embeddings* (ICML)")
+LIN_2025 = "Lin et al. 2025 (BSCE-GRA: the Brier-score uncertainty weights each sample's gradient)"
+#: the comparison losses the BSCE-GRA repository implements beside BSCE-GRA
+LIN_2025_CODE = "Lin et al. 2025, the BSCE-GRA repository's comparison losses"
+
 T = TypeVar("T")
 
 

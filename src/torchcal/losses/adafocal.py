@@ -76,13 +76,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .._validation import as_tensor, check_finite, check_labels, check_positive_int, check_scalar
-from ..functional._common import no_autocast
-from ..functional._loss_utils import check_loss_args, reduce_loss, target_log_probs
+from .._validation import Interval, Options, as_tensor, check_finite, check_labels
+from ..functional import check_loss_args, no_autocast, reduce_loss, target_log_probs
 from ..functional.focal import signed_focal_terms
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
+from ..metrics.distributed import all_gather_uneven, world_size
 from ._registry import register_loss
-from .base import CalibrationLoss
+from .base import ANY_NUMBER, NON_NEGATIVE, POSITIVE, POSITIVE_INT, CalibrationLoss
 
 __all__ = ["AdaFocalLoss", "adafocal_gamma_update", "published_equal_mass_edges",
            "published_equal_mass_bins", "EDGES"]
@@ -179,12 +179,6 @@ def published_equal_mass_bins(
     return edges, bin_index(conf, cmp[1:-1]), conf > cmp[0]
 
 
-def _dist_world() -> int:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
-
-
 def _collective_device(t: Any) -> torch.device:
     """Device for a collective: the tensor's own, else the process group's default."""
     if isinstance(t, torch.Tensor):
@@ -194,23 +188,9 @@ def _collective_device(t: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _all_gather_varlen(t: torch.Tensor) -> torch.Tensor:
-    """Concatenate a 1-D tensor from every rank in rank order (shares may differ in length)."""
-    world = dist.get_world_size()
-    n_local = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
-    sizes = [torch.zeros_like(n_local) for _ in range(world)]
-    dist.all_gather(sizes, n_local)
-    sizes_host = [int(s) for s in torch.cat(sizes).cpu().tolist()]
-    n_max = max(sizes_host)
-    padded = torch.zeros(n_max, dtype=t.dtype, device=t.device)
-    padded[: t.shape[0]] = t
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[:n] for p, n in zip(parts, sizes_host, strict=True)])
-
-
 @register_loss("adafocal", display="AdaFocal", order=11,
-               paper="Ghosh et al., NeurIPS 2022")
+               paper="Ghosh et al. 2022, *AdaFocal: Calibration-aware Adaptive Focal Loss* "
+                     "(NeurIPS)")
 class AdaFocalLoss(CalibrationLoss):
     r"""AdaFocal: focal / inverse-focal loss with one γ per confidence bin, updated from
     validation calibration (see the module docstring for every rule and convention).
@@ -265,6 +245,12 @@ class AdaFocalLoss(CalibrationLoss):
     gamma_min: float
     switch_point: float
 
+    _parameter_constraints = {
+        "n_bins": POSITIVE_INT, "lam": NON_NEGATIVE, "gamma_init": ANY_NUMBER,
+        "gamma_max": ANY_NUMBER, "gamma_min": ANY_NUMBER, "switch_point": POSITIVE,
+        "update_every": Interval(int, 1, None, allow_none=True), "edges": Options(EDGES),
+    }
+
     def __init__(
         self,
         n_bins: int = 15,
@@ -279,30 +265,20 @@ class AdaFocalLoss(CalibrationLoss):
         ignore_index: int = -100,
         validate_args: bool = True,
     ) -> None:
-        n_bins = check_positive_int(n_bins, "n_bins")
-        gamma_min = check_scalar(gamma_min, "gamma_min")
-        gamma_max = check_scalar(gamma_max, "gamma_max")
-        if not gamma_min < gamma_max:
-            raise ValueError(
-                f"Expected `gamma_min` < `gamma_max`, got gamma_min={gamma_min!r}, "
-                f"gamma_max={gamma_max!r}"
-            )
-        switch_point = check_scalar(switch_point, "switch_point", min_val=0.0,
-                                    include_boundaries="neither")
-        gamma_init = check_scalar(gamma_init, "gamma_init")
-        if not gamma_min <= gamma_init <= gamma_max:
-            raise ValueError(
-                f"Expected `gamma_init` to be in [gamma_min, gamma_max] = [{gamma_min}, "
-                f"{gamma_max}], got {gamma_init!r}"
-            )
-        if update_every is not None:
-            update_every = check_positive_int(update_every, "update_every")
-        if edges not in EDGES:
-            raise ValueError(f"Expected `edges` to be one of {EDGES}, got {edges!r}")
         super().__init__(n_bins=n_bins, lam=lam, gamma_init=gamma_init, gamma_max=gamma_max,
                          gamma_min=gamma_min, switch_point=switch_point,
                          update_every=update_every, edges=edges, reduction=reduction,
                          ignore_index=ignore_index, validate_args=validate_args)
+        if not self.gamma_min < self.gamma_max:
+            raise ValueError(
+                f"Expected `gamma_min` < `gamma_max`, got gamma_min={self.gamma_min!r}, "
+                f"gamma_max={self.gamma_max!r}"
+            )
+        if not self.gamma_min <= self.gamma_init <= self.gamma_max:
+            raise ValueError(
+                f"Expected `gamma_init` to be in [gamma_min, gamma_max] = [{self.gamma_min}, "
+                f"{self.gamma_max}], got {self.gamma_init!r}"
+            )
         self.register_buffer(
             "gammas", torch.full((self.n_bins,), self.gamma_init, dtype=torch.float64)
         )
@@ -393,7 +369,7 @@ class AdaFocalLoss(CalibrationLoss):
         self, logits: Any, labels: Any, sync_dist: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Validated (confidence, correct) of this rank, or of every rank under distributed."""
-        distributed = sync_dist and _dist_world() > 1
+        distributed = sync_dist and world_size() > 1
         try:
             conf, correct = self._validation_stats(logits, labels)
             error: Exception | None = None
@@ -414,7 +390,7 @@ class AdaFocalLoss(CalibrationLoss):
                     "AdaFocal update: the validation logits/labels of another rank were "
                     "invalid (see that rank's error); no rank changed its state"
                 )
-            packed = _all_gather_varlen(
+            packed = all_gather_uneven(
                 torch.stack([conf.double(), correct.double()], 1).reshape(-1))
             packed = packed.reshape(-1, 2)
             conf, correct = packed[:, 0].to(conf.dtype), packed[:, 1].to(conf.dtype)
@@ -470,6 +446,11 @@ class AdaFocalLoss(CalibrationLoss):
     def on_validation(self, *, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Trainer hook: :meth:`update` with this rank's validation outputs."""
         self.update(logits=logits, labels=labels)
+
+    def log_state(self) -> dict[str, Any]:
+        """The per-bin γ and the bin edges (as float32 lists) for the run's log."""
+        return {"gammas": self.gammas.detach().float().cpu().tolist(),
+                "bin_edges": self.bin_edges.detach().float().cpu().tolist()}
 
     def reset(self) -> None:
         """Back to the initial state (equal-width edges, ``gamma_init`` everywhere, no history)."""

@@ -18,59 +18,70 @@ State such as AdaFocal's γ lives in buffers / ``get_extra_state`` so that ``sta
 (REFERENCE.md §1: ``"sum"`` for most losses, ``"mean"`` for Brier; MMCE with ``"sum"`` gives
 N·(CE_mean + λ·MMCE)).  A faithful recipe sets ``loss.reduction = loss.published_reduction``.
 
-:class:`CalibrationLoss` also holds a loss' hyperparameters: a subclass passes them to
-``super().__init__`` by name; the names of torchcal's vocabulary (``gamma``, ``lam``, ``alpha``,
-``beta``, ``width``) are validated there (:data:`HYPERPARAMETER_CHECKS`), any other (a choice
-such as ``spread``, a schedule) is validated by the subclass first, and all of them are stored
-as attributes and shown by ``repr`` in the order given.
+:class:`CalibrationLoss` also holds a loss' hyperparameters.  Each loss class declares them,
+with their constraints, in ``_parameter_constraints`` (scikit-learn's convention): a dict from
+name to a callable ``constraint(value, name) -> value`` (:class:`Interval`, :class:`Options`,
+:class:`SequenceOf`, re-exported here from :mod:`torchcal._validation`, or a function).  A
+subclass passes its hyperparameters to ``super().__init__`` by name; there each is checked by its declared constraint, a name the class
+does not declare (or a declared one not passed) is refused with a ``TypeError``, and all are
+stored as attributes, kept (:attr:`~CalibrationLoss.hyperparameters`) and shown by ``repr`` in
+declaration order, whatever the order of the call.  A subclass adding a hyperparameter declares
+``{**Parent._parameter_constraints, "epsilon": Interval(float, 0, None, closed="left")}``.
+:data:`HYPERPARAMETER_CHECKS` holds the constraints of torchcal's vocabulary for declarations to
+reuse; validation reads only the class's own declaration.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from .._validation import check_scalar
-from ..functional._common import check_alpha
-from ..functional._loss_utils import REDUCTIONS
+from .._validation import Interval, Options, SequenceOf
+from ..functional import REDUCTIONS
 
-__all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "loss_set_epoch", "loss_on_validation",
-           "loss_wants_validation", "published_reduction"]
-
-
-def _non_negative(value: Any, name: str) -> float:
-    return check_scalar(value, name, float, min_val=0.0)
+__all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "Interval", "Options", "SequenceOf", "NON_NEGATIVE", "POSITIVE",
+           "POSITIVE_INT", "ANY_NUMBER", "NUMBERS",
+           "NON_NEGATIVE_NUMBERS", "NON_NEGATIVE_INTS", "loss_set_epoch", "loss_on_validation",
+           "loss_wants_validation", "loss_log_state", "published_reduction"]
 
 
-def _positive(value: Any, name: str) -> float:
-    return check_scalar(value, name, float, min_val=0.0, include_boundaries="neither")
+#: A finite number >= 0 (γ, λ, ...).
+NON_NEGATIVE = Interval(float, 0, None, closed="left")
+#: A finite number > 0 (a norm order, a width, a temperature).
+POSITIVE = Interval(float, 0, None, closed="neither")
+#: An integer >= 1 (a number of bins or epochs).
+POSITIVE_INT = Interval(int, 1, None)
+#: Any finite number.
+ANY_NUMBER = Interval(float, None, None)
+#: Sequences (stored as tuples): of finite numbers (thresholds), of numbers >= 0 (a γ per
+#: threshold or epoch range), of integers >= 0 (epoch milestones).
+NUMBERS = SequenceOf(ANY_NUMBER)
+NON_NEGATIVE_NUMBERS = SequenceOf(NON_NEGATIVE)
+NON_NEGATIVE_INTS = SequenceOf(Interval(int, 0, None))
 
-
-def _positive_int(value: Any, name: str) -> int:
-    return check_scalar(value, name, int, min_val=1)
-
-
-#: How :class:`CalibrationLoss` validates each hyperparameter name of torchcal's vocabulary
-#: (every check is :func:`torchcal._validation.check_scalar`).
-HYPERPARAMETER_CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "gamma": _non_negative,
-    "lam": _non_negative,
-    "alpha": check_alpha,  # label smoothing, in [0, 1)
-    "beta": _positive,  # a norm order
-    "width": _positive,  # a kernel width
-    "bandwidth": _positive,  # a kernel bandwidth
-    "p": _positive,  # a norm order
-    "temperature": _positive,
-    "t_a": _positive,  # soft-binning temperatures (DECE)
-    "t_b": _positive,
-    "classwise_weight": _non_negative,
-    "n_bins": _positive_int,
-    "total_epochs": _positive_int,
-}
+#: The constraints of torchcal's hyperparameter vocabulary, for a loss' ``_parameter_constraints``
+#: to reuse (e.g. ``{"gamma": HYPERPARAMETER_CHECKS["gamma"]}``); validation reads only the
+#: declaration of the loss' own class.
+HYPERPARAMETER_CHECKS: Mapping[str, Callable[[Any, str], Any]] = MappingProxyType({
+    "gamma": NON_NEGATIVE,
+    "lam": NON_NEGATIVE,
+    "alpha": Interval(float, 0, 1, closed="left"),  # label smoothing, in [0, 1)
+    "beta": POSITIVE,  # a norm order
+    "width": POSITIVE,  # a kernel width
+    "bandwidth": POSITIVE,  # a kernel bandwidth
+    "p": POSITIVE,  # a norm order
+    "temperature": POSITIVE,
+    "t_a": POSITIVE,  # soft-binning temperatures (DECE)
+    "t_b": POSITIVE,
+    "classwise_weight": NON_NEGATIVE,
+    "n_bins": POSITIVE_INT,
+    "total_epochs": POSITIVE_INT,
+})
 
 
 class CalibrationLoss(nn.Module):
@@ -83,11 +94,17 @@ class CalibrationLoss(nn.Module):
         validate_args: check the target range (and per-sample tensors) on every call, with a
             clear error; ``False`` skips these checks (hot loops; as torchmetrics).  Inside
             ``torch.compile`` the checks never read host values either way.
-        **hyperparameters: the loss' own settings, stored as attributes in this order (see the
-            module docstring).
+        **hyperparameters: the loss' own settings, each declared with its constraint in the
+            class's ``_parameter_constraints`` (see the module docstring).
+
+    Raises:
+        TypeError: a hyperparameter the class does not declare, or a declared one missing.
+        ValueError: a value its constraint refuses (``Expected `gamma` to be ...``).
 
     Example:
         >>> class Scaled(CalibrationLoss):
+        ...     _parameter_constraints = {"gamma": NON_NEGATIVE}
+        ...
         ...     def __init__(self, gamma=2.0, *, reduction="mean"):
         ...         super().__init__(gamma=gamma, reduction=reduction)
         >>> Scaled(3)
@@ -100,6 +117,9 @@ class CalibrationLoss(nn.Module):
     #: Attributes of training state (not hyperparameters) that ``repr`` shows last, e.g. the
     #: epoch of a scheduled loss.
     repr_state: tuple[str, ...] = ()
+    #: The loss' hyperparameters and their constraints (``constraint(value, name) -> value``),
+    #: in the order ``repr`` shows them; every subclass with hyperparameters declares its own.
+    _parameter_constraints: ClassVar[Mapping[str, Callable[[Any, str], Any]]] = {}
 
     def __init__(self, *, reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True, **hyperparameters: Any) -> None:
@@ -113,10 +133,32 @@ class CalibrationLoss(nn.Module):
         self.reduction = reduction
         self.ignore_index = int(ignore_index)
         self.validate_args = validate_args
-        self._hyperparameters = tuple(hyperparameters)
-        for name, value in hyperparameters.items():
-            check = HYPERPARAMETER_CHECKS.get(name)
-            setattr(self, name, value if check is None else check(value, name))
+        declared = type(self)._parameter_constraints
+        cls = type(self).__name__
+        unknown = [name for name in hyperparameters if name not in declared]
+        if unknown:
+            raise TypeError(
+                f"{cls} got undeclared hyperparameter(s) {unknown}; it declares "
+                f"{list(declared)} (a loss declares each hyperparameter with its constraint in "
+                f"{cls}._parameter_constraints)")
+        missing = [name for name in declared if name not in hyperparameters]
+        if missing:
+            raise TypeError(f"{cls} declares hyperparameter(s) {missing} in "
+                            "_parameter_constraints that were not passed to "
+                            "CalibrationLoss.__init__")
+        self._hyperparameters = tuple(declared)
+        for name, check in declared.items():
+            setattr(self, name, check(hyperparameters[name], name))
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """The loss' hyperparameters by name, in the order its class declares them."""
+        return {name: getattr(self, name) for name in self._hyperparameters}
+
+    def log_state(self) -> dict[str, Any]:
+        """Small inspectable training state for the run's log (JSON-able: numbers, strings and
+        lists of them), e.g. AdaFocal's per-bin γ; empty for a stateless loss."""
+        return {}
 
     def extra_repr(self) -> str:
         shown = [(name, getattr(self, name)) for name in self._hyperparameters]
@@ -149,6 +191,13 @@ def loss_on_validation(loss: nn.Module, *, logits: torch.Tensor, labels: torch.T
     fn = getattr(loss, "on_validation", None)
     if callable(fn) and loss_wants_validation(loss):
         fn(logits=logits, labels=labels)
+
+
+def loss_log_state(loss: nn.Module) -> dict[str, Any]:
+    """The loss' :meth:`~CalibrationLoss.log_state` (empty for a loss without one, e.g.
+    ``nn.CrossEntropyLoss``)."""
+    fn = getattr(loss, "log_state", None)
+    return dict(fn()) if callable(fn) else {}
 
 
 def published_reduction(loss: Any) -> str:

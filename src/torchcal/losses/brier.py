@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import Options
 from ..functional import brier_loss
 from ._registry import register_loss
 from .base import CalibrationLoss
@@ -16,7 +17,8 @@ BRIER_PUBLISHED_REDUCTIONS = ("mean", "sum")
 
 
 @register_loss("brier", display="Brier", order=2,
-               paper="Brier, 1950")
+               paper="Brier 1950, *Verification of Forecasts Expressed in Terms of Probability* "
+                     "(Monthly Weather Review)")
 class BrierLoss(CalibrationLoss):
     """``Σ_c (p_c - onehot(y)_c)^2`` per sample (see :func:`torchcal.functional.brier_loss`).
 
@@ -38,13 +40,10 @@ class BrierLoss(CalibrationLoss):
 
     published_reduction = "mean"
 
+    _parameter_constraints = {"published_reduction": Options(BRIER_PUBLISHED_REDUCTIONS)}
+
     def __init__(self, *, published_reduction: str = "mean", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        if published_reduction not in BRIER_PUBLISHED_REDUCTIONS:
-            raise ValueError(
-                f"Expected `published_reduction` to be one of {BRIER_PUBLISHED_REDUCTIONS}, "
-                f"got {published_reduction!r}"
-            )
         super().__init__(reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args, published_reduction=published_reduction)
 

@@ -11,7 +11,8 @@ from .base import CalibrationLoss
 __all__ = ["CrossEntropyLoss"]
 
 
-@register_loss("ce", display="Cross-entropy", order=0)
+@register_loss("ce", display="Cross-entropy", order=0,
+               paper="Good 1952, *Rational Decisions* (J. R. Stat. Soc. B)")
 class CrossEntropyLoss(CalibrationLoss):
     """Cross-entropy ``-log p_y`` (see :func:`torchcal.functional.cross_entropy`).
 

@@ -6,13 +6,13 @@ import torch
 
 from ..functional import dual_focal_loss
 from ._registry import register_loss
-from .base import CalibrationLoss
+from .base import NON_NEGATIVE, CalibrationLoss
 
 __all__ = ["DualFocalLoss"]
 
 
 @register_loss("dual_focal", display="Dual focal", order=10,
-               paper="Tao et al., ICML 2023")
+               paper="Tao et al. 2023, *Dual Focal Loss for Calibration* (ICML)")
 class DualFocalLoss(CalibrationLoss):
     """``-(1 - p_y + p_j)^γ log p_y``, ``p_j`` the largest probability strictly below ``p_y``
     (see :func:`torchcal.functional.dual_focal_loss`).
@@ -30,10 +30,12 @@ class DualFocalLoss(CalibrationLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 5.0, *, reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return dual_focal_loss(input, target, self.gamma, reduction=self.reduction,
+        return dual_focal_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                                ignore_index=self.ignore_index, validate_args=self.validate_args)

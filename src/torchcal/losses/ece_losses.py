@@ -7,21 +7,21 @@ from typing import Any
 
 import torch
 
-from .._validation import check_labels, check_scalar
-from ..functional._common import no_autocast
-from ..functional._plain import check_batch_reduction
+from .._validation import Options, check_labels, check_scalar
+from ..functional import check_batch_reduction, no_autocast
 from ..functional.ece_losses import ECE_KDE_TYPES, dece_loss, ece_gap_loss, ece_kde_loss
-from ..metrics._common import binned_sums, classwise_sums
-from ..metrics.binning import equal_width_bin_index
-from ._registry import register_loss
+from ..metrics.binning import binned_sums, classwise_sums, equal_width_bin_index
+from ._registry import LIN_2025_CODE, register_loss
 from .adafocal import published_equal_mass_bins
-from .base import CalibrationLoss
+from .base import HYPERPARAMETER_CHECKS, NON_NEGATIVE, POSITIVE, POSITIVE_INT, CalibrationLoss
 from .temperature import gather_validation
 
 __all__ = ["DECELoss", "ECEKDELoss", "ECEGapLoss"]
 
 
-@register_loss("dece", display="DECE", order=33)
+@register_loss("dece", display="DECE", order=33,
+               paper="Bohdal et al. 2021, *Meta-Calibration: Learning of Model Calibration Using "
+                     "Differentiable Expected Calibration Error* (arXiv)")
 class DECELoss(CalibrationLoss):
     r"""``λ·DECE`` (+ ``CE_mean`` with ``cross_entropy=True``): the differentiable ECE of
     Bohdal et al. as a training loss (see :func:`torchcal.functional.dece_loss`).
@@ -45,24 +45,27 @@ class DECELoss(CalibrationLoss):
 
     published_reduction = "mean"
 
+    _parameter_constraints = {"lam": NON_NEGATIVE, "n_bins": POSITIVE_INT, "t_a": POSITIVE,
+                              "t_b": POSITIVE, "cross_entropy": Options((False, True))}
+
     def __init__(self, lam: float = 1.0, n_bins: int = 15, t_a: float = 100.0,
                  t_b: float = 0.01, cross_entropy: bool = False, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        if not isinstance(cross_entropy, bool):
-            raise ValueError(f"Expected `cross_entropy` to be a bool, got {cross_entropy!r}")
         super().__init__(lam=lam, n_bins=n_bins, t_a=t_a, t_b=t_b, cross_entropy=cross_entropy,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         check_batch_reduction(reduction, type(self).__name__)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return dece_loss(input, target, self.lam, n_bins=self.n_bins, t_a=self.t_a,
+        return dece_loss(input, target, lam=self.lam, n_bins=self.n_bins, t_a=self.t_a,
                          t_b=self.t_b, cross_entropy=self.cross_entropy,
                          reduction=self.reduction, ignore_index=self.ignore_index,
                          validate_args=self.validate_args)
 
 
-@register_loss("ece_kde", display="ECE-KDE", order=34)
+@register_loss("ece_kde", display="ECE-KDE", order=34,
+               paper="Popordanoska et al. 2022, *A Consistent and Differentiable Lp Canonical "
+                     "Calibration Error Estimator* (NeurIPS)")
 class ECEKDELoss(CalibrationLoss):
     r"""``CE_mean + λ·ECE_KDE``, the calibration-regularised objective of Popordanoska et al.
     (see :func:`torchcal.functional.ece_kde_loss`).  ``"sum"`` gives N times it.
@@ -82,23 +85,25 @@ class ECEKDELoss(CalibrationLoss):
 
     published_reduction = "mean"
 
+    _parameter_constraints = {"lam": NON_NEGATIVE, "bandwidth": POSITIVE,
+                              "p": HYPERPARAMETER_CHECKS["p"], "mc_type": Options(ECE_KDE_TYPES)}
+
     def __init__(self, lam: float = 1.0, bandwidth: float = 0.001, p: float = 1.0,
                  mc_type: str = "canonical", *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        if mc_type not in ECE_KDE_TYPES:
-            raise ValueError(f"Expected `mc_type` to be one of {ECE_KDE_TYPES}, got {mc_type!r}")
         super().__init__(lam=lam, bandwidth=bandwidth, p=p, mc_type=mc_type,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         check_batch_reduction(reduction, type(self).__name__)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return ece_kde_loss(input, target, self.lam, bandwidth=self.bandwidth, p=self.p,
+        return ece_kde_loss(input, target, lam=self.lam, bandwidth=self.bandwidth, p=self.p,
                             mc_type=self.mc_type, reduction=self.reduction,
                             ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("ece_loss", display="ECE loss", order=35)
+@register_loss("ece_loss", display="ECE loss", order=35,
+               paper=LIN_2025_CODE)
 class ECEGapLoss(CalibrationLoss):
     r"""The BSCE-GRA repository's ECE-loss: cross-entropy weighted per sample by detached
     validation calibration gaps (see :func:`torchcal.functional.ece_gap_loss`).
@@ -130,6 +135,9 @@ class ECEGapLoss(CalibrationLoss):
     wants_validation = True
 
     repr_state = ("epoch",)
+
+    _parameter_constraints = {"n_bins": POSITIVE_INT, "total_epochs": POSITIVE_INT,
+                              "classwise_weight": NON_NEGATIVE}
 
     def __init__(self, n_bins: int = 15, total_epochs: int = 350, classwise_weight: float = 2.0,
                  *, reduction: str = "mean", ignore_index: int = -100,

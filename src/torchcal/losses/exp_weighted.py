@@ -21,8 +21,8 @@ from ..functional.exp_weighted import (
     focal_exp_loss,
 )
 from ..functional.focal import focal_loss
-from ._registry import register_loss
-from .base import CalibrationLoss
+from ._registry import LIN_2025_CODE, register_loss
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["ExpWeightedLoss", "CrossEntropyExpLoss", "FocalExpLoss", "DualFocalExpLoss",
            "BrierExpLoss"]
@@ -33,12 +33,14 @@ class ExpWeightedLoss(CalibrationLoss):
 
     temperature: float
 
+    _parameter_constraints = {"temperature": POSITIVE}
+
     def __init__(self, temperature: float = 1.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True,
                  **hyperparameters: Any) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index,
-                         validate_args=validate_args, **hyperparameters,
-                         temperature=temperature)
+                         validate_args=validate_args, temperature=temperature,
+                         **hyperparameters)
 
     def base_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The per-sample base loss ``b`` (target's shape, with gradient)."""
@@ -49,10 +51,11 @@ class ExpWeightedLoss(CalibrationLoss):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(w, b)``: the detached weights and the base losses; ``loss = reduce(w · b)``."""
         b = self.base_loss(input, target)
-        return exp_weight(b, self.temperature), b
+        return exp_weight(b, temperature=self.temperature), b
 
 
-@register_loss("ce_exp", display="Cross-entropy (exp.-weighted)", order=22)
+@register_loss("ce_exp", display="Cross-entropy (exp.-weighted)", order=22,
+               paper=LIN_2025_CODE)
 class CrossEntropyExpLoss(ExpWeightedLoss):
     """Exponentially weighted cross-entropy (the published ``CrossEntropyExp``; see
     :func:`torchcal.functional.ce_exp_loss`).
@@ -70,11 +73,12 @@ class CrossEntropyExpLoss(ExpWeightedLoss):
                              validate_args=self.validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return ce_exp_loss(input, target, self.temperature, reduction=self.reduction,
+        return ce_exp_loss(input, target, temperature=self.temperature, reduction=self.reduction,
                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("focal_exp", display="Focal (exp.-weighted)", order=23)
+@register_loss("focal_exp", display="Focal (exp.-weighted)", order=23,
+               paper=LIN_2025_CODE)
 class FocalExpLoss(ExpWeightedLoss):
     """Exponentially weighted focal loss (the published ``FocalLossExp``; see
     :func:`torchcal.functional.focal_exp_loss`).
@@ -90,22 +94,25 @@ class FocalExpLoss(ExpWeightedLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE, "temperature": POSITIVE}
+
     def __init__(self, gamma: float = 3.0, temperature: float = 1.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(temperature, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
-                         validate_args=validate_args)
+        super().__init__(temperature=temperature, gamma=gamma, reduction=reduction,
+                         ignore_index=ignore_index, validate_args=validate_args)
 
     def base_loss(self, input, target):
-        return focal_loss(input, target, self.gamma, reduction="none",
+        return focal_loss(input, target, gamma=self.gamma, reduction="none",
                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return focal_exp_loss(input, target, self.gamma, self.temperature,
+        return focal_exp_loss(input, target, gamma=self.gamma, temperature=self.temperature,
                               reduction=self.reduction, ignore_index=self.ignore_index,
                               validate_args=self.validate_args)
 
 
-@register_loss("dual_focal_exp", display="Dual focal (exp.-weighted)", order=24)
+@register_loss("dual_focal_exp", display="Dual focal (exp.-weighted)", order=24,
+               paper=LIN_2025_CODE)
 class DualFocalExpLoss(FocalExpLoss):
     """Exponentially weighted dual focal loss (the published ``DualFocalLossExp``; see
     :func:`torchcal.functional.dual_focal_exp_loss`).
@@ -122,20 +129,21 @@ class DualFocalExpLoss(FocalExpLoss):
 
     def __init__(self, gamma: float = 5.0, temperature: float = 1.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma, temperature, reduction=reduction, ignore_index=ignore_index,
-                         validate_args=validate_args)
+        super().__init__(gamma=gamma, temperature=temperature, reduction=reduction,
+                         ignore_index=ignore_index, validate_args=validate_args)
 
     def base_loss(self, input, target):
-        return dual_focal_loss(input, target, self.gamma, reduction="none",
+        return dual_focal_loss(input, target, gamma=self.gamma, reduction="none",
                                ignore_index=self.ignore_index, validate_args=self.validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return dual_focal_exp_loss(input, target, self.gamma, self.temperature,
+        return dual_focal_exp_loss(input, target, gamma=self.gamma, temperature=self.temperature,
                                    reduction=self.reduction, ignore_index=self.ignore_index,
                                    validate_args=self.validate_args)
 
 
-@register_loss("brier_exp", display="Brier (exp.-weighted)", order=25)
+@register_loss("brier_exp", display="Brier (exp.-weighted)", order=25,
+               paper=LIN_2025_CODE)
 class BrierExpLoss(ExpWeightedLoss):
     """Exponentially weighted Brier score (the published ``BrierScoreExp``, summed over the
     batch; see :func:`torchcal.functional.brier_exp_loss`).
@@ -153,5 +161,5 @@ class BrierExpLoss(ExpWeightedLoss):
                           validate_args=self.validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return brier_exp_loss(input, target, self.temperature, reduction=self.reduction,
+        return brier_exp_loss(input, target, temperature=self.temperature, reduction=self.reduction,
                               ignore_index=self.ignore_index, validate_args=self.validate_args)

@@ -6,7 +6,6 @@ a custom sample-dependent schedule is ``SampleDependentFocalLoss(thresholds, gam
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,9 +13,9 @@ import torch
 
 from .._validation import check_scalar
 from ..functional import focal_loss, inverse_focal_loss, sample_dependent_focal_loss
-from ..functional.focal import FLSD53, FLSD532, _check_schedule
-from ._registry import register_loss
-from .base import CalibrationLoss
+from ..functional.focal import FLSD53, FLSD532, check_schedule
+from ._registry import MUKHOTI_2020, register_loss
+from .base import NON_NEGATIVE, NON_NEGATIVE_INTS, NON_NEGATIVE_NUMBERS, NUMBERS, CalibrationLoss
 
 __all__ = [
     "FocalLoss",
@@ -31,7 +30,7 @@ __all__ = [
 
 
 @register_loss("focal", display="Focal", order=4,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper=MUKHOTI_2020)
 class FocalLoss(CalibrationLoss):
     """Focal loss ``-(1-p_y)^γ log p_y`` (see :func:`torchcal.functional.focal_loss`).
 
@@ -45,18 +44,21 @@ class FocalLoss(CalibrationLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return focal_loss(input, target, self.gamma, reduction=self.reduction,
+        return focal_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
 @register_loss("inverse_focal", display="Inverse focal", order=5,
-               paper="Wang et al., NeurIPS 2021")
+               paper="Wang et al. 2021, *Rethinking Calibration of Deep Neural Networks: Do "
+                     "Not Be Afraid of Overconfidence* (NeurIPS)")
 class InverseFocalLoss(CalibrationLoss):
     """Inverse focal loss ``-(1+p_y)^γ log p_y`` (see :func:`torchcal.functional.inverse_focal_loss`).
 
@@ -67,13 +69,15 @@ class InverseFocalLoss(CalibrationLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return inverse_focal_loss(input, target, self.gamma, reduction=self.reduction,
+        return inverse_focal_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                                   ignore_index=self.ignore_index,
                                   validate_args=self.validate_args)
 
@@ -93,35 +97,38 @@ class SampleDependentFocalLoss(CalibrationLoss):
     thresholds: tuple[float, ...]
     gammas: tuple[float, ...]
 
+    _parameter_constraints = {"thresholds": NUMBERS, "gammas": NON_NEGATIVE_NUMBERS}
+
     def __init__(self, thresholds: Sequence[float] = FLSD53[0],
                  gammas: Sequence[float] = FLSD53[1], *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        thr, gam = _check_schedule(thresholds, gammas)
+        thr, gam = check_schedule(thresholds, gammas)
         super().__init__(thresholds=thr, gammas=gam, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return sample_dependent_focal_loss(input, target, self.thresholds, self.gammas,
+        return sample_dependent_focal_loss(input, target, thresholds=self.thresholds,
+                                           gammas=self.gammas,
                                            reduction=self.reduction,
                                            ignore_index=self.ignore_index,
                                            validate_args=self.validate_args)
 
 
 @register_loss("flsd53", display="FLSD-53", order=6,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper=MUKHOTI_2020)
 def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
            validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-53: γ = 5 for p_y < 0.2, else 3."""
-    return SampleDependentFocalLoss(*FLSD53, reduction=reduction, ignore_index=ignore_index,
+    return SampleDependentFocalLoss(thresholds=FLSD53[0], gammas=FLSD53[1], reduction=reduction, ignore_index=ignore_index,
                                     validate_args=validate_args)
 
 
 @register_loss("flsd532", display="FLSD-532", order=7,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper=MUKHOTI_2020)
 def flsd532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-532: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5."""
-    return SampleDependentFocalLoss(*FLSD532, reduction=reduction, ignore_index=ignore_index,
+    return SampleDependentFocalLoss(thresholds=FLSD532[0], gammas=FLSD532[1], reduction=reduction, ignore_index=ignore_index,
                                     validate_args=validate_args)
 
 
@@ -143,21 +150,14 @@ class ScheduledFocalLoss(CalibrationLoss):
 
     repr_state = ("epoch",)
 
+    _parameter_constraints = {"milestones": NON_NEGATIVE_INTS, "gammas": NON_NEGATIVE_NUMBERS}
+
     def __init__(self, milestones: Sequence[int] = (100, 250),
                  gammas: Sequence[float] = (5.0, 3.0, 1.0), *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        try:
-            ms = tuple(milestones)
-        except TypeError as e:  # not iterable
-            raise ValueError(
-                f"Expected `milestones` to be a sequence of non-negative integers, got {milestones!r}"
-            ) from e
-        if any(isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0 for m in ms):
-            raise ValueError(
-                f"Expected `milestones` to be non-negative integers, got {list(milestones)}"
-            )
-        _, gam = _check_schedule([float(m) for m in ms], gammas, ("milestones", "gammas"))
-        super().__init__(milestones=tuple(int(m) for m in ms), gammas=gam, reduction=reduction,
+        ms = NON_NEGATIVE_INTS(milestones, "milestones")
+        _, gam = check_schedule([float(m) for m in ms], gammas, ("milestones", "gammas"))
+        super().__init__(milestones=ms, gammas=gam, reduction=reduction,
                          ignore_index=ignore_index, validate_args=validate_args)
         self.epoch = 0
         # γ as tensor state for torch.compile (not saved: the epoch in the extra state is);
@@ -174,6 +174,10 @@ class ScheduledFocalLoss(CalibrationLoss):
         self.epoch = check_scalar(epoch, "epoch", int, min_val=0)
         self.gamma_tensor.fill_(self.gamma)
 
+    def log_state(self) -> dict[str, Any]:
+        """This epoch's γ for the run's log."""
+        return {"gamma": float(self.gamma)}
+
     def get_extra_state(self) -> Any:
         return {"epoch": self.epoch}
 
@@ -184,21 +188,23 @@ class ScheduledFocalLoss(CalibrationLoss):
         # Eager: γ as a number (no host sync).  Compiled: γ as a tensor input of the graph, so
         # that a new epoch's γ does not recompile it.
         gamma = self.gamma_tensor[0] if torch.compiler.is_compiling() else self.gamma
-        return focal_loss(input, target, gamma, reduction=self.reduction,
+        return focal_loss(input, target, gamma=gamma, reduction=self.reduction,
                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("flsc531", display="FLSc-531", order=8)
+@register_loss("flsc531", display="FLSc-531", order=8,
+               paper=MUKHOTI_2020)
 def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-531: γ = 5 for epochs [0, 100), 3 for [100, 250), 1 afterwards."""
-    return ScheduledFocalLoss((100, 250), (5.0, 3.0, 1.0), reduction=reduction,
+    return ScheduledFocalLoss(milestones=(100, 250), gammas=(5.0, 3.0, 1.0), reduction=reduction,
                               ignore_index=ignore_index, validate_args=validate_args)
 
 
-@register_loss("flsc532", display="FLSc-532", order=9)
+@register_loss("flsc532", display="FLSc-532", order=9,
+               paper=MUKHOTI_2020)
 def flsc532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-532: γ = 5 for epochs [0, 100), 3 for [100, 250), 2 afterwards."""
-    return ScheduledFocalLoss((100, 250), (5.0, 3.0, 2.0), reduction=reduction,
+    return ScheduledFocalLoss(milestones=(100, 250), gammas=(5.0, 3.0, 2.0), reduction=reduction,
                               ignore_index=ignore_index, validate_args=validate_args)

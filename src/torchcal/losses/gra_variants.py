@@ -10,20 +10,22 @@ from collections.abc import Sequence
 
 import torch
 
-from ..functional.focal import FLSD53, FLSD532, _check_schedule
+from ..functional.focal import FLSD53, FLSD532, check_schedule
 from ..functional.gra_variants import (
     bsce_adaptive_gra_loss,
     sample_dependent_focal_gra_loss,
     tlbs_loss,
 )
-from ._registry import register_loss
+from ._registry import LIN_2025_CODE, register_loss
+from .base import NON_NEGATIVE, NON_NEGATIVE_NUMBERS, NUMBERS, POSITIVE
 from .gradient_weighted import GradientWeightedLoss
 
 __all__ = ["TLBSLoss", "SampleDependentFocalGRALoss", "BSCEAdaptiveGRALoss", "focal_gra_flsd53",
            "focal_gra_flsd532"]
 
 
-@register_loss("tlbs", display="TLBS", order=18)
+@register_loss("tlbs", display="TLBS", order=18,
+               paper=LIN_2025_CODE)
 class TLBSLoss(GradientWeightedLoss):
     """TLBS: ``|c - r|^γ`` (detached) times ``-log p_y`` with ``r`` the top-1 confidence and
     ``c`` the correctness (the published ``TLBSLoss``; see
@@ -40,6 +42,8 @@ class TLBSLoss(GradientWeightedLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 2.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
@@ -47,7 +51,7 @@ class TLBSLoss(GradientWeightedLoss):
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The fused published form (``forward`` without an explicit ``weight``)."""
-        return tlbs_loss(input, target, self.gamma, reduction=self.reduction,
+        return tlbs_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
@@ -61,40 +65,47 @@ class SampleDependentFocalGRALoss(GradientWeightedLoss):
         tensor(0.0866)
     """
 
+    _parameter_constraints = {"thresholds": NUMBERS, "gammas": NON_NEGATIVE_NUMBERS}
+
     def __init__(self, thresholds: Sequence[float] = FLSD53[0],
                  gammas: Sequence[float] = FLSD53[1], *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        thr, gam = _check_schedule(thresholds, gammas)
+        thr, gam = check_schedule(thresholds, gammas)
         super().__init__(thresholds=thr, gammas=gam, reduction=reduction,
                          ignore_index=ignore_index, validate_args=validate_args)
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The fused published form (``forward`` without an explicit ``weight``)."""
-        return sample_dependent_focal_gra_loss(input, target, self.thresholds, self.gammas,
+        return sample_dependent_focal_gra_loss(input, target, thresholds=self.thresholds,
+                                               gammas=self.gammas,
                                                reduction=self.reduction,
                                                ignore_index=self.ignore_index,
                                                validate_args=self.validate_args)
 
 
-@register_loss("focal_gra_flsd53", display="FLSD-53-GRA", order=19)
+@register_loss("focal_gra_flsd53", display="FLSD-53-GRA", order=19,
+               paper=LIN_2025_CODE)
 def focal_gra_flsd53(*, reduction: str = "mean", ignore_index: int = -100,
                      validate_args: bool = True) -> SampleDependentFocalGRALoss:
     """FLSD-53-GRA: detached ``(1 - p_y)^γ`` with γ = 5 for p_y < 0.2, else 3
     (the published ``focal_loss_adaptive_gra --gamma 3``)."""
-    return SampleDependentFocalGRALoss(*FLSD53, reduction=reduction, ignore_index=ignore_index,
+    return SampleDependentFocalGRALoss(thresholds=FLSD53[0], gammas=FLSD53[1], reduction=reduction, ignore_index=ignore_index,
                                        validate_args=validate_args)
 
 
-@register_loss("focal_gra_flsd532", display="FLSD-532-GRA", order=20)
+@register_loss("focal_gra_flsd532", display="FLSD-532-GRA", order=20,
+               paper=LIN_2025_CODE)
 def focal_gra_flsd532(*, reduction: str = "mean", ignore_index: int = -100,
                       validate_args: bool = True) -> SampleDependentFocalGRALoss:
     """FLSD-532-GRA: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5
     (the published ``focal_loss_adaptive_gra --gamma 2``)."""
-    return SampleDependentFocalGRALoss(*FLSD532, reduction=reduction, ignore_index=ignore_index,
+    return SampleDependentFocalGRALoss(thresholds=FLSD532[0], gammas=FLSD532[1],
+                                       reduction=reduction, ignore_index=ignore_index,
                                        validate_args=validate_args)
 
 
-@register_loss("bsce_adaptive_gra", display="BSCE-GRA (adaptive γ)", order=21)
+@register_loss("bsce_adaptive_gra", display="BSCE-GRA (adaptive γ)", order=21,
+               paper=LIN_2025_CODE)
 class BSCEAdaptiveGRALoss(GradientWeightedLoss):
     """Adaptive BSCE-GRA: ``‖onehot(y) - p‖_β^{γ_i}`` (detached) times ``-log p_y`` with ``γ_i``
     from the FLSD threshold schedule of ``p_y`` (the published ``BSCELossAdaptiveGra``; see
@@ -111,15 +122,19 @@ class BSCEAdaptiveGRALoss(GradientWeightedLoss):
         tensor(0.2451)
     """
 
+    _parameter_constraints = {"beta": POSITIVE, "thresholds": NUMBERS,
+                              "gammas": NON_NEGATIVE_NUMBERS}
+
     def __init__(self, beta: float = 2.0, thresholds: Sequence[float] = FLSD53[0],
                  gammas: Sequence[float] = FLSD53[1], *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        thr, gam = _check_schedule(thresholds, gammas)
+        thr, gam = check_schedule(thresholds, gammas)
         super().__init__(beta=beta, thresholds=thr, gammas=gam, reduction=reduction,
                          ignore_index=ignore_index, validate_args=validate_args)
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The fused published form (``forward`` without an explicit ``weight``)."""
-        return bsce_adaptive_gra_loss(input, target, self.beta, self.thresholds, self.gammas,
+        return bsce_adaptive_gra_loss(input, target, beta=self.beta, thresholds=self.thresholds,
+                                      gammas=self.gammas,
                                       reduction=self.reduction, ignore_index=self.ignore_index,
                                       validate_args=self.validate_args)

@@ -15,8 +15,8 @@ from ..functional import (
     focal_gra_loss,
     gradient_weighted_loss,
 )
-from ._registry import register_loss
-from .base import CalibrationLoss
+from ._registry import LIN_2025, LIN_2025_CODE, register_loss
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["GradientWeightedLoss", "BSCEGRALoss", "BSCELoss", "FocalGRALoss", "DualFocalGRALoss"]
 
@@ -90,13 +90,16 @@ class _BrierWeight(CalibrationLoss):
     beta: float
     gamma: float
 
+    _parameter_constraints = {"beta": POSITIVE, "gamma": NON_NEGATIVE}
+
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(beta=beta, gamma=gamma, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
 
-@register_loss("bsce_gra", display="BSCE-GRA", order=13)
+@register_loss("bsce_gra", display="BSCE-GRA", order=13,
+               paper=LIN_2025)
 class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
     """BSCE-GRA: ``‖onehot(y) - p‖_β^γ`` (detached) times ``-log p_y``
     (see :func:`torchcal.functional.bsce_gra_loss`).
@@ -111,11 +114,12 @@ class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
     """
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return bsce_gra_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
+        return bsce_gra_loss(input, target, beta=self.beta, gamma=self.gamma, reduction=self.reduction,
                              ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("bsce", display="BSCE", order=12)
+@register_loss("bsce", display="BSCE", order=12,
+               paper=LIN_2025)
 class BSCELoss(_BrierWeight):
     """BSCE: ``‖onehot(y) - p‖_β^γ · (-log p_y)`` with the weight **not** detached
     (see :func:`torchcal.functional.bsce_loss`).
@@ -126,11 +130,12 @@ class BSCELoss(_BrierWeight):
     """
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return bsce_loss(input, target, self.beta, self.gamma, reduction=self.reduction,
+        return bsce_loss(input, target, beta=self.beta, gamma=self.gamma, reduction=self.reduction,
                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("focal_gra", display="Focal-GRA", order=14)
+@register_loss("focal_gra", display="Focal-GRA", order=14,
+               paper=LIN_2025_CODE)
 class FocalGRALoss(GradientWeightedLoss):
     """FL-GRA: ``(1-p_y)^γ`` (detached) times ``-log p_y``; γ default 3.
 
@@ -141,17 +146,20 @@ class FocalGRALoss(GradientWeightedLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 3.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return focal_gra_loss(input, target, self.gamma, reduction=self.reduction,
+        return focal_gra_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                               ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("dual_focal_gra", display="Dual focal-GRA", order=15)
+@register_loss("dual_focal_gra", display="Dual focal-GRA", order=15,
+               paper=LIN_2025_CODE)
 class DualFocalGRALoss(GradientWeightedLoss):
     """DFL-GRA: ``(1-p_y+p_j)^γ`` (all detached) times ``-log p_y``; γ default 5.
 
@@ -163,12 +171,14 @@ class DualFocalGRALoss(GradientWeightedLoss):
 
     gamma: float
 
+    _parameter_constraints = {"gamma": NON_NEGATIVE}
+
     def __init__(self, gamma: float = 5.0, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
         super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return dual_focal_gra_loss(input, target, self.gamma, reduction=self.reduction,
+        return dual_focal_gra_loss(input, target, gamma=self.gamma, reduction=self.reduction,
                                    ignore_index=self.ignore_index,
                                    validate_args=self.validate_args)

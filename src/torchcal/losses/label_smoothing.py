@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import Options
 from ..functional import label_smoothing_loss
 from ..functional.basic import SPREADS
 from ._registry import register_loss
-from .base import CalibrationLoss
+from .base import HYPERPARAMETER_CHECKS, CalibrationLoss
 
 __all__ = ["LabelSmoothingLoss"]
 
 
 @register_loss("ls", display="Label smoothing", order=1,
-               paper="Szegedy et al., CVPR 2016")
+               paper="Szegedy et al. 2016, *Rethinking the Inception Architecture for Computer "
+                     "Vision* (CVPR)")
 class LabelSmoothingLoss(CalibrationLoss):
     """Cross-entropy against smoothed targets (see :func:`torchcal.functional.label_smoothing_loss`).
 
@@ -30,13 +32,13 @@ class LabelSmoothingLoss(CalibrationLoss):
     alpha: float
     spread: str
 
+    _parameter_constraints = {"alpha": HYPERPARAMETER_CHECKS["alpha"], "spread": Options(SPREADS)}
+
     def __init__(self, alpha: float = 0.05, spread: str = "others", *, reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
-        if spread not in SPREADS:
-            raise ValueError(f"Expected `spread` to be one of {SPREADS}, got {spread!r}")
         super().__init__(alpha=alpha, spread=spread, reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return label_smoothing_loss(input, target, self.alpha, spread=self.spread,
+        return label_smoothing_loss(input, target, alpha=self.alpha, spread=self.spread,
                                     reduction=self.reduction, ignore_index=self.ignore_index,
                                     validate_args=self.validate_args)

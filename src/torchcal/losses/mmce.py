@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import Options
 from ..functional import mmce_loss
 from ..functional.mmce import MMCE_NORMALIZATIONS
-from ._registry import register_loss
-from .base import CalibrationLoss
+from ._registry import KUMAR_2018, register_loss
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["MMCELoss"]
 
 
 @register_loss("mmce", display="MMCE", order=3,
-               paper="Kumar et al., ICML 2018")
+               paper=KUMAR_2018)
 class MMCELoss(CalibrationLoss):
     """Cross-entropy plus λ times the weighted MMCE penalty (see :func:`torchcal.functional.mmce_loss`).
 
@@ -36,6 +37,9 @@ class MMCELoss(CalibrationLoss):
     normalization: str
     width: float
 
+    _parameter_constraints = {"lam": NON_NEGATIVE, "normalization": Options(MMCE_NORMALIZATIONS),
+                              "width": POSITIVE}
+
     def __init__(self, lam: float = 2.0, normalization: str = "published", width: float = 0.4, *,
                  reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
@@ -44,13 +48,9 @@ class MMCELoss(CalibrationLoss):
                 "Expected `reduction` to be 'mean' or 'sum' for MMCE: its penalty is a batch "
                 "quantity, so reduction='none' is not supported"
             )
-        if normalization not in MMCE_NORMALIZATIONS:
-            raise ValueError(
-                f"Expected `normalization` to be one of {MMCE_NORMALIZATIONS}, got {normalization!r}"
-            )
         super().__init__(lam=lam, normalization=normalization, width=width, reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return mmce_loss(input, target, self.lam, normalization=self.normalization,
+        return mmce_loss(input, target, lam=self.lam, normalization=self.normalization,
                          width=self.width, reduction=self.reduction,
                          ignore_index=self.ignore_index, validate_args=self.validate_args)

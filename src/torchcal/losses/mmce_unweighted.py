@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from ..functional._plain import check_batch_reduction
+from ..functional import check_batch_reduction
 from ..functional.basic import cross_entropy
-from ..functional.mmce_unweighted import _batch_terms, mmce_gra_loss, mmce_m_loss
-from ._registry import register_loss
-from .base import CalibrationLoss
+from ..functional.mmce_unweighted import mmce_gra_loss, mmce_m_loss, mmce_m_terms
+from ._registry import KUMAR_2018, LIN_2025_CODE, register_loss
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["MMCEUnweightedLoss", "MMCEGRALoss"]
 
@@ -23,15 +23,18 @@ class _BatchLoss(CalibrationLoss):
 
     width: float
 
+    _parameter_constraints = {"width": POSITIVE}
+
     def __init__(self, width: float = 0.4, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True,
                  **hyperparameters: Any) -> None:
         super().__init__(reduction=reduction, ignore_index=ignore_index,
-                         validate_args=validate_args, **hyperparameters, width=width)
+                         validate_args=validate_args, width=width, **hyperparameters)
         check_batch_reduction(reduction, type(self).__name__)
 
 
-@register_loss("mmce_m", display="MMCE (unweighted)", order=16)
+@register_loss("mmce_m", display="MMCE (unweighted)", order=16,
+               paper=KUMAR_2018)
 class MMCEUnweightedLoss(_BatchLoss):
     """``CE_mean + λ·MMCE_m``: the unweighted MMCE (the focal-calibration code's ``mmce``
     option; see :func:`torchcal.functional.mmce_m_loss`).  ``"sum"`` gives N times it (the
@@ -48,17 +51,20 @@ class MMCEUnweightedLoss(_BatchLoss):
 
     lam: float
 
+    _parameter_constraints = {"lam": NON_NEGATIVE, "width": POSITIVE}
+
     def __init__(self, lam: float = 1.0, width: float = 0.4, *, reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(width, lam=lam, reduction=reduction, ignore_index=ignore_index,
+        super().__init__(width=width, lam=lam, reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return mmce_m_loss(input, target, self.lam, width=self.width, reduction=self.reduction,
+        return mmce_m_loss(input, target, lam=self.lam, width=self.width, reduction=self.reduction,
                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("mmce_gra", display="MMCE-GRA", order=17)
+@register_loss("mmce_gra", display="MMCE-GRA", order=17,
+               paper=LIN_2025_CODE)
 class MMCEGRALoss(_BatchLoss):
     """MMCE-GRA: ``MMCE_m`` (detached) times ``CE_mean`` (the BSCE-GRA repository's
     ``MMCEGRA``; see :func:`torchcal.functional.mmce_gra_loss`).  The gradient is
@@ -80,8 +86,8 @@ class MMCEGRALoss(_BatchLoss):
         ce = cross_entropy(input, target, reduction="none", ignore_index=self.ignore_index,
                            validate_args=self.validate_args)
         with torch.no_grad():
-            _, pen, _ = _batch_terms(input, target, self.ignore_index, self.validate_args,
-                                     self.width)
+            _, pen, _ = mmce_m_terms(input, target, ignore_index=self.ignore_index,
+                                     validate_args=self.validate_args, width=self.width)
         return pen.expand(ce.shape), ce
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from .._validation import as_tensor
-from ..functional._common import no_autocast
+from .._validation import Options, as_tensor
+from ..functional import no_autocast
 from ..functional.gra_variants import consistency_loss
 from ..functional.temperature import (
     temperature_bsce_gra_loss,
@@ -32,10 +32,10 @@ from ..functional.temperature import (
     temperature_focal_gra_loss,
     temperature_focal_loss,
 )
+from ..metrics.distributed import all_gather_uneven, world_size
 from ..posthoc.temperature import TemperatureScaling
-from ._registry import register_loss
-from .adafocal import _all_gather_varlen, _dist_world
-from .base import CalibrationLoss
+from ._registry import LIN_2025_CODE, register_loss
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 from .gradient_weighted import GradientWeightedLoss
 
 __all__ = [
@@ -61,30 +61,28 @@ def gather_validation(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Ten
     inputs themselves without an initialised process group of size > 1)."""
     z = as_tensor(logits, "logits")
     y = as_tensor(labels, "labels")
-    if _dist_world() <= 1:
+    if world_size() <= 1:
         return z, y
     c = z.shape[-1]
-    zg = _all_gather_varlen(z.detach().to(torch.float64).reshape(-1)).reshape(-1, c)
-    yg = _all_gather_varlen(y.detach().to(torch.int64).reshape(-1))
+    zg = all_gather_uneven(z.detach().to(torch.float64).reshape(-1)).reshape(-1, c)
+    yg = all_gather_uneven(y.detach().to(torch.int64).reshape(-1))
     return zg.to(z.dtype), yg
+
+
+_GAMMA_CRITERION = {"gamma": NON_NEGATIVE, "criterion": Options(TEMPERATURE_CRITERIA)}
+_BETA_GAMMA_CRITERION = {"beta": POSITIVE, **_GAMMA_CRITERION}
 
 
 class _ValidationTemperature:
     """Mixin: the ``temperature`` buffer, its validation fit (module docstring), and a forward
-    calling ``_loss_fn(input, target, *hyperparameters, T, ...)``."""
+    calling ``_loss_fn(input, target, **hyperparameters, temperature=T, ...)`` (every
+    hyperparameter but ``criterion``, by name)."""
 
     wants_validation = True
     temperature: torch.Tensor
     criterion: str
+    hyperparameters: dict[str, Any]
     _loss_fn: Callable[..., torch.Tensor]
-
-    @staticmethod
-    def _check_criterion(criterion: str) -> str:
-        if criterion not in TEMPERATURE_CRITERIA:
-            raise ValueError(
-                f"Expected `criterion` to be one of {TEMPERATURE_CRITERIA}, got {criterion!r}"
-            )
-        return criterion
 
     def _init_temperature(self) -> None:
         # shape (1,), not 0-d: Dynamo reads a 0-d float buffer of an unspecialised module as a
@@ -95,9 +93,10 @@ class _ValidationTemperature:
         return f"{super().extra_repr()}, temperature={float(self.temperature):g}"  # type: ignore[misc]
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        hyper = (getattr(self, n) for n in self._hyperparameters if n != "criterion")
-        return self._loss_fn(input, target, *hyper, self.temperature, reduction=self.reduction,
-                             ignore_index=self.ignore_index, validate_args=self.validate_args)
+        hyper = {k: v for k, v in self.hyperparameters.items() if k != "criterion"}
+        return self._loss_fn(input, target, **hyper, temperature=self.temperature,
+                             reduction=self.reduction, ignore_index=self.ignore_index,
+                             validate_args=self.validate_args)
 
     @torch.no_grad()
     def fit_temperature(self, *, logits: Any, labels: Any) -> float:
@@ -112,8 +111,13 @@ class _ValidationTemperature:
         """Trainer hook: :meth:`fit_temperature` with this rank's validation outputs."""
         self.fit_temperature(logits=logits, labels=labels)
 
+    def log_state(self) -> dict[str, Any]:
+        """The temperature of the last validation fit, for the run's log."""
+        return {"temperature": float(self.temperature)}
 
-@register_loss("temperature_focal", display="Temperature focal", order=26)
+
+@register_loss("temperature_focal", display="Temperature focal", order=26,
+               paper=LIN_2025_CODE)
 class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature focal loss ``-(1 - q_y)^γ log p_y``, ``q = softmax(z / T)``, T fitted
     on validation (see :func:`torchcal.functional.temperature_focal_loss`).
@@ -134,16 +138,18 @@ class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
     """
 
     _loss_fn = staticmethod(temperature_focal_loss)
+    _parameter_constraints = _GAMMA_CRITERION
 
     def __init__(self, gamma: float = 3.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
 
 
-@register_loss("temperature_focal_gra", display="Temperature focal-GRA", order=27)
+@register_loss("temperature_focal_gra", display="Temperature focal-GRA", order=27,
+               paper=LIN_2025_CODE)
 class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature focal GRA: ``(1 - q_y)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_focal_gra_loss`).
@@ -160,16 +166,18 @@ class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     """
 
     _loss_fn = staticmethod(temperature_focal_gra_loss)
+    _parameter_constraints = _GAMMA_CRITERION
 
     def __init__(self, gamma: float = 3.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
 
 
-@register_loss("temperature_dual_focal", display="Temperature dual focal", order=28)
+@register_loss("temperature_dual_focal", display="Temperature dual focal", order=28,
+               paper=LIN_2025_CODE)
 class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature dual focal loss ``-(1 - q_y + q_j)^γ log p_y`` (see
     :func:`torchcal.functional.temperature_dual_focal_loss`).
@@ -187,16 +195,18 @@ class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
     """
 
     _loss_fn = staticmethod(temperature_dual_focal_loss)
+    _parameter_constraints = _GAMMA_CRITERION
 
     def __init__(self, gamma: float = 5.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
 
 
-@register_loss("temperature_dual_focal_gra", display="Temperature dual focal-GRA", order=29)
+@register_loss("temperature_dual_focal_gra", display="Temperature dual focal-GRA", order=29,
+               paper=LIN_2025_CODE)
 class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature dual focal GRA: ``(1 - q_y + q_j)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_dual_focal_gra_loss`).
@@ -214,16 +224,18 @@ class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     """
 
     _loss_fn = staticmethod(temperature_dual_focal_gra_loss)
+    _parameter_constraints = _GAMMA_CRITERION
 
     def __init__(self, gamma: float = 5.0, *, criterion: str = "ece", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
 
 
-@register_loss("temperature_bsce", display="Temperature BSCE", order=30)
+@register_loss("temperature_bsce", display="Temperature BSCE", order=30,
+               paper=LIN_2025_CODE)
 class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature BSCE ``-‖onehot(y) - q‖_β^γ log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_loss`).
@@ -241,17 +253,19 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
     """
 
     _loss_fn = staticmethod(temperature_bsce_loss)
+    _parameter_constraints = _BETA_GAMMA_CRITERION
 
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, criterion: str = "ece",
                  reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
-        super().__init__(beta=beta, gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(beta=beta, gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
 
 
-@register_loss("temperature_bsce_gra", display="Temperature BSCE-GRA", order=31)
+@register_loss("temperature_bsce_gra", display="Temperature BSCE-GRA", order=31,
+               paper=LIN_2025_CODE)
 class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature BSCE-GRA: ``‖onehot(y) - q‖_β^γ`` detached times ``-log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_gra_loss`).
@@ -269,17 +283,19 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
     """
 
     _loss_fn = staticmethod(temperature_bsce_gra_loss)
+    _parameter_constraints = _BETA_GAMMA_CRITERION
 
     def __init__(self, beta: float = 2.0, gamma: float = 2.0, *, criterion: str = "ece",
                  reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
-        super().__init__(beta=beta, gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(beta=beta, gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self._init_temperature()
 
 
-@register_loss("consistency", display="Consistency", order=32)
+@register_loss("consistency", display="Consistency", order=32,
+               paper=LIN_2025_CODE)
 class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
     r"""The BSCE-GRA repository's consistency loss: ``(1 - q_y)^γ`` detached times ``-log p_y``,
     ``q`` the probabilities of a calibrator re-fitted on every validation pass (see
@@ -308,6 +324,8 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
         tensor(0.1386)
     """
 
+    _parameter_constraints = _GAMMA_CRITERION
+
     def __init__(self, gamma: float = 3.0, calibrator: Any = None, *, criterion: str = "ece",
                  reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True) -> None:
@@ -316,7 +334,7 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
                                                                 None))):
             raise TypeError("Expected `calibrator` to have fit(logits, labels) and "
                             f"predict_proba(logits) methods, got {type(calibrator).__name__}")
-        super().__init__(gamma=gamma, criterion=self._check_criterion(criterion),
+        super().__init__(gamma=gamma, criterion=criterion,
                          reduction=reduction, ignore_index=ignore_index,
                          validate_args=validate_args)
         self.calibrator = calibrator
@@ -337,6 +355,10 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
         self._calibrator_fitted = True
         return float("nan")
 
+    def log_state(self) -> dict[str, Any]:
+        """The fitted temperature when it is what ``q`` comes from (no calibrator)."""
+        return super().log_state() if self.calibrator is None else {}
+
     @torch.no_grad()
     def calibrated_probs(self, input: torch.Tensor) -> torch.Tensor:
         """``q`` of ``input`` logits (N, C) or (N, C, d1, ...) from the calibrator or T."""
@@ -355,7 +377,7 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
                 calibrated_probs: torch.Tensor | None = None) -> torch.Tensor:
         if calibrated_probs is None:
             calibrated_probs = self.calibrated_probs(input)
-        return consistency_loss(input, target, calibrated_probs, self.gamma,
+        return consistency_loss(input, target, calibrated_probs, gamma=self.gamma,
                                 reduction=self.reduction, ignore_index=self.ignore_index,
                                 validate_args=self.validate_args)
 

@@ -1,4 +1,6 @@
-"""The single home of bin edges and bin assignment.
+"""The single home of bin edges, bin assignment and the per-bin sums every binned metric is
+computed from (float64 ``bincount`` / ``index_add_`` sums, so that the functional metrics, the
+bootstrap, the streaming meter and the losses add up exactly the same numbers).
 
 Equal-width bins (ECE, MCE, RMSCE, Classwise-ECE, reliability diagrams)
     Edges are ``k/B`` computed in the values' own dtype
@@ -34,6 +36,9 @@ __all__ = [
     "bin_index",
     "equal_width_bin_index",
     "equal_mass_bin_index",
+    "binned_sums",
+    "calibration_from_sums",
+    "classwise_sums",
 ]
 
 
@@ -170,3 +175,89 @@ def equal_mass_bin_index(values: torch.Tensor, n_bins: int) -> tuple[torch.Tenso
     """
     edges = equal_mass_edges(values, n_bins)
     return bin_index(values, edges), edges
+
+
+# Number of (row, class) elements handled per chunk by the classwise sums: bounds the
+# temporary int64 / float64 buffers to ~32 MiB each whatever N and C are.
+_CHUNK_ELEMENTS = 1 << 22
+
+def binned_sums(
+    idx: torch.Tensor, conf: torch.Tensor, correct: torch.Tensor, n_bins: int
+) -> torch.Tensor:
+    """Per-bin (count, confidence sum, correct count) as a float64 tensor of shape (3, B).
+
+    On CPU two ``bincount`` s (3x faster than ``index_add_`` for a million samples); on other
+    devices one ``index_add_``, which needs no host synchronisation (CUDA's ``bincount`` reads
+    the largest index back to the host), so the trainer can call it every batch.  Both give the
+    same sums (sequential float64 accumulation on CPU).
+    """
+    if conf.device.type == "cpu":
+        return _binned_sums_bincount(idx, conf, correct, n_bins)
+    return _binned_sums_index_add(idx, conf, correct, n_bins)
+
+
+def _binned_sums_bincount(idx: torch.Tensor, conf: torch.Tensor, correct: torch.Tensor,
+                          n_bins: int) -> torch.Tensor:
+    """:func:`binned_sums` by ``bincount``: counts and correct counts from one integer bincount
+    over (bin, correct) pairs, the confidence sums from a weighted one."""
+    both = torch.bincount(idx * 2 + correct, minlength=2 * n_bins).view(n_bins, 2)
+    conf_sum = torch.bincount(idx, weights=conf.to(torch.float64), minlength=n_bins)
+    return torch.stack([both.sum(dim=1).to(torch.float64), conf_sum, both[:, 1].to(torch.float64)])
+
+
+def _binned_sums_index_add(idx: torch.Tensor, conf: torch.Tensor, correct: torch.Tensor,
+                           n_bins: int) -> torch.Tensor:
+    """:func:`binned_sums` by one ``index_add_`` (no host synchronisation on CUDA)."""
+    conf = conf.to(torch.float64)
+    rows = torch.stack([torch.ones_like(conf), conf, correct.to(torch.float64)])
+    sums = torch.zeros(3, n_bins, dtype=torch.float64, device=conf.device)
+    return sums.index_add_(1, idx.long(), rows)
+
+
+def calibration_from_sums(sums: torch.Tensor, norm: str) -> torch.Tensor:
+    """ECE ("l1"), MCE ("max"), RMSCE ("l2") or ACE ("mean") in float64 from per-bin sums.
+
+    ``sums`` has shape (3, ..., B): per-bin count, confidence sum and correct count; the result
+    has the middle shape (0-d for (3, B); (R,) for a batch of R bootstrap resamples).
+    ``(n_b/N)|acc_b - conf_b| = |A_b - S_b|/N`` with ``A_b``/``S_b`` the per-bin sums, so ECE is
+    computed without dividing by the (possibly zero) counts.  Empty bins contribute 0 to every
+    norm (their gap is defined as 0 and gaps are >= 0, so the max is over non-empty bins);
+    "mean" is the unweighted mean gap over the non-empty bins.
+    """
+    counts, conf_sum, acc_sum = sums[0], sums[1], sums[2]
+    n = counts.sum(dim=-1)
+    diff = (acc_sum - conf_sum).abs()
+    if norm == "l1":
+        return diff.sum(dim=-1) / n
+    gap = diff / counts.clamp(min=1)
+    if norm == "max":
+        return gap.amax(dim=-1)
+    if norm == "l2":
+        return torch.sqrt((counts * gap * gap).sum(dim=-1) / n)
+    if norm == "mean":
+        return gap.sum(dim=-1) / (counts > 0).sum(dim=-1)
+    raise ValueError(f"Expected `norm` to be one of 'l1', 'max', 'l2', 'mean', got {norm!r}")
+
+
+def classwise_sums(p: torch.Tensor, y: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Per (class, bin) sums of ``p_ik - [y_i = k]`` in float64, shape (C * B,).
+
+    Cell ``k * B + b`` holds ``sum_{i : bin(p_ik) = b} (p_ik - [y_i = k])``.  The indicator of the
+    true class lands in the same cell as ``p_{i, y_i}``, so one float64 ``index_add_`` over the
+    flattened (N * C) (class, bin) keys does everything; rows are processed in chunks to bound
+    memory.
+    """
+    n, c = p.shape
+    out = torch.zeros(c * n_bins, dtype=torch.float64, device=p.device)
+    # int32 keys: half the memory traffic of int64 (C * B is far below 2**31)
+    offsets = torch.arange(c, device=p.device, dtype=torch.int32) * n_bins
+    rows = max(1, _CHUNK_ELEMENTS // c)
+    for start in range(0, n, rows):
+        pc = p[start : start + rows]
+        yc = y[start : start + rows]
+        key = equal_width_bin_index(pc, n_bins, out_int32=True)
+        key += offsets
+        w = pc.to(torch.float64, copy=True)
+        w[torch.arange(pc.shape[0], device=p.device), yc] -= 1.0
+        out.index_add_(0, key.view(-1), w.view(-1))
+    return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from .._validation import check_positive_int
@@ -47,6 +48,8 @@ __all__ = [
     "classwise_ece",
     "reliability_curve",
     "ReliabilityCurve",
+    "confidence_gap",
+    "ece_noise_floor",
 ]
 
 
@@ -284,3 +287,60 @@ def reliability_curve(
         accuracies=(sums[2] / denom).to(out),
         edges=edges,
     )
+
+
+def confidence_gap(
+    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True,
+) -> torch.Tensor:
+    """Mean top-1 confidence minus top-1 accuracy: > 0 over-confident, < 0 under-confident.
+
+    ``gap = mean_i max_c p_ic - mean_i [argmax_c p_ic == y_i]`` (the signed counterpart of the
+    ECE with one bin), computed in float64.
+
+    Args:
+        logits: (N, C) scores (exactly one of ``logits`` / ``probs``).
+        probs: (N, C) probabilities.
+        labels: (N,) integer class indices.
+        validate_args: check the inputs (see :func:`ece`).
+
+    Returns:
+        0-d tensor on the input's device, in the input's float dtype (at least float32).
+
+    Example:
+        >>> confidence_gap(probs=torch.tensor([[0.9, 0.1], [0.6, 0.4]]),
+        ...                labels=torch.tensor([0, 1]))  # 0.75 - 0.5
+        tensor(0.2500)
+    """
+    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    conf, correct = top1(p, y)
+    gap = conf.to(torch.float64).mean() - correct.to(torch.float64).mean()
+    return gap.to(result_dtype(p.dtype))
+
+
+def ece_noise_floor(confidences: Any, *, n_bins: int = 15, n_draws: int = 200,
+                    seed: int = 0) -> float:
+    """The ECE a perfectly calibrated model with these top-1 confidences would show.
+
+    Draws the correctness of each sample from ``Bernoulli(c_i)`` (so the model is calibrated
+    by construction) ``n_draws`` times and averages the equal-width ECE of the draws:
+    ``E[sum_b |sum_{i in b} (1[correct_i] - c_i)| / N]``.  It is the noise floor of the ECE at
+    this test-set size: differences smaller than it are not meaningful.  Deterministic for a
+    given ``seed``.
+
+    >>> round(ece_noise_floor([0.5] * 100, n_bins=1, n_draws=4000), 3)  # E|Bin(100,.5)/100-.5|
+    0.04
+    """
+    c = torch.as_tensor(np.asarray(confidences, dtype=np.float64))
+    if c.ndim != 1 or c.numel() == 0:
+        raise ValueError(f"Expected `confidences` to be a non-empty 1-D array, got shape {tuple(c.shape)}")
+    n = c.numel()
+    idx = equal_width_bin_index(c, n_bins)
+    gen = torch.Generator().manual_seed(int(seed))
+    total = torch.zeros((), dtype=torch.float64)
+    chunk = max(1, min(n_draws, 4_000_000 // n))
+    for start in range(0, n_draws, chunk):
+        r = min(chunk, n_draws - start)
+        hit = (torch.rand(r, n, generator=gen, dtype=torch.float64) < c).double()
+        gap = torch.zeros(r, n_bins, dtype=torch.float64).index_add_(1, idx, hit - c)
+        total += gap.abs().sum() / n
+    return float(total) / n_draws

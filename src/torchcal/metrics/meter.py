@@ -16,6 +16,7 @@ from ._common import (
     top1,
 )
 from .binning import equal_mass_bin_index, equal_width_bin_index
+from .distributed import all_gather_uneven, world_size
 from .scoring import (
     brier_per_sample,
     confident_mask,
@@ -168,27 +169,11 @@ class CalibrationMeter:
 
     # ---------------------------------------------------------------- compute
     def _world(self) -> int:
-        if not self.sync_dist:
-            return 1
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()):
-            return 1
-        return dist.get_world_size(self.process_group)
+        return world_size(self.process_group) if self.sync_dist else 1
 
     def _gather(self, local: torch.Tensor) -> torch.Tensor:
         """All-gather a (2, n_rank) float64 tensor whose length differs by rank."""
-        dist = torch.distributed
-        world = self._world()
-        size = torch.tensor([local.shape[1]], dtype=torch.int64, device=local.device)
-        sizes = [torch.zeros_like(size) for _ in range(world)]
-        dist.all_gather(sizes, size, group=self.process_group)
-        sizes_int = [int(s) for s in sizes]
-        longest = max(sizes_int)
-        padded = local.new_zeros(2, longest)
-        padded[:, : local.shape[1]] = local
-        bufs = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(bufs, padded.contiguous(), group=self.process_group)
-        return torch.cat([b[:, :s] for b, s in zip(bufs, sizes_int, strict=True)], dim=1)
+        return all_gather_uneven(local.T.contiguous(), self.process_group).T
 
     @torch.no_grad()
     def compute(self) -> dict[str, torch.Tensor]:

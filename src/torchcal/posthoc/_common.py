@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from .._validation import as_tensor, check_labels, check_scalar
+from .._validation import check_labels, check_logits, check_scalar
 from ..errors import NotFittedError, TorchcalError
 from ..metrics._common import warn_if_probabilities
 
@@ -79,23 +79,9 @@ def check_grid(grid: Any) -> tuple[float, ...]:
 
 
 def prepare_logits(logits: Any, name: str = "logits") -> torch.Tensor:
-    """Validate logits of shape (N, C): floating dtype, 2-D, non-empty, C >= 2, finite."""
-    z = as_tensor(logits, name)
-    if not z.is_floating_point():
-        raise TypeError(f"Expected `{name}` to have a floating dtype, got {z.dtype}")
-    if z.ndim != 2:
-        raise ValueError(f"Expected `{name}` to be 2-D of shape (N, C), got shape {tuple(z.shape)}")
-    if z.shape[0] == 0:
-        raise ValueError(f"Expected `{name}` to be non-empty, got shape {tuple(z.shape)}")
-    if z.shape[1] < 2:
-        raise ValueError(
-            f"Expected `{name}` to have at least 2 classes (columns), got {z.shape[1]}"
-        )
-    lo, hi = torch.aminmax(z.detach())
-    if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
-        n_bad = int((~torch.isfinite(z.detach())).sum())
-        raise ValueError(f"Expected `{name}` to be finite, found {n_bad} NaN/Inf value(s)")
-    return z
+    """Validate logits of shape (N, C): floating dtype, 2-D, non-empty, C >= 2, finite
+    (:func:`torchcal._validation.check_logits`)."""
+    return check_logits(logits, name)
 
 
 def prepare_fit(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from .._io import find_files, read_json
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config, read_results
 from ..losses import LOSSES
-from ..metrics import equal_width_bin_index
+from ..metrics import ece_noise_floor
 from ..runs import CONFIG_FILE, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
 
 __all__ = [
@@ -320,35 +319,6 @@ def meta_problem(meta: Mapping[str, Any]) -> str:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             return f"meta.{key} must be an integer or null, got {_short(v)}"
     return ""
-
-
-def ece_noise_floor(confidences: Any, *, n_bins: int = 15, n_draws: int = 200,
-                    seed: int = 0) -> float:
-    """The ECE a perfectly calibrated model with these top-1 confidences would show.
-
-    Draws the correctness of each sample from ``Bernoulli(c_i)`` (so the model is calibrated
-    by construction) ``n_draws`` times and averages the equal-width ECE of the draws:
-    ``E[sum_b |sum_{i in b} (1[correct_i] - c_i)| / N]``.  It is the noise floor of the ECE at
-    this test-set size: differences smaller than it are not meaningful.  Deterministic for a
-    given ``seed``.
-
-    >>> round(ece_noise_floor([0.5] * 100, n_bins=1, n_draws=4000), 3)  # E|Bin(100,.5)/100-.5|
-    0.04
-    """
-    c = torch.as_tensor(np.asarray(confidences, dtype=np.float64))
-    if c.ndim != 1 or c.numel() == 0:
-        raise ValueError(f"Expected `confidences` to be a non-empty 1-D array, got shape {tuple(c.shape)}")
-    n = c.numel()
-    idx = equal_width_bin_index(c, n_bins)
-    gen = torch.Generator().manual_seed(int(seed))
-    total = torch.zeros((), dtype=torch.float64)
-    chunk = max(1, min(n_draws, 4_000_000 // n))
-    for start in range(0, n_draws, chunk):
-        r = min(chunk, n_draws - start)
-        hit = (torch.rand(r, n, generator=gen, dtype=torch.float64) < c).double()
-        gap = torch.zeros(r, n_bins, dtype=torch.float64).index_add_(1, idx, hit - c)
-        total += gap.abs().sum() / n
-    return float(total) / n_draws
 
 
 def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last") -> LoadReport:

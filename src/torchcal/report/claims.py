@@ -33,9 +33,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from ..errors import ResultsFileError
 from ..evaluate import load_logits
+from ..losses import LOSSES
+from ..metrics import confidence_gap as _confidence_gap
 from ..runs import logits_filename
 from .aggregate import Group, RunRecord, loss_label
 from .tables import Cell, Table, fmt_mean_std
@@ -68,19 +71,14 @@ def confidence_gap(logits: np.ndarray, labels: np.ndarray) -> float:
     """Mean top-1 softmax confidence minus top-1 accuracy: > 0 over-, < 0 under-confident.
 
     ``gap = mean_i max_k softmax(z_i)_k - mean_i [argmax_k z_ik == y_i]``
+    (:func:`torchcal.metrics.confidence_gap` of the logits in float64, as a float).
 
     >>> z = np.log(np.array([[0.9, 0.1], [0.6, 0.4]])); y = np.array([0, 1])
     >>> round(confidence_gap(z, y), 3)
     0.25
     """
-    z = np.asarray(logits, dtype=np.float64)
-    y = np.asarray(labels)
-    if z.ndim != 2 or y.shape != (z.shape[0],) or z.shape[0] == 0:
-        raise ValueError(f"Expected `logits` of shape (N, C) with N > 0 and `labels` of shape (N,),"
-                         f" got {z.shape} and {y.shape}")
-    p = np.exp(z - z.max(1, keepdims=True))
-    conf = (p / p.sum(1, keepdims=True)).max(1)
-    return float(conf.mean() - (z.argmax(1) == y).mean())
+    z = torch.as_tensor(np.asarray(logits, dtype=np.float64))
+    return float(_confidence_gap(logits=z, labels=np.asarray(labels)))
 
 
 def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
@@ -133,7 +131,7 @@ def _cols(losses: Sequence[str], key: str, name: str) -> tuple[tuple[str, str, s
     return tuple((loss, key, f"{loss_label(loss)} {name}") for loss in losses)
 
 
-_MUKHOTI = "Mukhoti et al. 2020, *Calibrating Deep Neural Networks using Focal Loss* (NeurIPS)"
+_MUKHOTI = LOSSES.paper("focal")  # each claim cites its loss' paper from the registry
 #: The claims, in the report's order.
 CLAIMS: tuple[Claim, ...] = (
     Claim("mukhoti_ce_overconfident", _MUKHOTI,
@@ -151,21 +149,19 @@ CLAIMS: tuple[Claim, ...] = (
           f"(within {SIMILAR_ERROR:g} points).",
           ("ce", "flsd53"), _lower_at_similar_error("flsd53"),
           _cols(("ce", "flsd53"), ECE, "ECE %") + _cols(("ce", "flsd53"), ERR, "error %")),
-    Claim("ghosh_adafocal_lowest", "Ghosh et al. 2022, *AdaFocal: Calibration-aware Adaptive "
-          "Focal Loss* (NeurIPS)",
+    Claim("ghosh_adafocal_lowest", LOSSES.paper("adafocal"),
           "AdaFocal gives the lowest pre-T AdaECE of the focal family (focal γ=3, FLSD-53, "
           f"AdaFocal), at error close to cross-entropy's (within {SIMILAR_ERROR:g} points).",
           ("ce", "focal", "flsd53", "adafocal"), _adafocal_lowest,
           _cols(("focal", "flsd53", "adafocal"), ADAECE, "AdaECE %")
           + _cols(("ce", "adafocal"), ERR, "error %")),
-    Claim("lin_bsce_gra", "Lin et al. 2025 (BSCE-GRA: the Brier-score uncertainty weights each "
-          "sample's gradient)",
+    Claim("lin_bsce_gra", LOSSES.paper("bsce_gra"),
           "BSCE-GRA gives a lower pre-T ECE than cross-entropy, and lower than BSCE without "
           "gradient weighting.",
           ("ce", "bsce", "bsce_gra"),
           lambda n: _lt(n["bsce_gra"][ECE], n["ce"][ECE]) and _lt(n["bsce_gra"][ECE], n["bsce"][ECE]),
           _cols(("ce", "bsce", "bsce_gra"), ECE, "ECE %")),
-    Claim("tao_dual_focal", "Tao et al. 2023, *Dual Focal Loss for Calibration* (ICML)",
+    Claim("tao_dual_focal", LOSSES.paper("dual_focal"),
           "dual focal gives a lower pre-T ECE than focal loss.",
           ("focal", "dual_focal"), lambda n: _lt(n["dual_focal"][ECE], n["focal"][ECE]),
           _cols(("focal", "dual_focal"), ECE, "ECE %")),

@@ -48,12 +48,6 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def _softmax(z: np.ndarray) -> np.ndarray:
-    z = np.asarray(z, dtype=np.float64)
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def roc_curve(scores: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """ROC curve ``(fpr, tpr)`` of ``scores`` (higher = positive) with tied scores taken together.
 

@@ -40,7 +40,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
@@ -49,17 +48,15 @@ from .._io import exclusive_lock
 from ..errors import CheckpointError, DivergedError, TorchcalError
 from ..losses import create_loss
 from ..losses.base import (
+    loss_log_state,
     loss_on_validation,
     loss_set_epoch,
     loss_wants_validation,
     published_reduction,
 )
-from ..metrics import ece as _ece
-from ..metrics import entropy, equal_width_bin_index
-from ..metrics._common import binned_sums, calibration_from_sums, top1
+from ..metrics.epoch import EpochStats, epoch_metrics
 from ..models import list_models
 from ..runs import LOSS_STATE_KEY, RunDir
-from ..uncertainty import UncertaintyHead, ranking_loss
 from .build import build_data, build_model, check_model_input, load_ood_sets
 from .checkpoint import (
     load_checkpoint,
@@ -80,6 +77,7 @@ from .distributed import (
 )
 from .evaluation import collect_predictions, write_predictions
 from .inference import BatchSource, predict_logits
+from .joint_head import JointHead, NoHead
 from .tracking import TensorBoardLogger, tensorboard_available
 
 __all__ = ["train", "fit", "build_loss", "epoch_metrics", "NoHead", "JointHead"]
@@ -114,45 +112,6 @@ def _loss_reduction(loss: nn.Module) -> str:
     return str(getattr(loss, "reduction", "mean"))
 
 
-def _loss_state_for_log(loss: nn.Module) -> dict[str, Any]:
-    """Small inspectable loss state (e.g. AdaFocal's per-bin γ and bin edges) for the log."""
-    out: dict[str, Any] = {}
-    for name in ("gammas", "bin_edges", "gamma"):
-        v = getattr(loss, name, None)
-        if isinstance(v, torch.Tensor) and v.numel() <= 1024:
-            out[name] = v.detach().float().cpu().tolist()
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[name] = float(v)
-    return out
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` where ``mask`` is 1 (NaN when the mask is empty), on the device."""
-    n = mask.sum()
-    nan = torch.tensor(float("nan"), device=values.device)
-    return torch.where(n > 0, (values * mask).sum() / n.clamp_min(1), nan)
-
-
-def epoch_metrics(logits: torch.Tensor, labels: torch.Tensor, *, n_bins: int = 15,
-                  diagnostics: bool = False) -> dict[str, float]:
-    """NLL, ECE, error (and with ``diagnostics`` the NLL / entropy of correct vs incorrect
-    samples) of a logged split, as floats."""
-    z = logits.float()
-    nll_i = F.cross_entropy(z, labels, reduction="none")
-    correct = z.argmax(1) == labels
-    vals = [nll_i.mean(), 1.0 - correct.float().mean(),
-            _ece(logits=z, labels=labels, n_bins=n_bins, validate_args=False)]
-    keys = ["nll", "error", "ece"]
-    if diagnostics:
-        ent = entropy(logits=z, validate_args=False)
-        c = correct.float()
-        vals += [_masked_mean(nll_i, c), _masked_mean(nll_i, 1 - c),
-                 _masked_mean(ent, c), _masked_mean(ent, 1 - c)]
-        keys += ["nll_correct", "nll_incorrect", "entropy_correct", "entropy_incorrect"]
-    host = torch.stack([v.float().reshape(()) for v in vals]).cpu().tolist()
-    return dict(zip(keys, host, strict=True))
-
-
 def _chunked_loss(loss: nn.Module, logits: torch.Tensor, labels: torch.Tensor,
                   batch_size: int) -> torch.Tensor:
     """Mean per-sample loss over a split, in training-size chunks (O(batch) memory for MMCE)."""
@@ -165,157 +124,6 @@ def _chunked_loss(loss: nn.Module, logits: torch.Tensor, labels: torch.Tensor,
             v = loss(z, y).float()
             total = total + (v * z.shape[0] if red == "mean" else v.sum())
     return total / max(n, 1)
-
-
-class _TrainStats:
-    """Fixed-size per-epoch training statistics accumulated on the device (no host syncs).
-
-    The binned calibration sums and the ECE come from :mod:`torchcal.metrics` (the same bins
-    and formula as :func:`torchcal.metrics.ece`); only the loss and NLL sums are kept here.
-    """
-
-    def __init__(self, n_bins: int, device: torch.device) -> None:
-        self.n_bins = n_bins
-        # loss_sum, nll_sum, correct, count
-        self.scalars = torch.zeros(4, dtype=torch.float64, device=device)
-        # per bin: count, conf sum, correct sum (torchcal.metrics' binned sums)
-        self.bins = torch.zeros(3, n_bins, dtype=torch.float64, device=device)
-
-    @torch.no_grad()
-    def update(self, logits: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor) -> None:
-        z = logits.detach().float()
-        logp = torch.log_softmax(z, 1)
-        conf, correct = top1(logp, y)
-        conf = conf.exp()
-        nll = -logp.gather(1, y[:, None]).sum()
-        self.scalars += torch.stack([loss_sum.detach().double(), nll.double(),
-                                     correct.sum().double(),
-                                     torch.tensor(float(y.shape[0]), dtype=torch.float64,
-                                                  device=z.device)])
-        self.bins += binned_sums(equal_width_bin_index(conf, self.n_bins), conf, correct,
-                                 self.n_bins)
-
-    def compute(self, env: DistEnv) -> dict[str, float]:
-        flat = torch.cat([self.scalars, self.bins.reshape(-1)])
-        if env.enabled:
-            dist.all_reduce(flat)
-        flat = flat.cpu()
-        s, b = flat[:4], flat[4:].reshape(3, self.n_bins)
-        n = float(s[3]) if float(s[3]) > 0 else float("nan")
-        ece = float(calibration_from_sums(b, "l1")) if n == n else float("nan")
-        return {"loss": float(s[0]) / n, "nll": float(s[1]) / n, "error": 1.0 - float(s[2]) / n,
-                "ece": ece}
-
-
-# ------------------------------------------------------------------------------------------
-# the joint uncertainty head as a plug-in
-# ------------------------------------------------------------------------------------------
-class NoHead:
-    """The trainer's hooks when no joint uncertainty head is trained: every hook does nothing.
-
-    :class:`JointHead` overrides them; the training loop calls the hooks unconditionally.
-    """
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """The module the loop calls: ``forward(x)`` -> logits (or logits and features)."""
-        return model
-
-    def split(self, out: Any) -> tuple[torch.Tensor, Any]:
-        """``(logits, features)`` of the wrapped module's output."""
-        return out, None
-
-    def distribute(self, device_ids: list[int] | None) -> None:
-        """Wrap the head's modules in DistributedDataParallel."""
-
-    def start_epoch(self) -> None:
-        """Train mode and a fresh epoch sum of the head's loss."""
-
-    def add_loss(self, total: torch.Tensor, logits: torch.Tensor, feats: Any,
-                 y: torch.Tensor) -> torch.Tensor:
-        """``total`` plus the head's loss on this batch."""
-        return total
-
-    def zero_grad(self) -> None:
-        """Clear the head's gradients."""
-
-    def step(self, scaler: torch.amp.GradScaler) -> None:
-        """Step the head's optimiser (through the loop's scaler)."""
-
-    def state(self, full: bool) -> dict[str, Any]:
-        """The checkpoint entries of the head (``full``: with the optimiser's state)."""
-        return {"head": None, "head_optimizer": None}
-
-    def load(self, state: dict[str, Any]) -> None:
-        """Restore the head from a checkpoint's entries."""
-
-    def log(self, rec: dict[str, Any], n_batches: int) -> None:
-        """Add the head's epoch numbers to a log record."""
-
-
-class JointHead(NoHead):
-    """A :class:`~torchcal.uncertainty.UncertaintyHead` trained jointly on the model's features
-    with the ranking loss against the per-sample cross-entropy (AdamW, its own learning rate)."""
-
-    def __init__(self, model: nn.Module, config: TrainConfig, device: torch.device) -> None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(epoch_seed(config.seed, 0, stream=7))
-            self.head: nn.Module = UncertaintyHead(int(model.num_features)).to(device)
-        self.opt = torch.optim.AdamW(self.head.parameters(), lr=config.head_lr,
-                                     weight_decay=config.head_weight_decay)
-        self.loss_sum = torch.zeros((), device=device)
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        return _FeaturesAndLogits(model)
-
-    def split(self, out: Any) -> tuple[torch.Tensor, Any]:
-        return out
-
-    def distribute(self, device_ids: list[int] | None) -> None:
-        self.head = DistributedDataParallel(self.head, device_ids=device_ids)
-
-    def start_epoch(self) -> None:
-        self.head.train()
-        self.loss_sum = torch.zeros((), device=self.loss_sum.device)
-
-    def add_loss(self, total, logits, feats, y):
-        m = (y.shape[0] // 2) * 2
-        if m < 2:
-            return total
-        target = F.cross_entropy(logits.detach(), y, reduction="none")
-        hl = ranking_loss(self.head(feats[:m].float()), target[:m])
-        self.loss_sum = self.loss_sum + hl.detach()
-        return total + hl
-
-    def zero_grad(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
-
-    def step(self, scaler: torch.amp.GradScaler) -> None:
-        scaler.step(self.opt)
-
-    def state(self, full: bool) -> dict[str, Any]:
-        h = getattr(self.head, "module", self.head)
-        return {"head": h.state_dict(), "head_optimizer": self.opt.state_dict() if full else None}
-
-    def load(self, state: dict[str, Any]) -> None:
-        if not state.get("head"):
-            raise KeyError("no uncertainty head state")
-        self.head.load_state_dict(state["head"])
-        self.opt.load_state_dict(state["head_optimizer"])
-
-    def log(self, rec: dict[str, Any], n_batches: int) -> None:
-        rec["head_ranking_loss"] = float(self.loss_sum) / max(1, n_batches)
-
-
-class _FeaturesAndLogits(nn.Module):
-    """``forward(x) -> (logits, features)`` in one pass (features -> model.fc), for DDP."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        f = self.model.forward_features(x)
-        return self.model.fc(f), f
 
 
 # ------------------------------------------------------------------------------------------
@@ -409,7 +217,7 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
             loss_set_epoch(r.loss_fn, epoch)
             r.fwd.train()
             r.head.start_epoch()
-            stats = _TrainStats(config.n_bins, r.device)
+            stats = EpochStats(config.n_bins, r.device)
             lr = r.optimizer.param_groups[0]["lr"]
             for step, (x, y) in enumerate(_train_batches(r, epoch)):
                 with _autocast(r.device, r.amp):
@@ -428,7 +236,7 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
                     r.fwd.train()
             r.scheduler.step()
             rec = {"epoch": epoch + 1, "lr": lr}
-            rec.update({f"train_{k}": v for k, v in stats.compute(env).items()})
+            rec.update({f"train_{k}": v for k, v in stats.compute(sync_dist=env.enabled).items()})
             _stop_if_diverged(r, epoch, rec["train_loss"])  # before any log line or checkpoint
             rec.update(_evaluate_epoch(r, epoch))
             rec["seconds"] = time.perf_counter() - t0
@@ -741,7 +549,7 @@ def _evaluate_epoch(r: _Run, epoch: int) -> dict[str, Any]:
     fc = getattr(r.model, "fc", None)
     rec["fc_weight_norm"] = float(fc.weight.detach().float().norm()) if fc is not None else None
     r.head.log(rec, r.n_batches)
-    ls = _loss_state_for_log(r.loss_fn)
+    ls = loss_log_state(r.loss_fn)
     if ls:
         rec[LOSS_STATE_KEY] = ls
     return rec
