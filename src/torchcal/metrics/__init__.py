@@ -7,6 +7,7 @@ live in :mod:`torchcal.metrics.binning`.
 
 from __future__ import annotations
 
+from ._common import warn_if_probabilities
 from .binfree import SmoothReliabilityCurve, ks_error, smooth_ece, smooth_reliability_curve
 from .binning import (
     bin_index,
@@ -70,4 +71,5 @@ __all__ = [
     "equal_width_bin_index",
     "equal_mass_edges",
     "equal_mass_bin_index",
+    "warn_if_probabilities",
 ]

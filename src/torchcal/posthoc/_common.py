@@ -12,7 +12,7 @@ from sklearn.base import BaseEstimator
 
 from .._validation import check_labels, check_logits, check_scalar
 from ..errors import NotFittedError, TorchcalError
-from ..metrics._common import warn_if_probabilities
+from ..metrics import warn_if_probabilities
 
 __all__ = [
     "Calibrator",
