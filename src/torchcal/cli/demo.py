@@ -26,6 +26,7 @@ from ..experiments import (
     default_out,
     get_benchmark,
     list_benchmarks,
+    ray_available,
     run_demo,
 )
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss
@@ -92,6 +93,9 @@ def _interrupt_hint(args: argparse.Namespace) -> str:
 
 def _executor(args: argparse.Namespace):
     if args.executor == "ray":
+        if not ray_available():
+            raise ValueError("`--executor ray` needs the `ray` package: pip install "
+                             "\"torchcal[ray]\" (or pip install \"ray>=2.9\")")
         return RayExecutor(address=args.ray_address, workers=args.workers)
     if args.ray_address is not None:
         raise ValueError("`--ray-address` needs `--executor ray`")
