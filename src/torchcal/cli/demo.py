@@ -146,9 +146,16 @@ def _size_help() -> dict[str, str]:
              if b.profile(profile).measured]
         return f" ({'; '.join(m)})" if m else ""
 
+    def default_size(b) -> str:
+        p = b.profile("default")
+        n_losses = len(p.losses) if p.losses else len(b.losses("full"))
+        epochs = f"{p.epochs} epochs" if p.epochs else "the recipe's epochs"
+        return f"{n_losses} losses x {len(p.seeds)} seeds x {epochs}"
+
     return {
         "description": "The embedded benchmarks: " + "; ".join(
-            f"{n}: {b.summary}" for n, b in benches.items()) + measured("default") + ". Runs "
+            f"{n}: {b.summary}, by default {default_size(b)}" for n, b in benches.items())
+            + measured("default") + ". Runs "
             "train in parallel worker processes (or as Ray tasks), are evaluated before and "
             "after temperature scaling and reported in the papers' table format with figures "
             "and the section \"The papers' claims on this benchmark\".",
