@@ -3,6 +3,8 @@
 User mistakes that the command line should report as one clear line (unknown names, missing
 data, corrupt files) derive from :class:`TorchcalError`.  Argument validation in library
 functions raises plain :class:`ValueError` / :class:`TypeError`, as PyTorch does.
+Warnings are shown on one line by the command line and its worker processes
+(:func:`one_line_warnings`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ __all__ = [
     "ResultsFileError",
     "InUseError",
     "DivergedError",
+    "one_line_warnings",
 ]
 
 
@@ -50,3 +53,18 @@ class InUseError(TorchcalError, BlockingIOError):
 class DivergedError(TorchcalError, RuntimeError):
     """Training diverged: the loss or the parameters became NaN/Inf (the run stops at that epoch;
     its directory keeps the last good checkpoint)."""
+def one_line_warnings(command: str):
+    """A ``warnings.formatwarning`` giving ``torchcal COMMAND: warning: MESSAGE`` on one line
+    (no file name, no source line).  Set by the command line while a command runs, never at
+    import; only the display changes (filters and recording, e.g. pytest's, are untouched).
+
+    >>> one_line_warnings("train")("amp is CUDA only; float32", UserWarning, "x.py", 3)
+    'torchcal train: warning: amp is CUDA only; float32\\n'
+    """
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        text = " ".join(str(message).split())
+        kind = "warning" if category is UserWarning else category.__name__
+        return f"torchcal {command}: {kind}: {text}\n"
+
+    return format_warning

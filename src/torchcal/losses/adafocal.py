@@ -190,7 +190,7 @@ def _collective_device(t: Any) -> torch.device:
 
 @register_loss("adafocal", display="AdaFocal", order=11,
                paper="Ghosh et al. 2022, *AdaFocal: Calibration-aware Adaptive Focal Loss* "
-                     "(NeurIPS)")
+                     "(NeurIPS)", tags={"demo"})
 class AdaFocalLoss(CalibrationLoss):
     r"""AdaFocal: focal / inverse-focal loss with one γ per confidence bin, updated from
     validation calibration (see the module docstring for every rule and convention).

@@ -12,7 +12,7 @@ __all__ = ["CrossEntropyLoss"]
 
 
 @register_loss("ce", display="Cross-entropy", order=0,
-               paper="Good 1952, *Rational Decisions* (J. R. Stat. Soc. B)")
+               paper="Good 1952, *Rational Decisions* (J. R. Stat. Soc. B)", tags={"demo"})
 class CrossEntropyLoss(CalibrationLoss):
     """Cross-entropy ``-log p_y`` (see :func:`torchcal.functional.cross_entropy`).
 

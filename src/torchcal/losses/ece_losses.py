@@ -21,7 +21,7 @@ __all__ = ["DECELoss", "ECEKDELoss", "ECEGapLoss"]
 
 @register_loss("dece", display="DECE", order=33,
                paper="Bohdal et al. 2021, *Meta-Calibration: Learning of Model Calibration Using "
-                     "Differentiable Expected Calibration Error* (arXiv)")
+                     "Differentiable Expected Calibration Error* (arXiv)", tags={"variant"})
 class DECELoss(CalibrationLoss):
     r"""``λ·DECE`` (+ ``CE_mean`` with ``cross_entropy=True``): the differentiable ECE of
     Bohdal et al. as a training loss (see :func:`torchcal.functional.dece_loss`).
@@ -65,7 +65,7 @@ class DECELoss(CalibrationLoss):
 
 @register_loss("ece_kde", display="ECE-KDE", order=34,
                paper="Popordanoska et al. 2022, *A Consistent and Differentiable Lp Canonical "
-                     "Calibration Error Estimator* (NeurIPS)")
+                     "Calibration Error Estimator* (NeurIPS)", tags={"variant"})
 class ECEKDELoss(CalibrationLoss):
     r"""``CE_mean + λ·ECE_KDE``, the calibration-regularised objective of Popordanoska et al.
     (see :func:`torchcal.functional.ece_kde_loss`).  ``"sum"`` gives N times it.
@@ -103,7 +103,7 @@ class ECEKDELoss(CalibrationLoss):
 
 
 @register_loss("ece_loss", display="ECE loss", order=35,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class ECEGapLoss(CalibrationLoss):
     r"""The BSCE-GRA repository's ECE-loss: cross-entropy weighted per sample by detached
     validation calibration gaps (see :func:`torchcal.functional.ece_gap_loss`).

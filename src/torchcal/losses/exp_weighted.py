@@ -55,7 +55,7 @@ class ExpWeightedLoss(CalibrationLoss):
 
 
 @register_loss("ce_exp", display="Cross-entropy (exp.-weighted)", order=22,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class CrossEntropyExpLoss(ExpWeightedLoss):
     """Exponentially weighted cross-entropy (the published ``CrossEntropyExp``; see
     :func:`torchcal.functional.ce_exp_loss`).
@@ -78,7 +78,7 @@ class CrossEntropyExpLoss(ExpWeightedLoss):
 
 
 @register_loss("focal_exp", display="Focal (exp.-weighted)", order=23,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class FocalExpLoss(ExpWeightedLoss):
     """Exponentially weighted focal loss (the published ``FocalLossExp``; see
     :func:`torchcal.functional.focal_exp_loss`).
@@ -112,7 +112,7 @@ class FocalExpLoss(ExpWeightedLoss):
 
 
 @register_loss("dual_focal_exp", display="Dual focal (exp.-weighted)", order=24,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class DualFocalExpLoss(FocalExpLoss):
     """Exponentially weighted dual focal loss (the published ``DualFocalLossExp``; see
     :func:`torchcal.functional.dual_focal_exp_loss`).
@@ -143,7 +143,7 @@ class DualFocalExpLoss(FocalExpLoss):
 
 
 @register_loss("brier_exp", display="Brier (exp.-weighted)", order=25,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class BrierExpLoss(ExpWeightedLoss):
     """Exponentially weighted Brier score (the published ``BrierScoreExp``, summed over the
     batch; see :func:`torchcal.functional.brier_exp_loss`).

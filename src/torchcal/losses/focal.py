@@ -30,7 +30,7 @@ __all__ = [
 
 
 @register_loss("focal", display="Focal", order=4,
-               paper=MUKHOTI_2020)
+               paper=MUKHOTI_2020, tags={"demo"})
 class FocalLoss(CalibrationLoss):
     """Focal loss ``-(1-p_y)^γ log p_y`` (see :func:`torchcal.functional.focal_loss`).
 
@@ -58,7 +58,7 @@ class FocalLoss(CalibrationLoss):
 
 @register_loss("inverse_focal", display="Inverse focal", order=5,
                paper="Wang et al. 2021, *Rethinking Calibration of Deep Neural Networks: Do "
-                     "Not Be Afraid of Overconfidence* (NeurIPS)")
+                     "Not Be Afraid of Overconfidence* (NeurIPS)", tags={"demo"})
 class InverseFocalLoss(CalibrationLoss):
     """Inverse focal loss ``-(1+p_y)^γ log p_y`` (see :func:`torchcal.functional.inverse_focal_loss`).
 
@@ -115,7 +115,7 @@ class SampleDependentFocalLoss(CalibrationLoss):
 
 
 @register_loss("flsd53", display="FLSD-53", order=6,
-               paper=MUKHOTI_2020)
+               paper=MUKHOTI_2020, tags={"demo"})
 def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
            validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-53: γ = 5 for p_y < 0.2, else 3."""
@@ -124,7 +124,7 @@ def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
 
 
 @register_loss("flsd532", display="FLSD-532", order=7,
-               paper=MUKHOTI_2020)
+               paper=MUKHOTI_2020, tags={"demo"})
 def flsd532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-532: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5."""
@@ -193,7 +193,7 @@ class ScheduledFocalLoss(CalibrationLoss):
 
 
 @register_loss("flsc531", display="FLSc-531", order=8,
-               paper=MUKHOTI_2020)
+               paper=MUKHOTI_2020, tags={"cifar-schedule"})
 def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-531: γ = 5 for epochs [0, 100), 3 for [100, 250), 1 afterwards."""
@@ -202,7 +202,7 @@ def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
 
 
 @register_loss("flsc532", display="FLSc-532", order=9,
-               paper=MUKHOTI_2020)
+               paper=MUKHOTI_2020, tags={"cifar-schedule"})
 def flsc532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-532: γ = 5 for epochs [0, 100), 3 for [100, 250), 2 afterwards."""

@@ -99,7 +99,7 @@ class _BrierWeight(CalibrationLoss):
 
 
 @register_loss("bsce_gra", display="BSCE-GRA", order=13,
-               paper=LIN_2025)
+               paper=LIN_2025, tags={"demo"})
 class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
     """BSCE-GRA: ``‖onehot(y) - p‖_β^γ`` (detached) times ``-log p_y``
     (see :func:`torchcal.functional.bsce_gra_loss`).
@@ -119,7 +119,7 @@ class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
 
 
 @register_loss("bsce", display="BSCE", order=12,
-               paper=LIN_2025)
+               paper=LIN_2025, tags={"demo"})
 class BSCELoss(_BrierWeight):
     """BSCE: ``‖onehot(y) - p‖_β^γ · (-log p_y)`` with the weight **not** detached
     (see :func:`torchcal.functional.bsce_loss`).
@@ -135,7 +135,7 @@ class BSCELoss(_BrierWeight):
 
 
 @register_loss("focal_gra", display="Focal-GRA", order=14,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"demo"})
 class FocalGRALoss(GradientWeightedLoss):
     """FL-GRA: ``(1-p_y)^γ`` (detached) times ``-log p_y``; γ default 3.
 
@@ -159,7 +159,7 @@ class FocalGRALoss(GradientWeightedLoss):
 
 
 @register_loss("dual_focal_gra", display="Dual focal-GRA", order=15,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"demo"})
 class DualFocalGRALoss(GradientWeightedLoss):
     """DFL-GRA: ``(1-p_y+p_j)^γ`` (all detached) times ``-log p_y``; γ default 5.
 

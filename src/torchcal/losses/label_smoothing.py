@@ -15,7 +15,7 @@ __all__ = ["LabelSmoothingLoss"]
 
 @register_loss("ls", display="Label smoothing", order=1,
                paper="Szegedy et al. 2016, *Rethinking the Inception Architecture for Computer "
-                     "Vision* (CVPR)")
+                     "Vision* (CVPR)", tags={"demo"})
 class LabelSmoothingLoss(CalibrationLoss):
     """Cross-entropy against smoothed targets (see :func:`torchcal.functional.label_smoothing_loss`).
 

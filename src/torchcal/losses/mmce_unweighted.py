@@ -34,7 +34,7 @@ class _BatchLoss(CalibrationLoss):
 
 
 @register_loss("mmce_m", display="MMCE (unweighted)", order=16,
-               paper=KUMAR_2018)
+               paper=KUMAR_2018, tags={"variant"})
 class MMCEUnweightedLoss(_BatchLoss):
     """``CE_mean + λ·MMCE_m``: the unweighted MMCE (the focal-calibration code's ``mmce``
     option; see :func:`torchcal.functional.mmce_m_loss`).  ``"sum"`` gives N times it (the
@@ -64,7 +64,7 @@ class MMCEUnweightedLoss(_BatchLoss):
 
 
 @register_loss("mmce_gra", display="MMCE-GRA", order=17,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class MMCEGRALoss(_BatchLoss):
     """MMCE-GRA: ``MMCE_m`` (detached) times ``CE_mean`` (the BSCE-GRA repository's
     ``MMCEGRA``; see :func:`torchcal.functional.mmce_gra_loss`).  The gradient is

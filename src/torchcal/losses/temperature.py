@@ -117,7 +117,7 @@ class _ValidationTemperature:
 
 
 @register_loss("temperature_focal", display="Temperature focal", order=26,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature focal loss ``-(1 - q_y)^γ log p_y``, ``q = softmax(z / T)``, T fitted
     on validation (see :func:`torchcal.functional.temperature_focal_loss`).
@@ -149,7 +149,7 @@ class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
 
 
 @register_loss("temperature_focal_gra", display="Temperature focal-GRA", order=27,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature focal GRA: ``(1 - q_y)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_focal_gra_loss`).
@@ -177,7 +177,7 @@ class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
 
 
 @register_loss("temperature_dual_focal", display="Temperature dual focal", order=28,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature dual focal loss ``-(1 - q_y + q_j)^γ log p_y`` (see
     :func:`torchcal.functional.temperature_dual_focal_loss`).
@@ -206,7 +206,7 @@ class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
 
 
 @register_loss("temperature_dual_focal_gra", display="Temperature dual focal-GRA", order=29,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature dual focal GRA: ``(1 - q_y + q_j)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_dual_focal_gra_loss`).
@@ -235,7 +235,7 @@ class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
 
 
 @register_loss("temperature_bsce", display="Temperature BSCE", order=30,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature BSCE ``-‖onehot(y) - q‖_β^γ log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_loss`).
@@ -265,7 +265,7 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
 
 
 @register_loss("temperature_bsce_gra", display="Temperature BSCE-GRA", order=31,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature BSCE-GRA: ``‖onehot(y) - q‖_β^γ`` detached times ``-log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_gra_loss`).
@@ -295,7 +295,7 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
 
 
 @register_loss("consistency", display="Consistency", order=32,
-               paper=LIN_2025_CODE)
+               paper=LIN_2025_CODE, tags={"variant"})
 class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
     r"""The BSCE-GRA repository's consistency loss: ``(1 - q_y)^γ`` detached times ``-log p_y``,
     ``q`` the probabilities of a calibrator re-fitted on every validation pass (see

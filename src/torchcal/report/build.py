@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import atomic_write_json, atomic_write_text
-from ..errors import ResultsFileError
+from .._io import atomic_write_json, atomic_write_text, read_json
+from ..errors import ResultsFileError, TorchcalError
 from ..evaluate import load_logits
 from ..metrics import entropy
 from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
@@ -46,10 +46,10 @@ from .aggregate import (
     group_runs,
     load_runs,
 )
-from .claims import add_confidence_gaps, claims_markdown, claims_section
+from .claims import Claim, add_confidence_gaps, claims_markdown, claims_section
 from .plots import MIN_COUNT
 
-__all__ = ["ReportOutput", "build_report", "gamma_history"]
+__all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir"]
 
 REPORT_SCHEMA = "torchcal.report/1"
 
@@ -362,7 +362,7 @@ def build_report(
     intro: str = "",
     n_bins: int = 15,
     figures: bool = True,
-    claims: bool = False,
+    claims: bool | Sequence[Claim] = False,
     checkpoint: str = "last",
     mix_checkpoints: bool = False,
 ) -> ReportOutput:
@@ -378,7 +378,9 @@ def build_report(
         figures: draw the figures (needs the runs' saved logits).
         claims: add the section "The papers' claims on this benchmark"
             (:func:`torchcal.report.claims.claims_markdown`) and each run's mean confidence
-            minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits).
+            minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits): ``True``
+            tests the seed papers' claims (:data:`torchcal.report.claims.CLAIMS`), a sequence of
+            :class:`~torchcal.report.claims.Claim` tests those (a benchmark's own).
         checkpoint: with ``paths``, read the evaluations of this checkpoint (``"last"``:
             ``results.json``; ``"best"``: ``results-best.json``).
         mix_checkpoints: allow one table to hold runs evaluated from different checkpoints
@@ -401,7 +403,9 @@ def build_report(
     table_sets = T.tables_for(groups, floors)
     runs_table = _runs_table(groups, out)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    claims_md = claims_markdown(groups) if claims else ""
+    claims_md = ""
+    if claims:
+        claims_md = claims_markdown(groups) if claims is True else claims_markdown(groups, claims)
     md_text = _report_markdown(title, intro, stamp, len(runs.runs), groups, table_sets, figs, out,
                                claims_md, runs_table, notes, errors)
     html_text = _report_html(title, intro, stamp, len(runs.runs), groups, table_sets, figs,
@@ -531,3 +535,39 @@ def _rel(p: Path, base: Path) -> str:
 def runs_from_records(records: Sequence[RunRecord]) -> LoadReport:
     """Wrap already loaded runs for :func:`build_report`."""
     return LoadReport(runs=list(records), errors=[])
+
+
+def _is_report_results(path: Path) -> bool:
+    try:
+        doc = read_json(path, what="Results file")
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith(REPORT_SCHEMA.split("/")[0] + "/")
+
+
+def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
+    """Make ``out`` ready for a report: refuse a run directory, remove an earlier report's
+    figures (``figures/*.png``).  Returns the removed files.
+
+    Raises:
+        TorchcalError: ``out`` is a file, or holds a training run.
+    """
+    out = Path(out)
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise TorchcalError(f"Expected `{option}` to be a directory, got the file {str(out)!r}")
+    run = RunDir(out)
+    held = [p.name for p in (run.config, run.log, run.checkpoint_dir) if p.exists()]
+    if run.results().is_file() and not _is_report_results(run.results()):
+        held.append(run.results().name)
+    if held:
+        raise TorchcalError(
+            f"Expected `{option}` to be a new directory or an earlier report's, but "
+            f"{str(out)!r} holds a training run ({', '.join(held)}), which the report's files "
+            "would replace: choose another directory")
+    removed = []
+    for png in sorted((out / "figures").glob("*.png")):
+        png.unlink()
+        removed.append(png)
+    return removed
