@@ -34,6 +34,7 @@ from .._io import atomic_write_json, atomic_write_text
 from ..errors import ResultsFileError
 from ..evaluate import load_logits
 from ..metrics import entropy
+from ..plot import MIN_COUNT
 from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
 from . import figures as F
 from . import tables as T
@@ -47,7 +48,6 @@ from .aggregate import (
     load_runs,
 )
 from .claims import add_confidence_gaps, claims_markdown, claims_section
-from .plots import MIN_COUNT
 
 __all__ = ["ReportOutput", "build_report", "gamma_history"]
 
