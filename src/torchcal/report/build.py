@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from markdown_it import MarkdownIt
 
 from .._io import atomic_write_json, atomic_write_text
 from ..errors import ResultsFileError
@@ -52,6 +53,7 @@ from .claims import add_confidence_gaps, claims_markdown, claims_section
 __all__ = ["ReportOutput", "build_report", "gamma_history"]
 
 REPORT_SCHEMA = "torchcal.report/1"
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
 @dataclass
@@ -328,29 +330,10 @@ pre{background:#f6f6f6;padding:.6em;overflow:auto} .err{color:#a00}
 """
 
 
-def _md_to_html_blocks(md: str) -> str:
-    """A tiny Markdown subset (paragraphs, '#' headings, '-' lists, `code`) for intro notes."""
-    out: list[str] = []
-    for block in md.strip().split("\n\n"):
-        lines = block.splitlines()
-        if all(s.lstrip().startswith("- ") for s in lines if s.strip()):
-            out.append("<ul>" + "".join(f"<li>{_inline(s.lstrip()[2:])}</li>" for s in lines if s.strip())
-                       + "</ul>")
-            continue
-        m = re.match(r"^(#{1,4}) (.*)$", lines[0]) if lines else None
-        if m and len(lines) == 1:
-            k = len(m.group(1)) + 1
-            out.append(f"<h{k}>{_inline(m.group(2))}</h{k}>")
-        else:
-            out.append(f"<p>{_inline(' '.join(lines))}</p>")
-    return "\n".join(out)
-
-
-def _inline(s: str) -> str:
-    s = html.escape(s)
-    s = re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
-    s = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", s)
-    return s
+def _markdown_html(md: str) -> str:
+    """Markdown (CommonMark and tables) as HTML, by markdown-it-py; HTML in the text is escaped,
+    not passed through (the report's text holds run metadata)."""
+    return _MARKDOWN.render(md)
 
 
 def build_report(
@@ -482,7 +465,7 @@ def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequen
          f"<h1>{html.escape(title)}</h1>",
          f"<p>Generated {stamp} from {n_runs} evaluated run(s) in {len(groups)} group(s).</p>"]
     if intro:
-        h.append(_md_to_html_blocks(intro))
+        h.append(_markdown_html(intro))
     for key, tabs in table_sets:
         h.append(f"<h2>{html.escape(key[0])} / {html.escape(key[1])}</h2>")
         h += [t.to_html() for t in tabs]
@@ -491,7 +474,7 @@ def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequen
             h.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{b64}\">"
                      f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
     for block in claims_section(groups) if claims_md else []:
-        h.append(block.to_html() if isinstance(block, T.Table) else _md_to_html_blocks(block))
+        h.append(block.to_html() if isinstance(block, T.Table) else _markdown_html(block))
     h += ["<h2>Runs</h2>", runs_table.to_html()]
     if notes:
         h.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
