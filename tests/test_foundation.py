@@ -206,8 +206,9 @@ def test_package_metadata_as_the_issue_asks():
     def names(reqs):
         return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in reqs}
 
+    # + markdown-it-py: report.html rendered from the report's Markdown (issue 26)
     assert names(proj["dependencies"]) == {"torch", "numpy", "scipy", "matplotlib", "tqdm",
-                                           "scikit-learn", "pillow", "mnist1d"}
+                                           "scikit-learn", "pillow", "mnist1d", "markdown-it-py"}
     assert {"pytest", "hypothesis", "torchmetrics"} <= names(proj["optional-dependencies"]["test"])
     assert names(proj["optional-dependencies"]["lightning"]) == {"lightning"}
     assert names(proj["optional-dependencies"]["hf"]) == {"transformers", "accelerate"}

@@ -62,6 +62,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .._io import LOCK_NAME, exclusive_lock
+from .._registry import unknown_name
 from .._validation import check_scalar
 from ..errors import CheckpointError
 from ..evaluate import evaluate_saved_logits, meta_from_config
@@ -780,7 +781,7 @@ def run_demo(cfg: DemoConfig | None = None) -> DemoResult:
     known = set(list_losses())
     bad = [n for n in losses if n not in known]
     if bad:
-        raise ValueError(f"Unknown loss(es) {bad}; expected some of: {', '.join(sorted(known))}")
+        raise ValueError("; ".join(unknown_name("loss", n, known) for n in bad))
     if "noise_std" in cfg.data_kwargs:
         raise ValueError("Set the pixel noise with `noise_std` (--noise-std), not in `data_kwargs`")
     out = Path(cfg.out) if cfg.out is not None else _default_out()

@@ -32,6 +32,7 @@ from ._common import (
     binned_sums,
     calibration_from_sums,
     classwise_sums,
+    keyword_inputs,
     prepare,
     result_dtype,
     top1,
@@ -65,6 +66,7 @@ def _top_label(
     return calibration_from_sums(sums, norm).to(result_dtype(p.dtype))
 
 
+@keyword_inputs
 def ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -103,6 +105,7 @@ def ece(
     return _top_label(logits, probs, labels, n_bins, validate_args, "l1")
 
 
+@keyword_inputs
 def mce(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -121,6 +124,7 @@ def mce(
     return _top_label(logits, probs, labels, n_bins, validate_args, "max")
 
 
+@keyword_inputs
 def rmsce(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -139,6 +143,7 @@ def rmsce(
     return _top_label(logits, probs, labels, n_bins, validate_args, "l2")
 
 
+@keyword_inputs
 def ace(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -166,6 +171,7 @@ def ace(
     return _top_label(logits, probs, labels, n_bins, validate_args, "mean")
 
 
+@keyword_inputs
 def adaptive_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -190,6 +196,7 @@ def adaptive_ece(
     return _top_label(logits, probs, labels, n_bins, validate_args, "l1", equal_mass=True)
 
 
+@keyword_inputs
 def classwise_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -244,6 +251,7 @@ class ReliabilityCurve(NamedTuple):
     edges: torch.Tensor
 
 
+@keyword_inputs
 def reliability_curve(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     strategy: str = "uniform", validate_args: bool = True,
