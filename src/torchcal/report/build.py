@@ -389,12 +389,12 @@ def build_report(
                                claims_md, runs_table, notes, errors)
     html_text = _report_html(title, intro, stamp, len(runs.runs), groups, table_sets, figs,
                              claims_md, runs_table, notes, errors)
-    doc = _results_doc(stamp, groups, floors, errors)
+    doc = _results_doc(stamp, groups, floors, errors, out)
     paths_out = dict(
         report_md=atomic_write_text(out / "report.md", md_text),
         report_html=atomic_write_text(out / "report.html", html_text),
         results_json=atomic_write_json(out / REPORT_RESULTS_FILE, doc, indent=1),
-        results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups)),
+        results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups, out)),
         summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),
     )
     all_figs = [f.path for fs in figs.values() for f in fs]
@@ -425,7 +425,8 @@ def _runs_table(groups: Sequence[Group], out: Path) -> T.Table:
     return T.Table("Run directories", ["Group", "Seeds", "Checkpoint", "Run directories"], [
         [T.Cell(f"{g.label} ({g.dataset}/{g.model})"), T.Cell(", ".join(map(str, g.seeds))),
          T.Cell(", ".join(sorted({r.checkpoint for r in g.runs}))),
-         T.Cell(", ".join(_rel(r.run_dir, out) for r in g.runs))] for g in groups],
+         T.Cell(", ".join(T.relative_run_dir(r.run_dir, out) for r in g.runs))]
+        for g in groups],
         ["Run directories relative to this report. Checkpoint: the evaluated checkpoint "
          "(last: the last epoch's, as the papers report; best: by the validation metric)."])
 
@@ -486,29 +487,25 @@ def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequen
     return "\n".join(h) + "\n"
 
 
-def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list) -> dict:
-    """The content of results.json: groups, runs and skipped files."""
+def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list,
+                 out: Path) -> dict:
+    """The content of results.json: groups, runs (directories relative to ``out``, the report's
+    directory) and skipped files."""
     return {
         "schema": REPORT_SCHEMA,
         "generated": stamp,
         "groups": [{
             "dataset": g.dataset, "model": g.model, "loss": g.loss, "loss_kwargs": g.loss_kwargs,
             "label": g.label, "n_runs": len(g.runs), "seeds": g.seeds,
-            "runs": [str(r.run_dir) for r in g.runs],
+            "runs": [T.relative_run_dir(r.run_dir, out) for r in g.runs],
             "mean": g.mean, "std": g.std, "count": g.count,
             "ece_noise_floor": floors.get(g.label),
         } for g in groups],
-        "runs": [{"run_dir": str(r.run_dir), "meta": r.meta, "results": r.results}
+        "runs": [{"run_dir": T.relative_run_dir(r.run_dir, out), "meta": r.meta,
+                  "results": r.results}
                  for g in groups for r in g.runs],
         "errors": [{"path": p, "error": m} for p, m in errors],
     }
-
-
-def _rel(p: Path, base: Path) -> str:
-    try:
-        return os.path.relpath(p, base)
-    except ValueError:  # different drives on Windows
-        return str(p)
 
 
 def runs_from_records(records: Sequence[RunRecord]) -> LoadReport:
