@@ -91,6 +91,22 @@ def test_html_in_the_text_is_escaped_not_passed_through(tmp_path):
     assert "<script>" not in page and "&lt;script&gt;" in page and "<strong>bold</strong>" in page
 
 
+def test_every_verdict_line_carries_the_label(tmp_path):
+    """Issue 26 (2): read alone, a verdict line of a --quick report says it is no evidence (Markdown and
+    HTML); without a label the line is as before."""
+    rep = _report(tmp_path)
+    label = "--quick smoke test, 15 of 350 epochs: not evidence"
+    again = build_report([rep.out_dir.parent / "runs"], tmp_path / "q", claims=True,
+                         figures=False, verdict_label=label)
+    md = again.report_md.read_text(encoding="utf-8")
+    lines = [ln for ln in md.splitlines() if "**Verdict" in ln]
+    assert len(lines) >= 6 and all(f"**Verdict ({label}): " in ln for ln in lines)
+    html = again.report_html.read_text(encoding="utf-8")
+    assert html.count(f"<strong>Verdict ({label}): ") == len(lines)
+    plain = rep.report_md.read_text(encoding="utf-8")
+    assert plain.count("**Verdict: ") == len(lines)
+
+
 def _chromium() -> str | None:
     return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser",
                                                          "google-chrome")) if p), None)

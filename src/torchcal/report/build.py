@@ -344,6 +344,8 @@ def build_report(
     runs: LoadReport | None = None,
     title: str = "torchcal report",
     intro: str = "",
+    appendix: str = "",
+    verdict_label: str = "",
     n_bins: int = 15,
     figures: bool = True,
     claims: bool = False,
@@ -358,6 +360,9 @@ def build_report(
         runs: an already loaded :class:`LoadReport` instead of ``paths``.
         title: report title.
         intro: Markdown paragraphs placed under the title (the demo describes its setup here).
+        appendix: Markdown placed after the runs table (the demo's setting in full).
+        verdict_label: with ``claims``, what every verdict line says beside "Verdict" (the
+            demo: that a shortened or ``--quick`` run's verdicts are not the papers' setting).
         n_bins: bins of the reliability diagrams and histograms.
         figures: draw the figures (needs the runs' saved logits).
         claims: add the section "The papers' claims on this benchmark"
@@ -385,11 +390,12 @@ def build_report(
     table_sets = T.tables_for(groups, floors)
     runs_table = _runs_table(groups, out)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    claims_md = claims_markdown(groups) if claims else ""
-    md_text = _report_markdown(title, intro, stamp, len(runs.runs), groups, table_sets, figs, out,
-                               claims_md, runs_table, notes, errors)
-    html_text = _report_html(title, intro, stamp, len(runs.runs), groups, table_sets, figs,
-                             claims_md, runs_table, notes, errors)
+    claims_md = claims_markdown(groups, verdict_label=verdict_label) if claims else ""
+    claims_blocks = claims_section(groups, verdict_label=verdict_label) if claims_md else []
+    md_text = _report_markdown(title, (intro, appendix), stamp, len(runs.runs), groups,
+                               table_sets, figs, out, claims_md, runs_table, notes, errors)
+    html_text = _report_html(title, (intro, appendix), stamp, len(runs.runs), groups, table_sets,
+                             figs, claims_blocks, runs_table, notes, errors)
     doc = _results_doc(stamp, groups, floors, errors, out)
     paths_out = dict(
         report_md=atomic_write_text(out / "report.md", md_text),
@@ -432,11 +438,12 @@ def _runs_table(groups: Sequence[Group], out: Path) -> T.Table:
          "(last: the last epoch's, as the papers report; best: by the validation metric)."])
 
 
-def _report_markdown(title: str, intro: str, stamp: str, n_runs: int, groups: Sequence[Group],
+def _report_markdown(title: str, prose: tuple[str, str], stamp: str, n_runs: int, groups: Sequence[Group],
                      table_sets, figs: dict[tuple[str, str], list[Figure]], out: Path,
                      claims_md: str, runs_table: T.Table, notes: list[str],
                      errors: list) -> str:
-    """The text of report.md."""
+    """The text of report.md; ``prose``: the intro and the appendix (Markdown)."""
+    intro, appendix = prose
     md = [f"# {title}", "", f"Generated {stamp} from {n_runs} evaluated run(s) in "
           f"{len(groups)} group(s).", ""]
     if intro:
@@ -451,6 +458,8 @@ def _report_markdown(title: str, intro: str, stamp: str, n_runs: int, groups: Se
     if claims_md:
         md += [claims_md, ""]
     md += ["## Runs", "", runs_table.to_markdown(), ""]
+    if appendix:
+        md += [appendix.strip(), ""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     if errors:
@@ -458,10 +467,13 @@ def _report_markdown(title: str, intro: str, stamp: str, n_runs: int, groups: Se
     return "\n".join(md).rstrip() + "\n"
 
 
-def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequence[Group],
-                 table_sets, figs: dict[tuple[str, str], list[Figure]], claims_md: str,
+def _report_html(title: str, prose: tuple[str, str], stamp: str, n_runs: int,
+                 groups: Sequence[Group], table_sets, figs: dict[tuple[str, str], list[Figure]],
+                 claims_blocks: list,
                  runs_table: T.Table, notes: list[str], errors: list) -> str:
-    """The text of report.html (figures embedded as base64 PNG)."""
+    """The text of report.html (figures embedded as base64 PNG); ``prose``: the intro and the
+    appendix (Markdown); ``claims_blocks``: :func:`claims_section`'s blocks."""
+    intro, appendix = prose
     h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
          f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
          f"<h1>{html.escape(title)}</h1>",
@@ -475,9 +487,11 @@ def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequen
             b64 = base64.b64encode(f.path.read_bytes()).decode("ascii")
             h.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{b64}\">"
                      f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
-    for block in claims_section(groups) if claims_md else []:
+    for block in claims_blocks:
         h.append(block.to_html() if isinstance(block, T.Table) else _markdown_html(block))
     h += ["<h2>Runs</h2>", runs_table.to_html()]
+    if appendix:
+        h.append(_markdown_html(appendix))
     if notes:
         h.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     if errors:
