@@ -24,6 +24,10 @@ A **shortened** run of *three* losses on `digits`; see **the claims** below.
 - one **bold** item with `code`
 - one *emphasised* item
 """
+# the demo's appendix: a table with a long cell, which must wrap, not widen the page
+APPENDIX = ("## Appendix\n\n| Losses | Why not trained |\n|---|---|\n| "
+            + ", ".join(f"Some registered loss {k}" for k in range(30))
+            + " | " + "a variant from the published code, " * 4 + "|\n")
 # every loss a claim needs, so every claim line of the section is rendered
 LOSSES = ("ce", "focal", "flsd53", "adafocal", "bsce", "bsce_gra", "dual_focal")
 
@@ -62,7 +66,8 @@ def _report(tmp_path, figures=False):
             write_results(d, fake_results(loss, seed, 0.1 - 0.01 * i, 0.02, 1.5))
             z = rng.normal(size=(200, 5)).astype(np.float32) * 3
             save_logits(d / "logits" / "test.npz", z, rng.integers(0, 5, 200))
-    return build_report([root], tmp_path / "rep", intro=INTRO, claims=True, figures=figures)
+    return build_report([root], tmp_path / "rep", intro=INTRO, appendix=APPENDIX, claims=True,
+                        figures=figures)
 
 
 def test_every_section_is_rendered_without_literal_markdown(tmp_path):
@@ -120,9 +125,12 @@ window.addEventListener('load', () => {
   const verdicts = bold.filter(t => t.startsWith('Verdict:')).length;
   const body = document.body.innerText;
   const marks = (body.match(/\\*\\*|`/g) || []).length;
+  const W = document.documentElement.clientWidth;
+  const wide = [...document.querySelectorAll('body *')]
+    .filter(e => e.getBoundingClientRect().right > W + 1).length;
   const out = document.createElement('pre');
   out.id = 'torchcal-check';
-  out.textContent = JSON.stringify({imgs: imgs.length, ok, verdicts, marks});
+  out.textContent = JSON.stringify({imgs: imgs.length, ok, verdicts, marks, wide});
   document.body.appendChild(out);
 });
 </script>"""
@@ -142,7 +150,8 @@ def test_report_as_a_reader_sees_it_in_headless_chromium(tmp_path):
         "</body>", _CHECK + "</body>"), encoding="utf-8")
     proc = subprocess.run(
         [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom",
+         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900",
+         "--virtual-time-budget=5000", "--dump-dom",
          probe.as_uri()], capture_output=True, text=True, timeout=120)
     m = re.search(r'<pre id="torchcal-check">(.*?)</pre>', proc.stdout)
     assert m, f"no result from Chromium: {proc.stderr[-2000:]}"
@@ -151,3 +160,4 @@ def test_report_as_a_reader_sees_it_in_headless_chromium(tmp_path):
     md = rep.report_md.read_text(encoding="utf-8")
     assert seen["verdicts"] == md.count("**Verdict:") >= 6, seen
     assert seen["marks"] == 0, seen
+    assert seen["wide"] == 0, seen  # nothing wider than the window: no sideways scrolling

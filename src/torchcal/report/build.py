@@ -328,13 +328,14 @@ td.best{background:#e8f4e8} p.note{font-size:12px;color:#555;margin:.2em 0}
 figure{display:inline-block;margin:.6em;vertical-align:top;max-width:100%}
 figure img{max-width:100%} figcaption{font-size:12px;color:#555;max-width:800px}
 pre{background:#f6f6f6;padding:.6em;overflow:auto} .err{color:#a00}
+.md td,.md th{white-space:normal;text-align:left;vertical-align:top}
 """
 
 
 def _markdown_html(md: str) -> str:
     """Markdown (CommonMark and tables) as HTML, by markdown-it-py; HTML in the text is escaped,
     not passed through (the report's text holds run metadata)."""
-    return _MARKDOWN.render(md)
+    return f'<div class="md">{_MARKDOWN.render(md)}</div>'
 
 
 def build_report(
