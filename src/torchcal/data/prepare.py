@@ -26,7 +26,7 @@ _ARCHIVES = {"cifar10", "cifar100", "tinyimagenet", "cifar10c"}
 
 def _check(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if name not in PREPARABLE:
-        raise ValueError(unknown_name("data set to prepare", name, PREPARABLE))
+        raise ValueError(unknown_name("data set", name, PREPARABLE) + " (the data sets to prepare)")
     return PREPARABLE[name]
 
 
