@@ -262,7 +262,7 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
                            skipped=sum(bool(r.get("skipped")) for r in results))
         rep = build_report([j["run_dir"] for j in specs], out, title=f"torchcal demo: {bench.title}",
                            intro=intro, appendix=appendix_text(cfg, specs), n_bins=cfg.n_bins,
-                           figures=cfg.figures, claims=True,
+                           figures=cfg.figures, claims=tuple(bench.claims) or False,
                            verdict_label=verdict_label(cfg, specs))
     return DemoResult(out_dir=out, report=rep, failed=failed,
                       seconds=time.perf_counter() - t_start, config=cfg)
