@@ -1,9 +1,12 @@
 """The documentation site stays true: every public name is in the API reference, every
 ``:::`` directive names a real object, every included file exists, every example runs, and
-every ``python`` code block of the pages runs (blocks of one page share a namespace, in order;
-a block preceded by ``<!-- docs-test: skip (reason) -->`` is not run, one preceded by
+every ``python`` code block of README.md and the pages runs, each on its own in a fresh
+namespace (as a reader copies it), with its ``--8<--`` includes expanded as the site shows them.
+A block preceded by ``<!-- docs-test: continues -->`` is explicitly chained: it runs after the
+block before it, in that block's namespace (one test per chain).  A block preceded by
+``<!-- docs-test: skip (reason) -->`` is not run; one preceded by
 ``<!-- docs-test: requires MODULE ... -->`` is skipped when an optional module is missing,
-except in CI, where .ci/run installs every extra and a missing one fails).
+except in CI, where .ci/run installs every extra and a missing one fails.
 
 The site itself is built by ``mkdocs build --strict`` in ``.ci/run`` (it needs the ``docs``
 extra); these checks need nothing beyond the test extra, so they run everywhere.
@@ -20,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -100,8 +104,33 @@ def directives() -> list[tuple[str, list[str] | None, str]]:
     return found
 
 
-def code_blocks(page: Path) -> list[tuple[int, str, list[str]]]:
-    """The runnable ``python`` fences of a page: (line number, code, modules required)."""
+_DIRECTIVE = re.compile(r"<!-- docs-test: (skip|continues|requires)\b([^>]*)-->")
+_INCLUDE = re.compile(r'^(\s*)--8<--\s+"([^"]+)"\s*$')
+
+
+def expand_includes(code: str) -> str:
+    """``--8<-- "path:section"`` lines replaced by the included text, as pymdownx.snippets
+    does for the site (base paths: the repository and docs/; sections dedented)."""
+    out = []
+    for line in code.splitlines():
+        m = _INCLUDE.match(line)
+        if not m:
+            out.append(line)
+            continue
+        path, _, section = m.group(2).partition(":")
+        target = next(base / path for base in (ROOT, DOCS) if (base / path).is_file())
+        text = target.read_text(encoding="utf-8")
+        if section:
+            text = text.split(f"--8<-- [start:{section}]", 1)[1].split(
+                f"--8<-- [end:{section}]", 1)[0]
+            text = text.split("\n", 1)[1].rsplit("\n", 1)[0]  # the marker lines' own rest
+        out.append(textwrap.dedent(text).rstrip("\n"))
+    return "\n".join(out)
+
+
+def code_blocks(page: Path) -> list[tuple[int, str, list[str], bool]]:
+    """The runnable ``python`` fences of a page: (line number, code with includes expanded,
+    modules required, continues the previous block)."""
     lines = page.read_text(encoding="utf-8").splitlines()
     blocks = []
     i = 0
@@ -110,16 +139,33 @@ def code_blocks(page: Path) -> list[tuple[int, str, list[str]]]:
             start = i + 1
             end = next(j for j in range(start, len(lines)) if lines[j].strip() == "```")
             prev = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-            code = "\n".join(lines[start:end])
-            requires = re.match(r"<!-- docs-test: requires ([\w. ]+)-->", prev.strip())
-            if not prev.startswith("<!-- docs-test: skip") and "--8<--" not in code:
-                blocks.append((start + 1, code, requires.group(1).split() if requires else []))
+            m = _DIRECTIVE.match(prev.strip())
+            kind, arg = (m.group(1), m.group(2)) if m else ("", "")
+            if kind != "skip":
+                code = expand_includes("\n".join(lines[start:end]))
+                blocks.append((start + 1, code, arg.split() if kind == "requires" else [],
+                               kind == "continues"))
             i = end
         i += 1
     return blocks
 
 
-PAGES_WITH_CODE = [p for p in sorted(DOCS.rglob("*.md")) if code_blocks(p)]
+def code_chains(page: Path) -> list[tuple[int, list[tuple[int, str]], list[str]]]:
+    """A page's blocks grouped into chains: a block and the ``continues`` blocks after it, as
+    (first line, [(line, code)], modules required)."""
+    chains: list[tuple[int, list[tuple[int, str]], list[str]]] = []
+    for line, code, requires, continues in code_blocks(page):
+        if continues:
+            assert chains, f"{page.name}:{line}: `continues` with no block before it"
+            chains[-1][1].append((line, code))
+            chains[-1][2].extend(requires)
+        else:
+            chains.append((line, [(line, code)], list(requires)))
+    return chains
+
+
+DOC_FILES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+CHAINS = [(page, chain) for page in DOC_FILES for chain in code_chains(page)]
 
 
 def resolve(identifier: str):
@@ -206,20 +252,33 @@ def test_every_snippet_include_exists():
                 f"{page.name} includes a missing section {spec}"
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=[p.relative_to(DOCS).as_posix()
-                                                       for p in PAGES_WITH_CODE])
-def test_page_code_runs(page, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("page, chain", CHAINS, ids=[
+    f"{page.relative_to(ROOT).as_posix()}:{chain[0]}" for page, chain in CHAINS])
+def test_code_block_runs(page, chain, tmp_path, monkeypatch):
+    """Each block (with the blocks it explicitly continues) runs on its own, in a fresh
+    namespace and an empty working directory."""
     monkeypatch.chdir(tmp_path)  # blocks may write files (run directories, caches)
+    _first, blocks, requires = chain
+    for module in requires:
+        if os.environ.get("CI"):
+            importlib.import_module(module)
+        else:
+            pytest.importorskip(module, reason=f"{page.name} needs the optional {module}")
     namespace: dict = {"__name__": "__docs__"}
-    for _, _, requires in code_blocks(page):
-        for module in requires:
-            if os.environ.get("CI"):
-                importlib.import_module(module)
-            else:
-                pytest.importorskip(module, reason=f"{page.name} needs the optional {module}")
-    for line, code, _ in code_blocks(page):
+    for line, code in blocks:
         exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), namespace)
-    assert capsys.readouterr().out.strip(), f"{page.name}'s code printed nothing"
+
+
+def test_readme_and_every_page_with_python_have_blocks_collected():
+    """The collector sees README.md's tour, the getting-started page's first block (an
+    include) and a chained block, so a change of syntax cannot silently drop them."""
+    pages = {p.relative_to(ROOT).as_posix() for p, _ in CHAINS}
+    assert {"README.md", "docs/getting-started.md", "docs/guide/metrics.md"} <= pages
+    first = code_chains(DOCS / "getting-started.md")[0][1][0][1]
+    assert "--8<--" not in first and "load_logits(" in first
+    fences = sum(p.read_text(encoding="utf-8").count("```python") for p in DOC_FILES)
+    skipped = sum(p.read_text(encoding="utf-8").count("<!-- docs-test: skip") for p in DOC_FILES)
+    assert sum(len(c[1]) for _, c in CHAINS) == fences - skipped
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])

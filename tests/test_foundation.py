@@ -206,8 +206,9 @@ def test_package_metadata_as_the_issue_asks():
     def names(reqs):
         return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in reqs}
 
+    # + markdown-it-py: report.html rendered from the report's Markdown (issue 26)
     assert names(proj["dependencies"]) == {"torch", "numpy", "scipy", "matplotlib", "tqdm",
-                                           "scikit-learn", "pillow", "mnist1d"}
+                                           "scikit-learn", "pillow", "mnist1d", "markdown-it-py"}
     assert {"pytest", "hypothesis", "torchmetrics"} <= names(proj["optional-dependencies"]["test"])
     assert names(proj["optional-dependencies"]["lightning"]) == {"lightning"}
     assert names(proj["optional-dependencies"]["hf"]) == {"transformers", "accelerate"}
@@ -220,7 +221,8 @@ def test_package_metadata_as_the_issue_asks():
 def test_ci_runs_the_readme_test_command_and_fails_with_it():
     # .ci/run installs torch==2.13.0 only when torch is missing, then runs the README's test
     # command under `set -e`, so a failing test fails the script; after it comes only the
-    # documentation build (`mkdocs build --strict`, the README's Documentation section)
+    # documentation build (`mkdocs build --strict`, the README's Documentation section) and the
+    # built site's browser check (tests/test_docs_site.py, which needs the docs extra)
     import pathlib
     import re
 
@@ -235,7 +237,9 @@ def test_ci_runs_the_readme_test_command_and_fails_with_it():
     assert "set -euo pipefail" in lines
     assert commands[0] in lines
     after = lines[lines.index(commands[0]) + 1:]
-    assert all("mkdocs build --strict" in ln for ln in after), after
+    assert all("mkdocs build --strict" in ln
+               or ln == "python -m pytest tests/test_docs_site.py -p no:randomly -q"
+               for ln in after), after
     assert any("import torch" in ln and "pip install torch==2.13.0" in ln for ln in lines)
     # the test command installs the optional integrations too (their tests fail in CI without
     # them), with the installed torch held fixed by a constraint generated from its version

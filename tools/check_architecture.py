@@ -10,7 +10,7 @@ It prints one line per rule with its count, then every violation:
        L6  experiments/
        L5  train/  report/  integrations/   (siblings: never importing each other)
        L4  evaluate.py  runs.py
-       L3  losses/  posthoc/  uncertainty/
+       L3  losses/  posthoc/  uncertainty/  plot.py
        L2  metrics/  functional/  models/  data/
        L1  errors.py  _validation.py  _io.py  _registry.py
 
@@ -56,6 +56,7 @@ LAYERS = {
     "losses": 3,
     "posthoc": 3,
     "uncertainty": 3,
+    "plot": 3,
     "metrics": 2,
     "functional": 2,
     "models": 2,

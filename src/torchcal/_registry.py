@@ -3,8 +3,9 @@
 Every table of named things (``torchcal.losses``, ``torchcal.models``, the training recipes) is
 a :class:`Registry`: names are non-empty lower-case strings, registering the same object twice
 is a no-op and another object under a taken name is an error, lookups of unknown names raise
-the registry's error listing the valid names.  Each entry carries metadata that reports and
-command lines read instead of keeping their own copies:
+the registry's error naming the close valid names ("did you mean"), else listing them all.
+Each entry carries metadata that reports and command lines read instead of keeping their own
+copies:
 
 * ``display``: the human name in tables and figures (default: the registered name);
 * ``order``: the canonical position in tables (entries without one come after, by name);
@@ -23,14 +24,31 @@ command lines read instead of keeping their own copies:
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry", "Entry"]
+__all__ = ["Registry", "Entry", "unknown_name"]
 
 T = TypeVar("T")
+
+
+def unknown_name(kind: str, name: Any, valid: Iterable[str]) -> str:
+    """The message for an unknown ``name``: "did you mean" the close valid names (difflib) when
+    there are some, else every valid name.
+
+    >>> unknown_name("loss", "focall", ["ce", "focal", "flsd53"])
+    "Unknown loss 'focall'; did you mean 'focal'?"
+    >>> unknown_name("loss", "xyz", ["focal", "ce"])
+    "Unknown loss 'xyz'; expected one of: ce, focal"
+    """
+    valid = sorted(valid)
+    close = difflib.get_close_matches(str(name), valid, n=3, cutoff=0.6)
+    if close:
+        return f"Unknown {kind} {name!r}; did you mean {' or '.join(map(repr, close))}?"
+    return f"Unknown {kind} {name!r}; expected one of: {', '.join(valid)}"
 
 
 @dataclass(frozen=True)
@@ -106,11 +124,10 @@ class Registry(Generic[T]):
         return names
 
     def entry(self, name: str) -> Entry[T]:
-        """The entry of ``name`` (the registry's error, listing the valid names, if unknown)."""
+        """The entry of ``name`` (the registry's error, :func:`unknown_name`, if unknown)."""
         self._load()
         if name not in self._entries:
-            raise self.error(f"Unknown {self.kind} {name!r}; expected one of: "
-                             f"{', '.join(sorted(self._entries))}")
+            raise self.error(unknown_name(self.kind, name, self._entries))
         return self._entries[name]
 
     def get(self, name: str) -> T:

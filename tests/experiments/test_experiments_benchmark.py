@@ -14,6 +14,7 @@ from torchcal.experiments import (
     Benchmark,
     DemoConfig,
     Profile,
+    appendix_text,
     applicable_losses,
     demo_jobs,
     get_benchmark,
@@ -60,9 +61,10 @@ def test_adding_a_loss_touches_no_cli_experiments_or_report_file(user_losses):
     assert parse_demo_loss_args(["zz_tagged:reduction=sum"], applicable_losses()) == {
         "zz_tagged": {"reduction": "sum"}}
     cfg = DemoConfig(full=True, seeds=(0,))
-    text = intro_text(cfg, demo_jobs(cfg, Path("/x")))
-    assert "ZZ tagged" in text.split("Registered but not trained")[0]
-    assert "ZZ untagged: its registry entry has no `demo` tag" in text
+    assert "ZZ tagged" in intro_text(cfg, demo_jobs(cfg, Path("/x")))  # trained
+    text = appendix_text(cfg, demo_jobs(cfg, Path("/x")))
+    assert "ZZ tagged" not in text.split("not trained")[1]
+    assert "| ZZ untagged | its registry entry has no `demo` tag |" in text
 
 
 def test_a_user_loss_trains_through_the_demo_command(user_losses, tmp_path, capsys):

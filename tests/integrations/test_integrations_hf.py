@@ -19,7 +19,11 @@ from torchcal.metrics import adaptive_ece, ece, error, nll  # noqa: E402
 
 transformers = require("transformers", "hf")
 require("accelerate", "hf")
-from torchcal.integrations.hf import CalibrationCallback, compute_loss_func  # noqa: E402
+from torchcal.integrations.hf import (  # noqa: E402
+    CalibrationCallback,
+    compute_loss_func,
+    compute_metrics,
+)
 
 VOCAB, LENGTH, CLASSES = 30, 8, 3
 
@@ -151,3 +155,47 @@ def test_bad_arguments():
         compute_loss_func(FocalLoss(reduction="none"))
     with pytest.raises(ValueError, match="mappings with a 'labels' entry"):
         CalibrationCallback.predict(torch.nn.Linear(2, 2), [(torch.zeros(1, 2), 0)])
+
+
+def test_metrics_reach_the_console_and_tensorboard(tmp_path, capsys):
+    """Issue 26 (4): with compute_metrics the Trainer itself logs eval_ece ... as it logs
+    eval_loss: printed on the console (PrinterCallback) and written to TensorBoard (eval/ece),
+    with the values of torchcal.metrics on the evaluation logits."""
+    pytest.importorskip("tensorboard", reason="TensorBoard is in the test extra")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train, val = TokenTask(128, seed=1), TokenTask(100, seed=2)
+    model = tiny_bert()
+    trainer = transformers.Trainer(
+        model=model, train_dataset=train, eval_dataset=val,
+        args=training_args(tmp_path / "out", num_train_epochs=1, report_to=["tensorboard"]),
+        compute_metrics=compute_metrics(n_bins=15))
+    trainer.train()
+    console = capsys.readouterr().out
+    zv = eval_logits(model, val)
+    want = {"ece": ece(logits=zv, labels=val.labels, n_bins=15),
+            "adaptive_ece": adaptive_ece(logits=zv, labels=val.labels, n_bins=15),
+            "nll": nll(logits=zv, labels=val.labels), "error": error(logits=zv, labels=val.labels)}
+    printed = [line for line in console.splitlines() if "'eval_loss'" in line]
+    assert printed and all(f"'eval_{k}'" in printed[-1] for k in want), console[-2000:]
+    events = list((tmp_path / "out").rglob("events.out.tfevents.*"))  # output_dir/runs/...
+    assert events, "no TensorBoard event file"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    for k, v in want.items():
+        (scalar,) = acc.Scalars(f"eval/{k}")
+        assert scalar.value == pytest.approx(float(v), rel=1e-5, abs=1e-6), k
+    assert trainer.evaluate()["eval_ece"] == pytest.approx(float(want["ece"]), rel=1e-5)
+
+
+def test_compute_metrics_flattens_token_logits_and_drops_ignored_labels():
+    z = torch.randn(2, 4, 3)  # (N, T, C) token logits
+    y = torch.tensor([[0, 1, -100, 2], [1, -100, 1, 0]])
+    out = compute_metrics(n_bins=5)(transformers.EvalPrediction(
+        predictions=(z.numpy(), z.numpy()), label_ids=y.numpy()))
+    keep = y.reshape(-1) != -100
+    zf, yf = z.reshape(-1, 3)[keep], y.reshape(-1)[keep]
+    assert out["ece"] == pytest.approx(float(ece(logits=zf, labels=yf, n_bins=5)), rel=1e-6)
+    assert out["nll"] == pytest.approx(float(nll(logits=zf, labels=yf)), rel=1e-6)
+    with pytest.raises(ValueError, match="`n_bins`"):
+        compute_metrics(n_bins=0)

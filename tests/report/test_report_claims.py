@@ -144,7 +144,7 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert res.failed == []
     md = res.report.report_md.read_text(encoding="utf-8")
     assert "validate_args" not in md and "already finished" not in md
-    assert "On the full schedule" in md  # the shortened run quotes the --full verdicts
+    assert "The committed full run" in md  # the shortened run quotes the --full verdicts
     # the same command again: every run is skipped and the report says its time is not the demo's
     again = run_demo(cfg).report.report_md.read_text(encoding="utf-8")
     assert f"{2 * len(CLAIM_LOSSES)} of {2 * len(CLAIM_LOSSES)} runs were already finished" in again
@@ -154,7 +154,8 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     groups = res.report.groups
     assert {g.loss for g in groups} == set(CLAIM_LOSSES)
     for r in check_claims(groups):
-        assert r.n == 2 and f"**Verdict: {r.verdict}.**" in section
+        assert r.n == 2
+        assert f"**Verdict (shortened schedule, 1 of 350 epochs): {r.verdict}.**" in section
     csv_text = res.report.results_csv.read_text(encoding="utf-8")
     assert GAP_KEY in csv_text.splitlines()[0]
     assert front_table(csv_text).count("\n| ") == len(CLAIM_LOSSES)  # a row per loss

@@ -116,3 +116,15 @@ def test_roc_figure_is_one_readable_panel_per_loss():
     # every column's lowest visible panel shows its x tick labels
     assert all(t.get_visible() for t in axes[-1].get_xticklabels())
     assert any(t.get_text() for t in axes[9].get_xticklabels())
+
+
+def test_confidence_histograms_share_one_y_scale():
+    """Issue 26 (8): each panel had its own y-scale, so a tall bar of one loss and a short one
+    of another looked alike; now every panel of the figure has the same y-limits."""
+    rng = np.random.default_rng(2)
+    conf = {"peaked": np.full(300, 0.97), "spread": rng.uniform(0, 1, 300),
+            "mid": rng.beta(4, 2, 300)}
+    fig = F.confidence_histograms(conf, n_bins=10)
+    fig.canvas.draw()
+    limits = {ax.get_ylim() for ax in fig.axes if ax.get_visible()}
+    assert len(limits) == 1 and limits.pop()[1] >= 1.0  # the peaked panel's bar: all samples

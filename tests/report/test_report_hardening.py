@@ -128,3 +128,33 @@ def test_report_files_respect_the_umask(runs, tmp_path):
         os.umask(old)
     files = [rep.report_md, rep.report_html, rep.results_json, rep.results_csv, png]
     assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o644}
+
+
+def test_results_files_name_runs_relative_to_the_report(runs, tmp_path):
+    """Issue 26 (10): results.csv and results.json held absolute run directories (the paths of
+    the machine that ran them); they name runs relative to the report's directory."""
+    import csv
+
+    rep = build_report([runs], tmp_path / "rep", figures=False)
+    rows = list(csv.DictReader(rep.results_csv.open(encoding="utf-8")))
+    assert sorted(r["run_dir"] for r in rows) == [
+        f"../runs/{loss}/seed{s}" for loss in ("ce", "focal") for s in range(2)]
+    doc = json.loads(rep.results_json.read_text(encoding="utf-8"))
+    named = [r["run_dir"] for r in doc["runs"]] + [d for g in doc["groups"] for d in g["runs"]]
+    assert named and all(d.startswith("../runs/") for d in named), named
+    for d in named:  # each resolves from the report's directory to the run
+        assert (rep.out_dir / d / "results.json").is_file()
+
+
+def test_committed_results_name_no_machine_paths():
+    import csv
+    from pathlib import Path, PureWindowsPath
+
+    root = Path(__file__).resolve().parents[2] / "docs" / "results"
+    files = sorted(root.rglob("results.csv"))
+    assert files
+    for f in files:
+        for row in csv.DictReader(f.open(encoding="utf-8")):
+            d = row["run_dir"]
+            assert not d.startswith("/") and not PureWindowsPath(d).drive, (f, d)
+            assert d.startswith("runs/"), (f, d)

@@ -22,7 +22,7 @@ from .. import __version__
 from ..errors import TorchcalError
 from . import calibrate, data, demo, report, train, uncertainty
 from . import eval as eval_
-from ._args import one_line_warnings
+from ._args import Parser, one_line_warnings
 
 __all__ = ["main", "build_parser"]
 
@@ -31,7 +31,7 @@ _SUBCOMMANDS = (train, eval_, calibrate, report, demo, uncertainty, data)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="torchcal",
         description="Train calibrated classifiers, measure calibration, calibrate post hoc.",
     )

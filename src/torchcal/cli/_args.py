@@ -15,17 +15,53 @@ import argparse
 import json
 import math
 import re
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
+from .._registry import unknown_name
 from ..errors import one_line_warnings  # noqa: F401 - the commands' import of it
 
-__all__ = ["positive_int", "even_int", "positive_float", "nonneg_float", "parse_loss_args",
+__all__ = ["Parser", "positive_int", "even_int", "positive_float", "nonneg_float", "parse_loss_args",
            "parse_loss_args_per_loss", "fmt", "pct", "PERCENT_NOTE", "plain_text",
            "one_line_warnings"]
 
 #: The sentence the commands' --help epilogs use for the units of printed numbers.
 PERCENT_NOTE = ("Printed ECE, error and AUROC values are in percent, NLL in nats; "
                 "the JSON files hold fractions.")
+
+
+_INVALID_CHOICE = re.compile(r"^argument (?P<arg>[^:]+): invalid choice: '?(?P<value>.*?)'? "
+                             r"\(choose from (?P<choices>.*)\)$")
+
+
+def choice_hint(message: str) -> str:
+    """argparse's "invalid choice" message as torchcal's, with "did you mean" (difflib); other
+    messages unchanged.
+
+    >>> choice_hint("argument COMMAND: invalid choice: 'trian' (choose from 'train', 'eval')")
+    "Unknown command 'trian'; did you mean 'train'?"
+    >>> choice_hint("argument --amp: invalid choice: 'bf61' (choose from 'off', 'bf16')")
+    "argument --amp: Unknown choice 'bf61'; did you mean 'bf16'?"
+    """
+    m = _INVALID_CHOICE.match(message)
+    if not m:
+        return message
+    choices = [c.strip().strip("'\"") for c in m.group("choices").split(",")]
+    arg = m.group("arg")
+    if arg.isupper():  # a positional such as COMMAND: "Unknown command 'trian'; ..."
+        return unknown_name(arg.lower(), m.group("value"), choices)
+    return f"argument {arg}: " + unknown_name("choice", m.group("value"), choices)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with torchcal's one-line errors: ``torchcal CMD: error: MESSAGE (see `torchcal
+    CMD --help`)`` instead of a usage block, and "did you mean" for an invalid choice (the
+    sub-parsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {choice_hint(message)} (see `{self.prog} --help`)",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 def positive_int(text: str) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .._io import read_json, read_lock_command
+from .._registry import unknown_name
 from ..errors import TorchcalError
 from ..losses import list_losses
 from ..models import list_models
@@ -117,9 +118,9 @@ def config_from_args(args: argparse.Namespace):
         raise TypeError("internal: recipe did not give a TrainConfig")
 
     if cfg.loss not in list_losses():
-        raise TorchcalError(f"Unknown loss {cfg.loss!r}; expected one of: {_loss_help()}")
+        raise TorchcalError(unknown_name("loss", cfg.loss, list_losses()))
     if cfg.model not in list_models():
-        raise TorchcalError(f"Unknown model {cfg.model!r}; expected one of: {_model_help()}")
+        raise TorchcalError(unknown_name("model", cfg.model, list_models()))
     return cfg.validate()
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .._registry import unknown_name
 from ._base import (
     CIFAR_MEAN,
     CIFAR_STD,
@@ -156,7 +157,7 @@ def load_splits(name: str, root: str | os.PathLike | None = None, *, download: b
     ('digits', 10, 180)
     """
     if name not in _DATASETS:
-        raise ValueError(f"Unknown data set {name!r}; expected one of: {', '.join(_DATASETS)}")
+        raise ValueError(unknown_name("data set", name, _DATASETS))
     take = _keyword_taker(name, kw)
     if name == "digits":
         return _digits_splits(take, seed=seed, val_fraction=val_fraction)
@@ -235,7 +236,7 @@ def load_ood(name: str, root: str | os.PathLike | None = None, *, download: bool
     torch.Size([3, 64])
     """
     if name not in _OOD:
-        raise ValueError(f"Unknown OOD set {name!r}; expected one of: {', '.join(_OOD)}")
+        raise ValueError(unknown_name("OOD set", name, _OOD))
 
     def take(*allowed: str) -> dict:
         extra = sorted(set(kw) - set(allowed))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .._registry import unknown_name
 from .download import RESOURCES, data_lock, extract_archive, fetch_resource
 
 __all__ = ["PREPARABLE", "prepare", "status"]
@@ -25,7 +26,7 @@ _ARCHIVES = {"cifar10", "cifar100", "tinyimagenet", "cifar10c"}
 
 def _check(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if name not in PREPARABLE:
-        raise ValueError(f"Unknown data set {name!r} to prepare; expected one of: {', '.join(PREPARABLE)}")
+        raise ValueError(unknown_name("data set", name, PREPARABLE) + " (the data sets to prepare)")
     return PREPARABLE[name]
 
 

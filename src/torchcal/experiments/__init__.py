@@ -55,6 +55,7 @@ from .calibration import ADAFOCAL_LAM, CLAIM_LOSSES, DEMO_LOSS_KWARGS, adafocal_
 from .demo import (
     DemoConfig,
     DemoResult,
+    appendix_text,
     applicable_losses,
     default_out,
     demo_jobs,
@@ -63,6 +64,7 @@ from .demo import (
     resolve,
     run_demo,
     sweep_jobs,
+    verdict_label,
 )
 from .ray_executor import RayExecutor, ray_available
 from .runner import Executor, Job, LocalExecutor, Resources, failed_result, run_sweep
@@ -74,5 +76,5 @@ __all__ = [
     "Benchmark", "Profile", "BENCHMARKS", "register_benchmark", "get_benchmark", "list_benchmarks",
     "tagged_losses", "committed_verdicts", "DemoConfig", "DemoResult", "run_demo", "demo_jobs",
     "sweep_jobs", "resolve", "demo_loss_kwargs", "applicable_losses", "default_out", "intro_text",
-    "CLAIM_LOSSES", "DEMO_LOSS_KWARGS", "ADAFOCAL_LAM", "adafocal_note",
+    "appendix_text", "verdict_label", "CLAIM_LOSSES", "DEMO_LOSS_KWARGS", "ADAFOCAL_LAM", "adafocal_note",
 ]

@@ -69,8 +69,10 @@ class Benchmark:
         committed_note: a remark the report adds to the committed run's verdicts (a re-run).
         verdict_labels: ``{claim key: short label}`` of the verdicts the report quotes.
         excluded: ``{loss tag: why}``, the report's reason for a registered loss not trained.
-        intro: ``intro(context) -> str``, the report's prose above its tables (context: a
-            :class:`~torchcal.experiments.calibration.IntroContext`).
+        intro: ``intro(context) -> str``, the report's prose above its tables, a few lines
+            (context: a :class:`~torchcal.experiments.calibration.IntroContext`).
+        appendix: ``appendix(context) -> str``, the report's appendix (Markdown, after the
+            runs): the details the intro leaves out.
         prebuild_data: build the data once before the runs (cheap or generated data: the
             data options are checked, and generated data is cached once, not by every worker).
         job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
@@ -90,6 +92,7 @@ class Benchmark:
     verdict_labels: Mapping[str, str] = field(default_factory=dict)
     excluded: Mapping[str, str] = field(default_factory=dict)
     intro: Callable[[Any], str] | None = None
+    appendix: Callable[[Any], str] | None = None
     prebuild_data: bool = True
     job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_job
 

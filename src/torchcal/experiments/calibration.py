@@ -35,7 +35,8 @@ from ..train.build import build_data, build_model
 from .benchmark import Benchmark, Profile, committed_verdicts, register_benchmark
 
 __all__ = ["ADAFOCAL_LAM", "ADAFOCAL_NOTE", "adafocal_note", "DEMO_LOSS_KWARGS", "CLAIM_LOSSES",
-           "IntroContext", "calibration_intro", "MNIST1D", "DIGITS"]
+           "IntroContext", "calibration_intro", "calibration_appendix", "MNIST1D",
+           "DIGITS"]
 
 #: The losses the papers' claims compare (:data:`torchcal.report.claims.CLAIMS`), table order.
 CLAIM_LOSSES: tuple[str, ...] = tuple(sorted({x for c in CLAIMS for x in c.losses},
@@ -68,10 +69,22 @@ DEMO_LOSS_KWARGS: dict[str, dict[str, Any]] = {
 _VARIANT = "a variant from the published code, outside the demo's table of the seed methods"
 #: Why a registered loss without the ``demo`` tag is not trained, by its tag.
 _EXCLUDED = {
-    "cifar-schedule": "an epoch schedule of the 350-epoch CIFAR recipe (γ=5 for epochs < 100): "
-                      "on a 100-epoch run it is focal γ=5 throughout",
+    "cifar-schedule": "an epoch schedule of the 350-epoch CIFAR recipe (γ=5 for epochs < 100, "
+                      "then γ=3)",
     "variant": _VARIANT,
 }
+
+
+def _exclusion(bench: Benchmark, loss: str, epochs: int) -> str:
+    """Why ``loss`` is not trained, with what the CIFAR schedule would be on this run's epochs.
+
+    >>> _exclusion(MNIST1D, "flsc531", 15)[-53:]
+    'then γ=3): on this 15-epoch run, focal γ=5 throughout'
+    """
+    why = bench.exclusion(loss)
+    if why == _EXCLUDED["cifar-schedule"] and epochs <= 100:
+        why += f": on this {epochs}-epoch run, focal γ=5 throughout"
+    return why
 
 
 def adafocal_note(lam: float, dataset: str = "digits") -> str:
@@ -204,30 +217,25 @@ def _schedule_note(ctx: IntroContext) -> str:
     tc, full_epochs = ctx.train_config, int(get_recipe(ctx.config.recipe).epochs)
     if tc.epochs == full_epochs:
         return ""
-    note = (f" **Shortened schedule:** the recipe trains {full_epochs} epochs; this run trains "
-            f"{tc.epochs} with the milestones at the same fractions of training. AdaFocal "
-            "updates its γ once per epoch, so a shorter schedule also gives it fewer "
-            "adaptation steps, and every loss ends less fitted than on the full schedule: "
-            "`--full` runs the recipe's schedule.")
+    lead = ("**A smoke test (`--quick`), not evidence:**" if ctx.config.quick
+            else "**Shortened schedule:**")
+    note = (f"{lead} {tc.epochs} of the recipe's {full_epochs} epochs (milestones at the same "
+            "fractions); every loss ends less fitted, and AdaFocal gets fewer γ updates, so "
+            "the verdicts below say what this run shows, not whether the papers hold; `--full` "
+            "runs the recipe's schedule.")
     verdicts = committed_verdicts(ctx.benchmark)
     if verdicts:
         note += (
-            " On the full schedule (`torchcal demo --full`, "
-            f"{len(ctx.benchmark.profile('full').seeds)} seeds, committed in the repository "
-            f"under {ctx.benchmark.committed_results.rsplit('/', 1)[0]}) the claims below held "
-            "on: " + "; ".join(f"{t} {k} of {n}" for t, k, n in verdicts.values())
-            + " seeds" + (f" ({ctx.benchmark.committed_note})" if ctx.benchmark.committed_note
-                          else "")
-            + "; where this run's verdicts differ, the shorter schedule is the likely cause.")
+            f" The committed full run ({len(ctx.benchmark.profile('full').seeds)} seeds, "
+            f"{ctx.benchmark.committed_results.rsplit('/', 1)[0]}): "
+            + "; ".join(f"{t} {k} of {n}" for t, k, n in verdicts.values()) + " seeds"
+            + (f" ({ctx.benchmark.committed_note})" if ctx.benchmark.committed_note else "")
+            + ".")
     return note
 
 
-def _setup_text(ctx: IntroContext, data_text: Callable, model_text: Callable | None) -> str:
-    """The benchmark paragraph, from the effective settings of the runs."""
-    cfg, tc = ctx.config, ctx.train_config
-    model_txt, info = _model_and_info(tc)
-    if model_text is not None:
-        model_txt = model_text(tc)
+def _training_text(tc: TrainConfig) -> str:
+    """The optimiser and schedule of the runs, in one line."""
     ms = tc.effective_milestones()
     if ms:
         fr_txt = ", ".join(_pct(m / tc.epochs) for m in ms)
@@ -235,59 +243,89 @@ def _setup_text(ctx: IntroContext, data_text: Callable, model_text: Callable | N
                  f"{', '.join(map(str, ms))} ({fr_txt})")
     else:
         sched = "constant lr"
-    opt = (f"SGD, momentum {tc.momentum:g}{', Nesterov' if tc.nesterov else ''}, lr {tc.lr:g}, "
-           f"weight decay {tc.weight_decay:g}, batch {tc.batch_size}, {tc.epochs} epochs, {sched}"
-           + (f", gradient clipping at {tc.grad_clip:g}" if tc.grad_clip else ""))
-    recipe = f"recipe `{cfg.recipe}`" + (", with changes" if cfg.overrides or cfg.data_kwargs else "")
-    return (f"**The embedded benchmark.** {data_text(tc, info, cfg)} Model: {model_txt} "
-            f"({recipe}: {opt}). Seeds: {', '.join(map(str, cfg.seeds))}.{_schedule_note(ctx)}")
+    return (f"SGD, momentum {tc.momentum:g}{', Nesterov' if tc.nesterov else ''}, lr {tc.lr:g}, "
+            f"weight decay {tc.weight_decay:g}, batch {tc.batch_size}, {tc.epochs} epochs, {sched}"
+            + (f", gradient clipping at {tc.grad_clip:g}" if tc.grad_clip else ""))
 
 
-def _losses_text(ctx: IntroContext) -> str:
-    """The losses paragraph: every hyperparameter, and why each other registered loss is left out."""
-    text = ("**Losses** (with every hyperparameter, registry defaults unless the demo sets them): "
-            + "; ".join(_hyper_text(n, ctx.loss_kwargs.get(n, {})) for n in ctx.losses) + ".")
+def _untrained(ctx: IntroContext) -> dict[str, list[str]]:
+    """``{why not trained: [registered losses]}`` of the registered losses this run leaves out."""
     left = [n for n in list_losses() if n not in ctx.losses]
-    if left:
-        bench = ctx.benchmark
-        tagged = set(bench.losses("full"))
-        subset = bench.profile("default").losses is not None and not ctx.config.full
-        why = {n: ("trained by `--full` (the default trains the losses the claims below compare, "
-                   "to fit its time budget)" if n in tagged and subset
-                   else "not in the demo list" if n in tagged else bench.exclusion(n))
-               for n in left}
-        text += " Registered but not trained in this run: " + "; ".join(
-            f"{loss_label(n)}: {why[n]}" for n in left) + "."
-    return text
+    bench = ctx.benchmark
+    tagged = set(bench.losses("full"))
+    subset = bench.profile("default").losses is not None and not ctx.config.full
+    out: dict[str, list[str]] = {}
+    for n in left:
+        why = ("trained by `--full` (the default trains the losses the claims compare, to fit "
+               "its time budget)" if n in tagged and subset
+               else "not in the demo list" if n in tagged
+               else _exclusion(bench, n, ctx.train_config.epochs))
+        out.setdefault(why, []).append(n)
+    return out
 
 
 def calibration_intro(ctx: IntroContext, *, data_text: Callable, ood_text: str,
                       model_text: Callable | None = None) -> str:
-    """The report's prose above the tables of a calibration benchmark."""
-    cfg = ctx.config
+    """The report's prose above the tables of a calibration benchmark: the setting in a few
+    lines (the details are in :func:`calibration_appendix`)."""
+    cfg, tc = ctx.config, ctx.train_config
+    model_txt = model_text(tc) if model_text is not None else _model_and_info(tc)[0]
+    recipe = f"recipe `{cfg.recipe}`" + (", with changes" if cfg.overrides or cfg.data_kwargs else "")
+    n_left = sum(map(len, _untrained(ctx).values()))
     lines = [
-        _setup_text(ctx, data_text, model_text),
-        "",
-        "**Evaluation** is the path of real runs: each run saves its validation, test and OOD logits; "
-        "temperatures are fitted on the validation logits; metrics are measured on the test logits "
-        f"({cfg.n_bins} bins). " + ood_text,
-        "",
-        _losses_text(ctx),
+        f"- **Benchmark:** {ctx.benchmark.summary}; data, OOD set and every hyperparameter in "
+        "the appendix.",
+        f"- **Model and training:** {model_txt}; {recipe}: {_training_text(tc)}.",
+        f"- **Seeds:** {', '.join(map(str, cfg.seeds))}. **Losses:** "
+        + ", ".join(loss_label(n, ctx.loss_kwargs.get(n)) for n in ctx.losses)
+        + (f" ({n_left} other registered losses not trained: see the appendix)." if n_left else "."),
+        f"- **Evaluation:** temperatures fitted on each run's validation logits, metrics on its "
+        f"test logits ({cfg.n_bins} bins), OOD detection by softmax entropy.",
+        f"- **Wall time** up to this report: {ctx.seconds:.0f} s, {cfg.workers} worker "
+        "process(es) × 1 thread"
+        + (f"; {ctx.skipped} of {ctx.n_jobs} runs were already finished (an earlier demo in this "
+           "directory), so this is not the demo's time." if ctx.skipped else "."),
     ]
-    if "adafocal" in ctx.losses:
-        lam = ctx.loss_kwargs.get("adafocal", {}).get("lam", 1.0)
-        lines += ["", "**AdaFocal:** " + adafocal_note(float(lam), ctx.benchmark.name)]
-    lines += ["", f"Wall time of the demo up to this report: {ctx.seconds:.0f} s from the start of the "
-                  f"process, with {cfg.workers} worker process(es) × 1 thread (the total, report "
-                  "writing included, is printed at the end of the run)."]
-    if ctx.skipped:
-        lines[-1] += (f" This invocation continued an earlier demo in the same directory: "
-                      f"{ctx.skipped} of {ctx.n_jobs} runs were already finished and were not "
-                      "trained again, so this time is not the demo's.")
+    note = _schedule_note(ctx)
+    if note:
+        lines += ["", note.strip()]
     if ctx.failed:
         lines += ["", "**Failed runs:**", ""] + [f"- `{d}`: {e}" for d, e in ctx.failed]
     return "\n".join(lines)
 
+
+def calibration_appendix(ctx: IntroContext, *, data_text: Callable, ood_text: str,
+                         model_text: Callable | None = None) -> str:
+    """The report's appendix of a calibration benchmark: the data, the OOD set, every
+    hyperparameter, AdaFocal's λ, and a table of the registered losses not trained (why)."""
+    tc = ctx.train_config
+    _model, info = _model_and_info(tc)
+    lines = ["## Appendix: the setting in full", "",
+             f"**Data.** {data_text(tc, info, ctx.config)}", "", ood_text, "",
+             "**Losses, with every hyperparameter** (registry defaults unless the benchmark or "
+             "the user sets them): "
+             + "; ".join(_hyper_text(n, ctx.loss_kwargs.get(n, {})) for n in ctx.losses) + "."]
+    if "adafocal" in ctx.losses:
+        lam = ctx.loss_kwargs.get("adafocal", {}).get("lam", 1.0)
+        lines += ["", "**AdaFocal:** " + adafocal_note(float(lam), ctx.benchmark.name)]
+    untrained = _untrained(ctx)
+    if untrained:
+        lines += ["", "**Registered losses not trained in this run**", "",
+                  "| Losses | Why not trained |", "|---|---|"]
+        lines += [f"| {', '.join(loss_label(n) for n in names)} | {why} |"
+                  for why, names in untrained.items()]
+    return "\n".join(lines)
+
+
+_MNIST1D_OOD = ("**OOD set:** MNIST-1D's shuffled variant (the package's `shuffle_seq`: each "
+                "signal's time steps permuted, the same values in another order; "
+                "`torchcal.data.load_mnist1d_ood`); AUROC treats it as the positive class.")
+_DIGITS_OOD = ("**OOD set:** 1,000 noisy 8×8 patches of the two photographs bundled with "
+               "scikit-learn (a temple and a flower), in grey, downscaled 4× so that a patch "
+               "holds edges and texture at the scale of a digit's strokes, min-max scaled to "
+               "[0, 1] with the same pixel noise (`torchcal.data.digits.load_digits_ood`): the "
+               "same input format and corruption as the digits, but no digit; AUROC treats it "
+               "as the positive class.")
 
 MNIST1D = register_benchmark(Benchmark(
     name="mnist1d", title="calibration on MNIST-1D", recipe="mnist1d-cnn",
@@ -316,9 +354,10 @@ MNIST1D = register_benchmark(Benchmark(
     excluded=_EXCLUDED,
     intro=functools.partial(
         calibration_intro, data_text=_mnist1d_data_text, model_text=_mnist1d_model_text,
-        ood_text="**OOD set:** MNIST-1D's shuffled variant (the package's `shuffle_seq`: each "
-                 "signal's time steps permuted, the same values in another order; "
-                 "`torchcal.data.load_mnist1d_ood`); AUROC treats it as the positive class."),
+        ood_text=_MNIST1D_OOD),
+    appendix=functools.partial(
+        calibration_appendix, data_text=_mnist1d_data_text, model_text=_mnist1d_model_text,
+        ood_text=_MNIST1D_OOD),
 ))
 
 DIGITS = register_benchmark(Benchmark(
@@ -332,12 +371,8 @@ DIGITS = register_benchmark(Benchmark(
     },
     loss_kwargs={**DEMO_LOSS_KWARGS, "adafocal": {"lam": ADAFOCAL_LAM}}, noise_std=0.5,
     claims=CLAIMS, excluded=_EXCLUDED,
-    intro=functools.partial(
-        calibration_intro, data_text=_digits_data_text,
-        ood_text="**OOD set:** 1,000 noisy 8×8 patches of the two photographs bundled with "
-                 "scikit-learn (a temple and a flower), in grey, downscaled 4× so that a patch "
-                 "holds edges and texture at the scale of a digit's strokes, min-max scaled to "
-                 "[0, 1] with the same pixel noise (`torchcal.data.digits.load_digits_ood`): the "
-                 "same input format and corruption as the digits, but no digit; AUROC treats it "
-                 "as the positive class."),
+    intro=functools.partial(calibration_intro, data_text=_digits_data_text, ood_text=_DIGITS_OOD),
+    appendix=functools.partial(
+        calibration_appendix, data_text=_digits_data_text,
+        ood_text=_DIGITS_OOD),
 ))

@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from .._io import exclusive_lock
+from .._registry import unknown_name
 from .._validation import check_scalar
 from ..losses import list_losses
 from ..report.build import build_report, prepare_report_dir
+from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
 from . import calibration  # noqa: F401 - registers the calibration benchmarks
@@ -39,7 +41,8 @@ from .runner import Executor, LocalExecutor, run_sweep
 from .training import train_config, train_job
 
 __all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve", "demo_loss_kwargs",
-           "demo_jobs", "sweep_jobs", "run_demo", "default_out", "intro_text"]
+           "demo_jobs", "sweep_jobs", "run_demo", "default_out", "intro_text", "appendix_text",
+           "verdict_label"]
 
 
 @dataclass
@@ -161,16 +164,38 @@ def sweep_jobs(cfg: DemoConfig, out: Path) -> list:
     return [train_job(spec, fn=fn) for spec in demo_jobs(cfg, out)]
 
 
+def _context(cfg: DemoConfig, jobs: list[dict[str, Any]], **kw: Any) -> IntroContext:
+    cfg = resolve(cfg)
+    return IntroContext(
+        benchmark=get_benchmark(cfg.dataset), config=cfg, train_config=train_config(jobs[0]),
+        losses=list(cfg.losses), loss_kwargs={n: demo_loss_kwargs(cfg, n) for n in cfg.losses},
+        n_jobs=len(jobs), **kw)
+
+
 def intro_text(cfg: DemoConfig, jobs: list[dict[str, Any]], *, seconds: float = 0.0,
                failed: list[tuple[str, str]] | None = None, skipped: int = 0) -> str:
-    """The benchmark's report prose for the run specs ``jobs`` of ``cfg``."""
+    """The benchmark's report prose for the run specs ``jobs`` of ``cfg`` (a few lines)."""
+    ctx = _context(cfg, jobs, seconds=seconds, failed=failed or [], skipped=skipped)
+    return ctx.benchmark.intro(ctx) if ctx.benchmark.intro is not None else ""
+
+
+def appendix_text(cfg: DemoConfig, jobs: list[dict[str, Any]]) -> str:
+    """The benchmark's report appendix for the run specs ``jobs`` of ``cfg``: the setting in
+    full and the registered losses not trained, with why."""
+    ctx = _context(cfg, jobs)
+    return ctx.benchmark.appendix(ctx) if ctx.benchmark.appendix is not None else ""
+
+
+def verdict_label(cfg: DemoConfig, jobs: list[dict[str, Any]]) -> str:
+    """What every verdict line of a shortened run says beside "Verdict" ("" on the recipe's
+    schedule): ``--quick`` is a smoke test whose verdicts are not evidence."""
     cfg = resolve(cfg)
-    bench: Benchmark = get_benchmark(cfg.dataset)
-    ctx = IntroContext(
-        benchmark=bench, config=cfg, train_config=train_config(jobs[0]), losses=list(cfg.losses),
-        loss_kwargs={n: demo_loss_kwargs(cfg, n) for n in cfg.losses}, n_jobs=len(jobs),
-        seconds=seconds, failed=failed or [], skipped=skipped)
-    return bench.intro(ctx) if bench.intro is not None else ""
+    epochs, full = train_config(jobs[0]).epochs, int(get_recipe(cfg.recipe).epochs)
+    if epochs == full:
+        return ""
+    if cfg.quick:
+        return f"--quick smoke test, {epochs} of {full} epochs: not evidence"
+    return f"shortened schedule, {epochs} of {full} epochs"
 
 
 def _check_settings(jobs: list[dict[str, Any]], bench: Benchmark) -> None:
@@ -200,7 +225,7 @@ def _check(cfg: DemoConfig) -> None:
     known = set(list_losses())
     bad = [n for n in cfg.losses if n not in known]
     if bad:
-        raise ValueError(f"Unknown loss(es) {bad}; expected some of: {', '.join(sorted(known))}")
+        raise ValueError("; ".join(unknown_name("loss", n, known) for n in bad))
     if "noise_std" in cfg.data_kwargs:
         raise ValueError("Set the pixel noise with `noise_std` (--noise-std), not in `data_kwargs`")
     extra = sorted(set(cfg.loss_kwargs) - set(cfg.losses))
@@ -236,8 +261,9 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
         intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
                            skipped=sum(bool(r.get("skipped")) for r in results))
         rep = build_report([j["run_dir"] for j in specs], out, title=f"torchcal demo: {bench.title}",
-                           intro=intro, n_bins=cfg.n_bins, figures=cfg.figures,
-                           claims=tuple(bench.claims) or False)
+                           intro=intro, appendix=appendix_text(cfg, specs), n_bins=cfg.n_bins,
+                           figures=cfg.figures, claims=tuple(bench.claims) or False,
+                           verdict_label=verdict_label(cfg, specs))
     return DemoResult(out_dir=out, report=rep, failed=failed,
                       seconds=time.perf_counter() - t_start, config=cfg)
 

@@ -7,7 +7,7 @@ Install with ``pip install "torchcal[hf]"`` (``transformers`` and ``accelerate``
 .. code-block:: python
 
     from transformers import Trainer, TrainingArguments
-    from torchcal.integrations.hf import CalibrationCallback, compute_loss_func
+    from torchcal.integrations.hf import CalibrationCallback, compute_loss_func, compute_metrics
     from torchcal.losses import AdaFocalLoss
 
     loss = AdaFocalLoss()
@@ -15,20 +15,22 @@ Install with ``pip install "torchcal[hf]"`` (``transformers`` and ``accelerate``
         model=model, args=TrainingArguments(..., eval_strategy="epoch"),
         train_dataset=train, eval_dataset=val,
         compute_loss_func=compute_loss_func(loss),      # train with the torchcal loss
+        compute_metrics=compute_metrics(),              # eval_ece ... logged like eval_loss
         callbacks=[CalibrationCallback(losses=[loss])],  # γ moves after every evaluation
     )
     trainer.train()
     [h["eval_ece"] for h in trainer.state.log_history if "eval_ece" in h]
 
-At each evaluation the callback adds, over the evaluation set,
+With ``Trainer(compute_metrics=compute_metrics())`` the ``Trainer`` logs, over the evaluation set,
 
 .. math::
     \mathrm{ECE} = \sum_b \frac{n_b}{N} |\mathrm{acc}_b - \mathrm{conf}_b|, \qquad
     \mathrm{AdaECE} \text{ (the same over equal-mass bins)}, \qquad
     \mathrm{NLL} = -\frac{1}{N}\sum_i \log p_{i, y_i}
 
-as ``eval_ece``, ``eval_adaptive_ece``, ``eval_nll`` (and ``eval_error``) to the evaluation's
-metrics, with the conventions of :mod:`torchcal.metrics.calibration`.
+as ``eval_ece``, ``eval_adaptive_ece``, ``eval_nll`` (and ``eval_error``) with its own metrics
+(console, TensorBoard, W&B), with the conventions of :mod:`torchcal.metrics.calibration`; the
+callback adds the same numbers to ``state.log_history`` and feeds stateful losses.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -55,7 +58,7 @@ try:  # optional dependency, imported here only: this module is loaded only by i
 except ImportError as e:  # pragma: no cover - the test environment has the extra installed
     raise missing_extra("hf", "Hugging Face transformers and accelerate", "hf") from e
 
-__all__ = ["CalibrationCallback", "compute_loss_func"]
+__all__ = ["CalibrationCallback", "compute_loss_func", "compute_metrics"]
 
 
 def _logits_of(outputs: Any) -> torch.Tensor:
@@ -146,7 +149,8 @@ class CalibrationCallback(TrainerCallback):
        ``eval_val2_ece`` for a dict of evaluation sets) to the evaluation's ``metrics`` (so
        ``metric_for_best_model="ece"`` works and ``trainer.evaluate()`` returns them) and to
        its entry in ``trainer.state.log_history``.  Reporting integrations (TensorBoard, W&B)
-       are called before ``on_evaluate`` and do not see them;
+       and the console are called before ``on_evaluate`` and do not see them: for those, pass
+       :func:`compute_metrics` to the ``Trainer`` as well;
     2. during ``trainer.train()`` and after at least one optimiser step (so not for
        ``eval_on_start`` nor a standalone ``trainer.evaluate()``), calls ``on_validation`` of
        every loss in ``losses`` that wants validation outputs.
@@ -258,3 +262,49 @@ def _metric_prefix(metrics: Mapping[str, Any] | None) -> str:
         if key.endswith("_runtime"):
             return key[: -len("_runtime")]
     return "eval"
+
+
+def compute_metrics(n_bins: int = 15) -> Callable[[Any], dict[str, float]]:
+    """A ``Trainer(compute_metrics=...)`` giving ECE, AdaECE, NLL and error of every evaluation,
+    which the ``Trainer`` then logs as it logs ``eval_loss``: on the console, in TensorBoard
+    (``eval/ece``), W&B and every other ``report_to`` integration, in ``state.log_history``
+    and in what ``trainer.evaluate()`` returns (``eval_ece``, ``eval_adaptive_ece``,
+    ``eval_nll``, ``eval_error``; ``metric_for_best_model="ece"`` with
+    ``greater_is_better=False`` selects by ECE).
+
+    The ``Trainer`` gathers the evaluation logits over all processes and batches before it
+    calls this (memory O(N·C)); (N, T, C) token logits are flattened and -100 labels dropped,
+    as :class:`CalibrationCallback` does.  Use both together when a loss is stateful: this
+    function for the logged metrics, the callback to feed the loss.
+
+    Args:
+        n_bins: bins of ECE and AdaECE (15).
+
+    Returns:
+        ``fn(eval_prediction) -> {"ece": ..., "adaptive_ece": ..., "nll": ..., "error": ...}``
+        (floats; the ``Trainer`` adds the ``eval_`` prefix).
+
+    Example:
+        >>> import numpy as np
+        >>> from transformers import EvalPrediction
+        >>> fn = compute_metrics(n_bins=2)
+        >>> out = fn(EvalPrediction(predictions=np.array([[2.0, 0.0], [0.0, 1.0]]),
+        ...                         label_ids=np.array([0, 0])))
+        >>> {k: round(v, 4) for k, v in out.items()}
+        {'ece': 0.3059, 'adaptive_ece': 0.4251, 'nll': 0.7201, 'error': 0.5}
+    """
+    check_positive_int(n_bins, "n_bins")
+
+    def fn(eval_prediction: Any) -> dict[str, float]:
+        predictions = eval_prediction.predictions
+        if isinstance(predictions, (tuple, list)):  # (logits, hidden states, ...)
+            predictions = predictions[0]
+        logits = torch.as_tensor(np.asarray(predictions))
+        labels = torch.as_tensor(np.asarray(eval_prediction.label_ids)).long()
+        if logits.ndim > 2:  # (N, T, C) -> (N, C, T), flatten_valid's convention
+            logits = logits.movedim(-1, 1)
+        logits, labels = flatten_valid(logits, labels)
+        values = calibration_metrics(logits, labels, n_bins)
+        return {k: float(values[k]) for k in METRICS}
+
+    return fn

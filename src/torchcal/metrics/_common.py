@@ -6,10 +6,12 @@ functional metrics, the bootstrap and the streaming meter add up exactly the sam
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -18,6 +20,29 @@ from .._validation import as_tensor, check_labels, check_scalar, resolve_probs
 # the per-bin sums live in binning.py (public, used by the losses); imported here for the
 # metric modules that take every shared helper from this module
 from .binning import binned_sums, calibration_from_sums, classwise_sums  # noqa: F401
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def keyword_inputs(fn: _F) -> _F:
+    """Give a metric called with positional inputs (``ece(z, y)``) an error that says how to
+    call it, instead of Python's "takes 0 positional arguments": the metrics take their inputs
+    by keyword so that logits are never mistaken for probabilities."""
+
+    name = fn.__name__
+    labels = "labels" in fn.__code__.co_varnames[:fn.__code__.co_kwonlyargcount]
+    example = f"{name}(logits=z, labels=y)" if labels else f"{name}(logits=z)"
+    hint = (f"{name}() takes its inputs by keyword: pass `logits=` (scores) or `probs=` "
+            f"(probabilities){', and `labels=`' if labels else ''}, e.g. {example}")
+
+    @functools.wraps(fn)
+    def metric(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            raise TypeError(f"{hint}; got {len(args)} positional argument(s)")
+        return fn(**kwargs)
+
+    return metric  # type: ignore[return-value]
 
 
 def result_dtype(dtype: torch.dtype) -> torch.dtype:

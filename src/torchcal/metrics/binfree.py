@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._common import prepare, result_dtype, top1
+from ._common import keyword_inputs, prepare, result_dtype, top1
 
 __all__ = ["smooth_ece", "smooth_reliability_curve", "SmoothReliabilityCurve", "ks_error"]
 
@@ -148,6 +148,7 @@ def _top_label_f64(logits: Any, probs: Any, labels: Any, validate_args: bool
     return conf.to(torch.float64), correct.to(torch.float64), result_dtype(p.dtype)
 
 
+@keyword_inputs
 def smooth_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, sigma: float | None = None,
     validate_args: bool = True,
@@ -211,6 +212,7 @@ class SmoothReliabilityCurve(NamedTuple):
     smooth_ece: torch.Tensor
 
 
+@keyword_inputs
 def smooth_reliability_curve(
     *, logits: Any = None, probs: Any = None, labels: Any, sigma: float | None = None,
     n_points: int = _PLOT_MESH, validate_args: bool = True,
@@ -247,6 +249,7 @@ def smooth_reliability_curve(
                                   smooth_ece=value.to(out))
 
 
+@keyword_inputs
 def ks_error(
     *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
 ) -> torch.Tensor:

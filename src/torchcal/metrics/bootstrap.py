@@ -20,6 +20,7 @@ evaluated resample by resample.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import numbers
 import warnings
@@ -210,9 +211,10 @@ def _resolve_metric(metric: str | Callable[..., torch.Tensor]) -> Callable[..., 
     """The metric function named by ``metric`` (a name of ``_METRICS`` or a callable)."""
     if isinstance(metric, str):
         if metric not in _METRICS:
+            close = difflib.get_close_matches(metric, list(_METRICS), n=1, cutoff=0.6)
             raise ValueError(
                 f"Expected `metric` to be one of {sorted(_METRICS)} or a callable, got {metric!r}"
-            )
+                + (f"; did you mean {close[0]!r}?" if close else ""))
         return _METRICS[metric]
     if callable(metric):
         return metric

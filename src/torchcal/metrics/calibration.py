@@ -33,6 +33,7 @@ from ._common import (
     binned_sums,
     calibration_from_sums,
     classwise_sums,
+    keyword_inputs,
     prepare,
     result_dtype,
     top1,
@@ -68,6 +69,7 @@ def _top_label(
     return calibration_from_sums(sums, norm).to(result_dtype(p.dtype))
 
 
+@keyword_inputs
 def ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -106,6 +108,7 @@ def ece(
     return _top_label(logits, probs, labels, n_bins, validate_args, "l1")
 
 
+@keyword_inputs
 def mce(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -124,6 +127,7 @@ def mce(
     return _top_label(logits, probs, labels, n_bins, validate_args, "max")
 
 
+@keyword_inputs
 def rmsce(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -142,6 +146,7 @@ def rmsce(
     return _top_label(logits, probs, labels, n_bins, validate_args, "l2")
 
 
+@keyword_inputs
 def ace(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -169,6 +174,7 @@ def ace(
     return _top_label(logits, probs, labels, n_bins, validate_args, "mean")
 
 
+@keyword_inputs
 def adaptive_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -193,6 +199,7 @@ def adaptive_ece(
     return _top_label(logits, probs, labels, n_bins, validate_args, "l1", equal_mass=True)
 
 
+@keyword_inputs
 def classwise_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True,
@@ -247,6 +254,7 @@ class ReliabilityCurve(NamedTuple):
     edges: torch.Tensor
 
 
+@keyword_inputs
 def reliability_curve(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     strategy: str = "uniform", validate_args: bool = True,

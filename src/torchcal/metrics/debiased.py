@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .._validation import check_positive_int
-from ._common import binned_sums, prepare, result_dtype, top1
+from ._common import binned_sums, keyword_inputs, prepare, result_dtype, top1
 from .binning import bin_index, equal_width_bin_index
 
 __all__ = ["debiased_ece"]
@@ -33,6 +33,7 @@ def _midpoint_edges(conf: torch.Tensor, n_bins: int) -> torch.Tensor:
     return (s[start - 1] + s[start]) / 2
 
 
+@keyword_inputs
 def debiased_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     strategy: str = "quantile", validate_args: bool = True,

@@ -12,11 +12,19 @@ from typing import Any
 import torch
 
 from .._validation import as_tensor, check_labels, check_positive_int
-from ._common import check_unit_interval, prepare, resolve, result_dtype, top1
+from ._common import (
+    check_unit_interval,
+    keyword_inputs,
+    prepare,
+    resolve,
+    result_dtype,
+    top1,
+)
 
 __all__ = ["nll", "brier", "error", "topk_error", "s99", "entropy"]
 
 
+@keyword_inputs
 def entropy(*, logits: Any = None, probs: Any = None, validate_args: bool = True) -> torch.Tensor:
     """Per-sample predictive entropy ``H_i = -sum_c p_ic log p_ic`` in nats, shape (N,).
 
@@ -45,6 +53,7 @@ def plogp_from_logits(z: torch.Tensor) -> torch.Tensor:
     return (logp.exp() * logp).masked_fill(logp == float("-inf"), 0.0)
 
 
+@keyword_inputs
 def nll(
     *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
 ) -> torch.Tensor:
@@ -73,6 +82,7 @@ def nll_per_sample(logits: Any, p: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     return -p.gather(1, y[:, None]).squeeze(1).to(torch.float64).log()
 
 
+@keyword_inputs
 def brier(
     *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
 ) -> torch.Tensor:
@@ -96,6 +106,7 @@ def brier_per_sample(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (w * w).sum(dim=1, dtype=torch.float64)
 
 
+@keyword_inputs
 def error(
     *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
 ) -> torch.Tensor:
@@ -111,6 +122,7 @@ def error(
     return (1.0 - correct.to(torch.float64).mean()).to(result_dtype(p.dtype))
 
 
+@keyword_inputs
 def topk_error(
     *, logits: Any = None, probs: Any = None, labels: Any, k: int = 5, validate_args: bool = True
 ) -> torch.Tensor:
@@ -160,6 +172,7 @@ def confident_mask(conf: torch.Tensor, threshold: float) -> torch.Tensor:
     return conf.to(torch.float64) >= threshold
 
 
+@keyword_inputs
 def s99(
     *, logits: Any = None, probs: Any = None, labels: Any, threshold: float = 0.99,
     validate_args: bool = True,

@@ -29,11 +29,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from markdown_it import MarkdownIt
 
 from .._io import atomic_write_json, atomic_write_text, read_json
 from ..errors import ResultsFileError, TorchcalError
 from ..evaluate import load_logits
 from ..metrics import entropy
+from ..plot import MIN_COUNT
 from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
 from . import figures as F
 from . import tables as T
@@ -46,12 +48,12 @@ from .aggregate import (
     group_runs,
     load_runs,
 )
-from .claims import Claim, add_confidence_gaps, claims_markdown, claims_section
-from .plots import MIN_COUNT
+from .claims import CLAIMS, Claim, add_confidence_gaps, claims_markdown, claims_section
 
 __all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir"]
 
 REPORT_SCHEMA = "torchcal.report/1"
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
 @dataclass
@@ -325,32 +327,14 @@ td.best{background:#e8f4e8} p.note{font-size:12px;color:#555;margin:.2em 0}
 figure{display:inline-block;margin:.6em;vertical-align:top;max-width:100%}
 figure img{max-width:100%} figcaption{font-size:12px;color:#555;max-width:800px}
 pre{background:#f6f6f6;padding:.6em;overflow:auto} .err{color:#a00}
+.md td,.md th{white-space:normal;text-align:left;vertical-align:top}
 """
 
 
-def _md_to_html_blocks(md: str) -> str:
-    """A tiny Markdown subset (paragraphs, '#' headings, '-' lists, `code`) for intro notes."""
-    out: list[str] = []
-    for block in md.strip().split("\n\n"):
-        lines = block.splitlines()
-        if all(s.lstrip().startswith("- ") for s in lines if s.strip()):
-            out.append("<ul>" + "".join(f"<li>{_inline(s.lstrip()[2:])}</li>" for s in lines if s.strip())
-                       + "</ul>")
-            continue
-        m = re.match(r"^(#{1,4}) (.*)$", lines[0]) if lines else None
-        if m and len(lines) == 1:
-            k = len(m.group(1)) + 1
-            out.append(f"<h{k}>{_inline(m.group(2))}</h{k}>")
-        else:
-            out.append(f"<p>{_inline(' '.join(lines))}</p>")
-    return "\n".join(out)
-
-
-def _inline(s: str) -> str:
-    s = html.escape(s)
-    s = re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
-    s = re.sub(r"\*\*([^*]+)\*\*", r"<b>\1</b>", s)
-    return s
+def _markdown_html(md: str) -> str:
+    """Markdown (CommonMark and tables) as HTML, by markdown-it-py; HTML in the text is escaped,
+    not passed through (the report's text holds run metadata)."""
+    return f'<div class="md">{_MARKDOWN.render(md)}</div>'
 
 
 def build_report(
@@ -360,6 +344,8 @@ def build_report(
     runs: LoadReport | None = None,
     title: str = "torchcal report",
     intro: str = "",
+    appendix: str = "",
+    verdict_label: str = "",
     n_bins: int = 15,
     figures: bool = True,
     claims: bool | Sequence[Claim] = False,
@@ -374,6 +360,9 @@ def build_report(
         runs: an already loaded :class:`LoadReport` instead of ``paths``.
         title: report title.
         intro: Markdown paragraphs placed under the title (the demo describes its setup here).
+        appendix: Markdown placed after the runs table (the demo's setting in full).
+        verdict_label: with ``claims``, what every verdict line says beside "Verdict" (the
+            demo: that a shortened or ``--quick`` run's verdicts are not the papers' setting).
         n_bins: bins of the reliability diagrams and histograms.
         figures: draw the figures (needs the runs' saved logits).
         claims: add the section "The papers' claims on this benchmark"
@@ -403,19 +392,20 @@ def build_report(
     table_sets = T.tables_for(groups, floors)
     runs_table = _runs_table(groups, out)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    claims_md = ""
-    if claims:
-        claims_md = claims_markdown(groups) if claims is True else claims_markdown(groups, claims)
-    md_text = _report_markdown(title, intro, stamp, len(runs.runs), groups, table_sets, figs, out,
-                               claims_md, runs_table, notes, errors)
-    html_text = _report_html(title, intro, stamp, len(runs.runs), groups, table_sets, figs,
-                             claims_md, runs_table, notes, errors)
-    doc = _results_doc(stamp, groups, floors, errors)
+    if claims is True:
+        claims = CLAIMS
+    claims_md = claims_markdown(groups, claims, verdict_label=verdict_label) if claims else ""
+    claims_blocks = claims_section(groups, claims, verdict_label=verdict_label) if claims_md else []
+    md_text = _report_markdown(title, (intro, appendix), stamp, len(runs.runs), groups,
+                               table_sets, figs, out, claims_md, runs_table, notes, errors)
+    html_text = _report_html(title, (intro, appendix), stamp, len(runs.runs), groups, table_sets,
+                             figs, claims_blocks, runs_table, notes, errors)
+    doc = _results_doc(stamp, groups, floors, errors, out)
     paths_out = dict(
         report_md=atomic_write_text(out / "report.md", md_text),
         report_html=atomic_write_text(out / "report.html", html_text),
         results_json=atomic_write_json(out / REPORT_RESULTS_FILE, doc, indent=1),
-        results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups)),
+        results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups, out)),
         summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),
     )
     all_figs = [f.path for fs in figs.values() for f in fs]
@@ -446,16 +436,18 @@ def _runs_table(groups: Sequence[Group], out: Path) -> T.Table:
     return T.Table("Run directories", ["Group", "Seeds", "Checkpoint", "Run directories"], [
         [T.Cell(f"{g.label} ({g.dataset}/{g.model})"), T.Cell(", ".join(map(str, g.seeds))),
          T.Cell(", ".join(sorted({r.checkpoint for r in g.runs}))),
-         T.Cell(", ".join(_rel(r.run_dir, out) for r in g.runs))] for g in groups],
+         T.Cell(", ".join(T.relative_run_dir(r.run_dir, out) for r in g.runs))]
+        for g in groups],
         ["Run directories relative to this report. Checkpoint: the evaluated checkpoint "
          "(last: the last epoch's, as the papers report; best: by the validation metric)."])
 
 
-def _report_markdown(title: str, intro: str, stamp: str, n_runs: int, groups: Sequence[Group],
+def _report_markdown(title: str, prose: tuple[str, str], stamp: str, n_runs: int, groups: Sequence[Group],
                      table_sets, figs: dict[tuple[str, str], list[Figure]], out: Path,
                      claims_md: str, runs_table: T.Table, notes: list[str],
                      errors: list) -> str:
-    """The text of report.md."""
+    """The text of report.md; ``prose``: the intro and the appendix (Markdown)."""
+    intro, appendix = prose
     md = [f"# {title}", "", f"Generated {stamp} from {n_runs} evaluated run(s) in "
           f"{len(groups)} group(s).", ""]
     if intro:
@@ -470,6 +462,8 @@ def _report_markdown(title: str, intro: str, stamp: str, n_runs: int, groups: Se
     if claims_md:
         md += [claims_md, ""]
     md += ["## Runs", "", runs_table.to_markdown(), ""]
+    if appendix:
+        md += [appendix.strip(), ""]
     if notes:
         md += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     if errors:
@@ -477,16 +471,19 @@ def _report_markdown(title: str, intro: str, stamp: str, n_runs: int, groups: Se
     return "\n".join(md).rstrip() + "\n"
 
 
-def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequence[Group],
-                 table_sets, figs: dict[tuple[str, str], list[Figure]], claims_md: str,
+def _report_html(title: str, prose: tuple[str, str], stamp: str, n_runs: int,
+                 groups: Sequence[Group], table_sets, figs: dict[tuple[str, str], list[Figure]],
+                 claims_blocks: list,
                  runs_table: T.Table, notes: list[str], errors: list) -> str:
-    """The text of report.html (figures embedded as base64 PNG)."""
+    """The text of report.html (figures embedded as base64 PNG); ``prose``: the intro and the
+    appendix (Markdown); ``claims_blocks``: :func:`claims_section`'s blocks."""
+    intro, appendix = prose
     h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
          f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
          f"<h1>{html.escape(title)}</h1>",
          f"<p>Generated {stamp} from {n_runs} evaluated run(s) in {len(groups)} group(s).</p>"]
     if intro:
-        h.append(_md_to_html_blocks(intro))
+        h.append(_markdown_html(intro))
     for key, tabs in table_sets:
         h.append(f"<h2>{html.escape(key[0])} / {html.escape(key[1])}</h2>")
         h += [t.to_html() for t in tabs]
@@ -494,9 +491,11 @@ def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequen
             b64 = base64.b64encode(f.path.read_bytes()).decode("ascii")
             h.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{b64}\">"
                      f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
-    for block in claims_section(groups) if claims_md else []:
-        h.append(block.to_html() if isinstance(block, T.Table) else _md_to_html_blocks(block))
+    for block in claims_blocks:
+        h.append(block.to_html() if isinstance(block, T.Table) else _markdown_html(block))
     h += ["<h2>Runs</h2>", runs_table.to_html()]
+    if appendix:
+        h.append(_markdown_html(appendix))
     if notes:
         h.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     if errors:
@@ -507,29 +506,25 @@ def _report_html(title: str, intro: str, stamp: str, n_runs: int, groups: Sequen
     return "\n".join(h) + "\n"
 
 
-def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list) -> dict:
-    """The content of results.json: groups, runs and skipped files."""
+def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list,
+                 out: Path) -> dict:
+    """The content of results.json: groups, runs (directories relative to ``out``, the report's
+    directory) and skipped files."""
     return {
         "schema": REPORT_SCHEMA,
         "generated": stamp,
         "groups": [{
             "dataset": g.dataset, "model": g.model, "loss": g.loss, "loss_kwargs": g.loss_kwargs,
             "label": g.label, "n_runs": len(g.runs), "seeds": g.seeds,
-            "runs": [str(r.run_dir) for r in g.runs],
+            "runs": [T.relative_run_dir(r.run_dir, out) for r in g.runs],
             "mean": g.mean, "std": g.std, "count": g.count,
             "ece_noise_floor": floors.get(g.label),
         } for g in groups],
-        "runs": [{"run_dir": str(r.run_dir), "meta": r.meta, "results": r.results}
+        "runs": [{"run_dir": T.relative_run_dir(r.run_dir, out), "meta": r.meta,
+                  "results": r.results}
                  for g in groups for r in g.runs],
         "errors": [{"path": p, "error": m} for p, m in errors],
     }
-
-
-def _rel(p: Path, base: Path) -> str:
-    try:
-        return os.path.relpath(p, base)
-    except ValueError:  # different drives on Windows
-        return str(p)
 
 
 def runs_from_records(records: Sequence[RunRecord]) -> LoadReport:

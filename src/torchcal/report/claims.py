@@ -282,9 +282,12 @@ def direction_table(groups: Sequence[Group]) -> Table:
 
 
 def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
-                   heading: str = "## The papers' claims on this benchmark") -> list[str | Table]:
+                   heading: str = "## The papers' claims on this benchmark",
+                   verdict_label: str = "") -> list[str | Table]:
     """The report section as blocks: Markdown paragraphs (str) and tables, in order; empty when
-    no claim can be tested on ``groups``."""
+    no claim can be tested on ``groups``.  ``verdict_label`` goes on every verdict line
+    ("**Verdict (LABEL): ...**"), e.g. that the run is a smoke test whose verdicts are not
+    evidence, so that a line read alone says so."""
     results = check_claims(groups, claims)
     if not any(r.n for r in results):
         return []
@@ -301,7 +304,9 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
         if len(by_key) > 1:
             blocks.append(f"### {ds} / {model}")
         for r in rs:
-            blocks.append(f"**{r.claim.source}:** {r.claim.text} **Verdict: {r.verdict}.**")
+            label = f" ({verdict_label})" if verdict_label else ""
+            blocks.append(f"**{r.claim.source}:** {r.claim.text} "
+                          f"**Verdict{label}: {r.verdict}.**")
             if r.n:
                 blocks.append(claim_table(r))
         gs = [g for g in groups if (g.dataset, g.model) == (ds, model)]
@@ -310,8 +315,9 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
 
 
 def claims_markdown(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
-                    heading: str = "## The papers' claims on this benchmark") -> str:
+                    heading: str = "## The papers' claims on this benchmark",
+                    verdict_label: str = "") -> str:
     """The report section in Markdown (:func:`claims_section`); "" when nothing is testable."""
-    blocks = claims_section(groups, claims, heading)
+    blocks = claims_section(groups, claims, heading, verdict_label)
     return "\n\n".join(b.to_markdown().rstrip() if isinstance(b, Table) else b
                        for b in blocks).rstrip() + ("\n" if blocks else "")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write_bytes
-from .plots import reliability_diagram
+from ..plot import reliability_diagram
 
 __all__ = [
     "new_figure",
@@ -89,7 +89,7 @@ def reliability_pair(
     title: str = "", temperature: float | None = None,
 ):
     """Two reliability diagrams side by side, before and after temperature scaling, each with
-    its samples per bin below (:func:`~torchcal.report.plots.reliability_diagram`)."""
+    its samples per bin below (:func:`~torchcal.plot.reliability_diagram`)."""
     fig = new_figure(8.0, 5.2)
     (a0, h0), (a1, h1) = _reliability_grid(fig, 2, 2)
     t = f" (T={temperature:.2f})" if temperature is not None else ""
@@ -132,12 +132,13 @@ def confidence_histograms(
 ):
     """One small panel per loss: the histogram of top-1 confidences (share of samples per bin),
     the mean confidence (dashed) and, if given, the accuracy (solid): their gap is the
-    over-confidence."""
+    over-confidence.  Every panel has the same y-scale."""
     names = list(confidences)
     ncols = min(5, max(1, len(names)))
     nrows = max(1, -(-len(names) // ncols))
     fig = new_figure(2.6 * ncols, 2.2 * nrows)
-    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    # one y-scale for every panel: the shares of samples compare across losses at a glance
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False, sharey=True)).ravel()
     edges = np.linspace(0.0, 1.0, n_bins + 1)
     for ax, name in zip(axes, names, strict=False):
         c = np.asarray(confidences[name], dtype=np.float64)

@@ -18,8 +18,10 @@ import csv
 import html
 import io
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .aggregate import Group
 
@@ -334,15 +336,33 @@ def _all_keys(dicts: Sequence[dict[str, float]]) -> list[str]:
     return sorted(keys)
 
 
-def runs_csv(groups: Sequence[Group]) -> str:
-    """One row per run with every number (fractions; empty cell = NaN/missing)."""
+def relative_run_dir(run_dir: str | os.PathLike, base: str | os.PathLike | None) -> str:
+    """A run directory as a results file names it: relative to ``base`` (the directory of the
+    report that holds the file) with ``/`` separators, so the files name no machine's paths;
+    as given when ``base`` is None or on another drive.
+
+    >>> relative_run_dir("/data/demo/runs/ce/seed0", "/data/demo")
+    'runs/ce/seed0'
+    """
+    if base is None:
+        return Path(run_dir).as_posix()
+    try:
+        return Path(os.path.relpath(Path(run_dir).absolute(), Path(base).absolute())).as_posix()
+    except ValueError:  # different drives on Windows
+        return Path(run_dir).as_posix()
+
+
+def runs_csv(groups: Sequence[Group], base: str | os.PathLike | None = None) -> str:
+    """One row per run with every number (fractions; empty cell = NaN/missing); ``run_dir``
+    relative to ``base`` (the report's directory, see :func:`relative_run_dir`)."""
     runs = [r for g in groups for r in g.runs]
     keys = _all_keys([r.flat for r in runs])
     header = ["dataset", "model", "loss", "loss_kwargs", "seed", "run_dir"] + keys
     rows = []
     for g in groups:
         for r in g.runs:
-            rows.append([g.dataset, g.model, g.loss, r.key[3], r.seed, str(r.run_dir)]
+            rows.append([g.dataset, g.model, g.loss, r.key[3], r.seed,
+                         relative_run_dir(r.run_dir, base)]
                         + [r.flat.get(k, math.nan) for k in keys])
     return _csv(header, rows)
 

@@ -46,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .._io import exclusive_lock
+from .._registry import unknown_name
 from ..errors import CheckpointError, DivergedError, TorchcalError
 from ..losses import create_loss
 from ..losses.base import (
@@ -316,8 +317,7 @@ def _device_and_amp(config: TrainConfig, env: DistEnv) -> tuple[torch.device, st
 def _check_names(config: TrainConfig) -> nn.Module:
     """The loss; unknown model / loss names and bad hyperparameters fail before any data."""
     if config.model not in list_models():
-        raise ValueError(f"Unknown model {config.model!r}; expected one of: "
-                         f"{', '.join(list_models())}")
+        raise ValueError(unknown_name("model", config.model, list_models()))
     loss_fn = build_loss(config)
     if config.tensorboard and not tensorboard_available():
         raise TorchcalError("--tensorboard needs the `tensorboard` package: pip install "

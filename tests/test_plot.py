@@ -1,4 +1,5 @@
-"""reliability_diagram: a real PNG with the bars the reliability curve says, Agg only."""
+"""torchcal.plot: reliability diagrams as real PNGs with the bars the reliability curve says,
+Agg only; the smooth reliability curve's plot; the old import path still works."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,7 @@ import torch
 from PIL import Image
 
 import torchcal.metrics as M
-from torchcal.report import plots
+from torchcal import plot as plots
 
 
 def _data():
@@ -32,7 +33,7 @@ def test_png_written_atomically_with_two_panels(tmp_path):
     assert 0 < int(many.sum()) < int(filled.sum())
     heights = np.array([r.get_height() for r in top.containers[0]])
     assert np.allclose(heights, curve.accuracies[many].numpy(), atol=1e-6)
-    heights = np.array([r.get_height() for r in top.containers[2]])
+    heights = np.array([r.get_height() for r in top.containers[3]])
     assert np.allclose(heights, curve.accuracies[filled & ~many].numpy(), atol=1e-6)
     # the count panel: samples per non-empty bin (they sum to N), on a log scale, labelled
     counts = np.array([r.get_height() for r in bottom.containers[0]])
@@ -69,13 +70,69 @@ def test_sparse_bins_are_marked_with_their_count():
     labels = np.r_[0, np.zeros(5, int), (np.arange(200) % 20 == 0).astype(int)]
     fig = plots.reliability_diagram(probs=probs, labels=labels, n_bins=10, min_count=20)
     top, bottom = fig.axes
-    solid, _gap, sparse = top.containers[:3]
+    solid, _over, _under, sparse = top.containers[:4]
     assert len(solid) == 1 and len(sparse) == 2 and sparse.get_label() == "< 20 samples"
     assert [r.get_alpha() for r in sparse] == [0.25, 0.25]
     assert sorted(t.get_text() for t in top.texts if not t.get_text().startswith("ECE")) == [
         "1", "5"]
     assert any(line.get_ydata()[0] == 20 for line in bottom.lines)  # the min_count line
     fig = plots.reliability_diagram(probs=probs, labels=labels, n_bins=10, min_count=1)
-    assert len(fig.axes[0].containers) == 2  # nothing sparse
+    assert len(fig.axes[0].containers) == 3  # nothing sparse
     with pytest.raises(ValueError, match="`min_count`"):
         plots.reliability_diagram(probs=probs, labels=labels, min_count=0)
+
+
+def test_old_import_path_reexports_the_same_objects():
+    from torchcal.report import plots as old
+
+    assert old.reliability_diagram is plots.reliability_diagram
+    assert old.MIN_COUNT == plots.MIN_COUNT
+    assert "reliability_diagram" not in vars(old) or old.__name__ != plots.__name__
+
+
+def _over_and_under():
+    """Bins at 0.55 (accuracy 0.9: under-confident) and 0.95 (accuracy 0.5: over-confident)."""
+    conf = np.r_[np.full(40, 0.55), np.full(40, 0.95)]
+    labels = np.r_[(np.arange(40) % 10 == 0).astype(int), (np.arange(40) % 2).astype(int)]
+    return np.stack([conf, 1 - conf], 1), labels
+
+
+def test_under_and_over_confident_gaps_each_have_their_own_legend_entry():
+    """Issue 26 (8): an under-confident bin's gap was drawn translucent red over the blue
+    accuracy bar (purple) with one legend entry "gap"; now each side has its own opaque
+    colour, bar and legend entry, and the under-confident gap tops the bar at the accuracy."""
+    probs, labels = _over_and_under()
+    fig = plots.reliability_diagram(probs=probs, labels=labels, n_bins=10)
+    top = fig.axes[0]
+    acc, over, under = top.containers[:3]
+    (o,), (u,) = list(over), list(under)
+    assert o.get_y() == pytest.approx(0.5) and o.get_y() + o.get_height() == pytest.approx(0.95)
+    assert u.get_y() == pytest.approx(0.55) and u.get_y() + u.get_height() == pytest.approx(0.9)
+    for patch in (o, u, *acc):  # opaque: no colour from mixing two bars
+        assert patch.get_facecolor()[3] == 1.0 and patch.get_alpha() in (None, 1.0)
+    colours = {tuple(p.get_facecolor()) for p in (o, u, acc[0])}
+    assert len(colours) == 3
+    labels_shown = [t.get_text() for t in top.get_legend().get_texts()]
+    assert "gap: over-confident" in labels_shown and "gap: under-confident" in labels_shown
+    # the rendered image holds no purple: no pixel mixing the red and the blue
+    fig.canvas.draw()
+    rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(int)
+    purple = (rgb[..., 0] > 90) & (rgb[..., 2] > 90) & (rgb[..., 1] < 0.75 * rgb[..., 0]) \
+        & (rgb[..., 1] < 0.75 * rgb[..., 2])
+    assert int(purple.sum()) == 0
+
+
+def test_smooth_reliability_diagram_draws_the_metric_curve(tmp_path):
+    z, y = _data()
+    path = tmp_path / "smooth.png"
+    fig = plots.smooth_reliability_diagram(logits=z, labels=y, title="smooth", path=path)
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+    (ax,) = fig.axes
+    curve = M.smooth_reliability_curve(logits=z, labels=y)
+    line = next(ln for ln in ax.lines if ln.get_label() == "smoothed accuracy")
+    assert np.allclose(line.get_ydata(), curve.accuracies.numpy())
+    assert np.allclose(line.get_xdata(), curve.mesh.numpy())
+    smece = M.smooth_ece(logits=z, labels=y).item()
+    assert ax.texts[0].get_text().startswith(f"smECE = {100 * smece:.2f}%")
+    assert ax.get_title() == "smooth"
