@@ -32,24 +32,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing as mp
 import shutil
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
+from .._io import atomic_write_json, atomic_write_text
 from ..data import load_splits
 from ..runs import RunDir
 from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
+from . import uncertainty_report as rep
 
-__all__ = ["UncertaintyProfile", "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT",
+__all__ = ["SUMMARY_FILE", "run_uncertainty_suite", "write_suite_report", "UncertaintyProfile", "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT",
            "suite_specs", "kirchhof_unit", "kendall_unit", "run_unit"]
 
+#: The suite's summary file (every unit's result, the claims' verdicts) in its output directory.
+SUMMARY_FILE = "suite_results.json"
 #: The upstream classes the backbone and the head are trained on, and the unseen ones.
 UPSTREAM, DOWNSTREAM = "0-4", "5-9"
 #: The shifted generator setting (classes 0-4): the scouting's, 2.4x / 5x / 2.7x the defaults.
@@ -271,16 +278,13 @@ def kirchhof_unit(spec: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------
 def write_suite_report(units: list[dict[str, Any]], out: Path, profile: str,
                        p: UncertaintyProfile, seconds: float, command: str) -> dict[str, Any]:
-    """Write report.md, results.json, results.csv and the figures of a finished suite."""
-    from .._io import atomic_write_json, atomic_write_text
-    from . import uncertainty_report as rep
-
+    """Write report.md, suite_results.json, results.csv and the figures of a finished suite."""
     figures = rep.write_figures(units, out)
     sizes = dataclasses.asdict(p)
     summary = {"schema": "torchcal.uncertainty_suite/1", "profile": profile,
                "profile_sizes": sizes, "seconds": seconds, "command": command,
                "claims": rep.claim_verdicts(units), "units": units}
-    atomic_write_json(out / "results.json", summary)
+    atomic_write_json(out / SUMMARY_FILE, summary)
     atomic_write_text(out / "results.csv", rep.rows_csv(rep.results_rows(units)))
     atomic_write_text(out / "report.md", rep.report_markdown(
         units, profile=profile, p=sizes, figures=figures, seconds=seconds, command=command))
@@ -290,8 +294,6 @@ def write_suite_report(units: list[dict[str, Any]], out: Path, profile: str,
 def _execute(specs: list[dict[str, Any]], workers: int, progress: bool) -> list[dict[str, Any]]:
     """Run the units: in this process (``workers`` 1) or in spawned worker processes, one
     thread each; results in the specs' order."""
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=len(specs), desc="torchcal demo --suite uncertainty", unit="unit",
                disable=not progress)
     results: list[dict[str, Any] | None] = [None] * len(specs)
@@ -301,9 +303,6 @@ def _execute(specs: list[dict[str, Any]], workers: int, progress: bool) -> list[
                 results[i] = run_unit(s)
                 bar.update(1)
         else:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
                 futs = {ex.submit(run_unit, s): i for i, s in enumerate(specs)}
                 for f in as_completed(futs):
