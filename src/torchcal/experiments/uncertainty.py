@@ -87,15 +87,18 @@ class UncertaintyProfile:
     notes: dict[str, str] = field(default_factory=dict)
 
 
-#: ``quick``: a smoke test (its verdicts are not evidence); ``default``: 3 seeds within 5
-#: minutes on 2 cores; ``full``: every arm, 5 seeds, the recipe's 350 backbone epochs.
+#: ``quick``: a smoke test (its verdicts are not evidence); ``default``: 3 seeds, the recipe's
+#: 350 backbone epochs, the default arms (about 135 s estimated on 2 idle cores); ``full``: every
+#: arm (a 7-point grid, single-task arms, Kendall at the trunk's learning rate, a head fitted on
+#: the training split), 5 seeds (about 4.5 minutes estimated).  Estimates from per-unit CPU
+#: times measured before any verdict was read: ``benchmarks/results/uncertainty_sizing.md``.
 PROFILES: dict[str, UncertaintyProfile] = {
     "quick": UncertaintyProfile(
         seeds=(0,), backbone_epochs=8, upstream_sizes=(600, 400, 600), head_epochs=10,
         head_width=128, mt_epochs=4, mt_sizes=(600, 200, 600), grid=(0.1, 1.0, 10.0),
         width=32, mt_width=32, evidence=False),
     "default": UncertaintyProfile(
-        seeds=(0, 1, 2), backbone_epochs=100, upstream_sizes=(2000, 2000, 4000),
+        seeds=(0, 1, 2), backbone_epochs=350, upstream_sizes=(2000, 2000, 4000),
         head_epochs=50, head_width=512, mt_epochs=25, mt_sizes=(4000, 1000, 4000),
         grid=GRID_DEFAULT),
     "full": UncertaintyProfile(
