@@ -316,20 +316,25 @@ def _execute(specs: list[dict[str, Any]], workers: int, progress: bool) -> list[
     return [r for r in results if r is not None]
 
 
-def run_uncertainty_suite(profile: str = "default", out: str | Path = "torchcal-demo/uncertainty",
+def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
+                          out: str | Path = "torchcal-demo/uncertainty",
                           *, data_root: str | Path | None = None,
                           seeds: tuple[int, ...] | None = None, workers: int = 2,
                           progress: bool = True, command: str = "") -> dict[str, Any]:
     """Run the suite at ``profile`` into ``out`` and write its report; the summary dict.
 
-    ``data_root`` (default ``out/data``) holds the generated MNIST-1D caches.
+    ``profile`` is a name of :data:`PROFILES` or an :class:`UncertaintyProfile` (reported as
+    ``custom``); ``data_root`` (default ``out/data``) holds the generated MNIST-1D caches.
     """
-    if profile not in PROFILES:
+    if isinstance(profile, UncertaintyProfile):
+        p, profile = profile, "custom"
+    elif profile in PROFILES:
+        p = PROFILES[profile]
+    else:
         raise ValueError(f"Expected `profile` to be one of {tuple(PROFILES)}, got {profile!r}")
     t0 = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    p = PROFILES[profile]
     if seeds is not None:
         p = dataclasses.replace(p, seeds=tuple(seeds))
     root = Path(data_root) if data_root is not None else out / "data"
