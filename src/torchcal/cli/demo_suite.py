@@ -13,7 +13,7 @@ from ..experiments.uncertainty import run_uncertainty_suite
 __all__ = ["cmd_uncertainty_suite"]
 
 
-def cmd_uncertainty_suite(args: argparse.Namespace) -> int:
+def cmd_uncertainty_suite(args: argparse.Namespace, executor=None) -> int:
     """Run the uncertainty suite with the demo's --quick / --full / --seeds / --workers /
     --out; refuse the calibration benchmark's options."""
     for opt in ("epochs", "losses", "noise_std", "adafocal_lam", "data_arg", "train_arg",
@@ -29,7 +29,7 @@ def cmd_uncertainty_suite(args: argparse.Namespace) -> int:
         seeds = tuple(args.seeds)
     argv = list(getattr(args, "argv", None) or ["demo", "--suite", "uncertainty"])
     summary = run_uncertainty_suite(profile, out, seeds=seeds, workers=args.workers,
-                                    progress=not args.no_progress,
+                                    executor=executor, progress=not args.no_progress,
                                     command=shlex.join(["torchcal", *argv]))
     text = (out / "report.md").read_text()
     start = text.index("## The papers' claims on this benchmark")

@@ -32,17 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing as mp
 import shutil
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from .._io import atomic_write_json, atomic_write_text
 from ..data import load_splits
@@ -51,9 +48,10 @@ from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import uncertainty_report as rep
+from .runner import Executor, Job, LocalExecutor, run_sweep
 
 __all__ = ["SUMMARY_FILE", "run_uncertainty_suite", "write_suite_report", "UncertaintyProfile", "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT",
-           "suite_specs", "kirchhof_unit", "kendall_unit", "run_unit"]
+           "suite_specs", "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
 
 #: The suite's summary file (every unit's result, the claims' verdicts) in its output directory.
 SUMMARY_FILE = "suite_results.json"
@@ -294,37 +292,29 @@ def write_suite_report(units: list[dict[str, Any]], out: Path, profile: str,
     return summary
 
 
-def _execute(specs: list[dict[str, Any]], workers: int, progress: bool) -> list[dict[str, Any]]:
-    """Run the units: in this process (``workers`` 1) or in spawned worker processes, one
-    thread each; results in the specs' order."""
-    bar = tqdm(total=len(specs), desc="torchcal demo --suite uncertainty", unit="unit",
-               disable=not progress)
-    results: list[dict[str, Any] | None] = [None] * len(specs)
-    try:
-        if workers <= 1:
-            for i, s in enumerate(specs):
-                results[i] = run_unit(s)
-                bar.update(1)
-        else:
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-                futs = {ex.submit(run_unit, s): i for i, s in enumerate(specs)}
-                for f in as_completed(futs):
-                    results[futs[f]] = f.result()
-                    bar.update(1)
-    finally:
-        bar.close()
-    return [r for r in results if r is not None]
+def suite_jobs(specs: list[dict[str, Any]]) -> list[Job]:
+    """The units as jobs of the experiments layer's runner (:func:`run_sweep`)."""
+    jobs = []
+    for s in specs:
+        name = f"{s['kind']} seed {s['seed']}" + (f" {s['arm']}" if "arm" in s else "")
+        labels = {k: s[k] for k in ("kind", "seed", "arm") if k in s}
+        jobs.append(Job(name, run_unit, s, labels=labels))
+    return jobs
 
 
 def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
                           out: str | Path = "torchcal-demo/uncertainty",
                           *, data_root: str | Path | None = None,
                           seeds: tuple[int, ...] | None = None, workers: int = 2,
-                          progress: bool = True, command: str = "") -> dict[str, Any]:
+                          executor: Executor | None = None, progress: bool = True,
+                          command: str = "") -> dict[str, Any]:
     """Run the suite at ``profile`` into ``out`` and write its report; the summary dict.
 
     ``profile`` is a name of :data:`PROFILES` or an :class:`UncertaintyProfile` (reported as
-    ``custom``); ``data_root`` (default ``out/data``) holds the generated MNIST-1D caches.
+    ``custom``); ``data_root`` (default ``out/data``) holds the generated MNIST-1D caches.  The
+    units run through the experiments layer's runner (:func:`run_sweep`) with ``executor``
+    (default ``LocalExecutor(workers)``: spawned worker processes, one thread each, or this
+    process when ``workers`` is 1; a :class:`RayExecutor` runs them as Ray tasks).
     """
     if isinstance(profile, UncertaintyProfile):
         p, profile = profile, "custom"
@@ -339,6 +329,7 @@ def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
         p = dataclasses.replace(p, seeds=tuple(seeds))
     root = Path(data_root) if data_root is not None else out / "data"
     specs = suite_specs(p, out, root)
-    units = _execute(specs, workers, progress)
+    units = run_sweep(suite_jobs(specs), executor or LocalExecutor(workers=workers),
+                      progress=progress, desc="torchcal demo --suite uncertainty")
     return write_suite_report(units, out, profile, p, time.perf_counter() - t0,
                               command or f"torchcal demo --suite uncertainty --{profile}")
