@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
+
+from .._io import atomic_write_text
 
 __all__ = ["CLAIMS", "claim_verdicts", "kirchhof_table", "kendall_table", "timing_table",
            "results_rows", "rows_csv", "write_figures", "report_markdown", "readme_block",
@@ -277,6 +281,8 @@ def _frontier_figure(units: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     grid = []
     for arm in _arm_order(units):
+        if arm.endswith(" only"):  # single-task anchors (in the table): they would stretch the
+            continue               # axes far beyond the two-task points
         us = [u for u in ks if u["arm"] == arm]
         x = [u["test"]["rmse"] for u in us]
         y = [100 * u["test"]["accuracy"] for u in us]
@@ -293,13 +299,15 @@ def _frontier_figure(units: list[dict[str, Any]], path: Path) -> None:
         grid.sort(key=lambda g: g[1])
         ax.errorbar([g[1] for g in grid], [g[2] for g in grid], xerr=[g[3] for g in grid],
                     yerr=[g[4] for g in grid], fmt="o-", color="C0", capsize=3,
-                    label="fixed weights (1, w)", zorder=2)
+                    label="fixed weights CE : MSE", zorder=2)
         for arm, x, y, *_ in grid:
-            ax.annotate(arm.replace("fixed ", "w="), (x, y), textcoords="offset points",
+            ax.annotate(arm.replace("fixed ", ""), (x, y), textcoords="offset points",
                         xytext=(6, 4), fontsize=8)
     ax.set_xlabel("translation RMSE on the test set (samples; lower is better)")
     ax.set_ylabel("digit accuracy on the test set (%; higher is better)")
-    ax.set_title("Kendall et al. 2018 on MNIST-1D: fixed weights vs learned")
+    n = len({u["seed"] for u in ks})
+    ax.set_title(f"Kendall et al. 2018 on MNIST-1D: fixed weights vs learned\n(mean ± sd over "
+                 f"{n} seed{'s' if n != 1 else ''}; upper left is better)", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -314,6 +322,7 @@ def _rauroc_figure(units: list[dict[str, Any]], path: Path) -> None:
     ks = [u for u in _ok(units, "kirchhof") if "validation" in u["heads"]]
     fig, ax = plt.subplots(figsize=(7.6, 4.4))
     width = 0.2
+    lowest = 0.4
     labels = [f"{label.split(' (')[0]}\n{corr}" for _, _, label, corr in SETTINGS]
     for j, (m, mlabel) in enumerate(METHODS):
         means, sds = [], []
@@ -322,15 +331,19 @@ def _rauroc_figure(units: list[dict[str, Any]], path: Path) -> None:
             vals = [v for v in vals if not math.isnan(v)]
             means.append(_mean(vals) if vals else math.nan)
             sds.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
+        lowest = min([lowest] + [m - 0.05 for m in means if not math.isnan(m)])
         xs = [i + (j - 1.5) * width for i in range(len(SETTINGS))]
         ax.bar(xs, means, width, yerr=sds, capsize=2, label=mlabel, color=f"C{j}")
     ax.axhline(0.5, color="k", lw=0.8, ls="--")
-    ax.text(len(SETTINGS) - 0.5, 0.505, "chance", ha="right", va="bottom", fontsize=8)
+    ax.text(-0.45, 0.505, "chance", ha="left", va="bottom", fontsize=8)
     ax.set_xticks(range(len(SETTINGS)))
     ax.set_xticklabels(labels, fontsize=8)
-    ax.set_ylim(0.4, 1.0)
+    ax.set_ylim(lowest, 1.0)
     ax.set_ylabel("R-AUROC (higher is better)")
-    ax.set_title("Kirchhof et al. 2024 on MNIST-1D: head fitted upstream, evaluated zero-shot")
+    n = len(ks)
+    ax.set_title("Kirchhof et al. 2024 on MNIST-1D: a head fitted on held-out upstream data, "
+                 f"evaluated zero-shot\n(R-AUROC, mean ± sd over {n} seed{'s' if n != 1 else ''})",
+                 fontsize=10)
     ax.legend(fontsize=8, ncol=4, loc="upper right")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -439,3 +452,22 @@ def replace_readme_block(readme: str, block: str) -> str:
     start = readme.index(README_BEGIN.split("{path}")[0])
     end = readme.index(README_END) + len(README_END)
     return readme[:start] + block + readme[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchcal.experiments.uncertainty_report README.md SUITE_RESULTS_JSON``:
+    regenerate the README's uncertainty block from a committed suite run."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: python -m torchcal.experiments.uncertainty_report README.md "
+              "SUITE_RESULTS_JSON", file=sys.stderr)
+        return 2
+    readme, path = Path(args[0]), args[1]
+    summary = json.loads(Path(path).read_text(encoding="utf-8"))
+    text = readme.read_text(encoding="utf-8")
+    atomic_write_text(readme, replace_readme_block(text, readme_block(summary, path)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
