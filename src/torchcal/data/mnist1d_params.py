@@ -357,7 +357,9 @@ def load_mnist1d_param_splits(root: Any = None, seed: int = 42, n_train: int = 2
     Args:
         root: data root of the cache (``root/mnist1d/mnist1d_params_*.npz``).
         seed: the generator's seed.
-        n_train, n_val, n_test: split sizes (of the kept classes).
+        n_train: training split size (of the kept classes).
+        n_val: validation split size.
+        n_test: test split size.
         classes: digits to keep (``None``: all; ``"0-4"``, ``"5,6"`` or a sequence).
         generator: overrides of :data:`GENERATOR_DEFAULTS` (``corr_noise_scale``,
             ``iid_noise_scale``, ``shear_scale``, ...), for shifted sets.
