@@ -57,6 +57,13 @@ def test_verdicts_by_hand():
     assert all("not evidence" in s for s in rep.verdict_lines(list(v.values()), evidence=False))
 
 
+def test_replace_readme_block():
+    begin = rep.README_BEGIN.format(path="p.json")
+    text = f"intro\n{begin}\nold\n{rep.README_END}\noutro\n"
+    new = f"{begin}\nnew\n{rep.README_END}"
+    assert rep.replace_readme_block(text, new) == f"intro\n{new}\noutro\n"
+
+
 def _tiny_profile():
     return suite.UncertaintyProfile(
         seeds=(0,), backbone_epochs=1, upstream_sizes=(60, 40, 40), head_epochs=1, head_width=8,
@@ -116,3 +123,18 @@ def test_demo_suite_dispatch(monkeypatch, tmp_path, capsys):
                  "--seeds", "2", "--no-progress"]) == 0
     assert seen["profile"] == "full" and seen["seeds"] == (0, 1) and seen["workers"] == 2
     assert "- a" in capsys.readouterr().out
+
+
+def test_readme_block_equals_the_committed_run():
+    """The README's "What the uncertainty demo shows" block is generated from the committed
+    suite run (regenerate: python -m torchcal.experiments.uncertainty_report README.md PATH)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    path = "docs/results/uncertainty/suite_results.json"
+    summary = json.loads((root / path).read_text(encoding="utf-8"))
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    block = rep.readme_block(summary, path)
+    assert block in readme
+    assert "Kirchhof et al. 2024" in block and "Kendall et al. 2018" in block
+    assert len([s for s in block.splitlines() if s.startswith("- ")]) == len(rep.CLAIMS)
