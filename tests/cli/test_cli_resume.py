@@ -89,3 +89,17 @@ def test_resume_with_recipe_of_a_missing_directory_starts_a_new_run(tmp_path, ca
                  "--out", str(run), "--resume"]) == 0
     out = capsys.readouterr().out
     assert "nothing to resume" in out and "trained digits-mlp" in out, out
+
+
+def test_resume_of_a_finished_run_with_changed_training_settings_is_refused(tmp_path, capsys):
+    """Issue 23: `--resume --reduction sum --grad-clip ...` on a finished run said "nothing was
+    trained" (exit 0) although the settings differ from the run's: refused, naming them."""
+    run = tmp_path / "done"
+    assert main(["train", "--recipe", "digits-mlp", "--epochs", "1", *FAST,
+                 "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--reduction", "sum",
+                 "--grad-clip", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "Cannot resume" in err and "reduction='sum'" in err and "grad_clip=5.0" in err, err
+    assert len(err.strip().splitlines()) == 1, err

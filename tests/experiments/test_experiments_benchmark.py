@@ -84,3 +84,15 @@ def test_benchmarks_are_registered_data():
     with pytest.raises(ValueError, match="missing \\['full'\\]"):
         Benchmark(name="x", title="x", recipe="digits-mlp",
                   profiles={"default": Profile(seeds=(0,)), "quick": Profile(seeds=(0,))})
+
+
+def test_executor_options_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch):
+    import torchcal.cli.demo as demo_cli
+
+    out = tmp_path / "never"
+    assert main(["demo", "--ray-address", "auto", "--out", str(out)]) == 2
+    assert "`--ray-address` needs `--executor ray`" in capsys.readouterr().err
+    monkeypatch.setattr(demo_cli, "ray_available", lambda: False)
+    assert main(["demo", "--executor", "ray", "--out", str(out)]) == 2
+    assert 'pip install "torchcal[ray]"' in capsys.readouterr().err
+    assert not out.exists()

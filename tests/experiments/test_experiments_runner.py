@@ -10,7 +10,7 @@ from torchcal.experiments import Job, LocalExecutor, Resources, failed_result, r
 
 
 def _echo(spec):
-    return {"error": None, "value": spec["x"] * 2, "pid": os.getpid()}
+    return {"error": None, "value": spec["x"] * 2}
 
 
 def _raises(spec):
@@ -44,12 +44,6 @@ def test_a_dead_worker_fails_its_job_by_name_and_labels():
     assert r["name"] == "dies" and r["run_dir"] == "/r/dies"
     assert r["error"].startswith("worker process died")
     assert failed_result(Job("x", _echo, {}, labels={"seed": 1}), "lost")["seed"] == 1
-
-
-def test_spawned_workers_run_the_jobs():
-    res = run_sweep([Job(f"j{i}", _echo, {"x": i}) for i in range(2)], LocalExecutor(workers=2),
-                    progress=False)
-    assert [r["value"] for r in res] == [0, 2] and os.getpid() not in {r["pid"] for r in res}
 
 
 def test_job_names_must_be_distinct():

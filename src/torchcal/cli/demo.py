@@ -26,6 +26,7 @@ from ..experiments import (
     default_out,
     get_benchmark,
     list_benchmarks,
+    ray_available,
     run_demo,
 )
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss
@@ -92,6 +93,9 @@ def _interrupt_hint(args: argparse.Namespace) -> str:
 
 def _executor(args: argparse.Namespace):
     if args.executor == "ray":
+        if not ray_available():
+            raise ValueError("`--executor ray` needs the `ray` package: pip install "
+                             "\"torchcal[ray]\" (or pip install \"ray>=2.9\")")
         return RayExecutor(address=args.ray_address, workers=args.workers)
     if args.ray_address is not None:
         raise ValueError("`--ray-address` needs `--executor ray`")
@@ -146,9 +150,16 @@ def _size_help() -> dict[str, str]:
              if b.profile(profile).measured]
         return f" ({'; '.join(m)})" if m else ""
 
+    def default_size(b) -> str:
+        p = b.profile("default")
+        n_losses = len(p.losses) if p.losses else len(b.losses("full"))
+        epochs = f"{p.epochs} epochs" if p.epochs else "the recipe's epochs"
+        return f"{n_losses} losses x {len(p.seeds)} seeds x {epochs}"
+
     return {
         "description": "The embedded benchmarks: " + "; ".join(
-            f"{n}: {b.summary}" for n, b in benches.items()) + measured("default") + ". Runs "
+            f"{n}: {b.summary}, by default {default_size(b)}" for n, b in benches.items())
+            + measured("default") + ". Runs "
             "train in parallel worker processes (or as Ray tasks), are evaluated before and "
             "after temperature scaling and reported in the papers' table format with figures "
             "and the section \"The papers' claims on this benchmark\".",

@@ -31,7 +31,7 @@ from ..errors import TorchcalError
 from ..losses import list_losses
 from ..models import list_models
 from ..runs import RunDir
-from ..train.config import TrainConfig
+from ..train.config import TrainConfig, changed_fields
 from ..train.evaluation import read_config
 from ..train.recipes import get_recipe, list_recipes
 from ..train.trainer import train
@@ -149,16 +149,18 @@ def _nothing_to_resume(out: Path) -> str:
 
 def _finished(cfg) -> bool:
     """Whether ``cfg.out_dir`` holds all ``cfg.epochs`` epochs and their evaluation (or needs
-    none): a resume would train nothing."""
+    none) of a run with ``cfg``'s identity: a resume would train nothing.  A changed identity
+    field is not "finished": the trainer refuses it, naming the fields."""
     run = RunDir(cfg.out_dir)
     if not run.has_checkpoint("last"):
         return False
     try:
         meta = json.loads(run.results().read_text(encoding="utf-8")).get("meta", {})
         done = int(meta.get("epoch")) == cfg.epochs and meta.get("checkpoint") == "last"
+        old = TrainConfig.from_dict(json.loads(run.config.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError, AttributeError):
         return False
-    return done
+    return done and not changed_fields(old, cfg)["identity"]
 
 
 def _interrupt_hint(args: argparse.Namespace) -> str | None:

@@ -23,7 +23,9 @@ The **runner** executes units of work.  The API other work builds on:
   several runs trained as one packed model, another benchmark's run.
 * :func:`run_sweep` ``(jobs, executor=None, *, progress=True, desc="torchcal demo") -> list[dict]``:
   executes the jobs behind one progress bar and returns one result per job, in the jobs' order
-  (``name`` and ``seconds`` added to each).
+  (``name`` and ``seconds`` added to each).  A job that stands for several runs (a packed
+  model) returns its per-run results in its own dict (e.g. under ``"runs"``), names its run
+  directories in ``labels`` and asks for the resources of the whole pack.
 * Executors (the :class:`Executor` protocol: ``run(jobs, on_done)``):
   :class:`LocalExecutor` ``(workers=2)``: spawned worker processes of this machine, one thread
   each, or this process when ``workers`` is 1; Ctrl-C stops the workers at once.

@@ -66,6 +66,7 @@ class Benchmark:
         noise_std: pixel noise passed to the data (None: the option does not apply).
         claims: the papers' claims the report tests (:mod:`torchcal.report.claims`).
         committed_results: the repository path of the committed ``full`` run's results.csv.
+        committed_note: a remark the report adds to the committed run's verdicts (a re-run).
         verdict_labels: ``{claim key: short label}`` of the verdicts the report quotes.
         excluded: ``{loss tag: why}``, the report's reason for a registered loss not trained.
         intro: ``intro(context) -> str``, the report's prose above its tables (context: a
@@ -85,6 +86,7 @@ class Benchmark:
     noise_std: float | None = None
     claims: Sequence[Claim] = ()
     committed_results: str | None = None
+    committed_note: str = ""
     verdict_labels: Mapping[str, str] = field(default_factory=dict)
     excluded: Mapping[str, str] = field(default_factory=dict)
     intro: Callable[[Any], str] | None = None

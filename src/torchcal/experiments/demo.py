@@ -236,7 +236,8 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
         intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
                            skipped=sum(bool(r.get("skipped")) for r in results))
         rep = build_report([j["run_dir"] for j in specs], out, title=f"torchcal demo: {bench.title}",
-                           intro=intro, n_bins=cfg.n_bins, figures=cfg.figures, claims=True)
+                           intro=intro, n_bins=cfg.n_bins, figures=cfg.figures,
+                           claims=tuple(bench.claims) or False)
     return DemoResult(out_dir=out, report=rep, failed=failed,
                       seconds=time.perf_counter() - t_start, config=cfg)
 

@@ -47,7 +47,7 @@ from .aggregate import (
     group_runs,
     load_runs,
 )
-from .claims import add_confidence_gaps, claims_markdown, claims_section
+from .claims import Claim, add_confidence_gaps, claims_markdown, claims_section
 from .plots import MIN_COUNT
 
 __all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir"]
@@ -363,7 +363,7 @@ def build_report(
     intro: str = "",
     n_bins: int = 15,
     figures: bool = True,
-    claims: bool = False,
+    claims: bool | Sequence[Claim] = False,
     checkpoint: str = "last",
     mix_checkpoints: bool = False,
 ) -> ReportOutput:
@@ -379,7 +379,9 @@ def build_report(
         figures: draw the figures (needs the runs' saved logits).
         claims: add the section "The papers' claims on this benchmark"
             (:func:`torchcal.report.claims.claims_markdown`) and each run's mean confidence
-            minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits).
+            minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits): ``True``
+            tests the seed papers' claims (:data:`torchcal.report.claims.CLAIMS`), a sequence of
+            :class:`~torchcal.report.claims.Claim` tests those (a benchmark's own).
         checkpoint: with ``paths``, read the evaluations of this checkpoint (``"last"``:
             ``results.json``; ``"best"``: ``results-best.json``).
         mix_checkpoints: allow one table to hold runs evaluated from different checkpoints
@@ -402,7 +404,9 @@ def build_report(
     table_sets = T.tables_for(groups, floors)
     runs_table = _runs_table(groups, out)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    claims_md = claims_markdown(groups) if claims else ""
+    claims_md = ""
+    if claims:
+        claims_md = claims_markdown(groups) if claims is True else claims_markdown(groups, claims)
     md_text = _report_markdown(title, intro, stamp, len(runs.runs), groups, table_sets, figs, out,
                                claims_md, runs_table, notes, errors)
     html_text = _report_html(title, intro, stamp, len(runs.runs), groups, table_sets, figs,
