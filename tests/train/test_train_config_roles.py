@@ -32,7 +32,8 @@ def test_every_identity_field_is_detected_as_changed():
     """Each identity field, changed alone, is named (none is silently ignored by the check)."""
     base = TrainConfig()
     other = {bool: lambda v: not v, int: lambda v: v + 1, float: lambda v: v / 2 + 0.01,
-             str: lambda v: v + "x", dict: lambda v: {**v, "k": 1}}
+             str: lambda v: v + "x", dict: lambda v: {**v, "k": 1},
+             list: lambda v: [*v, "x"]}  # list: the two-task runs' `tasks`
     for f in dataclasses.fields(TrainConfig):
         if field_role(f) != "identity" or f.name == "loss_defaults":
             continue

@@ -164,3 +164,41 @@ def test_image_run_augmented_passes_and_zero_shot_transfer(tmp_path, capsys):
     tr = res["transfer"]["cifar100"]
     assert tr["n"] == 40 and "recall_at_1" in tr and "r_auroc_correct" not in tr
     assert "zero-shot cifar100" in out
+
+
+def test_mnist1d_fit_on_validation_and_transfer_to_other_classes_and_generator(tmp_path, capsys):
+    """The paper's setting on MNIST-1D: a backbone on classes 0-4, a head fitted on the held-out
+    validation split, zero-shot transfer to classes 5-9 and to a shifted generator."""
+    from torchcal.train import get_recipe, train
+
+    run = tmp_path / "m1d"
+    data = {"classes": "0-4", "n_train": 60, "n_val": 40, "n_test": 40}
+    n = torch.get_num_threads()
+    try:
+        train(dataclasses.replace(
+            get_recipe("mnist1d-cnn"), out_dir=str(run), epochs=1, progress=False, num_threads=1,
+            device="cpu", model_kwargs={"width": 8}, data_root=str(tmp_path / "data"),
+            data_kwargs=data, evaluate=False))
+    finally:
+        torch.set_num_threads(n)
+    code, out, err = _run(["uncertainty", "fit", str(run), "--fit-split", "val", "--epochs", "1",
+                           "--width", "16", "--batch-size", "16", "--no-progress", "--device",
+                           "cpu"], capsys)
+    assert code == 0, err
+    assert "cached mnist1d val rows" in out and "fitted on the validation split" in out
+    _, meta = load_head(run / "uncertainty" / "head.pt")
+    assert meta["fit_split"] == "val" and meta["rows"] == 40
+    code, out, err = _run(["uncertainty", "eval", str(run), "--no-progress", "--device", "cpu",
+                           "--transfer", "mnist1d:classes=5-9",
+                           "--transfer", "mnist1d:shear_scale=2:corr_noise_scale=0.6"], capsys)
+    assert code == 0, err
+    res = json.loads((run / "uncertainty" / "results.json").read_text())
+    assert set(res["transfer"]) == {"mnist1d:classes=5-9", "mnist1d:shear_scale=2:corr_noise_scale=0.6"}
+    unseen = res["transfer"]["mnist1d:classes=5-9"]
+    assert unseen["n"] == 40 and "accuracy" not in unseen  # the classifier's classes do not apply
+    assert set(unseen["baselines"]) == {"max_prob", "entropy", "embedding_norm"}
+    assert "(the head's training split)" in out and "max-prob" in out and "emb. norm" in out
+    assert "OOD AUROC: how well" in out  # an OOD number is printed with its explanation
+    code, _, err = _run(["uncertainty", "eval", str(run), "--no-ood", "--transfer",
+                         "mnist1d:classes=0-11"], capsys)
+    assert code != 0 and "classes" in err

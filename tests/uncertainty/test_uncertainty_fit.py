@@ -133,7 +133,7 @@ def test_head_fitted_on_digits_ranks_errors_on_held_out_digits(digits_caches, di
     assert 0.4 < res["accuracy"] < 0.8  # the noisy digits classifier makes many mistakes
     assert res["r_auroc_correct"] > 0.6
     assert res["r_auroc_recall"] > 0.6
-    assert set(res["baselines"]) == {"max_prob", "entropy"}
+    assert set(res["baselines"]) == {"max_prob", "entropy", "embedding_norm"}
     # evaluate_head agrees with the metric computed by hand from the cache
     emb, logits, labels = test_cache.tensors()
     u = predict_uncertainty(fit.head, emb)
@@ -142,6 +142,11 @@ def test_head_fitted_on_digits_ranks_errors_on_held_out_digits(digits_caches, di
     rc = recall_at_1_correct(emb, labels)
     assert res["recall_at_1"] == pytest.approx(float(rc.double().mean()))
     assert res["r_auroc_recall"] == pytest.approx(float(r_auroc(uncertainty=u, correct=rc)))
+    # the url code's embed-norm baseline: 1 / ||z||, by hand
+    norm_u = 1 / torch.linalg.vector_norm(emb.double(), dim=1)
+    assert res["baselines"]["embedding_norm"]["r_auroc_recall"] == pytest.approx(
+        float(r_auroc(uncertainty=norm_u, correct=rc)))
+    assert "r_auroc_correct" in res["baselines"]["embedding_norm"]
 
 
 def test_zero_shot_transfer_uses_recall_only(digits_caches, digits_backbone):

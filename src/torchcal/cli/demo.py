@@ -103,6 +103,10 @@ def _executor(args: argparse.Namespace):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if getattr(args, "suite", "calibration") == "uncertainty":
+        from .demo_suite import cmd_uncertainty_suite  # deferred: the suite's own imports
+
+        return cmd_uncertainty_suite(args, _executor(args))
     losses = tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None
     executor = _executor(args)
     # the output directory is fixed here, so that the hint after Ctrl-C can name it
@@ -179,6 +183,11 @@ def register(subparsers) -> None:
         description=h["description"],
         epilog="Ctrl-C stops the workers at once and prints the command that continues the "
                "demo where it stopped (the same command, with --out). " + PERCENT_NOTE)
+    d.add_argument("--suite", choices=("calibration", "uncertainty"), default="calibration",
+                   help="calibration (default): the calibration losses' benchmark below; "
+                        "uncertainty: Kirchhof et al. 2024's pretrained uncertainty heads and "
+                        "Kendall et al. 2018's multi-task weighting on MNIST-1D, 3 seeds "
+                        "(--quick: a 1-seed smoke test; --full: every arm, 5 seeds)")
     d.add_argument("--dataset", choices=list_benchmarks(), default="mnist1d",
                    help="benchmark: mnist1d (default) or digits (the former default)")
     size = d.add_mutually_exclusive_group()

@@ -63,6 +63,8 @@ _OVERRIDES = {
     "checkpoint_every": "checkpoint_every", "num_threads": "num_threads",
     "data_root": "data_root", "weight_decay": "weight_decay", "grad_clip": "grad_clip",
     "reduction": "reduction", "num_workers": "num_workers", "val_fraction": "val_fraction",
+    "task_weighting": "task_weighting", "log_var_lr": "log_var_lr",
+    "log_var_init": "log_var_init", "target_noise": "target_noise",
 }
 
 
@@ -104,6 +106,10 @@ def config_from_args(args: argparse.Namespace):
             upd[fld] = v
     if args.no_grad_clip:
         upd["grad_clip"] = None
+    if args.task is not None:
+        upd["tasks"] = ["class", args.task]
+    if args.raw_targets:
+        upd["standardize_targets"] = False
     for flag, fld in (("download", "download"), ("compile", "compile"),
                       ("channels_last", "channels_last"), ("uncertainty_head", "uncertainty_head"),
                       ("tensorboard", "tensorboard")):
@@ -210,6 +216,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
     if not rank0:
         return
+    if cfg.tasks:
+        _print_multitask(cfg, summary)
+        return
     f = summary["final"]
     start = int(summary.get("resumed_from") or 0)
     if start >= cfg.epochs:
@@ -226,6 +235,35 @@ def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
         post = res["test"]["post"].get("grid_ece", {})
         print(f"post-T (grid_ece, T={res['temperatures'].get('grid_ece', float('nan')):.2f}) "
               f"test ECE {pct(post.get('ece'))}; results: {RunDir(cfg.out_dir).results()}")
+
+
+def _print_multitask(cfg, summary: dict[str, Any]) -> None:
+    res = summary["results"]
+    w = ", ".join(f"{v:.3g}" for v in res["weights"])
+    print(f"trained {cfg.recipe or cfg.dataset} ({cfg.tasks[0]} + {cfg.tasks[1]}, "
+          f"{cfg.task_weighting}) for {cfg.epochs} epochs in {summary['seconds']:.1f}s: test "
+          f"accuracy {pct(res['test']['accuracy'])}, {cfg.tasks[1]} RMSE "
+          f"{res['test']['rmse']:.3f}; task weights ({w}); results: "
+          f"{RunDir(cfg.out_dir).results()}")
+
+
+def _add_multitask_args(p: argparse.ArgumentParser) -> None:
+    """The options of two-task runs (:mod:`torchcal.train.multitask`)."""
+    mt = p.add_argument_group("two tasks (recipe mnist1d-multitask)")
+    mt.add_argument("--task", metavar="PARAM", help="the regression task: a generator parameter "
+                    "of the data (MNIST-1D: translation, scale, shear, padding, ...); the recipe's "
+                    "otherwise")
+    mt.add_argument("--task-weighting", metavar="kendall|equal|fixed:W1,W2",
+                    help="combine the class and regression losses with Kendall et al.'s learned "
+                         "weights, equally, or with fixed weights (default: kendall)")
+    mt.add_argument("--log-var-lr", type=float, help="learning rate of Kendall's log-variances "
+                    "(their own parameter group; default 0.05: Adam moves them about this much "
+                    "per step, and their optimum log(2cL) can lie several units from 0)")
+    mt.add_argument("--log-var-init", type=float, help="initial log-variances (default 0)")
+    mt.add_argument("--target-noise", type=float,
+                    help="Gaussian noise (std, standardised units) added to the training targets")
+    mt.add_argument("--raw-targets", action="store_true",
+                    help="do not standardise the regression target")
 
 
 def register(subparsers: Any) -> None:
@@ -292,6 +330,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--uncertainty-head", action="store_true",
                    help="jointly train an uncertainty head on the detached features "
                         "(ranking loss, own AdamW)")
+    _add_multitask_args(p)
     p.add_argument("--num-threads", type=int, help="torch CPU threads of this process")
     p.add_argument("--num-workers", type=int, help="DataLoader workers (folder data sets)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -6,13 +6,22 @@ Examples::
     torchcal uncertainty eval runs/c10-r50-focal --transfer cifar100
     torchcal uncertainty eval runs/c10-r50-focal --joint     # the head of `train --uncertainty-head`
 
-``fit`` runs the run's frozen classifier once over its training split (``--passes`` augmented
-passes when the data set uses augmentation), caches embeddings/logits/labels under
-``RUN_DIR/uncertainty/cache/``, trains an :class:`~torchcal.uncertainty.UncertaintyHead` from the
-cache and saves it to ``RUN_DIR/uncertainty/head.pt``.  ``eval`` writes
-``RUN_DIR/uncertainty/results.json``: R-AUROC against classifier correctness and recall@1
-correctness on the validation and test splits, OOD AUROC of the head's uncertainty on the run's
-OOD sets, and zero-shot transfer (recall@1 R-AUROC) to other data sets.
+    torchcal uncertainty fit runs/m1d --fit-split val      # a split the classifier did not fit
+    torchcal uncertainty eval runs/m1d --transfer mnist1d:classes=5-9 \
+        --transfer mnist1d:corr_noise_scale=0.6:iid_noise_scale=0.1:shear_scale=2
+
+``fit`` runs the run's frozen classifier once over a split (``--fit-split``: its training split
+by default, where the ranking targets are the losses of samples the classifier has fitted, or
+its validation split, which it never trained on; ``--passes`` augmented passes when the data
+set uses augmentation), caches embeddings/logits/labels under ``RUN_DIR/uncertainty/cache/``,
+trains an :class:`~torchcal.uncertainty.UncertaintyHead` from the cache and saves it to
+``RUN_DIR/uncertainty/head.pt``.  ``eval`` writes ``RUN_DIR/uncertainty/results.json``: R-AUROC
+against classifier correctness and recall@1 correctness on the validation and test splits, each
+beside the baselines that apply (the classifier's max-probability and entropy, the embedding
+norm), OOD AUROC of the head's uncertainty on the run's OOD sets, and zero-shot transfer
+(recall@1 R-AUROC) to another data set of the same input shape or to the run's own data set with
+other data arguments (``DATASET:KEY=VALUE:...``, e.g. other MNIST-1D classes or generator
+settings; the test split of those splits is used).
 """
 
 from __future__ import annotations
@@ -39,13 +48,22 @@ from ..train.device import resolve_device
 from ..uncertainty.cache import EmbeddingCache, model_identity
 from ..uncertainty.fit import evaluate_head, fit_head, predict_uncertainty
 from ..uncertainty.head import UncertaintyHead, load_head, save_head
-from ._args import PERCENT_NOTE, plain_text
+from ._args import PERCENT_NOTE, parse_loss_args, plain_text
 from ._args import even_int as _even_int
 from ._args import nonneg_float as _nonneg_float
 from ._args import positive_float as _positive_float
 from ._args import positive_int as _positive_int
 
-__all__ = ["register", "cmd_fit", "cmd_eval", "RESULTS_SCHEMA"]
+__all__ = ["register", "cmd_fit", "cmd_eval", "parse_transfer", "RESULTS_SCHEMA",
+           "OOD_NOTE"]
+
+#: Printed beside every OOD AUROC: what the number is and why a head may score below chance.
+OOD_NOTE = (
+    "OOD AUROC: how well an uncertainty separates the OOD set from the test split (50% = "
+    "chance; below 50%: the OOD inputs get LOWER uncertainty than the test inputs).  The head "
+    "is trained to rank the classifier's losses on in-distribution data, not to detect other "
+    "inputs: Kirchhof et al. report OOD detection only as a side result, and a head can score "
+    "below chance where the backbone maps OOD inputs to confident-looking embeddings.")
 
 RESULTS_SCHEMA = "torchcal.uncertainty_results/1"
 
@@ -129,7 +147,8 @@ def _fit(args: argparse.Namespace) -> int:
             print(f"note: {config.dataset} is trained without augmentation; using 1 pass "
                   f"instead of {passes}")
             passes = 1
-    train_cache = _build_cache(args, model, config, splits, device, "train", splits.train,
+    fit_data = getattr(splits, args.fit_split)
+    train_cache = _build_cache(args, model, config, splits, device, args.fit_split, fit_data,
                                n_passes=passes, augment=augment, seed=args.seed)
     fit = fit_head(train_cache, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                    weight_decay=args.weight_decay, width=args.width, depth=args.depth,
@@ -138,15 +157,18 @@ def _fit(args: argparse.Namespace) -> int:
     lr = args.lr if args.lr is not None else 1e-3 * args.batch_size / 256
     meta = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint,
             "dataset": config.dataset, "model": config.model, "loss": config.loss,
-            "passes": passes, "epochs": args.epochs, "batch_size": args.batch_size, "lr": lr,
+            "passes": passes, "fit_split": args.fit_split, "epochs": args.epochs, "batch_size": args.batch_size, "lr": lr,
             "weight_decay": args.weight_decay, "seed": args.seed, "rows": len(train_cache),
             "epoch_losses": fit.epoch_losses, "backbone": model_identity(model)}
     save_head(fit.head, out, meta)
-    msg = (f"fitted uncertainty head on {len(train_cache)} cached {config.dataset} train rows "
+    msg = (f"fitted uncertainty head on {len(train_cache)} cached {config.dataset} "
+           f"{args.fit_split} rows "
            f"({passes} pass{'es' if passes > 1 else ''}), {args.epochs} epochs: ranking loss "
            f"{fit.epoch_losses[0]:.4f} -> {fit.epoch_losses[-1]:.4f}")
     print(msg)
-    if not args.no_val and len(splits.val) >= 2:
+    if args.fit_split == "val":
+        print("  (no validation summary: the head was fitted on the validation split)")
+    elif not args.no_val and len(splits.val) >= 2:
         val_cache = _build_cache(args, model, config, splits, device, "val", splits.val)
         r = evaluate_head(fit.head, val_cache, device=device)
         print(f"  val: R-AUROC(correct) {_f(r.get('r_auroc_correct'))}  "
@@ -205,7 +227,9 @@ def _eval(args: argparse.Namespace) -> int:
 
     for name in args.transfer:
         other = _transfer_splits(name, config, splits)
-        cache = _build_cache(args, model, config, splits, device, f"transfer_{name}",
+        cache = _build_cache(args, model, config, splits, device,
+                             "transfer_" + "".join(c if c.isalnum() or c in "-_." else "_"
+                                                   for c in name),
                              other.test, dataset=name)
         results["transfer"][name] = evaluate_head(head, cache, classifier=False, **kw)
 
@@ -264,12 +288,30 @@ def _ood_aurocs(test_scores: tuple[torch.Tensor, torch.Tensor],
                                          labels=is_ood))}
 
 
-def _transfer_splits(name: str, config: Any, splits: Any):
-    """The splits of transfer data set ``name``, checked to have the run's input shape."""
+def parse_transfer(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"mnist1d:classes=5-9:shear_scale=2"`` -> ``("mnist1d", {"classes": "5-9",
+    "shear_scale": 2})``.
+
+    >>> parse_transfer("digits")
+    ('digits', {})
+    """
+    name, *items = spec.split(":")
     try:
-        other = load_splits(name, config.data_root, download=False)
+        return name, parse_loss_args(items, "--transfer")
+    except ValueError as exc:
+        raise TorchcalError(f"{exc} (as DATASET[:KEY=VALUE...])") from exc
+
+
+def _transfer_splits(spec: str, config: Any, splits: Any):
+    """The splits of transfer data set ``spec`` (``DATASET[:KEY=VALUE...]``; the run's own data
+    set keeps its data arguments under the items'), checked to have the run's input shape."""
+    name, items = parse_transfer(spec)
+    kw = {**dict(config.data_kwargs), **items} if name == config.dataset else items
+    seed = config.data_seed if name == config.dataset and config.data_seed is not None else 1
+    try:
+        other = load_splits(name, config.data_root, download=False, seed=seed, **kw)
     except (TypeError, ValueError, KeyError) as exc:
-        raise TorchcalError(f"Cannot load transfer data set {name!r}: {exc}") from exc
+        raise TorchcalError(f"Cannot load transfer data set {spec!r}: {exc}") from exc
     if tuple(other.input_shape) != tuple(splits.input_shape):
         raise TorchcalError(
             f"Transfer data set {name!r} has inputs {tuple(other.input_shape)}, the model "
@@ -277,18 +319,30 @@ def _transfer_splits(name: str, config: Any, splits: Any):
     return other
 
 
+def _beside(r: dict[str, Any], key: str) -> str:
+    """``head X [max-prob Y, entropy Z, embedding norm W]`` for one R-AUROC ``key``."""
+    names = (("max_prob", "max-prob"), ("entropy", "entropy"), ("embedding_norm", "emb. norm"))
+    base = r.get("baselines", {})
+    parts = [f"{label} {_f(base[k].get(key))}" for k, label in names if key in base.get(k, {})]
+    return f"head {_f(r.get(key))}" + (f" [{', '.join(parts)}]" if parts else "")
+
+
 def _print_results(results: dict[str, Any]) -> None:
-    """Print the per-split, OOD and zero-shot transfer summary of an eval's results."""
+    """Print the per-split, OOD and zero-shot transfer summary of an eval's results, every
+    head number beside the baselines that apply."""
+    fitted_on = results["meta"].get("head_meta", {}).get("fit_split", "train")
     for name, r in results["splits"].items():
-        b = r.get("baselines", {}).get("max_prob", {})
-        print(f"{name:>6}: n={r['n']}  accuracy {_f(r.get('accuracy'))}  "
-              f"R-AUROC(correct) {_f(r.get('r_auroc_correct'))} [max-prob {_f(b.get('r_auroc_correct'))}]  "
-              f"R-AUROC(recall@1) {_f(r.get('r_auroc_recall'))} [max-prob {_f(b.get('r_auroc_recall'))}]")
+        note = "  (the head's training split)" if name == fitted_on else ""
+        print(f"{name:>6}: n={r['n']}  accuracy {_f(r.get('accuracy'))}{note}")
+        print(f"        R-AUROC(correct)  {_beside(r, 'r_auroc_correct')}")
+        print(f"        R-AUROC(recall@1) {_beside(r, 'r_auroc_recall')}")
     for name, r in results["ood"].items():
         print(f"  OOD {name}: AUROC head {_f(r['auroc_head'])}, entropy {_f(r['auroc_entropy'])}")
+    if results["ood"]:
+        print("  " + OOD_NOTE)
     for name, r in results["transfer"].items():
-        print(f"  zero-shot {name}: R-AUROC(recall@1) {_f(r.get('r_auroc_recall'))} "
-              f"(recall@1 {_f(r.get('recall_at_1'))})")
+        print(f"  zero-shot {name}: recall@1 {_f(r.get('recall_at_1'))}, R-AUROC(recall@1) "
+              f"{_beside(r, 'r_auroc_recall')}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -333,6 +387,10 @@ def register(subparsers: Any) -> None:
                        description="Cache RUN_DIR's embeddings of its training split and train "
                                    "an uncertainty head (AdamW, cosine schedule, ranking loss).")
     _common(f)
+    f.add_argument("--fit-split", choices=("train", "val"), default="train",
+                   help="split whose cached embeddings train the head: the classifier's training "
+                        "split (default) or its validation split, which it never fitted (the "
+                        "ranking targets are then losses of unseen samples)")
     f.add_argument("--passes", type=_positive_int, default=1,
                    help="augmented passes over the training split for the cache (default 1)")
     f.add_argument("--epochs", type=_positive_int, default=10, help="head epochs (default 10)")
@@ -359,8 +417,10 @@ def register(subparsers: Any) -> None:
     e.add_argument("--splits", type=_split_list, default=["val", "test"],
                    help="comma-separated splits to evaluate (default val,test)")
     e.add_argument("--no-ood", action="store_true", help="skip the run's OOD sets")
-    e.add_argument("--transfer", action="append", default=[], metavar="DATASET",
-                   help="zero-shot transfer: evaluate on DATASET's test split (repeatable)")
+    e.add_argument("--transfer", action="append", default=[], metavar="DATASET[:KEY=VALUE...]",
+                   help="zero-shot transfer: evaluate on DATASET's test split; KEY=VALUE items "
+                        "are data arguments over the run's own (e.g. mnist1d:classes=5-9, "
+                        "mnist1d:corr_noise_scale=0.6:shear_scale=2) (repeatable)")
     e.add_argument("--chunk-size", type=_positive_int, default=2048,
                    help="queries per chunk of the recall@1 nearest-neighbour search")
     e.add_argument("--out", default=None,

@@ -41,6 +41,7 @@ from .digits import load_digits_ood, load_digits_splits
 from .download import RESOURCES, download_url, extract_archive, md5sum
 from .imagenet import load_imagenet_splits
 from .mnist1d import load_mnist1d_ood, load_mnist1d_splits
+from .mnist1d_params import ParamDataset, load_mnist1d_param_splits
 from .prepare import prepare
 from .svhn import load_svhn
 from .tinyimagenet import load_tinyimagenet_splits
@@ -62,6 +63,8 @@ __all__ = [
     "load_digits_ood",
     "load_mnist1d_splits",
     "load_mnist1d_ood",
+    "load_mnist1d_param_splits",
+    "ParamDataset",
     "download_url",
     "extract_archive",
     "md5sum",
@@ -73,6 +76,10 @@ __all__ = [
     "IMAGENET_STD",
 ]
 
+#: MNIST-1D keywords of :func:`load_splits` that choose the generator's settings.
+_MNIST1D_GENERATOR_KEYS = ("corr_noise_scale", "iid_noise_scale", "shear_scale")
+#: MNIST-1D keywords that select :func:`load_mnist1d_param_splits` (signals with parameters).
+_MNIST1D_PARAM_KEYS = ("classes", "with_params", *_MNIST1D_GENERATOR_KEYS)
 _DATASETS = ("cifar10", "cifar100", "digits", "imagenet", "mnist1d", "svhn", "tinyimagenet")
 _OOD = ("cifar10c", "digits_ood", "mnist1d_shuffled", "svhn")
 _DEFAULT_OOD = {"cifar10": ("svhn", "cifar10c"), "cifar100": ("svhn",), "digits": ("digits_ood",),
@@ -134,7 +141,11 @@ def load_splits(name: str, root: str | os.PathLike | None = None, *, download: b
     * ``mnist1d``: :func:`load_mnist1d_splits` with ``seed`` as the generator's seed and the
       keywords ``n_train``, ``n_val``, ``n_test`` (the split sizes; ``val_fraction`` is not
       used) and ``cache``; the generated set is cached under ``root/mnist1d/``; ``download``
-      is not used (nothing is downloaded).
+      is not used (nothing is downloaded).  Any of the keywords ``classes`` (a class subset,
+      e.g. ``"0-4"``), ``corr_noise_scale``, ``iid_noise_scale``, ``shear_scale`` (generator
+      settings of a shifted set) or ``with_params=True`` gives
+      :func:`load_mnist1d_param_splits` instead: the same signals (torchcal's copy of the
+      generator) with each signal's generator parameters (``split.params``).
 
     Args:
         name: a name of :func:`list_datasets`.
@@ -145,7 +156,8 @@ def load_splits(name: str, root: str | os.PathLike | None = None, *, download: b
         **kw: per data set: ``verify`` (check the MD5 of files already present, default True),
             ``per_class`` and ``cache`` (Tiny-ImageNet), ``noise_std`` / ``n_copies`` / ``split``
             (digits), ``image_size`` / ``resize_size`` (ImageNet), ``n_train`` / ``n_val`` /
-            ``n_test`` / ``cache`` (MNIST-1D).
+            ``n_test`` / ``cache`` / ``classes`` / ``corr_noise_scale`` / ``iid_noise_scale`` /
+            ``shear_scale`` / ``with_params`` (MNIST-1D).
 
     Raises:
         ValueError: unknown ``name`` (lists the valid ones) or unknown keyword.
@@ -192,7 +204,12 @@ def _file_splits(name: str, root: Path, take, *, download: bool, seed: int,
                  val_fraction: float) -> DataSplits:
     """The splits of a data set kept under the data root ``root`` (every one but digits)."""
     if name == "mnist1d":
-        return load_mnist1d_splits(root, seed=seed, **take("n_train", "n_val", "n_test", "cache"))
+        opts = take("n_train", "n_val", "n_test", "cache", *_MNIST1D_PARAM_KEYS)
+        if set(opts) & set(_MNIST1D_PARAM_KEYS):
+            gen = {k: opts.pop(k) for k in _MNIST1D_GENERATOR_KEYS if k in opts}
+            opts.pop("with_params", None)
+            return load_mnist1d_param_splits(root, seed=seed, generator=gen, **opts)
+        return load_mnist1d_splits(root, seed=seed, **opts)
     if name in ("cifar10", "cifar100"):
         opts = take("verify")
         train, test, classes = load_cifar(name, root, download=download, **opts)

@@ -7,7 +7,10 @@ full run (the verdicts a report quotes are computed from it), its report prose a
 function of one run.  Benchmarks are registered by name (:func:`register_benchmark`,
 :func:`get_benchmark`, :func:`list_benchmarks`); ``torchcal demo --dataset NAME`` runs one
 (:func:`run_demo`).  The calibration benchmarks ``mnist1d`` and ``digits`` are defined in
-:mod:`torchcal.experiments.calibration`.
+:mod:`torchcal.experiments.calibration`.  The uncertainty benchmark (``torchcal demo --suite
+uncertainty``: Kirchhof et al. 2024's pretrained uncertainty heads and Kendall et al. 2018's
+multi-task weighting) is defined in :mod:`torchcal.experiments.uncertainty`: its units are
+jobs of the same runner (:func:`run_uncertainty_suite`).
 
 The **runner** executes units of work.  The API other work builds on:
 
@@ -67,6 +70,7 @@ from .demo import (
     verdict_label,
 )
 from .ray_executor import RayExecutor, ray_available
+from .uncertainty import run_uncertainty_suite
 from .runner import Executor, Job, LocalExecutor, Resources, failed_result, run_sweep
 from .training import is_finished, is_stale, run_job, train_config, train_job
 
@@ -77,4 +81,5 @@ __all__ = [
     "tagged_losses", "committed_verdicts", "DemoConfig", "DemoResult", "run_demo", "demo_jobs",
     "sweep_jobs", "resolve", "demo_loss_kwargs", "applicable_losses", "default_out", "intro_text",
     "appendix_text", "verdict_label", "CLAIM_LOSSES", "DEMO_LOSS_KWARGS", "ADAFOCAL_LAM", "adafocal_note",
+    "run_uncertainty_suite",
 ]

@@ -171,6 +171,19 @@ class TrainConfig:
             detached pre-logit features with the ranking loss (REFERENCE §5).
         head_lr, head_weight_decay: AdamW settings of the head.
         progress: show a tqdm progress bar.
+        tasks: ``[]`` for a classifier (every recipe but ``mnist1d-multitask``), or
+            ``["class", PARAM]``: one trunk with a classification head and a regression head
+            predicting the data set's generator parameter ``PARAM`` (MNIST-1D with
+            ``with_params``), trained by :func:`torchcal.train.multitask.train_multitask`.
+        task_weighting: how the two task losses are combined: ``"kendall"`` (learned
+            log-variances, Kendall et al. 2018), ``"equal"`` or ``"fixed:W1,W2"``.
+        log_var_lr: learning rate of Kendall's log-variances (their own AdamW parameter group,
+            no weight decay; the reason is in :mod:`torchcal.train.multitask`).
+        log_var_init: initial value of every log-variance.
+        standardize_targets: standardise the regression target with the training split's mean
+            and standard deviation.
+        target_noise: standard deviation of Gaussian noise added to the (standardised)
+            training targets of the regression task (a noisier task; 0 = none).
         tensorboard: also write each epoch's log line (the scalars and AdaFocal's γ per bin) to
             TensorBoard event files under ``out_dir/tensorboard`` (needs the ``tensorboard``
             package); ``log.jsonl`` stays the record.
@@ -219,6 +232,12 @@ class TrainConfig:
     head_weight_decay: float = identity(1e-4)
     progress: bool = runtime(True, warn=False)
     tensorboard: bool = runtime(False)
+    tasks: list[str] = identity(default_factory=list)
+    task_weighting: str = identity("kendall")
+    log_var_lr: float = identity(0.05)
+    log_var_init: float = identity(0.0)
+    standardize_targets: bool = identity(True)
+    target_noise: float = identity(0.0)
 
     # ------------------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
@@ -260,6 +279,10 @@ class TrainConfig:
         finite("lr_gamma", strict=True)
         finite("head_lr", strict=True)
         finite("head_weight_decay")
+        finite("log_var_lr", strict=True)
+        finite("target_noise")
+        check_scalar(self.log_var_init, "log_var_init", float)
+        self._validate_tasks()
         check_scalar(self.val_fraction, "val_fraction", float, min_val=0.0, max_val=1.0,
                      include_boundaries="neither", expected="in (0, 1)")
         if self.grad_clip is not None:
@@ -285,6 +308,16 @@ class TrainConfig:
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"Expected `device` to be a device string, got {self.device!r}")
         return self
+
+    def _validate_tasks(self) -> None:
+        t = self.tasks
+        if not isinstance(t, (list, tuple)) or not all(isinstance(v, str) and v for v in t) \
+                or (t and (len(t) != 2 or t[0] != "class")):
+            raise ValueError(f"Expected `tasks` to be [] or ['class', PARAM], got {t!r}")
+        if t:
+            from .multitask import parse_task_weighting  # deferred: multitask imports config
+
+            parse_task_weighting(self.task_weighting)
 
     def effective_milestones(self) -> list[int]:
         """The learning-rate milestones in epochs (from ``milestone_fractions`` when set).
@@ -337,7 +370,7 @@ class TrainConfig:
             raise ValueError(f"Expected a config dict, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        for k in ("milestones", "milestone_fractions"):
+        for k in ("milestones", "milestone_fractions", "tasks"):
             if kw.get(k) is not None:
                 kw[k] = list(kw[k])
         return cls(**kw)

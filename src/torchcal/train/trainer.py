@@ -80,6 +80,7 @@ from .distributed import (
 from .evaluation import collect_predictions, write_predictions
 from .inference import BatchSource, predict_logits
 from .joint_head import JointHead, NoHead
+from .multitask import train_multitask
 from .tracking import TensorBoardLogger, tensorboard_available
 
 __all__ = ["train", "fit", "build_loss", "epoch_metrics", "NoHead", "JointHead"]
@@ -177,6 +178,8 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"Expected `config` to be a TrainConfig, got {type(config).__name__}")
     config.validate()
+    if config.tasks:  # two tasks: the multi-task loop (torchcal.train.multitask)
+        return _train_multitask(config)
     t_start = time.perf_counter()
     if config.num_threads is not None:
         torch.set_num_threads(int(config.num_threads))
@@ -192,6 +195,15 @@ def train(config: TrainConfig) -> dict[str, Any]:
         cleanup_distributed(env)
     summary["seconds"] = time.perf_counter() - t_start
     return summary
+
+
+def _train_multitask(config: TrainConfig) -> dict[str, Any]:
+    """:func:`train`'s summary of a two-task run."""
+    t0 = time.perf_counter()
+    res = train_multitask(config)
+    return {"run_dir": str(config.out_dir), "epochs": config.epochs, "resumed_from": 0,
+            "final": {f"test_{k}": v for k, v in res["test"].items()}, "best": None,
+            "results": res, "seconds": time.perf_counter() - t0, "world_size": 1}
 
 
 def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:

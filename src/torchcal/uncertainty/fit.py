@@ -337,12 +337,13 @@ def evaluate_head(
             whose labels merely happen to be in range).
         recall: compute recall@1-correctness metrics (labels < 0 disable them).
         baselines: also report the R-AUROC of the classifier's own max-probability
-            (``1 - max_prob``) and entropy uncertainties.
+            (``1 - max_prob``) and entropy uncertainties, and of the embedding norm
+            (``1 / ||z||``, the url code's ``embed-norm`` uncertainty, which needs no classifier).
 
     Returns:
         dict with ``n``, ``mean_uncertainty`` and, as computed, ``accuracy``, ``r_auroc_correct``,
         ``recall_at_1``, ``r_auroc_recall`` and ``baselines`` ``{"max_prob": {...}, "entropy":
-        {...}}`` (same keys).  R-AUROC is NaN when all (or no) predictions are correct.
+        {...}, "embedding_norm": {...}}`` (same keys).  R-AUROC is NaN when all (or no) predictions are correct.
     """
     emb, logits, labels = _unpack(data, first_pass=True, device=device)
     u = predict_uncertainty(head, emb, batch_size).double()
@@ -353,11 +354,7 @@ def evaluate_head(
         classifier = logits is not None and has_labels and int(labels.max()) < logits.shape[1]
     if classifier and logits is None:
         raise ValueError("Expected logits for classifier-correctness metrics (classifier=True)")
-    base_scores: dict[str, torch.Tensor] = {}
-    if baselines and logits is not None:
-        lg = logits.to(u.device)
-        base_scores = {"max_prob": 1 - torch.softmax(lg.double(), 1).amax(1),
-                       "entropy": entropy(logits=lg.float(), validate_args=False).double()}
+    base_scores = _baseline_scores(emb, logits, u.device) if baselines else {}
     base_res: dict[str, dict[str, float]] = {k: {} for k in base_scores}
     if classifier:
         correct = logits.to(u.device).argmax(1) == labels
@@ -375,6 +372,19 @@ def evaluate_head(
     if base_res:
         res["baselines"] = base_res
     return res
+
+
+def _baseline_scores(emb: torch.Tensor, logits: torch.Tensor | None,
+                     device: torch.device) -> dict[str, torch.Tensor]:
+    """The baselines' uncertainties: the classifier's ``1 - max_prob`` and entropy (when
+    there are logits) and the url code's embedding norm ``1 / ||z||``."""
+    out: dict[str, torch.Tensor] = {}
+    if logits is not None:
+        lg = logits.to(device)
+        out["max_prob"] = 1 - torch.softmax(lg.double(), 1).amax(1)
+        out["entropy"] = entropy(logits=lg.float(), validate_args=False).double()
+    out["embedding_norm"] = 1 / emb.to(device).double().norm(dim=1).clamp_min(1e-300)
+    return out
 
 
 def zero_shot_transfer(

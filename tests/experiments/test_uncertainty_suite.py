@@ -1,0 +1,141 @@
+"""The uncertainty suite (torchcal demo --suite uncertainty): verdicts computed from unit
+results by hand, and one end-to-end run at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from torchcal.cli import main
+from torchcal.experiments import uncertainty as suite
+from torchcal.experiments import uncertainty_report as rep
+
+
+def _kirchhof(seed, head, mp, en, up=0.8, speedup=1.5, diff=0.0):
+    unseen = {"r_auroc_recall": head, "baselines": {"max_prob": {"r_auroc_recall": mp},
+                                                    "entropy": {"r_auroc_recall": en}}}
+    upstream = {"r_auroc_recall": up, "r_auroc_correct": 0.9}
+    return {"kind": "kirchhof", "seed": seed, "error": None,
+            "heads": {"validation": {"unseen classes": unseen, "upstream": upstream,
+                                     "shifted generator": upstream}},
+            "timing": {"speedup": speedup, "backbone_pass": 0.1, "head_epoch_from_cache": 0.2},
+            "stopgrad_max_abs_logit_diff": diff, "upstream_accuracy": 0.9}
+
+
+def _kendall(seed, arm, acc, rmse, w=(1.0, 1.0)):
+    return {"kind": "kendall", "seed": seed, "arm": arm, "error": None, "weights": list(w),
+            "test": {"accuracy": acc, "rmse": rmse}}
+
+
+def test_verdicts_by_hand():
+    units = [
+        _kirchhof(0, 0.65, 0.60, 0.62),                    # beats both; share (.15/.3) = 50%
+        _kirchhof(1, 0.61, 0.62, 0.55, speedup=25, diff=1e-3),  # loses to max-prob
+        _kendall(0, "fixed 1:0.1", 0.90, 5.0), _kendall(0, "fixed 1:10", 0.80, 3.0),
+        _kendall(0, "kendall", 0.85, 4.0, (1.0, 0.5)),
+        _kendall(0, "kendall, noisy target", 0.86, 4.5, (1.0, 0.2)),
+        _kendall(1, "fixed 1:0.1", 0.90, 3.9), _kendall(1, "kendall", 0.85, 4.0, (0.5, 0.5)),
+        _kendall(1, "kendall, noisy target", 0.85, 4.0, (0.5, 0.6)),
+        {"kind": "kendall", "seed": 2, "arm": "kendall", "error": "Traceback ..."},
+    ]
+    v = {c["key"]: c for c in rep.claim_verdicts(units)}
+    assert (v["kirchhof_unseen"]["holds"], v["kirchhof_unseen"]["n"]) == (1, 2)
+    # seed 0: (0.65 - 0.5) / (0.8 - 0.5) = 0.5, not more than half; seed 1: 0.11 / 0.3
+    assert v["kirchhof_share"]["holds"] == 0
+    assert v["kirchhof_share"]["numbers"]["raw share"] == pytest.approx(
+        (0.65 / 0.8 + 0.61 / 0.8) / 2)
+    assert (v["kirchhof_cache"]["holds"], v["kirchhof_stopgrad"]["holds"]) == (1, 1)
+    # seed 1: fixed 1:0.1 has higher accuracy and lower RMSE than Kendall: it dominates
+    assert (v["kendall_frontier"]["holds"], v["kendall_frontier"]["n"]) == (1, 2)
+    # weight ratios: seed 0 0.5 -> 0.2 (lower), seed 1 1.0 -> 1.2 (higher)
+    assert (v["kendall_noise"]["holds"], v["kendall_noise"]["n"]) == (1, 2)
+    lines = rep.verdict_lines(list(v.values()))
+    assert any("Kendall et al. 2018" in s and "holds on 1 of 2 seeds" in s for s in lines)
+    assert any("fails" in s and "keeps most" in s for s in lines)
+    assert all("not evidence" in s for s in rep.verdict_lines(list(v.values()), evidence=False))
+
+
+def test_replace_readme_block():
+    begin = rep.README_BEGIN.format(path="p.json")
+    text = f"intro\n{begin}\nold\n{rep.README_END}\noutro\n"
+    new = f"{begin}\nnew\n{rep.README_END}"
+    assert rep.replace_readme_block(text, new) == f"intro\n{new}\noutro\n"
+
+
+def _tiny_profile():
+    return suite.UncertaintyProfile(
+        seeds=(0,), backbone_epochs=1, upstream_sizes=(60, 40, 40), head_epochs=1, head_width=8,
+        mt_epochs=1, mt_sizes=(60, 20, 40), grid=(0.1, 10.0), width=4, mt_width=4,
+        evidence=False)
+
+
+def test_suite_end_to_end_tiny(tmp_path):
+    summary = suite.run_uncertainty_suite(_tiny_profile(), tmp_path / "out", workers=1,
+                                          progress=False, data_root=tmp_path / "data")
+    out = tmp_path / "out"
+    assert not [u for u in summary["units"] if u["error"]]
+    assert [u["kind"] for u in summary["units"]].count("kendall") == 4  # 2 grid + 2 Kendall
+    text = (out / "report.md").read_text()
+    assert "## The papers' claims on this benchmark" in text
+    claims = text.split("## The papers' claims on this benchmark")[1].split("\n## ")[0]
+    claims = claims.split("Beyond the claims")[0]
+    lines = [s for s in claims.splitlines() if s.startswith("- ")]
+    assert len(lines) == len(rep.CLAIMS) == 6
+    assert sum("Kirchhof et al. 2024" in s for s in lines) == 4
+    assert sum("Kendall et al. 2018" in s for s in lines) == 2
+    assert all("holds on" in s and "of 1 seeds" in s and "not evidence" in s for s in lines)
+    saved = json.loads((out / suite.SUMMARY_FILE).read_text())
+    assert [(c["key"], c["holds"], c["n"]) for c in saved["claims"]] == \
+        [(c["key"], c["holds"], c["n"]) for c in summary["claims"]]
+    assert (out / "kendall_frontier.png").stat().st_size > 0
+    assert (out / "kirchhof_rauroc.png").stat().st_size > 0
+    csv = (out / "results.csv").read_text().splitlines()
+    assert csv[0] == "part,seed,arm,setting,method,metric,value" and len(csv) > 20
+    # a second run reuses the finished units (two-task results read back)
+    again = suite.run_uncertainty_suite(_tiny_profile(), out, workers=1, progress=False,
+                                        data_root=tmp_path / "data")
+    reused = [u for u in again["units"] if u["kind"] == "kendall"]
+    assert all(u.get("reused") for u in reused)
+    k0 = [u for u in summary["units"] if u["kind"] == "kirchhof"][0]
+    k1 = [u for u in again["units"] if u["kind"] == "kirchhof"][0]
+    assert k0["heads"] == k1["heads"]  # same backbones, same seeded heads: same numbers
+    assert math.isfinite(k0["timing"]["speedup"])
+
+
+def test_demo_suite_refuses_calibration_options(capsys):
+    code = main(["demo", "--suite", "uncertainty", "--losses", "ce", "--out", "x"])
+    assert code != 0 and "--losses" in capsys.readouterr().err
+
+
+def test_demo_suite_dispatch(monkeypatch, tmp_path, capsys):
+    seen = {}
+
+    def fake(profile, out, **kw):
+        seen.update(profile=profile, out=out, **kw)
+        (out).mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text("# r\n\n## The papers' claims on this benchmark\n\n- a\n\n"
+                                       "## next\n")
+        return {"seconds": 1.0, "units": []}
+
+    monkeypatch.setattr("torchcal.cli.demo_suite.run_uncertainty_suite", fake)
+    assert main(["demo", "--suite", "uncertainty", "--full", "--out", str(tmp_path / "o"),
+                 "--seeds", "2", "--no-progress"]) == 0
+    assert seen["profile"] == "full" and seen["seeds"] == (0, 1) and seen["workers"] == 2
+    assert "- a" in capsys.readouterr().out
+
+
+def test_readme_block_equals_the_committed_run():
+    """The README's "What the uncertainty demo shows" block is generated from the committed
+    suite run (regenerate: python -m torchcal.experiments.uncertainty_report README.md PATH)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    path = "docs/results/uncertainty/suite_results.json"
+    summary = json.loads((root / path).read_text(encoding="utf-8"))
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    block = rep.readme_block(summary, path)
+    assert block in readme
+    assert "Kirchhof et al. 2024" in block and "Kendall et al. 2018" in block
+    assert len([s for s in block.splitlines() if s.startswith("- ")]) == len(rep.CLAIMS)
