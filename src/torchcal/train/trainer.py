@@ -426,25 +426,33 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
                 if every and (step + 1) % every == 0:
                     _validation_pass(r)  # a stateful loss' extra update (AdaFocal & co.)
                     r.fwd.train()
-            r.scheduler.step()
-            rec = {"epoch": epoch + 1, "lr": lr}
-            rec.update({f"train_{k}": v for k, v in stats.compute(env).items()})
-            rec.update(_evaluate_epoch(r, epoch))
-            rec["seconds"] = time.perf_counter() - t0
+            rec = _end_epoch(r, epoch, lr, stats.compute(env), t0, tb=tb, bar=bar)
             final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
-            best_improved = _update_best(r, rec, epoch)
-            if env.is_main:  # the log line first: a resume drops lines past its checkpoint
-                r.run.append_log(rec)
-                if tb is not None:
-                    tb.log_epoch(rec)
-                _checkpoint(r, epoch, best_improved)
-                if bar is not None:
-                    bar.set_postfix(val_ece=f"{rec['val_ece']:.4f}",
-                                    val_err=f"{rec['val_error']:.4f}", refresh=False)
     epochs = max(config.epochs, r.start_epoch)
     return {"run_dir": str(r.run.path), "epochs": epochs, "resumed_from": r.start_epoch,
             "final": final, "best": r.best, "results": _final_evaluation(r, ood_sets, epochs),
             "world_size": env.world_size}
+
+
+def _end_epoch(r: _Run, epoch: int, lr: float, train_numbers: dict[str, float], t0: float, *,
+               tb: Any = None, bar: Any = None) -> dict[str, Any]:
+    """The end of a training epoch: the schedule's step, the evaluation, the log line (its
+    ``seconds`` counted from ``t0``), the best epoch and the checkpoints.  Returns the record."""
+    r.scheduler.step()
+    rec: dict[str, Any] = {"epoch": epoch + 1, "lr": lr}
+    rec.update({f"train_{k}": v for k, v in train_numbers.items()})
+    rec.update(_evaluate_epoch(r, epoch))
+    rec["seconds"] = time.perf_counter() - t0
+    best_improved = _update_best(r, rec, epoch)
+    if r.env.is_main:  # the log line first: a resume drops lines past its checkpoint
+        r.run.append_log(rec)
+        if tb is not None:
+            tb.log_epoch(rec)
+        _checkpoint(r, epoch, best_improved)
+        if bar is not None:
+            bar.set_postfix(val_ece=f"{rec['val_ece']:.4f}",
+                            val_err=f"{rec['val_error']:.4f}", refresh=False)
+    return rec
 
 
 # ------------------------------------------------------------------------------------------
@@ -521,22 +529,32 @@ def _check_names(config: TrainConfig) -> nn.Module:
     return loss_fn
 
 
-def _build(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None) -> _Run:
-    """Data, model, loss, optimiser, schedule, scaler and head; restored from ``state``;
-    wrapped for DDP / compile; the run directory prepared (rank 0)."""
-    device, amp = _device_and_amp(config, env)
-    if config.batch_size % env.world_size:
-        raise ValueError(f"Expected `batch_size` ({config.batch_size}) to be divisible by the "
-                         f"number of processes ({env.world_size})")
-    loss_fn = _check_names(config)
+def _build_sources(config: TrainConfig, device: torch.device
+                   ) -> tuple[Any, dict[str, BatchSource]]:
+    """The data splits of ``config`` and a batch source on ``device`` for each split."""
     splits = build_data(config)
-    num_classes, input_shape = int(splits.num_classes), [int(s) for s in splits.input_shape]
     use_cl = bool(config.channels_last and device.type == "cuda")
     src = {name: BatchSource(getattr(splits, name), device, mean=getattr(splits, "mean", None),
                              std=getattr(splits, "std", None), channels_last=use_cl,
                              num_workers=config.num_workers,
                              padding=int(getattr(splits, "padding", 4)))
            for name in ("train", "val", "test")}
+    return splits, src
+
+
+def _build(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
+           data: tuple[Any, dict[str, BatchSource]] | None = None) -> _Run:
+    """Data (or ``data``: the ``(splits, sources)`` of another run with the same data),
+    model, loss, optimiser, schedule, scaler and head; restored from ``state``; wrapped for
+    DDP / compile; the run directory prepared (rank 0)."""
+    device, amp = _device_and_amp(config, env)
+    if config.batch_size % env.world_size:
+        raise ValueError(f"Expected `batch_size` ({config.batch_size}) to be divisible by the "
+                         f"number of processes ({env.world_size})")
+    loss_fn = _check_names(config)
+    splits, src = data if data is not None else _build_sources(config, device)
+    num_classes, input_shape = int(splits.num_classes), [int(s) for s in splits.input_shape]
+    use_cl = bool(config.channels_last and device.type == "cuda")
     torch.manual_seed(config.seed)
     model = build_model(config, num_classes, input_shape).to(device)
     check_model_input(model, input_shape, num_classes, model_name=config.model,
