@@ -50,6 +50,7 @@ from ..errors import TorchcalError
 from ..losses.base import loss_set_epoch
 from ..metrics import equal_width_bin_index
 from ..metrics._common import binned_sums, top1
+from .build import _data_seed
 from .config import TrainConfig
 from .device import _autocast
 from .distributed import DistEnv, epoch_seed
@@ -336,16 +337,17 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
                   results: list[Any]) -> list[_Member]:
     """Lock, check and build each member of ``group`` as :func:`~torchcal.train.train` does
     (resuming its checkpoint); a member that fails here gets its error in ``results``."""
-    env, members, data = DistEnv(), [], None
+    env, members, data = DistEnv(), [], {}
     for i in group:
         cfg = configs[i]
         try:
             cfg.validate()
             stack.enter_context(exclusive_lock(cfg.out_dir))
             state = _resume_state(cfg, env)
-            if data is None:
-                data = _build_sources(cfg, _device_and_amp(cfg, env)[0])
-            r = _build(cfg, env, state, data=data)
+            key = _data_seed(cfg)  # the split (digits: and noise) may follow the run's seed
+            if key not in data:
+                data[key] = _build_sources(cfg, _device_and_amp(cfg, env)[0])
+            r = _build(cfg, env, state, data=data[key])
             if _has_dropout(r.model):
                 raise ValueError(f"Run {cfg.out_dir!r}: model {cfg.model!r} has dropout, which a "
                                  "pack cannot draw per member; train it with train()")
@@ -388,11 +390,13 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
         with contextlib.ExitStack() as stack:
             members = _open_members(configs, group, stack, results)
             _train_members(members)
-            ood = load_ood_sets(members[0].r.config, members[0].r.splits) \
-                if members and members[0].r.config.evaluate else {}
+            ood: dict[int, dict[str, Any]] = {}
             for mb in members:
                 try:
-                    results[mb.index] = mb.error or _summary(mb, ood)
+                    cfg = mb.r.config
+                    if cfg.evaluate and _data_seed(cfg) not in ood:
+                        ood[_data_seed(cfg)] = load_ood_sets(cfg, mb.r.splits)
+                    results[mb.index] = mb.error or _summary(mb, ood.get(_data_seed(cfg), {}))
                 except Exception as exc:  # noqa: BLE001
                     results[mb.index] = exc
         for i in group:
