@@ -69,14 +69,20 @@ def _assert_same_run(packed_dir, separate_dir, atol=1e-5):
 MEMBERS = [(0, "ce"), (1, "adafocal"), (2, "focal")]
 
 
-@pytest.mark.parametrize("model, kwargs", [("mnist1d_cnn", {"in_length": 64, "width": 8}),
-                                           ("small_cnn", {"in_channels": 1, "in_features": 64,
-                                                          "width": 4})])
-def test_members_match_separate_runs(tmp_path, model, kwargs):
+CNN1D = ("mnist1d_cnn", {"in_length": 64, "width": 8})
+BN_CNN = ("small_cnn", {"in_channels": 1, "in_features": 64, "width": 4})
+
+
+@pytest.mark.parametrize("model, data_seed", [(CNN1D, 1), (CNN1D, None), (BN_CNN, 1)])
+def test_members_match_separate_runs(tmp_path, model, data_seed):
     """Each member (own seed, own loss: AdaFocal's per-bin γ, own clipping, own momentum)
-    ends with the parameters, optimiser state, loss state and log of a separate run."""
-    configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, model=model, model_kwargs=kwargs)
-               for s, loss in MEMBERS]
+    ends with the parameters, optimiser state, loss state and log of a separate run; with a
+    fixed split (``data_seed``) the members' validation runs packed, with the split following
+    the seed each member's own (BatchNorm: running statistics per member)."""
+    configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, model=model[0], model_kwargs=model[1],
+                   data_seed=data_seed,
+                   loss_kwargs={"update_every": 7} if loss == "adafocal" else {})
+               for s, loss in MEMBERS]  # AdaFocal also updates γ every 7 batches
     res = train_packed(configs)
     assert all(isinstance(r, dict) for r in res), res
     for (s, _loss), c in zip(MEMBERS, configs, strict=True):

@@ -47,13 +47,14 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from .._io import exclusive_lock
 from ..errors import TorchcalError
-from ..losses.base import loss_set_epoch
+from ..losses.base import loss_on_validation, loss_set_epoch
 from ..metrics import equal_width_bin_index
 from ..metrics._common import binned_sums, top1
 from .build import _data_seed
 from .config import TrainConfig
 from .device import _autocast
 from .distributed import DistEnv, epoch_seed
+from .inference import predict_logits
 from .trainer import (
     _build,
     _build_sources,
@@ -137,40 +138,40 @@ class _Pack:
     """The members' parameters and buffers stacked (leading member dimension), the forward
     pass of all members at once, per-member gradient clipping, and one SGD over the stacks.
 
-    The members' own modules and SGD states hold views of their slices; a pack is rebuilt from
-    them (:meth:`__init__` on the survivors) when a member leaves.
+    ``models[m]`` and ``optimizers[m]`` (an SGD over ``models[m]``'s parameters, never stepped
+    itself) hold views of slice ``m`` afterwards; a pack is rebuilt from them (on the
+    survivors) when a member leaves.
     """
 
-    def __init__(self, runs: list[_Run]) -> None:
-        self.runs = runs
-        models = [r.model for r in runs]
+    def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD]) -> None:
+        self.models, self.optimizers = models, optimizers
         self.base = models[0]
         params, buffers = stack_module_state(models)
         self.params, self.buffers = params, buffers
-        cfg = runs[0].config
-        self.opt = torch.optim.SGD(list(params.values()), lr=runs[0].optimizer.param_groups[0]["lr"],
-                                   momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                                   nesterov=cfg.nesterov)
-        for m, r in enumerate(runs):
-            _bind(r.model, params, buffers, m)
-            r.optimizer._opt_called = True  # stepped through the pack (no scheduler warning)
-        if cfg.momentum:
+        group = optimizers[0].param_groups[0]
+        self.opt = torch.optim.SGD(list(params.values()), lr=group["lr"],
+                                   momentum=group["momentum"], dampening=group["dampening"],
+                                   weight_decay=group["weight_decay"], nesterov=group["nesterov"])
+        for m, (model, opt) in enumerate(zip(models, optimizers, strict=True)):
+            _bind(model, params, buffers, m)
+            opt._opt_called = True  # stepped through the pack (no scheduler warning)
+        if group["momentum"]:
             self._stack_momentum()
 
     def _stack_momentum(self) -> None:
         """The stacked momentum buffers from the members' SGD states (zeros for a new run:
         SGD's first step then gives ``buf = grad`` exactly as an empty buffer does), and the
         members' states made views of them."""
-        member_params = [list(r.model.parameters()) for r in self.runs]
-        for j, (_, p) in enumerate(self.params.items()):
+        member_params = [list(model.parameters()) for model in self.models]
+        for j, p in enumerate(self.params.values()):
             bufs = []
-            for r, mp in zip(self.runs, member_params, strict=True):
-                b = r.optimizer.state.get(mp[j], {}).get("momentum_buffer")
+            for opt, mp in zip(self.optimizers, member_params, strict=True):
+                b = opt.state.get(mp[j], {}).get("momentum_buffer")
                 bufs.append(torch.zeros_like(p[0]) if b is None else b.to(p.device))
             stacked = torch.stack(bufs)
             self.opt.state[p]["momentum_buffer"] = stacked
-            for m, (r, mp) in enumerate(zip(self.runs, member_params, strict=True)):
-                r.optimizer.state[mp[j]]["momentum_buffer"] = stacked[m]
+            for m, (opt, mp) in enumerate(zip(self.optimizers, member_params, strict=True)):
+                opt.state[mp[j]]["momentum_buffer"] = stacked[m]
 
     def _call(self, params, buffers, x):
         return functional_call(self.base, (params, buffers), (x,))
@@ -179,9 +180,14 @@ class _Pack:
         """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
         return vmap(self._call, randomness="error")(self.params, self.buffers, x)
 
-    def train(self) -> None:
-        for r in self.runs:
-            r.model.train()
+    def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (B, M, C) of every member on the same inputs (B, ...)."""
+        return vmap(self._call, in_dims=(0, 0, None), out_dims=1,
+                    randomness="error")(self.params, self.buffers, x)
+
+    def train(self, mode: bool = True) -> None:
+        for model in self.models:
+            model.train(mode)
 
     def set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
@@ -194,12 +200,29 @@ class _Pack:
         total.backward()
         if max_norm is not None:
             grads = [p.grad for p in self.params.values() if p.grad is not None]
-            n = len(self.runs)
+            n = len(self.models)
             sq = torch.stack([g.reshape(n, -1).float().pow(2).sum(1) for g in grads]).sum(0)
             coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
             for g in grads:
                 g.mul_(coef.view(n, *([1] * (g.dim() - 1))).to(g.dtype))
         self.opt.step()
+
+
+class _SharedInput(nn.Module):
+    """A pack as a module for :func:`~torchcal.train.inference.predict_logits`: ``forward(x)``
+    gives every member's logits (B, M, C) on the same batch; ``eval()`` reaches the members."""
+
+    def __init__(self, pack: _Pack) -> None:
+        super().__init__()
+        self.pack = pack
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        self.pack.train(mode)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pack.forward_shared(x)
 
 
 class _PackedStats:
@@ -250,6 +273,10 @@ class _Member:
         self.reduction, self.every = _loss_reduction(r.loss_fn), _update_every(r.loss_fn)
 
 
+def _pack_of(members: list[_Member]) -> _Pack:
+    return _Pack([mb.r.model for mb in members], [mb.r.optimizer for mb in members])
+
+
 def _member_loss(mb: _Member, logits: torch.Tensor, y: torch.Tensor):
     loss = mb.r.loss_fn(logits, y)
     return loss, _sample_sum(loss, y, mb.reduction)
@@ -278,25 +305,45 @@ def _train_epoch(pack: _Pack, members: list[_Member], epoch: int, bar: Any) -> _
         if bar is not None:
             bar.update(1)
         extra = [mb for mb in members if mb.every and (step + 1) % mb.every == 0]
-        for mb in extra:
-            _validation_pass(mb.r)  # a stateful loss' extra update (AdaFocal & co.)
-        if extra:
+        if extra:  # a stateful loss' extra update (AdaFocal & co.)
+            val = _validation_logits(pack, members)
+            for mb in extra:
+                if val is None:
+                    _validation_pass(mb.r)
+                else:
+                    loss_on_validation(mb.r.loss_fn, logits=val[0][:, members.index(mb)],
+                                       labels=val[1])
             pack.train()
     return stats
 
 
+def _validation_logits(pack: _Pack, members: list[_Member]
+                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Every member's validation logits (N, M, C) and the labels, in one packed pass; None
+    when the members' validation sets differ (a split that follows the seed)."""
+    src = members[0].r.src["val"]
+    if any(mb.r.src["val"] is not src for mb in members):
+        return None
+    r0 = members[0].r
+    return predict_logits(_SharedInput(pack), None, r0.device, r0.eval_bs, source=src,
+                          amp=r0.amp)
+
+
 def _end_member_epoch(mb: _Member, epoch: int, lr: float, numbers: dict[str, float],
-                      share: float) -> None:
+                      share: float, val: tuple[torch.Tensor, torch.Tensor] | None) -> None:
     """The trainer's end of an epoch for one member (``share``: its part of the packed
-    training time, counted in its log's ``seconds``); a non-finite training loss or an error
-    of its evaluation stops the member alone."""
+    training and validation time, counted in its log's ``seconds``; ``val``: its validation
+    logits and labels, None: its own pass); a non-finite training loss or an error of its
+    evaluation stops the member alone."""
     if not math.isfinite(numbers["loss"]):
         mb.error = MemberDivergedError(
             f"Run {str(mb.r.run.path)!r} diverged in epoch {epoch + 1}: training loss "
             f"{numbers['loss']}; it stops at its last checkpoint, the other packed runs go on")
         return
     try:
-        rec = _end_epoch(mb.r, epoch, lr, numbers, time.perf_counter() - share)
+        if val is not None:
+            loss_on_validation(mb.r.loss_fn, logits=val[0], labels=val[1])
+        rec = _end_epoch(mb.r, epoch, lr, numbers, time.perf_counter() - share, val=val)
     except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
         mb.error = exc
         return
@@ -306,19 +353,22 @@ def _end_member_epoch(mb: _Member, epoch: int, lr: float, numbers: dict[str, flo
 def _fit_pack(members: list[_Member], epochs: int, bar: Any) -> None:
     """Train one pack (members at the same epoch) to ``epochs``, dropping diverged members."""
     active = list(members)
-    pack = _Pack([mb.r for mb in active])
+    pack = _pack_of(active)
     for epoch in range(active[0].r.start_epoch, epochs):
         t0 = time.perf_counter()
         lr = active[0].r.optimizer.param_groups[0]["lr"]
         stats = _train_epoch(pack, active, epoch, bar)
+        val = _validation_logits(pack, active)
         share = (time.perf_counter() - t0) / len(active)
-        for mb, numbers in zip(active, stats.compute(active[0].r.env), strict=True):
-            _end_member_epoch(mb, epoch, lr, numbers, share)
+        for m, (mb, numbers) in enumerate(zip(active, stats.compute(active[0].r.env),
+                                              strict=True)):
+            own = None if val is None else (val[0][:, m].contiguous(), val[1])
+            _end_member_epoch(mb, epoch, lr, numbers, share, own)
         alive = [mb for mb in active if mb.error is None]
         if not alive:
             return
         if len(alive) < len(active):
-            active, pack = alive, _Pack([mb.r for mb in alive])
+            active, pack = alive, _pack_of(alive)
 
 
 def _summary(mb: _Member, ood_sets: dict[str, Any]) -> dict[str, Any]:

@@ -435,13 +435,15 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
 
 
 def _end_epoch(r: _Run, epoch: int, lr: float, train_numbers: dict[str, float], t0: float, *,
-               tb: Any = None, bar: Any = None) -> dict[str, Any]:
-    """The end of a training epoch: the schedule's step, the evaluation, the log line (its
-    ``seconds`` counted from ``t0``), the best epoch and the checkpoints.  Returns the record."""
+               tb: Any = None, bar: Any = None,
+               val: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
+    """The end of a training epoch: the schedule's step, the evaluation (``val``: see
+    :func:`_evaluate_epoch`), the log line (its ``seconds`` counted from ``t0``), the best epoch
+    and the checkpoints.  Returns the record."""
     r.scheduler.step()
     rec: dict[str, Any] = {"epoch": epoch + 1, "lr": lr}
     rec.update({f"train_{k}": v for k, v in train_numbers.items()})
-    rec.update(_evaluate_epoch(r, epoch))
+    rec.update(_evaluate_epoch(r, epoch, val))
     rec["seconds"] = time.perf_counter() - t0
     best_improved = _update_best(r, rec, epoch)
     if r.env.is_main:  # the log line first: a resume drops lines past its checkpoint
@@ -715,11 +717,13 @@ def _validation_pass(r: _Run) -> tuple[torch.Tensor, torch.Tensor]:
     return z, y
 
 
-def _evaluate_epoch(r: _Run, epoch: int) -> dict[str, Any]:
-    """End of an epoch: the validation pass (which drives stateful losses), the test split
-    every ``eval_test_every`` epochs and at the last, and what the log records beside them."""
+def _evaluate_epoch(r: _Run, epoch: int, val: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> dict[str, Any]:
+    """End of an epoch: the validation pass (which drives stateful losses; ``val``: its logits
+    and labels computed by the caller, who drove the loss), the test split every
+    ``eval_test_every`` epochs and at the last, and what the log records beside them."""
     chunk = max(r.local_bs, 1024)  # chunks of the logged val/test loss (MMCE is O(chunk^2))
-    zv, yv = _validation_pass(r)
+    zv, yv = val if val is not None else _validation_pass(r)
     vm = epoch_metrics(zv, yv, n_bins=r.config.n_bins)
     vm["loss"] = float(_chunked_loss(r.loss_fn, zv, yv, chunk))
     rec: dict[str, Any] = {f"val_{k}": v for k, v in vm.items()}
