@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     roots = [Path(d) for d in args.from_dirs or []]
     if not roots:
-        from torchcal.cli.demo import DemoConfig, run_demo
+        from torchcal.experiments import DemoConfig, run_demo
 
         for ds in args.dataset or ["mnist1d", "digits"]:
             out = Path(args.out) / ds if args.out else None

@@ -3,7 +3,8 @@
 Sub-packages are imported on first use: ``torchcal.metrics``, ``torchcal.losses``,
 ``torchcal.functional``, ``torchcal.posthoc``, ``torchcal.uncertainty``, ``torchcal.data``,
 ``torchcal.models``, ``torchcal.train``, ``torchcal.report``, ``torchcal.evaluate``,
-``torchcal.runs`` (the run directory's layout), ``torchcal.errors``.
+``torchcal.runs`` (the run directory's layout), ``torchcal.errors``, ``torchcal.experiments``
+(benchmarks and the sweep runner).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ __version__ = "0.1.0"
 
 _SUBPACKAGES = (
     "metrics", "losses", "functional", "posthoc", "uncertainty", "data", "models", "train",
-    "report", "evaluate", "runs", "errors",
+    "report", "evaluate", "runs", "errors", "experiments",
 )
 
 __all__ = ["__version__", *_SUBPACKAGES]

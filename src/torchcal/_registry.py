@@ -8,7 +8,9 @@ command lines read instead of keeping their own copies:
 
 * ``display``: the human name in tables and figures (default: the registered name);
 * ``order``: the canonical position in tables (entries without one come after, by name);
-* ``paper``: where the method comes from (free text, e.g. "Mukhoti et al., NeurIPS 2020").
+* ``paper``: where the method comes from (free text, e.g. "Mukhoti et al., NeurIPS 2020");
+* ``tags``: free-form labels that select entries (e.g. the losses a benchmark trains:
+  :meth:`Registry.tagged`).
 
 >>> reg = Registry("widget")
 >>> @reg.register("b", display="Bee", order=2)
@@ -21,7 +23,7 @@ command lines read instead of keeping their own copies:
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -39,6 +41,7 @@ class Entry(Generic[T]):
     display: str
     order: float | None = None
     paper: str | None = None
+    tags: frozenset[str] = frozenset()
 
 
 class Registry(Generic[T]):
@@ -63,12 +66,16 @@ class Registry(Generic[T]):
             self._loader()
 
     def register(self, name: str, obj: T | None = None, *, display: str | None = None,
-                 order: float | None = None, paper: str | None = None) -> Any:
+                 order: float | None = None, paper: str | None = None,
+                 tags: Iterable[str] = ()) -> Any:
         """Register ``obj`` under ``name``; without ``obj``, a decorator that does."""
         if not isinstance(name, str) or not name or name != name.lower():
             raise ValueError(f"Expected `name` to be a non-empty lower-case string, got {name!r}")
         if display is not None and (not isinstance(display, str) or not display):
             raise ValueError(f"Expected `display` to be a non-empty string, got {display!r}")
+        if isinstance(tags, str) or not all(isinstance(t, str) and t for t in tags):
+            raise ValueError(f"Expected `tags` to be an iterable of non-empty strings, got {tags!r}")
+        tag_set = frozenset(tags)
 
         def add(o: T) -> T:
             old = self._entries.get(name)
@@ -76,7 +83,7 @@ class Registry(Generic[T]):
                 if old.obj is not o:
                     raise ValueError(f"{self.kind.capitalize()} {name!r} is already registered")
                 return o  # the same object again (a module imported twice): a no-op
-            self._entries[name] = Entry(name, o, display or name, order, paper)
+            self._entries[name] = Entry(name, o, display or name, order, paper, tag_set)
             return o
 
         return add if obj is None else add(obj)
@@ -124,3 +131,15 @@ class Registry(Generic[T]):
     def ordered(self) -> list[str]:
         """Every name in the canonical order."""
         return sorted(self.names(), key=self.rank)
+
+    def tagged(self, tag: str) -> list[str]:
+        """The names whose entry carries ``tag``, in the canonical order.
+
+        >>> reg = Registry("widget")
+        >>> _ = reg.register("b", object(), order=1, tags={"demo"})
+        >>> _ = reg.register("a", object(), order=2, tags=("demo", "extra"))
+        >>> _ = reg.register("c", object())
+        >>> reg.tagged("demo"), reg.tagged("extra"), reg.tagged("none")
+        (['b', 'a'], ['a'], [])
+        """
+        return [n for n in self.ordered() if tag in self._entries[n].tags]

@@ -3,6 +3,8 @@
 User mistakes that the command line should report as one clear line (unknown names, missing
 data, corrupt files) derive from :class:`TorchcalError`.  Argument validation in library
 functions raises plain :class:`ValueError` / :class:`TypeError`, as PyTorch does.
+Warnings are shown on one line by the command line and its worker processes
+(:func:`one_line_warnings`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ __all__ = [
     "NotFittedError",
     "ResultsFileError",
     "InUseError",
+    "one_line_warnings",
 ]
 
 
@@ -44,3 +47,20 @@ class ResultsFileError(TorchcalError, ValueError):
 
 class InUseError(TorchcalError, BlockingIOError):
     """A run (or output) directory is locked by another live process (:func:`torchcal._io.exclusive_lock`)."""
+
+
+def one_line_warnings(command: str):
+    """A ``warnings.formatwarning`` giving ``torchcal COMMAND: warning: MESSAGE`` on one line
+    (no file name, no source line).  Set by the command line while a command runs, never at
+    import; only the display changes (filters and recording, e.g. pytest's, are untouched).
+
+    >>> one_line_warnings("train")("amp is CUDA only; float32", UserWarning, "x.py", 3)
+    'torchcal train: warning: amp is CUDA only; float32\\n'
+    """
+
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        text = " ".join(str(message).split())
+        kind = "warning" if category is UserWarning else category.__name__
+        return f"torchcal {command}: {kind}: {text}\n"
+
+    return format_warning

@@ -133,7 +133,7 @@ def test_readme_front_table_equals_the_committed_results_csv():
 def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     """A few epochs of the default MNIST-1D demo on a small generated set: the report holds the
     claims section with verdicts computed from these runs (whatever they are)."""
-    from torchcal.cli.demo import CLAIM_LOSSES, DemoConfig, run_demo
+    from torchcal.experiments import CLAIM_LOSSES, DemoConfig, run_demo
 
     cfg = DemoConfig(
         out=tmp_path / "demo", seeds=(0, 1), epochs=1, workers=1, progress=False, figures=False,
@@ -164,27 +164,31 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert all(GAP_KEY in g["mean"] for g in doc["groups"])
 
 
-def test_full_schedule_verdicts_quoted_by_the_demo_equal_the_committed_run():
-    """The shortened demo quotes the --full run's verdicts: they equal the claims computed from
-    the committed results.csv (regenerate both after a new --full run)."""
-    from torchcal.cli.demo import FULL_SCHEDULE_VERDICTS
+def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
+    """The shortened demo quotes the --full run's verdicts, computed from the committed
+    results.csv (no constants to regenerate after a new --full run)."""
+    from torchcal.experiments import DemoConfig, committed_verdicts, get_benchmark, intro_text
     from torchcal.report.aggregate import group_runs, runs_from_results_csv
 
-    csv_text = (ROOT / "docs" / "results" / "mnist1d" / "results.csv").read_text(encoding="utf-8")
+    bench = get_benchmark("mnist1d")
+    csv_text = (ROOT / bench.committed_results).read_text(encoding="utf-8")
     got = {r.claim.key: (r.k, r.n) for r in check_claims(group_runs(runs_from_results_csv(csv_text)))}
-    assert got == {k: (v[1], v[2]) for k, v in FULL_SCHEDULE_VERDICTS.items()}
+    verdicts = committed_verdicts(bench)
+    assert {k: (v[1], v[2]) for k, v in verdicts.items()} == got
+    assert set(verdicts) == {c.key for c in bench.claims}
     assert all(n == 5 for _k, n in got.values())  # the committed run is --full (5 seeds)
+    text = intro_text(DemoConfig(quick=True), [dict(
+        recipe="mnist1d-cnn", loss="ce", loss_kwargs={}, seed=0, epochs=15, noise_std=None,
+        n_bins=15, data_kwargs={}, run_dir="/x/runs/ce/seed0", overrides={})])
+    for label, k, n in verdicts.values():
+        assert f"{label} {k} of {n}" in text, label
 
 
 def test_readme_claim_lines_equal_the_committed_run():
     """Each claim line of the README states the verdict computed from the committed results.csv."""
-    from torchcal.cli.demo import FULL_SCHEDULE_VERDICTS
-    from torchcal.report.aggregate import group_runs, runs_from_results_csv
+    from torchcal.experiments import committed_verdicts, get_benchmark
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    csv_text = (ROOT / "docs" / "results" / "mnist1d" / "results.csv").read_text(encoding="utf-8")
-    got = {r.claim.key: (r.k, r.n) for r in check_claims(group_runs(runs_from_results_csv(csv_text)))}
-    for key, (label, _k, _n) in FULL_SCHEDULE_VERDICTS.items():
-        k, n = got[key]
+    for key, (label, k, n) in committed_verdicts(get_benchmark("mnist1d")).items():
         line = next(line for line in readme.splitlines() if line.startswith("- ") and label in line)
         assert f"holds on {k} of {n} seeds" in line, (key, line)

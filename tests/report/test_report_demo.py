@@ -6,15 +6,15 @@ import math
 import pytest
 
 from torchcal.cli import main
-from torchcal.cli.demo import (
+from torchcal.cli.demo import parse_seeds
+from torchcal.evaluate import SCHEMA, read_results, write_results
+from torchcal.experiments import (
     DemoConfig,
     applicable_losses,
     demo_jobs,
-    parse_seeds,
     run_demo,
     run_job,
 )
-from torchcal.evaluate import SCHEMA, read_results, write_results
 
 TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False,
             dataset="digits")
@@ -107,7 +107,8 @@ def test_mnist1d_is_the_default_at_the_papers_defaults():
     override), 3 seeds x 60 epochs; --full: every demo loss, 5 seeds, the recipe's 350 epochs."""
     from pathlib import Path
 
-    from torchcal.cli.demo import CLAIM_LOSSES, _train_config
+    from torchcal.experiments import CLAIM_LOSSES
+    from torchcal.experiments import train_config as _train_config
     from torchcal.train.trainer import build_loss
 
     jobs = demo_jobs(DemoConfig(), Path("/x"))
@@ -222,7 +223,8 @@ def test_rerun_with_more_epochs_equals_a_fresh_run(tiny_demo, tmp_path):
 def test_stale_detects_changed_training_settings(tiny_demo):
     import dataclasses
 
-    from torchcal.cli.demo import _stale, _train_config
+    from torchcal.experiments import is_stale as _stale
+    from torchcal.experiments import train_config as _train_config
 
     run = tiny_demo.out_dir / "runs" / "ce" / "seed0"
     (job,) = [j for j in demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
@@ -242,7 +244,8 @@ def test_a_config_written_before_a_field_existed_is_not_stale(tiny_demo, tmp_pat
     (the retraining of every committed --full run that this caught)."""
     import json
 
-    from torchcal.cli.demo import _stale, _train_config
+    from torchcal.experiments import is_stale as _stale
+    from torchcal.experiments import train_config as _train_config
 
     (job,) = demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
                        tiny_demo.out_dir)
@@ -260,7 +263,11 @@ def test_a_config_written_before_a_field_existed_is_not_stale(tiny_demo, tmp_pat
 def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     from pathlib import Path
 
-    from torchcal.cli.demo import _setup_text, _train_config
+    from torchcal.experiments import intro_text
+    from torchcal.experiments import train_config as _train_config
+
+    def _setup_text(cfg, job):  # the benchmark paragraph of the report's prose
+        return intro_text(cfg, [job]).split("\n", 1)[0]
 
     cfg = DemoConfig(dataset="digits", seeds=(0,), epochs=8, noise_std=0.3, data_kwargs={"n_copies": 2},
                      overrides={"lr": 0.02, "batch_size": 32, "model_kwargs": {"hidden": [32]}},
@@ -295,7 +302,7 @@ def test_bad_knobs_are_one_error_before_any_run(tmp_path, capsys):
 
 
 def test_adafocal_note_names_the_lambda_used():
-    from torchcal.cli.demo import ADAFOCAL_LAM, adafocal_note
+    from torchcal.experiments import ADAFOCAL_LAM, adafocal_note
 
     assert adafocal_note(ADAFOCAL_LAM).startswith(f"AdaFocal uses λ={ADAFOCAL_LAM:g} instead of the paper's λ=1")
     assert adafocal_note(1.0).startswith("AdaFocal uses the paper's λ=1")
@@ -305,18 +312,19 @@ def test_adafocal_note_names_the_lambda_used():
 
 
 def test_progress_bar_shows_runs_done_and_time_left(tmp_path, capsys):
-    from torchcal.cli.demo import _run_jobs
+    from torchcal.experiments import LocalExecutor, run_sweep, train_job
 
-    jobs = [{"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": s, "epochs": 1,
-             "noise_std": 0.5, "n_bins": 15, "run_dir": str(tmp_path / f"r{s}"), "overrides": {}}
+    jobs = [train_job({"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": s,
+                       "epochs": 1, "noise_std": 0.5, "n_bins": 15,
+                       "run_dir": str(tmp_path / f"r{s}"), "overrides": {}})
             for s in range(2)]
-    res = _run_jobs(jobs, workers=1, progress=True)
+    res = run_sweep(jobs, LocalExecutor(workers=1), progress=True)
     err = capsys.readouterr().err
     assert len(res) == 2 and "2/2 runs" in err and " left]" in err and "<" in err
 
 
 def test_default_out_is_a_fresh_directory(tmp_path, monkeypatch):
-    from torchcal.cli.demo import _default_out
+    from torchcal.experiments import default_out as _default_out
 
     monkeypatch.chdir(tmp_path)
     a = _default_out()
@@ -352,31 +360,35 @@ def test_report_on_train_and_eval_runs(tmp_path, capsys):
 
 
 def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
-    """"Every loss of the registry that applies": a newly registered loss must be added to the
-    demo's list or to EXCLUDED (whose reason the report prints)."""
-    from torchcal.cli.demo import DEMO_LOSSES, EXCLUDED, _intro
-    from torchcal.losses import list_losses
+    """"Every loss of the registry that applies": the losses tagged `demo` in the registry are
+    trained by --full; every other registered loss is named in the report with its reason."""
+    from torchcal.experiments import get_benchmark, intro_text
+    from torchcal.losses import LOSSES, list_losses
+    from torchcal.report.aggregate import loss_label
 
-    assert set(list_losses()) <= set(DEMO_LOSSES) | set(EXCLUDED)
-    assert not set(DEMO_LOSSES) & set(EXCLUDED)
-    cfg = DemoConfig(seeds=(0,))
-    text = _intro(cfg, applicable_losses(), demo_jobs(cfg, __import__("pathlib").Path("/x")), 1.0, [])
-    for n in EXCLUDED:
-        if n in list_losses():
-            assert EXCLUDED[n] in text
+    tagged = list_losses(tag="demo")
+    assert applicable_losses() == tagged and {"ce", "focal", "adafocal"} <= set(tagged)
+    cfg = DemoConfig(seeds=(0,), full=True)
+    text = intro_text(cfg, demo_jobs(cfg, __import__("pathlib").Path("/x")))
+    bench = get_benchmark("mnist1d")
+    for n in list_losses():
+        if n not in tagged:
+            assert f"{loss_label(n)}: {bench.exclusion(n)}" in text, n
+            assert LOSSES.entry(n).tags, n  # each built-in loss says why it is left out
 
 
 def test_in_process_demo_restores_the_callers_threads(tmp_path):
     import torch
 
-    from torchcal.cli.demo import _run_jobs
+    from torchcal.experiments import LocalExecutor, run_sweep, train_job
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        _run_jobs([{"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": 0,
-                    "epochs": 1, "noise_std": 0.5, "n_bins": 15, "run_dir": str(tmp_path / "r"),
-                    "overrides": {}}], workers=1, progress=False)
+        run_sweep([train_job({"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {},
+                              "seed": 0, "epochs": 1, "noise_std": 0.5, "n_bins": 15,
+                              "run_dir": str(tmp_path / "r"), "overrides": {}})],
+                  LocalExecutor(workers=1), progress=False)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -388,5 +400,5 @@ def test_demo_names_moved_out_of_report_with_a_pointer():
 
     for name in ("run_demo", "DemoConfig", "DemoResult"):
         assert name not in torchcal.report.__all__
-        with pytest.raises(AttributeError, match=rf"from torchcal\.cli\.demo import {name}"):
+        with pytest.raises(AttributeError, match=rf"from torchcal\.experiments import {name}"):
             getattr(torchcal.report, name)

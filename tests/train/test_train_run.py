@@ -251,9 +251,12 @@ def test_existing_run_needs_resume_and_matching_config(tmp_path):
         train(cfg)
     with pytest.raises(CheckpointError, match="loss='ce'.*loss='focal'"):
         train(dataclasses.replace(cfg, loss="focal", resume=True))
-    # a changed learning rate cannot act on a restored optimiser: said, not silently ignored
-    with pytest.warns(UserWarning, match="changed lr.* take no effect"):
+    # a changed learning rate changes what is trained (an identity field): refused, naming it
+    with pytest.raises(CheckpointError, match="lr=0.05.*lr=0.5"):
         train(dataclasses.replace(cfg, resume=True, lr=0.5, epochs=2))
+    # the milestones of a schedule cannot act on a restored scheduler: said, not ignored
+    with pytest.warns(UserWarning, match="changed milestones take no effect"):
+        train(dataclasses.replace(cfg, resume=True, epochs=2, milestone_fractions=[0.1]))
     # corrupt checkpoint -> a clear error
     (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(b"\x00garbage")
     with pytest.raises(CheckpointError, match="corrupt"):

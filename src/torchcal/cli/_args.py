@@ -17,6 +17,8 @@ import math
 import re
 from typing import Any
 
+from ..errors import one_line_warnings  # noqa: F401 - the commands' import of it
+
 __all__ = ["positive_int", "even_int", "positive_float", "nonneg_float", "parse_loss_args",
            "parse_loss_args_per_loss", "fmt", "pct", "PERCENT_NOTE", "plain_text",
            "one_line_warnings"]
@@ -157,20 +159,3 @@ def fmt(v: Any) -> str:
     ('0.1235', 'n/a', 'n/a')
     """
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
-
-
-def one_line_warnings(command: str):
-    """A ``warnings.formatwarning`` giving ``torchcal COMMAND: warning: MESSAGE`` on one line
-    (no file name, no source line).  Set by the command line while a command runs, never at
-    import; only the display changes (filters and recording, e.g. pytest's, are untouched).
-
-    >>> one_line_warnings("train")("amp is CUDA only; float32", UserWarning, "x.py", 3)
-    'torchcal train: warning: amp is CUDA only; float32\\n'
-    """
-
-    def format_warning(message, category, filename, lineno, line=None) -> str:
-        text = " ".join(str(message).split())
-        kind = "warning" if category is UserWarning else category.__name__
-        return f"torchcal {command}: {kind}: {text}\n"
-
-    return format_warning

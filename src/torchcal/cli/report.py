@@ -10,55 +10,16 @@ the report's ``results.json`` would replace the run's.  ``torchcal demo --out`` 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from .._io import exclusive_lock
-from ..errors import TorchcalError
-from ..report.build import build_report
-from ..runs import RunDir
+from ..report.build import build_report, prepare_report_dir
 from ._args import PERCENT_NOTE
 from ._args import positive_int as _positive_int
 
 __all__ = ["register", "cmd_report", "prepare_report_dir"]
 
-
-
-def _is_report_results(path: Path) -> bool:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith("torchcal.report/")
-
-
-def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
-    """Make ``out`` ready for a report: refuse a run directory, remove an earlier report's
-    figures (``figures/*.png``).  Returns the removed files.
-
-    Raises:
-        TorchcalError: ``out`` is a file, or holds a training run.
-    """
-    out = Path(out)
-    if not out.exists():
-        return []
-    if not out.is_dir():
-        raise TorchcalError(f"Expected `{option}` to be a directory, got the file {str(out)!r}")
-    run = RunDir(out)
-    held = [p.name for p in (run.config, run.log, run.checkpoint_dir) if p.exists()]
-    if run.results().is_file() and not _is_report_results(run.results()):
-        held.append(run.results().name)
-    if held:
-        raise TorchcalError(
-            f"Expected `{option}` to be a new directory or an earlier report's, but "
-            f"{str(out)!r} holds a training run ({', '.join(held)}), which the report's files "
-            "would replace: choose another directory")
-    removed = []
-    for png in sorted((out / "figures").glob("*.png")):
-        png.unlink()
-        removed.append(png)
-    return removed
 
 
 def _print_tail(rep, out_dir: Path) -> None:

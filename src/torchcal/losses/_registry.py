@@ -8,7 +8,7 @@ the table; :func:`create_loss` builds one by name with keyword hyperparameters a
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import import_module
 from typing import Any, TypeVar
 
@@ -32,15 +32,24 @@ LOSSES: Registry[Callable[..., nn.Module]] = Registry("loss", loader=_load_built
 
 
 def register_loss(name: str, *, display: str | None = None, order: float | None = None,
-                  paper: str | None = None) -> Callable[[T], T]:
+                  paper: str | None = None, tags: Iterable[str] = ()) -> Callable[[T], T]:
     """Class/factory decorator registering a loss under ``name`` (lower case, unique), with its
-    display name, canonical table position and paper (:class:`~torchcal._registry.Registry`)."""
-    return LOSSES.register(name, display=display, order=order, paper=paper)
+    display name, canonical table position, paper and tags (:class:`~torchcal._registry.Registry`).
+
+    Tags select losses without a list elsewhere: ``"demo"`` puts a loss in the table of
+    ``torchcal demo`` (its ``--full`` and noisy-digits runs), ``"variant"`` marks a published
+    variant kept for faithful recipes (:func:`list_losses`'s ``tag``).
+    """
+    return LOSSES.register(name, display=display, order=order, paper=paper, tags=tags)
 
 
-def list_losses(pattern: str | None = None) -> list[str]:
-    """Sorted registered loss names, optionally filtered by a shell-style ``pattern``."""
-    return LOSSES.names(pattern)
+def list_losses(pattern: str | None = None, *, tag: str | None = None) -> list[str]:
+    """Sorted registered loss names, optionally filtered by a shell-style ``pattern``; with
+    ``tag``, the losses whose registry entry carries it, in the canonical table order."""
+    if tag is None:
+        return LOSSES.names(pattern)
+    names = set(LOSSES.names(pattern))
+    return [n for n in LOSSES.tagged(tag) if n in names]
 
 
 def loss_entrypoint(name: str) -> Callable[..., nn.Module]:

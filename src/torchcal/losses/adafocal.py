@@ -210,7 +210,7 @@ def _all_gather_varlen(t: torch.Tensor) -> torch.Tensor:
 
 
 @register_loss("adafocal", display="AdaFocal", order=11,
-               paper="Ghosh et al., NeurIPS 2022")
+               paper="Ghosh et al., NeurIPS 2022", tags={"demo"})
 class AdaFocalLoss(CalibrationLoss):
     r"""AdaFocal: focal / inverse-focal loss with one γ per confidence bin, updated from
     validation calibration (see the module docstring for every rule and convention).

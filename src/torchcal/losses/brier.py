@@ -16,7 +16,7 @@ BRIER_PUBLISHED_REDUCTIONS = ("mean", "sum")
 
 
 @register_loss("brier", display="Brier", order=2,
-               paper="Brier, 1950")
+               paper="Brier, 1950", tags={"demo"})
 class BrierLoss(CalibrationLoss):
     """``Σ_c (p_c - onehot(y)_c)^2`` per sample (see :func:`torchcal.functional.brier_loss`).
 

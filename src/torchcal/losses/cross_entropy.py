@@ -11,7 +11,7 @@ from .base import CalibrationLoss
 __all__ = ["CrossEntropyLoss"]
 
 
-@register_loss("ce", display="Cross-entropy", order=0)
+@register_loss("ce", display="Cross-entropy", order=0, tags={"demo"})
 class CrossEntropyLoss(CalibrationLoss):
     """Cross-entropy ``-log p_y`` (see :func:`torchcal.functional.cross_entropy`).
 

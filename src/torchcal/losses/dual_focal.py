@@ -12,7 +12,7 @@ __all__ = ["DualFocalLoss"]
 
 
 @register_loss("dual_focal", display="Dual focal", order=10,
-               paper="Tao et al., ICML 2023")
+               paper="Tao et al., ICML 2023", tags={"demo"})
 class DualFocalLoss(CalibrationLoss):
     """``-(1 - p_y + p_j)^γ log p_y``, ``p_j`` the largest probability strictly below ``p_y``
     (see :func:`torchcal.functional.dual_focal_loss`).

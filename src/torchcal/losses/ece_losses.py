@@ -21,7 +21,7 @@ from .temperature import gather_validation
 __all__ = ["DECELoss", "ECEKDELoss", "ECEGapLoss"]
 
 
-@register_loss("dece", display="DECE", order=33)
+@register_loss("dece", display="DECE", order=33, tags={"variant"})
 class DECELoss(CalibrationLoss):
     r"""``λ·DECE`` (+ ``CE_mean`` with ``cross_entropy=True``): the differentiable ECE of
     Bohdal et al. as a training loss (see :func:`torchcal.functional.dece_loss`).
@@ -62,7 +62,7 @@ class DECELoss(CalibrationLoss):
                          validate_args=self.validate_args)
 
 
-@register_loss("ece_kde", display="ECE-KDE", order=34)
+@register_loss("ece_kde", display="ECE-KDE", order=34, tags={"variant"})
 class ECEKDELoss(CalibrationLoss):
     r"""``CE_mean + λ·ECE_KDE``, the calibration-regularised objective of Popordanoska et al.
     (see :func:`torchcal.functional.ece_kde_loss`).  ``"sum"`` gives N times it.
@@ -98,7 +98,7 @@ class ECEKDELoss(CalibrationLoss):
                             ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("ece_loss", display="ECE loss", order=35)
+@register_loss("ece_loss", display="ECE loss", order=35, tags={"variant"})
 class ECEGapLoss(CalibrationLoss):
     r"""The BSCE-GRA repository's ECE-loss: cross-entropy weighted per sample by detached
     validation calibration gaps (see :func:`torchcal.functional.ece_gap_loss`).

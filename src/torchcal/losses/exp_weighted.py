@@ -52,7 +52,7 @@ class ExpWeightedLoss(CalibrationLoss):
         return exp_weight(b, self.temperature), b
 
 
-@register_loss("ce_exp", display="Cross-entropy (exp.-weighted)", order=22)
+@register_loss("ce_exp", display="Cross-entropy (exp.-weighted)", order=22, tags={"variant"})
 class CrossEntropyExpLoss(ExpWeightedLoss):
     """Exponentially weighted cross-entropy (the published ``CrossEntropyExp``; see
     :func:`torchcal.functional.ce_exp_loss`).
@@ -74,7 +74,7 @@ class CrossEntropyExpLoss(ExpWeightedLoss):
                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("focal_exp", display="Focal (exp.-weighted)", order=23)
+@register_loss("focal_exp", display="Focal (exp.-weighted)", order=23, tags={"variant"})
 class FocalExpLoss(ExpWeightedLoss):
     """Exponentially weighted focal loss (the published ``FocalLossExp``; see
     :func:`torchcal.functional.focal_exp_loss`).
@@ -105,7 +105,7 @@ class FocalExpLoss(ExpWeightedLoss):
                               validate_args=self.validate_args)
 
 
-@register_loss("dual_focal_exp", display="Dual focal (exp.-weighted)", order=24)
+@register_loss("dual_focal_exp", display="Dual focal (exp.-weighted)", order=24, tags={"variant"})
 class DualFocalExpLoss(FocalExpLoss):
     """Exponentially weighted dual focal loss (the published ``DualFocalLossExp``; see
     :func:`torchcal.functional.dual_focal_exp_loss`).
@@ -135,7 +135,7 @@ class DualFocalExpLoss(FocalExpLoss):
                                    validate_args=self.validate_args)
 
 
-@register_loss("brier_exp", display="Brier (exp.-weighted)", order=25)
+@register_loss("brier_exp", display="Brier (exp.-weighted)", order=25, tags={"variant"})
 class BrierExpLoss(ExpWeightedLoss):
     """Exponentially weighted Brier score (the published ``BrierScoreExp``, summed over the
     batch; see :func:`torchcal.functional.brier_exp_loss`).

@@ -31,7 +31,7 @@ __all__ = [
 
 
 @register_loss("focal", display="Focal", order=4,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper="Mukhoti et al., NeurIPS 2020", tags={"demo"})
 class FocalLoss(CalibrationLoss):
     """Focal loss ``-(1-p_y)^γ log p_y`` (see :func:`torchcal.functional.focal_loss`).
 
@@ -56,7 +56,7 @@ class FocalLoss(CalibrationLoss):
 
 
 @register_loss("inverse_focal", display="Inverse focal", order=5,
-               paper="Wang et al., NeurIPS 2021")
+               paper="Wang et al., NeurIPS 2021", tags={"demo"})
 class InverseFocalLoss(CalibrationLoss):
     """Inverse focal loss ``-(1+p_y)^γ log p_y`` (see :func:`torchcal.functional.inverse_focal_loss`).
 
@@ -108,7 +108,7 @@ class SampleDependentFocalLoss(CalibrationLoss):
 
 
 @register_loss("flsd53", display="FLSD-53", order=6,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper="Mukhoti et al., NeurIPS 2020", tags={"demo"})
 def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
            validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-53: γ = 5 for p_y < 0.2, else 3."""
@@ -117,7 +117,7 @@ def flsd53(*, reduction: str = "mean", ignore_index: int = -100,
 
 
 @register_loss("flsd532", display="FLSD-532", order=7,
-               paper="Mukhoti et al., NeurIPS 2020")
+               paper="Mukhoti et al., NeurIPS 2020", tags={"demo"})
 def flsd532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> SampleDependentFocalLoss:
     """FLSD-532: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5."""
@@ -188,7 +188,7 @@ class ScheduledFocalLoss(CalibrationLoss):
                           ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("flsc531", display="FLSc-531", order=8)
+@register_loss("flsc531", display="FLSc-531", order=8, tags={"cifar-schedule"})
 def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-531: γ = 5 for epochs [0, 100), 3 for [100, 250), 1 afterwards."""
@@ -196,7 +196,7 @@ def flsc531(*, reduction: str = "mean", ignore_index: int = -100,
                               ignore_index=ignore_index, validate_args=validate_args)
 
 
-@register_loss("flsc532", display="FLSc-532", order=9)
+@register_loss("flsc532", display="FLSc-532", order=9, tags={"cifar-schedule"})
 def flsc532(*, reduction: str = "mean", ignore_index: int = -100,
             validate_args: bool = True) -> ScheduledFocalLoss:
     """FLSc-532: γ = 5 for epochs [0, 100), 3 for [100, 250), 2 afterwards."""

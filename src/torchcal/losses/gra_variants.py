@@ -23,7 +23,7 @@ __all__ = ["TLBSLoss", "SampleDependentFocalGRALoss", "BSCEAdaptiveGRALoss", "fo
            "focal_gra_flsd532"]
 
 
-@register_loss("tlbs", display="TLBS", order=18)
+@register_loss("tlbs", display="TLBS", order=18, tags={"variant"})
 class TLBSLoss(GradientWeightedLoss):
     """TLBS: ``|c - r|^γ`` (detached) times ``-log p_y`` with ``r`` the top-1 confidence and
     ``c`` the correctness (the published ``TLBSLoss``; see
@@ -76,7 +76,7 @@ class SampleDependentFocalGRALoss(GradientWeightedLoss):
                                                validate_args=self.validate_args)
 
 
-@register_loss("focal_gra_flsd53", display="FLSD-53-GRA", order=19)
+@register_loss("focal_gra_flsd53", display="FLSD-53-GRA", order=19, tags={"variant"})
 def focal_gra_flsd53(*, reduction: str = "mean", ignore_index: int = -100,
                      validate_args: bool = True) -> SampleDependentFocalGRALoss:
     """FLSD-53-GRA: detached ``(1 - p_y)^γ`` with γ = 5 for p_y < 0.2, else 3
@@ -85,7 +85,7 @@ def focal_gra_flsd53(*, reduction: str = "mean", ignore_index: int = -100,
                                        validate_args=validate_args)
 
 
-@register_loss("focal_gra_flsd532", display="FLSD-532-GRA", order=20)
+@register_loss("focal_gra_flsd532", display="FLSD-532-GRA", order=20, tags={"variant"})
 def focal_gra_flsd532(*, reduction: str = "mean", ignore_index: int = -100,
                       validate_args: bool = True) -> SampleDependentFocalGRALoss:
     """FLSD-532-GRA: γ = 5 for p_y < 0.2, 3 for 0.2 <= p_y < 0.5, 2 for p_y >= 0.5
@@ -94,7 +94,7 @@ def focal_gra_flsd532(*, reduction: str = "mean", ignore_index: int = -100,
                                        validate_args=validate_args)
 
 
-@register_loss("bsce_adaptive_gra", display="BSCE-GRA (adaptive γ)", order=21)
+@register_loss("bsce_adaptive_gra", display="BSCE-GRA (adaptive γ)", order=21, tags={"variant"})
 class BSCEAdaptiveGRALoss(GradientWeightedLoss):
     """Adaptive BSCE-GRA: ``‖onehot(y) - p‖_β^{γ_i}`` (detached) times ``-log p_y`` with ``γ_i``
     from the FLSD threshold schedule of ``p_y`` (the published ``BSCELossAdaptiveGra``; see

@@ -78,7 +78,7 @@ class _BrierWeight(CalibrationLoss):
                          validate_args=validate_args)
 
 
-@register_loss("bsce_gra", display="BSCE-GRA", order=13)
+@register_loss("bsce_gra", display="BSCE-GRA", order=13, tags={"demo"})
 class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
     """BSCE-GRA: ``‖onehot(y) - p‖_β^γ`` (detached) times ``-log p_y``
     (see :func:`torchcal.functional.bsce_gra_loss`).
@@ -97,7 +97,7 @@ class BSCEGRALoss(_BrierWeight, GradientWeightedLoss):
                              ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("bsce", display="BSCE", order=12)
+@register_loss("bsce", display="BSCE", order=12, tags={"demo"})
 class BSCELoss(_BrierWeight):
     """BSCE: ``‖onehot(y) - p‖_β^γ · (-log p_y)`` with the weight **not** detached
     (see :func:`torchcal.functional.bsce_loss`).
@@ -112,7 +112,7 @@ class BSCELoss(_BrierWeight):
                          ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("focal_gra", display="Focal-GRA", order=14)
+@register_loss("focal_gra", display="Focal-GRA", order=14, tags={"demo"})
 class FocalGRALoss(GradientWeightedLoss):
     """FL-GRA: ``(1-p_y)^γ`` (detached) times ``-log p_y``; γ default 3.
 
@@ -133,7 +133,7 @@ class FocalGRALoss(GradientWeightedLoss):
                               ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("dual_focal_gra", display="Dual focal-GRA", order=15)
+@register_loss("dual_focal_gra", display="Dual focal-GRA", order=15, tags={"demo"})
 class DualFocalGRALoss(GradientWeightedLoss):
     """DFL-GRA: ``(1-p_y+p_j)^γ`` (all detached) times ``-log p_y``; γ default 5.
 

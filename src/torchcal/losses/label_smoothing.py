@@ -13,7 +13,7 @@ __all__ = ["LabelSmoothingLoss"]
 
 
 @register_loss("ls", display="Label smoothing", order=1,
-               paper="Szegedy et al., CVPR 2016")
+               paper="Szegedy et al., CVPR 2016", tags={"demo"})
 class LabelSmoothingLoss(CalibrationLoss):
     """Cross-entropy against smoothed targets (see :func:`torchcal.functional.label_smoothing_loss`).
 

@@ -13,7 +13,7 @@ __all__ = ["MMCELoss"]
 
 
 @register_loss("mmce", display="MMCE", order=3,
-               paper="Kumar et al., ICML 2018")
+               paper="Kumar et al., ICML 2018", tags={"demo"})
 class MMCELoss(CalibrationLoss):
     """Cross-entropy plus λ times the weighted MMCE penalty (see :func:`torchcal.functional.mmce_loss`).
 

@@ -31,7 +31,7 @@ class _BatchLoss(CalibrationLoss):
         check_batch_reduction(reduction, type(self).__name__)
 
 
-@register_loss("mmce_m", display="MMCE (unweighted)", order=16)
+@register_loss("mmce_m", display="MMCE (unweighted)", order=16, tags={"variant"})
 class MMCEUnweightedLoss(_BatchLoss):
     """``CE_mean + λ·MMCE_m``: the unweighted MMCE (the focal-calibration code's ``mmce``
     option; see :func:`torchcal.functional.mmce_m_loss`).  ``"sum"`` gives N times it (the
@@ -58,7 +58,7 @@ class MMCEUnweightedLoss(_BatchLoss):
                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("mmce_gra", display="MMCE-GRA", order=17)
+@register_loss("mmce_gra", display="MMCE-GRA", order=17, tags={"variant"})
 class MMCEGRALoss(_BatchLoss):
     """MMCE-GRA: ``MMCE_m`` (detached) times ``CE_mean`` (the BSCE-GRA repository's
     ``MMCEGRA``; see :func:`torchcal.functional.mmce_gra_loss`).  The gradient is

@@ -113,7 +113,7 @@ class _ValidationTemperature:
         self.fit_temperature(logits=logits, labels=labels)
 
 
-@register_loss("temperature_focal", display="Temperature focal", order=26)
+@register_loss("temperature_focal", display="Temperature focal", order=26, tags={"variant"})
 class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature focal loss ``-(1 - q_y)^γ log p_y``, ``q = softmax(z / T)``, T fitted
     on validation (see :func:`torchcal.functional.temperature_focal_loss`).
@@ -143,7 +143,7 @@ class TemperatureFocalLoss(_ValidationTemperature, CalibrationLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_focal_gra", display="Temperature focal-GRA", order=27)
+@register_loss("temperature_focal_gra", display="Temperature focal-GRA", order=27, tags={"variant"})
 class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature focal GRA: ``(1 - q_y)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_focal_gra_loss`).
@@ -169,7 +169,7 @@ class TemperatureFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_dual_focal", display="Temperature dual focal", order=28)
+@register_loss("temperature_dual_focal", display="Temperature dual focal", order=28, tags={"variant"})
 class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature dual focal loss ``-(1 - q_y + q_j)^γ log p_y`` (see
     :func:`torchcal.functional.temperature_dual_focal_loss`).
@@ -196,7 +196,7 @@ class TemperatureDualFocalLoss(_ValidationTemperature, CalibrationLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_dual_focal_gra", display="Temperature dual focal-GRA", order=29)
+@register_loss("temperature_dual_focal_gra", display="Temperature dual focal-GRA", order=29, tags={"variant"})
 class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature dual focal GRA: ``(1 - q_y + q_j)^γ`` detached times ``-log p_y``
     (see :func:`torchcal.functional.temperature_dual_focal_gra_loss`).
@@ -223,7 +223,7 @@ class TemperatureDualFocalGRALoss(_ValidationTemperature, GradientWeightedLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_bsce", display="Temperature BSCE", order=30)
+@register_loss("temperature_bsce", display="Temperature BSCE", order=30, tags={"variant"})
 class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
     r"""Temperature BSCE ``-‖onehot(y) - q‖_β^γ log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_loss`).
@@ -251,7 +251,7 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
         self._init_temperature()
 
 
-@register_loss("temperature_bsce_gra", display="Temperature BSCE-GRA", order=31)
+@register_loss("temperature_bsce_gra", display="Temperature BSCE-GRA", order=31, tags={"variant"})
 class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
     r"""Temperature BSCE-GRA: ``‖onehot(y) - q‖_β^γ`` detached times ``-log p_y`` (see
     :func:`torchcal.functional.temperature_bsce_gra_loss`).
@@ -279,7 +279,7 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
         self._init_temperature()
 
 
-@register_loss("consistency", display="Consistency", order=32)
+@register_loss("consistency", display="Consistency", order=32, tags={"variant"})
 class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
     r"""The BSCE-GRA repository's consistency loss: ``(1 - q_y)^γ`` detached times ``-log p_y``,
     ``q`` the probabilities of a calibrator re-fitted on every validation pass (see

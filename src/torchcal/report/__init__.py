@@ -5,7 +5,7 @@
 * :func:`load_runs`, :func:`group_runs` - reading and averaging ``results.json`` files.
 * ``torchcal.report.plots`` - the reliability diagram; ``torchcal.report.figures`` - the others.
 
-The noisy-digits demo trains models, so it is application code: :mod:`torchcal.cli.demo`
+The demo trains models, so it is application code: :mod:`torchcal.experiments`
 (``run_demo``, ``DemoConfig``, ``DemoResult``).  This package reads run directories only and
 never imports ``torchcal.train`` or ``torchcal.cli``.
 """
@@ -29,8 +29,8 @@ _MOVED = ("run_demo", "DemoConfig", "DemoResult")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MOVED:  # moved up to the command-line layer, which this package may not import
+    if name in _MOVED:  # moved up to the experiments layer, which this package may not import
         raise AttributeError(
-            f"torchcal.report.{name} moved to torchcal.cli.demo (the demo trains models, so it "
-            f"is application code): use `from torchcal.cli.demo import {name}`")
+            f"torchcal.report.{name} moved to torchcal.experiments (the demo trains models, so "
+            f"it is application code): use `from torchcal.experiments import {name}`")
     raise AttributeError(f"module 'torchcal.report' has no attribute {name!r}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
+import json
 import math
 import os
 import re
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from .._io import atomic_write_json, atomic_write_text
-from ..errors import ResultsFileError
+from ..errors import ResultsFileError, TorchcalError
 from ..evaluate import load_logits
 from ..metrics import entropy
 from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
@@ -49,7 +50,7 @@ from .aggregate import (
 from .claims import add_confidence_gaps, claims_markdown, claims_section
 from .plots import MIN_COUNT
 
-__all__ = ["ReportOutput", "build_report", "gamma_history"]
+__all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir"]
 
 REPORT_SCHEMA = "torchcal.report/1"
 
@@ -531,3 +532,39 @@ def _rel(p: Path, base: Path) -> str:
 def runs_from_records(records: Sequence[RunRecord]) -> LoadReport:
     """Wrap already loaded runs for :func:`build_report`."""
     return LoadReport(runs=list(records), errors=[])
+
+
+def _is_report_results(path: Path) -> bool:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and str(doc.get("schema", "")).startswith(REPORT_SCHEMA.split("/")[0] + "/")
+
+
+def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
+    """Make ``out`` ready for a report: refuse a run directory, remove an earlier report's
+    figures (``figures/*.png``).  Returns the removed files.
+
+    Raises:
+        TorchcalError: ``out`` is a file, or holds a training run.
+    """
+    out = Path(out)
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise TorchcalError(f"Expected `{option}` to be a directory, got the file {str(out)!r}")
+    run = RunDir(out)
+    held = [p.name for p in (run.config, run.log, run.checkpoint_dir) if p.exists()]
+    if run.results().is_file() and not _is_report_results(run.results()):
+        held.append(run.results().name)
+    if held:
+        raise TorchcalError(
+            f"Expected `{option}` to be a new directory or an earlier report's, but "
+            f"{str(out)!r} holds a training run ({', '.join(held)}), which the report's files "
+            "would replace: choose another directory")
+    removed = []
+    for png in sorted((out / "figures").glob("*.png")):
+        png.unlink()
+        removed.append(png)
+    return removed

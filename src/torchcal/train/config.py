@@ -3,6 +3,30 @@
 A run is fully described by a :class:`TrainConfig`.  Named recipes
 (:func:`torchcal.train.get_recipe`) return one with the papers' settings; the CLI's options and
 :func:`dataclasses.replace` override single fields.
+
+Each field declares its **role** beside its default (field metadata, in the spirit of
+scikit-learn's ``_parameter_constraints``), and every rule that asks "does this field change
+training?" reads it (:func:`changed_fields`); there is no second list:
+
+* ``identity``: what is trained (data, model, loss and its arguments, seed, optimiser,
+  reduction, clipping, precision, ...).  Resuming a run with a changed identity field is
+  refused (:class:`~torchcal.errors.CheckpointError` naming the fields); a benchmark runner
+  trains such a run afresh.
+* ``schedule``: how long (``epochs``, the milestones).  A run resumes into more epochs (a
+  changed milestone list warns: the checkpoint's scheduler is kept); a benchmark runner trains
+  a run afresh, since an extended run is not a fresh run of the new length.
+* ``runtime``: how it is run (device, threads, logging, checkpoint frequency, evaluation
+  bins, ...).  Resuming with a changed runtime field warns (fields declared ``warn=False``, such as
+  ``out_dir`` and ``resume``, differ on every resume and say nothing).
+
+A field may declare ``value``, the name of a method giving the value compared instead of the
+field (``loss_kwargs`` and ``loss_defaults`` compare the loss's effective arguments,
+``milestones`` and ``milestone_fractions`` the effective milestones).
+
+>>> sorted(f.name for f in dataclasses.fields(TrainConfig) if field_role(f) == "schedule")
+['epochs', 'milestone_fractions', 'milestones']
+>>> changed_fields(TrainConfig(), TrainConfig(reduction="sum", grad_clip=None, device="cpu"))
+{'identity': ['grad_clip', 'reduction'], 'schedule': [], 'runtime': ['device']}
 """
 
 from __future__ import annotations
@@ -16,11 +40,81 @@ from typing import Any
 
 from .._validation import check_scalar
 
-__all__ = ["TrainConfig", "AMP_MODES", "SELECT_BEST_BY", "REDUCTIONS"]
+__all__ = ["TrainConfig", "AMP_MODES", "SELECT_BEST_BY", "REDUCTIONS", "ROLES", "field_role",
+           "changed_fields", "describe_fields"]
 
 AMP_MODES = ("off", "bf16", "fp16")
 SELECT_BEST_BY = ("ece", "nll", "error", "none")
 REDUCTIONS = ("published", "mean", "sum")
+#: The roles a TrainConfig field may have (module docstring).
+ROLES = ("identity", "schedule", "runtime")
+#: Data options that do not change the data (``verify`` only skips a checksum).
+_DATA_KWARGS_IGNORED = ("verify",)
+
+
+def _role(role: str, default: Any = dataclasses.MISSING, *, value: str | None = None,
+          warn: bool = True, **kw: Any) -> Any:
+    """A dataclass field with its role (and comparison method, warning flag) as metadata."""
+    meta = {"role": role, "value": value, "warn": warn}
+    return field(default=default, metadata=meta, **kw)
+
+
+def identity(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    """A field that changes what is trained (resume refused when it changes)."""
+    return _role("identity", default, **kw)
+
+
+def schedule(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    """A field of the training schedule (a run extends to more epochs)."""
+    return _role("schedule", default, **kw)
+
+
+def runtime(default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    """A field that changes how a run is computed or recorded, not what is trained."""
+    return _role("runtime", default, **kw)
+
+
+def field_role(f: dataclasses.Field) -> str | None:
+    """The role a dataclass field declares (None: no role)."""
+    return f.metadata.get("role")
+
+
+def _compared(config: Any, f: dataclasses.Field) -> Any:
+    """What a role check compares for field ``f``: its value method's result, JSON-normalised
+    (tuples and lists alike, as in ``config.json``)."""
+    method = f.metadata.get("value")
+    v = getattr(config, method)() if method else getattr(config, f.name)
+    return json.loads(json.dumps(v, default=str))
+
+
+def changed_fields(old: TrainConfig, new: TrainConfig) -> dict[str, list[str]]:
+    """The fields whose compared values differ between ``old`` and ``new``, by role (sorted
+    names; of fields sharing a value method only the first is named).
+
+    >>> changed_fields(TrainConfig(epochs=2), TrainConfig(epochs=3, out_dir="x"))
+    {'identity': [], 'schedule': ['epochs'], 'runtime': ['out_dir']}
+    """
+    out: dict[str, list[str]] = {r: [] for r in ROLES}
+    seen: set[str] = set()
+    for f in dataclasses.fields(new):
+        method = f.metadata.get("value")
+        if method in seen:
+            continue
+        if method:
+            seen.add(method)
+        if _compared(old, f) != _compared(new, f):
+            out[field_role(f)].append(f.name)
+    return {r: sorted(v) for r, v in out.items()}
+
+
+def describe_fields(config: TrainConfig, names: list[str]) -> str:
+    """``"reduction='mean', grad_clip=2.0"``: the compared values of ``names`` in ``config``.
+
+    >>> describe_fields(TrainConfig(), ["loss", "grad_clip"])
+    "loss='ce', grad_clip=2.0"
+    """
+    fs = {f.name: f for f in dataclasses.fields(config)}
+    return ", ".join(f"{n}={_compared(config, fs[n])!r}" for n in names)
 
 
 @dataclass
@@ -82,49 +176,49 @@ class TrainConfig:
             package); ``log.jsonl`` stays the record.
     """
 
-    recipe: str = ""
-    dataset: str = "digits"
-    model: str = "mlp"
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    loss: str = "ce"
-    loss_kwargs: dict[str, Any] = field(default_factory=dict)
-    loss_defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
-    data_root: str | None = None
-    download: bool = False
-    data_kwargs: dict[str, Any] = field(default_factory=dict)
-    ood_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    val_fraction: float = 0.1
-    data_seed: int | None = 1
-    out_dir: str = "runs/run"
-    resume: bool = False
-    epochs: int = 350
-    batch_size: int = 128
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    nesterov: bool = False
-    milestones: list[int] = field(default_factory=lambda: [150, 250])
-    milestone_fractions: list[float] | None = None
-    lr_gamma: float = 0.1
-    grad_clip: float | None = 2.0
-    seed: int = 0
-    device: str = "auto"
-    amp: str = "off"
-    channels_last: bool = False
-    compile: bool = False
-    reduction: str = "published"
-    select_best_by: str = "ece"
-    checkpoint_every: int = 1
-    eval_test_every: int = 1
-    evaluate: bool = True
-    n_bins: int = 15
-    num_threads: int | None = None
-    num_workers: int = 4
-    uncertainty_head: bool = False
-    head_lr: float = 1e-3
-    head_weight_decay: float = 1e-4
-    progress: bool = True
-    tensorboard: bool = False
+    recipe: str = runtime("", warn=False)
+    dataset: str = identity("digits")
+    model: str = identity("mlp")
+    model_kwargs: dict[str, Any] = identity(default_factory=dict)
+    loss: str = identity("ce")
+    loss_kwargs: dict[str, Any] = identity(default_factory=dict, value="effective_loss_kwargs")
+    loss_defaults: dict[str, dict[str, Any]] = identity(default_factory=dict, value="effective_loss_kwargs")
+    data_root: str | None = runtime(None)
+    download: bool = runtime(False)
+    data_kwargs: dict[str, Any] = identity(default_factory=dict, value="data_identity")
+    ood_kwargs: dict[str, dict[str, Any]] = identity(default_factory=dict, value="ood_identity")
+    val_fraction: float = identity(0.1)
+    data_seed: int | None = identity(1)
+    out_dir: str = runtime("runs/run", warn=False)
+    resume: bool = runtime(False, warn=False)
+    epochs: int = schedule(350)
+    batch_size: int = identity(128)
+    lr: float = identity(0.1)
+    momentum: float = identity(0.9)
+    weight_decay: float = identity(5e-4)
+    nesterov: bool = identity(False)
+    milestones: list[int] = schedule(default_factory=lambda: [150, 250], value="effective_milestones")
+    milestone_fractions: list[float] | None = schedule(None, value="effective_milestones")
+    lr_gamma: float = identity(0.1)
+    grad_clip: float | None = identity(2.0)
+    seed: int = identity(0)
+    device: str = runtime("auto")
+    amp: str = identity("off")
+    channels_last: bool = identity(False)
+    compile: bool = identity(False)
+    reduction: str = identity("published")
+    select_best_by: str = runtime("ece")
+    checkpoint_every: int = runtime(1)
+    eval_test_every: int = runtime(1)
+    evaluate: bool = runtime(True)
+    n_bins: int = runtime(15)
+    num_threads: int | None = runtime(None)
+    num_workers: int = runtime(4)
+    uncertainty_head: bool = identity(False)
+    head_lr: float = identity(1e-3)
+    head_weight_decay: float = identity(1e-4)
+    progress: bool = runtime(True, warn=False)
+    tensorboard: bool = runtime(False)
 
     # ------------------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
@@ -206,6 +300,20 @@ class TrainConfig:
             return [max(int(math.floor(float(f) * self.epochs)), 1 if f > 0 else 0)
                     for f in self.milestone_fractions]
         return [int(m) for m in self.milestones]
+
+    def data_identity(self) -> dict[str, Any]:
+        """``data_kwargs`` without the options that do not change the data (``verify``).
+
+        >>> TrainConfig(data_kwargs={"noise_std": 0.5, "verify": False}).data_identity()
+        {'noise_std': 0.5}
+        """
+        return {k: v for k, v in dict(self.data_kwargs).items() if k not in _DATA_KWARGS_IGNORED}
+
+    def ood_identity(self) -> dict[str, Any]:
+        """``ood_kwargs`` without the options that do not change the data, per OOD set."""
+        return {name: ({k: v for k, v in kw.items() if k not in _DATA_KWARGS_IGNORED}
+                       if isinstance(kw, dict) else kw)
+                for name, kw in dict(self.ood_kwargs).items()}
 
     def effective_loss_kwargs(self) -> dict[str, Any]:
         """``{**loss_defaults.get(loss, {}), **loss_kwargs}``: what the loss is built with."""

@@ -32,6 +32,7 @@ global batch, and only rank 0 logs and writes files.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 import warnings
@@ -68,7 +69,7 @@ from .checkpoint import (
     rng_state_tensors,
     save_checkpoint,
 )
-from .config import TrainConfig
+from .config import TrainConfig, changed_fields, describe_fields
 from .device import _autocast, resolve_device
 from .distributed import (
     DistEnv,
@@ -83,15 +84,6 @@ from .inference import BatchSource, predict_logits
 from .tracking import TensorBoardLogger, tensorboard_available
 
 __all__ = ["train", "fit", "build_loss", "epoch_metrics", "NoHead", "JointHead"]
-
-_COMPAT_FIELDS = ("dataset", "model", "loss", "seed", "batch_size", "model_kwargs",
-                  "val_fraction", "data_seed")
-_DATA_KWARGS_IGNORED = ("verify",)  # data options that do not change the data
-_SCHEDULE_FIELDS = ("lr", "momentum", "weight_decay", "nesterov", "lr_gamma")
-
-
-def _data_identity(config: TrainConfig) -> dict[str, Any]:
-    return {k: v for k, v in dict(config.data_kwargs).items() if k not in _DATA_KWARGS_IGNORED}
 
 
 # ------------------------------------------------------------------------------------------
@@ -480,30 +472,33 @@ def _resume_state(config: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
 
 
 def _check_resumable(old: TrainConfig, config: TrainConfig, epoch: int, env: DistEnv) -> None:
-    """Refuse a checkpoint trained with other data, model, loss or more epochs; warn when the
-    optimiser or schedule settings changed (the checkpoint's state is kept)."""
+    """Refuse a checkpoint whose *identity* fields differ from ``config`` or that trained more
+    epochs; warn when the milestones or a *runtime* field changed (the fields' roles,
+    :func:`torchcal.train.config.changed_fields`)."""
     where = f"Cannot resume {str(config.out_dir)!r}"
-    for k in _COMPAT_FIELDS:
-        if getattr(old, k) != getattr(config, k):
-            raise CheckpointError(f"{where}: its checkpoint has {k}={getattr(old, k)!r}, "
-                                  f"the config {k}={getattr(config, k)!r}")
-    if _data_identity(old) != _data_identity(config):
-        raise CheckpointError(f"{where}: its checkpoint was trained with data_kwargs="
-                              f"{_data_identity(old)!r}, the config has {_data_identity(config)!r}")
+    changed = changed_fields(old, config)
+    if changed["identity"]:
+        names = changed["identity"]
+        raise CheckpointError(f"{where}: its checkpoint has {describe_fields(old, names)}, the "
+                              f"config {describe_fields(config, names)} (settings that change "
+                              "what is trained; restore them or choose another --out)")
     if epoch > config.epochs:
         raise CheckpointError(f"{where}: its checkpoint has trained {epoch} epochs, more than "
                               f"the requested epochs={config.epochs}")
-    changed = [k for k in _SCHEDULE_FIELDS if getattr(old, k) != getattr(config, k)]
-    if old.effective_milestones() != config.effective_milestones():
-        changed.append("milestones")
-    if changed and env.is_main:
+    if not env.is_main:
+        return
+    sched = [k for k in changed["schedule"] if k != "epochs"]
+    if sched:
         warnings.warn(f"Resuming {str(config.out_dir)!r}: the checkpoint's optimiser and schedule "
-                      f"state is kept, so the changed {', '.join(changed)} take no effect",
+                      f"state is kept, so the changed {', '.join(sched)} take no effect",
                       stacklevel=5)
-    if old.effective_loss_kwargs() != config.effective_loss_kwargs():
-        raise CheckpointError(f"{where}: its checkpoint has loss_kwargs="
-                              f"{old.effective_loss_kwargs()!r}, the config "
-                              f"{config.effective_loss_kwargs()!r}")
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    runtime = [k for k in changed["runtime"] if fields[k].metadata.get("warn", True)]
+    if runtime:
+        warnings.warn(f"Resuming {str(config.out_dir)!r} with changed runtime setting(s) "
+                      f"{describe_fields(config, runtime)} (the checkpoint has "
+                      f"{describe_fields(old, runtime)}): they change how the run is computed "
+                      "or recorded, not what is trained", stacklevel=5)
 
 
 # ------------------------------------------------------------------------------------------

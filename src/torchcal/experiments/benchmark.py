@@ -1,0 +1,157 @@
+"""A benchmark as data: its recipe and runs, its sizes, its claims and its report prose.
+
+A :class:`Benchmark` names a training recipe, the loss tag that selects its losses from the
+loss registry (``tags={"demo"}`` on a loss's ``@register_loss``: adding a loss to the library
+touches no file here), per-loss arguments, its sizes (:class:`Profile`: ``default``, ``quick``,
+``full``), the claims its report tests, where its committed full run's results live (the
+verdicts the report quotes are computed from them, never written as constants), the prose of
+its report (``intro``) and the job function that executes one run.  Benchmarks are registered
+by name (:func:`register_benchmark`, :func:`get_benchmark`), as losses and models are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._registry import Registry
+from ..losses import LOSSES, list_losses
+from ..report.aggregate import group_runs, runs_from_results_csv
+from ..report.claims import Claim, check_claims
+from .training import run_job
+
+__all__ = ["Profile", "Benchmark", "BENCHMARKS", "register_benchmark", "get_benchmark",
+           "list_benchmarks", "tagged_losses", "committed_verdicts", "PROFILE_NAMES"]
+
+#: The sizes every benchmark defines: ``default``, ``quick`` (a smoke test), ``full`` (the
+#: published schedule).
+PROFILE_NAMES = ("default", "quick", "full")
+# where the repository's committed results are looked up (a source checkout; an installed
+# wheel has no docs/ and its reports omit the committed run's verdicts)
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One size of a benchmark.
+
+    Attributes:
+        seeds: the seeds trained.
+        epochs: epochs per run (None: the recipe's; milestones keep the recipe's fractions).
+        losses: the losses trained (None: every registered loss with the benchmark's tag).
+        measured: the wall time measured for this size, for the command line's help.
+    """
+
+    seeds: tuple[int, ...]
+    epochs: int | None = None
+    losses: tuple[str, ...] | None = None
+    measured: str | None = None
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark: everything :func:`torchcal.experiments.run_demo` needs besides the user's
+    knobs.
+
+    Attributes:
+        name: registry name (``--dataset`` of ``torchcal demo``).
+        title: the report's title, after ``torchcal demo:``.
+        recipe: the training recipe (:func:`torchcal.train.get_recipe`).
+        profiles: ``{"default" | "quick" | "full": Profile}``.
+        summary: one sentence on the benchmark for the command line's help.
+        tag: the loss registry tag selecting the losses of a profile without ``losses``.
+        loss_kwargs: per-loss hyperparameters the benchmark sets (registry defaults otherwise).
+        noise_std: pixel noise passed to the data (None: the option does not apply).
+        claims: the papers' claims the report tests (:mod:`torchcal.report.claims`).
+        committed_results: the repository path of the committed ``full`` run's results.csv.
+        verdict_labels: ``{claim key: short label}`` of the verdicts the report quotes.
+        excluded: ``{loss tag: why}``, the report's reason for a registered loss not trained.
+        intro: ``intro(context) -> str``, the report's prose above its tables (context: a
+            :class:`~torchcal.experiments.calibration.IntroContext`).
+        prebuild_data: build the data once before the runs (cheap or generated data: the
+            data options are checked, and generated data is cached once, not by every worker).
+        job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
+    """
+
+    name: str
+    title: str
+    recipe: str
+    profiles: Mapping[str, Profile]
+    summary: str = ""
+    tag: str = "demo"
+    loss_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    noise_std: float | None = None
+    claims: Sequence[Claim] = ()
+    committed_results: str | None = None
+    verdict_labels: Mapping[str, str] = field(default_factory=dict)
+    excluded: Mapping[str, str] = field(default_factory=dict)
+    intro: Callable[[Any], str] | None = None
+    prebuild_data: bool = True
+    job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_job
+
+    def __post_init__(self) -> None:
+        missing = [p for p in PROFILE_NAMES if p not in self.profiles]
+        if missing:
+            raise ValueError(f"Expected `profiles` to define {PROFILE_NAMES}, missing {missing}")
+
+    def profile(self, name: str) -> Profile:
+        """The profile ``name`` (``default``, ``quick`` or ``full``)."""
+        return self.profiles[name]
+
+    def losses(self, profile: str = "default") -> list[str]:
+        """The registered losses a profile trains, in the registry's table order."""
+        tagged = tagged_losses(self.tag)
+        chosen = self.profiles[profile].losses
+        return tagged if chosen is None else [n for n in chosen if n in tagged]
+
+    def exclusion(self, loss: str) -> str:
+        """Why the registered ``loss`` is not one of this benchmark's tagged losses."""
+        for tag in sorted(LOSSES.entry(loss).tags):
+            if tag in self.excluded:
+                return self.excluded[tag]
+        return f"its registry entry has no `{self.tag}` tag"
+
+
+def tagged_losses(tag: str) -> list[str]:
+    """The registered losses whose registry entry carries ``tag``, in table order."""
+    return list_losses(tag=tag)
+
+
+def committed_verdicts(benchmark: Benchmark) -> dict[str, tuple[str, int, int]] | None:
+    """``{claim key: (label, holds on k, of n seeds)}`` computed from the benchmark's committed
+    results.csv (None when it has none or the file is not in this installation)."""
+    if not benchmark.committed_results:
+        return None
+    path = _REPO_ROOT / benchmark.committed_results
+    if not path.is_file():
+        return None
+    runs = runs_from_results_csv(path.read_text(encoding="utf-8"))
+    got = {r.claim.key: (r.k, r.n) for r in check_claims(group_runs(runs), benchmark.claims)}
+    return {key: (label, *got[key]) for key, label in benchmark.verdict_labels.items()
+            if key in got}
+
+
+#: The benchmark table (``torchcal demo --dataset NAME``).
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+
+
+def register_benchmark(benchmark: Benchmark) -> Benchmark:
+    """Add ``benchmark`` to :data:`BENCHMARKS` under its name; returns it."""
+    order = len(BENCHMARKS.names()) if benchmark.name not in BENCHMARKS else None
+    return BENCHMARKS.register(benchmark.name, benchmark, order=order)
+
+
+def get_benchmark(name: str) -> Benchmark:
+    """The benchmark registered as ``name``; an unknown name raises ``ValueError`` naming
+    ``dataset`` and the valid names."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"Expected `dataset` to be one of {', '.join(list_benchmarks())}, "
+                         f"got {name!r}")
+    return BENCHMARKS.get(name)
+
+
+def list_benchmarks() -> list[str]:
+    """The registered benchmark names, in registration order."""
+    return BENCHMARKS.ordered()

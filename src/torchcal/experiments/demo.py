@@ -1,0 +1,253 @@
+"""``run_demo``: a registered benchmark's runs, trained by the sweep runner, then its report.
+
+Runs are trained by an executor (default: worker processes of this machine, spawn, one thread
+each; or a Ray cluster, :class:`~torchcal.experiments.ray_executor.RayExecutor`); each run is
+evaluated through the same path as real runs (saved logits -> temperatures -> metrics ->
+``results.json``) and the runs are aggregated by :func:`torchcal.report.build_report`.
+
+Determinism: a run depends only on its (loss, seed, settings): each worker uses one thread and
+the trainer seeds everything from the run's seed, so the same command gives the same numbers
+whatever the number of workers or the executor.
+
+Interruption: the demo owns its ``out`` directory (and each job its run directory) while it
+runs.  Running the same command with the same ``out`` continues where it stopped: finished runs
+are skipped, unfinished ones resume from their last checkpoint (written every tenth of the
+epochs), runs of other settings (a changed identity or schedule field) are trained afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._io import exclusive_lock
+from .._validation import check_scalar
+from ..losses import list_losses
+from ..report.build import build_report, prepare_report_dir
+from ..train.build import build_data
+from ..train.trainer import build_loss
+from . import calibration  # noqa: F401 - registers the calibration benchmarks
+from .benchmark import BENCHMARKS, Benchmark, get_benchmark
+from .calibration import IntroContext
+from .runner import Executor, LocalExecutor, run_sweep
+from .training import train_config, train_job
+
+__all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve", "demo_loss_kwargs",
+           "demo_jobs", "sweep_jobs", "run_demo", "default_out", "intro_text"]
+
+
+@dataclass
+class DemoConfig:
+    """Settings of :func:`run_demo` (the command line's knobs)."""
+
+    seeds: tuple[int, ...] | None = None  # None: the profile's (quick/full/default)
+    epochs: int | None = None  # None: the profile's (quick/full/default)
+    losses: tuple[str, ...] | None = None  # None: the profile's
+    workers: int = 2
+    out: Path | None = None  # None: a fresh directory under ./torchcal-demo/
+    noise_std: float | None = None  # pixel noise, digits only (None: 0.5)
+    n_bins: int = 15
+    adafocal_lam: float | None = None  # None: the benchmark's (digits 0.1, MNIST-1D the paper's 1)
+    loss_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-loss overrides
+    data_kwargs: dict[str, Any] = field(default_factory=dict)  # n_copies, split (digits)
+    progress: bool = True
+    quick: bool = False
+    figures: bool = True
+    recipe: str | None = None  # None: the benchmark's
+    dataset: str = "mnist1d"  # a registered benchmark (torchcal.experiments.list_benchmarks)
+    full: bool = False  # every tagged loss, the recipe's schedule, 5 seeds
+    overrides: dict[str, Any] = field(default_factory=dict)  # extra TrainConfig fields
+
+
+@dataclass
+class DemoResult:
+    """What :func:`run_demo` returns: the output directory, the built report (a
+    ``ReportOutput``), the failed runs as ``(run_dir, error)`` pairs, the wall time in seconds
+    and the configuration used."""
+
+    out_dir: Path
+    report: Any  # torchcal.report.build.ReportOutput
+    failed: list[tuple[str, str]]
+    seconds: float
+    config: DemoConfig
+
+
+def applicable_losses(dataset: str = "mnist1d") -> list[str]:
+    """The registered losses tagged for the benchmark (table order): its ``full`` list."""
+    return get_benchmark(dataset).losses("full")
+
+
+def _profile_name(cfg: DemoConfig) -> str:
+    if cfg.quick and cfg.full:
+        raise ValueError("Expected at most one of `quick` and `full`, got both")
+    return "full" if cfg.full else "quick" if cfg.quick else "default"
+
+
+def resolve(cfg: DemoConfig) -> DemoConfig:
+    """``cfg`` with every None filled from its benchmark's profile (default, quick or full)."""
+    bench = get_benchmark(cfg.dataset)
+    name = _profile_name(cfg)
+    prof = bench.profile(name)
+    if cfg.noise_std is not None and bench.noise_std is None:
+        noisy = [n for n in BENCHMARKS.names() if BENCHMARKS.get(n).noise_std is not None]
+        raise ValueError(f"`noise_std` (--noise-std) applies to the {', '.join(noisy)} benchmark "
+                         f"only, not {cfg.dataset}")
+    lam = bench.loss_kwargs.get("adafocal", {}).get("lam")
+    return dataclasses.replace(
+        cfg,
+        seeds=cfg.seeds if cfg.seeds is not None else prof.seeds,
+        epochs=cfg.epochs if cfg.epochs is not None else prof.epochs,
+        losses=cfg.losses or tuple(bench.losses(name)),
+        recipe=cfg.recipe or bench.recipe,
+        noise_std=cfg.noise_std if cfg.noise_std is not None else bench.noise_std,
+        adafocal_lam=cfg.adafocal_lam if cfg.adafocal_lam is not None else lam,
+    )
+
+
+def demo_loss_kwargs(cfg: DemoConfig, loss: str) -> dict[str, Any]:
+    """The hyperparameters the demo sets for ``loss``: the benchmark's, ``--adafocal-lam``,
+    then the user's ``--loss-arg`` (registry defaults for the rest)."""
+    kw = dict(get_benchmark(cfg.dataset).loss_kwargs.get(loss, {}))
+    if loss == "adafocal" and cfg.adafocal_lam is not None:
+        kw["lam"] = float(cfg.adafocal_lam)
+    kw.update(cfg.loss_kwargs.get(loss, {}))
+    return kw
+
+
+def default_out() -> Path:
+    """A fresh directory ``./torchcal-demo/YYYYmmdd-HHMMSS[-k]`` (not created)."""
+    base = Path.cwd() / "torchcal-demo"
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    p = base / stamp
+    k = 1
+    while p.exists():
+        k += 1
+        p = base / f"{stamp}-{k}"
+    return p
+
+
+def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
+    """The run specs (:mod:`torchcal.experiments.training`), one per (loss, seed), seed-major
+    so that the progress estimate is representative early."""
+    cfg = resolve(cfg)
+    jobs = []
+    for seed in cfg.seeds:
+        for loss in cfg.losses:
+            jobs.append({
+                "recipe": cfg.recipe,
+                "loss": loss,
+                "loss_kwargs": demo_loss_kwargs(cfg, loss),
+                "seed": int(seed),
+                "epochs": cfg.epochs,
+                "noise_std": None if cfg.noise_std is None else float(cfg.noise_std),
+                "n_bins": int(cfg.n_bins),
+                "data_kwargs": dict(cfg.data_kwargs),
+                "run_dir": str(out / "runs" / loss / f"seed{seed}"),
+                "overrides": dict(cfg.overrides),
+            })
+    return jobs
+
+
+def sweep_jobs(cfg: DemoConfig, out: Path) -> list:
+    """:func:`demo_jobs` as :class:`~torchcal.experiments.runner.Job` s of the benchmark's job
+    function."""
+    fn = get_benchmark(cfg.dataset).job_fn
+    return [train_job(spec, fn=fn) for spec in demo_jobs(cfg, out)]
+
+
+def intro_text(cfg: DemoConfig, jobs: list[dict[str, Any]], *, seconds: float = 0.0,
+               failed: list[tuple[str, str]] | None = None, skipped: int = 0) -> str:
+    """The benchmark's report prose for the run specs ``jobs`` of ``cfg``."""
+    cfg = resolve(cfg)
+    bench: Benchmark = get_benchmark(cfg.dataset)
+    ctx = IntroContext(
+        benchmark=bench, config=cfg, train_config=train_config(jobs[0]), losses=list(cfg.losses),
+        loss_kwargs={n: demo_loss_kwargs(cfg, n) for n in cfg.losses}, n_jobs=len(jobs),
+        seconds=seconds, failed=failed or [], skipped=skipped)
+    return bench.intro(ctx) if bench.intro is not None else ""
+
+
+def _check_settings(jobs: list[dict[str, Any]], bench: Benchmark) -> None:
+    """Raise ValueError for settings no run could train with (unknown TrainConfig fields, invalid
+    values, unknown data set options, bad loss arguments)."""
+    seen = set()
+    for job in jobs:
+        if job["loss"] not in seen:
+            seen.add(job["loss"])
+            tc = train_config(job)
+            tc.validate()
+            build_loss(tc)
+    if bench.prebuild_data:  # checks the data options as the runs will use them; generated
+        # data (MNIST-1D) is generated (and cached) here once, not by every worker at once
+        try:
+            build_data(tc)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from exc
+
+
+def _check(cfg: DemoConfig) -> None:
+    if not cfg.seeds:
+        raise ValueError("Expected `seeds` to hold at least one seed, got none")
+    check_scalar(cfg.workers, "workers", int, min_val=1)
+    check_scalar(cfg.epochs, "epochs", int, min_val=1, allow_none=True)
+    check_scalar(cfg.noise_std, "noise_std", float, min_val=0.0, allow_none=True)
+    known = set(list_losses())
+    bad = [n for n in cfg.losses if n not in known]
+    if bad:
+        raise ValueError(f"Unknown loss(es) {bad}; expected some of: {', '.join(sorted(known))}")
+    if "noise_std" in cfg.data_kwargs:
+        raise ValueError("Set the pixel noise with `noise_std` (--noise-std), not in `data_kwargs`")
+    extra = sorted(set(cfg.loss_kwargs) - set(cfg.losses))
+    if extra:
+        raise ValueError(f"Loss arguments given for {extra}, which the demo does not train "
+                         f"(training: {', '.join(cfg.losses)})")
+
+
+def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) -> DemoResult:
+    """Train, evaluate and report a benchmark; returns where everything went.
+
+    ``executor``: where the runs train (default ``LocalExecutor(workers=cfg.workers)``).
+    """
+    t_start = time.perf_counter() - _process_age()
+    cfg = resolve(cfg or DemoConfig())
+    _check(cfg)
+    bench = get_benchmark(cfg.dataset)
+    out = Path(cfg.out) if cfg.out is not None else default_out()
+    specs = demo_jobs(cfg, out)
+    # one demo per out directory at a time; that of an earlier demo is continued (its finished
+    # runs are skipped, its unfinished ones resumed), its old figures removed
+    with exclusive_lock(out, what="Demo directory"):
+        prepare_report_dir(out, "out")
+        _check_settings(specs, bench)  # a bad knob is one error here, not the same failure in every run
+        executor = executor if executor is not None else LocalExecutor(workers=cfg.workers)
+        results = run_sweep(sweep_jobs(cfg, out), executor, progress=cfg.progress)
+        seconds = time.perf_counter() - t_start
+        failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
+        for r in results:
+            if r["error"]:
+                print(f"torchcal demo: run {r['run_dir']} failed:\n"
+                      f"{r.get('traceback', r['error'])}", file=sys.stderr)
+        intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
+                           skipped=sum(bool(r.get("skipped")) for r in results))
+        rep = build_report([j["run_dir"] for j in specs], out, title=f"torchcal demo: {bench.title}",
+                           intro=intro, n_bins=cfg.n_bins, figures=cfg.figures, claims=True)
+    return DemoResult(out_dir=out, report=rep, failed=failed,
+                      seconds=time.perf_counter() - t_start, config=cfg)
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere 0, the time from
+    :func:`run_demo`'s call), so that the demo's wall time includes the interpreter's start-up."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time since boot
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0

@@ -1,0 +1,183 @@
+"""The job function of a benchmark run: train one :class:`~torchcal.train.TrainConfig` run and
+evaluate its saved logits, skipping finished work and resuming unfinished work.
+
+A run's *spec* is a JSON-able dict: ``recipe``, ``loss``, ``loss_kwargs``, ``seed``, ``epochs``
+(None: the recipe's), ``noise_std``, ``n_bins``, ``data_kwargs``, ``run_dir`` and ``overrides``
+(other TrainConfig fields).  :func:`train_config` turns it into the run's TrainConfig,
+:func:`train_job` into a :class:`~torchcal.experiments.runner.Job` whose function is
+:func:`run_job`.
+
+Which differences between the run directory and the spec retrain a run is read from the roles
+of TrainConfig's fields (:func:`torchcal.train.config.changed_fields`): a changed *identity* or
+*schedule* field trains the run afresh (a fresh run with these settings must give the reported
+numbers), a changed *runtime* field does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import LOCK_NAME, exclusive_lock
+from ..errors import CheckpointError
+from ..evaluate import evaluate_saved_logits, meta_from_config
+from ..runs import RunDir
+from ..train import TrainConfig, get_recipe, train
+from ..train.config import changed_fields
+from .runner import Job, Resources, set_threads
+
+__all__ = ["train_config", "train_job", "run_job", "is_stale", "is_finished"]
+
+
+def train_config(spec: Mapping[str, Any]) -> TrainConfig:
+    """The TrainConfig of a run spec: the recipe's, with the spec's loss, seed, run directory,
+    epochs (milestones kept at the recipe's fractions), data options and overrides; one thread
+    on the CPU, a checkpoint every tenth of the epochs, the last epoch evaluated."""
+    cfg = get_recipe(spec["recipe"])
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    upd: dict[str, Any] = {
+        "loss": spec["loss"], "loss_kwargs": dict(spec["loss_kwargs"]), "seed": spec["seed"],
+        "out_dir": spec["run_dir"], "device": "cpu", "num_threads": 1, "progress": False,
+    }
+    if spec.get("epochs") is not None and int(spec["epochs"]) != cfg.epochs:
+        # keep the recipe's schedule shape: milestones at the same fractions of training
+        e = int(spec["epochs"])
+        upd["epochs"] = e
+        if not getattr(cfg, "milestone_fractions", None):  # else the trainer scales them
+            upd["milestones"] = sorted({max(1, round(m * e / cfg.epochs)) for m in cfg.milestones
+                                        if m < cfg.epochs})
+    # the benchmark evaluates the last epoch only: no per-epoch test pass, no best checkpoint; a
+    # checkpoint every tenth of the epochs (a few ms each): running the sweep again into the
+    # same directory resumes an interrupted run from there instead of training it from epoch 0
+    for k, v in (("eval_test_every", 0), ("select_best_by", "none"), ("resume", True),
+                 ("checkpoint_every", max(1, upd.get("epochs", cfg.epochs) // 10)),
+                 ("evaluate", True),
+                 ("n_bins", int(spec.get("n_bins", 15)))):
+        if k in fields:
+            upd[k] = v
+    if "data_kwargs" in fields:
+        dk = dict(cfg.data_kwargs or {})
+        dk.update(spec.get("data_kwargs") or {})
+        if spec.get("noise_std") is not None:
+            dk["noise_std"] = spec["noise_std"]
+        upd["data_kwargs"] = dk
+    upd.update(spec.get("overrides") or {})
+    unknown = sorted(set(upd) - fields)
+    if unknown:
+        raise ValueError(f"TrainConfig has no field(s) {unknown}")
+    return dataclasses.replace(cfg, **upd)
+
+
+def train_job(spec: Mapping[str, Any], *, fn: Callable[[Mapping[str, Any]], dict[str, Any]] | None
+              = None, gpus: float | None = None) -> Job:
+    """The :class:`~torchcal.experiments.runner.Job` of the run ``spec``: named ``"LOSS seed
+    N"``, executed by ``fn`` (default :func:`run_job`), asking for one CPU and ``gpus`` GPUs
+    (None: one when the run's device is CUDA, ``"auto"`` counting as CUDA where this process
+    sees a GPU; the demo's runs are CPU runs)."""
+    if gpus is None:
+        device = str((spec.get("overrides") or {}).get("device", "cpu"))
+        cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+        gpus = 1.0 if cuda else 0.0
+    return Job(name=f"{spec['loss']} seed {spec['seed']}", fn=fn or run_job, spec=dict(spec),
+               labels={"run_dir": spec["run_dir"], "loss": spec["loss"], "seed": spec["seed"]},
+               resources=Resources(cpus=1.0, gpus=float(gpus)))
+
+
+def is_stale(run_dir: str | Path, config: TrainConfig) -> bool:
+    """Whether ``run_dir`` holds a run trained with other settings than ``config``: an
+    *identity* or *schedule* field differs (the fields' roles; a field the old ``config.json``
+    lacks, written before the field existed, had its default).
+
+    The trainer refuses a changed identity but extends a run to more epochs, which would
+    report a model that a fresh run with these settings does not give (other milestones).
+    """
+    p = RunDir(run_dir).config
+    if not p.is_file():
+        return False
+    try:
+        old = TrainConfig.from_dict(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+        return True
+    changed = changed_fields(old, config)
+    return bool(changed["identity"] or changed["schedule"])
+
+
+def is_finished(run_dir: str | Path, config: TrainConfig) -> bool:
+    """Whether ``run_dir`` holds this run's evaluated last epoch (a rerun skips it)."""
+    try:
+        res = json.loads(RunDir(run_dir).results().read_text(encoding="utf-8"))
+        meta = res["meta"]
+        return (int(meta["epoch"]) == config.epochs and meta.get("checkpoint") == "last"
+                and int(res["n_bins"]) == config.n_bins
+                and RunDir(run_dir).has_checkpoint("last"))
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """Remove what a run directory holds except the lock file of its owner (this process)."""
+    for p in run_dir.iterdir():
+        if p.name == LOCK_NAME:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Train one (loss, seed) run and evaluate its saved logits (in a worker process or task).
+
+    A run whose directory already holds its evaluated last epoch is skipped (``"skipped":
+    True``); an unfinished one resumes from its last checkpoint; one of other settings
+    (:func:`is_stale`) is trained afresh.
+
+    Returns ``{"run_dir", "loss", "seed", "seconds", "error", "skipped"}`` (``error`` None on
+    success; with ``"traceback"`` on failure).
+    """
+    t0 = time.perf_counter()
+    out = {"run_dir": spec["run_dir"], "loss": spec["loss"], "seed": spec["seed"],
+           "error": None, "skipped": False}
+    try:
+        set_threads(1)
+        run_dir = Path(spec["run_dir"])
+        config = train_config(spec)
+        with exclusive_lock(run_dir):  # this process owns the run until it is evaluated
+            if is_stale(run_dir, config):
+                _clear_run_dir(run_dir)  # this sweep's directory, from a run with other settings
+            elif is_finished(run_dir, config):
+                out["skipped"] = True
+                out["seconds"] = time.perf_counter() - t0
+                return out
+            try:
+                train(config)
+            except CheckpointError:
+                # the run directory holds a run of other settings or a broken checkpoint:
+                # never report it under these settings, train afresh
+                _clear_run_dir(run_dir)
+                train(train_config(spec))
+            if not RunDir(run_dir).results().is_file():
+                evaluate_saved_logits(run_dir, n_bins=spec["n_bins"], meta=_meta(spec))
+    except Exception as exc:  # reported, the other runs go on
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["traceback"] = traceback.format_exc()
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _meta(spec: Mapping[str, Any]) -> dict[str, Any]:
+    p = RunDir(spec["run_dir"]).config
+    meta = meta_from_config(p) if p.is_file() else {}
+    meta.setdefault("dataset", "digits")
+    meta.setdefault("model", "mlp")
+    meta.update(loss=spec["loss"], loss_kwargs=spec["loss_kwargs"], seed=spec["seed"],
+                recipe=spec["recipe"])
+    return meta

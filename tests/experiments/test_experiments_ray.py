@@ -1,0 +1,122 @@
+"""Issue 23 item 2: the Ray executor.  One local Ray instance (2 CPUs) for the module; a small
+sweep through it gives the local executor's results.csv bit for bit, a task killed mid-run is
+retried and resumes from its checkpoint, a task that keeps dying is reported by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray executor needs `ray` (pip install torchcal[ray])")
+
+import torchcal  # noqa: E402
+from torchcal.cli import main  # noqa: E402
+from torchcal.evaluate import read_results  # noqa: E402
+from torchcal.experiments import (  # noqa: E402
+    Job,
+    LocalExecutor,
+    RayExecutor,
+    run_job,
+    run_sweep,
+    train_job,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
+SRC = str(Path(torchcal.__file__).resolve().parents[1])  # the torchcal under test, for workers
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = SRC + (os.pathsep + old if old else "")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the jobs defined here
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def _spec(run_dir, loss="ce", seed=0, epochs=3, **extra):
+    return {"recipe": "digits-mlp", "loss": loss, "loss_kwargs": {}, "seed": seed,
+            "epochs": epochs, "noise_std": 0.5, "n_bins": 15, "data_kwargs": {},
+            "run_dir": str(run_dir), "overrides": {}, **extra}
+
+
+def _dies_once_mid_run(spec):
+    """``run_job``, but the first attempt kills its worker process (``os._exit``) as soon as the
+    run's first checkpoint exists; the retry runs ``run_job`` and says where it resumed."""
+    from torchcal.train.checkpoint import load_checkpoint
+
+    run, marker = Path(spec["run_dir"]), Path(spec["marker"])
+    if marker.exists():  # the retry
+        ckpt = run / "checkpoints" / "last.pt"
+        at = int(load_checkpoint(ckpt)["epoch"]) if ckpt.exists() else 0
+        return {**run_job(spec), "resumed_at": at}
+
+    def kill_after_first_checkpoint():
+        while not (run / "checkpoints" / "last.pt").exists():
+            time.sleep(0.002)
+        marker.write_text((run / "log.jsonl").read_text())
+        os._exit(1)
+
+    threading.Thread(target=kill_after_first_checkpoint, daemon=True).start()
+    run_job(spec)
+    time.sleep(60)  # never reached before the kill: the run is long enough
+    return {"error": "the worker was not killed"}
+
+
+def _always_dies(spec):
+    os._exit(1)
+
+
+def test_ray_gives_the_local_results_csv_bit_for_bit(ray_instance, tmp_path, capsys):
+    """`torchcal demo --executor ray` (the module's Ray instance) and `--executor local`."""
+    argv = ["demo", "--dataset", "digits", "--losses", "ce,focal", "--seeds", "0,1", "--epochs",
+            "3", "--workers", "2", "--no-progress", "--no-figures"]
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--executor", "ray", "--out", str(tmp_path / "ray")]) == 0
+    csv = {k: (tmp_path / k / "results.csv").read_text().replace(str(tmp_path / k), "OUT")
+           for k in ("local", "ray")}
+    assert csv["ray"] == csv["local"] and csv["ray"].count("\n") == 5
+    capsys.readouterr()
+    # the same command again: every run is skipped on Ray too (nothing rewritten)
+    res = tmp_path / "ray" / "runs" / "ce" / "seed0" / "results.json"
+    stamp = res.stat().st_mtime_ns
+    assert main([*argv, "--executor", "ray", "--out", str(tmp_path / "ray")]) == 0
+    assert res.stat().st_mtime_ns == stamp
+    assert "4 of 4 runs were already finished" in (tmp_path / "ray" / "report.md").read_text()
+
+
+def test_a_killed_task_is_retried_and_resumes_and_a_lost_one_is_named(ray_instance, tmp_path):
+    epochs = 40
+    killed = _spec(tmp_path / "killed", epochs=epochs, marker=str(tmp_path / "marker"))
+    jobs = [Job("killed once", _dies_once_mid_run, killed, labels={"run_dir": killed["run_dir"]}),
+            Job("always dies", _always_dies, {}, labels={"run_dir": "/nowhere"}),
+            train_job(_spec(tmp_path / "fine", seed=1))]
+    res = run_sweep(jobs, RayExecutor(max_retries=1), progress=False)
+    first_attempt_log = (tmp_path / "marker").read_text().splitlines()
+    # the killed run: retried, resumed from its checkpoint (epoch 1's log line, with its
+    # timing, is the first attempt's), finished, and equal to a run never killed
+    assert res[0]["error"] is None and res[0]["resumed_at"] >= 1, res[0]
+    log = (tmp_path / "killed" / "log.jsonl").read_text().splitlines()
+    assert len(log) == epochs and log[0] == first_attempt_log[0]
+    ref = run_sweep([train_job(_spec(tmp_path / "ref", epochs=epochs))],
+                    LocalExecutor(workers=1), progress=False)
+    assert ref[0]["error"] is None
+    a, b = read_results(tmp_path / "killed"), read_results(tmp_path / "ref")
+    assert json.dumps(a["test"], sort_keys=True) == json.dumps(b["test"], sort_keys=True)
+    # the task that keeps dying: reported by name after its retries; the other runs went on
+    assert res[1]["run_dir"] == "/nowhere" and "'always dies'" in res[1]["error"]
+    assert "after 1 retries" in res[1]["error"]
+    assert res[2]["error"] is None and read_results(tmp_path / "fine")["meta"]["epoch"] == 3
