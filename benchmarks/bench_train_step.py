@@ -24,7 +24,8 @@ Then the step against the machine's limit (``--no-gflops`` skips it, ``--gflops-
 only it): GFLOP/s of a separate run's step and of packed steps of M runs
 (:mod:`torchcal.train.packed`: the stacked parameters' vmapped forward, each member's own CE
 loss, per-member clipping at 2, one SGD), beside the rate of a 1024x1024 float32 matmul measured
-in the same process (before and after the table, the machine being shared).  FLOPs per sample
+in the same process just before each row ("matmul"; "% matmul" is the row's share of it: the
+machine may be shared), and before and after the table.  FLOPs per sample
 are counted by ``torch.utils.flop_counter`` on a separate step's forward and backward; "x sep"
 is M times the separate step's time over the packed step's, the two timed alternately.  The
 M of ResNet-20 are those whose saved activations fit in half the free memory.
@@ -274,19 +275,21 @@ def bench_gflops(name: str, sizes: list[int], args: argparse.Namespace, g: torch
     print(f"\n{name}, batch {BATCH}: {flops / BATCH / 1e6:.3f} MFLOP per sample (forward + "
           f"backward), {per_member / 2 ** 20:.0f} MiB per member (saved activations + weights, "
           f"gradients, momentum); {budget / 2 ** 30:.1f} GiB = half the free memory")
-    print(f"{'':<12}{'M':>5}{'ms/step':>10}{'ms/member':>11}{'GFLOP/s':>9}{'% matmul':>9}"
-          f"{'x sep':>7}")
+    print(f"{'':<12}{'M':>5}{'ms/step':>10}{'ms/member':>11}{'GFLOP/s':>9}{'matmul':>8}"
+          f"{'% matmul':>9}{'x sep':>7}")
+    mm = matmul_rate(device, seconds=0.2)
     print(f"{'separate':<12}{1:>5}{1e3 * t1:>10.2f}{1e3 * t1:>11.2f}{flops / t1 / 1e9:>9.1f}"
-          f"{100 * flops / t1 / 1e9 / args.matmul:>9.0f}{1.0:>7.2f}", flush=True)
+          f"{mm:>8.1f}{100 * flops / t1 / 1e9 / mm:>9.0f}{1.0:>7.2f}", flush=True)
     for m in sizes:
         if m * per_member > budget:
             print(f"{'packed':<12}{m:>5}  does not fit ({m * per_member / 2 ** 30:.1f} GiB)")
             continue
         step = packed_step(name, m, device, g, args.seed)
+        mm = matmul_rate(device, seconds=0.2)
         r, _, tm, tb = ratio(step, base, args.repeats)
         rate = m * flops / (tm / 1e3) / 1e9
-        print(f"{'packed':<12}{m:>5}{tm:>10.2f}{tm / m:>11.2f}{rate:>9.1f}"
-              f"{100 * rate / args.matmul:>9.0f}{m / r:>7.2f}", flush=True)
+        print(f"{'packed':<12}{m:>5}{tm:>10.2f}{tm / m:>11.2f}{rate:>9.1f}{mm:>8.1f}"
+              f"{100 * rate / mm:>9.0f}{m / r:>7.2f}", flush=True)
         del step
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -311,13 +314,11 @@ def _gflops_table(args: argparse.Namespace, g: torch.Generator) -> None:
     device = torch.device(args.device)
     sizes = dict(PACK_SIZES)
     sizes.update(dict(args.pack_sizes or []))
-    args.matmul = matmul_rate(device)
     print(f"\nThe step against the limit ({device}, {torch.get_num_threads()} thread(s)): "
-          f"1024x1024 float32 matmul {args.matmul:.1f} GFLOP/s", flush=True)
+          f"1024x1024 float32 matmul {matmul_rate(device):.1f} GFLOP/s", flush=True)
     for name in args.models:
         bench_gflops(name, sizes[name], args, g, device)
-    print(f"matmul again after the table: {matmul_rate(device):.1f} GFLOP/s "
-          "(\"% matmul\" uses the first)")
+    print(f"matmul again after the table: {matmul_rate(device):.1f} GFLOP/s")
 
 
 def _names(valid: list[str], what: str) -> Callable[[str], list[str]]:
