@@ -198,3 +198,15 @@ def test_pack_groups():
         pack_groups([c], max_members=0)
     with pytest.raises(TypeError, match="TrainConfig"):
         train_packed([{"seed": 0}])
+
+
+def test_a_run_that_cannot_be_packed_trains_alone(tmp_path, monkeypatch):
+    """A config pack_problem refuses (here TensorBoard logging) is trained by train() itself,
+    beside a pack of the others."""
+    seen = []
+    monkeypatch.setattr(P, "train", lambda c: seen.append(c.out_dir) or {"epochs": 1})
+    tb = cfg(tmp_path, "tb", seed=0, epochs=1, tensorboard=True)
+    res = train_packed([tb, cfg(tmp_path, "a", seed=1, epochs=1),
+                        cfg(tmp_path, "b", seed=2, epochs=1)])
+    assert seen == [tb.out_dir] and res[0] == {"epochs": 1}
+    assert res[1]["epochs"] == 1 and res[2]["epochs"] == 1

@@ -29,7 +29,9 @@ stay on the device until the end of the epoch, as in :func:`~torchcal.train.trai
 
 Not packable (:func:`pack_problem` says why; such runs train with :func:`~torchcal.train.train`):
 the joint uncertainty head, ``compile``, fp16 AMP (one loss scaler would couple the members),
-``torchrun`` (DDP), and models with dropout (one random stream for every member).
+TensorBoard logging, ``torchrun`` (DDP), and models with dropout (one random stream for every
+member).  A member's log line counts in ``seconds`` its share of the pack's training and
+validation time plus its own evaluation and checkpoint.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
+from tqdm.auto import tqdm
 
 from .._io import exclusive_lock
 from ..errors import TorchcalError
@@ -71,13 +74,14 @@ from .trainer import (
     _update_every,
     _validation_pass,
     load_ood_sets,
+    train,
 )
 
 __all__ = ["train_packed", "pack_groups", "pack_problem", "MemberDivergedError"]
 
 #: TrainConfig fields in which the members of one pack may differ.
 MEMBER_FIELDS = frozenset({"seed", "loss", "loss_kwargs", "loss_defaults", "reduction", "out_dir",
-                           "resume", "progress", "tensorboard", "num_threads"})
+                           "resume", "progress", "num_threads"})
 
 
 class MemberDivergedError(TorchcalError, FloatingPointError):
@@ -92,6 +96,8 @@ def pack_problem(config: TrainConfig) -> str | None:
         return "compile=True is not packed"
     if config.amp == "fp16":
         return "fp16 AMP's loss scaler would couple the members"
+    if config.tensorboard:
+        return "TensorBoard logging is not packed"
     return None
 
 
@@ -417,6 +423,9 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
             arguments, run directory, ...) train together.
         max_members: the most runs in one pack (None: no limit).
 
+    A pack of one (a run alone, or one :func:`pack_problem` refuses) is trained by
+    :func:`~torchcal.train.train` itself.
+
     Returns:
         For each config, the summary :func:`~torchcal.train.train` returns, or the exception
         that stopped that run alone (:class:`MemberDivergedError`, ``CheckpointError``,
@@ -434,6 +443,12 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
         raise ValueError("Packed training runs in one process; run torchrun with train()")
     results: list[Any] = [None] * len(configs)
     for group in pack_groups(configs, max_members):
+        if len(group) == 1:  # alone (or not packable): the trainer itself
+            try:
+                results[group[0]] = train(configs[group[0]])
+            except Exception as exc:  # noqa: BLE001 - reported in its place
+                results[group[0]] = exc
+            continue
         t0 = time.perf_counter()
         if configs[group[0]].num_threads is not None:
             torch.set_num_threads(int(configs[group[0]].num_threads))
@@ -467,7 +482,6 @@ def _train_members(members: list[_Member]) -> None:
         r0 = pack[0].r
         bar = None
         if r0.config.progress:
-            from tqdm.auto import tqdm  # noqa: PLC0415 - only with a progress bar
             bar = tqdm(total=(epochs - start) * r0.n_batches,
                        desc=f"{r0.config.recipe or r0.config.dataset} x{len(pack)} packed",
                        unit="batch", dynamic_ncols=True)
