@@ -211,7 +211,7 @@ def register(subparsers) -> None:
                         "`torchcal train`); KEY=VALUE alone when --losses names one loss")
     d.add_argument("--no-pack", action="store_true",
                    help="train every run as its own model (default: the runs train in packs "
-                        "of a few runs, one vmapped model each, with the same numbers; "
+                        "of a few runs, one vmapped model each, equal to float rounding; "
                         "see the guide's packed training page)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.add_argument("--no-figures", action="store_true", help="tables only")
