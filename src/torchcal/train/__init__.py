@@ -20,10 +20,10 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .evaluation import evaluate_checkpoint
 from .inference import predict_logits
+from .packed import train_packed
 from .predict import evaluate_run  # the deprecated name of evaluate_checkpoint
 from .recipes import get_recipe, list_recipes, register_recipe
 from .tracking import TensorBoardLogger
-from .packed import train_packed
 from .trainer import build_loss, train
 
 __all__ = [
