@@ -20,10 +20,21 @@ than silently run in eager mode; backward, clipping and the optimiser step stay 
 compiled PyTorch CE.  A loss that does not compile is marked ``FAILS`` with the first line of the error
 (and timed again with graph breaks allowed, when that works).
 
+Then the step against the machine's limit (``--no-gflops`` skips it, ``--gflops-only`` runs
+only it): GFLOP/s of a separate run's step and of packed steps of M runs
+(:mod:`torchcal.train.packed`: the stacked parameters' vmapped forward, each member's own CE
+loss, per-member clipping at 2, one SGD), beside the rate of a 1024x1024 float32 matmul measured
+in the same process just before each row ("matmul"; "% matmul" is the row's share of it: the
+machine may be shared), and before and after the table.  FLOPs per sample
+are counted by ``torch.utils.flop_counter`` on a separate step's forward and backward; "x sep"
+is M times the separate step's time over the packed step's, the two timed alternately.  The
+M of ResNet-20 are those whose saved activations fit in half the free memory.
+
 Run::
 
     python benchmarks/bench_train_step.py [--repeats 7] [--threads 1] [--models mnist1d_cnn,resnet20]
-        [--losses ce,focal] [--no-compile] [--no-eager]
+        [--losses ce,focal] [--no-compile] [--no-eager] [--no-gflops | --gflops-only]
+        [--pack-sizes mnist1d_cnn=1,5,14,70 --pack-sizes resnet20=1,2,4] [--device cpu]
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from torch import nn
 from torchcal.losses import list_losses
 from torchcal.models import create_model
 from torchcal.train import TrainConfig, get_recipe
+from torchcal.train.packed import _Pack
 from torchcal.train.trainer import build_loss
 
 BATCH = 128
@@ -79,10 +91,17 @@ def make_step(model: nn.Module, opt: torch.optim.Optimizer, fwd: Callable,
     return step
 
 
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _block(step: Callable[[], None], inner: int) -> float:
+    _sync()
     t0 = time.perf_counter()
     for _ in range(inner):
         step()
+    _sync()
     return (time.perf_counter() - t0) / inner
 
 
@@ -173,6 +192,135 @@ def bench_model(name: str, losses: list[str], args: argparse.Namespace,
         print(f"{loss_name:<16}{r:>8.2f}{rmin:>7.2f}{tf:>9.2f}{tb:>9.2f}  {tc:5.1f} s", flush=True)
 
 
+# ------------------------------------------------------------------------------------------
+# the step against the machine's limit: GFLOP/s of separate and packed steps
+# ------------------------------------------------------------------------------------------
+def matmul_rate(device: torch.device, n: int = 1024, seconds: float = 0.5) -> float:
+    """GFLOP/s of an n x n float32 matmul on ``device`` (the best of five blocks)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    t = _block(lambda: a @ b, 1)
+    inner = max(1, int(seconds / 5 / max(t, 1e-6)))
+    return 2 * n ** 3 / min(_block(lambda: a @ b, inner) for _ in range(5)) / 1e9
+
+
+def step_flops(model: nn.Module, loss: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """FLOPs of one forward + backward of a separate step (``torch.utils.flop_counter``)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        loss(model(x).float(), y).backward()
+    model.zero_grad(set_to_none=True)
+    return float(fc.get_total_flops())
+
+
+def saved_bytes(model: nn.Module, loss: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes autograd saves for one separate step's backward (its activations)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = loss(model(x).float(), y)
+    del out
+    return sum(seen.values())
+
+
+def free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return 4 * 2 ** 30
+
+
+def packed_step(name: str, m: int, device: torch.device, g: torch.Generator, seed: int
+                ) -> Callable[[], None]:
+    """A packed step of ``m`` members of ``name`` as :mod:`torchcal.train.packed` trains them."""
+    models, opts = [], []
+    for i in range(m):
+        torch.manual_seed(seed + i)
+        models.append(create_model(name, NUM_CLASSES).to(device))
+        opts.append(torch.optim.SGD(models[-1].parameters(), lr=0.1, momentum=0.9,
+                                    weight_decay=5e-4))
+    pack = _Pack(models, opts)
+    losses = [make_loss("ce").to(device) for _ in range(m)]
+    x = torch.randn(m, BATCH, *INPUTS[name], generator=g).to(device)
+    y = torch.randint(0, NUM_CLASSES, (m, BATCH), generator=g).to(device)
+
+    def step() -> None:
+        logits = pack.forward(x).float()
+        pack.step(torch.stack([f(logits[i], y[i]) for i, f in enumerate(losses)]).sum(), 2.0)
+
+    return step
+
+
+def bench_gflops(name: str, sizes: list[int], args: argparse.Namespace, g: torch.Generator,
+                 device: torch.device) -> None:
+    torch.manual_seed(args.seed)
+    model = create_model(name, NUM_CLASSES).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    x = torch.randn(BATCH, *INPUTS[name], generator=g).to(device)
+    y = torch.randint(0, NUM_CLASSES, (BATCH,), generator=g).to(device)
+    ce = make_loss("ce").to(device)
+    flops = step_flops(model, ce, x, y)
+    per_member = saved_bytes(model, ce, x, y) + 6 * sum(p.numel() * 4 for p in model.parameters())
+    budget = free_bytes(device) // 2
+    base = make_step(model, opt, ModelLoss(model, ce), x, y)
+    t1 = statistics.median(_block(base, max(1, int(0.2 / _block(base, 1)))) for _ in range(3))
+    print(f"\n{name}, batch {BATCH}: {flops / BATCH / 1e6:.3f} MFLOP per sample (forward + "
+          f"backward), {per_member / 2 ** 20:.0f} MiB per member (saved activations + weights, "
+          f"gradients, momentum); {budget / 2 ** 30:.1f} GiB = half the free memory")
+    print(f"{'':<12}{'M':>5}{'ms/step':>10}{'ms/member':>11}{'GFLOP/s':>9}{'matmul':>8}"
+          f"{'% matmul':>9}{'x sep':>7}")
+    mm = matmul_rate(device, seconds=0.2)
+    print(f"{'separate':<12}{1:>5}{1e3 * t1:>10.2f}{1e3 * t1:>11.2f}{flops / t1 / 1e9:>9.1f}"
+          f"{mm:>8.1f}{100 * flops / t1 / 1e9 / mm:>9.0f}{1.0:>7.2f}", flush=True)
+    for m in sizes:
+        if m * per_member > budget:
+            print(f"{'packed':<12}{m:>5}  does not fit ({m * per_member / 2 ** 30:.1f} GiB)")
+            continue
+        step = packed_step(name, m, device, g, args.seed)
+        mm = matmul_rate(device, seconds=0.2)
+        r, _, tm, tb = ratio(step, base, args.repeats)
+        rate = m * flops / (tm / 1e3) / 1e9
+        print(f"{'packed':<12}{m:>5}{tm:>10.2f}{tm / m:>11.2f}{rate:>9.1f}{mm:>8.1f}"
+              f"{100 * rate / mm:>9.0f}{m / r:>7.2f}", flush=True)
+        del step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _pack_sizes(text: str) -> tuple[str, list[int]]:
+    name, _, sizes = text.partition("=")
+    try:
+        ms = [int(t) for t in sizes.split(",") if t]
+    except ValueError:
+        ms = []
+    if name not in INPUTS or not ms or min(ms) < 1:
+        raise argparse.ArgumentTypeError(f"expected MODEL=M1,M2,... with MODEL among "
+                                         f"{', '.join(INPUTS)}, got {text!r}")
+    return name, ms
+
+
+PACK_SIZES = {"mnist1d_cnn": [1, 5, 14, 70], "resnet20": [1, 2, 4]}
+
+
+def _gflops_table(args: argparse.Namespace, g: torch.Generator) -> None:
+    device = torch.device(args.device)
+    sizes = dict(PACK_SIZES)
+    sizes.update(dict(args.pack_sizes or []))
+    print(f"\nThe step against the limit ({device}, {torch.get_num_threads()} thread(s)): "
+          f"1024x1024 float32 matmul {matmul_rate(device):.1f} GFLOP/s", flush=True)
+    for name in args.models:
+        bench_gflops(name, sizes[name], args, g, device)
+    print(f"matmul again after the table: {matmul_rate(device):.1f} GFLOP/s")
+
+
 def _names(valid: list[str], what: str) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         names = [t for t in text.split(",") if t]
@@ -195,6 +343,13 @@ def main() -> None:
                     help="comma-separated registry names (default: all)")
     ap.add_argument("--no-compile", action="store_true", help="eager timings only")
     ap.add_argument("--no-eager", action="store_true", help="compiled timings only")
+    ap.add_argument("--no-gflops", action="store_true", help="skip the GFLOP/s table")
+    ap.add_argument("--gflops-only", action="store_true", help="only the GFLOP/s table")
+    ap.add_argument("--pack-sizes", type=_pack_sizes, action="append",
+                    help="MODEL=M1,M2,...: packed sizes of the GFLOP/s table (default "
+                         + "; ".join(f"{k}={','.join(map(str, v))}"
+                                     for k, v in PACK_SIZES.items()) + ")")
+    ap.add_argument("--device", default="cpu", help="device of the GFLOP/s table")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch._logging.set_logs(dynamo=logging.ERROR)  # graph-break warnings: we print our own line
@@ -202,8 +357,11 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.repeats} repeats, float32 "
           "CPU; a step = zero_grad + forward + loss (published reduction) + backward + clip 2 + "
           "SGD; ratio = median of time(step) / time(step with nn.CrossEntropyLoss), alternating")
-    for name in args.models:
-        bench_model(name, args.losses, args, g)
+    if not args.gflops_only:
+        for name in args.models:
+            bench_model(name, args.losses, args, g)
+    if not args.no_gflops:
+        _gflops_table(args, g)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
         overrides=parse_loss_args(args.train_arg, "--train-arg"),
         progress=not args.no_progress, quick=args.quick, figures=not args.no_figures,
+        pack=not args.no_pack,
     )
     res = run_demo(cfg, executor)
     _print_tail(res.report, res.out_dir)
@@ -228,6 +229,10 @@ def register(subparsers) -> None:
     d.add_argument("--loss-arg", action="append", metavar="[LOSS:]KEY=VALUE",
                    help="a loss hyperparameter, repeatable: focal:gamma=2, ls:alpha=0.1 (as in "
                         "`torchcal train`); KEY=VALUE alone when --losses names one loss")
+    d.add_argument("--no-pack", action="store_true",
+                   help="train every run as its own model (default: the runs train in packs "
+                        "of a few runs, one vmapped model each, equal to float rounding; "
+                        "see the guide's packed training page)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.add_argument("--no-figures", action="store_true", help="tables only")
     d.add_argument("--debug", action="store_true", help="show tracebacks")

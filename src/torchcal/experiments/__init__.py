@@ -32,6 +32,8 @@ The **runner** executes units of work.  The API other work builds on:
   :class:`RayExecutor` ``(address=None | "auto" | "HOST:PORT", workers=2, max_retries=3)``:
   each job a Ray task with its CPU/GPU request, on a running cluster or (``address=None``) a
   local instance started with ``workers`` CPUs; a lost task is retried, then reported by name.
+* Packed sweeps (:mod:`torchcal.experiments.packed`, the demo's default): runs that share a
+  model and a recipe train as packs, one job per pack (:func:`torchcal.train.train_packed`).
 * Skip and resume rules belong to the job function, so that every executor follows them:
   a training run (:mod:`torchcal.experiments.training`) is skipped when its directory holds its
   evaluated last epoch, resumed from its last checkpoint when unfinished, and trained afresh
@@ -69,6 +71,7 @@ from .demo import (
     sweep_jobs,
     verdict_label,
 )
+from .packed import CPU_PACK_SIZE, expand_results, pack_jobs, run_packed_job
 from .ray_executor import RayExecutor, ray_available
 from .uncertainty import run_uncertainty_suite
 from .runner import Executor, Job, LocalExecutor, Resources, failed_result, run_sweep
@@ -81,5 +84,5 @@ __all__ = [
     "tagged_losses", "committed_verdicts", "DemoConfig", "DemoResult", "run_demo", "demo_jobs",
     "sweep_jobs", "resolve", "demo_loss_kwargs", "applicable_losses", "default_out", "intro_text",
     "appendix_text", "verdict_label", "CLAIM_LOSSES", "DEMO_LOSS_KWARGS", "ADAFOCAL_LAM", "adafocal_note",
-    "run_uncertainty_suite",
+    "run_uncertainty_suite", "pack_jobs", "run_packed_job", "expand_results", "CPU_PACK_SIZE",
 ]

@@ -37,6 +37,7 @@ from ..train.trainer import build_loss
 from . import calibration  # noqa: F401 - registers the calibration benchmarks
 from .benchmark import BENCHMARKS, Benchmark, get_benchmark
 from .calibration import IntroContext
+from .packed import expand_results, pack_jobs
 from .runner import Executor, LocalExecutor, run_sweep
 from .training import train_config, train_job
 
@@ -66,6 +67,7 @@ class DemoConfig:
     dataset: str = "mnist1d"  # a registered benchmark (torchcal.experiments.list_benchmarks)
     full: bool = False  # every tagged loss, the recipe's schedule, 5 seeds
     overrides: dict[str, Any] = field(default_factory=dict)  # extra TrainConfig fields
+    pack: bool = True  # train runs that share a model and a recipe as packs (--no-pack: off)
 
 
 @dataclass
@@ -159,8 +161,10 @@ def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
 
 def sweep_jobs(cfg: DemoConfig, out: Path) -> list:
     """:func:`demo_jobs` as :class:`~torchcal.experiments.runner.Job` s of the benchmark's job
-    function."""
+    function, or with ``cfg.pack`` as packs (:func:`~torchcal.experiments.packed.pack_jobs`)."""
     fn = get_benchmark(cfg.dataset).job_fn
+    if cfg.pack:
+        return pack_jobs(demo_jobs(cfg, out), fn=fn)
     return [train_job(spec, fn=fn) for spec in demo_jobs(cfg, out)]
 
 
@@ -251,7 +255,8 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
         prepare_report_dir(out, "out")
         _check_settings(specs, bench)  # a bad knob is one error here, not the same failure in every run
         executor = executor if executor is not None else LocalExecutor(workers=cfg.workers)
-        results = run_sweep(sweep_jobs(cfg, out), executor, progress=cfg.progress)
+        jobs = sweep_jobs(cfg, out)
+        results = expand_results(jobs, run_sweep(jobs, executor, progress=cfg.progress))
         seconds = time.perf_counter() - t_start
         failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
         for r in results:

@@ -1,7 +1,8 @@
 """Training harness: configs, the papers' recipes, the trainer, checkpoints and evaluation.
 
 Modules: :mod:`~torchcal.train.config` and :mod:`~torchcal.train.recipes` (what to train),
-:mod:`~torchcal.train.trainer` (``train`` and its loop ``fit``), :mod:`~torchcal.train.build`
+:mod:`~torchcal.train.trainer` (``train`` and its loop ``fit``),
+:mod:`~torchcal.train.packed` (``train_packed``: several runs as one vmapped model), :mod:`~torchcal.train.build`
 (data and model from a config, a trained model from a checkpoint),
 :mod:`~torchcal.train.device`, :mod:`~torchcal.train.inference` (``predict_logits``),
 :mod:`~torchcal.train.evaluation` (``evaluate_checkpoint``), :mod:`~torchcal.train.checkpoint`,
@@ -19,6 +20,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .evaluation import evaluate_checkpoint
 from .inference import predict_logits
+from .packed import train_packed
 from .predict import evaluate_run  # the deprecated name of evaluate_checkpoint
 from .recipes import get_recipe, list_recipes, register_recipe
 from .tracking import TensorBoardLogger
@@ -30,6 +32,7 @@ __all__ = [
     "list_recipes",
     "register_recipe",
     "train",
+    "train_packed",
     "build_loss",
     "build_data",
     "build_model",

@@ -239,26 +239,36 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
                 if every and (step + 1) % every == 0:
                     _validation_pass(r)  # a stateful loss' extra update (AdaFocal & co.)
                     r.fwd.train()
-            r.scheduler.step()
-            rec = {"epoch": epoch + 1, "lr": lr}
-            rec.update({f"train_{k}": v for k, v in stats.compute(sync_dist=env.enabled).items()})
-            _stop_if_diverged(r, epoch, rec["train_loss"])  # before any log line or checkpoint
-            rec.update(_evaluate_epoch(r, epoch))
-            rec["seconds"] = time.perf_counter() - t0
+            rec = _end_epoch(r, epoch, lr, stats.compute(sync_dist=env.enabled), t0, tb=tb, bar=bar)
             final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
-            best_improved = _update_best(r, rec, epoch)
-            if env.is_main:  # the log line first: a resume drops lines past its checkpoint
-                r.run.append_log(rec)
-                if tb is not None:
-                    tb.log_epoch(rec)
-                _checkpoint(r, epoch, best_improved)
-                if bar is not None:
-                    bar.set_postfix(val_ece=f"{rec['val_ece']:.4f}",
-                                    val_err=f"{rec['val_error']:.4f}", refresh=False)
     epochs = max(config.epochs, r.start_epoch)
     return {"run_dir": str(r.run.path), "epochs": epochs, "resumed_from": r.start_epoch,
             "final": final, "best": r.best, "results": _final_evaluation(r, ood_sets, epochs),
             "world_size": env.world_size}
+
+
+def _end_epoch(r: _Run, epoch: int, lr: float, train_numbers: dict[str, float], t0: float, *,
+               tb: Any = None, bar: Any = None,
+               val: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, Any]:
+    """The end of a training epoch: the schedule's step, the evaluation (``val``: see
+    :func:`_evaluate_epoch`), the log line (its ``seconds`` counted from ``t0``), the best epoch
+    and the checkpoints.  Returns the record."""
+    r.scheduler.step()
+    rec: dict[str, Any] = {"epoch": epoch + 1, "lr": lr}
+    rec.update({f"train_{k}": v for k, v in train_numbers.items()})
+    _stop_if_diverged(r, epoch, rec["train_loss"])  # before any log line or checkpoint
+    rec.update(_evaluate_epoch(r, epoch, val))
+    rec["seconds"] = time.perf_counter() - t0
+    best_improved = _update_best(r, rec, epoch)
+    if r.env.is_main:  # the log line first: a resume drops lines past its checkpoint
+        r.run.append_log(rec)
+        if tb is not None:
+            tb.log_epoch(rec)
+        _checkpoint(r, epoch, best_improved)
+        if bar is not None:
+            bar.set_postfix(val_ece=f"{rec['val_ece']:.4f}",
+                            val_err=f"{rec['val_error']:.4f}", refresh=False)
+    return rec
 
 
 # ------------------------------------------------------------------------------------------
@@ -337,22 +347,32 @@ def _check_names(config: TrainConfig) -> nn.Module:
     return loss_fn
 
 
-def _build(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None) -> _Run:
-    """Data, model, loss, optimiser, schedule, scaler and head; restored from ``state``;
-    wrapped for DDP / compile; the run directory prepared (rank 0)."""
-    device, amp = _device_and_amp(config, env)
-    if config.batch_size % env.world_size:
-        raise ValueError(f"Expected `batch_size` ({config.batch_size}) to be divisible by the "
-                         f"number of processes ({env.world_size})")
-    loss_fn = _check_names(config)
+def _build_sources(config: TrainConfig, device: torch.device
+                   ) -> tuple[Any, dict[str, BatchSource]]:
+    """The data splits of ``config`` and a batch source on ``device`` for each split."""
     splits = build_data(config)
-    num_classes, input_shape = int(splits.num_classes), [int(s) for s in splits.input_shape]
     use_cl = bool(config.channels_last and device.type == "cuda")
     src = {name: BatchSource(getattr(splits, name), device, mean=getattr(splits, "mean", None),
                              std=getattr(splits, "std", None), channels_last=use_cl,
                              num_workers=config.num_workers,
                              padding=int(getattr(splits, "padding", 4)))
            for name in ("train", "val", "test")}
+    return splits, src
+
+
+def _build(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
+           data: tuple[Any, dict[str, BatchSource]] | None = None) -> _Run:
+    """Data (or ``data``: the ``(splits, sources)`` of another run with the same data),
+    model, loss, optimiser, schedule, scaler and head; restored from ``state``; wrapped for
+    DDP / compile; the run directory prepared (rank 0)."""
+    device, amp = _device_and_amp(config, env)
+    if config.batch_size % env.world_size:
+        raise ValueError(f"Expected `batch_size` ({config.batch_size}) to be divisible by the "
+                         f"number of processes ({env.world_size})")
+    loss_fn = _check_names(config)
+    splits, src = data if data is not None else _build_sources(config, device)
+    num_classes, input_shape = int(splits.num_classes), [int(s) for s in splits.input_shape]
+    use_cl = bool(config.channels_last and device.type == "cuda")
     torch.manual_seed(config.seed)
     model = build_model(config, num_classes, input_shape).to(device)
     check_model_input(model, input_shape, num_classes, model_name=config.model,
@@ -538,11 +558,13 @@ def _validation_pass(r: _Run) -> tuple[torch.Tensor, torch.Tensor]:
     return z, y
 
 
-def _evaluate_epoch(r: _Run, epoch: int) -> dict[str, Any]:
-    """End of an epoch: the validation pass (which drives stateful losses), the test split
-    every ``eval_test_every`` epochs and at the last, and what the log records beside them."""
+def _evaluate_epoch(r: _Run, epoch: int, val: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> dict[str, Any]:
+    """End of an epoch: the validation pass (which drives stateful losses; ``val``: its logits
+    and labels computed by the caller, who drove the loss), the test split every
+    ``eval_test_every`` epochs and at the last, and what the log records beside them."""
     chunk = max(r.local_bs, 1024)  # chunks of the logged val/test loss (MMCE is O(chunk^2))
-    zv, yv = _validation_pass(r)
+    zv, yv = val if val is not None else _validation_pass(r)
     vm = epoch_metrics(zv, yv, n_bins=r.config.n_bins)
     vm["loss"] = float(_chunked_loss(r.loss_fn, zv, yv, chunk))
     rec: dict[str, Any] = {f"val_{k}": v for k, v in vm.items()}

@@ -1,0 +1,92 @@
+"""Packed sweeps: the demo's runs trained in packs give the runs' files and numbers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from torchcal.evaluate import read_results
+from torchcal.experiments import DemoConfig, demo_jobs, run_demo, run_job
+from torchcal.experiments.packed import expand_results, pack_jobs, run_packed_job
+from torchcal.experiments.runner import Job, failed_result
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+TINY = dict(seeds=(0, 1), epochs=2, losses=("ce", "adafocal"), progress=False,
+            dataset="digits", figures=False)
+
+
+def _sizes(jobs):
+    return [len(j.spec["runs"]) if j.fn is run_packed_job else 1 for j in jobs]
+
+
+def test_pack_jobs_sizes_and_members():
+    default = demo_jobs(DemoConfig(), Path("/x"))  # 7 losses x 3 seeds
+    jobs = pack_jobs(default)
+    assert _sizes(jobs) == [4, 4, 4, 3, 3, 3]
+    runs = [r["run_dir"] for j in jobs for r in j.spec["runs"]]
+    assert sorted(runs) == sorted(s["run_dir"] for s in default)  # each run once
+    assert [r["run_dir"] for r in jobs[0].labels["runs"]] == [r["run_dir"]
+                                                             for r in jobs[0].spec["runs"]]
+    assert _sizes(pack_jobs(demo_jobs(DemoConfig(full=True), Path("/x")))) == [5] * 14
+    two = pack_jobs(default[:2])  # two packs of one: unpacked runs
+    assert [j.fn for j in two] == [run_job, run_job]
+    cuda = [dict(s, overrides={"device": "cuda"}) for s in default]
+    assert _sizes(pack_jobs(cuda)) == [21]
+    other = [dict(s, overrides={"lr": 0.05}) if i % 2 else s for i, s in enumerate(default[:8])]
+    jobs = pack_jobs(other)  # two recipes: never in one pack
+    for j in jobs:
+        lrs = {(r.get("overrides") or {}).get("lr") for r in j.spec.get("runs", [j.spec])}
+        assert len(lrs) == 1
+
+
+def test_expand_results_reports_every_run_of_a_dead_pack():
+    jobs = pack_jobs(demo_jobs(DemoConfig(**dict(TINY, seeds=(0, 1, 2))), Path("/x")))
+    assert _sizes(jobs) == [3, 3]
+    dead = failed_result(jobs[0], "worker process died: killed")
+    ok = {"error": None, "members": [{"run_dir": r["run_dir"], "error": None}
+                                     for r in jobs[1].spec["runs"]]}
+    flat = expand_results(jobs, [dead, ok])
+    assert len(flat) == 6
+    assert [f["error"] for f in flat] == ["worker process died: killed"] * 3 + [None] * 3
+    assert {f["run_dir"] for f in flat[:3]} == {r["run_dir"] for r in jobs[0].spec["runs"]}
+    single = Job("x", dict, {"run_dir": "r"})
+    assert expand_results([single], [{"run_dir": "r", "error": None}]) == [
+        {"run_dir": "r", "error": None}]
+
+
+def _pre(out, loss, seed):
+    return read_results(out / "runs" / loss / f"seed{seed}")["test"]["pre"]
+
+
+def test_packed_demo_matches_unpacked_and_is_deterministic(tmp_path):
+    packed = run_demo(DemoConfig(out=tmp_path / "p", workers=1, **TINY))
+    assert packed.failed == [] and packed.config.pack
+    assert (tmp_path / "p" / "report.md").is_file()
+    spawned = run_demo(DemoConfig(out=tmp_path / "w", workers=2, **TINY))
+    alone = run_demo(DemoConfig(out=tmp_path / "u", workers=1, pack=False, **TINY))
+    assert spawned.failed == [] and alone.failed == []
+    for loss in TINY["losses"]:
+        for seed in TINY["seeds"]:
+            a, b, c = (_pre(tmp_path / d, loss, seed) for d in ("p", "w", "u"))
+            assert a == b or all(a[k] == b[k] or math.isnan(a[k]) for k in a)  # bit for bit
+            for k in ("nll", "ece", "error", "brier"):
+                assert a[k] == pytest.approx(c[k], rel=1e-5, abs=1e-7), (loss, seed, k)
+    # a second packed demo into the same directory skips every run
+    ckpt = tmp_path / "p" / "runs" / "ce" / "seed0" / "checkpoints" / "last.pt"
+    before = ckpt.stat().st_mtime_ns
+    again = run_demo(DemoConfig(out=tmp_path / "p", workers=1, **TINY))
+    assert again.failed == [] and ckpt.stat().st_mtime_ns == before
+
+
+def test_run_packed_job_skips_finished_and_reports_bad_runs(tmp_path):
+    specs = demo_jobs(DemoConfig(out=tmp_path, **dict(TINY, epochs=1)), tmp_path)[:3]
+    specs[2] = dict(specs[2], loss_kwargs={"not_an_argument": 1})
+    res = run_packed_job({"runs": specs})
+    assert res["error"] is None and len(res["members"]) == 3
+    assert [m["error"] is None for m in res["members"]] == [True, True, False]
+    assert "not_an_argument" in res["members"][2]["error"]
+    again = run_packed_job({"runs": specs[:2]})
+    assert [m["skipped"] for m in again["members"]] == [True, True]
