@@ -258,6 +258,8 @@ class AdaFocalLoss(CalibrationLoss):
     """
 
     wants_validation = True
+    validation_call = "update"
+    missing_validation_effect = "AdaFocal stays focal loss with γ = gamma_init in every bin"
     n_bins: int
     lam: float
     gamma_init: float
@@ -388,6 +390,7 @@ class AdaFocalLoss(CalibrationLoss):
             raise ValueError("Expected at least one validation sample, got 0")
         interior, gaps, counts = self._bin_gaps(conf, correct)
         self._adopt(interior, gaps, counts)
+        self._validation_received()
 
     def _gathered_stats(
         self, logits: Any, labels: Any, sync_dist: bool

@@ -74,6 +74,8 @@ class _ValidationTemperature:
     calling ``_loss_fn(input, target, *hyperparameters, T, ...)``."""
 
     wants_validation = True
+    validation_call = "fit_temperature"
+    missing_validation_effect = "the weight's temperature stays T = 1"
     temperature: torch.Tensor
     criterion: str
     _loss_fn: Callable[..., torch.Tensor]
@@ -106,6 +108,7 @@ class _ValidationTemperature:
         method = "grid_ece" if self.criterion == "ece" else "grid_nll"
         t = TemperatureScaling(method=method, grid=PUBLISHED_TEMPERATURE_GRID).fit(z, y)
         self.temperature.fill_(t.temperature_)
+        self._validation_received()
         return t.temperature_
 
     def on_validation(self, *, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -335,6 +338,7 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
         z, y = gather_validation(logits, labels)
         self.calibrator.fit(z, y)
         self._calibrator_fitted = True
+        self._validation_received()
         return float("nan")
 
     @torch.no_grad()
