@@ -202,7 +202,9 @@ def _beta_log_kernel(log_s: torch.Tensor, h: float) -> torch.Tensor:
     a = s / h + 1.0
     b = (1.0 - s) / h + 1.0
     log_b = torch.lgamma(a) + torch.lgamma(b) - torch.lgamma(a + b)
-    log_1ms = _tiny_log(torch.log(-torch.expm1(log_s)))
+    # clamp before the log: log(0) at s = 1 has an infinite derivative, which a clamp after
+    # the log would multiply by 0 in backward (NaN gradients at saturated probabilities)
+    log_1ms = torch.log((-torch.expm1(log_s)).clamp_min(torch.finfo(log_s.dtype).tiny))
     return ((a - 1.0).unsqueeze(0) * _tiny_log(log_s).unsqueeze(1)
             + (b - 1.0).unsqueeze(0) * log_1ms.unsqueeze(1) - log_b.unsqueeze(0))
 
