@@ -112,7 +112,7 @@ class ConformalClassifier(Estimator):
     def fit(self, logits: Any, labels: Any) -> ConformalClassifier:
         """Calibrate the threshold on held-out ``logits`` (N, C) and ``labels`` (N,)."""
         alpha = self._settings()[1]
-        z, y = prepare_fit(logits, labels)
+        z, y = prepare_fit(logits, labels, one_class_ok=True)
         s = self._scores(z).gather(1, y.unsqueeze(1)).squeeze(1)
         n = s.shape[0]
         k = conformal_rank(n, alpha)
