@@ -288,6 +288,16 @@ def describe_classes(classes: list[int]) -> str:
     return ", ".join(map(str, classes[:10])) + (", ..." if len(classes) > 10 else "")
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two setting values are equal (False when they cannot be compared)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
 class Estimator(BaseEstimator):
     """scikit-learn's estimator contract shared by the calibrators and the conformal predictor.
 
@@ -308,10 +318,31 @@ class Estimator(BaseEstimator):
     def _check_fitted(self) -> None:
         if not self.is_fitted:
             name = type(self).__name__
+            if self.__dict__.get("_refit_needed"):
+                raise NotFittedError(
+                    f"This {name} instance's settings were changed by `set_params` after "
+                    "`fit`, so its fitted state was dropped; call `fit(logits, labels)` again"
+                )
             raise NotFittedError(
                 f"This {name} instance is not fitted yet; call `fit(logits, labels)` before "
                 "using it"
             )
+
+    def set_params(self, **params: Any) -> Estimator:
+        """Set settings (scikit-learn's ``set_params``), checked as the constructor checks
+        them, before any is changed.  On a fitted estimator a changed setting drops the fitted
+        state: using it raises :class:`~torchcal.errors.NotFittedError` until ``fit`` runs
+        again (a fitted threshold or map never silently serves other settings)."""
+        current = self.get_params(deep=False)
+        if not params or any(k not in current for k in params):
+            return super().set_params(**params)  # scikit-learn's error for unknown names
+        type(self)(**{**current, **params})  # raises on a bad value; nothing changed yet
+        changed = [k for k, v in params.items() if not _same(current[k], v)]
+        super().set_params(**params)
+        if changed and self.is_fitted:
+            setattr(self, self._fitted_attr, None)
+            self.__dict__["_refit_needed"] = True
+        return self
 
     @classmethod
     def _check_dict(cls, d: Any, keys: tuple[str, ...]) -> None:
