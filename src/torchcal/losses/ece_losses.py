@@ -69,8 +69,13 @@ class ECEKDELoss(CalibrationLoss):
 
     Args:
         lam: λ >= 0 (default 1; the paper chooses it by cross-validation).
-        bandwidth: kernel bandwidth h > 0 (0.001, the published example;
-            :func:`torchcal.functional.kde_bandwidth` picks one by leave-one-out likelihood).
+        bandwidth: kernel bandwidth h > 0 (0.001, the bandwidth of the published example;
+            :func:`torchcal.functional.kde_bandwidth` picks one by leave-one-out likelihood,
+            ``rule="original"`` as the original code does).  At such small h the canonical
+            value differs from the published code's, which exponentiates raw log-kernels and
+            clamps underflowed rows where torchcal normalises in log space (N = 64, C = 10,
+            h = 0.001: 1.078 published, 1.844 torchcal; see
+            :mod:`torchcal.functional.ece_losses`).
         p: the order p > 0 of the Lp error (1).
         mc_type: ``"canonical"`` (default), ``"marginal"`` or ``"top_label"``.
 

@@ -90,9 +90,13 @@ class ConformalClassifier(Estimator):
       calibrated on the other 70 %.
 
     ``include_top_label`` puts the most probable class in every set (no empty sets; the
-    reference RAPS code's ``allow_zero_sets=False``; as there, the calibration score of a
-    label ranked first is then not randomised).  The guarantee ``>= 1 - alpha`` still holds
-    (sets only grow), the upper bound does not.  Its default ``None`` means True for
+    reference RAPS code's ``allow_zero_sets=False``).  The guarantee ``>= 1 - alpha`` still
+    holds (sets only grow), the upper bound does not.  Departure: the reference code then also
+    leaves the calibration score of a label ranked first unrandomised (``p_(1)``); on a
+    confident model that raises ``q`` and the sets (digits, logistic regression, alpha = 0.1:
+    coverage 0.993 and mean size 2.42 against 0.90 and 1.32 without the top label forced;
+    ``benchmarks/bench_conformal_peers.py``), so torchcal randomises every calibration score
+    and only adds the top label to the sets.  Its default ``None`` means True for
     ``"aps"``/``"raps"`` and False for ``"lac"``.  Peers' defaults: the reference RAPS code
     ``randomized=True, allow_zero_sets=False``; TorchCP's ``APS``/``RAPS``
     ``randomized=True`` with empty sets allowed (one ``u`` per sample and class); MAPIE's
@@ -199,10 +203,7 @@ class ConformalClassifier(Estimator):
         sorted_p, order = torch.sort(p, dim=1, descending=True, stable=True)
         cum = torch.cumsum(sorted_p, dim=1)
         if u is not None:
-            first = cum[:, :1].clone()
             cum = cum - (1.0 - u.unsqueeze(1)) * sorted_p
-            if self._top:  # the reference code: a top-ranked label's score is not randomised
-                cum[:, :1] = first
         if self.method == "raps":
             rank = torch.arange(1, p.shape[1] + 1, dtype=torch.float64, device=p.device)
             cum = cum + float(lam) * (rank - int(k_reg)).clamp(min=0)
