@@ -310,6 +310,15 @@ class Estimator(BaseEstimator):
 
     _fitted_attr: str = ""
 
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags: ``fit`` needs the labels (``target_tags.required``)."""
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        return tags
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self.is_fitted
+
     @property
     def is_fitted(self) -> bool:
         """Whether ``fit`` (or ``from_dict``) has set the learned attributes."""
@@ -381,6 +390,14 @@ class Calibrator(Estimator):
     arrays out.  Subclasses implement :meth:`_transform` (and :meth:`_predict_proba` when the
     probabilities come first) on validated tensors.
     """
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags: a transformer (logits to calibrated logits) needing labels."""
+        from sklearn.utils import TransformerTags  # sklearn >= 1.6, only for the checks
+
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags = TransformerTags()
+        return tags
 
     def fit(self, logits: Any, labels: Any) -> Calibrator:  # pragma: no cover - abstract
         raise NotImplementedError
