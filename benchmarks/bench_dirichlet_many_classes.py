@@ -26,35 +26,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "posthoc"))
 from posthoc_reference import draw  # noqa: E402
-from scipy.optimize import minimize  # noqa: E402
 from scipy.special import log_softmax  # noqa: E402
+from test_posthoc_linear import _reference_fit  # noqa: E402
 
 from torchcal.posthoc import DirichletCalibration, WorseThanIdentityWarning, linear  # noqa: E402
 
 
 def scipy_fit(z, y, lam, mu):
-    """dirichletcal's objective (reg_norm=True, no reference row) by L-BFGS-B, gtol 1e-10."""
-    x = log_softmax(z.numpy(), axis=1)
-    n, k = x.shape
-    xt = np.hstack([x, np.ones((n, 1))])
-    onehot = np.eye(k)[y.numpy()]
-    off = 1.0 - np.eye(k)
-    lam_n, mu_n = lam / (k * (k - 1)), mu / k
-
-    def fun(theta):
-        t = theta.reshape(k, k + 1)
-        ls = log_softmax(xt @ t.T, axis=1)
-        w, b = t[:, :k], t[:, k]
-        f = -(onehot * ls).sum() / n + lam_n * ((w * off) ** 2).sum() + mu_n * (b * b).sum()
-        g = (np.exp(ls) - onehot).T @ xt / n
-        g[:, :k] += 2 * lam_n * w * off
-        g[:, k] += 2 * mu_n * b
-        return f, g.ravel()
-
-    t0 = np.hstack([np.eye(k), np.zeros((k, 1))]).ravel()
-    res = minimize(fun, t0, jac=True, method="L-BFGS-B",
-                   options={"maxiter": 50000, "gtol": 1e-10, "ftol": 1e-16, "maxcor": 30})
-    return res.x.reshape(k, k + 1), res.fun
+    """dirichletcal's objective (reg_norm=True, no reference row) by L-BFGS-B (the tests'
+    reference fit, gtol 1e-12)."""
+    theta, _, f = _reference_fit(z, y, lam, mu, log_probs=True)
+    return theta, f
 
 
 def nll_of(theta, z, y):

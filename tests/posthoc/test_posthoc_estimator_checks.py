@@ -8,18 +8,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from test_posthoc_contract import ALL, BINARY
 
-from torchcal.posthoc import (
-    BetaCalibration,
-    ConformalClassifier,
-    DirichletCalibration,
-    HistogramBinning,
-    IsotonicCalibration,
-    MatrixScaling,
-    PlattScaling,
-    TemperatureScaling,
-    VectorScaling,
-)
+from torchcal.posthoc import ConformalClassifier
 
 LOGITS = ("the inputs are (N, C) floating-point logits with C >= 2 columns and integer labels "
           "in [0, C); this check feeds {what}, which torchcal rejects with its own message")
@@ -53,7 +44,7 @@ REASONS = {
     "check_fit2d_1feature": LOGITS.format(what="1 column (other wording)"),
     "check_fit2d_predict1d": LOGITS.format(what="1-D input (other wording)"),
 }
-BINARY = {name: LOGITS.format(what="3 columns to a binary (2-column) calibrator")
+BINARY_REASONS = {name: LOGITS.format(what="3 columns to a binary (2-column) calibrator")
           for name in ("check_dont_overwrite_parameters", "check_positive_only_tag_during_fit",
                        "check_pipeline_consistency", "check_estimators_pickle",
                        "check_f_contiguous_array_estimator",
@@ -62,14 +53,12 @@ BINARY = {name: LOGITS.format(what="3 columns to a binary (2-column) calibrator"
                        "check_methods_subset_invariance", "check_dict_unchanged")}
 
 
-@pytest.mark.parametrize("cls", [TemperatureScaling, VectorScaling, MatrixScaling,
-                                 DirichletCalibration, HistogramBinning, IsotonicCalibration,
-                                 PlattScaling, BetaCalibration, ConformalClassifier])
+@pytest.mark.parametrize("cls", ALL + [ConformalClassifier])
 def test_sklearn_estimator_checks(cls):
     from sklearn.utils.estimator_checks import check_estimator
     expected = dict(REASONS)
-    if cls in (PlattScaling, BetaCalibration):
-        expected.update(BINARY)
+    if cls in BINARY:
+        expected.update(BINARY_REASONS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         results = check_estimator(cls(), expected_failed_checks=expected, on_fail=None,
