@@ -103,7 +103,10 @@ def test_class_conditional_coverage_holds_in_every_class(method):
 
 def test_lac_gives_the_smallest_sets_and_aps_adapts(pool):
     z, y = pool
-    fitted = {m: ConformalClassifier(method=m).fit(z[:2000], y[:2000]) for m in METHODS}
+    # deterministic scores without a forced top label (randomised sets can be smaller than
+    # LAC's by a fraction of a class: they include the last class only part of the time)
+    fitted = {m: ConformalClassifier(method=m, randomized=False, include_top_label=False)
+              .fit(z[:2000], y[:2000]) for m in METHODS}
     sizes = {m: cp.mean_set_size(z[2000:]) for m, cp in fitted.items()}
     assert sizes["lac"] <= sizes["aps"] and sizes["lac"] <= sizes["raps"]
     # APS sets grow with the model's uncertainty: larger for the flatter half of the samples
