@@ -233,7 +233,9 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
 
     Args:
         beta: norm order β > 0 (default 2; the published ``--bsce-norm``).
-        gamma: exponent γ >= 0 (default 2).
+        gamma: exponent γ >= 0 (default 2).  The published class defaults to norm 1 and
+            γ = 0 (plain cross-entropy unless the command line sets them); torchcal's
+            defaults are those of ``bsce_gra`` (β = 2, γ = 2, the Brier score weight).
         criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
         reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
         ignore_index: target value to ignore.
@@ -261,7 +263,9 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
 
     Args:
         beta: norm order β > 0 (default 2; the published ``--bsce-norm``).
-        gamma: exponent γ >= 0 (default 2).
+        gamma: exponent γ >= 0 (default 2).  The published class defaults to norm 1 and
+            γ = 0 (plain cross-entropy unless the command line sets them); torchcal's
+            defaults are those of ``bsce_gra`` (β = 2, γ = 2, the Brier score weight).
         criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
         reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
         ignore_index: target value to ignore.
