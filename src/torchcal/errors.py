@@ -38,8 +38,15 @@ class CheckpointError(TorchcalError, RuntimeError):
     """A checkpoint is missing, truncated or was written by an incompatible configuration."""
 
 
-class NotFittedError(TorchcalError, RuntimeError):
-    """A calibrator or head was used before ``fit``."""
+try:  # scikit-learn (a required dependency) checks for its own NotFittedError
+    from sklearn.exceptions import NotFittedError as _SklearnNotFitted
+except ImportError:  # pragma: no cover - scikit-learn is installed with torchcal
+    _SklearnNotFitted = RuntimeError  # type: ignore[misc,assignment]
+
+
+class NotFittedError(TorchcalError, RuntimeError, _SklearnNotFitted):
+    """A calibrator or head was used before ``fit`` (also scikit-learn's ``NotFittedError``,
+    so its estimator checks and ``check_is_fitted`` users recognise it)."""
 
 
 class ResultsFileError(TorchcalError, ValueError):

@@ -6,6 +6,7 @@ recorded in log_history equal torchcal.metrics on those logits."""
 from __future__ import annotations
 
 import os
+import warnings
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never reach the hub
 
@@ -15,6 +16,7 @@ from integration_extras import require  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
 from torchcal.losses import AdaFocalLoss, FocalLoss, ScheduledFocalLoss  # noqa: E402
+from torchcal.losses.base import MissingValidationWarning  # noqa: E402
 from torchcal.metrics import adaptive_ece, ece, error, nll  # noqa: E402
 
 transformers = require("transformers", "hf")
@@ -199,3 +201,38 @@ def test_compute_metrics_flattens_token_logits_and_drops_ignored_labels():
     assert out["nll"] == pytest.approx(float(nll(logits=zf, labels=yf)), rel=1e-6)
     with pytest.raises(ValueError, match="`n_bins`"):
         compute_metrics(n_bins=0)
+
+
+def _fit_warnings(tmp_path, callbacks, loss, **kw):
+    train, val = TokenTask(64, seed=1), TokenTask(50, seed=2)
+    trainer = transformers.Trainer(
+        model=tiny_bert(), args=training_args(tmp_path, **kw), train_dataset=train,
+        eval_dataset=val, compute_loss_func=compute_loss_func(loss), callbacks=callbacks)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        trainer.train()
+    return [str(w.message) for w in rec if issubclass(w.category, MissingValidationWarning)]
+
+
+def test_stateful_loss_not_given_to_the_callback_warns(tmp_path, monkeypatch):
+    # issue 24, 1: CalibrationCallback() without losses=[loss] left AdaFocal at γ = 1 silently
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loss = AdaFocalLoss(n_bins=3)
+    msgs = _fit_warnings(tmp_path, [CalibrationCallback()], loss, max_steps=1)
+    assert any("AdaFocalLoss" in m and "CalibrationCallback(losses=[loss])" in m for m in msgs)
+    assert len(loss.history) == 0
+
+
+def test_callback_given_the_loss_but_no_evaluation_warns(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loss = AdaFocalLoss(n_bins=3)
+    msgs = _fit_warnings(tmp_path, [CalibrationCallback(losses=[loss])], loss,
+                         eval_strategy="no", max_steps=1)
+    assert any("AdaFocalLoss" in m and "eval_strategy" in m for m in msgs)
+
+
+def test_callback_given_the_loss_and_evaluating_is_quiet(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loss = AdaFocalLoss(n_bins=3)
+    assert _fit_warnings(tmp_path, [CalibrationCallback(losses=[loss])], loss) == []
+    assert len(loss.history) == 2

@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchcal.data import load_digits_splits
 from torchcal.losses import AdaFocalLoss, ScheduledFocalLoss
+from torchcal.losses.base import MissingValidationWarning
 from torchcal.metrics import adaptive_ece, ece, error, nll
 
 L = require("lightning", "lightning")
@@ -185,3 +187,37 @@ def test_ddp_two_processes_share_one_loss_state(tmp_path):
     for k, fn in (("val_nll", nll), ("val_error", error)):
         v = float(fn(logits=zv, labels=yv))
         assert r0["metrics"][k] == r1["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+
+
+def _fit_warnings(tmp_path, model, callbacks, val=None, epochs=2):
+    train, _, _ = digits_loaders()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, callbacks, epochs=epochs, limit_train_batches=1,
+                     num_sanity_val_steps=0).fit(model, train, val)
+    return [str(w.message) for w in rec if issubclass(w.category, MissingValidationWarning)]
+
+
+def test_no_validation_loader_warns(tmp_path):
+    # issue 24, 1: Lightning without a validation loader left γ at 1, metrics {} and no word
+    L.seed_everything(0, verbose=False)
+    model = DigitsMLP()
+    msgs = _fit_warnings(tmp_path, model, [CalibrationCallback()])
+    assert any("AdaFocalLoss" in m and "val_dataloaders" in m for m in msgs)
+    assert len(model.criterion.history) == 0
+
+
+def test_module_loss_not_among_given_losses_warns(tmp_path):
+    L.seed_everything(0, verbose=False)
+    _, val, _ = digits_loaders()
+    msgs = _fit_warnings(tmp_path, DigitsMLP(), [CalibrationCallback(losses=AdaFocalLoss())],
+                         val=val, epochs=1)
+    assert any("AdaFocalLoss" in m and "other `losses`" in m for m in msgs)
+
+
+def test_validated_fit_is_quiet(tmp_path):
+    L.seed_everything(0, verbose=False)
+    _, val, _ = digits_loaders()
+    model = DigitsMLP()
+    assert _fit_warnings(tmp_path, model, [CalibrationCallback()], val=val) == []
+    assert len(model.criterion.history) == 2

@@ -15,7 +15,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import Pipeline
 
 from torchcal.cli import main as cli_main
-from torchcal.errors import TorchcalError
+from torchcal.errors import NotFittedError, TorchcalError
 from torchcal.evaluate import save_logits
 from torchcal.posthoc import (
     BetaCalibration,
@@ -72,11 +72,33 @@ def test_clone_keeps_non_default_settings():
     assert (dc.lam, dc.mu, dc.reg) == (0.5, 2.0, "odir")
 
 
-def test_set_params_is_checked_at_fit():
+def test_set_params_is_checked_at_once_and_at_fit():
     z, y = data(TemperatureScaling)
-    ts = TemperatureScaling().set_params(method="bogus")
+    ts = TemperatureScaling()
+    with pytest.raises(ValueError, match="`method` to be one of"):
+        ts.set_params(method="bogus")
+    assert ts.method == TemperatureScaling().method  # nothing changed
+    ts.method = "bogus"  # an attribute set directly is checked by fit
     with pytest.raises(ValueError, match="`method` to be one of"):
         ts.fit(z, y)
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_set_params_after_fit_drops_the_fit(cls):
+    z, y = data(cls)
+    cal = cls().fit(z, y)
+    cal.set_params(**cal.get_params())  # unchanged: still fitted
+    assert cal.is_fitted
+    other = {"method": "grid_nll", "reg": "none", "n_bins": 7, "max_iter": 999,
+             "out_of_bounds": "clip", "y_min": 0.0, "interpolation": "linear"}
+    changed = {k: v for k, v in other.items() if k in cal.get_params() and
+               cal.get_params()[k] != v}
+    if not changed:
+        pytest.skip(f"no second value known for {cls.__name__}'s settings")
+    k, v = next(iter(changed.items()))
+    cal.set_params(**{k: v})
+    with pytest.raises(NotFittedError, match="changed by `set_params` after `fit`"):
+        cal.predict_proba(z)
 
 
 @pytest.mark.parametrize("cls", ALL)

@@ -147,7 +147,7 @@ def test_binary_calibrators_reject_more_classes_and_separable_data():
     z3 = torch.randn(10, 3)
     for cls in (PlattScaling, BetaCalibration):
         with pytest.raises(ValueError, match="2 columns \\(a binary problem\\)"):
-            cls().fit(z3, torch.zeros(10, dtype=torch.long))
+            cls().fit(z3, torch.tensor([0, 1] * 5))
     z = torch.tensor([[0.0, -2.0], [0.0, -1.0], [0.0, 1.0], [0.0, 2.0]])
     with pytest.raises(CalibrationError, match=r"at most 1 Newton steps.*separate the two "
                                                "classes perfectly"):

@@ -24,7 +24,7 @@ from torchcal.posthoc import (
 )
 
 
-def dirichletcal_reference(z, y, lam, mu, *, log_probs):
+def _reference_fit(z, y, lam, mu, *, log_probs):
     """minimise mean NLL + lam / (k (k - 1)) sum_{i != j} W_ij^2 + mu / k sum_j b_j^2 over
     (W, b), q = softmax(W x + b): dirichletcal's `_objective` with `reg_norm=True` and
     `ref_row=False` (x = log(clip(p, tiny)) for Dirichlet, the logits for matrix scaling),
@@ -54,9 +54,19 @@ def dirichletcal_reference(z, y, lam, mu, *, log_probs):
     t0 = np.hstack([np.eye(k), np.zeros((k, 1))]).ravel()
     res = minimize(fun, t0, jac=True, method="L-BFGS-B",
                    options={"maxiter": 20000, "gtol": 1e-12, "ftol": 1e-16, "maxcor": 30})
-    t = res.x.reshape(k, k + 1)
-    q = np.exp(np_log_softmax(xt @ t.T, axis=1))
-    return q, res.fun
+    return res.x.reshape(k, k + 1), xt, res.fun
+
+
+def dirichletcal_reference_theta(z, y, lam, mu, *, log_probs):
+    """(theta (C, C + 1), optimum) of :func:`dirichletcal_reference`'s SciPy fit."""
+    t, _, f = _reference_fit(z, y, lam, mu, log_probs=log_probs)
+    return t, f
+
+
+def dirichletcal_reference(z, y, lam, mu, *, log_probs):
+    """(probabilities of the fitted map on ``z``, optimum) of the SciPy fit below."""
+    t, xt, f = _reference_fit(z, y, lam, mu, log_probs=log_probs)
+    return np.exp(np_log_softmax(xt @ t.T, axis=1)), f
 
 
 @pytest.mark.parametrize("cls", [DirichletCalibration, MatrixScaling])
@@ -113,12 +123,16 @@ def test_dirichlet_is_a_map_of_the_log_probabilities():
     assert not torch.allclose(ms.predict_proba(z + shift), ms.predict_proba(z), atol=1e-3)
 
 
-def test_lbfgs_path_for_many_classes_agrees_with_newton(monkeypatch):
+@pytest.mark.parametrize("block", [True, False])
+def test_newton_cg_path_for_many_classes_agrees_with_newton(monkeypatch, block):
     z, y = draw(600, 4, seed=6)
     newton = DirichletCalibration(lam=0.1, mu=0.1).fit(z, y)
     monkeypatch.setattr(linear, "NEWTON_MAX_CLASSES", 2)
-    lbfgs = DirichletCalibration(lam=0.1, mu=0.1).fit(z, y)
-    assert torch.allclose(lbfgs.predict_proba(z), newton.predict_proba(z), atol=1e-6)
+    if not block:  # the diagonal preconditioner of very many classes
+        monkeypatch.setattr(linear, "BLOCK_PRECONDITIONER_MAX", 0)
+    cg = DirichletCalibration(lam=0.1, mu=0.1).fit(z, y)
+    assert torch.allclose(cg.predict_proba(z), newton.predict_proba(z), atol=1e-9)
+    assert torch.allclose(cg.weight_, newton.weight_, atol=1e-8)
 
 
 def test_out_of_budget_raises_calibration_error_with_the_reason(monkeypatch):
@@ -127,7 +141,8 @@ def test_out_of_budget_raises_calibration_error_with_the_reason(monkeypatch):
                                                r"stopped after at most 1 steps .*max_iter"):
         DirichletCalibration(max_iter=1).fit(z, y)
     monkeypatch.setattr(linear, "NEWTON_MAX_CLASSES", 2)
-    with pytest.raises(CalibrationError, match=r"MatrixScaling failed: L-BFGS used its budget"):
+    with pytest.raises(CalibrationError, match=r"MatrixScaling failed: Newton's method "
+                                               r"stopped after at most 2 steps"):
         MatrixScaling(max_iter=2).fit(z, y)
 
 

@@ -206,11 +206,13 @@ def test_histogram_binning_equal_width_edges_and_empty_bins():
 
 
 def test_histogram_binning_spreads_mass_when_the_others_are_zero():
-    z = torch.tensor([[200.0, 0.0, 0.0], [0.0, 200.0, 0.0], [200.0, 0.0, 0.0]])
-    y = torch.tensor([0, 0, 0])
-    hb = HistogramBinning(n_bins=1).fit(z, y)  # one bin, accuracy 2/3
+    z = torch.tensor([[200.0, 0.0, 0.0], [0.0, 200.0, 0.0], [200.0, 0.0, 0.0],
+                      [0.0, 0.0, 200.0]])
+    y = torch.tensor([0, 0, 0, 2])
+    hb = HistogramBinning(n_bins=1).fit(z, y)  # one bin, accuracy 3/4
     q = hb.predict_proba(z)
-    expected = torch.tensor([[2 / 3, 1 / 6, 1 / 6], [1 / 6, 2 / 3, 1 / 6], [2 / 3, 1 / 6, 1 / 6]])
+    expected = torch.tensor([[3 / 4, 1 / 8, 1 / 8], [1 / 8, 3 / 4, 1 / 8], [3 / 4, 1 / 8, 1 / 8],
+                             [1 / 8, 1 / 8, 3 / 4]])
     assert torch.allclose(q, expected)
     assert torch.allclose(torch.softmax(hb.transform(z), dim=1), q)
 

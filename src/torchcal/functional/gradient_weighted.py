@@ -7,8 +7,8 @@ One combinator, :func:`gradient_weighted_loss`, serves every member:
 
 * BSCE-GRA: ``w = ‖onehot(y) - p‖_β^γ`` (β=2, γ=2 is the Brier score itself; the published
   code's β=1, γ=1 reduces to ``2(1-p_y)``);
-* FL-GRA: ``w = (1-p_y)^γ``;  DFL-GRA: ``w = (1-p_y+p_j)^γ`` (everything detached: the
-  published code detaches only ``p_j``, an inconsistency).
+* FL-GRA: ``w = (1-p_y)^γ``;  DFL-GRA: ``w = (1-p_y+p_j)^γ`` (everything detached by
+  default; the published ``DualFocalLossGra`` detaches only ``p_j``: ``detach="p_j"``).
 
 BSCE (:func:`bsce_loss`) applies the same Brier-score weight to the loss **without** detaching.
 
@@ -192,11 +192,20 @@ def focal_gra_loss(
                 reduction=reduction, ignore_index=ignore_index, validate_args=validate_args)
 
 
+#: ``detach`` values of :func:`dual_focal_gra_loss`.
+DFL_GRA_DETACH = ("weight", "p_j")
+
+
 def dual_focal_gra_loss(
-    input: torch.Tensor, target: torch.Tensor, gamma: float = 5.0, *, reduction: str = "mean",
-    ignore_index: int = -100, validate_args: bool = True,
+    input: torch.Tensor, target: torch.Tensor, gamma: float = 5.0, *, detach: str = "weight",
+    reduction: str = "mean", ignore_index: int = -100, validate_args: bool = True,
 ) -> torch.Tensor:
-    r"""DFL-GRA: the dual-focal weight ``(1 - p_y + p_j)^γ`` (all detached) times ``-log p_y``.
+    r"""DFL-GRA: the dual-focal weight ``(1 - p_y + p_j)^γ`` times ``-log p_y``.
+
+    ``detach="weight"`` (default) detaches the whole weight, the GRA rule of the paper (the
+    gradient is ``Σ_i w_i ∇CE_i``); ``detach="p_j"`` detaches only ``p_j``, as the published
+    ``DualFocalLossGra`` does, so the gradient also flows through ``1 - p_y``.  The values are
+    equal; the gradients differ (by half or more of their norm).
 
     Example:
         >>> x = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
@@ -205,13 +214,26 @@ def dual_focal_gra_loss(
     """
     check_loss_args(input, target, reduction)
     gamma = check_hyper(gamma, "gamma")
+    if detach not in DFL_GRA_DETACH:
+        raise ValueError(f"Expected `detach` to be one of {DFL_GRA_DETACH}, got {detach!r}")
 
-    def weight(log_p, lp, safe):
-        # value only (no index needed for a detached weight): amin of 1/u, u = log p - lp,
+    def p_j_of(log_p, lp):
+        # value only (no index needed for a detached p_j): amin of 1/u, u = log p - lp,
         # then u* = 1/min (to working precision); see dual_focal.log_p_below
         rmin = (log_p - lp.unsqueeze(1)).reciprocal_().amin(1)
-        pj = torch.where(rmin < 0, (lp + rmin.reciprocal()).exp(), 0.0)
-        return torch.expm1(lp).neg_().add_(pj).pow_(gamma)
+        return torch.where(rmin < 0, (lp + rmin.reciprocal()).exp(), 0.0)
+
+    if detach == "p_j":
+        with no_autocast(input):
+            log_p, lp, _, valid = target_log_probs(input, target, ignore_index,
+                                                   validate_args=validate_args)
+            with torch.no_grad():
+                pj = p_j_of(log_p.detach(), lp.detach())
+            base = torch.expm1(lp).neg() + pj
+            return reduce_loss(_safe_pow(base, gamma).mul(lp).neg(), valid, reduction)
+
+    def weight(log_p, lp, safe):
+        return torch.expm1(lp).neg_().add_(p_j_of(log_p, lp)).pow_(gamma)
 
     return _gra(input, target, weight, reduction=reduction, ignore_index=ignore_index,
                 validate_args=validate_args)

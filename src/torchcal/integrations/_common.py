@@ -8,22 +8,32 @@
 * :func:`calibration_metrics`: ECE, AdaECE, NLL and error through
   :class:`torchcal.metrics.CalibrationMeter`, synced over ``torch.distributed`` when it is
   initialised (every rank gets the numbers over all ranks' samples);
-* :func:`feed_losses` / :func:`start_epoch`: the two hooks of the loss protocol.
+* :func:`feed_losses` / :func:`start_epoch`: the two hooks of the loss protocol;
+* :func:`claim` / :func:`warn_unclaimed`: a callback claims the losses it drives, so that a
+  stateful loss trained without one (it would never get validation statistics) is named in a
+  :class:`~torchcal.losses.base.MissingValidationWarning`.
 """
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..losses.base import loss_on_validation, loss_set_epoch
+from ..losses.base import (
+    MissingValidationWarning,
+    loss_on_validation,
+    loss_set_epoch,
+    loss_wants_validation,
+)
 from ..metrics import CalibrationMeter
 
 __all__ = ["METRICS", "missing_extra", "as_loss_list", "find_losses", "flatten_valid", "calibration_metrics",
-           "feed_losses", "start_epoch"]
+           "feed_losses", "start_epoch", "claim", "warn_unclaimed", "warn_missing"]
 
 #: The metric keys every callback reports (the keys of :class:`~torchcal.metrics.CalibrationMeter`).
 METRICS = ("ece", "adaptive_ece", "nll", "error")
@@ -156,3 +166,37 @@ def start_epoch(losses: Iterable[Any], epoch: int) -> None:
     """``set_epoch(epoch)`` of every loss that has one (scheduled focal loss picks its γ)."""
     for loss in losses:
         loss_set_epoch(loss, epoch)
+
+
+#: The stateful losses some callback drives (weakly held: a loss does not outlive its user).
+_CLAIMED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def claim(losses: Iterable[Any]) -> None:
+    """Record that a callback feeds these losses their validation statistics."""
+    for loss in losses:
+        try:
+            _CLAIMED.add(loss)
+        except TypeError:  # not weak-referenceable: nothing to check it against later
+            pass
+
+
+def warn_missing(losses: Iterable[Any], why: str, fix: str) -> None:
+    """One :class:`MissingValidationWarning` naming the stateful ``losses`` (if any)."""
+    names = [type(x).__name__ for x in losses if loss_wants_validation(x)]
+    if names:
+        warnings.warn(f"{', '.join(names)} need validation statistics, but {why}: {fix}; "
+                      "otherwise the loss keeps its initial state (AdaFocal stays focal loss "
+                      "with γ = gamma_init)", MissingValidationWarning, stacklevel=3)
+
+
+def warn_unclaimed(losses: Iterable[Any], why: str, fix: str) -> None:
+    """:func:`warn_missing` for those of ``losses`` that no callback has claimed."""
+    unclaimed = []
+    for x in losses:
+        try:
+            if x not in _CLAIMED:
+                unclaimed.append(x)
+        except TypeError:
+            pass
+    warn_missing(unclaimed, why, fix)

@@ -47,10 +47,14 @@ from ._common import (
     METRICS,
     as_loss_list,
     calibration_metrics,
+    claim,
     feed_losses,
+    find_losses,
     flatten_valid,
     missing_extra,
     start_epoch,
+    warn_missing,
+    warn_unclaimed,
 )
 
 try:  # optional dependency, imported here only: this module is loaded only by its users
@@ -90,7 +94,10 @@ def compute_loss_func(loss: nn.Module) -> Callable[..., torch.Tensor]:
 
     without it, the loss as configured.  ``reduction="none"`` is rejected.  The loss itself is
     kept as the attribute ``loss`` of the returned function; pass the same object to
-    :class:`CalibrationCallback` when it is stateful.
+    :class:`CalibrationCallback` when it is stateful: at the first training step, a loss that
+    wants validation statistics (AdaFocal, the temperature-aware losses, the ECE loss) that no
+    ``CalibrationCallback`` was given raises a
+    :class:`~torchcal.losses.base.MissingValidationWarning` (it would never move).
 
     Args:
         loss: the loss module, e.g. ``torchcal.losses.AdaFocalLoss()`` or
@@ -117,8 +124,13 @@ def compute_loss_func(loss: nn.Module) -> Callable[..., torch.Tensor]:
             f"got {reduction!r}"
         )
     ignore_index = getattr(loss, "ignore_index", -100)
+    checked = []
 
     def fn(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+        if not checked and torch.is_grad_enabled():  # the first training step
+            checked.append(True)
+            warn_unclaimed([loss], "no torchcal CalibrationCallback was given this loss",
+                           "pass `callbacks=[CalibrationCallback(losses=[loss])]` to the Trainer")
         logits = _logits_of(outputs)
         if logits.ndim > 2:  # (N, T, C) -> (N, C, T), the loss' (N, C, d1, ...) convention
             logits = logits.movedim(-1, 1)
@@ -157,6 +169,13 @@ class CalibrationCallback(TrainerCallback):
 
     It also calls ``set_epoch`` of the losses at the start of each epoch (scheduled focal loss).
 
+    Missing statistics are not silent: at ``on_train_begin`` the callback warns
+    (:class:`~torchcal.losses.base.MissingValidationWarning`) when it was given stateful
+    losses but ``eval_strategy="no"``, and when the model holds a stateful torchcal loss as an
+    attribute that it was not given; :func:`compute_loss_func` warns for a stateful loss that
+    no callback was given, and the loss itself warns when an epoch starts without its
+    statistics.
+
     Distributed.  The evaluation dataloader of a distributed ``Trainer`` gives each process its
     share: the metrics are synced over ``torch.distributed`` (every process records the same
     numbers) and each loss gets this process' share and syncs itself (AdaFocal gathers), so the
@@ -179,12 +198,23 @@ class CalibrationCallback(TrainerCallback):
         super().__init__()
         self.n_bins = check_positive_int(n_bins, "n_bins")
         self.losses = as_loss_list(losses) or []
+        claim(self.losses)
         self._in_train = False
 
     # ------------------------------------------------------------------ hooks
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
-                       control: TrainerControl, **kwargs: Any) -> None:
+                       control: TrainerControl, model: nn.Module | None = None,
+                       **kwargs: Any) -> None:
         self._in_train = True
+        strategy = getattr(args, "eval_strategy", None)
+        if str(getattr(strategy, "value", strategy)) == "no":
+            warn_missing(self.losses, "the Trainer never evaluates (eval_strategy='no')",
+                         "set `eval_strategy` and an `eval_dataset`")
+        if model is not None:
+            given = {id(x) for x in self.losses}
+            warn_missing([x for x in find_losses(model) if id(x) not in given],
+                         "the CalibrationCallback was not given them",
+                         "pass `CalibrationCallback(losses=[loss])`")
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:

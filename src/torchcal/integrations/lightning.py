@@ -49,11 +49,13 @@ from ._common import (
     METRICS,
     as_loss_list,
     calibration_metrics,
+    claim,
     feed_losses,
     find_losses,
     flatten_valid,
     missing_extra,
     start_epoch,
+    warn_missing,
 )
 
 try:  # optional dependency, imported here only: this module is loaded only by its users
@@ -96,6 +98,12 @@ class CalibrationCallback(Callback):
     It also calls ``set_epoch(trainer.current_epoch)`` of those losses at the start of each
     training epoch, so scheduled focal loss (FLSD-53) follows its schedule.
 
+    Missing statistics are not silent (:class:`~torchcal.losses.base.MissingValidationWarning`):
+    the callback warns when ``losses`` is given and the module holds another stateful torchcal
+    loss as an attribute, and when a training epoch starts after the first and no validation
+    epoch fed the stateful losses since (no validation dataloader, no ``validation_step``,
+    ``limit_val_batches=0`` or ``check_val_every_n_epoch > 1``).
+
     Distributed (DDP).  Every rank collects the logits of its own validation share.  The
     metrics are synced (the meter all-reduces its per-bin sums and gathers the confidences),
     so every rank logs the same numbers; each loss gets this rank's share as the protocol asks
@@ -130,6 +138,7 @@ class CalibrationCallback(Callback):
         super().__init__()
         self.n_bins = check_positive_int(n_bins, "n_bins")
         self.losses = as_loss_list(losses)
+        claim(self.losses or [])
         for name, fn in (("logits_fn", logits_fn), ("labels_fn", labels_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"Expected `{name}` to be None or callable, got {type(fn).__name__}")
@@ -140,6 +149,8 @@ class CalibrationCallback(Callback):
         self.prefix = prefix
         self._logits: list[torch.Tensor] = []
         self._labels: list[torch.Tensor] = []
+        self._fed: bool | None = None  # None before the first training epoch of a fit
+        self._warned = False
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -150,8 +161,26 @@ class CalibrationCallback(Callback):
         return self.losses if self.losses is not None else find_losses(pl_module)
 
     # ------------------------------------------------------------------ hooks
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._fed = None
+        if self.losses is not None:
+            given = {id(x) for x in self.losses}
+            warn_missing([x for x in find_losses(pl_module) if id(x) not in given],
+                         "the CalibrationCallback was given other `losses`",
+                         "add them to `CalibrationCallback(losses=...)`")
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        start_epoch(self._losses(pl_module), trainer.current_epoch)
+        losses = self._losses(pl_module)
+        claim(losses)
+        if self._fed is False and not self._warned:
+            self._warned = True
+            warn_missing(losses, f"training epoch {trainer.current_epoch} started and no "
+                         "validation epoch ran since the previous one (no validation "
+                         "dataloader, no `validation_step`, `limit_val_batches=0` or "
+                         "`check_val_every_n_epoch` > 1)",
+                         "pass `val_dataloaders` to `trainer.fit` and validate every epoch")
+        self._fed = False
+        start_epoch(losses, trainer.current_epoch)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._logits, self._labels = [], []
@@ -187,3 +216,4 @@ class CalibrationCallback(Callback):
                               sync_dist=True, reduce_fx="max")
             if trainer.state.fn == "fit":
                 feed_losses(self._losses(pl_module), z, y)
+                self._fed = True

@@ -2,7 +2,7 @@
 
 from ._registry import LOSSES, create_loss, list_losses, loss_entrypoint, register_loss
 from .adafocal import AdaFocalLoss
-from .base import CalibrationLoss
+from .base import CalibrationLoss, MissingValidationWarning
 from .brier import BrierLoss
 from .cross_entropy import CrossEntropyLoss
 from .dual_focal import DualFocalLoss
@@ -44,6 +44,7 @@ __all__ = [
     "LOSSES",
     "register_loss",
     "CalibrationLoss",
+    "MissingValidationWarning",
     "AdaFocalLoss",
     "BrierLoss",
     "BSCEGRALoss",

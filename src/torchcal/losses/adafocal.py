@@ -23,6 +23,12 @@ The equal-mass edges are torchcal's one definition (``e_k = s_{max(⌊kN/B⌋-1,
 sorted confidences, every sample in exactly one bin); AdaFocal's published code instead copies
 the focal-calibration code's ``e_k = s_{kN/B}``, which drops the smallest sample.
 
+Confidences are ``exp(top - logsumexp(z))``; the published code takes
+``exp(max log_softmax(z))``, which can differ by 1 ulp.  On heavily tied validation logits
+(e.g. integer-rounded) that moves tied samples across bin edges, so the γ trajectory of
+``edges="published"`` can drift from the published one (up to 0.73 in γ after 6 epochs in
+the issue-24 measurement); the ulp matters only where a confidence lies on a bin edge.
+
 ``edges="published"`` reproduces the published code's bins exactly, to reproduce its γ
 trajectory: the edges are ``np.interp(linspace(0, N, B+1), arange(N), sort(conf))``, i.e.
 ``e_k = s_j + (x - j)(s_{j+1} - s_j)`` at ``x = kN/B``, ``j = ⌊x⌋`` (``e_k = s_{N-1}`` once
@@ -238,6 +244,8 @@ class AdaFocalLoss(CalibrationLoss):
     """
 
     wants_validation = True
+    validation_call = "update"
+    missing_validation_effect = "AdaFocal stays focal loss with γ = gamma_init in every bin"
     n_bins: int
     lam: float
     gamma_init: float
@@ -364,6 +372,7 @@ class AdaFocalLoss(CalibrationLoss):
             raise ValueError("Expected at least one validation sample, got 0")
         interior, gaps, counts = self._bin_gaps(conf, correct)
         self._adopt(interior, gaps, counts)
+        self._validation_received()
 
     def _gathered_stats(
         self, logits: Any, labels: Any, sync_dist: bool

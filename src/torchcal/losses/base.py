@@ -11,6 +11,14 @@ such as ``nn.CrossEntropyLoss`` included, via the module-level helpers below):
   the trainer needs to produce those outputs; ``update_every`` (None, or a number of batches)
   asks for extra validation passes every n training batches.
 
+A loss that wants validation (AdaFocal, the temperature-aware losses, the ECE loss) without
+its validation statistics silently becomes another loss (AdaFocal stays focal loss with its
+initial γ).  So when ``set_epoch`` starts an epoch after the first one that this object has
+seen start, and no validation statistics arrived in between (``on_validation`` or the loss'
+own update call, :attr:`CalibrationLoss.validation_call`), the loss warns once
+(:class:`MissingValidationWarning`), naming itself and the call it missed.  A loss freshly
+loaded from a checkpoint does not warn at its first ``set_epoch``.
+
 State such as AdaFocal's γ lives in buffers / ``get_extra_state`` so that ``state_dict()`` /
 ``load_state_dict()`` round-trip it through a ``weights_only=True`` checkpoint.
 
@@ -34,6 +42,7 @@ reuse; validation reads only the class's own declaration.
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -44,7 +53,7 @@ from torch import nn
 from .._validation import Interval, Options, SequenceOf
 from ..functional import REDUCTIONS
 
-__all__ = ["CalibrationLoss", "HYPERPARAMETER_CHECKS", "Interval", "Options", "SequenceOf", "NON_NEGATIVE", "POSITIVE",
+__all__ = ["CalibrationLoss", "MissingValidationWarning", "HYPERPARAMETER_CHECKS", "Interval", "Options", "SequenceOf", "NON_NEGATIVE", "POSITIVE",
            "POSITIVE_INT", "ANY_NUMBER", "NUMBERS",
            "NON_NEGATIVE_NUMBERS", "NON_NEGATIVE_INTS", "loss_set_epoch", "loss_on_validation",
            "loss_wants_validation", "loss_log_state", "published_reduction"]
@@ -84,6 +93,10 @@ HYPERPARAMETER_CHECKS: Mapping[str, Callable[[Any, str], Any]] = MappingProxyTyp
 })
 
 
+class MissingValidationWarning(UserWarning):
+    """A loss that needs validation statistics started an epoch without them."""
+
+
 class CalibrationLoss(nn.Module):
     """Base class of torchcal's losses: holds ``reduction``, ``ignore_index``,
     ``validate_args`` and the loss' hyperparameters, builds ``repr``, and has no-op hooks.
@@ -120,6 +133,11 @@ class CalibrationLoss(nn.Module):
     #: The loss' hyperparameters and their constraints (``constraint(value, name) -> value``),
     #: in the order ``repr`` shows them; every subclass with hyperparameters declares its own.
     _parameter_constraints: ClassVar[Mapping[str, Callable[[Any, str], Any]]] = {}
+    #: The method that feeds a loss with ``wants_validation`` its validation statistics,
+    #: named by the :class:`MissingValidationWarning` (``on_validation`` works for every one).
+    validation_call: str = "on_validation"
+    #: What a loss becomes without validation statistics (said by the warning).
+    missing_validation_effect: str = "its validation-driven state never changes"
 
     def __init__(self, *, reduction: str = "mean", ignore_index: int = -100,
                  validate_args: bool = True, **hyperparameters: Any) -> None:
@@ -171,10 +189,42 @@ class CalibrationLoss(nn.Module):
         return ", ".join(f"{name}={value!r}" for name, value in shown)
 
     def set_epoch(self, epoch: int) -> None:
-        """Called by the trainer at the start of each training epoch (0-based)."""
+        """Called by the trainer at the start of each training epoch (0-based).
+
+        A loss with ``wants_validation`` warns here (once) when a previous epoch started on it
+        and no validation statistics arrived since (module docstring); a subclass that
+        overrides ``set_epoch`` calls ``super().set_epoch(epoch)``.
+        """
+        if self.wants_validation:
+            self._check_validation_received(epoch)
 
     def on_validation(self, *, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Called by the trainer after each validation pass when ``wants_validation``."""
+
+    def _validation_received(self) -> None:
+        """Record that validation statistics arrived (called by the loss' update method)."""
+        self.__dict__["_validation_since_epoch"] = True
+
+    def _check_validation_received(self, epoch: int) -> None:
+        last = self.__dict__.get("_last_epoch_started")
+        received = self.__dict__.get("_validation_since_epoch", False)
+        self.__dict__["_last_epoch_started"] = epoch
+        self.__dict__["_validation_since_epoch"] = False
+        if (last is None or received or epoch == last
+                or self.__dict__.get("_warned_missing_validation", False)):
+            return
+        self.__dict__["_warned_missing_validation"] = True
+        call = f"`loss.{self.validation_call}(logits=..., labels=...)`"
+        if self.validation_call != "on_validation":
+            call += " (or `on_validation`)"
+        warnings.warn(
+            f"{type(self).__name__}: epoch {epoch} started without validation statistics since "
+            f"epoch {last}: call {call} with the validation logits and labels after each "
+            "validation pass, or use a trainer/callback that does; without them "
+            f"{self.missing_validation_effect}",
+            MissingValidationWarning, stacklevel=3,
+        )
+
 
 
 def loss_set_epoch(loss: nn.Module, epoch: int) -> None:

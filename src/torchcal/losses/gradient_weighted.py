@@ -15,8 +15,9 @@ from ..functional import (
     focal_gra_loss,
     gradient_weighted_loss,
 )
+from ..functional.gradient_weighted import DFL_GRA_DETACH
 from ._registry import LIN_2025, LIN_2025_CODE, register_loss
-from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss, Options
 
 __all__ = ["GradientWeightedLoss", "BSCEGRALoss", "BSCELoss", "FocalGRALoss", "DualFocalGRALoss"]
 
@@ -163,6 +164,15 @@ class FocalGRALoss(GradientWeightedLoss):
 class DualFocalGRALoss(GradientWeightedLoss):
     """DFL-GRA: ``(1-p_y+p_j)^γ`` (all detached) times ``-log p_y``; γ default 5.
 
+    Departure from the published code: its ``DualFocalLossGra`` detaches only ``p_j`` (the
+    gradient also flows through ``1 - p_y``); the value is the same, the gradients differ
+    (by half or more of their norm).  ``detach="weight"`` (default) is the GRA rule of the paper; ``detach="p_j"``
+    reproduces the published training (see :func:`torchcal.functional.dual_focal_gra_loss`).
+
+    Args:
+        gamma: γ >= 0 (default 5).
+        detach: ``"weight"`` (default) or ``"p_j"`` (the published code's gradient).
+
     Example:
         >>> x = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
         >>> DualFocalGRALoss(gamma=1.0)(x, torch.tensor([1]))
@@ -171,14 +181,15 @@ class DualFocalGRALoss(GradientWeightedLoss):
 
     gamma: float
 
-    _parameter_constraints = {"gamma": NON_NEGATIVE}
+    _parameter_constraints = {"gamma": NON_NEGATIVE, "detach": Options(DFL_GRA_DETACH)}
 
-    def __init__(self, gamma: float = 5.0, *, reduction: str = "mean",
+    def __init__(self, gamma: float = 5.0, *, detach: str = "weight", reduction: str = "mean",
                  ignore_index: int = -100, validate_args: bool = True) -> None:
-        super().__init__(gamma=gamma, reduction=reduction, ignore_index=ignore_index,
-                         validate_args=validate_args)
+        super().__init__(gamma=gamma, detach=detach, reduction=reduction,
+                         ignore_index=ignore_index, validate_args=validate_args)
 
     def own_weight_loss(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return dual_focal_gra_loss(input, target, gamma=self.gamma, reduction=self.reduction,
+        return dual_focal_gra_loss(input, target, gamma=self.gamma, detach=self.detach,
+                                   reduction=self.reduction,
                                    ignore_index=self.ignore_index,
                                    validate_args=self.validate_args)

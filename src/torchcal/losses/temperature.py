@@ -79,6 +79,8 @@ class _ValidationTemperature:
     hyperparameter but ``criterion``, by name)."""
 
     wants_validation = True
+    validation_call = "fit_temperature"
+    missing_validation_effect = "the weight's temperature stays T = 1"
     temperature: torch.Tensor
     criterion: str
     hyperparameters: dict[str, Any]
@@ -105,6 +107,7 @@ class _ValidationTemperature:
         method = "grid_ece" if self.criterion == "ece" else "grid_nll"
         t = TemperatureScaling(method=method, grid=PUBLISHED_TEMPERATURE_GRID).fit(z, y)
         self.temperature.fill_(t.temperature_)
+        self._validation_received()
         return t.temperature_
 
     def on_validation(self, *, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -242,7 +245,9 @@ class TemperatureBSCELoss(_ValidationTemperature, CalibrationLoss):
 
     Args:
         beta: norm order β > 0 (default 2; the published ``--bsce-norm``).
-        gamma: exponent γ >= 0 (default 2).
+        gamma: exponent γ >= 0 (default 2).  The published class defaults to norm 1 and
+            γ = 0 (plain cross-entropy unless the command line sets them); torchcal's
+            defaults are those of ``bsce_gra`` (β = 2, γ = 2, the Brier score weight).
         criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
         reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
         ignore_index: target value to ignore.
@@ -272,7 +277,9 @@ class TemperatureBSCEGRALoss(_ValidationTemperature, GradientWeightedLoss):
 
     Args:
         beta: norm order β > 0 (default 2; the published ``--bsce-norm``).
-        gamma: exponent γ >= 0 (default 2).
+        gamma: exponent γ >= 0 (default 2).  The published class defaults to norm 1 and
+            γ = 0 (plain cross-entropy unless the command line sets them); torchcal's
+            defaults are those of ``bsce_gra`` (β = 2, γ = 2, the Brier score weight).
         criterion: ``"ece"`` (default) or ``"nll"``: what the validation fit of T minimises.
         reduction: ``"mean"``, ``"sum"`` (the published training) or ``"none"``.
         ignore_index: target value to ignore.
@@ -353,6 +360,7 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
         z, y = gather_validation(logits, labels)
         self.calibrator.fit(z, y)
         self._calibrator_fitted = True
+        self._validation_received()
         return float("nan")
 
     def log_state(self) -> dict[str, Any]:

@@ -30,7 +30,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import CalibrationError, Calibrator, Estimator, default_grid
+from ._common import (
+    CalibrationError,
+    Calibrator,
+    Estimator,
+    WorseThanIdentityWarning,
+    default_grid,
+)
 from .binary import BetaCalibration, PlattScaling
 from .conformal import ConformalClassifier
 from .histogram import HistogramBinning
@@ -48,6 +54,7 @@ from .vector import VectorScaling
 __all__ = [
     "Calibrator",
     "CalibrationError",
+    "WorseThanIdentityWarning",
     "TemperatureScaling",
     "VectorScaling",
     "MatrixScaling",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from ..metrics import warn_if_probabilities
 __all__ = [
     "Calibrator",
     "CalibrationError",
+    "WorseThanIdentityWarning",
     "Estimator",
     "default_grid",
     "check_grid",
@@ -84,11 +86,14 @@ def prepare_logits(logits: Any, name: str = "logits") -> torch.Tensor:
     return check_logits(logits, name)
 
 
-def prepare_fit(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_fit(logits: Any, labels: Any, *, one_class_ok: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validated (detached) validation logits (N, C) and int64 labels (N,) on the logits' device.
 
     Errors name the problem: non-floating or non-2-D logits, fewer than two samples or
-    classes, NaN/Inf, labels of the wrong length, dtype or range.
+    classes, NaN/Inf, labels of the wrong length, dtype or range, and labels that are all of
+    one class (a calibrator fitted on them predicts that class with probability 1; a conformal
+    predictor passes ``one_class_ok=True``).
     """
     z = prepare_logits(logits).detach()
     warn_if_probabilities(z, what="the calibrator",  # as the metrics do (fit(probs, y))
@@ -98,6 +103,11 @@ def prepare_fit(logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
             f"Expected at least 2 validation samples (rows of `logits`), got {z.shape[0]}"
         )
     y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+    if not one_class_ok and bool((y == y[0]).all()):
+        raise ValueError(
+            f"Expected `labels` of at least 2 different classes to fit a calibrator, got "
+            f"{y.shape[0]} labels all equal to {int(y[0])}"
+        )
     return z, y
 
 
@@ -136,6 +146,31 @@ def float_list(value: Any, name: str, *, length: int | None = None,
 class CalibrationError(TorchcalError, RuntimeError):
     """A calibrator could not be fitted (an optimiser ran out of budget, a non-finite
     objective); the message gives the reason.  The command line reports it as one line."""
+
+
+class WorseThanIdentityWarning(RuntimeWarning):
+    """A fitted calibrator's NLL on some data is worse than the uncalibrated probabilities'
+    (the identity map, ``softmax(logits)``): it over-fits its validation set, or its
+    optimisation failed."""
+
+
+#: Relative margin of :class:`WorseThanIdentityWarning`: it is raised when the calibrated NLL
+#: exceeds the identity's by more than this fraction (noise on a held-out set of a calibrator
+#: that barely changes the probabilities stays quiet).
+IDENTITY_MARGIN = 0.01
+
+
+def identity_check(name: str, nll_calibrated: float, nll_identity: float, where: str) -> None:
+    """Warn (:class:`WorseThanIdentityWarning`) when ``nll_calibrated`` exceeds
+    ``nll_identity`` by more than ``IDENTITY_MARGIN`` of it."""
+    if nll_calibrated > nll_identity * (1 + IDENTITY_MARGIN) or (
+            math.isnan(nll_calibrated) and not math.isnan(nll_identity)):
+        warnings.warn(
+            f"{name}: the calibrated NLL on the {where} data ({nll_calibrated:.4g}) is worse "
+            f"than the uncalibrated probabilities' ({nll_identity:.4g}, the identity map): "
+            "the calibrator over-fits its validation set; regularise it (e.g. reg='odir' with "
+            "larger `lam`/`mu`), fit it on more samples, or use a calibrator with fewer "
+            "parameters (TemperatureScaling)", WorseThanIdentityWarning, stacklevel=3)
 
 
 def like_input(out: torch.Tensor, ref: Any) -> Any:
@@ -242,6 +277,16 @@ def describe_classes(classes: list[int]) -> str:
     return ", ".join(map(str, classes[:10])) + (", ..." if len(classes) > 10 else "")
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two setting values are equal (False when they cannot be compared)."""
+    if a is b:
+        return True
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
 class Estimator(BaseEstimator):
     """scikit-learn's estimator contract shared by the calibrators and the conformal predictor.
 
@@ -254,6 +299,15 @@ class Estimator(BaseEstimator):
 
     _fitted_attr: str = ""
 
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags: ``fit`` needs the labels (``target_tags.required``)."""
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        return tags
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self.is_fitted
+
     @property
     def is_fitted(self) -> bool:
         """Whether ``fit`` (or ``from_dict``) has set the learned attributes."""
@@ -262,10 +316,31 @@ class Estimator(BaseEstimator):
     def _check_fitted(self) -> None:
         if not self.is_fitted:
             name = type(self).__name__
+            if self.__dict__.get("_refit_needed"):
+                raise NotFittedError(
+                    f"This {name} instance's settings were changed by `set_params` after "
+                    "`fit`, so its fitted state was dropped; call `fit(logits, labels)` again"
+                )
             raise NotFittedError(
                 f"This {name} instance is not fitted yet; call `fit(logits, labels)` before "
                 "using it"
             )
+
+    def set_params(self, **params: Any) -> Estimator:
+        """Set settings (scikit-learn's ``set_params``), checked as the constructor checks
+        them, before any is changed.  On a fitted estimator a changed setting drops the fitted
+        state: using it raises :class:`~torchcal.errors.NotFittedError` until ``fit`` runs
+        again (a fitted threshold or map never silently serves other settings)."""
+        current = self.get_params(deep=False)
+        if not params or any(k not in current for k in params):
+            return super().set_params(**params)  # scikit-learn's error for unknown names
+        type(self)(**{**current, **params})  # raises on a bad value; nothing changed yet
+        changed = [k for k, v in params.items() if not _same(current[k], v)]
+        super().set_params(**params)
+        if changed and self.is_fitted:
+            setattr(self, self._fitted_attr, None)
+            self.__dict__["_refit_needed"] = True
+        return self
 
     @classmethod
     def _check_dict(cls, d: Any, keys: tuple[str, ...]) -> None:
@@ -305,6 +380,14 @@ class Calibrator(Estimator):
     probabilities come first) on validated tensors.
     """
 
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags: a transformer (logits to calibrated logits) needing labels."""
+        from sklearn.utils import TransformerTags  # sklearn >= 1.6, only for the checks
+
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags = TransformerTags()
+        return tags
+
     def fit(self, logits: Any, labels: Any) -> Calibrator:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -333,12 +416,25 @@ class Calibrator(Estimator):
     def score(self, logits: Any, labels: Any) -> float:
         """Mean log-likelihood ``(1/N) sum_i log q_{i, y_i}`` of the labels under the calibrated
         probabilities (the negative NLL, float64): higher is better, so ``GridSearchCV`` can
-        tune a calibrator's settings without a ``scoring`` argument."""
+        tune a calibrator's settings without a ``scoring`` argument.
+
+        Warns (:class:`WorseThanIdentityWarning`) when this NLL is worse than the uncalibrated
+        probabilities' on the same data by more than 1 % (``IDENTITY_MARGIN``): on held-out
+        data, the sign that the calibrator over-fits its validation set."""
         self._check_fitted()
         z = prepare_logits(logits)
         y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+        return -self._nll_vs_identity(z, y, "scored (held-out)")
+
+    def _nll_vs_identity(self, z: torch.Tensor, y: torch.Tensor, where: str) -> float:
+        """The calibrated NLL of validated ``z``/``y``; warns when it is worse than the
+        identity map's (:func:`identity_check`)."""
         logq = torch.log_softmax(self._transform(z).to(torch.float64), dim=1)
-        return float(logq.gather(1, y.unsqueeze(1)).mean())
+        nll = -float(logq.gather(1, y.unsqueeze(1)).mean())
+        logp = torch.log_softmax(z.to(torch.float64), dim=1)
+        identity_check(type(self).__name__, nll, -float(logp.gather(1, y.unsqueeze(1)).mean()),
+                       where)
+        return nll
 
     def to_dict(self) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError

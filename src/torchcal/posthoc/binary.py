@@ -167,8 +167,9 @@ class BetaCalibration(_BinaryCalibrator):
     ``(log p_1, -log p_0)`` (``log_softmax``, so no clipping of ``p`` is needed).  When the
     unconstrained optimum has ``a < 0`` or ``b < 0``, the best fit on the boundary (``a = 0``,
     ``b = 0``, or both) is used instead: the constrained optimum of the convex problem, which
-    is what the authors' ``betacal`` and netcal's ``BetaCalibration`` obtain by re-fitting
-    without the negative coefficient.
+    is netcal's answer.  The authors' ``betacal`` re-fits without the negative coefficient
+    only once and can return a different point: on anti-correlated scores it returns
+    ``b = -1.96`` (outside the family) where torchcal and netcal return ``a = b = 0``.
 
     Args:
         max_iter: Newton steps per fit.

@@ -19,7 +19,6 @@ from ._common import (
     check_choice,
     check_n_classes,
     float_list,
-    lbfgs_fit,
     prepare_fit,
 )
 from .temperature import _fit_nll
@@ -29,8 +28,15 @@ __all__ = ["MatrixScaling", "DirichletCalibration"]
 
 _REGS = ("odir", "none")
 # Up to this many classes the fit uses Newton's method with the exact Hessian (its
-# (C (C + 1))^2 entries cost N C^4 to build: ~2 s for C = 20, N = 5000); above it, L-BFGS.
+# (C (C + 1))^2 entries cost N C^4 to build: ~2 s for C = 20, N = 5000); above it, truncated
+# Newton (Newton-CG: Hessian-vector products, N C^2 each, nothing of size C^4 stored).
 NEWTON_MAX_CLASSES = 20
+# Both Newton fits stop at this largest |gradient| (or when no step decreases the objective
+# any more, i.e. at machine precision); a fit that stops above GRAD_TOL raises.
+NEWTON_GRAD_STOP = 1e-10
+# Newton-CG's preconditioner: the Hessian's (D, D) diagonal blocks up to this many numbers
+# (K D^2, 8 bytes each: 400 MB), else its diagonal.
+BLOCK_PRECONDITIONER_MAX = 50_000_000
 
 
 def _objective(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor, pen: torch.Tensor
@@ -58,7 +64,7 @@ def newton_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
     for _ in range(max_iter):
         q = torch.softmax(x @ theta.T, dim=1)
         grad = (q - onehot).T @ x / n + 2 * pen * theta
-        if float(grad.abs().max()) <= 1e-10:
+        if float(grad.abs().max()) <= NEWTON_GRAD_STOP:
             break
         m = (q.unsqueeze(2) * x.unsqueeze(1)).reshape(n, k * d)
         hess = -(m.T @ m) / n
@@ -79,7 +85,102 @@ def newton_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
     else:
         q = torch.softmax(x @ theta.T, dim=1)
         grad = (q - onehot).T @ x / n + 2 * pen * theta
-    g_max = float(grad.abs().max())
+    _check_newton_result(f, float(grad.abs().max()), max_iter, name, hint)
+    return theta
+
+
+def _softmax_grad(x: torch.Tensor, onehot: torch.Tensor, theta: torch.Tensor,
+                  pen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities (N, K) and the gradient (K, D) of the penalised mean cross-entropy."""
+    q = torch.softmax(x @ theta.T, dim=1)
+    return q, (q - onehot).T @ x / x.shape[0] + 2 * pen * theta
+
+
+def _block_preconditioner(x: torch.Tensor, q: torch.Tensor, pen: torch.Tensor) -> Any:
+    """``r -> M^{-1} r`` with M the Hessian's K diagonal (D, D) blocks
+    ``(1/N) sum_i q_ik (1 - q_ik) x_i x_i^T + 2 diag(pen_k)`` (Cholesky factors, K D^2
+    memory, built class by class in chunks of about 2^24 numbers); the Hessian's diagonal
+    alone when K D^2 exceeds ``BLOCK_PRECONDITIONER_MAX``."""
+    n, d = x.shape
+    k = q.shape[1]
+    w = q * (1 - q)
+    if k * d * d > BLOCK_PRECONDITIONER_MAX:
+        diag = (w.T @ (x * x)) / n + 2 * pen + 1e-12
+        return lambda r: r / diag
+    chunk = max(1, (1 << 24) // (n * d))
+    blocks = torch.cat([(w.T[a:a + chunk].unsqueeze(2) * x).transpose(1, 2) @ x / n
+                        for a in range(0, k, chunk)])
+    blocks.diagonal(dim1=1, dim2=2).add_(2 * pen + 1e-10)
+    factor = torch.linalg.cholesky(blocks)
+    return lambda r: torch.cholesky_solve(r.unsqueeze(2), factor).squeeze(2)
+
+
+def _pcg(hvp: Any, g: torch.Tensor, precond: Any, tol: float, max_steps: int
+         ) -> torch.Tensor:
+    """Preconditioned conjugate gradients for ``H p = g`` (H positive semi-definite, given by
+    ``hvp``; ``precond(r)`` applies the preconditioner's inverse), stopped at a residual norm
+    ``<= tol`` or on a direction of no curvature."""
+    p = torch.zeros_like(g)
+    r = g.clone()
+    zr = precond(r)
+    d = zr.clone()
+    rz = float((r * zr).sum())
+    for _ in range(max_steps):
+        hd = hvp(d)
+        curv = float((d * hd).sum())
+        if curv <= 0.0:  # a flat direction (the rows' common shift): stop here
+            break
+        a = rz / curv
+        p = p + a * d
+        r = r - a * hd
+        if float(r.norm()) <= tol:
+            break
+        zr = precond(r)
+        rz_new = float((r * zr).sum())
+        d = zr + (rz_new / rz) * d
+        rz = rz_new
+    return p if bool(p.abs().sum() > 0) else precond(g)
+
+
+def newton_cg_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
+                          pen: torch.Tensor, *, max_iter: int, name: str, hint: str = ""
+                          ) -> torch.Tensor:
+    """:func:`newton_softmax_fit` without the Hessian: truncated Newton.
+
+    Each step solves ``H p = g`` by conjugate gradients with Hessian-vector products
+    ``H[V] = (1/N) ((q * s - q (q . s))^T x) + 2 pen * V`` (``s = x V^T``; ``N K D`` each)
+    and the Hessian's diagonal blocks as preconditioner, to a residual ``min(0.5, sqrt|g|) |g|``
+    (super-linear convergence), then the same backtracking line search.  Stops at a gradient
+    of ``NEWTON_GRAD_STOP`` or when no step decreases the objective; raises
+    :class:`CalibrationError` if ``max_iter`` steps leave the gradient above ``GRAD_TOL``.
+    """
+    n = x.shape[0]
+    onehot = F.one_hot(y, theta.shape[0]).to(torch.float64)
+    f = _objective(x, y, theta, pen)
+    for _ in range(max_iter):
+        q, grad = _softmax_grad(x, onehot, theta, pen)
+        if float(grad.abs().max()) <= NEWTON_GRAD_STOP:
+            break
+
+        def hvp(v: torch.Tensor, q: torch.Tensor = q) -> torch.Tensor:
+            s = x @ v.T
+            return (q * (s - (q * s).sum(1, keepdim=True))).T @ x / n + 2 * pen * v
+
+        precond = _block_preconditioner(x, q, pen)
+        g_norm = float(grad.norm())
+        step = _pcg(hvp, grad, precond, min(0.5, math.sqrt(g_norm)) * g_norm,
+                    max_steps=max(50, min(500, grad.numel())))
+        moved = backtrack(lambda th: _objective(x, y, th, pen), theta, f, step,
+                          float((grad * step).sum()))
+        if moved is None:
+            break
+        theta, f = moved
+    _, grad = _softmax_grad(x, onehot, theta, pen)
+    _check_newton_result(f, float(grad.abs().max()), max_iter, name, hint)
+    return theta
+
+
+def _check_newton_result(f: float, g_max: float, max_iter: int, name: str, hint: str) -> None:
     if not math.isfinite(f):
         raise CalibrationError(f"{name} failed: Newton's method reached a non-finite "
                                f"validation objective ({f!r})")
@@ -89,7 +190,6 @@ def newton_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
             f"validation objective's gradient still {g_max:.3g} (> {GRAD_TOL:g}){hint}; "
             "increase `max_iter` or regularise more (`reg='odir'`, larger `lam` / `mu`)"
         )
-    return theta
 
 
 class _LinearCalibrator(Calibrator):
@@ -133,20 +233,12 @@ class _LinearCalibrator(Calibrator):
         absent = absent_classes(y, c)
         hint = absent_hint(absent) if (reg == "none" or mu == 0) else ""
         name = type(self).__name__
-        if c <= NEWTON_MAX_CLASSES:
-            theta = newton_softmax_fit(x, y, theta, pen, max_iter=max_iter, name=name,
-                                       hint=hint)
-        else:
-            theta.requires_grad_(True)
-
-            def objective() -> torch.Tensor:
-                return F.cross_entropy(x @ theta.T, y) + (pen * theta * theta).sum()
-
-            lbfgs_fit([theta], objective, max_iter=max_iter, name=name, hint=hint)
-            theta = theta.detach()
+        fit = newton_softmax_fit if c <= NEWTON_MAX_CLASSES else newton_cg_softmax_fit
+        theta = fit(x, y, theta, pen, max_iter=max_iter, name=name, hint=hint)
         self.weight_ = theta[:, :c].cpu()
         self.bias_ = theta[:, c].cpu()
         self.n_classes_ = c
+        self._nll_vs_identity(z, y, "validation")
         return self
 
     def _transform(self, z: torch.Tensor) -> torch.Tensor:

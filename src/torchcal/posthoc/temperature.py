@@ -186,7 +186,7 @@ def temperature_grid_scores(
         >>> [round(v, 4) for v in s["ece"].tolist()]
         [0.1308, 0.0189]
     """
-    z, y = prepare_fit(logits, labels)
+    z, y = prepare_fit(logits, labels, one_class_ok=True)  # scores, not a fit
     temps = check_grid(grid)
     n_bins = check_positive_int(n_bins, "n_bins")
     if isinstance(criteria, str):

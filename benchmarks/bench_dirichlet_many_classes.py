@@ -1,0 +1,91 @@
+"""Dirichlet calibration with default settings at many classes (issue 24, 3): fit time,
+Newton steps / Hessian-vector products, and held-out NLL against an independent SciPy L-BFGS-B
+fit of dirichletcal's objective (dirichletcal itself does not install from PyPI: its sdist's
+``install_requires`` is malformed and it needs jax).
+
+Data: ``draw`` of the post-hoc tests (logits ~ 3·N(0, 1), labels from softmax(z / 2 + bias)),
+N fit samples and N held-out samples per C.
+
+Usage::
+
+    python benchmarks/bench_dirichlet_many_classes.py [--cases 21x2000,50x2000,100x5000]
+        [--reference-max-classes 100] [--lam 0.01] [--threads 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "posthoc"))
+from posthoc_reference import draw  # noqa: E402
+from scipy.special import log_softmax  # noqa: E402
+from test_posthoc_linear import _reference_fit  # noqa: E402
+
+from torchcal.posthoc import DirichletCalibration, WorseThanIdentityWarning, linear  # noqa: E402
+
+
+def scipy_fit(z, y, lam, mu):
+    """dirichletcal's objective (reg_norm=True, no reference row) by L-BFGS-B (the tests'
+    reference fit, gtol 1e-12)."""
+    theta, _, f = _reference_fit(z, y, lam, mu, log_probs=True)
+    return theta, f
+
+
+def nll_of(theta, z, y):
+    xt = np.hstack([log_softmax(z.numpy(), axis=1), np.ones((len(y), 1))])
+    ls = log_softmax(xt @ theta.T, axis=1)
+    return float(-ls[np.arange(len(y)), y.numpy()].mean())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default="21x2000,50x2000,100x5000")
+    ap.add_argument("--reference-max-classes", type=int, default=100)
+    ap.add_argument("--lam", type=float, default=0.01)
+    ap.add_argument("--threads", type=int, default=0)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    hvps = [0]
+    orig = linear._pcg
+
+    def counting_pcg(hvp, g, pre, tol, max_steps):
+        def h(v):
+            hvps[0] += 1
+            return hvp(v)
+        return orig(h, g, pre, tol, max_steps)
+
+    linear._pcg = counting_pcg
+    print(f"threads {torch.get_num_threads()}, lam = mu = {a.lam}")
+    for case in a.cases.split(","):
+        c, n = (int(v) for v in case.split("x"))
+        z, y = draw(2 * n, c, seed=c)
+        zf, yf, zt, yt = z[:n], y[:n], z[n:], y[n:]
+        hvps[0] = 0
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WorseThanIdentityWarning)
+            dc = DirichletCalibration(lam=a.lam, mu=a.lam).fit(zf, yf)
+        el = time.perf_counter() - t
+        ours = float(F.cross_entropy(dc.transform(zt), yt))
+        line = (f"C={c} N={n}: fit {el:.1f} s ({hvps[0]} Hessian-vector products), held-out "
+                f"NLL {ours:.6f} (uncalibrated {float(F.cross_entropy(zt, yt)):.4f})")
+        if c <= a.reference_max_classes:
+            t = time.perf_counter()
+            theta, _ = scipy_fit(zf, yf, a.lam, a.lam)
+            ref_el = time.perf_counter() - t
+            ref = nll_of(theta, zt, yt)
+            line += f"; SciPy reference {ref:.6f} in {ref_el:.1f} s (diff {ours - ref:+.2e})"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
