@@ -155,6 +155,7 @@ def test_committed_results_name_no_machine_paths():
     assert files
     for f in files:
         for row in csv.DictReader(f.open(encoding="utf-8")):
-            d = row["run_dir"]
-            assert not d.startswith("/") and not PureWindowsPath(d).drive, (f, d)
-            assert d.startswith("runs/"), (f, d)
+            for d in row.values():  # no cell names a machine path
+                assert not d.startswith("/") and not PureWindowsPath(d).drive, (f, d)
+            if "run_dir" in row:  # the calibration demo's runs, relative to the report
+                assert row["run_dir"].startswith("runs/"), (f, row["run_dir"])

@@ -230,7 +230,7 @@ def dual_focal_gra_loss(
             with torch.no_grad():
                 pj = p_j_of(log_p.detach(), lp.detach())
             base = torch.expm1(lp).neg() + pj
-            return reduce_loss(_safe_pow(base, gamma).mul(lp).neg(), valid, reduction)
+            return reduce_loss(safe_pow(base, gamma).mul(lp).neg(), valid, reduction)
 
     def weight(log_p, lp, safe):
         return torch.expm1(lp).neg_().add_(p_j_of(log_p, lp)).pow_(gamma)
