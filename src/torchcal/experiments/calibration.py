@@ -333,9 +333,9 @@ MNIST1D = register_benchmark(Benchmark(
             "recipe (mnist1d-cnn), every loss at its published defaults (AdaFocal λ=1)",
     profiles={
         "default": Profile(seeds=(0, 1, 2), epochs=60, losses=CLAIM_LOSSES,
-                           measured="68 s measured on 2 idle cores"),
+                           measured="65 s measured on 2 idle cores"),
         "quick": Profile(seeds=(0,), epochs=15, losses=CLAIM_LOSSES,
-                         measured="19 s measured on 2 idle cores"),
+                         measured="16 s measured on 2 idle cores"),
         "full": Profile(seeds=(0, 1, 2, 3, 4), epochs=None,
                         measured="19 minutes measured on 2 idle cores"),
     },
