@@ -283,7 +283,7 @@ class MatrixScaling(_LinearCalibrator):
     (and off-diagonal terms) can change the arg-max, so accuracy can change.
 
     Example:
-        >>> z = torch.tensor([[1.0, 0.0]] * 4 + [[0.0, 1.0]] * 4)
+        >>> z = torch.tensor([[2.0, 0.0]] * 4 + [[0.0, 2.0]] * 4)
         >>> ms = MatrixScaling().fit(z, torch.tensor([0, 0, 0, 1, 1, 1, 1, 0]))
         >>> ms.predict_proba(z[[0, 4]]).round(decimals=4)  # the label frequencies, 3/4 each
         tensor([[0.7500, 0.2500],
