@@ -121,8 +121,12 @@ class LocalExecutor:
     process when ``workers`` is 1 (the caller's threads restored afterwards).
 
     Ctrl-C: the workers ignore SIGINT and this process terminates them at once (SIGTERM; a run
-    writes its files atomically and resumes from its last checkpoint).  A worker that dies
-    (killed, out of memory) fails the jobs of the broken pool by name; the next sweep resumes them.
+    writes its files atomically and resumes from its last checkpoint).  SIGTERM to this process
+    (``kill PID``, a job scheduler) stops the sweep the same way (``KeyboardInterrupt`` here),
+    and a worker whose parent dies without stopping it (``kill -9``) is ended by the kernel
+    (Linux: ``PR_SET_PDEATHSIG``), or ends itself at its next job elsewhere: no orphaned worker
+    goes on training into the sweep's directory.  A worker that dies (killed, out of memory)
+    fails the jobs of the broken pool by name; the next sweep resumes them.
 
     Attributes:
         workers: worker processes (at most one per job).
@@ -143,19 +147,20 @@ class LocalExecutor:
         # the workers start with SIGINT ignored (inherited through exec): a Ctrl-C reaches the
         # whole process group, and only this process handles it, by stopping them
         with _sigint_ignored():
-            ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx,
-                                     initializer=_worker_init, initargs=(self.warning_prefix,))
-            futs = {ex.submit(call_job, j.fn, j.spec, j.name): j for j in jobs}  # spawns them
+            ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                                     initargs=(self.warning_prefix, os.getpid()))
+            futs = {ex.submit(_call_in_worker, j.fn, j.spec, j.name): j for j in jobs}
         try:
-            pending = set(futs)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    try:
-                        r = fut.result()
-                    except BrokenProcessPool as exc:  # a worker died (killed, out of memory)
-                        r = failed_result(futs[fut], f"worker process died: {exc}")
-                    on_done(futs[fut], r)
+            with _sigterm_interrupts():
+                pending = set(futs)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        try:
+                            r = fut.result()
+                        except BrokenProcessPool as exc:  # a worker died (killed, out of memory)
+                            r = failed_result(futs[fut], f"worker process died: {exc}")
+                        on_done(futs[fut], r)
         except BaseException:  # Ctrl-C (KeyboardInterrupt), or anything else: stop now
             with _sigint_ignored():  # a second Ctrl-C must not interrupt the stopping
                 _stop_workers(ex)
@@ -212,11 +217,62 @@ def _threads_restored() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _worker_init(warning_prefix: str) -> None:
-    """A worker: one thread, SIGINT ignored (the parent stops it), one-line warnings."""
+_PARENT_PID: int | None = None
+
+
+def _worker_init(warning_prefix: str, parent_pid: int | None = None) -> None:
+    """A worker: one thread, SIGINT ignored (the parent stops it), one-line warnings, and ended
+    with its parent (:func:`_die_with_parent`)."""
+    global _PARENT_PID
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.formatwarning = one_line_warnings(warning_prefix)
     set_threads(1)
+    _PARENT_PID = parent_pid
+    _die_with_parent(parent_pid)
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Ask the kernel for SIGTERM when the parent process dies (Linux ``prctl``), and exit now
+    if it already has (the request would come too late)."""
+    if parent_pid is None:
+        return
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes  # here: Linux only
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _call_in_worker(fn: Callable[[Mapping[str, Any]], dict[str, Any]], spec: Mapping[str, Any],
+                    name: str) -> dict[str, Any]:
+    """:func:`call_job` in a pool worker, after checking that the sweep's process still runs
+    (where the kernel cannot end orphaned workers, they end here, before their next job)."""
+    if _PARENT_PID is not None and os.getppid() != _PARENT_PID:
+        os._exit(1)
+    return call_job(fn, spec, name)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` in the block (main thread only), so ``kill PID`` of a
+    sweep stops its workers as Ctrl-C does instead of leaving them training."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager
