@@ -25,7 +25,8 @@ from ._args import fmt as _fmt
 __all__ = ["register"]
 
 
-_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll", "vector", "histogram")
+_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll", "vector", "matrix", "dirichlet",
+            "isotonic", "histogram")
 
 
 def _make_calibrator(method: str, n_bins: int):
@@ -33,6 +34,12 @@ def _make_calibrator(method: str, n_bins: int):
         return posthoc.TemperatureScaling(method=method, n_bins=n_bins)
     if method == "vector":
         return posthoc.VectorScaling()
+    if method == "matrix":
+        return posthoc.MatrixScaling(reg="odir")
+    if method == "dirichlet":
+        return posthoc.DirichletCalibration()
+    if method == "isotonic":
+        return posthoc.IsotonicCalibration()
     return posthoc.HistogramBinning(n_bins=n_bins)
 
 
@@ -78,6 +85,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             if not args.test:
                 continue
             zt, yt = load_logits(args.test)
+            # held-out data: warns (one line) when the calibrator is worse than none there
+            cal.score(zt, yt)
             report["test"] = {"pre": _calib_metrics(None, zt, yt, args.n_bins),
                               "post": _calib_metrics(cal, zt, yt, args.n_bins)}
         pre, post = report[split]["pre"], report[split]["post"]
@@ -113,8 +122,12 @@ def register(subparsers: Any) -> None:
     c.add_argument("--method", choices=_METHODS, default="grid_ece",
                    help="grid_ece / grid_adaece / grid_nll: temperature from the grid 0.1..10 "
                         "by validation ECE / AdaECE / NLL; nll: temperature minimising NLL "
-                        "(LBFGS); vector: vector scaling; histogram: histogram binning "
-                        "(default grid_ece)")
+                        "(LBFGS); vector: vector scaling; matrix: matrix scaling with the ODIR "
+                        "regulariser; dirichlet: Dirichlet calibration (ODIR); isotonic: "
+                        "one-vs-rest isotonic regression; histogram: histogram binning "
+                        "(default grid_ece). A calibrator whose NLL is worse than the "
+                        "uncalibrated probabilities' on the validation data (matrix, "
+                        "dirichlet) or on --test is named in a warning")
     c.add_argument("--test", metavar="TEST.npz", help="logits to evaluate the fitted calibrator on")
     c.add_argument("--n-bins", type=int, default=15, help="bins of ECE and the grid search")
     c.add_argument("--out", metavar="OUT.json",

@@ -165,12 +165,16 @@ def identity_check(name: str, nll_calibrated: float, nll_identity: float, where:
     ``nll_identity`` by more than ``IDENTITY_MARGIN`` of it."""
     if nll_calibrated > nll_identity * (1 + IDENTITY_MARGIN) or (
             math.isnan(nll_calibrated) and not math.isnan(nll_identity)):
+        held_out = where != "validation"
+        cause = ("it over-fits its validation set, or these data differ from it"
+                 if held_out else "it over-fits its validation set, or its fit failed")
+        advice = ("fit it on validation data drawn like these" if name == "TemperatureScaling"
+                  else "regularise it (e.g. reg='odir' with larger `lam`/`mu`), fit it on more "
+                  "samples, or use a calibrator with fewer parameters (TemperatureScaling)")
         warnings.warn(
             f"{name}: the calibrated NLL on the {where} data ({nll_calibrated:.4g}) is worse "
             f"than the uncalibrated probabilities' ({nll_identity:.4g}, the identity map): "
-            "the calibrator over-fits its validation set; regularise it (e.g. reg='odir' with "
-            "larger `lam`/`mu`), fit it on more samples, or use a calibrator with fewer "
-            "parameters (TemperatureScaling)", WorseThanIdentityWarning, stacklevel=3)
+            f"{cause}; {advice}", WorseThanIdentityWarning, stacklevel=3)
 
 
 def like_input(out: torch.Tensor, ref: Any) -> Any:

@@ -1,0 +1,83 @@
+"""``torchcal calibrate`` says when the calibrator it fitted is worse than none (issue 24): on
+the held-out ``--test`` logits for every method, and on the validation logits for the linear
+maps; the new methods (matrix, dirichlet, isotonic) fit, print and write a file that reads back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from torchcal.evaluate import read_calibration
+from torchcal.posthoc import calibrator_from_dict
+
+
+def _npz(path: Path, logits: np.ndarray, labels: np.ndarray) -> Path:
+    np.savez(path, logits=logits.astype(np.float32), labels=labels.astype(np.int64))
+    return path
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": ""}
+    return subprocess.run([sys.executable, "-m", "torchcal", "calibrate", *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def shifted(tmp_path: Path) -> tuple[Path, Path]:
+    """Validation labels are the arg-max (a temperature far below 1 fits), test labels are
+    random: the sharpened probabilities are much worse than the uncalibrated ones there."""
+    g = np.random.default_rng(0)
+    zv = g.normal(size=(300, 5))
+    zt = g.normal(size=(300, 5))
+    return (_npz(tmp_path / "val.npz", zv, zv.argmax(1)),
+            _npz(tmp_path / "test.npz", zt, g.integers(0, 5, 300)))
+
+
+@pytest.mark.parametrize("method", ["nll", "vector", "dirichlet"])
+def test_worse_than_identity_on_test_is_a_warning_line(shifted, method):
+    val, test = shifted
+    r = _cli(str(val), "--test", str(test), "--method", method)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "worse than the uncalibrated" in ln]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("torchcal calibrate: WorseThanIdentityWarning:"), lines[0]
+    assert "scored (held-out)" in lines[0]
+    # the numbers of the warning are those printed on the test line
+    test_line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("test:"))
+    assert "NLL" in test_line
+
+
+def test_no_warning_when_the_calibrator_helps(tmp_path):
+    g = np.random.default_rng(1)
+    z = g.normal(size=(600, 4)) * 4
+    y = torch.distributions.Categorical(logits=torch.tensor(z / 4)).sample().numpy()
+    val = _npz(tmp_path / "val.npz", z[:300], y[:300])
+    test = _npz(tmp_path / "test.npz", z[300:], y[300:])
+    r = _cli(str(val), "--test", str(test), "--method", "nll")
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("method", ["matrix", "dirichlet", "isotonic"])
+def test_new_methods_fit_and_read_back(tmp_path, method):
+    g = np.random.default_rng(2)
+    z = g.normal(size=(400, 3)) * 3
+    y = torch.distributions.Categorical(logits=torch.tensor(z / 3)).sample().numpy()
+    val = _npz(tmp_path / "val.npz", z[:200], y[:200])
+    test = _npz(tmp_path / "test.npz", z[200:], y[200:])
+    out = tmp_path / "c.json"
+    r = _cli(str(val), "--test", str(test), "--method", method, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"{method}: fit on"), r.stdout
+    doc = read_calibration(out)
+    cal = calibrator_from_dict(doc["calibrator"])
+    p = cal.predict_proba(torch.tensor(z[200:], dtype=torch.float32))
+    nll = float(torch.nn.functional.nll_loss(torch.log(p.double().clamp_min(1e-300)),
+                                             torch.tensor(y[200:])))
+    assert nll == pytest.approx(doc["test"]["post"]["nll"], rel=1e-5)
