@@ -1,7 +1,19 @@
 """Dirichlet calibration with default settings at many classes (issue 24, 3): fit time,
 Newton steps / Hessian-vector products, and held-out NLL against an independent SciPy L-BFGS-B
-fit of dirichletcal's objective (dirichletcal itself does not install from PyPI: its sdist's
-``install_requires`` is malformed and it needs jax).
+fit of dirichletcal's objective and, with ``--dirichletcal``, against dirichletcal itself.
+
+dirichletcal does not install with pip (its sdist's ``install_requires`` lacks commas, so its
+metadata does not build); it needs ``jax`` (in the ``bench`` extra). To compare with it,
+unpack its sdist and pass the directory::
+
+    pip install -e ".[bench]"
+    curl -sL $(curl -s https://pypi.org/pypi/dirichletcal/json | python -c "import json, sys; \
+        print(json.load(sys.stdin)['urls'][0]['url'])") | tar xz -C /tmp
+    python benchmarks/bench_dirichlet_many_classes.py --dirichletcal /tmp/dirichletcal-0.5.3
+
+dirichletcal's ``FullDirichletCalibrator(reg_lambda=lam, reg_mu=mu, reg_norm=True,
+ref_row=False)`` is the same objective (its Newton's method up to 36 classes, SciPy's L-BFGS-B
+above); it builds an (N, C + 1, C + 1) array, so it cannot fit C = 1,000.
 
 Data: ``draw`` of the post-hoc tests (logits ~ 3·N(0, 1), labels from softmax(z / 2 + bias)),
 N fit samples and N held-out samples per C.
@@ -9,7 +21,7 @@ N fit samples and N held-out samples per C.
 Usage::
 
     python benchmarks/bench_dirichlet_many_classes.py [--cases 21x2000,50x2000,100x5000]
-        [--reference-max-classes 100] [--lam 0.01] [--threads 0]
+        [--reference-max-classes 100] [--lam 0.01] [--threads 0] [--dirichletcal DIR]
 """
 
 from __future__ import annotations
@@ -45,13 +57,32 @@ def nll_of(theta, z, y):
     return float(-ls[np.arange(len(y)), y.numpy()].mean())
 
 
+def _dirichletcal(path: str):
+    """dirichletcal's FullDirichletCalibrator from an unpacked sdist at ``path``, with jax in
+    float64 as it sets itself."""
+    root = Path(path)
+    if not (root / "dirichletcal" / "calib" / "fulldirichlet.py").is_file():
+        raise SystemExit(f"--dirichletcal: expected an unpacked dirichletcal sdist (a directory "
+                         f"holding dirichletcal/calib/fulldirichlet.py), got {path!r}")
+    sys.path.insert(0, str(root))
+    try:
+        from dirichletcal.calib.fulldirichlet import FullDirichletCalibrator
+    except ImportError as e:
+        raise SystemExit(f"--dirichletcal: cannot import dirichletcal ({e}); it needs jax: "
+                         "pip install -e '.[bench]'") from e
+    return FullDirichletCalibrator
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default="21x2000,50x2000,100x5000")
     ap.add_argument("--reference-max-classes", type=int, default=100)
     ap.add_argument("--lam", type=float, default=0.01)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--dirichletcal", metavar="DIR",
+                    help="an unpacked dirichletcal sdist (needs jax): compare with its fit")
     a = ap.parse_args()
+    full_dirichlet = _dirichletcal(a.dirichletcal) if a.dirichletcal else None
     if a.threads:
         torch.set_num_threads(a.threads)
     hvps = [0]
@@ -84,6 +115,14 @@ def main() -> None:
             ref_el = time.perf_counter() - t
             ref = nll_of(theta, zt, yt)
             line += f"; SciPy reference {ref:.6f} in {ref_el:.1f} s (diff {ours - ref:+.2e})"
+        if full_dirichlet is not None and c <= a.reference_max_classes:
+            t = time.perf_counter()
+            dcal = full_dirichlet(reg_lambda=a.lam, reg_mu=a.lam, reg_norm=True, ref_row=False)
+            dcal.fit(torch.softmax(zf, 1).numpy(), yf.numpy())
+            ref_el = time.perf_counter() - t
+            q = np.asarray(dcal.predict_proba(torch.softmax(zt, 1).numpy()), dtype=np.float64)
+            ref = float(-np.log(q[np.arange(len(yt)), yt.numpy()]).mean())
+            line += f"; dirichletcal {ref:.6f} in {ref_el:.1f} s (diff {ours - ref:+.2e})"
         print(line, flush=True)
 
 

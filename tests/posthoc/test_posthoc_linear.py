@@ -4,6 +4,7 @@ objective written here from the authors' dirichletcal code, and properties."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -179,3 +180,24 @@ def test_round_trip_and_transform_dtypes(cls):
 def test_bad_settings(cls, kwargs, match):
     with pytest.raises(ValueError, match=match):
         cls(**kwargs)
+
+
+@pytest.mark.parametrize("cls", [DirichletCalibration, MatrixScaling])
+def test_memorised_validation_labels_warn_at_fit(cls):
+    """Issue 24 (3, 4): with more parameters than validation samples the default ODIR penalty
+    (lam / (C (C - 1)) per off-diagonal weight) lets the map memorise the labels; the fit says
+    so, and held-out data confirm it is worse than no calibration."""
+    from torchcal.posthoc import MemorizedValidationWarning, WorseThanIdentityWarning
+
+    z, y = draw(600, 30, seed=30)  # 930 parameters, 300 validation samples
+    kwargs = {"reg": "odir"} if cls is MatrixScaling else {}
+    with pytest.warns(MemorizedValidationWarning, match=r"930 parameters fitted on 300 "
+                                                        r"validation samples.*memorised"):
+        cal = cls(**kwargs).fit(z[:300], y[:300])
+    with pytest.warns(WorseThanIdentityWarning, match="scored"):
+        cal.score(z[300:], y[300:])
+    # enough samples for the parameters: no warning
+    z, y = draw(1000, 21, seed=21)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemorizedValidationWarning)
+        cls(**kwargs).fit(z, y)

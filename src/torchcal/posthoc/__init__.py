@@ -34,6 +34,7 @@ from ._common import (
     CalibrationError,
     Calibrator,
     Estimator,
+    MemorizedValidationWarning,
     WorseThanIdentityWarning,
     default_grid,
 )
@@ -54,6 +55,7 @@ from .vector import VectorScaling
 __all__ = [
     "Calibrator",
     "CalibrationError",
+    "MemorizedValidationWarning",
     "WorseThanIdentityWarning",
     "TemperatureScaling",
     "VectorScaling",

@@ -154,6 +154,12 @@ class WorseThanIdentityWarning(RuntimeWarning):
     optimisation failed."""
 
 
+class MemorizedValidationWarning(WorseThanIdentityWarning):
+    """A calibrator with more parameters than validation samples (matrix or Dirichlet scaling at
+    many classes) fitted its validation labels far better than temperature scaling can: it has
+    memorised them, and on other data it will likely be worse than no calibration."""
+
+
 #: Relative margin of :class:`WorseThanIdentityWarning`: it is raised when the calibrated NLL
 #: exceeds the identity's by more than this fraction (noise on a held-out set of a calibrator
 #: that barely changes the probabilities stays quiet).
