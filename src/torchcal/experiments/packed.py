@@ -49,8 +49,10 @@ def pack_jobs(specs: Sequence[Mapping[str, Any]], *,
     """The jobs of a packed sweep over the run ``specs``.
 
     The packs depend on the specs alone (never on the executor's workers), so a run's numbers
-    do not depend on the workers either: a member's computations are the same whichever
-    runs share its pack (M >= 2; a run alone trains unpacked, as with ``--no-pack``).
+    do not depend on the workers either: in a pack of a given size a member's computations are
+    the same whichever runs share it (a run alone trains unpacked, as with ``--no-pack``).  A
+    pack of another size may round differently (the CPU's kernels block the packed batch by
+    size), so another selection of runs can move a run's numbers at the float-rounding level.
 
     Args:
         specs: run specs (:func:`~torchcal.experiments.training.train_config`).
