@@ -104,8 +104,12 @@ def test_class_conditional_coverage_holds_in_every_class(method):
 def test_lac_gives_the_smallest_sets_and_aps_adapts(pool):
     z, y = pool
     # deterministic scores without a forced top label (randomised sets can be smaller than
-    # LAC's by a fraction of a class: they include the last class only part of the time)
-    fitted = {m: ConformalClassifier(method=m, randomized=False, include_top_label=False)
+    # LAC's by a fraction of a class: they include the last class only part of the time), and
+    # a fixed RAPS tuning split: RAPS sets aside a fifth of the calibration data to choose
+    # k_reg and lam, and that split moves its mean size by about +-0.1 classes (below LAC's
+    # 5.007 on 2 of random_state 0-19; with random_state=None the test failed now and then)
+    fitted = {m: ConformalClassifier(method=m, randomized=False, include_top_label=False,
+                                     random_state=0)
               .fit(z[:2000], y[:2000]) for m in METHODS}
     sizes = {m: cp.mean_set_size(z[2000:]) for m, cp in fitted.items()}
     assert sizes["lac"] <= sizes["aps"] and sizes["lac"] <= sizes["raps"]
