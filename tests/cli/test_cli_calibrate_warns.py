@@ -23,6 +23,17 @@ def _npz(path: Path, logits: np.ndarray, labels: np.ndarray) -> Path:
     return path
 
 
+def _calibrated_split(tmp_path: Path, n: int, c: int, scale: float, seed: int):
+    """Logits ``scale * N(0, 1)`` with labels drawn from ``softmax(z / scale)`` (the model is
+    right about its uncertainty up to the scale), split in half into val.npz and test.npz."""
+    z = np.random.default_rng(seed).normal(size=(n, c)) * scale
+    y = torch.multinomial(torch.softmax(torch.tensor(z / scale), 1), 1,
+                          generator=torch.Generator().manual_seed(seed)).squeeze(1).numpy()
+    h = n // 2
+    return (_npz(tmp_path / "val.npz", z[:h], y[:h]), _npz(tmp_path / "test.npz", z[h:], y[h:]),
+            z[h:], y[h:])
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": ""}
     return subprocess.run([sys.executable, "-m", "torchcal", "calibrate", *args],
@@ -55,12 +66,7 @@ def test_worse_than_identity_on_test_is_a_warning_line(shifted, method):
 
 
 def test_no_warning_when_the_calibrator_helps(tmp_path):
-    g = np.random.default_rng(1)
-    z = g.normal(size=(600, 4)) * 4
-    y = torch.multinomial(torch.softmax(torch.tensor(z / 4), 1), 1,
-                          generator=torch.Generator().manual_seed(1)).squeeze(1).numpy()
-    val = _npz(tmp_path / "val.npz", z[:300], y[:300])
-    test = _npz(tmp_path / "test.npz", z[300:], y[300:])
+    val, test, _, _ = _calibrated_split(tmp_path, 600, 4, scale=4.0, seed=1)
     r = _cli(str(val), "--test", str(test), "--method", "nll")
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stderr, r.stderr
@@ -68,12 +74,7 @@ def test_no_warning_when_the_calibrator_helps(tmp_path):
 
 @pytest.mark.parametrize("method", ["matrix", "dirichlet", "isotonic"])
 def test_new_methods_fit_and_read_back(tmp_path, method):
-    g = np.random.default_rng(2)
-    z = g.normal(size=(400, 3)) * 3
-    y = torch.multinomial(torch.softmax(torch.tensor(z / 3), 1), 1,
-                          generator=torch.Generator().manual_seed(2)).squeeze(1).numpy()
-    val = _npz(tmp_path / "val.npz", z[:200], y[:200])
-    test = _npz(tmp_path / "test.npz", z[200:], y[200:])
+    val, test, zt, yt = _calibrated_split(tmp_path, 400, 3, scale=3.0, seed=2)
     out = tmp_path / "c.json"
     r = _cli(str(val), "--test", str(test), "--method", method, "--out", str(out))
     assert r.returncode == 0, r.stderr
@@ -82,6 +83,6 @@ def test_new_methods_fit_and_read_back(tmp_path, method):
     cal = calibrator_from_dict(doc["calibrator"])
     # the calibrator read back gives the metrics the command printed and wrote (isotonic may
     # give a label probability 0, so compare ECE: always finite)
-    p = torch.as_tensor(cal.predict_proba(torch.tensor(z[200:], dtype=torch.float32))).double()
-    got = float(ece(probs=p, labels=torch.tensor(y[200:]), n_bins=15))
+    p = torch.as_tensor(cal.predict_proba(torch.tensor(zt, dtype=torch.float32))).double()
+    got = float(ece(probs=p, labels=torch.tensor(yt), n_bins=15))
     assert got == pytest.approx(doc["test"]["post"]["ece"], rel=1e-5, abs=1e-9)
