@@ -30,7 +30,7 @@ from ._loss_utils import (
     reduce_loss,
     target_log_probs,
 )
-from .basic import _BrierFunction
+from .basic import _brier_apply
 
 __all__ = [
     "gradient_weighted_loss",
@@ -167,9 +167,9 @@ def bsce_loss(
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
         if beta == 2.0:  # closed-form fused backward (see torchcal.functional.basic)
-            loss, valid = _BrierFunction.apply(_as_compute(input), target,
-                                               ignore_index, validate_args, gamma)
-            return reduce_loss(loss, valid if valid.numel() else None, reduction)
+            loss, valid = _brier_apply(_as_compute(input), target, ignore_index,
+                                       validate_args, gamma)
+            return reduce_loss(loss, valid, reduction)
         log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
                                                   validate_args=validate_args)
         u = brier_uncertainty(log_p, _as_index(safe), beta, gamma)
