@@ -108,7 +108,7 @@ def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2
     idx = target.unsqueeze(1)
     d = p.scatter(1, idx, torch.expm1(log_p.gather(1, idx)))
     if beta == 2.0:
-        s = torch.linalg.vector_norm(d, dim=1).square_()
+        s = torch.linalg.vector_norm(d, dim=1).square()
     elif beta == 1.0:
         s = d.abs().sum(1)
     else:
@@ -141,7 +141,7 @@ def bsce_gra_loss(
     gamma = check_hyper(gamma, "gamma")
 
     def weight(log_p, lp, safe):
-        d = log_p.exp().scatter_(1, _as_index(safe).unsqueeze(1), torch.expm1(lp).unsqueeze(1))
+        d = log_p.exp().scatter(1, _as_index(safe).unsqueeze(1), torch.expm1(lp).unsqueeze(1))
         n = torch.linalg.vector_norm(d, ord=beta, dim=1)
         return n if gamma == 1.0 else n.pow(gamma)
 
