@@ -38,6 +38,7 @@ from .debiased import debiased_ece
 from .layout import IGNORE_INDEX, flatten_valid
 from .meter import CalibrationMeter
 from .members import (
+    check_member_logits,
     disagreement,
     expected_entropy,
     mutual_information,
@@ -101,6 +102,7 @@ __all__ = [
     "mutual_information",
     "disagreement",
     "pooled_log_probs",
+    "check_member_logits",
     "bootstrap_ci",
     "BootstrapResult",
     "CalibrationMeter",

@@ -115,6 +115,31 @@ class CalibrationMeter:
     def _state_size(self) -> int:
         return 3 * self.n_bins + self.num_classes * self.n_bins + _N_SCALARS
 
+    @property
+    def state_size(self) -> int:
+        """The number of float64 entries of the fixed-size state: ``(3 + C) B + 7``."""
+        return self._state_size()
+
+    @property
+    def state(self) -> torch.Tensor | None:
+        """The fixed-size float64 state (None before the first batch): per-bin sums, per
+        (class, bin) sums and the running sums, all additive, so that the state of several
+        meters (ranks, shards) is their sum.  With ``adaptive=False`` it is everything the meter
+        holds; a framework that syncs metric states by summing (torchmetrics) can own it.
+        Setting it replaces the state (a float64 tensor of :attr:`state_size` entries, used
+        as is: :meth:`update` adds to it in place)."""
+        return self._state
+
+    @state.setter
+    def state(self, value: torch.Tensor) -> None:
+        if (not isinstance(value, torch.Tensor) or value.dtype != torch.float64
+                or tuple(value.shape) != (self.state_size,)):
+            got = (f"{value.dtype} of shape {tuple(value.shape)}"
+                   if isinstance(value, torch.Tensor) else type(value).__name__)
+            raise ValueError(f"Expected `state` to be a float64 tensor of shape "
+                             f"({self.state_size},), got {got}")
+        self._state = value
+
     def _ensure_state(self, device: torch.device) -> torch.Tensor:
         if self._state is None:
             dev = self.device if self.device is not None else device
