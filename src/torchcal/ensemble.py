@@ -37,14 +37,7 @@ from torch import nn
 
 from ._validation import as_tensor, check_labels, check_positive_int
 from .evaluate import load_logits
-from .metrics import (
-    check_member_logits,
-    disagreement,
-    expected_entropy,
-    mutual_information,
-    pooled_log_probs,
-    predictive_entropy,
-)
+from .metrics import members as scores
 from .runs import RunDir
 
 __all__ = ["Ensemble", "from_logits", "from_run_dirs", "mc_dropout", "DROPOUT_TYPES"]
@@ -76,7 +69,7 @@ class Ensemble:
     @property
     def logits(self) -> torch.Tensor:
         """The ensemble's (N, C) float64 "logits" ``log pbar`` (log of the mean probabilities)."""
-        return pooled_log_probs(member_logits=self.member_logits)
+        return scores.pooled_log_probs(member_logits=self.member_logits)
 
     @property
     def probs(self) -> torch.Tensor:
@@ -86,11 +79,8 @@ class Ensemble:
     def scores(self) -> dict[str, torch.Tensor]:
         """Per-sample (N,) float64 uncertainties: ``predictive_entropy``,
         ``expected_entropy``, ``mutual_information`` and ``disagreement``."""
-        z = self.member_logits
-        return {"predictive_entropy": predictive_entropy(member_logits=z),
-                "expected_entropy": expected_entropy(member_logits=z),
-                "mutual_information": mutual_information(member_logits=z),
-                "disagreement": disagreement(member_logits=z)}
+        names = ("predictive_entropy", "expected_entropy", "mutual_information", "disagreement")
+        return {k: getattr(scores, k)(member_logits=self.member_logits) for k in names}
 
 
 def from_logits(member_logits: Any, labels: Any = None, *,
@@ -114,7 +104,7 @@ def from_logits(member_logits: Any, labels: Any = None, *,
                     f"{tuple(parts[0].shape)}, got {tuple(z.shape)} for member {i}"
                 )
         member_logits = torch.stack(parts)
-    z = check_member_logits(member_logits)
+    z = scores.check_member_logits(member_logits)
     y = None if labels is None else check_labels(labels, n=z.shape[1], num_classes=z.shape[2])
     if names is None:
         names = [f"member {i}" for i in range(z.shape[0])]

@@ -294,12 +294,11 @@ def risk_coverage_plot(
         curves: a mapping ``{name: (uncertainty, correct)}`` (each (N,), as
             :func:`torchcal.metrics.risk_coverage_curve` takes them), or one
             ``(uncertainty, correct)`` pair.
-        title: axes title.
-        path: if given, the figure is also written there as PNG (atomically).
-        ax: an existing matplotlib Axes to draw into (the caller owns the figure).
+        title, path, ax: as for :func:`smooth_reliability_diagram` (the title, a PNG written
+            atomically, an Axes of the caller's to draw into).
 
     Returns:
-        The matplotlib ``Figure``.
+        The matplotlib ``Figure`` (one Axes: risk in percent against coverage).
 
     Example:
         >>> import torch

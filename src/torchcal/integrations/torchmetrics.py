@@ -91,25 +91,30 @@ class CalibrationError(_MeterMetric):
 
 
 class MaxCalibrationError(_MeterMetric):
-    """Maximum calibration error over the equal-width bins (:func:`torchcal.metrics.mce`)."""
+    """Maximum calibration error ``max_b |acc_b - conf_b|`` over the non-empty equal-width
+    bins (:func:`torchcal.metrics.mce`): the worst bin, whatever its size."""
 
     key = "mce"
 
 
 class RMSCalibrationError(_MeterMetric):
-    """Root-mean-square calibration error (:func:`torchcal.metrics.rmsce`)."""
+    """Root-mean-square calibration error ``sqrt(sum_b (n_b / N) (acc_b - conf_b)^2)``
+    (:func:`torchcal.metrics.rmsce`; torchmetrics' ``norm="l2"``)."""
 
     key = "rmsce"
 
 
 class ClasswiseCalibrationError(_MeterMetric):
-    """Classwise-ECE (:func:`torchcal.metrics.classwise_ece`)."""
+    """Classwise-ECE: the mean over the C classes of the equal-width ECE of ``p_k`` against
+    ``[y = k]`` (:func:`torchcal.metrics.classwise_ece`), from the (class, bin) sums of the
+    state (C B of its numbers)."""
 
     key = "classwise_ece"
 
 
 class NegativeLogLikelihood(_MeterMetric):
-    """Mean negative log-likelihood (:func:`torchcal.metrics.nll`)."""
+    """Mean negative log-likelihood ``-mean log p_y`` (:func:`torchcal.metrics.nll`), from
+    ``log_softmax`` of the logits; a running float64 sum."""
 
     key = "nll"
 

@@ -179,6 +179,7 @@ def smooth_ece(
         sigma: kernel bandwidth in (0, 1]; ``None`` (default) chooses it automatically (use
             :func:`smooth_reliability_curve` to see the value chosen).
         validate_args: check the inputs for NaN/Inf, range and row sums.
+        ignore_index: label of the entries left out (see :func:`torchcal.metrics.ece`).
 
     Returns:
         0-d tensor on the input's device (a fraction in [0, 1]).

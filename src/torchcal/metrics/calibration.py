@@ -4,7 +4,9 @@ reliability curve behind them.
 Conventions (shared with :mod:`torchcal.metrics.binning`, the single home of bin assignment):
 
 * Inputs: exactly one of ``logits=`` / ``probs=`` of shape (N, C) (torch or NumPy, any float
-  dtype, any device) and ``labels=`` (N,) integer class indices.  Logits go through ``softmax``.
+  dtype, any device) and ``labels=`` (N,) integer class indices; or (N, C, d1, ...) with
+  (N, d1, ...) labels, flattened, and the entries labelled ``ignore_index`` (default -100)
+  left out (:mod:`torchcal.metrics.layout`).  Logits go through ``softmax``.
   The value range is never used to guess which one was passed.
 * Top-label metrics bin the top-1 confidence ``conf_i = max_c p_ic``; sample i is correct when
   ``argmax_c p_ic = y_i``.  With ``n_b`` samples in bin b, ``acc_b`` their accuracy and ``conf_b``
@@ -97,6 +99,10 @@ def ece(
         n_bins: number of equal-width bins B (>= 1).
         validate_args: check the inputs for NaN/Inf, range and row sums (the cheap shape and
             label checks always run).
+        ignore_index: label of the entries left out (default -100; None keeps every entry).
+            Predictions may also be (N, C, d1, ...) with (N, d1, ...) labels: the metric is
+            then that of the flattened rows whose label is kept
+            (:func:`torchcal.metrics.flatten_valid`); every labelled metric does the same.
 
     Returns:
         0-d tensor on the input's device.
@@ -317,6 +323,7 @@ def confidence_gap(
         probs: (N, C) probabilities.
         labels: (N,) integer class indices.
         validate_args: check the inputs (see :func:`ece`).
+        ignore_index: label of the entries left out (see :func:`ece`).
 
     Returns:
         0-d tensor on the input's device, in the input's float dtype (at least float32).

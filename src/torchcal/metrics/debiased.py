@@ -70,6 +70,7 @@ def debiased_ece(
         n_bins: number of bins B.
         strategy: ``"quantile"`` or ``"uniform"``.
         validate_args: check the inputs for NaN/Inf, range and row sums.
+        ignore_index: label of the entries left out (see :func:`torchcal.metrics.ece`).
 
     Returns:
         0-d tensor on the input's device (a fraction in [0, 1]).
