@@ -175,6 +175,17 @@ def _dropout_sampling(model: nn.Module) -> Iterator[None]:
             m.training = mode
 
 
+def _forked_rng(device: torch.device | str, seed: int | None) -> Any:
+    """A context that restores the CPU RNG (and ``device``'s, for CUDA) on exit; a no-op for
+    ``seed=None`` (the passes then draw from the global RNG, as any forward pass does)."""
+    if seed is None:
+        return contextlib.nullcontext()
+    dev = torch.device(device)
+    cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] \
+        if dev.type == "cuda" else []
+    return torch.random.fork_rng(devices=cuda)
+
+
 @torch.no_grad()
 def mc_dropout(model: nn.Module, x_or_loader: Any, *, samples: int = 10,
                seed: int | None = None, device: torch.device | str | None = None
@@ -209,10 +220,8 @@ def mc_dropout(model: nn.Module, x_or_loader: Any, *, samples: int = 10,
     if device is None:
         param = next(model.parameters(), None)
         device = param.device if param is not None else torch.device("cpu")
-    rng = torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda"
-                                else []) if seed is not None else contextlib.nullcontext()
     out = []
-    with rng, _dropout_sampling(model):
+    with _forked_rng(device, seed), _dropout_sampling(model):
         if seed is not None:
             torch.manual_seed(int(seed))
         for x in _inputs(x_or_loader):

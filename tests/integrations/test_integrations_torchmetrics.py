@@ -47,6 +47,15 @@ def test_metric_equals_the_function(cls, fn):
     assert float(probs.compute()) == pytest.approx(float(got), abs=1e-12)
 
 
+def test_forward_gives_the_batch_value_and_accumulates():
+    g = torch.Generator().manual_seed(1)
+    z, y = torch.randn(100, 4, generator=g, dtype=torch.float64), torch.randint(0, 4, (100,), generator=g)
+    metric = CalibrationError(num_classes=4)
+    for part in (slice(0, 50), slice(50, 100)):
+        torch.testing.assert_close(metric(z[part], y[part]), M.ece(logits=z[part], labels=y[part]))
+    torch.testing.assert_close(metric.compute(), M.ece(logits=z, labels=y))
+
+
 def test_collection_and_errors():
     z, y = torch.randn(30, 4, dtype=torch.float64), torch.randint(0, 4, (30,))
     metric = CalibrationMetrics(num_classes=4)

@@ -91,3 +91,11 @@ def test_bad_inputs():
         M.e_aurc(uncertainty=[0.1, 0.2], correct=[1, 0, 1])
     with pytest.raises(ValueError, match="`uncertainty` to be 1-D"):
         M.augrc(uncertainty=[[0.1, 0.2]], correct=[1, 0])
+
+
+def test_risk_at_coverage_counts_float_coverages_exactly():
+    # 0.7 * 10 = 7.000000000000001 in floating point: 7 samples accepted, not 8
+    u = torch.arange(10.0)
+    c = torch.tensor([1] * 7 + [0] * 3)
+    assert float(M.risk_at_coverage(uncertainty=u, correct=c, coverage=0.7)) == 0.0
+    assert float(M.risk_at_coverage(uncertainty=u, correct=c, coverage=0.71)) == 1 / 8

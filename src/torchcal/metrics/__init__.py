@@ -36,7 +36,6 @@ from .calibration import (
 )
 from .debiased import debiased_ece
 from .layout import IGNORE_INDEX, flatten_valid
-from .meter import CalibrationMeter
 from .members import (
     check_member_logits,
     disagreement,
@@ -45,6 +44,7 @@ from .members import (
     pooled_log_probs,
     predictive_entropy,
 )
+from .meter import CalibrationMeter
 from .ranking import (
     OOD_SCORES,
     RiskCoverageCurve,

@@ -272,8 +272,10 @@ def augrc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
 
 
 def risk_at_coverage(*, uncertainty: Any, correct: Any, coverage: float = 0.8) -> torch.Tensor:
-    """Error rate among the ``ceil(coverage N)`` least uncertain samples (ties as in
-    :func:`aurc`): the risk of a model that abstains on the rest.
+    """Error rate among the ``k = ceil(coverage N)`` least uncertain samples (ties as in
+    :func:`aurc`): the risk of a model that abstains on the rest.  ``k`` is at least 1, and
+    ``coverage N`` is rounded within 1e-9 first, so that a coverage of 0.7 of 10 samples
+    accepts 7 (0.7 x 10 is 7.000000000000001 in floating point).
 
     Args:
         uncertainty: (N,) predicted uncertainty, lower = more confident.
