@@ -64,6 +64,11 @@ def test_from_run_dirs(tmp_path):
     torch.testing.assert_close(ens.member_logits, torch.stack(zs))
     assert ens.labels.tolist() == y.tolist()
     assert ens.names == tuple(str(d) for d in dirs)
+    # an OOD set's placeholder labels (-1) give an ensemble without labels
+    for d, z in zip(dirs, zs):
+        save_logits(RunDir(d).logits("ood_noise"), z[:10], torch.full((10,), -1))
+    ood = from_run_dirs(dirs, "ood_noise")
+    assert ood.labels is None and ood.member_logits.shape == (3, 10, 4)
     # a run whose samples differ is named
     save_logits(RunDir(tmp_path / "other").logits("test"), zs[0], (y + 1) % 4)
     with pytest.raises(ValueError, match="labels of '.*other' differ from those of '.*seed0'"):

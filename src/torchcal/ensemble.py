@@ -121,7 +121,8 @@ def from_run_dirs(run_dirs: Iterable[str | os.PathLike], split: str = "test", *,
 
     ``split`` is ``"val"``, ``"test"`` or ``"ood_<name>"``.  The runs must have predicted the
     same samples in the same order: their labels must be equal (else ``ValueError`` naming the
-    first run that differs); members are named by their run directory.
+    first run that differs); members are named by their run directory.  The ensemble's
+    ``labels`` are None when the saved labels are not class indices (an OOD set stores -1).
     """
     dirs = [RunDir(d) for d in run_dirs]
     if not dirs:
@@ -136,7 +137,10 @@ def from_run_dirs(run_dirs: Iterable[str | os.PathLike], split: str = "test", *,
             )
         members.append(z)
         labels = y if labels is None else labels
-    return from_logits(np.stack(members), labels, names=[str(run.path) for run in dirs])
+    stacked = np.stack(members)
+    if labels.size and not (labels.min() >= 0 and labels.max() < stacked.shape[2]):
+        labels = None  # an OOD set's placeholder labels (-1): not class indices
+    return from_logits(stacked, labels, names=[str(run.path) for run in dirs])
 
 
 def _inputs(x_or_loader: Any) -> Iterator[torch.Tensor]:

@@ -347,7 +347,10 @@ def ood_scores(
       ``id_logits`` / ``ood_logits`` are then (S, N, C) (an ensemble or MC-dropout samples).
 
     The other scores take (N, C) logits.  Energy and max-logit use the logits' scale, which
-    softmax forgets: adding a constant to a row changes them but not the probabilities.
+    softmax forgets: adding a constant to a row changes them but not the probabilities.  So
+    they need a network's own logits: on log-probabilities (an ensemble's pooled
+    ``log pbar``, :attr:`torchcal.ensemble.Ensemble.logits`) the energy is
+    ``-log sum_c pbar_c = 0`` for every input and max-logit ranks as ``"max_prob"``.
     Returns ``(scores, labels)`` of length ``N_id + N_ood`` (float64, bool) with label 1 for
     the OOD samples (in-distribution first), ready for :func:`auroc`, :func:`aupr` and
     :func:`fpr_at_tpr`.
