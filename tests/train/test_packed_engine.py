@@ -269,10 +269,10 @@ def test_a_diverged_member_stays_a_ghost_across_a_resume(tmp_path, monkeypatch):
     """In a pack of 2, a member diverges in epoch 2; the run is interrupted in epoch 3 and
     resumed: the companion resumes beside the diverged member's ghost (the pack keeps its size,
     read from the checkpoint's layout) and ends bit for bit as the uninterrupted pack's."""
+    from test_train_packed import _Diverging
+
     from torchcal.losses import register_loss
     from torchcal.losses._registry import LOSSES
-
-    from test_train_packed import _Diverging
     register_loss("test_diverging_ghost")(_Diverging)
     try:
         def configs(tag):
