@@ -11,7 +11,9 @@ defaults, seeds 0.. so that M members are M/7 seeds of each loss.
 
 Prints the ops per epoch at each M, the ops per member, and the ratio of each M's count to the
 smallest M's (issue 31's target: 35 members at most 1.5x 7 members; 3.4x before the grouped
-engine).  A breakdown by operator name (``--top``) shows where the rest goes.
+engine), for the vmapped forward (what a GPU runs: the target's subject) and the per-member
+forward the CPU runs by default (the model's operations then grow with the members; the rest
+does not).  A breakdown by operator name (``--top``) shows where the rest goes.
 
 Run::
 
@@ -59,11 +61,11 @@ def configs(members: int, epochs: int, root: str, losses=CLAIM_LOSSES) -> list:
     return out
 
 
-def count(members: int, epochs: int) -> collections.Counter[str]:
+def count(members: int, epochs: int, forward: str) -> collections.Counter[str]:
     with tempfile.TemporaryDirectory() as root:
         cfgs = configs(members, epochs, root)
         with OpCounter() as oc:
-            res = train_packed(cfgs)
+            res = train_packed(cfgs, forward=forward)
     bad = [r for r in res if isinstance(r, BaseException)]
     if bad:
         raise RuntimeError(f"a member failed: {bad[0]!r}")
@@ -74,22 +76,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--members", default="7,14,35")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--forward", default="vmap,loop",
+                    help="the packs' forward(s) to count: vmap (a GPU's), loop (the CPU's)")
     a = ap.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     ms = [int(m) for m in a.members.split(",")]
-    rows = []
-    for m in ms:
-        one, two = count(m, 1), count(m, 2)
-        per_epoch = two.copy()
-        per_epoch.subtract(one)
-        rows.append((m, sum(per_epoch.values()), per_epoch))
-    base = rows[0][1]
-    print(f"{'members':>8} {'ops/epoch':>10} {'ops/member':>11} {'x smallest M':>13}")
-    for m, n, _ in rows:
-        print(f"{m:>8} {n:>10,} {n / m:>11,.0f} {n / base:>13.2f}")
+    for forward in a.forward.split(","):
+        rows = []
+        for m in ms:
+            one, two = count(m, 1, forward), count(m, 2, forward)
+            per_epoch = two.copy()
+            per_epoch.subtract(one)
+            rows.append((m, sum(per_epoch.values()), per_epoch))
+        base = rows[0][1]
+        print(f"\nforward={forward}")
+        print(f"{'members':>8} {'ops/epoch':>10} {'ops/member':>11} {'x smallest M':>13}")
+        for m, n, _ in rows:
+            print(f"{m:>8} {n:>10,} {n / m:>11,.0f} {n / base:>13.2f}")
     m, n, per = rows[-1]
-    print(f"\ntop operators per epoch at M={m}:")
+    print(f"\ntop operators per epoch at M={m} (forward={forward}):")
     for name, c in sorted(per.items(), key=lambda kv: -kv[1])[:a.top]:
         print(f"  {name:<32} {c:>8,}")
 

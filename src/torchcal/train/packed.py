@@ -85,7 +85,14 @@ from .trainer import (
     train,
 )
 
-__all__ = ["train_packed", "pack_groups", "pack_problem", "MemberDivergedError"]
+__all__ = ["train_packed", "pack_groups", "pack_problem", "MemberDivergedError", "FORWARDS"]
+
+#: How a pack runs its members' model: ``"vmap"`` (one batched forward and backward: a GPU's
+#: way, whose kernel launches do not grow with the members), ``"loop"`` (each member's forward on
+#: its slices of the stacked parameters, with the kernels of a separate run: faster on a CPU,
+#: whose grouped convolutions are slow), ``"auto"`` (``"loop"`` on the CPU, else ``"vmap"``).
+#: Losses, statistics, clipping and SGD are shared either way.
+FORWARDS = ("auto", "vmap", "loop")
 
 #: TrainConfig fields in which the members of one pack may differ.
 MEMBER_FIELDS = frozenset({"seed", "loss", "loss_kwargs", "loss_defaults", "reduction", "out_dir",
@@ -156,9 +163,13 @@ class _Pack:
     itself) hold views of slice ``m`` afterwards.
     """
 
-    def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD]) -> None:
+    def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD],
+                 forward: str = "vmap") -> None:
+        if forward not in FORWARDS:
+            raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
         self.models, self.optimizers = models, optimizers
         self.base = models[0]
+        self.mode = forward
         params, buffers = stack_module_state(models)
         self.params, self.buffers = params, buffers
         group = optimizers[0].param_groups[0]
@@ -189,12 +200,22 @@ class _Pack:
     def _call(self, params, buffers, x):
         return functional_call(self.base, (params, buffers), (x,))
 
+    def _member(self, m: int, x: torch.Tensor) -> torch.Tensor:
+        """Member ``m``'s forward on its slices of the stacked tensors (gradients reach the
+        stacks), with the very kernels of a separate run."""
+        return self._call({k: v[m] for k, v in self.params.items()},
+                          {k: v[m] for k, v in self.buffers.items()}, x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
+        if self.mode == "loop":
+            return torch.stack([self._member(m, x[m]) for m in range(len(self.models))])
         return vmap(self._call, randomness="error")(self.params, self.buffers, x)
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (B, M, C) of every member on the same inputs (B, ...)."""
+        if self.mode == "loop":
+            return torch.stack([self._member(m, x) for m in range(len(self.models))], 1)
         return vmap(self._call, in_dims=(0, 0, None), out_dims=1,
                     randomness="error")(self.params, self.buffers, x)
 
@@ -207,15 +228,22 @@ class _Pack:
             g["lr"] = lr
 
     def step(self, total: torch.Tensor, max_norm: float | None) -> None:
-        """Backward, each member's gradient clipped by its own norm (``clip_grad_norm_``'s
-        formula, the squares of all its gradients summed in one pass), one SGD step."""
+        """Backward, each member's gradient clipped by its own norm, one SGD step.
+
+        The clipping is ``clip_grad_norm_``'s computation for every member at once: the norm of
+        each parameter tensor's row of each member (the very reduction ``_foreach_norm`` runs on
+        one member's tensor), the norm of those norms, ``max_norm / (norm + 1e-6)`` clamped at
+        1, one ``_foreach_mul_``: a number of operations that grows with the parameter tensors,
+        not with the members."""
         self.opt.zero_grad(set_to_none=True)
         total.backward()
         if max_norm is not None:
             grads = [p.grad for p in self.params.values() if p.grad is not None]
             n = len(self.models)
-            sq = torch.cat([g.reshape(n, -1) for g in grads], 1).float().pow(2).sum(1)
-            coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+            norms = torch.stack([torch.linalg.vector_norm(g.reshape(n, -1), 2.0, dim=1)
+                                 for g in grads])
+            coef = (max_norm / (torch.linalg.vector_norm(norms, 2.0, dim=0) + 1e-6)).clamp(
+                max=1.0)
             views = {d: coef.view(n, *([1] * (d - 1))) for d in {g.dim() for g in grads}}
             torch._foreach_mul_(grads, [views[g.dim()].to(g.dtype) for g in grads])
         self.opt.step()
@@ -665,10 +693,12 @@ def _packs(opened: list[tuple[_Member, tuple[str, ...] | None]], configs: Sequen
     return packs
 
 
-def _run_pack(members: list[_Member], results: list[Any]) -> None:
+def _run_pack(members: list[_Member], results: list[Any], forward: str) -> None:
     """Train one pack to its epochs (when it has any left), evaluate it, fill ``results``."""
     r0 = members[0].r
-    pack = _Pack([mb.r.model for mb in members], [mb.r.optimizer for mb in members])
+    if forward == "auto":
+        forward = "loop" if r0.device.type == "cpu" else "vmap"
+    pack = _Pack([mb.r.model for mb in members], [mb.r.optimizer for mb in members], forward)
     epochs = r0.config.epochs
     if r0.start_epoch < epochs:
         bar = None
@@ -707,14 +737,16 @@ def _final_results(pack: _Pack, members: list[_Member]) -> dict[int, dict[str, A
     return out
 
 
-def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = None
-                 ) -> list[dict[str, Any] | BaseException]:
+def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = None,
+                 forward: str = "auto") -> list[dict[str, Any] | BaseException]:
     """Train ``configs`` in packs (:func:`pack_groups`): one result per config, in order.
 
     Args:
         configs: the runs; those that differ only in :data:`MEMBER_FIELDS` (seed, loss, loss
             arguments, run directory, ...) train together.
         max_members: the most runs in one pack (None: no limit).
+        forward: how the members' model runs (:data:`FORWARDS`): ``"auto"`` loops over the
+            members on the CPU and vmaps them on a GPU.
 
     A pack of one (a run alone, or one :func:`pack_problem` refuses) is trained by
     :func:`~torchcal.train.train` itself.  Calling it again with the same configs resumes
@@ -733,6 +765,8 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
         ValueError: under ``torchrun`` (packing is for one process).
     """
     configs = list(configs)
+    if forward not in FORWARDS:
+        raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
     for c in configs:
         if not isinstance(c, TrainConfig):
             raise TypeError(f"Expected `configs` to hold TrainConfig, got {type(c).__name__}")
@@ -752,7 +786,7 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
         with contextlib.ExitStack() as stack:
             opened = _open_members(configs, group, stack, results)
             for members in _packs(opened, configs, group):
-                _run_pack(members, results)
+                _run_pack(members, results, forward)
         for i in group:
             if isinstance(results[i], dict):
                 results[i]["seconds"] = (time.perf_counter() - t0) / len(group)
