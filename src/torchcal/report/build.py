@@ -515,7 +515,7 @@ def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list
         "generated": stamp,
         "groups": [{
             "dataset": g.dataset, "model": g.model, "loss": g.loss, "loss_kwargs": g.loss_kwargs,
-            "label": g.label, "n_runs": len(g.runs), "seeds": g.seeds,
+            "predictor": g.predictor, "label": g.label, "n_runs": len(g.runs), "seeds": g.seeds,
             "runs": [T.relative_run_dir(r.run_dir, out) for r in g.runs],
             "mean": g.mean, "std": g.std, "count": g.count,
             "ece_noise_floor": floors.get(g.label),

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import ResultsFileError
-from ..evaluate import load_logits
+from ..evaluate import DEFAULT_PREDICTOR, load_logits
 from ..losses import LOSSES
 from ..metrics import confidence_gap as _confidence_gap
 from ..runs import logits_filename
@@ -214,12 +214,14 @@ def _by_loss(groups: Sequence[Group]) -> dict[str, Group]:
 def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
     """Test every claim on every seed, per (data set, model) of ``groups``.
 
-    A seed is tested when each loss of the claim has a run with that seed.
+    A seed is tested when each loss of the claim has a run with that seed.  Only the seeds'
+    runs count (``predictor`` ``"run"``): an ensemble's record is not a seed.
     """
     results = []
     keys: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
-        keys.setdefault((g.dataset, g.model), []).append(g)
+        if g.predictor == DEFAULT_PREDICTOR:
+            keys.setdefault((g.dataset, g.model), []).append(g)
     for (ds, model), gs in keys.items():
         by_loss = _by_loss(gs)
         for c in claims:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..evaluate import DEFAULT_PREDICTOR, PREDICTORS
 from .aggregate import Group
 
 __all__ = [
@@ -179,9 +180,22 @@ def _title(groups: Sequence[Group], what: str) -> str:
 
 
 def _seeds_note(groups: Sequence[Group]) -> str:
-    ns = sorted({len(g.runs) for g in groups})
+    """How many seeds each row averages (rows of a pooled predictor, an ensemble, named apart).
+
+    >>> from torchcal.report.aggregate import RunRecord
+    >>> r = RunRecord(None, None, {}, {}, {})
+    >>> _seeds_note([Group("d", "m", "ce", {}, [r, r, r]), Group("d", "m", "ce", {}, [r], predictor="ensemble")])
+    'mean ± std over 3 seed(s) (sample std); ensemble rows pool runs and are never averaged with the seeds.'
+    """
+    ns = sorted({len(g.runs) for g in groups if g.predictor == DEFAULT_PREDICTOR})
     n = "/".join(str(x) for x in ns)
-    return f"mean ± std over {n} seed(s) (sample std)."
+    note = f"mean ± std over {n} seed(s) (sample std)" if ns else ""
+    pooled = sorted({PREDICTORS.get(g.predictor, g.predictor) for g in groups
+                     if g.predictor != DEFAULT_PREDICTOR})
+    if pooled:
+        note += ("; " if note else "") + (f"{', '.join(pooled)} rows pool runs and are never "
+                                          "averaged with the seeds")
+    return note + "."
 
 
 def _noise_floor_note(groups: Sequence[Group], noise_floor: Mapping[str, float]) -> str:
@@ -357,11 +371,11 @@ def runs_csv(groups: Sequence[Group], base: str | os.PathLike | None = None) -> 
     relative to ``base`` (the report's directory, see :func:`relative_run_dir`)."""
     runs = [r for g in groups for r in g.runs]
     keys = _all_keys([r.flat for r in runs])
-    header = ["dataset", "model", "loss", "loss_kwargs", "seed", "run_dir"] + keys
+    header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "seed", "run_dir"] + keys
     rows = []
     for g in groups:
         for r in g.runs:
-            rows.append([g.dataset, g.model, g.loss, r.key[3], r.seed,
+            rows.append([g.dataset, g.model, g.loss, r.key[3], g.predictor, r.seed,
                          relative_run_dir(r.run_dir, base)]
                         + [r.flat.get(k, math.nan) for k in keys])
     return _csv(header, rows)
@@ -370,12 +384,12 @@ def runs_csv(groups: Sequence[Group], base: str | os.PathLike | None = None) -> 
 def groups_csv(groups: Sequence[Group]) -> str:
     """One row per group: every number's mean and std over seeds (fractions)."""
     keys = _all_keys([g.mean for g in groups])
-    header = ["dataset", "model", "loss", "loss_kwargs", "n_runs", "seeds"]
+    header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "n_runs", "seeds"]
     for k in keys:
         header += [f"{k}.mean", f"{k}.std"]
     rows = []
     for g in groups:
-        row: list[object] = [g.dataset, g.model, g.loss, g.runs[0].key[3], len(g.runs),
+        row: list[object] = [g.dataset, g.model, g.loss, g.runs[0].key[3], g.predictor, len(g.runs),
                              " ".join(str(s) for s in g.seeds)]
         for k in keys:
             row += [g.mean.get(k, math.nan), g.std.get(k, math.nan)]
