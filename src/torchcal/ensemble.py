@@ -38,7 +38,7 @@ from torch import nn
 from ._validation import as_tensor, check_labels, check_positive_int
 from .evaluate import compute_metrics, evaluate_logits, load_logits, save_logits, write_results
 from .metrics import members as scores
-from .posthoc import fit_temperatures
+from .posthoc import TemperatureScaling
 from .runs import RunDir
 
 __all__ = ["Ensemble", "from_logits", "from_run_dirs", "evaluate_ensemble", "mc_dropout",
@@ -191,7 +191,8 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
                          "placeholder labels (an OOD set's)")
     ood = {n: from_run_dirs(paths, f"ood_{n}", checkpoint=checkpoint)
            for n in _common_ood_names(dirs, checkpoint)}
-    temps = [fit_temperatures(z, val.labels, n_bins)["grid_ece"] for z in val.member_logits]
+    temps = [float(TemperatureScaling(method="grid_ece", n_bins=n_bins)
+                   .fit(z, val.labels).temperature_) for z in val.member_logits]
     meta = {**(meta or {}), "predictor": "ensemble", "seed": None, "checkpoint": checkpoint,
             "member_temperatures": temps}
     res = evaluate_logits(val_logits=val.logits, val_labels=val.labels, test_logits=test.logits,

@@ -158,7 +158,8 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
         assert f"**Verdict (shortened schedule, 1 of 350 epochs): {r.verdict}.**" in section
     csv_text = res.report.results_csv.read_text(encoding="utf-8")
     assert GAP_KEY in csv_text.splitlines()[0]
-    assert front_table(csv_text).count("\n| ") == len(CLAIM_LOSSES)  # a row per loss
+    front = front_table(csv_text)  # a row per loss, and one per loss's ensemble of the 2 seeds
+    assert front.count("\n| ") == 2 * len(CLAIM_LOSSES) and front.count(" · ensemble |") == len(CLAIM_LOSSES)
     html = res.report.report_html.read_text(encoding="utf-8")
     assert "per seed (mnist1d / mnist1d_cnn)" in html and "<table>" in html
     doc = json.loads(res.report.results_json.read_text(encoding="utf-8"))

@@ -268,7 +268,7 @@ def mukhoti_ood_claim(ood: str) -> Claim:
     AUROC than cross-entropy (pre T), tested seed by seed.
 
     >>> mukhoti_ood_claim("mnist1d_shuffled").columns[0]
-    ('ce', 'ood.mnist1d_shuffled.auroc_entropy', 'CE AUROC %')
+    ('ce', 'ood.mnist1d_shuffled.auroc_entropy', 'Cross-entropy AUROC %')
     """
     key = f"ood.{ood}.auroc_entropy"
     return Claim("mukhoti_ood_entropy", _MUKHOTI,

@@ -263,6 +263,9 @@ def temperature_table(groups: Sequence[Group]) -> Table:
     notes = ["Optimal temperatures fitted on the validation set: grid_ece / grid_adaece / grid_nll "
              "choose T in 0.1..10 by the lowest validation ECE / AdaECE / NLL; nll minimises the "
              "NLL continuously (Guo et al. 2017). T > 1: over-confident, T < 1: under-confident."]
+    if "calibrate_then_pool" in methods:
+        notes.append("calibrate_then_pool (ensembles): the mean of the members' own grid-ECE "
+                     "temperatures, each fitted on the member's validation logits before pooling.")
     return Table(_title(groups, "Temperatures"), header, rows, notes)
 
 
