@@ -215,6 +215,9 @@ def test_seed_sets_read_back_from_results_csv():
     assert (a.seeds, a.holds) == (b.seeds, b.holds) == (["0, 1"], [True])
     with pytest.raises(ValueError, match="members"):
         runs_from_results_csv(text.replace(",0 1,", ",0 x,"))
+    from torchcal.report.front import front_table
+    assert "ensemble rows: the mean of the probabilities" in front_table(text)
+    assert "ensemble rows" not in front_table(runs_csv(groups[:1]))
 
 
 def test_ensemble_table_rows():
