@@ -32,9 +32,9 @@ from .._validation import check_scalar
 from ..ensemble import evaluate_ensemble
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config
-from ..runs import RunDir
 from ..losses import list_losses
 from ..report.build import build_report, prepare_report_dir
+from ..runs import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
