@@ -413,7 +413,7 @@ DIGITS = register_benchmark(Benchmark(
         "full": Profile(seeds=(0, 1, 2, 3, 4)),
     },
     loss_kwargs={**DEMO_LOSS_KWARGS, "adafocal": {"lam": ADAFOCAL_LAM}}, noise_std=0.5,
-    claims=CLAIMS, excluded=_EXCLUDED,
+    claims=(*CLAIMS, *ENSEMBLE_CLAIMS), excluded=_EXCLUDED,
     intro=functools.partial(calibration_intro, data_text=_digits_data_text, ood_text=_DIGITS_OOD),
     appendix=functools.partial(
         calibration_appendix, data_text=_digits_data_text,
