@@ -36,11 +36,18 @@ import torch
 from torch import nn
 
 from ._validation import as_tensor, check_labels, check_positive_int
-from .evaluate import load_logits
+from .evaluate import compute_metrics, evaluate_logits, load_logits, save_logits, write_results
 from .metrics import members as scores
+from .posthoc import TemperatureScaling
 from .runs import RunDir
 
-__all__ = ["Ensemble", "from_logits", "from_run_dirs", "mc_dropout", "DROPOUT_TYPES"]
+__all__ = ["Ensemble", "from_logits", "from_run_dirs", "evaluate_ensemble", "mc_dropout",
+           "DROPOUT_TYPES", "CALIBRATE_THEN_POOL"]
+
+#: The key of "calibrate then pool" in an ensemble's results: ``test.post.<key>`` holds the
+#: metrics of the pooled members, each divided by its own grid-ECE temperature, and
+#: ``temperatures.<key>`` the mean of those temperatures.
+CALIBRATE_THEN_POOL = "calibrate_then_pool"
 
 #: The modules :func:`mc_dropout` switches to sampling (train mode).
 DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -141,6 +148,68 @@ def from_run_dirs(run_dirs: Iterable[str | os.PathLike], split: str = "test", *,
     if labels.size and not (labels.min() >= 0 and labels.max() < stacked.shape[2]):
         labels = None  # an OOD set's placeholder labels (-1): not class indices
     return from_logits(stacked, labels, names=[str(run.path) for run in dirs])
+
+
+def _common_ood_names(dirs: Sequence[RunDir], checkpoint: str) -> list[str]:
+    """The OOD sets every run saved logits of (``ood_<name>.npz``), in the first run's order."""
+    names = [set(d.ood_logits(checkpoint)) for d in dirs]
+    return [n for n in dirs[0].ood_logits(checkpoint) if all(n in s for s in names[1:])]
+
+
+def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike | None
+                      = None, *, n_bins: int = 15, checkpoint: str = "last",
+                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Evaluate the ensemble of runs as one predictor: a ``torchcal.results/1`` document.
+
+    The ensemble is :func:`from_run_dirs` of each split.  Every number is on the test split;
+    every temperature is fitted on the validation split:
+
+    * "pool then calibrate" (Rahaman & Thiery 2021): the temperatures are fitted on the
+      ensemble's validation logits ``log pbar``; ``temperatures`` and ``test.post`` hold them
+      and their metrics as for a single run (:func:`torchcal.evaluate.evaluate_logits`,
+      OOD sets included: those every run saved);
+    * "calibrate then pool": each member's grid-ECE temperature is fitted on its own
+      validation logits, its test logits divided by it, then pooled;
+      ``test.post.calibrate_then_pool`` holds the metrics, ``temperatures.calibrate_then_pool``
+      the members' mean temperature and ``meta.member_temperatures`` each one.
+
+    ``meta`` (default ``{}``) is completed with ``predictor: "ensemble"``, ``seed: None`` and
+    ``members`` (when not given: the member runs' directories' names are not seeds, so give
+    the seeds).  With ``out_dir`` the document is written to ``OUT_DIR/results.json`` and the
+    ensemble's logits (``log pbar``, float32) to ``OUT_DIR/logits/``, so that ``torchcal report``
+    reads the ensemble as a run (its own row, never averaged with the seeds).
+
+    Raises ValueError when the runs hold other samples, or the splits have no class labels.
+    """
+    dirs = [RunDir(d) for d in run_dirs]
+    if not dirs:
+        raise ValueError("Expected `run_dirs` to name at least one run directory, got none")
+    paths = [d.path for d in dirs]
+    val, test = (from_run_dirs(paths, split, checkpoint=checkpoint) for split in ("val", "test"))
+    if val.labels is None or test.labels is None:
+        raise ValueError("Expected the runs' val and test logits to hold class labels, got "
+                         "placeholder labels (an OOD set's)")
+    ood = {n: from_run_dirs(paths, f"ood_{n}", checkpoint=checkpoint)
+           for n in _common_ood_names(dirs, checkpoint)}
+    temps = [float(TemperatureScaling(method="grid_ece", n_bins=n_bins)
+                   .fit(z, val.labels).temperature_) for z in val.member_logits]
+    meta = {**(meta or {}), "predictor": "ensemble", "seed": None, "checkpoint": checkpoint,
+            "member_temperatures": temps}
+    res = evaluate_logits(val_logits=val.logits, val_labels=val.labels, test_logits=test.logits,
+                          test_labels=test.labels, ood_logits={n: e.logits for n, e in ood.items()},
+                          n_bins=n_bins, meta=meta)
+    scale = torch.tensor(temps, dtype=test.member_logits.dtype).view(-1, 1, 1)
+    pooled = from_logits(test.member_logits / scale).logits
+    res["test"]["post"][CALIBRATE_THEN_POOL] = compute_metrics(pooled, test.labels, n_bins=n_bins)
+    res["temperatures"][CALIBRATE_THEN_POOL] = float(np.mean(temps))
+    if out_dir is not None:
+        run = RunDir(out_dir)
+        for split, ens in (("val", val), ("test", test), *((f"ood_{n}", e) for n, e in ood.items())):
+            labels = ens.labels if ens.labels is not None else torch.full(
+                (ens.logits.shape[0],), -1, dtype=torch.int64)
+            save_logits(run.logits(split, checkpoint), ens.logits.float(), labels)
+        write_results(run.results(checkpoint), res)
+    return res
 
 
 def _inputs(x_or_loader: Any) -> Iterator[torch.Tensor]:

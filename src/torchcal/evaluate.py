@@ -7,7 +7,8 @@ and ``ood_<name>.npz``; this module turns them into the ``torchcal.results/1`` d
 ``results.json`` (schema ``"torchcal.results/1"``)::
 
     {"schema": "torchcal.results/1",
-     "meta": {"dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epoch", "checkpoint", ...},
+     "meta": {"dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epoch", "checkpoint",
+              "predictor", "members", ...},
      "temperatures": {"grid_ece": T, "grid_adaece": T, "grid_nll": T, "nll": T},
      "test": {"pre": {metric: value}, "post": {method: {metric: value}, ...}},
      "val": {"pre": {metric: value}},
@@ -15,6 +16,14 @@ and ``ood_<name>.npz``; this module turns them into the ``torchcal.results/1`` d
                     "post_auroc_entropy", ...}},
      "n": {"val": int, "test": int},
      "n_bins": int, "num_classes": int}
+
+``meta.predictor`` says what the record describes (:data:`PREDICTORS`): ``"run"`` (one seed's
+trained model, the default when the field is absent, so every older file reads as a run),
+``"ensemble"`` (the mean of several runs' probabilities) or ``"mc_dropout"`` (one model's
+dropout samples averaged).  A ``"run"`` record carries its integer ``seed``; a record of another
+predictor may carry ``seed: null`` and names what it pooled in ``meta.members`` (the seeds).
+``torchcal report`` groups by predictor and averages only a group's runs over seeds: an ensemble
+is its own row, never one more seed.
 
 Metric keys are those of :meth:`torchcal.metrics.CalibrationMeter.compute`; values are
 fractions (0..1), never percent.  A metric that is undefined (``s99_accuracy`` when no sample
@@ -62,6 +71,9 @@ from .runs import CHECKPOINTS, RunDir, checkpoint_of_results_file, logits_dirnam
 
 __all__ = [
     "SCHEMA",
+    "PREDICTORS",
+    "DEFAULT_PREDICTOR",
+    "predictor_of",
     "METRIC_KEYS",
     "TEMPERATURE_METHODS",
     "save_logits",
@@ -85,6 +97,13 @@ __all__ = [
 
 #: The ``schema`` field of every ``results.json`` this version writes.
 SCHEMA = "torchcal.results/1"
+#: What a results record describes (``meta.predictor``) -> its display name in tables.
+#: ``"run"``: one trained model (one seed's run); ``"ensemble"``: the mean of several runs'
+#: probabilities (``meta.members``: their seeds); ``"mc_dropout"``: one model with dropout active
+#: at test time, its samples' probabilities averaged.
+PREDICTORS = {"run": "run", "ensemble": "ensemble", "mc_dropout": "MC dropout"}
+#: The predictor of a record without ``meta.predictor`` (every file written before the field).
+DEFAULT_PREDICTOR = "run"
 #: The metrics recorded for every split and temperature (the keys of ``CalibrationMeter.compute``).
 METRIC_KEYS = (
     "ece", "adaptive_ece", "classwise_ece", "mce", "rmsce", "nll", "brier", "error",
@@ -347,6 +366,23 @@ def meta_from_config(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise ResultsFileError(f"Config file {str(path)!r} is malformed: expected a JSON object")
     return {k: cfg[k] for k in _META_FIELDS if k in cfg}
+
+
+def predictor_of(meta: Mapping[str, Any]) -> str:
+    """What a results record describes: ``meta["predictor"]``, :data:`DEFAULT_PREDICTOR` if absent.
+
+    Raises ResultsFileError when it is not one of :data:`PREDICTORS`.
+
+    >>> predictor_of({"seed": 0}), predictor_of({"predictor": "ensemble", "seed": None})
+    ('run', 'ensemble')
+    """
+    p = meta.get("predictor")
+    if p is None:
+        return DEFAULT_PREDICTOR
+    if not isinstance(p, str) or p not in PREDICTORS:
+        raise ResultsFileError(f"Expected meta.predictor to be one of {', '.join(PREDICTORS)} "
+                               f"(or absent: a seed's run), got {p!r:.60}")
+    return p
 
 
 # --------------------------------------------------------------------------------------------

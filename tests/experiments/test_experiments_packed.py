@@ -10,9 +10,15 @@ import pytest
 from torchcal.evaluate import read_results
 from torchcal.experiments import DemoConfig, demo_jobs, run_demo, run_job
 from torchcal.experiments.packed import expand_results, pack_jobs, run_packed_job
+from torchcal.experiments.training import resolve_spec
 from torchcal.experiments.runner import Job, failed_result
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+def _changed(spec, **fields):
+    """A run spec with other fields, resolved again (a resolved spec's `config` is its truth)."""
+    return resolve_spec({**{k: v for k, v in spec.items() if k != "config"}, **fields})
+
 
 TINY = dict(seeds=(0, 1), epochs=2, losses=("ce", "adafocal"), progress=False,
             dataset="digits", figures=False)
@@ -33,9 +39,11 @@ def test_pack_jobs_sizes_and_members():
     assert _sizes(pack_jobs(demo_jobs(DemoConfig(full=True), Path("/x")))) == [5] * 14
     two = pack_jobs(default[:2])  # two packs of one: unpacked runs
     assert [j.fn for j in two] == [run_job, run_job]
-    cuda = [dict(s, overrides={"device": "cuda"}) for s in default]
+    cuda = [_changed(s, overrides={"device": "cuda"}) for s in default]
+    with pytest.raises(ValueError, match=r"overrides\['device'\] = 'cuda' but config\['device'\]"):
+        pack_jobs([dict(s, overrides={"device": "cuda"}) for s in default])  # stale config
     assert _sizes(pack_jobs(cuda)) == [21]
-    other = [dict(s, overrides={"lr": 0.05}) if i % 2 else s for i, s in enumerate(default[:8])]
+    other = [_changed(s, overrides={"lr": 0.05}) if i % 2 else s for i, s in enumerate(default[:8])]
     jobs = pack_jobs(other)  # two recipes: never in one pack
     for j in jobs:
         lrs = {(r.get("overrides") or {}).get("lr") for r in j.spec.get("runs", [j.spec])}
@@ -83,7 +91,7 @@ def test_packed_demo_matches_unpacked_and_is_deterministic(tmp_path):
 
 def test_run_packed_job_skips_finished_and_reports_bad_runs(tmp_path):
     specs = demo_jobs(DemoConfig(out=tmp_path, **dict(TINY, epochs=1)), tmp_path)[:3]
-    specs[2] = dict(specs[2], loss_kwargs={"not_an_argument": 1})
+    specs[2] = _changed(specs[2], loss_kwargs={"not_an_argument": 1})
     res = run_packed_job({"runs": specs})
     assert res["error"] is None and len(res["members"]) == 3
     assert [m["error"] is None for m in res["members"]] == [True, True, False]

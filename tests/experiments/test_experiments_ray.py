@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray", reason="the Ray executor needs `ray` (pip insta
 
 import torchcal  # noqa: E402
 from torchcal.cli import main  # noqa: E402
+from test_experiments_resolved import _cfg, _check_runs, parent_recipe  # noqa: E402, F401 - same folder
 from torchcal.evaluate import read_results  # noqa: E402
 from torchcal.experiments import (  # noqa: E402
     Job,
@@ -121,3 +122,14 @@ def test_a_killed_task_is_retried_and_resumes_and_a_lost_one_is_named(ray_instan
     assert res[1]["run_dir"] == "/nowhere" and "'always dies'" in res[1]["error"]
     assert "after 1 retries" in res[1]["error"]
     assert res[2]["error"] is None and read_results(tmp_path / "fine")["meta"]["epoch"] == 3
+
+
+def test_a_recipe_registered_in_the_driver_only_trains_on_ray(parent_recipe, ray_instance,
+                                                              tmp_path):
+    """Issue 32 item 2: the Ray tasks train the resolved TrainConfig dict of a recipe the
+    driver registered (their torchcal does not know it), as this process does."""
+    from torchcal.experiments import run_demo
+
+    assert run_demo(_cfg(tmp_path / "ray"), RayExecutor()).failed == []
+    assert run_demo(_cfg(tmp_path / "here"), LocalExecutor(workers=1)).failed == []
+    assert _check_runs(tmp_path / "ray") == _check_runs(tmp_path / "here")

@@ -312,12 +312,11 @@ def test_adafocal_note_names_the_lambda_used():
 
 
 def test_progress_bar_shows_runs_done_and_time_left(tmp_path, capsys):
-    from torchcal.experiments import LocalExecutor, run_sweep, train_job
+    from torchcal.experiments import Job, LocalExecutor, run_sweep
 
-    jobs = [train_job({"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": s,
-                       "epochs": 1, "noise_std": 0.5, "n_bins": 15,
-                       "run_dir": str(tmp_path / f"r{s}"), "overrides": {}})
-            for s in range(2)]
+    # quick jobs (a run spec is resolved in this process, so an unknown recipe no longer makes
+    # a job that fails at once: it is refused before the sweep)
+    jobs = [Job(f"run {s}", dict, {"seed": s}) for s in range(2)]
     res = run_sweep(jobs, LocalExecutor(workers=1), progress=True)
     err = capsys.readouterr().err
     assert len(res) == 2 and "2/2 runs" in err and " left]" in err and "<" in err
@@ -383,14 +382,14 @@ def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
 def test_in_process_demo_restores_the_callers_threads(tmp_path):
     import torch
 
-    from torchcal.experiments import LocalExecutor, run_sweep, train_job
+    from torchcal.experiments import Job, LocalExecutor, run_job, run_sweep
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        run_sweep([train_job({"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {},
-                              "seed": 0, "epochs": 1, "noise_std": 0.5, "n_bins": 15,
-                              "run_dir": str(tmp_path / "r"), "overrides": {}})],
+    try:  # run_job sets one thread, then fails at once (an unresolved spec of no recipe)
+        run_sweep([Job("r", run_job, {"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {},
+                                      "seed": 0, "epochs": 1, "noise_std": 0.5, "n_bins": 15,
+                                      "run_dir": str(tmp_path / "r"), "overrides": {}})],
                   LocalExecutor(workers=1), progress=False)
         assert torch.get_num_threads() == 2
     finally:

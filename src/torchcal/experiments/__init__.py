@@ -68,6 +68,7 @@ from .demo import (
     intro_text,
     resolve,
     run_demo,
+    seed_ensembles,
     sweep_jobs,
     verdict_label,
 )
@@ -83,6 +84,6 @@ __all__ = [
     "Benchmark", "Profile", "BENCHMARKS", "register_benchmark", "get_benchmark", "list_benchmarks",
     "tagged_losses", "committed_verdicts", "DemoConfig", "DemoResult", "run_demo", "demo_jobs",
     "sweep_jobs", "resolve", "demo_loss_kwargs", "applicable_losses", "default_out", "intro_text",
-    "appendix_text", "verdict_label", "CLAIM_LOSSES", "DEMO_LOSS_KWARGS", "ADAFOCAL_LAM", "adafocal_note",
+    "appendix_text", "verdict_label", "seed_ensembles", "CLAIM_LOSSES", "DEMO_LOSS_KWARGS", "ADAFOCAL_LAM", "adafocal_note",
     "run_uncertainty_suite", "pack_jobs", "run_packed_job", "expand_results", "CPU_PACK_SIZE",
 ]

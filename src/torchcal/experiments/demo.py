@@ -29,8 +29,12 @@ from typing import Any
 from .._io import exclusive_lock
 from .._registry import unknown_name
 from .._validation import check_scalar
+from ..ensemble import evaluate_ensemble
+from ..errors import ResultsFileError
+from ..evaluate import meta_from_config
 from ..losses import list_losses
 from ..report.build import build_report, prepare_report_dir
+from ..runs import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
@@ -39,11 +43,14 @@ from .benchmark import BENCHMARKS, Benchmark, get_benchmark
 from .calibration import IntroContext
 from .packed import expand_results, pack_jobs
 from .runner import Executor, LocalExecutor, run_sweep
-from .training import train_config, train_job
+from .training import resolve_spec, train_config, train_job
 
 __all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve", "demo_loss_kwargs",
            "demo_jobs", "sweep_jobs", "run_demo", "default_out", "intro_text", "appendix_text",
-           "verdict_label"]
+           "verdict_label", "seed_ensembles", "ENSEMBLES_DIR"]
+
+#: The demo's directory of the losses' ensembles (``OUT/ensembles/<loss>/``).
+ENSEMBLES_DIR = "ensembles"
 
 
 @dataclass
@@ -96,7 +103,10 @@ def _profile_name(cfg: DemoConfig) -> str:
 
 def resolve(cfg: DemoConfig) -> DemoConfig:
     """``cfg`` with every None filled from its benchmark's profile (default, quick or full)."""
-    bench = get_benchmark(cfg.dataset)
+    return _resolve(cfg, get_benchmark(cfg.dataset))
+
+
+def _resolve(cfg: DemoConfig, bench: Benchmark) -> DemoConfig:
     name = _profile_name(cfg)
     prof = bench.profile(name)
     if cfg.noise_std is not None and bench.noise_std is None:
@@ -118,7 +128,11 @@ def resolve(cfg: DemoConfig) -> DemoConfig:
 def demo_loss_kwargs(cfg: DemoConfig, loss: str) -> dict[str, Any]:
     """The hyperparameters the demo sets for ``loss``: the benchmark's, ``--adafocal-lam``,
     then the user's ``--loss-arg`` (registry defaults for the rest)."""
-    kw = dict(get_benchmark(cfg.dataset).loss_kwargs.get(loss, {}))
+    return _loss_kwargs(cfg, get_benchmark(cfg.dataset), loss)
+
+
+def _loss_kwargs(cfg: DemoConfig, bench: Benchmark, loss: str) -> dict[str, Any]:
+    kw = dict(bench.loss_kwargs.get(loss, {}))
     if loss == "adafocal" and cfg.adafocal_lam is not None:
         kw["lam"] = float(cfg.adafocal_lam)
     kw.update(cfg.loss_kwargs.get(loss, {}))
@@ -139,15 +153,22 @@ def default_out() -> Path:
 
 def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     """The run specs (:mod:`torchcal.experiments.training`), one per (loss, seed), seed-major
-    so that the progress estimate is representative early."""
-    cfg = resolve(cfg)
+    so that the progress estimate is representative early; each resolved here
+    (:func:`~torchcal.experiments.training.resolve_spec`: its TrainConfig as a dict), so that
+    workers train what this process resolved."""
+    bench = get_benchmark(cfg.dataset)
+    return _demo_jobs(_resolve(cfg, bench), bench, out)
+
+
+def _demo_jobs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[dict[str, Any]]:
+    kwargs = {loss: _loss_kwargs(cfg, bench, loss) for loss in cfg.losses}
     jobs = []
     for seed in cfg.seeds:
         for loss in cfg.losses:
-            jobs.append({
+            jobs.append(resolve_spec({
                 "recipe": cfg.recipe,
                 "loss": loss,
-                "loss_kwargs": demo_loss_kwargs(cfg, loss),
+                "loss_kwargs": dict(kwargs[loss]),
                 "seed": int(seed),
                 "epochs": cfg.epochs,
                 "noise_std": None if cfg.noise_std is None else float(cfg.noise_std),
@@ -155,45 +176,56 @@ def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
                 "data_kwargs": dict(cfg.data_kwargs),
                 "run_dir": str(out / "runs" / loss / f"seed{seed}"),
                 "overrides": dict(cfg.overrides),
-            })
+            }))
     return jobs
 
 
 def sweep_jobs(cfg: DemoConfig, out: Path) -> list:
     """:func:`demo_jobs` as :class:`~torchcal.experiments.runner.Job` s of the benchmark's job
     function, or with ``cfg.pack`` as packs (:func:`~torchcal.experiments.packed.pack_jobs`)."""
-    fn = get_benchmark(cfg.dataset).job_fn
+    return _sweep_jobs(cfg, get_benchmark(cfg.dataset), demo_jobs(cfg, out))
+
+
+def _sweep_jobs(cfg: DemoConfig, bench: Benchmark, specs: list[dict[str, Any]]) -> list:
     if cfg.pack:
-        return pack_jobs(demo_jobs(cfg, out), fn=fn)
-    return [train_job(spec, fn=fn) for spec in demo_jobs(cfg, out)]
+        return pack_jobs(specs, fn=bench.job_fn)
+    return [train_job(spec, fn=bench.job_fn) for spec in specs]
 
 
-def _context(cfg: DemoConfig, jobs: list[dict[str, Any]], **kw: Any) -> IntroContext:
-    cfg = resolve(cfg)
+def _context(cfg: DemoConfig, jobs: list[dict[str, Any]], bench: Benchmark | None = None,
+             **kw: Any) -> IntroContext:
+    """The prose's context; ``bench`` given, ``cfg`` is already resolved against it."""
+    if bench is None:
+        bench = get_benchmark(cfg.dataset)
+        cfg = _resolve(cfg, bench)
     return IntroContext(
-        benchmark=get_benchmark(cfg.dataset), config=cfg, train_config=train_config(jobs[0]),
-        losses=list(cfg.losses), loss_kwargs={n: demo_loss_kwargs(cfg, n) for n in cfg.losses},
+        benchmark=bench, config=cfg, train_config=train_config(jobs[0]),
+        losses=list(cfg.losses), loss_kwargs={n: _loss_kwargs(cfg, bench, n) for n in cfg.losses},
         n_jobs=len(jobs), **kw)
 
 
 def intro_text(cfg: DemoConfig, jobs: list[dict[str, Any]], *, seconds: float = 0.0,
-               failed: list[tuple[str, str]] | None = None, skipped: int = 0) -> str:
-    """The benchmark's report prose for the run specs ``jobs`` of ``cfg`` (a few lines)."""
-    ctx = _context(cfg, jobs, seconds=seconds, failed=failed or [], skipped=skipped)
+               failed: list[tuple[str, str]] | None = None, skipped: int = 0,
+               bench: Benchmark | None = None) -> str:
+    """The benchmark's report prose for the run specs ``jobs`` of ``cfg`` (a few lines);
+    ``bench``: the benchmark ``cfg`` was resolved against (looked up when None)."""
+    ctx = _context(cfg, jobs, bench, seconds=seconds, failed=failed or [], skipped=skipped)
     return ctx.benchmark.intro(ctx) if ctx.benchmark.intro is not None else ""
 
 
-def appendix_text(cfg: DemoConfig, jobs: list[dict[str, Any]]) -> str:
+def appendix_text(cfg: DemoConfig, jobs: list[dict[str, Any]],
+                  bench: Benchmark | None = None) -> str:
     """The benchmark's report appendix for the run specs ``jobs`` of ``cfg``: the setting in
     full and the registered losses not trained, with why."""
-    ctx = _context(cfg, jobs)
+    ctx = _context(cfg, jobs, bench)
     return ctx.benchmark.appendix(ctx) if ctx.benchmark.appendix is not None else ""
 
 
-def verdict_label(cfg: DemoConfig, jobs: list[dict[str, Any]]) -> str:
+def verdict_label(cfg: DemoConfig, jobs: list[dict[str, Any]], resolved: bool = False) -> str:
     """What every verdict line of a shortened run says beside "Verdict" ("" on the recipe's
-    schedule): ``--quick`` is a smoke test whose verdicts are not evidence."""
-    cfg = resolve(cfg)
+    schedule): ``--quick`` is a smoke test whose verdicts are not evidence.  ``resolved``:
+    ``cfg`` is already resolved (:func:`resolve`)."""
+    cfg = cfg if resolved else resolve(cfg)
     epochs, full = train_config(jobs[0]).epochs, int(get_recipe(cfg.recipe).epochs)
     if epochs == full:
         return ""
@@ -244,18 +276,19 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
     ``executor``: where the runs train (default ``LocalExecutor(workers=cfg.workers)``).
     """
     t_start = time.perf_counter() - _process_age()
-    cfg = resolve(cfg or DemoConfig())
+    cfg = cfg or DemoConfig()
+    bench = get_benchmark(cfg.dataset)  # looked up once; the workers get resolved configs
+    cfg = _resolve(cfg, bench)
     _check(cfg)
-    bench = get_benchmark(cfg.dataset)
     out = Path(cfg.out) if cfg.out is not None else default_out()
-    specs = demo_jobs(cfg, out)
+    specs = _demo_jobs(cfg, bench, out)
     # one demo per out directory at a time; that of an earlier demo is continued (its finished
     # runs are skipped, its unfinished ones resumed), its old figures removed
     with exclusive_lock(out, what="Demo directory"):
         prepare_report_dir(out, "out")
         _check_settings(specs, bench)  # a bad knob is one error here, not the same failure in every run
         executor = executor if executor is not None else LocalExecutor(workers=cfg.workers)
-        jobs = sweep_jobs(cfg, out)
+        jobs = _sweep_jobs(cfg, bench, specs)
         results = expand_results(jobs, run_sweep(jobs, executor, progress=cfg.progress))
         seconds = time.perf_counter() - t_start
         failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
@@ -264,13 +297,46 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
                 print(f"torchcal demo: run {r['run_dir']} failed:\n"
                       f"{r.get('traceback', r['error'])}", file=sys.stderr)
         intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
-                           skipped=sum(bool(r.get("skipped")) for r in results))
-        rep = build_report([j["run_dir"] for j in specs], out, title=f"torchcal demo: {bench.title}",
-                           intro=intro, appendix=appendix_text(cfg, specs), n_bins=cfg.n_bins,
+                           skipped=sum(bool(r.get("skipped")) for r in results), bench=bench)
+        ensembles = seed_ensembles(specs, out, n_bins=cfg.n_bins, failed=failed)
+        rep = build_report([j["run_dir"] for j in specs] + ensembles, out,
+                           title=f"torchcal demo: {bench.title}",
+                           intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
                            figures=cfg.figures, claims=tuple(bench.claims) or False,
-                           verdict_label=verdict_label(cfg, specs))
+                           verdict_label=verdict_label(cfg, specs, resolved=True))
     return DemoResult(out_dir=out, report=rep, failed=failed,
                       seconds=time.perf_counter() - t_start, config=cfg)
+
+
+def seed_ensembles(specs: list[dict[str, Any]], out: Path, *, n_bins: int = 15,
+                   failed: list[tuple[str, str]] = ()) -> list[Path]:
+    """Per loss with 2 or more evaluated seeds (runs of ``specs`` with a results file, not in
+    ``failed``): the ensemble of those seeds, evaluated and written to
+    ``OUT/ensembles/<loss>/`` (:func:`torchcal.ensemble.evaluate_ensemble`: temperatures fitted
+    on validation, numbers on test, both "pool then calibrate" and "calibrate then pool"),
+    marked ``predictor="ensemble"`` with its seeds in ``meta.members``.  Returns the ensembles'
+    directories; an ensemble that cannot be built (runs that predicted other samples) is
+    reported on stderr and left out."""
+    bad = {str(d) for d, _e in failed}
+    by_loss: dict[str, list[dict[str, Any]]] = {}
+    for spec in specs:
+        if spec["run_dir"] not in bad and RunDir(spec["run_dir"]).results().is_file():
+            by_loss.setdefault(spec["loss"], []).append(spec)
+    dirs = []
+    for loss, done in by_loss.items():
+        if len(done) < 2:
+            continue
+        done = sorted(done, key=lambda j: j["seed"])
+        ens_dir = out / ENSEMBLES_DIR / loss
+        meta = meta_from_config(RunDir(done[0]["run_dir"]).config)
+        meta.update(members=[int(j["seed"]) for j in done])
+        try:
+            evaluate_ensemble([j["run_dir"] for j in done], ens_dir, n_bins=n_bins, meta=meta)
+        except (ValueError, ResultsFileError) as exc:
+            print(f"torchcal demo: no ensemble of {loss}: {exc}", file=sys.stderr)
+            continue
+        dirs.append(ens_dir)
+    return dirs
 
 
 def _process_age() -> float:

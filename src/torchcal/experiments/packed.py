@@ -33,7 +33,15 @@ from ..evaluate import evaluate_saved_logits
 from ..runs import RunDir
 from ..train.packed import pack_groups, train_packed
 from .runner import Job, Resources, set_threads
-from .training import _clear_run_dir, _meta, is_finished, is_stale, train_config, train_job
+from .training import (
+    _clear_run_dir,
+    _meta,
+    is_finished,
+    is_stale,
+    resolve_spec,
+    train_config,
+    train_job,
+)
 
 __all__ = ["CPU_PACK_SIZE", "pack_jobs", "run_packed_job", "expand_results"]
 
@@ -63,6 +71,7 @@ def pack_jobs(specs: Sequence[Mapping[str, Any]], *,
             limit on a GPU).  A CPU sweep has an even number of packs, so that the default two
             workers finish together.
     """
+    specs = [resolve_spec(s) for s in specs]  # workers get the resolved TrainConfig dicts
     configs = [train_config(s) for s in specs]
     jobs: list[Job] = []
     for group in pack_groups(configs):

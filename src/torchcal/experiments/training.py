@@ -4,8 +4,14 @@ evaluate its saved logits, skipping finished work and resuming unfinished work.
 A run's *spec* is a JSON-able dict: ``recipe``, ``loss``, ``loss_kwargs``, ``seed``, ``epochs``
 (None: the recipe's), ``noise_std``, ``n_bins``, ``data_kwargs``, ``run_dir`` and ``overrides``
 (other TrainConfig fields).  :func:`train_config` turns it into the run's TrainConfig,
-:func:`train_job` into a :class:`~torchcal.experiments.runner.Job` whose function is
+:func:`resolve_spec` adds that TrainConfig to it as a dict (``config``), and :func:`train_job`
+makes the resolved spec a :class:`~torchcal.experiments.runner.Job` whose function is
 :func:`run_job`.
+
+Workers receive resolved specs: a worker process or a Ray task trains the ``config`` it is
+given and never looks the recipe up, so a recipe registered only in the parent process (a
+notebook, a script, ``python -c``, a Ray driver) trains there as it would in the parent; the
+recipe is resolved once per run, in the parent.
 
 Which differences between the run directory and the spec retrain a run is read from the roles
 of TrainConfig's fields (:func:`torchcal.train.config.changed_fields`): a changed *identity* or
@@ -16,6 +22,7 @@ numbers), a changed *runtime* field does not.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 import traceback
@@ -33,13 +40,21 @@ from ..train import TrainConfig, get_recipe, train
 from ..train.config import changed_fields
 from .runner import Job, Resources, set_threads
 
-__all__ = ["train_config", "train_job", "run_job", "is_stale", "is_finished"]
+__all__ = ["train_config", "resolve_spec", "train_job", "run_job", "is_stale", "is_finished"]
 
 
 def train_config(spec: Mapping[str, Any]) -> TrainConfig:
     """The TrainConfig of a run spec: the recipe's, with the spec's loss, seed, run directory,
     epochs (milestones kept at the recipe's fractions), data options and overrides; one thread
-    on the CPU, a checkpoint every tenth of the epochs, the last epoch evaluated."""
+    on the CPU, a checkpoint every tenth of the epochs, the last epoch evaluated.
+
+    A resolved spec (:func:`resolve_spec`) is its ``config``, read without looking anything up
+    (``ValueError`` when the spec's loss, seed, run directory or overrides were changed after
+    it was resolved: drop ``config`` to resolve it again).
+    """
+    if spec.get("config") is not None:
+        _check_resolved(spec)
+        return TrainConfig.from_dict(dict(spec["config"]))
     cfg = get_recipe(spec["recipe"])
     fields = {f.name for f in dataclasses.fields(cfg)}
     upd: dict[str, Any] = {
@@ -75,14 +90,47 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
     return dataclasses.replace(cfg, **upd)
 
 
+def _check_resolved(spec: Mapping[str, Any]) -> None:
+    """Refuse a resolved spec whose other fields no longer say what its ``config`` holds."""
+    cfg = spec["config"]
+    said = {"loss": spec.get("loss"), "loss_kwargs": spec.get("loss_kwargs"),
+            "seed": spec.get("seed"), "out_dir": spec.get("run_dir"),
+            **(spec.get("overrides") or {})}
+    for k, v in said.items():
+        if v is not None and k in cfg and json.dumps(v, sort_keys=True) != json.dumps(
+                cfg[k], sort_keys=True):
+            name = ("run_dir" if k == "out_dir" else k if k in ("loss", "loss_kwargs", "seed")
+                    else f"overrides[{k!r}]")
+            raise ValueError(f"Expected the run spec's `config` to be resolved from its other "
+                             f"fields, got {name} = {v!r} but config[{k!r}] = {cfg[k]!r} (drop "
+                             "`config` to resolve the spec again)")
+
+
+def resolve_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec`` with its TrainConfig as a JSON-able dict under ``config`` (resolved here, in
+    the calling process, where the recipe is registered); a resolved spec is returned as is.
+
+    >>> spec = {"recipe": "digits-mlp", "loss": "ce", "loss_kwargs": {}, "seed": 0,
+    ...         "epochs": 2, "n_bins": 15, "run_dir": "r"}
+    >>> cfg = resolve_spec(spec)["config"]
+    >>> cfg["recipe"], cfg["epochs"], train_config(resolve_spec(spec)) == train_config(spec)
+    ('digits-mlp', 2, True)
+    """
+    if spec.get("config") is not None:
+        return dict(spec)
+    return {**spec, "config": train_config(spec).to_dict()}
+
+
 def train_job(spec: Mapping[str, Any], *, fn: Callable[[Mapping[str, Any]], dict[str, Any]] | None
               = None, gpus: float | None = None) -> Job:
-    """The :class:`~torchcal.experiments.runner.Job` of the run ``spec``: named ``"LOSS seed
-    N"``, executed by ``fn`` (default :func:`run_job`), asking for one CPU and ``gpus`` GPUs
-    (None: one when the run's device is CUDA, ``"auto"`` counting as CUDA where this process
-    sees a GPU; the demo's runs are CPU runs)."""
+    """The :class:`~torchcal.experiments.runner.Job` of the run ``spec`` (resolved,
+    :func:`resolve_spec`): named ``"LOSS seed N"``, executed by ``fn`` (default
+    :func:`run_job`), asking for one CPU and ``gpus`` GPUs (None: one when the run's device is
+    CUDA, ``"auto"`` counting as CUDA where this process sees a GPU; the demo's runs are CPU
+    runs)."""
+    spec = resolve_spec(spec)
     if gpus is None:
-        device = str((spec.get("overrides") or {}).get("device", "cpu"))
+        device = str(spec["config"].get("device", "cpu"))
         cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         gpus = 1.0 if cuda else 0.0
     return Job(name=f"{spec['loss']} seed {spec['seed']}", fn=fn or run_job, spec=dict(spec),

@@ -1,11 +1,15 @@
 """Find evaluated runs, read their ``results.json``, group them and average over seeds.
 
 A *run* is a directory holding ``results.json`` (written by :func:`torchcal.evaluate.write_results`)
-and usually ``config.json``, ``logits/`` and ``log.jsonl``.  Runs are grouped by
-``(dataset, model, loss, loss_kwargs)``: two focal runs with different γ are different rows.
-Within a group every number is averaged over the runs (seeds): ``mean`` and the sample standard
-deviation (``ddof=1``; NaN for a single run), ignoring NaN entries (an undefined metric such as
-``s99_accuracy`` with no confident sample).
+and usually ``config.json``, ``logits/`` and ``log.jsonl``.  Records are grouped by
+``(dataset, model, loss, loss_kwargs, predictor)``: two focal runs with different γ are different
+rows, and so are a loss's seeds (``predictor`` ``"run"``, the default) and an ensemble of them
+(``"ensemble"``, see :data:`torchcal.evaluate.PREDICTORS`): an ensemble is never averaged in as
+one more seed.  A seed's run must name its integer seed (a ``"run"`` record with ``seed: null``
+is refused, named in the report's skipped files).  Within a group every number is averaged over
+the records (seeds): ``mean`` and the sample standard deviation (``ddof=1``; NaN for a single
+record), ignoring NaN entries (an undefined metric such as ``s99_accuracy`` with no confident
+sample).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 
 from .._io import find_files, read_json
 from ..errors import ResultsFileError
-from ..evaluate import meta_from_config, read_results
+from ..evaluate import DEFAULT_PREDICTOR, PREDICTORS, meta_from_config, predictor_of, read_results
 from ..losses import LOSSES
 from ..metrics import ece_noise_floor
 from ..runs import CONFIG_FILE, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
@@ -43,6 +47,7 @@ __all__ = [
     "group_runs",
     "mean_std",
     "loss_label",
+    "group_label",
     "meta_problem",
     "ece_noise_floor",
     "LOSS_ORDER",
@@ -78,6 +83,20 @@ def loss_label(loss: str, loss_kwargs: Mapping[str, Any] | None = None) -> str:
     return name
 
 
+def group_label(loss: str, loss_kwargs: Mapping[str, Any] | None = None,
+                predictor: str = DEFAULT_PREDICTOR) -> str:
+    """A row label: the loss's label, followed by the predictor's name unless the row holds a
+    loss's seeds (predictor ``"run"``).
+
+    >>> group_label("ce"), group_label("focal", {"gamma": 3.0}, "ensemble")
+    ('Cross-entropy', 'Focal (γ=3) · ensemble')
+    """
+    name = loss_label(loss, loss_kwargs)
+    if predictor == DEFAULT_PREDICTOR:
+        return name
+    return f"{name} · {PREDICTORS.get(predictor, predictor)}"
+
+
 @dataclass
 class RunRecord:
     """One evaluated run: its directory, the parsed results and the flattened numbers."""
@@ -89,10 +108,16 @@ class RunRecord:
     flat: dict[str, float]
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
+    def key(self) -> tuple[str, str, str, str, str]:
+        """``(dataset, model, loss, loss_kwargs as JSON, predictor)``: the group of the record."""
         kw = json.dumps(self.meta.get("loss_kwargs") or {}, sort_keys=True)
         return (str(self.meta.get("dataset", "?")), str(self.meta.get("model", "?")),
-                str(self.meta.get("loss", "?")), kw)
+                str(self.meta.get("loss", "?")), kw, self.predictor)
+
+    @property
+    def predictor(self) -> str:
+        """What the record describes: ``meta.predictor``, ``"run"`` (a seed's run) if absent."""
+        return str(self.meta.get("predictor") or DEFAULT_PREDICTOR)
 
     @property
     def seed(self) -> Any:
@@ -113,7 +138,8 @@ class RunRecord:
 
 @dataclass
 class Group:
-    """Runs sharing (dataset, model, loss, loss_kwargs) with per-key mean and std over seeds."""
+    """Records sharing (dataset, model, loss, loss_kwargs, predictor) with per-key mean and std
+    over them (over seeds for the ``"run"`` predictor)."""
 
     dataset: str
     model: str
@@ -123,10 +149,12 @@ class Group:
     mean: dict[str, float] = field(default_factory=dict)
     std: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
+    predictor: str = DEFAULT_PREDICTOR
 
     @property
     def label(self) -> str:
-        return loss_label(self.loss, self.loss_kwargs)
+        """The row label: :func:`group_label` of the loss, its arguments and the predictor."""
+        return group_label(self.loss, self.loss_kwargs, self.predictor)
 
     @property
     def seeds(self) -> list[Any]:
@@ -251,6 +279,10 @@ def load_run(results_path: str | os.PathLike) -> RunRecord:
             f"Results file {str(results_path)!r} is malformed: meta.loss_kwargs is not an object"
         )
     problem = meta_problem(meta)
+    if not problem and predictor_of(meta) == DEFAULT_PREDICTOR and meta.get("seed") is None:
+        problem = (f"meta.seed is {'null' if 'seed' in meta else 'missing'}: a seed's run "
+                   "(meta.predictor 'run', the default) needs its integer seed; a record that "
+                   f"pools runs says what it is in meta.predictor (one of {', '.join(PREDICTORS)})")
     if problem:
         raise ResultsFileError(f"Results file {str(results_path)!r} is malformed: {problem}")
     return RunRecord(run_dir=run_dir, results_path=results_path, results=res, meta=meta,
@@ -290,14 +322,26 @@ def meta_problem(meta: Mapping[str, Any]) -> str:
     ``dataset``, ``model``, ``loss`` (and ``recipe``) must be names of letters, digits and
     ``_ . + -`` (at most 64 characters), ``loss_kwargs`` an object of identifiers to finite
     numbers, booleans, null, such names or short lists/objects of them, ``seed`` and ``epochs``
-    integers (or null).  Results of torchcal always pass; a hand-edited or hostile file
-    (Markdown or HTML in a name, a 10 kB label) does not.
+    integers (or null), ``predictor`` one of :data:`torchcal.evaluate.PREDICTORS` (or absent),
+    ``members`` a list of at most 1,000 integers (the seeds an ensemble pooled).  Results of
+    torchcal always pass; a hand-edited or hostile file (Markdown or HTML in a name, a 10 kB
+    label) does not.
 
     >>> meta_problem({"loss": "focal", "loss_kwargs": {"gamma": 3.0}, "seed": 1})
     ''
     >>> meta_problem({"loss": "ce | <b>x</b>"})
     "meta.loss must be a name of letters, digits and _ . + - (at most 64 characters), got 'ce | <b>x</b>'"
+    >>> meta_problem({"loss": "ce", "predictor": "bagging"})
+    "Expected meta.predictor to be one of run, ensemble, mc_dropout (or absent: a seed's run), got 'bagging'"
     """
+    try:
+        predictor_of(meta)
+    except ResultsFileError as exc:
+        return str(exc)
+    members = meta.get("members")
+    if members is not None and (not isinstance(members, list) or len(members) > 1000 or not all(
+            isinstance(m, int) and not isinstance(m, bool) for m in members)):
+        return f"meta.members must be a list of integers (the pooled seeds), got {_short(members)}"
     for key in ("dataset", "model", "loss", "recipe", "checkpoint"):
         v = meta.get(key)
         if v is None and key not in ("loss",):
@@ -337,14 +381,16 @@ def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last") -> L
 
 
 def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
-    """The runs of a report's ``results.csv`` (one row per run, fractions; written by
+    """The runs of a report's ``results.csv`` (one row per record, fractions; written by
     :func:`torchcal.report.tables.runs_csv`), read back without their run directories, so that
-    a committed ``results.csv`` can be grouped and its claims checked again.
+    a committed ``results.csv`` can be grouped and its claims checked again.  A file without
+    the ``predictor`` column (written before it) holds seeds' runs only; ``members`` (an
+    ensemble's seeds, space-separated) becomes ``meta.members``.
 
     >>> rows = "dataset,model,loss,loss_kwargs,seed,run_dir,test.pre.ece\\nd,m,ce,{},0,r,0.04\\n"
     >>> r = runs_from_results_csv(rows)[0]
     >>> r.key, r.seed, r.flat
-    (('d', 'm', 'ce', '{}'), 0, {'test.pre.ece': 0.04})
+    (('d', 'm', 'ce', '{}', 'run'), 0, {'test.pre.ece': 0.04})
     """
     reader = csv.DictReader(io.StringIO(csv_text))
     need = ("dataset", "model", "loss", "loss_kwargs", "seed", "run_dir")
@@ -357,10 +403,22 @@ def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
         if seed.lstrip("-").isdigit():
             seed = int(seed)
         meta = {"dataset": row["dataset"], "model": row["model"], "loss": row["loss"],
-                "loss_kwargs": json.loads(row["loss_kwargs"] or "{}"), "seed": seed}
+                "loss_kwargs": json.loads(row["loss_kwargs"] or "{}"), "seed": seed,
+                "predictor": row.get("predictor") or DEFAULT_PREDICTOR}
+        if meta["seed"] == "":
+            meta["seed"] = None
+        members = (row.get("members") or "").split()
+        if members:
+            if not all(m.lstrip("-").isdigit() for m in members):
+                raise ValueError(f"Expected the `members` column to hold space-separated integer "
+                                 f"seeds, got {row['members']!r:.60}")
+            meta["members"] = [int(m) for m in members]
+        problem = meta_problem(meta)
+        if problem:
+            raise ValueError(f"Expected `csv_text` rows of torchcal results, got a row with {problem}")
         flat = {}
         for k, v in row.items():
-            if k in need or v in ("", None):
+            if k in need or k in ("predictor", "members") or v in ("", None):
                 continue
             try:
                 flat[k] = float(v)
@@ -427,20 +485,28 @@ def _loss_rank(loss: str) -> tuple[int, str]:
     return (LOSS_ORDER.index(loss) if loss in LOSS_ORDER else len(LOSS_ORDER), loss)
 
 
+def _predictor_rank(predictor: str) -> tuple[int, str]:
+    order = list(PREDICTORS)
+    return (order.index(predictor) if predictor in order else len(order), predictor)
+
+
 def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
-    """Group runs by (dataset, model, loss, loss_kwargs) and average every number over them.
+    """Group records by (dataset, model, loss, loss_kwargs, predictor) and average every number
+    over each group's records: a loss's seeds (``predictor`` ``"run"``) are one group, an
+    ensemble of them another, never averaged together.
 
     Groups come sorted by dataset, model, then the canonical loss order (:data:`LOSS_ORDER`),
-    then loss arguments; runs within a group by seed.
+    then loss arguments, then predictor (seeds' runs first); runs within a group by seed.
     """
-    buckets: dict[tuple[str, str, str, str], list[RunRecord]] = {}
+    buckets: dict[tuple[str, str, str, str, str], list[RunRecord]] = {}
     for r in runs:
         buckets.setdefault(r.key, []).append(r)
     groups = []
-    for (ds, model, loss, kw), rs in buckets.items():
+    for (ds, model, loss, kw, predictor), rs in buckets.items():
         rs = sorted(rs, key=lambda r: (str(type(r.seed)), r.seed if r.seed is not None else 0,
                                        str(r.run_dir)))
-        g = Group(dataset=ds, model=model, loss=loss, loss_kwargs=json.loads(kw), runs=rs)
+        g = Group(dataset=ds, model=model, loss=loss, loss_kwargs=json.loads(kw), runs=rs,
+                  predictor=predictor)
         keys: dict[str, None] = {}
         for r in rs:
             keys.update(dict.fromkeys(r.flat))
@@ -449,5 +515,6 @@ def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
             g.mean[k], g.std[k], g.count[k] = m, s, n
         groups.append(g)
     groups.sort(key=lambda g: (g.dataset, g.model, _loss_rank(g.loss),
-                               json.dumps(g.loss_kwargs, sort_keys=True)))
+                               json.dumps(g.loss_kwargs, sort_keys=True),
+                               _predictor_rank(g.predictor)))
     return groups

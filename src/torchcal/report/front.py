@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 from .._io import atomic_write_text
-from .aggregate import _loss_rank, loss_label, mean_std
+from ..evaluate import DEFAULT_PREDICTOR
+from .aggregate import _loss_rank, _predictor_rank, group_label, mean_std
 from .tables import fmt_mean_std
 
 __all__ = ["BEGIN", "END", "front_table", "replace_front_table", "main"]
@@ -59,15 +60,17 @@ def front_table(csv_text: str) -> str:
     if not reader.fieldnames or not {"loss", "loss_kwargs"} <= set(reader.fieldnames):
         raise ValueError(f"Expected `csv_text` to be a torchcal results.csv (columns loss, "
                          f"loss_kwargs, ...), got columns {reader.fieldnames}")
-    groups: dict[tuple[str, str], list[dict[str, str]]] = {}
-    for row in reader:
-        groups.setdefault((row["loss"], row["loss_kwargs"]), []).append(row)
+    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for row in reader:  # a loss's seeds and an ensemble of them are different rows
+        predictor = row.get("predictor") or DEFAULT_PREDICTOR
+        groups.setdefault((row["loss"], row["loss_kwargs"], predictor), []).append(row)
     if not groups:
         raise ValueError("Expected `csv_text` to hold at least one run, got none")
     header = ["Loss"] + [h for h, *_ in _COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * len(_COLUMNS)]
-    for (loss, kw), rows in sorted(groups.items(), key=lambda kv: (_loss_rank(kv[0][0]), kv[0][1])):
-        cells = [loss_label(loss, json.loads(kw) if kw else None)]
+    for (loss, kw, predictor), rows in sorted(groups.items(), key=lambda kv: (
+            _loss_rank(kv[0][0]), kv[0][1], _predictor_rank(kv[0][2]))):
+        cells = [group_label(loss, json.loads(kw) if kw else None, predictor)]
         for _h, key, scale, tkey in _COLUMNS:
             m, s, _n = mean_std([_num(r.get(key, "")) * scale for r in rows])
             cell = fmt_mean_std(m, s, 2)
@@ -76,11 +79,15 @@ def front_table(csv_text: str) -> str:
                 cell += f" ({t:.2f})"
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
-    seeds = sorted({len(rs) for rs in groups.values()})
+    seeds = sorted({len(rs) for k, rs in groups.items() if k[2] == DEFAULT_PREDICTOR})
+    pooled = any(k[2] != DEFAULT_PREDICTOR for k in groups)
     lines += ["", f"Mean ± std over {'/'.join(map(str, seeds))} seed(s) per loss; % on the test "
               "set, 15 bins; post T: temperature chosen on validation by grid ECE, (T) its mean; "
               "conf − acc: mean confidence minus accuracy before temperature scaling (> 0: "
-              "over-confident)."]
+              "over-confident)."
+              + (" · ensemble rows: the mean of the probabilities of the loss's seeds, one "
+                 "predictor (post T: its temperature fitted on the pooled validation logits, "
+                 "pool then calibrate)." if pooled else "")]
     return "\n".join(lines) + "\n"
 
 
