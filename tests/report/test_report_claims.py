@@ -4,6 +4,7 @@ committed results.csv."""
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from torchcal.report.claims import (
     SIMILAR_ERROR,
     check_claims,
     claims_markdown,
+    claims_verdicts,
     confidence_gap,
 )
 from torchcal.report.front import BEGIN, END, front_table, replace_front_table
@@ -144,7 +146,16 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert res.failed == []
     md = res.report.report_md.read_text(encoding="utf-8")
     assert "validate_args" not in md and "already finished" not in md
-    assert "The committed full run" in md  # the shortened run quotes the --full verdicts
+    # the shortened run quotes the --full verdicts in a block of their own, labelled, at the
+    # head of the claims section (they were in the shortened-schedule paragraph of the intro)
+    claims_at = md.index("## The papers' claims on this benchmark")
+    assert md.index("> **The committed full run's verdicts, not this run's:**") > claims_at
+    assert "The committed full run" not in md.split("## This run", 1)[1]
+    assert claims_at < md.index("## This run") < md.index("## mnist1d / mnist1d_cnn")
+    assert res.report.verdict_label == "shortened schedule, 1 of 350 epochs"
+    assert res.report.verdicts == claims_verdicts(res.report.groups)
+    assert res.report.verdicts[1] == ("Mukhoti et al. 2020, focal below cross-entropy: "
+                                      + check_claims(res.report.groups)[1].verdict)
     # the same command again: every run is skipped and the report says its time is not the demo's
     again = run_demo(cfg).report.report_md.read_text(encoding="utf-8")
     assert f"{2 * len(CLAIM_LOSSES)} of {2 * len(CLAIM_LOSSES)} runs were already finished" in again
@@ -160,7 +171,12 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert GAP_KEY in csv_text.splitlines()[0]
     assert front_table(csv_text).count("\n| ") == len(CLAIM_LOSSES)  # a row per loss
     html = res.report.report_html.read_text(encoding="utf-8")
-    assert "per seed (mnist1d / mnist1d_cnn)" in html and "<table>" in html
+    assert "per seed: focal below cross-entropy (mnist1d / mnist1d_cnn)" in html
+    assert "<table>" in html
+    titles = re.findall(r"<h3>([^<]*per seed[^<]*)</h3>", html)
+    assert len(titles) == 6 and len(set(titles)) == 6, titles  # Mukhoti's three: once each
+    # a table of contents, then the claims as the first section
+    assert re.search(r'<nav class="toc">.*?</nav>\s*<div class="md"><h2 id="s1">The papers', html, re.S)
     doc = json.loads(res.report.results_json.read_text(encoding="utf-8"))
     assert all(GAP_KEY in g["mean"] for g in doc["groups"])
 
@@ -168,7 +184,7 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
 def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
     """The shortened demo quotes the --full run's verdicts, computed from the committed
     results.csv (no constants to regenerate after a new --full run)."""
-    from torchcal.experiments import DemoConfig, committed_verdicts, get_benchmark, intro_text
+    from torchcal.experiments import committed_note, committed_verdicts, get_benchmark
     from torchcal.report.aggregate import group_runs, runs_from_results_csv
 
     bench = get_benchmark("mnist1d")
@@ -178,9 +194,8 @@ def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
     assert {k: (v[1], v[2]) for k, v in verdicts.items()} == got
     assert set(verdicts) == {c.key for c in bench.claims}
     assert all(n == 5 for _k, n in got.values())  # the committed run is --full (5 seeds)
-    text = intro_text(DemoConfig(quick=True), [dict(
-        recipe="mnist1d-cnn", loss="ce", loss_kwargs={}, seed=0, epochs=15, noise_std=None,
-        n_bins=15, data_kwargs={}, run_dir="/x/runs/ce/seed0", overrides={})])
+    text = committed_note(bench)
+    assert text.startswith("**The committed full run's verdicts, not this run's:**")
     for label, k, n in verdicts.values():
         assert f"{label} {k} of {n}" in text, label
 

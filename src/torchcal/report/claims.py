@@ -54,6 +54,7 @@ __all__ = [
     "check_claims",
     "claims_markdown",
     "claims_section",
+    "claims_verdicts",
     "claim_table",
     "direction_table",
 ]
@@ -99,7 +100,8 @@ def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
 
 @dataclass(frozen=True)
 class Claim:
-    """One paper's claim: ``check(numbers by loss) -> (holds, shown numbers)`` on one seed."""
+    """One paper's claim: ``check(numbers by loss) -> (holds, shown numbers)`` on one seed;
+    ``short``: a few words naming it among its paper's claims (its per-seed table's title)."""
 
     key: str
     source: str
@@ -107,6 +109,7 @@ class Claim:
     losses: tuple[str, ...]
     check: Callable[[Mapping[str, Mapping[str, float]]], bool]
     columns: tuple[tuple[str, str, str], ...]  # (loss, metric key, header)
+    short: str = ""
 
 
 def _lt(a: float, b: float) -> bool:
@@ -138,33 +141,37 @@ CLAIMS: tuple[Claim, ...] = (
           "cross-entropy is over-confident: its temperature T (grid search on validation ECE) "
           "is above 1.",
           ("ce",), lambda n: n["ce"][TEMP] > 1.0,
-          (("ce", TEMP, "CE T"), ("ce", GAP_KEY, "CE conf − acc %"), ("ce", ERR, "CE error %"))),
+          (("ce", TEMP, "CE T"), ("ce", GAP_KEY, "CE conf − acc %"), ("ce", ERR, "CE error %")),
+          short="cross-entropy over-confident"),
     Claim("mukhoti_focal_lt_ce", _MUKHOTI,
           f"focal loss (γ=3) gives a lower pre-T ECE than cross-entropy at similar error "
           f"(within {SIMILAR_ERROR:g} points).",
           ("ce", "focal"), _lower_at_similar_error("focal"),
-          _cols(("ce", "focal"), ECE, "ECE %") + _cols(("ce", "focal"), ERR, "error %")),
+          _cols(("ce", "focal"), ECE, "ECE %") + _cols(("ce", "focal"), ERR, "error %"),
+          short="focal below cross-entropy"),
     Claim("mukhoti_flsd53_lt_ce", _MUKHOTI,
           f"FLSD-53 gives a lower pre-T ECE than cross-entropy at similar error "
           f"(within {SIMILAR_ERROR:g} points).",
           ("ce", "flsd53"), _lower_at_similar_error("flsd53"),
-          _cols(("ce", "flsd53"), ECE, "ECE %") + _cols(("ce", "flsd53"), ERR, "error %")),
+          _cols(("ce", "flsd53"), ECE, "ECE %") + _cols(("ce", "flsd53"), ERR, "error %"),
+          short="FLSD-53 below cross-entropy"),
     Claim("ghosh_adafocal_lowest", LOSSES.paper("adafocal"),
           "AdaFocal gives the lowest pre-T AdaECE of the focal family (focal γ=3, FLSD-53, "
           f"AdaFocal), at error close to cross-entropy's (within {SIMILAR_ERROR:g} points).",
           ("ce", "focal", "flsd53", "adafocal"), _adafocal_lowest,
           _cols(("focal", "flsd53", "adafocal"), ADAECE, "AdaECE %")
-          + _cols(("ce", "adafocal"), ERR, "error %")),
+          + _cols(("ce", "adafocal"), ERR, "error %"),
+          short="AdaFocal lowest AdaECE of the focal family"),
     Claim("lin_bsce_gra", LOSSES.paper("bsce_gra"),
           "BSCE-GRA gives a lower pre-T ECE than cross-entropy, and lower than BSCE without "
           "gradient weighting.",
           ("ce", "bsce", "bsce_gra"),
           lambda n: _lt(n["bsce_gra"][ECE], n["ce"][ECE]) and _lt(n["bsce_gra"][ECE], n["bsce"][ECE]),
-          _cols(("ce", "bsce", "bsce_gra"), ECE, "ECE %")),
+          _cols(("ce", "bsce", "bsce_gra"), ECE, "ECE %"), short="BSCE-GRA below CE and BSCE"),
     Claim("tao_dual_focal", LOSSES.paper("dual_focal"),
           "dual focal gives a lower pre-T ECE than focal loss.",
           ("focal", "dual_focal"), lambda n: _lt(n["dual_focal"][ECE], n["focal"][ECE]),
-          _cols(("focal", "dual_focal"), ECE, "ECE %")),
+          _cols(("focal", "dual_focal"), ECE, "ECE %"), short="dual focal below focal"),
 )
 
 
@@ -253,8 +260,8 @@ def claim_table(res: ClaimResult) -> Table:
         rows.append([Cell(str(s))] + [Cell(_num(k, nums[loss].get(k, math.nan)))
                                       for loss, k, _h in res.claim.columns]
                     + [Cell("yes" if ok else "no")])
-    short = res.claim.source.split(",")[0].split(" (")[0]
-    return Table(f"{short}, per seed ({res.dataset} / {res.model})", header, rows)
+    what = f": {res.claim.short}" if res.claim.short else ""
+    return Table(f"{_paper(res.claim)}, per seed{what} ({res.dataset} / {res.model})", header, rows)
 
 
 def direction_table(groups: Sequence[Group]) -> Table:
@@ -312,6 +319,27 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
         gs = [g for g in groups if (g.dataset, g.model) == (ds, model)]
         blocks.append(direction_table(gs))
     return blocks
+
+
+def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[str]:
+    """One short line per claim and (data set, model), for a terminal: the paper, the claim's
+    ``short`` name (else its text) and the verdict; [] when no claim can be tested.
+
+    >>> from torchcal.report.aggregate import Group
+    >>> claims_verdicts([Group("d", "m", "ce", {}, runs=[])])
+    []
+    """
+    results = check_claims(groups, claims)
+    if not any(r.n for r in results):
+        return []
+    where = len({(r.dataset, r.model) for r in results}) > 1
+    return [f"{_paper(r.claim)}, {r.claim.short or r.claim.text.rstrip('.')}"
+            f"{f' ({r.dataset} / {r.model})' if where else ''}: {r.verdict}" for r in results]
+
+
+def _paper(claim: Claim) -> str:
+    """``"Mukhoti et al. 2020"`` of a claim's source."""
+    return claim.source.split(",")[0].split(" (")[0]
 
 
 def claims_markdown(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
