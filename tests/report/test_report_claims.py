@@ -176,7 +176,7 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     titles = re.findall(r"<h3>([^<]*per seed[^<]*)</h3>", html)
     assert len(titles) == 6 and len(set(titles)) == 6, titles  # Mukhoti's three: once each
     # a table of contents, then the claims as the first section
-    assert re.search(r'<nav class="toc">.*?</nav>\s*<div class="md"><h2 id="s1">The papers', html, re.S)
+    assert re.search(r'<nav class="toc">.*?</nav>\s*<div class="md"><a id="s1"></a><h2>The papers', html, re.S)
     doc = json.loads(res.report.results_json.read_text(encoding="utf-8"))
     assert all(GAP_KEY in g["mean"] for g in doc["groups"])
 

@@ -501,12 +501,12 @@ def _report_markdown(title: str, prose: tuple[str, str, str], stamp: str, n_runs
 
 
 def _with_contents(body: list[str]) -> list[str]:
-    """``body`` with an id on every ``<h2>`` and a table of contents of them in front."""
+    """``body`` with an anchor before every ``<h2>`` and a table of contents of them in front."""
     text, entries = "\n".join(body), []
 
     def number(m: re.Match) -> str:
         entries.append(m.group(1))
-        return f'<h2 id="s{len(entries)}">{m.group(1)}</h2>'
+        return f'<a id="s{len(entries)}"></a><h2>{m.group(1)}</h2>'
 
     text = re.sub(r"<h2>(.*?)</h2>", number, text)
     items = "".join(f'<li><a href="#s{i}">{e}</a></li>' for i, e in enumerate(entries, 1))
