@@ -22,9 +22,10 @@ and nothing else.  The claims and how each verdict is computed per seed:
     ``w_translation / w_class`` is lower than without.
 
 A claim about a model's predictions is not evaluated on a seed whose model is at chance (test
-accuracy within :data:`CHANCE_MARGIN` of 1 / classes: the Kendall models on MNIST-1D's 10
-classes, the Kirchhof backbone on its 5 upstream classes): its verdict says "not evaluated
-(model at chance)" instead of counting a coin toss as evidence.
+accuracy within :data:`~torchcal.report.claims.CHANCE_MARGIN`, 5 points, of 1 / classes: the
+Kendall models on MNIST-1D's 10 classes, the Kirchhof backbone on its 5 upstream classes): its
+verdict says "not evaluated (model at chance)" instead of counting a coin toss as evidence (a
+--quick run's Kendall model at 12% accuracy printed "holds on 1 of 1").
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_text
+from ..report.claims import at_chance
 
 __all__ = ["CLAIMS", "claim_verdicts", "kirchhof_table", "kendall_table", "timing_table",
            "results_rows", "rows_csv", "write_figures", "report_markdown", "readme_block",
@@ -59,22 +61,9 @@ CLAIMS = (
     ("kendall_noise", "Kendall et al. 2018",
      "a task whose target is made noisier gets a lower learned weight"),
 )
-#: A model whose test accuracy is below chance (1 / classes) plus this margin is "at chance"
-#: (the --quick Kendall model at 12% on 10 classes was counted as evidence); 5 points are about
-#: 4 standard errors of an accuracy of 10% on the --quick profile's 600 test signals.
-CHANCE_MARGIN = 0.05
 #: The paper's R-AUROC (recall@1) of its head on unseen classes and upstream (Kirchhof et al.
 #: 2024): a raw share of 96%, 89% above chance (``(0.758 - 0.5) / (0.791 - 0.5)``).
 PAPER_R_UNSEEN, PAPER_R_UP = 0.758, 0.791
-
-
-def _at_chance(accuracy: float, n_classes: int) -> bool:
-    """Whether a test accuracy is within :data:`CHANCE_MARGIN` of chance (``1 / n_classes``).
-
-    >>> _at_chance(0.12, 10), _at_chance(0.60, 10)
-    (True, False)
-    """
-    return not accuracy >= 1.0 / n_classes + CHANCE_MARGIN  # NaN: at chance
 
 
 SETTINGS = (("upstream", "r_auroc_correct", "upstream test (classes 0-4)", "classifier"),
@@ -212,7 +201,7 @@ def _per_seed_kirchhof(u: dict[str, Any]) -> dict[str, tuple[bool, dict[str, flo
     r_up = _value(up, "head", "r_auroc_recall")
     above = (head - 0.5) / (r_up - 0.5) if r_up > 0.5 else math.nan
     t = u["timing"]
-    chance = _at_chance(u.get("upstream_accuracy", math.nan), 5)  # upstream: classes 0-4
+    chance = at_chance(u.get("upstream_accuracy", math.nan), 5)  # upstream: classes 0-4
     return {
         "kirchhof_unseen": None if chance else (
             head > mp and head > en, {"head": head, "max-prob": mp, "entropy": en}),
@@ -234,7 +223,7 @@ def _per_seed_kendall(units: list[dict[str, Any]], seed: int):
     acc, rmse = k["test"]["accuracy"], k["test"]["rmse"]
     grid = [u for a, u in by_arm.items() if a.startswith("fixed ")]
     beaters = [u["arm"] for u in grid if u["test"]["accuracy"] > acc and u["test"]["rmse"] < rmse]
-    chance = _at_chance(acc, 10)  # MNIST-1D's 10 classes
+    chance = at_chance(acc, 10)  # MNIST-1D's 10 classes
     if grid:
         out["kendall_frontier"] = None if chance else (
             not beaters, {"kendall accuracy": acc, "kendall RMSE": rmse,
@@ -243,7 +232,7 @@ def _per_seed_kendall(units: list[dict[str, Any]], seed: int):
     if noisy is not None:
         r0 = k["weights"][1] / k["weights"][0]
         r1 = noisy["weights"][1] / noisy["weights"][0]
-        out["kendall_noise"] = None if chance or _at_chance(noisy["test"]["accuracy"], 10) \
+        out["kendall_noise"] = None if chance or at_chance(noisy["test"]["accuracy"], 10) \
             else (r1 < r0, {"ratio clean": r0, "ratio noisy": r1})
     return out
 

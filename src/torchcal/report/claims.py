@@ -48,7 +48,9 @@ __all__ = [
     "Claim",
     "ClaimResult",
     "SIMILAR_ERROR",
+    "CHANCE_MARGIN",
     "GAP_KEY",
+    "at_chance",
     "confidence_gap",
     "add_confidence_gaps",
     "check_claims",
@@ -61,6 +63,9 @@ __all__ = [
 
 #: "Similar error": within this many percentage points of cross-entropy's test error.
 SIMILAR_ERROR = 3.0
+#: A model whose test accuracy is below chance (1 / classes) plus this margin is "at chance":
+#: a claim is not evaluated on it (a coin toss is no evidence either way).
+CHANCE_MARGIN = 0.05
 #: The flattened results key of the test set's mean confidence minus accuracy (pre T).
 GAP_KEY = "test.pre.conf_minus_acc"
 
@@ -80,6 +85,22 @@ def confidence_gap(logits: np.ndarray, labels: np.ndarray) -> float:
     """
     z = torch.as_tensor(np.asarray(logits, dtype=np.float64))
     return float(_confidence_gap(logits=z, labels=np.asarray(labels)))
+
+
+def at_chance(accuracy: float, n_classes: int) -> bool:
+    """Whether a test accuracy is within :data:`CHANCE_MARGIN` of chance, ``1 / n_classes``
+    (NaN counts as at chance).
+
+    >>> at_chance(0.12, 10), at_chance(0.60, 10)
+    (True, False)
+    """
+    return not accuracy >= 1.0 / n_classes + CHANCE_MARGIN
+
+
+def _run_at_chance(run: RunRecord) -> bool:
+    """A run whose test error puts it at chance (unknown class count or error: not known to)."""
+    c, err = run.results.get("num_classes"), run.flat.get(ERR, math.nan)
+    return isinstance(c, int) and c > 1 and not math.isnan(err) and at_chance(1.0 - err, c)
 
 
 def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
@@ -186,6 +207,7 @@ class ClaimResult:
     holds: list[bool] = field(default_factory=list)
     numbers: list[dict[str, dict[str, float]]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # needed losses without any run
+    at_chance: list = field(default_factory=list)  # seeds not evaluated: a model at chance
 
     @property
     def n(self) -> int:
@@ -197,13 +219,19 @@ class ClaimResult:
 
     @property
     def verdict(self) -> str:
-        """``"holds on k of n seeds"``, ``"fails on every seed (0 of n)"`` or ``"not tested"``."""
+        """``"holds on k of n seeds"``, ``"fails on every seed (0 of n)"``, ``"not tested"``
+        or ``"not evaluated (model at chance)"``."""
         if not self.n:
+            if self.at_chance:
+                return "not evaluated (model at chance)"
             need = ", ".join(loss_label(x) for x in self.missing) or "a common seed"
             return f"not tested (no run of {need})"
+        m = len(self.at_chance)
+        skipped = f"; {m} seed{'s' if m > 1 else ''} not evaluated (model at chance)" if m else ""
         if self.k == 0:
-            return f"fails on every seed (holds on 0 of {self.n})"
-        return f"holds on {self.k} of {self.n} seed{'s' if self.n > 1 else ''}"
+            return f"fails on every seed (holds on 0 of {self.n}{skipped})"
+        return f"holds on {self.k} of {self.n} seed{'s' if self.n > 1 else ''}" + (
+            f" ({skipped[2:]})" if skipped else "")
 
     @property
     def passed(self) -> bool:
@@ -221,7 +249,8 @@ def _by_loss(groups: Sequence[Group]) -> dict[str, Group]:
 def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
     """Test every claim on every seed, per (data set, model) of ``groups``.
 
-    A seed is tested when each loss of the claim has a run with that seed.
+    A seed is tested when each loss of the claim has a run with that seed, and not evaluated
+    (``at_chance``) when one of those runs is at chance (:func:`at_chance`).
     """
     results = []
     keys: dict[tuple[str, str], list[Group]] = {}
@@ -235,6 +264,9 @@ def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> l
                 per_seed = [{r.seed: r for r in by_loss[x].runs} for x in c.losses]
                 common = [s for s in per_seed[0] if all(s in d for d in per_seed[1:])]
                 for s in sorted(common, key=lambda v: (str(type(v)), v)):
+                    if any(_run_at_chance(d[s]) for d in per_seed):
+                        res.at_chance.append(s)
+                        continue
                     nums = {x: dict(d[s].flat) for x, d in zip(c.losses, per_seed, strict=True)}
                     for x in c.losses:
                         for key in (ECE, ADAECE, ERR, TEMP, GAP_KEY):
@@ -296,7 +328,7 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
     ("**Verdict (LABEL): ...**"), e.g. that the run is a smoke test whose verdicts are not
     evidence, so that a line read alone says so."""
     results = check_claims(groups, claims)
-    if not any(r.n for r in results):
+    if not any(r.n or r.at_chance for r in results):
         return []
     blocks: list[str | Table] = [
         heading,
@@ -330,7 +362,7 @@ def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -
     []
     """
     results = check_claims(groups, claims)
-    if not any(r.n for r in results):
+    if not any(r.n or r.at_chance for r in results):
         return []
     where = len({(r.dataset, r.model) for r in results}) > 1
     return [f"{_paper(r.claim)}, {r.claim.short or r.claim.text.rstrip('.')}"
