@@ -30,7 +30,8 @@ from .metrics.binfree import smooth_reliability_curve
 from .metrics.calibration import ReliabilityCurve, ece, reliability_curve
 from .metrics.ranking import aurc, risk_coverage_curve
 
-__all__ = ["reliability_diagram", "smooth_reliability_diagram", "risk_coverage_plot", "MIN_COUNT"]
+__all__ = ["reliability_diagram", "smooth_reliability_diagram", "risk_coverage_plot",
+           "reliability_legend_handles", "MIN_COUNT"]
 
 
 def _atomic_write_png(fig: Any, path: str | os.PathLike) -> Path:
@@ -99,8 +100,19 @@ def _draw_reliability(ax: Any, curve: ReliabilityCurve, ece_value: float | None,
 
 
 def _reliability_legend(ax: Any, min_count: int, sparse: bool) -> None:
-    """Every bar kind's legend entry, drawn or not in this panel (the figures that show one
-    legend for several panels need each kind explained)."""
+    """Every bar kind's legend entry, drawn or not in this panel."""
+    ax.legend(handles=reliability_legend_handles(min_count, sparse), loc="upper left",
+              fontsize=7)
+
+
+def reliability_legend_handles(min_count: int = MIN_COUNT, sparse: bool = True) -> list:
+    """The legend entries of every bar kind of :func:`reliability_diagram` (and of its
+    diagonal), drawn or not in a given panel: for a figure that explains several panels with
+    one legend outside them, where it covers no bar (``fig.legend(handles=...)``).
+
+    >>> [h.get_label() for h in reliability_legend_handles(20)][-2:]
+    ['< 20 samples', 'perfect']
+    """
     # deferred: matplotlib is slow to import: only when a figure is drawn (start-up time)
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -114,7 +126,7 @@ def _reliability_legend(ax: Any, min_count: int, sparse: bool) -> None:
         handles.append(Patch(facecolor=ACCURACY_COLOR, alpha=0.25, edgecolor="0.35",
                              linestyle=":", label=f"< {min_count} samples"))
     handles.append(Line2D([0], [0], linestyle="--", color="gray", label="perfect"))
-    ax.legend(handles=handles, loc="upper left", fontsize=7)
+    return handles
 
 
 def _corner_label(ax: Any, text: str) -> None:

@@ -50,6 +50,24 @@ def test_pack_jobs_sizes_and_members():
         assert len(lrs) == 1
 
 
+def _nothing(spec):
+    return {}
+
+
+def test_the_progress_bar_counts_runs_not_packs(capsys):
+    """The default demo: 21 runs in 6 packs; the bar said "0/6 runs" (issue 33)."""
+    import dataclasses
+
+    from torchcal.experiments import LocalExecutor, run_sweep
+
+    jobs = [dataclasses.replace(j, fn=_nothing)
+            for j in pack_jobs(demo_jobs(DemoConfig(), Path("/x")))]
+    assert len(jobs) == 6 and sum(j.n_runs for j in jobs) == 21
+    run_sweep(jobs, LocalExecutor(workers=1), progress=True)
+    err = capsys.readouterr().err
+    assert "0/21 runs" in err and "21/21 runs" in err and "/6 runs" not in err, err
+
+
 def test_expand_results_reports_every_run_of_a_dead_pack():
     jobs = pack_jobs(demo_jobs(DemoConfig(**dict(TINY, seeds=(0, 1, 2))), Path("/x")))
     assert _sizes(jobs) == [3, 3]

@@ -74,5 +74,7 @@ def test_the_tiny_report_has_intro_claims_and_appendix_in_order(tmp_path):
     md = run_demo(cfg).report.report_md.read_text(encoding="utf-8")
     assert md.index("## Runs") < md.index("## Appendix: the setting in full")
     assert "**Verdict (shortened schedule, 1 of 100 epochs): " in md
-    assert np.all([ln.startswith("- **") for ln in md.split("group(s).", 1)[1].strip()
+    # the claims first, then the intro (the setting) under its own heading
+    assert md.index("## The papers' claims") < md.index("## This run")
+    assert np.all([ln.startswith("- **") for ln in md.split("## This run", 1)[1].strip()
                    .split("\n\n", 1)[0].splitlines()])

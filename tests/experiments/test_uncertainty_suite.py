@@ -57,6 +57,36 @@ def test_verdicts_by_hand():
     assert all("not evidence" in s for s in rep.verdict_lines(list(v.values()), evidence=False))
 
 
+def test_claims_on_a_model_at_chance_are_not_evaluated():
+    """Issue 33: a --quick run's Kendall model at 12% accuracy (chance 10%) printed "holds on
+    1 of 1"; a Kirchhof backbone at chance on its 5 upstream classes likewise."""
+    units = [_kendall(0, "fixed 1:0.1", 0.10, 5.0), _kendall(0, "kendall", 0.12, 4.0, (1, 0.5)),
+             _kendall(0, "kendall, noisy target", 0.60, 4.5, (1.0, 0.2)),
+             _kendall(1, "fixed 1:0.1", 0.50, 5.0), _kendall(1, "kendall", 0.60, 4.0, (1, 0.5)),
+             {**_kirchhof(0, 0.65, 0.60, 0.62), "upstream_accuracy": 0.22}]
+    v = {c["key"]: c for c in rep.claim_verdicts(units)}
+    assert (v["kendall_frontier"]["n"], v["kendall_frontier"]["at_chance"]) == (1, 1)
+    assert (v["kendall_noise"]["n"], v["kendall_noise"]["at_chance"]) == (0, 1)
+    assert (v["kirchhof_unseen"]["n"], v["kirchhof_unseen"]["at_chance"]) == (0, 1)
+    assert v["kirchhof_cache"]["n"] == 1  # timing: no model accuracy involved
+    lines = dict(zip(v, rep.verdict_lines(list(v.values())), strict=True))
+    assert lines["kendall_noise"].endswith("**not evaluated (model at chance)**.")
+    assert "holds on 1 of 1 seeds**, 1 seed(s) not evaluated (model at chance)" in \
+        lines["kendall_frontier"]
+    assert "not evaluated (model at chance)" in lines["kirchhof_share"]
+
+
+def test_the_kirchhof_share_line_sets_the_papers_shares_beside_ours():
+    """Like for like: 43% above chance beside the paper's 89% above chance (it stood beside
+    the paper's raw 96%)."""
+    v = {c["key"]: c for c in rep.claim_verdicts([_kirchhof(0, 0.63, 0.60, 0.62)])}
+    line = rep.verdict_lines([v["kirchhof_share"]])[0]
+    above, raw = (0.63 - 0.5) / (0.8 - 0.5), 0.63 / 0.8
+    assert (f"share above chance {100 * above:.0f}% (paper: 89%), raw share {100 * raw:.0f}% "
+            "(paper: 96%)") in line
+    assert round(100 * (0.758 - 0.5) / (0.791 - 0.5)) == 89 and round(100 * 0.758 / 0.791) == 96
+
+
 def test_replace_readme_block():
     begin = rep.README_BEGIN.format(path="p.json")
     text = f"intro\n{begin}\nold\n{rep.README_END}\noutro\n"
@@ -85,7 +115,9 @@ def test_suite_end_to_end_tiny(tmp_path):
     assert len(lines) == len(rep.CLAIMS) == 6
     assert sum("Kirchhof et al. 2024" in s for s in lines) == 4
     assert sum("Kendall et al. 2018" in s for s in lines) == 2
-    assert all("holds on" in s and "of 1 seeds" in s and "not evidence" in s for s in lines)
+    # a 1-epoch model is at chance: its claims are not evaluated, the others hold or fail
+    assert all(("holds on" in s and "of 1 seeds" in s or "not evaluated (model at chance)" in s)
+               and "not evidence" in s for s in lines), lines
     saved = json.loads((out / suite.SUMMARY_FILE).read_text())
     assert [(c["key"], c["holds"], c["n"]) for c in saved["claims"]] == \
         [(c["key"], c["holds"], c["n"]) for c in summary["claims"]]

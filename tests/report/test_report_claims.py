@@ -4,6 +4,7 @@ committed results.csv."""
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +13,14 @@ import torch
 
 from torchcal.report.aggregate import RunRecord, group_runs
 from torchcal.report.claims import (
+    CHANCE_MARGIN,
     CLAIMS,
     GAP_KEY,
     SIMILAR_ERROR,
+    at_chance,
     check_claims,
     claims_markdown,
+    claims_verdicts,
     confidence_gap,
 )
 from torchcal.report.front import BEGIN, END, front_table, replace_front_table
@@ -67,6 +71,34 @@ def test_verdicts_are_counted_per_seed():
     assert v["lin_bsce_gra"].holds == [True, False, True]
     assert v["tao_dual_focal"].n == 0 and v["tao_dual_focal"].verdict.startswith("not tested")
     assert "Dual focal" in v["tao_dual_focal"].verdict
+
+
+def test_a_seed_whose_model_is_at_chance_is_not_evaluated():
+    """Issue 33: a claim evaluated on a model at chance said "holds on 1 of 1"; a run at chance
+    (10 classes, 12% accuracy) takes its seed out of every claim that needs it."""
+    runs = []
+    for s in range(2):
+        runs += [_run("ce", s, 0.05, t=2.0, err=(0.88, 0.10)[s]), _run("focal", s, 0.02,
+                                                                      err=(0.88, 0.10)[s]),
+                 _run("dual_focal", s, 0.01, err=0.10)]
+    for r in runs:
+        r.results["num_classes"] = 10
+    v = _verdicts(runs)
+    assert v["mukhoti_ce_overconfident"].at_chance == [0]
+    assert v["mukhoti_ce_overconfident"].verdict == (
+        "holds on 1 of 1 seed (1 seed not evaluated (model at chance))")
+    assert v["tao_dual_focal"].verdict.startswith("holds on 1 of 1 seed")  # focal seed 0
+    for r in runs:  # both seeds at chance
+        r.flat["test.pre.error"] = 0.88
+    v = _verdicts(runs)
+    assert v["mukhoti_focal_lt_ce"].n == 0
+    assert v["mukhoti_focal_lt_ce"].verdict == "not evaluated (model at chance)"
+    assert claims_verdicts(group_runs(runs))[1].endswith(": not evaluated (model at chance)")
+    # the class count unknown (the committed results.csv): evaluated as before
+    for r in runs:
+        del r.results["num_classes"]
+    assert _verdicts(runs)["mukhoti_focal_lt_ce"].n == 2
+    assert at_chance(0.149, 10) and not at_chance(0.151, 10) and CHANCE_MARGIN == 0.05
 
 
 def test_only_common_seeds_count_and_nan_fails():
@@ -144,7 +176,16 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert res.failed == []
     md = res.report.report_md.read_text(encoding="utf-8")
     assert "validate_args" not in md and "already finished" not in md
-    assert "The committed full run" in md  # the shortened run quotes the --full verdicts
+    # the shortened run quotes the --full verdicts in a block of their own, labelled, at the
+    # head of the claims section (they were in the shortened-schedule paragraph of the intro)
+    claims_at = md.index("## The papers' claims on this benchmark")
+    assert md.index("> **The committed full run's verdicts, not this run's:**") > claims_at
+    assert "The committed full run" not in md.split("## This run", 1)[1]
+    assert claims_at < md.index("## This run") < md.index("## mnist1d / mnist1d_cnn")
+    assert res.report.verdict_label == "shortened schedule, 1 of 350 epochs"
+    assert res.report.verdicts == claims_verdicts(res.report.groups)
+    assert res.report.verdicts[1] == ("Mukhoti et al. 2020, focal below cross-entropy: "
+                                      + check_claims(res.report.groups)[1].verdict)
     # the same command again: every run is skipped and the report says its time is not the demo's
     again = run_demo(cfg).report.report_md.read_text(encoding="utf-8")
     assert f"{2 * len(CLAIM_LOSSES)} of {2 * len(CLAIM_LOSSES)} runs were already finished" in again
@@ -154,14 +195,20 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     groups = res.report.groups
     assert {g.loss for g in groups} == set(CLAIM_LOSSES)
     for r in check_claims(groups):
-        assert r.n == 2
+        assert r.n + len(r.at_chance) == 2  # a 1-epoch model of width 4 may be at chance
         assert f"**Verdict (shortened schedule, 1 of 350 epochs): {r.verdict}.**" in section
     csv_text = res.report.results_csv.read_text(encoding="utf-8")
     assert GAP_KEY in csv_text.splitlines()[0]
     front = front_table(csv_text)  # a row per loss, and one per loss's ensemble of the 2 seeds
     assert front.count("\n| ") == 2 * len(CLAIM_LOSSES) and front.count(" · ensemble |") == len(CLAIM_LOSSES)
     html = res.report.report_html.read_text(encoding="utf-8")
-    assert "per seed (mnist1d / mnist1d_cnn)" in html and "<table>" in html
+    assert "<table>" in html
+    # each per-seed table named by its claim (Mukhoti's three were all "Mukhoti et al. 2020,
+    # per seed"); a 1-epoch model at chance has none
+    titles = re.findall(r"<h3>([^<]*per seed[^<]*)</h3>", html)
+    assert len(titles) == len(set(titles)) == sum(bool(r.n) for r in check_claims(groups))
+    # a table of contents, then the claims as the first section
+    assert re.search(r'<nav class="toc">.*?</nav>\s*<div class="md"><a id="s1"></a><h2>The papers', html, re.S)
     doc = json.loads(res.report.results_json.read_text(encoding="utf-8"))
     assert all(GAP_KEY in g["mean"] for g in doc["groups"])
 
@@ -169,7 +216,7 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
 def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
     """The shortened demo quotes the --full run's verdicts, computed from the committed
     results.csv (no constants to regenerate after a new --full run)."""
-    from torchcal.experiments import DemoConfig, committed_verdicts, get_benchmark, intro_text
+    from torchcal.experiments import committed_note, committed_verdicts, get_benchmark
     from torchcal.report.aggregate import group_runs, runs_from_results_csv
 
     bench = get_benchmark("mnist1d")
@@ -186,9 +233,8 @@ def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
     untested = {r.claim.key: r.verdict for r in results if not r.n}
     assert set(untested) <= {c.key for c in bench.claims if c.per == "seed_set"}
     assert all(n == 5 for k, (_k, n) in got.items() if k in seed_claims)  # --full: 5 seeds
-    text = intro_text(DemoConfig(quick=True), [dict(
-        recipe="mnist1d-cnn", loss="ce", loss_kwargs={}, seed=0, epochs=15, noise_std=None,
-        n_bins=15, data_kwargs={}, run_dir="/x/runs/ce/seed0", overrides={})])
+    text = committed_note(bench)
+    assert text.startswith("**The committed full run's verdicts, not this run's:**")
     for label, k, n in verdicts.values():
         assert f"{label} {k} of {n}" in text, label
 

@@ -128,3 +128,36 @@ def test_confidence_histograms_share_one_y_scale():
     fig.canvas.draw()
     limits = {ax.get_ylim() for ax in fig.axes if ax.get_visible()}
     assert len(limits) == 1 and limits.pop()[1] >= 1.0  # the peaked panel's bar: all samples
+
+
+def _one_sample_bin(rng, n=400, c=10):
+    """Confident logits, and one sample of confidence about 0.15 that is right: a sparse bin
+    with one sample and accuracy 1, a full-height bar at the upper left of the panel."""
+    z, y = rng.normal(size=(n, c)), rng.integers(0, c, n)
+    z[np.arange(n), y] += 8.0
+    z[0] = 0.0
+    z[0, y[0]] = 0.45  # softmax: about 0.15 on the right class
+    return z, y
+
+
+@pytest.mark.parametrize("kind", ["pair", "overview"])
+def test_the_legend_covers_no_bar(kind):
+    """Issue 33: the legend (upper left of the first panel) covered a one-sample bar."""
+    rng = np.random.default_rng(0)
+    z, y = _one_sample_bin(rng)
+    fig = (F.reliability_pair(z, z, y, n_bins=15) if kind == "pair"
+           else F.reliability_overview({"A": (z, y), "B": _one_sample_bin(rng)}, n_bins=15))
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    legends = fig.legends + [a.get_legend() for a in fig.axes if a.get_legend() is not None]
+    assert legends
+    boxes = [leg.get_window_extent(renderer) for leg in legends]
+    from matplotlib.transforms import Bbox
+
+    bars = [Bbox.intersection(r.get_window_extent(renderer), a.bbox)  # as drawn: clipped
+            for a in fig.axes if a.get_visible() for c in a.containers for r in c
+            if r.get_height() > 0]
+    bars = [b for b in bars if b is not None]
+    sparse = [c for a in fig.axes for c in a.containers if c.get_label().startswith("< ")]
+    assert sparse and any(r.get_height() == 1.0 for c in sparse for r in c)  # the bar is there
+    assert not [(b, r) for b in boxes for r in bars if b.overlaps(r)]

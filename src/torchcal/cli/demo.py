@@ -111,6 +111,16 @@ def _overrides(args: argparse.Namespace) -> dict:
     return overrides
 
 
+def _print_verdicts(rep) -> None:
+    """The claims' verdicts, last on the screen (the report's first section, one line each)."""
+    if rep.verdicts:
+        label = f" ({rep.verdict_label})" if rep.verdict_label else ""
+        print(f"\nThe papers' claims on this run{label}; the report's first section has "
+              "each seed's numbers:")
+        for line in rep.verdicts:
+            print(f"- {line}")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if getattr(args, "suite", "calibration") == "uncertainty":
         from .demo_suite import cmd_uncertainty_suite  # deferred: the suite's own imports
@@ -135,6 +145,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"Wall time: {res.seconds:.0f} s (start-up and report writing included) for "
           f"{len(res.report.groups)} loss(es) x {len(res.config.seeds)} seed(s) with "
           f"{res.config.workers} worker(s).")
+    _print_verdicts(res.report)
     if res.failed:
         print(f"torchcal demo: {len(res.failed)} run(s) failed, see the report", file=sys.stderr)
         return 1

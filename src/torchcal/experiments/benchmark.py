@@ -23,7 +23,8 @@ from ..report.claims import Claim, check_claims
 from .training import run_job
 
 __all__ = ["Profile", "Benchmark", "BENCHMARKS", "register_benchmark", "get_benchmark",
-           "list_benchmarks", "tagged_losses", "committed_verdicts", "PROFILE_NAMES"]
+           "list_benchmarks", "tagged_losses", "committed_verdicts", "committed_note",
+           "PROFILE_NAMES"]
 
 #: The sizes every benchmark defines: ``default``, ``quick`` (a smoke test), ``full`` (the
 #: published schedule).
@@ -139,6 +140,21 @@ def committed_verdicts(benchmark: Benchmark) -> dict[str, tuple[str, int, int]] 
            if r.n}
     return {key: (label, *got[key]) for key, label in benchmark.verdict_labels.items()
             if key in got}
+
+
+def committed_note(benchmark: Benchmark) -> str:
+    """The committed full run's verdicts as a labelled Markdown paragraph of their own (the
+    report shows it in a box at the head of its claims, so that they are never read as the
+    run's own); "" when the benchmark has no committed run here."""
+    verdicts = committed_verdicts(benchmark)
+    if not verdicts:
+        return ""
+    where = benchmark.committed_results.rsplit("/", 1)[0]
+    note = f" ({benchmark.committed_note})" if benchmark.committed_note else ""
+    return (f"**The committed full run's verdicts, not this run's:** `torchcal demo --dataset "
+            f"{benchmark.name} --full`, {len(benchmark.profile('full').seeds)} seeds on the "
+            f"recipe's schedule, committed in {where} (the README's table): "
+            + "; ".join(f"{t} {k} of {n}" for t, k, n in verdicts.values()) + f" seeds{note}.")
 
 
 #: The benchmark table (``torchcal demo --dataset NAME``).

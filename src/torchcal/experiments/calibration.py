@@ -32,7 +32,7 @@ from ..report.aggregate import loss_label
 from ..report.claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from ..train import TrainConfig, get_recipe
 from ..train.build import build_data, build_model
-from .benchmark import Benchmark, Profile, committed_verdicts, register_benchmark
+from .benchmark import Benchmark, Profile, register_benchmark
 
 __all__ = ["ADAFOCAL_LAM", "ADAFOCAL_NOTE", "adafocal_note", "DEMO_LOSS_KWARGS", "CLAIM_LOSSES",
            "IntroContext", "calibration_intro", "calibration_appendix", "MNIST1D",
@@ -213,30 +213,17 @@ def _mnist1d_model_text(tc: TrainConfig) -> str:
 
 
 def _schedule_note(ctx: IntroContext) -> str:
-    """The shortened-schedule warning, with the committed full run's verdicts when it has one."""
+    """The shortened-schedule warning (the committed full run's verdicts are in a block of
+    their own at the head of the claims: :func:`~torchcal.experiments.committed_note`)."""
     tc, full_epochs = ctx.train_config, int(get_recipe(ctx.config.recipe).epochs)
     if tc.epochs == full_epochs:
         return ""
     lead = ("**A smoke test (`--quick`), not evidence:**" if ctx.config.quick
             else "**Shortened schedule:**")
-    note = (f"{lead} {tc.epochs} of the recipe's {full_epochs} epochs (milestones at the same "
+    return (f"{lead} {tc.epochs} of the recipe's {full_epochs} epochs (milestones at the same "
             "fractions); every loss ends less fitted, and AdaFocal gets fewer γ updates, so "
-            "the verdicts below say what this run shows, not whether the papers hold; `--full` "
+            "the verdicts above say what this run shows, not whether the papers hold; `--full` "
             "runs the recipe's schedule.")
-    verdicts = committed_verdicts(ctx.benchmark)
-    if verdicts:
-        sets = {c.key for c in ctx.benchmark.claims if c.per == "seed_set"}
-        seeds = [f"{t} {k} of {n}" for key, (t, k, n) in verdicts.items() if key not in sets]
-        pooled = [f"{t} {k} of {n} seed set{'s' if n > 1 else ''}"
-                  for key, (t, k, n) in verdicts.items() if key in sets]
-        note += (
-            f" The committed full run ({len(ctx.benchmark.profile('full').seeds)} seeds, "
-            f"{ctx.benchmark.committed_results.rsplit('/', 1)[0]}): "
-            + "; ".join(seeds) + (" seeds" if seeds else "")
-            + "".join(f"; {p}" for p in pooled)
-            + (f" ({ctx.benchmark.committed_note})" if ctx.benchmark.committed_note else "")
-            + ".")
-    return note
 
 
 def _training_text(tc: TrainConfig) -> str:

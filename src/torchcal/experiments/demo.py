@@ -39,7 +39,7 @@ from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
 from . import calibration  # noqa: F401 - registers the calibration benchmarks
-from .benchmark import BENCHMARKS, Benchmark, get_benchmark
+from .benchmark import BENCHMARKS, Benchmark, committed_note, get_benchmark
 from .calibration import IntroContext
 from .packed import expand_results, pack_jobs
 from .runner import Executor, LocalExecutor, run_sweep
@@ -303,7 +303,8 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
                            title=f"torchcal demo: {bench.title}",
                            intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
                            figures=cfg.figures, claims=tuple(bench.claims) or False,
-                           verdict_label=verdict_label(cfg, specs, resolved=True))
+                           verdict_label=(label := verdict_label(cfg, specs, resolved=True)),
+                           preface=committed_note(bench) if label else "")
     return DemoResult(out_dir=out, report=rep, failed=failed,
                       seconds=time.perf_counter() - t_start, config=cfg)
 

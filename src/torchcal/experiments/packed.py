@@ -90,7 +90,7 @@ def pack_jobs(specs: Sequence[Mapping[str, Any]], *,
             jobs.append(Job(name=f"pack {len(jobs) + 1} ({names})", fn=run_packed_job,
                             spec={"runs": [dict(specs[i]) for i in members]},
                             labels={"runs": [_labels(specs[i]) for i in members]},
-                            resources=Resources(cpus=1.0, gpus=1.0 if cuda else 0.0)))
+                            n_runs=len(members), resources=Resources(cpus=1.0, gpus=1.0 if cuda else 0.0)))
     return jobs
 
 

@@ -65,6 +65,7 @@ class Job:
         labels: copied into the result the runner writes when the job's process died (so that
             a lost job is still reported by name and run directory).
         resources: CPUs and GPUs one execution needs.
+        n_runs: the runs the job trains (a pack: its members); the progress bar counts runs.
     """
 
     name: str
@@ -72,6 +73,7 @@ class Job:
     spec: Mapping[str, Any]
     labels: Mapping[str, Any] = field(default_factory=dict)
     resources: Resources = Resources()
+    n_runs: int = 1
 
     def __call__(self) -> dict[str, Any]:
         """Run ``fn(spec)`` here; the result gets ``name`` and ``seconds`` if ``fn`` gave none."""
@@ -171,7 +173,8 @@ class LocalExecutor:
 def run_sweep(jobs: Sequence[Job], executor: Executor | None = None, *, progress: bool = True,
               desc: str = "torchcal demo") -> list[dict[str, Any]]:
     """Execute ``jobs`` with ``executor`` (default ``LocalExecutor(workers=2)``) behind one
-    progress bar (runs done, time left); returns one result dict per job, in the jobs' order.
+    progress bar (runs done, counted by each job's ``n_runs``, and time left); returns one
+    result dict per job, in the jobs' order.
 
     >>> res = run_sweep([Job("a", dict, {"x": 1})], LocalExecutor(workers=1), progress=False)
     >>> res[0]["x"], res[0]["name"], res[0]["error"]
@@ -181,7 +184,7 @@ def run_sweep(jobs: Sequence[Job], executor: Executor | None = None, *, progress
     if len(set(names)) != len(names):
         raise ValueError(f"Expected `jobs` to have distinct names, got {names}")
     executor = executor if executor is not None else LocalExecutor()
-    bar = tqdm(total=len(jobs), unit="run", desc=desc, disable=not progress, file=sys.stderr,
+    bar = tqdm(total=sum(j.n_runs for j in jobs), unit="run", desc=desc, disable=not progress, file=sys.stderr,
                smoothing=0.0,
                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} runs [{elapsed}<{remaining} left]")
     results: dict[str, dict[str, Any]] = {}
@@ -189,7 +192,7 @@ def run_sweep(jobs: Sequence[Job], executor: Executor | None = None, *, progress
     def on_done(job: Job, result: dict[str, Any]) -> None:
         results[job.name] = result
         bar.set_postfix_str(job.name, refresh=False)
-        bar.update(1)
+        bar.update(job.n_runs)
 
     try:
         executor.run(list(jobs), on_done)

@@ -48,7 +48,14 @@ from .aggregate import (
     group_runs,
     load_runs,
 )
-from .claims import CLAIMS, Claim, add_confidence_gaps, claims_markdown, claims_section
+from .claims import (
+    CLAIMS,
+    Claim,
+    add_confidence_gaps,
+    claims_markdown,
+    claims_section,
+    claims_verdicts,
+)
 
 __all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir"]
 
@@ -79,6 +86,8 @@ class ReportOutput:
     text: str  # the main table(s) as plain text, for printing
     markdown_tables: str = ""
     notes: list[str] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)  # one line per claim, for printing
+    verdict_label: str = ""  # what the verdicts are (a shortened run's: not evidence)
 
 
 def _slug(*parts: str) -> str:
@@ -331,6 +340,11 @@ figure{display:inline-block;margin:.6em;vertical-align:top;max-width:100%}
 figure img{max-width:100%} figcaption{font-size:12px;color:#555;max-width:800px}
 pre{background:#f6f6f6;padding:.6em;overflow:auto} .err{color:#a00}
 .md td,.md th{white-space:normal;text-align:left;vertical-align:top}
+th{white-space:normal;vertical-align:bottom} div.wide{max-width:100%;overflow-x:auto}
+nav.toc{font-size:14px;margin:.4em 0 1em} nav.toc ol{margin:.2em 0;padding-left:1.6em}
+nav.toc li{display:inline-block;margin-right:1.4em}
+div.preface{border-left:4px solid #888;background:#f4f4f4;padding:.1em 1em;margin:.8em 0}
+@media (max-width:900px){th,td{padding:2px 4px;font-size:12px}}
 """
 
 
@@ -349,6 +363,7 @@ def build_report(
     intro: str = "",
     appendix: str = "",
     verdict_label: str = "",
+    preface: str = "",
     n_bins: int = 15,
     figures: bool = True,
     claims: bool | Sequence[Claim] = False,
@@ -366,6 +381,8 @@ def build_report(
         appendix: Markdown placed after the runs table (the demo's setting in full).
         verdict_label: with ``claims``, what every verdict line says beside "Verdict" (the
             demo: that a shortened or ``--quick`` run's verdicts are not the papers' setting).
+        preface: Markdown shown in a box of its own at the head of the claims section (the
+            demo: the committed full run's verdicts, labelled as such).
         n_bins: bins of the reliability diagrams and histograms.
         figures: draw the figures (needs the runs' saved logits).
         claims: add the section "The papers' claims on this benchmark"
@@ -399,9 +416,11 @@ def build_report(
         claims = CLAIMS
     claims_md = claims_markdown(groups, claims, verdict_label=verdict_label) if claims else ""
     claims_blocks = claims_section(groups, claims, verdict_label=verdict_label) if claims_md else []
-    md_text = _report_markdown(title, (intro, appendix), stamp, len(runs.runs), groups,
+    verdicts = claims_verdicts(groups, claims) if claims_md else []
+    prose = (intro, appendix, preface)
+    md_text = _report_markdown(title, prose, stamp, len(runs.runs), groups,
                                table_sets, figs, out, claims_md, runs_table, notes, errors)
-    html_text = _report_html(title, (intro, appendix), stamp, len(runs.runs), groups, table_sets,
+    html_text = _report_html(title, prose, stamp, len(runs.runs), groups, table_sets,
                              figs, claims_blocks, runs_table, notes, errors)
     doc = _results_doc(stamp, groups, floors, errors, out)
     paths_out = dict(
@@ -416,7 +435,8 @@ def build_report(
     md_tables = [tabs[0].to_markdown() for _key, tabs in table_sets]
     return ReportOutput(out_dir=out, figures=all_figs, groups=groups, errors=errors,
                         text="\n".join(text_parts), markdown_tables="\n".join(md_tables),
-                        notes=notes, **paths_out)
+                        notes=notes, verdicts=verdicts, verdict_label=verdict_label,
+                        **paths_out)
 
 
 def _readable_runs(paths: Iterable[str | os.PathLike] | None, runs: LoadReport | None,
@@ -445,16 +465,27 @@ def _runs_table(groups: Sequence[Group], out: Path) -> T.Table:
          "(last: the last epoch's, as the papers report; best: by the validation metric)."])
 
 
-def _report_markdown(title: str, prose: tuple[str, str], stamp: str, n_runs: int, groups: Sequence[Group],
-                     table_sets, figs: dict[tuple[str, str], list[Figure]], out: Path,
-                     claims_md: str, runs_table: T.Table, notes: list[str],
-                     errors: list) -> str:
-    """The text of report.md; ``prose``: the intro and the appendix (Markdown)."""
-    intro, appendix = prose
+_SETTING = "This run"  # the heading of the intro, which follows the claims
+
+
+def _report_markdown(title: str, prose: tuple[str, str, str], stamp: str, n_runs: int,
+                     groups: Sequence[Group], table_sets,
+                     figs: dict[tuple[str, str], list[Figure]], out: Path, claims_md: str,
+                     runs_table: T.Table, notes: list[str], errors: list) -> str:
+    """The text of report.md, in the order of report.html (the claims first, the figures
+    after); ``prose``: the intro, the appendix and the preface (Markdown)."""
+    intro, appendix, preface = prose
     md = [f"# {title}", "", f"Generated {stamp} from {n_runs} evaluated run(s) in "
           f"{len(groups)} group(s).", ""]
+    head, _sep, rest = claims_md.partition("\n\n")
+    if claims_md:
+        md += [head, ""]
+    if preface:
+        md += ["\n".join(f"> {ln}" if ln else ">" for ln in preface.strip().splitlines()), ""]
+    if rest:
+        md += [rest.strip(), ""]
     if intro:
-        md += [intro.strip(), ""]
+        md += [f"## {_SETTING}", "", intro.strip(), ""]
     for key, tabs in table_sets:
         md += [f"## {key[0]} / {key[1]}", ""]
         for tab in tabs:
@@ -462,8 +493,6 @@ def _report_markdown(title: str, prose: tuple[str, str], stamp: str, n_runs: int
         for f in figs.get(key, []):
             rel = f.path.relative_to(out).as_posix()
             md += [f"#### {f.title}", "", f"![{f.title}]({rel})", "", f"_{f.caption}_", ""]
-    if claims_md:
-        md += [claims_md, ""]
     md += ["## Runs", "", runs_table.to_markdown(), ""]
     if appendix:
         md += [appendix.strip(), ""]
@@ -474,19 +503,43 @@ def _report_markdown(title: str, prose: tuple[str, str], stamp: str, n_runs: int
     return "\n".join(md).rstrip() + "\n"
 
 
-def _report_html(title: str, prose: tuple[str, str], stamp: str, n_runs: int,
+def _with_contents(body: list[str]) -> list[str]:
+    """``body`` with an anchor before every ``<h2>`` and a table of contents of them in front."""
+    text, entries = "\n".join(body), []
+
+    def number(m: re.Match) -> str:
+        entries.append(m.group(1))
+        return f'<a id="s{len(entries)}"></a><h2>{m.group(1)}</h2>'
+
+    text = re.sub(r"<h2>(.*?)</h2>", number, text)
+    items = "".join(f'<li><a href="#s{i}">{e}</a></li>' for i, e in enumerate(entries, 1))
+    return [f'<nav class="toc"><b>Contents</b><ol>{items}</ol></nav>', text] if entries else [text]
+
+
+def _report_html(title: str, prose: tuple[str, str, str], stamp: str, n_runs: int,
                  groups: Sequence[Group], table_sets, figs: dict[tuple[str, str], list[Figure]],
                  claims_blocks: list,
                  runs_table: T.Table, notes: list[str], errors: list) -> str:
-    """The text of report.html (figures embedded as base64 PNG); ``prose``: the intro and the
-    appendix (Markdown); ``claims_blocks``: :func:`claims_section`'s blocks."""
-    intro, appendix = prose
-    h = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
-         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
-         f"<h1>{html.escape(title)}</h1>",
-         f"<p>Generated {stamp} from {n_runs} evaluated run(s) in {len(groups)} group(s).</p>"]
+    """The text of report.html (figures embedded as base64 PNG): a table of contents, the
+    claims (with the preface in its box), the intro, then the tables and figures; ``prose``:
+    the intro, the appendix and the preface (Markdown); ``claims_blocks``:
+    :func:`claims_section`'s blocks."""
+    intro, appendix, preface = prose
+    head = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+            f"<h1>{html.escape(title)}</h1>",
+            f"<p>Generated {stamp} from {n_runs} evaluated run(s) in {len(groups)} group(s).</p>"]
+    h: list[str] = []
+    box = f'<div class="preface">{_markdown_html(preface)}</div>' if preface else ""
+    for i, block in enumerate(claims_blocks):
+        h.append(block.to_html() if isinstance(block, T.Table) else _markdown_html(block))
+        if i == 0 and box:  # under the section's heading
+            h.append(box)
+    if box and not claims_blocks:
+        h.append(box)
     if intro:
-        h.append(_markdown_html(intro))
+        h += [f"<h2>{_SETTING}</h2>", _markdown_html(intro)]
     for key, tabs in table_sets:
         h.append(f"<h2>{html.escape(key[0])} / {html.escape(key[1])}</h2>")
         h += [t.to_html() for t in tabs]
@@ -494,8 +547,6 @@ def _report_html(title: str, prose: tuple[str, str], stamp: str, n_runs: int,
             b64 = base64.b64encode(f.path.read_bytes()).decode("ascii")
             h.append(f"<figure><img alt=\"{html.escape(f.title)}\" src=\"data:image/png;base64,{b64}\">"
                      f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
-    for block in claims_blocks:
-        h.append(block.to_html() if isinstance(block, T.Table) else _markdown_html(block))
     h += ["<h2>Runs</h2>", runs_table.to_html()]
     if appendix:
         h.append(_markdown_html(appendix))
@@ -505,8 +556,7 @@ def _report_html(title: str, prose: tuple[str, str], stamp: str, n_runs: int,
         h.append("<h2>Skipped files</h2><ul>" + "".join(
             f"<li class=\"err\"><code>{html.escape(p)}</code>: {html.escape(m)}</li>" for p, m in errors)
             + "</ul>")
-    h.append("</body></html>")
-    return "\n".join(h) + "\n"
+    return "\n".join(head + _with_contents(h) + ["</body></html>"]) + "\n"
 
 
 def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list,

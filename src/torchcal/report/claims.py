@@ -66,18 +66,24 @@ __all__ = [
     "mukhoti_ood_claim",
     "ClaimResult",
     "SIMILAR_ERROR",
+    "CHANCE_MARGIN",
     "GAP_KEY",
+    "at_chance",
     "confidence_gap",
     "add_confidence_gaps",
     "check_claims",
     "claims_markdown",
     "claims_section",
+    "claims_verdicts",
     "claim_table",
     "direction_table",
 ]
 
 #: "Similar error": within this many percentage points of cross-entropy's test error.
 SIMILAR_ERROR = 3.0
+#: A model whose test accuracy is below chance (1 / classes) plus this margin is "at chance":
+#: a claim is not evaluated on it (a coin toss is no evidence either way).
+CHANCE_MARGIN = 0.05
 #: The flattened results key of the test set's mean confidence minus accuracy (pre T).
 GAP_KEY = "test.pre.conf_minus_acc"
 
@@ -106,6 +112,22 @@ def confidence_gap(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(_confidence_gap(logits=z, labels=np.asarray(labels)))
 
 
+def at_chance(accuracy: float, n_classes: int) -> bool:
+    """Whether a test accuracy is within :data:`CHANCE_MARGIN` of chance, ``1 / n_classes``
+    (NaN counts as at chance).
+
+    >>> at_chance(0.12, 10), at_chance(0.60, 10)
+    (True, False)
+    """
+    return not accuracy >= 1.0 / n_classes + CHANCE_MARGIN
+
+
+def _run_at_chance(run: RunRecord) -> bool:
+    """A run whose test error puts it at chance (unknown class count or error: not known to)."""
+    c, err = run.results.get("num_classes"), run.flat.get(ERR, math.nan)
+    return isinstance(c, int) and c > 1 and not math.isnan(err) and at_chance(1.0 - err, c)
+
+
 def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
     """Add :data:`GAP_KEY` to each run's flattened numbers from its saved test logits (runs
     without readable ``logits/test.npz`` are left without it)."""
@@ -124,7 +146,8 @@ def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
 
 @dataclass(frozen=True)
 class Claim:
-    """One paper's claim: ``check(numbers by loss) -> (holds, shown numbers)`` on one seed."""
+    """One paper's claim: ``check(numbers by loss) -> (holds, shown numbers)`` on one seed;
+    ``short``: a few words naming it among its paper's claims (its per-seed table's title)."""
 
     key: str
     source: str
@@ -135,6 +158,7 @@ class Claim:
     #: ``"seed"``: ``check`` gets each loss's run of one seed; ``"seed_set"``: each loss's
     #: ensemble of one seed set, with its members' mean under :data:`MEMBERS` + key.
     per: str = "seed"
+    short: str = ""
 
 
 def _lt(a: float, b: float) -> bool:
@@ -189,33 +213,37 @@ CLAIMS: tuple[Claim, ...] = (
           "cross-entropy is over-confident: its temperature T (grid search on validation ECE) "
           "is above 1.",
           ("ce",), lambda n: n["ce"][TEMP] > 1.0,
-          (("ce", TEMP, "CE T"), ("ce", GAP_KEY, "CE conf − acc %"), ("ce", ERR, "CE error %"))),
+          (("ce", TEMP, "CE T"), ("ce", GAP_KEY, "CE conf − acc %"), ("ce", ERR, "CE error %")),
+          short="cross-entropy over-confident"),
     Claim("mukhoti_focal_lt_ce", _MUKHOTI,
           f"focal loss (γ=3) gives a lower pre-T ECE than cross-entropy at similar error "
           f"(within {SIMILAR_ERROR:g} points).",
           ("ce", "focal"), _lower_at_similar_error("focal"),
-          _cols(("ce", "focal"), ECE, "ECE %") + _cols(("ce", "focal"), ERR, "error %")),
+          _cols(("ce", "focal"), ECE, "ECE %") + _cols(("ce", "focal"), ERR, "error %"),
+          short="focal below cross-entropy"),
     Claim("mukhoti_flsd53_lt_ce", _MUKHOTI,
           f"FLSD-53 gives a lower pre-T ECE than cross-entropy at similar error "
           f"(within {SIMILAR_ERROR:g} points).",
           ("ce", "flsd53"), _lower_at_similar_error("flsd53"),
-          _cols(("ce", "flsd53"), ECE, "ECE %") + _cols(("ce", "flsd53"), ERR, "error %")),
+          _cols(("ce", "flsd53"), ECE, "ECE %") + _cols(("ce", "flsd53"), ERR, "error %"),
+          short="FLSD-53 below cross-entropy"),
     Claim("ghosh_adafocal_lowest", LOSSES.paper("adafocal"),
           "AdaFocal gives the lowest pre-T AdaECE of the focal family (focal γ=3, FLSD-53, "
           f"AdaFocal), at error close to cross-entropy's (within {SIMILAR_ERROR:g} points).",
           ("ce", "focal", "flsd53", "adafocal"), _adafocal_lowest,
           _cols(("focal", "flsd53", "adafocal"), ADAECE, "AdaECE %")
-          + _cols(("ce", "adafocal"), ERR, "error %")),
+          + _cols(("ce", "adafocal"), ERR, "error %"),
+          short="AdaFocal lowest AdaECE of the focal family"),
     Claim("lin_bsce_gra", LOSSES.paper("bsce_gra"),
           "BSCE-GRA gives a lower pre-T ECE than cross-entropy, and lower than BSCE without "
           "gradient weighting.",
           ("ce", "bsce", "bsce_gra"),
           lambda n: _lt(n["bsce_gra"][ECE], n["ce"][ECE]) and _lt(n["bsce_gra"][ECE], n["bsce"][ECE]),
-          _cols(("ce", "bsce", "bsce_gra"), ECE, "ECE %")),
+          _cols(("ce", "bsce", "bsce_gra"), ECE, "ECE %"), short="BSCE-GRA below CE and BSCE"),
     Claim("tao_dual_focal", LOSSES.paper("dual_focal"),
           "dual focal gives a lower pre-T ECE than focal loss.",
           ("focal", "dual_focal"), lambda n: _lt(n["dual_focal"][ECE], n["focal"][ECE]),
-          _cols(("focal", "dual_focal"), ECE, "ECE %")),
+          _cols(("focal", "dual_focal"), ECE, "ECE %"), short="dual focal below focal"),
 )
 
 
@@ -249,16 +277,17 @@ ENSEMBLE_CLAIMS: tuple[Claim, ...] = (
           ("ce",), _ensemble_beats_members,
           (("ce", MEMBERS + NLL, "CE members NLL"), ("ce", NLL, "CE ensemble NLL"),
            ("ce", MEMBERS + ERR, "CE members error %"), ("ce", ERR, "CE ensemble error %")),
-          per="seed_set"),
+          per="seed_set", short="CE ensemble below its mean member"),
     Claim("rahaman_wen_calibrated_members", _RAHAMAN_WEN,
           "the ensemble of members trained to be calibrated (focal loss γ=3 and FLSD-53, each "
           "its own ensemble) " + _REPAIR,
           ("focal", "flsd53"), _underconfident_then_repaired(("focal", "flsd53")),
-          _repair_cols(("focal", "flsd53")), per="seed_set"),
+          _repair_cols(("focal", "flsd53")), per="seed_set",
+          short="focal and FLSD-53 ensembles under-confident, repaired"),
     Claim("wen_label_smoothing", _RAHAMAN_WEN,
           "the ensemble of label-smoothing members (softened labels, as mixup's) " + _REPAIR,
           ("ls",), _underconfident_then_repaired(("ls",)), _repair_cols(("ls",)),
-          per="seed_set"),
+          per="seed_set", short="label-smoothing ensemble under-confident, repaired"),
 )
 
 
@@ -276,7 +305,8 @@ def mukhoti_ood_claim(ood: str) -> Claim:
                  "cross-entropy by the entropy of their prediction: a higher entropy AUROC "
                  "(pre T; the OOD set as the positive class).",
                  ("ce", "focal", "flsd53"), _higher_auroc(key),
-                 _cols(("ce", "focal", "flsd53"), key, "AUROC %"))
+                 _cols(("ce", "focal", "flsd53"), key, "AUROC %"),
+                 short="focal and FLSD-53 detect OOD inputs better than CE")
 
 
 @dataclass
@@ -291,6 +321,7 @@ class ClaimResult:
     numbers: list[dict[str, dict[str, float]]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # needed losses without any run
     fewest_seeds: int = 0  # the fewest seeds among the claim's losses' runs
+    at_chance: list = field(default_factory=list)  # seeds not evaluated: a model at chance
 
     @property
     def n(self) -> int:
@@ -303,9 +334,11 @@ class ClaimResult:
     @property
     def verdict(self) -> str:
         """``"holds on k of n seeds"`` (``seed sets`` for an ensemble claim), ``"fails on every
-        seed (0 of n)"``, ``"not tested"`` or, for an ensemble claim on fewer than 2 seeds,
-        ``"not evaluated (needs 2 or more seeds)"``."""
+        seed (0 of n)"``, ``"not tested"``, ``"not evaluated (model at chance)"`` or, for an
+        ensemble claim on fewer than 2 seeds, ``"not evaluated (needs 2 or more seeds)"``."""
         if not self.n:
+            if self.at_chance:
+                return "not evaluated (model at chance)"
             need = ", ".join(loss_label(x) for x in self.missing) or "a common seed"
             if self.missing or self.claim.per != "seed_set":
                 return f"not tested (no run of {need})"
@@ -313,9 +346,12 @@ class ClaimResult:
                 return "not evaluated (needs 2 or more seeds)"
             return "not tested (no ensemble of a common seed set)"
         unit = self.unit
+        m = len(self.at_chance)
+        skipped = f"; {m} seed{'s' if m > 1 else ''} not evaluated (model at chance)" if m else ""
         if self.k == 0:
-            return f"fails on every {unit} (holds on 0 of {self.n})"
-        return f"holds on {self.k} of {self.n} {unit}{'s' if self.n > 1 else ''}"
+            return f"fails on every {unit} (holds on 0 of {self.n}{skipped})"
+        return f"holds on {self.k} of {self.n} {unit}{'s' if self.n > 1 else ''}" + (
+            f" ({skipped[2:]})" if skipped else "")
 
     @property
     def unit(self) -> str:
@@ -338,7 +374,8 @@ def _by_loss(groups: Sequence[Group]) -> dict[str, Group]:
 def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
     """Test every claim on every seed (seed set), per (data set, model) of ``groups``.
 
-    A seed is tested when each loss of the claim has a run with that seed.  Only the seeds'
+    A seed is tested when each loss of the claim has a run with that seed, and not evaluated
+    (``at_chance``) when one of those runs is at chance (:func:`at_chance`).  Only the seeds'
     runs count (``predictor`` ``"run"``): an ensemble's record is not a seed.  An ensemble
     claim (``per="seed_set"``) is tested on each seed set whose ensemble (``predictor``
     ``"ensemble"``, ``meta.members``) every loss of the claim has.
@@ -369,6 +406,9 @@ def _test_seeds(c: Claim, res: ClaimResult, by_loss: Mapping[str, Group]) -> Non
     per_seed = [{r.seed: r for r in by_loss[x].runs} for x in c.losses]
     common = [s for s in per_seed[0] if all(s in d for d in per_seed[1:])]
     for s in sorted(common, key=lambda v: (str(type(v)), v)):
+        if any(_run_at_chance(d[s]) for d in per_seed):
+            res.at_chance.append(s)
+            continue
         nums = {x: dict(d[s].flat) for x, d in zip(c.losses, per_seed, strict=True)}
         for x in c.losses:
             for key in (ECE, ADAECE, ERR, TEMP, GAP_KEY):
@@ -423,8 +463,9 @@ def claim_table(res: ClaimResult) -> Table:
         rows.append([Cell(str(s))] + [Cell(_num(k, nums[loss].get(k, math.nan)))
                                       for loss, k, _h in res.claim.columns]
                     + [Cell("yes" if ok else "no")])
-    short = res.claim.source.split(",")[0].split(" (")[0]
-    return Table(f"{short}, per {res.unit} ({res.dataset} / {res.model})", header, rows)
+    what = f": {res.claim.short}" if res.claim.short else ""
+    return Table(f"{_paper(res.claim)}, per {res.unit}{what} ({res.dataset} / {res.model})",
+                 header, rows)
 
 
 def _row_unit(g: Group) -> str:
@@ -464,7 +505,7 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
     ("**Verdict (LABEL): ...**"), e.g. that the run is a smoke test whose verdicts are not
     evidence, so that a line read alone says so."""
     results = check_claims(groups, claims)
-    if not any(r.n for r in results):
+    if not any(r.n or r.at_chance for r in results):
         return []
     blocks: list[str | Table] = [
         heading,
@@ -493,6 +534,27 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
         gs = [g for g in groups if (g.dataset, g.model) == (ds, model)]
         blocks.append(direction_table(gs))
     return blocks
+
+
+def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[str]:
+    """One short line per claim and (data set, model), for a terminal: the paper, the claim's
+    ``short`` name (else its text) and the verdict; [] when no claim can be tested.
+
+    >>> from torchcal.report.aggregate import Group
+    >>> claims_verdicts([Group("d", "m", "ce", {}, runs=[])])
+    []
+    """
+    results = check_claims(groups, claims)
+    if not any(r.n or r.at_chance for r in results):
+        return []
+    where = len({(r.dataset, r.model) for r in results}) > 1
+    return [f"{_paper(r.claim)}, {r.claim.short or r.claim.text.rstrip('.')}"
+            f"{f' ({r.dataset} / {r.model})' if where else ''}: {r.verdict}" for r in results]
+
+
+def _paper(claim: Claim) -> str:
+    """``"Mukhoti et al. 2020"`` of a claim's source."""
+    return claim.source.split(",")[0].split(" (")[0]
 
 
 def claims_markdown(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,

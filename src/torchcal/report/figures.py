@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .._io import atomic_write_bytes
-from ..plot import reliability_diagram
+from ..plot import MIN_COUNT, reliability_diagram, reliability_legend_handles
 
 __all__ = [
     "new_figure",
@@ -94,12 +94,22 @@ def reliability_pair(
     (a0, h0), (a1, h1) = _reliability_grid(fig, 2, 2)
     t = f" (T={temperature:.2f})" if temperature is not None else ""
     reliability_diagram(logits=pre_logits, labels=labels, n_bins=n_bins, title="pre T", ax=a0,
-                        hist_ax=h0)
+                        hist_ax=h0, legend=False)
     reliability_diagram(logits=post_logits, labels=labels, n_bins=n_bins, title=f"post T{t}",
                         ax=a1, hist_ax=h1, legend=False)
+    _legend_below(fig)
     if title:
         fig.suptitle(title)
     return fig
+
+
+def _legend_below(fig) -> None:
+    """One legend of the reliability bars under the panels, where it covers no bar (inside a
+    panel it covered a sparse bin's bar, e.g. a one-sample bin of accuracy 1)."""
+    sparse = any(c.get_label().startswith("< ") for ax in fig.axes for c in ax.containers)
+    handles = reliability_legend_handles(MIN_COUNT, sparse)
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8,
+               frameon=False)
 
 
 def reliability_overview(
@@ -111,16 +121,16 @@ def reliability_overview(
     ncols = min(5, max(1, len(names)))
     nrows = max(1, -(-len(names) // ncols))
     fig = new_figure(3.0 * ncols, 3.9 * nrows)
-    for k, (name, (ax, hax)) in enumerate(zip(names, _reliability_grid(fig, len(names), ncols),
-                                             strict=True)):
+    for name, (ax, hax) in zip(names, _reliability_grid(fig, len(names), ncols), strict=True):
         z, y = curves[name]
         reliability_diagram(logits=z, labels=y, n_bins=n_bins, title=name, ax=ax, hist_ax=hax,
-                            legend=k == 0)
+                            legend=False)
         ax.title.set_fontsize(9)
         for a in (ax, hax):
             a.tick_params(labelsize=7)
             a.yaxis.label.set_fontsize(8)
             a.xaxis.label.set_fontsize(8)
+    _legend_below(fig)
     if title:
         fig.suptitle(title)
     return fig

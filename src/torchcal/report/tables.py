@@ -72,7 +72,9 @@ class Table:
         return "\n".join(lines).rstrip() + "\n"
 
     def to_html(self) -> str:
-        out = [f"<h3>{html.escape(self.title)}</h3>", "<table>", "<thead><tr>"]
+        # the wrapper scrolls a wide table in its own box, never the page
+        out = [f"<h3>{html.escape(self.title)}</h3>", "<div class=\"wide\"><table>",
+               "<thead><tr>"]
         out += [f"<th>{html.escape(h)}</th>" for h in self.header]
         out.append("</tr></thead><tbody>")
         for row in self.rows:
@@ -80,7 +82,7 @@ class Table:
                 f"<td class=\"{'best' if c.best else ''}\">"
                 + (f"<b>{html.escape(c.text)}</b>" if c.best else html.escape(c.text)) + "</td>"
                 for c in row) + "</tr>")
-        out.append("</tbody></table>")
+        out.append("</tbody></table></div>")
         out += [f"<p class=\"note\">{html.escape(n)}</p>" for n in self.notes]
         return "\n".join(out) + "\n"
 
