@@ -165,7 +165,7 @@ def test_readme_front_table_equals_the_committed_results_csv():
 def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     """A few epochs of the default MNIST-1D demo on a small generated set: the report holds the
     claims section with verdicts computed from these runs (whatever they are)."""
-    from torchcal.experiments import CLAIM_LOSSES, DemoConfig, run_demo
+    from torchcal.experiments import CLAIM_LOSSES, DemoConfig, get_benchmark, run_demo
 
     cfg = DemoConfig(
         out=tmp_path / "demo", seeds=(0, 1), epochs=1, workers=1, progress=False, figures=False,
@@ -183,7 +183,8 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert "The committed full run" not in md.split("## This run", 1)[1]
     assert claims_at < md.index("## This run") < md.index("## mnist1d / mnist1d_cnn")
     assert res.report.verdict_label == "shortened schedule, 1 of 350 epochs"
-    assert res.report.verdicts == claims_verdicts(res.report.groups)
+    assert res.report.verdicts == claims_verdicts(res.report.groups,
+                                                  get_benchmark("mnist1d").claims)
     assert res.report.verdicts[1] == ("Mukhoti et al. 2020, focal below cross-entropy: "
                                       + check_claims(res.report.groups)[1].verdict)
     # the same command again: every run is skipped and the report says its time is not the demo's
@@ -206,7 +207,8 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     # each per-seed table named by its claim (Mukhoti's three were all "Mukhoti et al. 2020,
     # per seed"); a 1-epoch model at chance has none
     titles = re.findall(r"<h3>([^<]*per seed[^<]*)</h3>", html)
-    assert len(titles) == len(set(titles)) == sum(bool(r.n) for r in check_claims(groups))
+    assert len(titles) == len(set(titles)) == sum(
+        bool(r.n) for r in check_claims(groups, get_benchmark("mnist1d").claims))
     # a table of contents, then the claims as the first section
     assert re.search(r'<nav class="toc">.*?</nav>\s*<div class="md"><a id="s1"></a><h2>The papers', html, re.S)
     doc = json.loads(res.report.results_json.read_text(encoding="utf-8"))

@@ -190,7 +190,8 @@ def test_ensemble_claims_need_two_seeds_and_an_ensemble():
     assert md == ""  # nothing testable: no section
     md = claims_markdown(group_runs(lakshminarayanan()), ENSEMBLE_CLAIMS)
     assert "Verdict: not evaluated" not in md and "Verdict: holds on 1 of 1 seed set" in md
-    assert "per seed set (d / m)" in md and "| Seeds pooled |" in md
+    assert "per seed set: CE ensemble below its mean member (d / m)" in md
+    assert "| Seeds pooled |" in md
 
 
 def test_mukhoti_ood_claim_seed_by_seed():
@@ -269,7 +270,8 @@ def test_two_seed_demo_reports_each_loss_ensemble(tmp_path):
                 "wen_label_smoothing"):
         assert results[key].n == 1 and results[key].seeds == ["0, 1"], key
         assert f"**Verdict (shortened schedule, 3 of 350 epochs): {results[key].verdict}.**" in md
-    assert results["mukhoti_ood_entropy"].n == 2
+    ood = results["mukhoti_ood_entropy"]
+    assert ood.n + len(ood.at_chance) == 2  # a 3-epoch model of width 4 may be at chance
     assert "mnist1d_shuffled` better than cross-entropy" in md
 
 
