@@ -143,7 +143,8 @@ class _BrierFunction(torch.autograd.Function):
         m = b + torch.expm1(lp1)  # B - q
         if bsce_gamma is None:
             loss = b
-            a = k = torch.empty(0, dtype=b.dtype, device=b.device)
+            a = b.new_empty(0)  # two tensors: an output may not be returned twice
+            k = b.new_empty(0)
             e = -2.0 * b
         else:
             gam = bsce_gamma
