@@ -89,12 +89,12 @@ def test_benchmarks_are_registered_data():
 
 
 def test_executor_options_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch):
-    import torchcal.cli.demo as demo_cli
+    import torchcal.experiments.ray_executor as ray_executor
 
     out = tmp_path / "never"
     assert main(["demo", "--ray-address", "auto", "--out", str(out)]) == 2
     assert "`--ray-address` needs `--executor ray`" in capsys.readouterr().err
-    monkeypatch.setattr(demo_cli, "ray_available", lambda: False)
+    monkeypatch.setattr(ray_executor, "ray_available", lambda: False)  # the registered check
     assert main(["demo", "--executor", "ray", "--out", str(out)]) == 2
     assert 'pip install "torchcal[ray]"' in capsys.readouterr().err
     assert not out.exists()

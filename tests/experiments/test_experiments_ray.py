@@ -50,7 +50,7 @@ def ray_instance():
 
 def _spec(run_dir, loss="ce", seed=0, epochs=3, **extra):
     return {"recipe": "digits-mlp", "loss": loss, "loss_kwargs": {}, "seed": seed,
-            "epochs": epochs, "noise_std": 0.5, "n_bins": 15, "data_kwargs": {},
+            "epochs": epochs, "n_bins": 15, "data_kwargs": {"noise_std": 0.5},
             "run_dir": str(run_dir), "overrides": {}, **extra}
 
 

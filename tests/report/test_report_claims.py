@@ -179,7 +179,7 @@ def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
     assert set(verdicts) == {c.key for c in bench.claims}
     assert all(n == 5 for _k, n in got.values())  # the committed run is --full (5 seeds)
     text = intro_text(DemoConfig(quick=True), [dict(
-        recipe="mnist1d-cnn", loss="ce", loss_kwargs={}, seed=0, epochs=15, noise_std=None,
+        recipe="mnist1d-cnn", loss="ce", loss_kwargs={}, seed=0, epochs=15,
         n_bins=15, data_kwargs={}, run_dir="/x/runs/ce/seed0", overrides={})])
     for label, k, n in verdicts.values():
         assert f"{label} {k} of {n}" in text, label

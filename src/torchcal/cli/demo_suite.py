@@ -16,7 +16,7 @@ __all__ = ["cmd_uncertainty_suite"]
 def cmd_uncertainty_suite(args: argparse.Namespace, executor=None) -> int:
     """Run the uncertainty suite with the demo's --quick / --full / --seeds / --workers /
     --out; refuse the calibration benchmark's options."""
-    for opt in ("epochs", "losses", "noise_std", "adafocal_lam", "data_arg", "train_arg",
+    for opt in ("epochs", "losses", "adafocal_lam", "data_arg", "train_arg",
                 "loss_arg"):
         if getattr(args, opt, None) not in (None, [], False):
             raise ValueError(f"Expected no --{opt.replace('_', '-')} with --suite uncertainty "

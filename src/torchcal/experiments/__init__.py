@@ -74,12 +74,24 @@ from .demo import (
 from .packed import CPU_PACK_SIZE, expand_results, pack_jobs, run_packed_job
 from .ray_executor import RayExecutor, ray_available
 from .uncertainty import run_uncertainty_suite
-from .runner import Executor, Job, LocalExecutor, Resources, failed_result, run_sweep
-from .training import is_finished, is_stale, run_job, train_config, train_job
+from .runner import (
+    EXECUTORS,
+    Executor,
+    ExecutorType,
+    Job,
+    LocalExecutor,
+    Resources,
+    failed_result,
+    make_executor,
+    register_executor,
+    run_sweep,
+)
+from .training import is_finished, is_stale, resolve_spec, run_job, train_config, train_job
 
 __all__ = [
     "Job", "Resources", "Executor", "LocalExecutor", "RayExecutor", "ray_available", "run_sweep",
-    "failed_result", "train_job", "run_job", "train_config", "is_stale", "is_finished",
+    "failed_result", "train_job", "run_job", "train_config", "resolve_spec", "is_stale",
+    "is_finished", "EXECUTORS", "ExecutorType", "register_executor", "make_executor",
     "Benchmark", "Profile", "BENCHMARKS", "register_benchmark", "get_benchmark", "list_benchmarks",
     "tagged_losses", "committed_verdicts", "DemoConfig", "DemoResult", "run_demo", "demo_jobs",
     "sweep_jobs", "resolve", "demo_loss_kwargs", "applicable_losses", "default_out", "intro_text",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import one_line_warnings
-from .runner import Job, OnDone, call_job, failed_result
+from .runner import ExecutorType, Job, OnDone, call_job, failed_result, register_executor
 
 __all__ = ["RayExecutor", "ray_available"]
 
@@ -121,3 +121,13 @@ class RayExecutor:
             for ref in pending:
                 ray.cancel(ref, force=True)
             raise
+
+
+def _missing() -> str:
+    return "" if ray_available() else ("needs the `ray` package: pip install \"torchcal[ray]\" "
+                                       "(or pip install \"ray>=2.9\")")
+
+
+register_executor(ExecutorType(
+    "ray", lambda *, workers, address=None: RayExecutor(address=address, workers=workers),
+    "Ray tasks (pip install \"torchcal[ray]\"; see the guide's cluster page)", _missing))
