@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,10 @@ def test_suite_end_to_end_tiny(tmp_path):
         [(c["key"], c["holds"], c["n"]) for c in summary["claims"]]
     assert (out / "kendall_frontier.png").stat().st_size > 0
     assert (out / "kirchhof_rauroc.png").stat().st_size > 0
+    page = (out / "report.html").read_text()  # the same report as HTML, figures embedded
+    assert "The papers&#x27; claims on this benchmark" in page or \
+        "The papers' claims on this benchmark" in page
+    assert page.count("data:image/png;base64,") == 2 and summary["out"] == str(out)
     csv = (out / "results.csv").read_text().splitlines()
     assert csv[0] == "part,seed,arm,setting,method,metric,value" and len(csv) > 20
     # a second run reuses the finished units (two-task results read back)
@@ -114,23 +119,20 @@ def test_demo_suite_dispatch(monkeypatch, tmp_path, capsys):
 
     def fake(profile, out, **kw):
         seen.update(profile=profile, out=out, **kw)
-        (out).mkdir(parents=True, exist_ok=True)
-        (out / "report.md").write_text("# r\n\n## The papers' claims on this benchmark\n\n- a\n\n"
-                                       "## next\n")
-        return {"seconds": 1.0, "units": []}
+        return {"seconds": 1.0, "units": [], "profile_sizes": {"evidence": True},
+                "claims": [{"key": "k", "paper": "P", "claim": "a", "n": 2, "holds": 2,
+                            "numbers": {}}]}
 
-    monkeypatch.setattr("torchcal.cli.demo_suite.run_uncertainty_suite", fake)
+    monkeypatch.setattr("torchcal.experiments.uncertainty.run_uncertainty_suite", fake)
     assert main(["demo", "--suite", "uncertainty", "--full", "--out", str(tmp_path / "o"),
                  "--seeds", "2", "--no-progress"]) == 0
     assert seen["profile"] == "full" and seen["seeds"] == (0, 1) and seen["workers"] == 2
-    assert "- a" in capsys.readouterr().out
+    assert "- P: a: **holds on 2 of 2 seeds**" in capsys.readouterr().out
 
 
 def test_readme_block_equals_the_committed_run():
     """The README's "What the uncertainty demo shows" block is generated from the committed
     suite run (regenerate: python -m torchcal.experiments.uncertainty_report README.md PATH)."""
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     path = "docs/results/uncertainty/suite_results.json"
     summary = json.loads((root / path).read_text(encoding="utf-8"))

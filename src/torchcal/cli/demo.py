@@ -97,11 +97,48 @@ def _executor(args: argparse.Namespace):
     return make_executor(args.executor, workers=args.workers, address=args.ray_address)
 
 
+_CALIBRATION_ONLY = ("epochs", "losses", "adafocal_lam", "data_arg", "train_arg", "loss_arg")
+
+
+def _cmd_uncertainty_suite(args: argparse.Namespace, executor) -> int:
+    """``--suite uncertainty``: the suite with --quick / --full / --seeds / --workers /
+    --executor / --out (default: a fresh directory, as the calibration demo's); the
+    calibration benchmark's options refused."""
+    # deferred: the suite's own imports (the uncertainty heads, its report)
+    from ..experiments import uncertainty as suite
+    from ..experiments import uncertainty_report as suite_report
+
+    for opt in _CALIBRATION_ONLY:
+        if getattr(args, opt, None) not in (None, [], False):
+            raise ValueError(f"Expected no --{opt.replace('_', '-')} with --suite uncertainty "
+                             "(an option of the calibration benchmark)")
+    profile = "quick" if args.quick else "full" if args.full else "default"
+    out = args.demo_out = Path(args.out) if args.out else default_out()
+    argv = list(getattr(args, "argv", None) or ["demo", "--suite", "uncertainty"])
+    if args.out is None:  # the command that continues this run names its directory
+        argv += ["--out", str(out)]
+    summary = suite.run_uncertainty_suite(
+        profile, out, seeds=tuple(args.seeds) if args.seeds is not None else None,
+        workers=args.workers, executor=executor, progress=not args.no_progress,
+        command=shlex.join(["torchcal", *argv]))
+    evidence = summary["profile_sizes"]["evidence"]
+    print("## The papers' claims on this benchmark\n")
+    print("\n".join(suite_report.verdict_lines(summary["claims"], evidence=evidence)))
+    beyond = suite_report.beyond_lines(summary["units"])
+    if beyond:
+        print("\nBeyond the claims (computed from the same units):\n\n" + "\n".join(beyond))
+    print(f"\nreport: {out / 'report.md'}\n        {out / 'report.html'} (figures embedded)"
+          f"  ({summary['seconds']:.0f} s, profile {profile})")
+    failed = [u for u in summary["units"] if u.get("error")]
+    if failed:
+        print(f"torchcal demo: {len(failed)} unit(s) failed, see the report", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if getattr(args, "suite", "calibration") == "uncertainty":
-        from .demo_suite import cmd_uncertainty_suite  # deferred: the suite's own imports
-
-        return cmd_uncertainty_suite(args, _executor(args))
+        return _cmd_uncertainty_suite(args, _executor(args))
     losses = tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None
     executor = _executor(args)
     # the output directory is fixed here, so that the hint after Ctrl-C can name it

@@ -36,6 +36,7 @@ from .._io import atomic_write_text
 
 __all__ = ["CLAIMS", "claim_verdicts", "kirchhof_table", "kendall_table", "timing_table",
            "results_rows", "rows_csv", "write_figures", "report_markdown", "readme_block",
+           "verdict_lines", "beyond_lines",
            "README_BEGIN", "README_END", "replace_readme_block"]
 
 #: (key, paper, claim text)
@@ -399,7 +400,7 @@ Gaussian noise of standard deviation {p['target_noise']:g} (standardised units) 
 training translations.  RMSE in samples of the translation."""
 
 
-def _beyond(units: list[dict[str, Any]]) -> list[str]:
+def beyond_lines(units: list[dict[str, Any]]) -> list[str]:
     """Computed lines on what the claims do not cover (the strongest baseline, the cache's
     cost structure)."""
     ks = [u for u in _ok(units, "kirchhof") if "validation" in u["heads"]]
@@ -440,7 +441,7 @@ def report_markdown(units: list[dict[str, Any]], *, profile: str, p: dict[str, A
     parts += ["## Setting", "", _setting(p, profile), "",
               "## The papers' claims on this benchmark", "",
               *verdict_lines(verdicts, evidence=p["evidence"]), ""]
-    beyond = _beyond(units)
+    beyond = beyond_lines(units)
     if beyond:
         parts += ["Beyond the claims (computed from the same units):", "", *beyond, ""]
     parts += ["## Pretrained uncertainty head: R-AUROC (mean ± sd over seeds)", "",
