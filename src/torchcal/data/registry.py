@@ -151,14 +151,11 @@ class OodSet:
         return check_options("OOD set", self.name, self.options, kw)
 
 
-def _load_builtins() -> None:
-    from . import builtin  # noqa: F401 - deferred: builtin imports this module (registers)
-
-
-#: The data set table (``torchcal data list``, ``TrainConfig.dataset``).
-DATASETS: Registry[DataSet] = Registry("data set", loader=_load_builtins)
+#: The data set table (``torchcal data list``, ``TrainConfig.dataset``); torchcal's own sets
+#: are registered by :mod:`torchcal.data.builtin`, imported with :mod:`torchcal.data`.
+DATASETS: Registry[DataSet] = Registry("data set")
 #: The OOD set table.
-OOD_SETS: Registry[OodSet] = Registry("OOD set", loader=_load_builtins)
+OOD_SETS: Registry[OodSet] = Registry("OOD set")
 
 
 def register_dataset(dataset: DataSet) -> DataSet:
