@@ -394,11 +394,10 @@ def test_in_process_demo_restores_the_callers_threads(tmp_path):
         torch.set_num_threads(before)
 
 
-def test_demo_names_moved_out_of_report_with_a_pointer():
-    """The demo trains models, so it moved to the command-line layer; report/ says where."""
+def test_demo_names_are_not_in_report():
+    """The demo trains models, so it lives in torchcal.experiments; report/ keeps no pointer
+    (the moved-name shims are gone, issue 32)."""
     import torchcal.report
 
     for name in ("run_demo", "DemoConfig", "DemoResult"):
-        assert name not in torchcal.report.__all__
-        with pytest.raises(AttributeError, match=rf"from torchcal\.experiments import {name}"):
-            getattr(torchcal.report, name)
+        assert name not in torchcal.report.__all__ and not hasattr(torchcal.report, name)
