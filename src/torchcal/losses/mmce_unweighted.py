@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..functional import check_batch_reduction
+from ..functional.blocks import check_batch_reduction
 from ..functional.basic import cross_entropy
 from ..functional.mmce_unweighted import mmce_gra_loss, mmce_m_loss, mmce_m_terms
 from ._registry import KUMAR_2018, LIN_2025_CODE, register_loss
