@@ -32,8 +32,6 @@ from torchcal.data import (
     register_ood_set,
 )
 from torchcal.experiments import (
-    BENCHMARKS,
-    EXECUTORS,
     Benchmark,
     ExecutorType,
     LocalExecutor,
@@ -41,6 +39,8 @@ from torchcal.experiments import (
     register_benchmark,
     register_executor,
 )
+from torchcal.experiments.benchmark import BENCHMARKS
+from torchcal.experiments.runner import EXECUTORS
 from torchcal.train import get_recipe, register_recipe
 from torchcal.train.recipes import RECIPES
 

@@ -10,17 +10,8 @@ from torch import nn
 
 from torchcal.cli import main
 from torchcal.cli.demo import parse_demo_loss_args
-from torchcal.experiments import (
-    Benchmark,
-    DemoConfig,
-    Profile,
-    appendix_text,
-    applicable_losses,
-    demo_jobs,
-    get_benchmark,
-    intro_text,
-    list_benchmarks,
-)
+from torchcal.experiments import Benchmark, DemoConfig, Profile, get_benchmark, list_benchmarks
+from torchcal.experiments.demo import appendix_text, applicable_losses, demo_jobs, intro_text
 from torchcal.losses import LOSSES, register_loss
 
 

@@ -133,7 +133,8 @@ def test_readme_front_table_equals_the_committed_results_csv():
 def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     """A few epochs of the default MNIST-1D demo on a small generated set: the report holds the
     claims section with verdicts computed from these runs (whatever they are)."""
-    from torchcal.experiments import CLAIM_LOSSES, DemoConfig, run_demo
+    from torchcal.experiments import DemoConfig, run_demo
+    from torchcal.experiments.calibration import CLAIM_LOSSES
 
     cfg = DemoConfig(
         out=tmp_path / "demo", seeds=(0, 1), epochs=1, workers=1, progress=False, figures=False,
@@ -168,7 +169,9 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
 def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
     """The shortened demo quotes the --full run's verdicts, computed from the committed
     results.csv (no constants to regenerate after a new --full run)."""
-    from torchcal.experiments import DemoConfig, committed_verdicts, get_benchmark, intro_text
+    from torchcal.experiments import DemoConfig, get_benchmark
+    from torchcal.experiments.benchmark import committed_verdicts
+    from torchcal.experiments.demo import intro_text
     from torchcal.report.aggregate import group_runs, runs_from_results_csv
 
     bench = get_benchmark("mnist1d")
@@ -187,7 +190,8 @@ def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
 
 def test_readme_claim_lines_equal_the_committed_run():
     """Each claim line of the README states the verdict computed from the committed results.csv."""
-    from torchcal.experiments import committed_verdicts, get_benchmark
+    from torchcal.experiments import get_benchmark
+    from torchcal.experiments.benchmark import committed_verdicts
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for key, (label, k, n) in committed_verdicts(get_benchmark("mnist1d")).items():

@@ -8,13 +8,9 @@ import pytest
 from torchcal.cli import main
 from torchcal.cli.demo import parse_seeds
 from torchcal.evaluate import SCHEMA, read_results, write_results
-from torchcal.experiments import (
-    DemoConfig,
-    applicable_losses,
-    demo_jobs,
-    run_demo,
-    run_job,
-)
+from torchcal.experiments import DemoConfig, run_demo
+from torchcal.experiments.demo import applicable_losses, demo_jobs
+from torchcal.experiments.training import run_job
 
 TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False,
             dataset="digits")
@@ -107,8 +103,8 @@ def test_mnist1d_is_the_default_at_the_papers_defaults():
     override), 3 seeds x 60 epochs; --full: every demo loss, 5 seeds, the recipe's 350 epochs."""
     from pathlib import Path
 
-    from torchcal.experiments import CLAIM_LOSSES
-    from torchcal.experiments import train_config as _train_config
+    from torchcal.experiments.calibration import CLAIM_LOSSES
+    from torchcal.experiments.training import train_config as _train_config
     from torchcal.train.trainer import build_loss
 
     jobs = demo_jobs(DemoConfig(), Path("/x"))
@@ -221,8 +217,8 @@ def test_rerun_with_more_epochs_equals_a_fresh_run(tiny_demo, tmp_path):
 def test_stale_detects_changed_training_settings(tiny_demo):
     import dataclasses
 
-    from torchcal.experiments import is_stale as _stale
-    from torchcal.experiments import train_config as _train_config
+    from torchcal.experiments.training import is_stale as _stale
+    from torchcal.experiments.training import train_config as _train_config
 
     run = tiny_demo.out_dir / "runs" / "ce" / "seed0"
     (job,) = [j for j in demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
@@ -242,8 +238,8 @@ def test_a_config_written_before_a_field_existed_is_not_stale(tiny_demo, tmp_pat
     (the retraining of every committed --full run that this caught)."""
     import json
 
-    from torchcal.experiments import is_stale as _stale
-    from torchcal.experiments import train_config as _train_config
+    from torchcal.experiments.training import is_stale as _stale
+    from torchcal.experiments.training import train_config as _train_config
 
     (job,) = demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
                        tiny_demo.out_dir)
@@ -261,8 +257,8 @@ def test_a_config_written_before_a_field_existed_is_not_stale(tiny_demo, tmp_pat
 def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     from pathlib import Path
 
-    from torchcal.experiments import appendix_text, intro_text
-    from torchcal.experiments import train_config as _train_config
+    from torchcal.experiments.demo import appendix_text, intro_text
+    from torchcal.experiments.training import train_config as _train_config
 
     def _setup_text(cfg, job):  # the report's prose: the intro and the appendix
         return intro_text(cfg, [job]) + appendix_text(cfg, [job])
@@ -300,7 +296,7 @@ def test_bad_knobs_are_one_error_before_any_run(tmp_path, capsys):
 
 
 def test_adafocal_note_names_the_lambda_used():
-    from torchcal.experiments import ADAFOCAL_LAM, adafocal_note
+    from torchcal.experiments.calibration import ADAFOCAL_LAM, adafocal_note
 
     assert adafocal_note(ADAFOCAL_LAM).startswith(f"AdaFocal uses λ={ADAFOCAL_LAM:g} instead of the paper's λ=1")
     assert adafocal_note(1.0).startswith("AdaFocal uses the paper's λ=1")
@@ -321,7 +317,7 @@ def test_progress_bar_shows_runs_done_and_time_left(tmp_path, capsys):
 
 
 def test_default_out_is_a_fresh_directory(tmp_path, monkeypatch):
-    from torchcal.experiments import default_out as _default_out
+    from torchcal.experiments.demo import default_out as _default_out
 
     monkeypatch.chdir(tmp_path)
     a = _default_out()
@@ -359,7 +355,8 @@ def test_report_on_train_and_eval_runs(tmp_path, capsys):
 def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
     """"Every loss of the registry that applies": the losses tagged `demo` in the registry are
     trained by --full; every other registered loss is named in the report with its reason."""
-    from torchcal.experiments import appendix_text, get_benchmark
+    from torchcal.experiments import get_benchmark
+    from torchcal.experiments.demo import appendix_text
     from torchcal.losses import LOSSES, list_losses
     from torchcal.report.aggregate import loss_label
 
@@ -380,7 +377,8 @@ def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
 def test_in_process_demo_restores_the_callers_threads(tmp_path):
     import torch
 
-    from torchcal.experiments import Job, LocalExecutor, run_job, run_sweep
+    from torchcal.experiments import Job, LocalExecutor, run_sweep
+    from torchcal.experiments.training import run_job
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)

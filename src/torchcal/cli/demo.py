@@ -18,17 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..data import DATASETS
-from ..experiments import (
-    EXECUTORS,
-    DemoConfig,
-    DemoResult,
-    applicable_losses,
-    default_out,
-    get_benchmark,
-    list_benchmarks,
-    make_executor,
-    run_demo,
-)
+from ..experiments import DemoConfig, DemoResult, get_benchmark, list_benchmarks, run_demo
+from ..experiments.demo import applicable_losses, default_out
+from ..experiments.runner import EXECUTORS, make_executor
 from ..train import get_recipe
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss
 from ._args import nonneg_float as _nonneg_float
@@ -93,7 +85,7 @@ def _interrupt_hint(args: argparse.Namespace) -> str:
 
 
 def _executor(args: argparse.Namespace):
-    """The registered executor ``--executor`` (:data:`torchcal.experiments.EXECUTORS`)."""
+    """The registered executor ``--executor`` (:data:`torchcal.experiments.runner.EXECUTORS`)."""
     return make_executor(args.executor, workers=args.workers, address=args.ray_address)
 
 
