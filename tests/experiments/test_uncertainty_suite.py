@@ -132,7 +132,7 @@ def test_demo_suite_dispatch(monkeypatch, tmp_path, capsys):
 
 def test_readme_block_equals_the_committed_run():
     """The README's "What the uncertainty demo shows" block is generated from the committed
-    suite run (regenerate: python -m torchcal.experiments.uncertainty_report README.md PATH)."""
+    suite run (regenerate: torchcal readme README.md PATH)."""
     root = Path(__file__).resolve().parents[2]
     path = "docs/results/uncertainty/suite_results.json"
     summary = json.loads((root / path).read_text(encoding="utf-8"))

@@ -116,7 +116,7 @@ def test_front_table_from_a_results_csv():
 
 def test_readme_front_table_equals_the_committed_results_csv():
     """The README's front table is generated from the committed demo results.csv: regenerate
-    with `python -m torchcal.report.front README.md <csv>` after a new run."""
+    with `torchcal readme README.md <csv>` after a new run."""
     for doc in (ROOT / "README.md", ROOT / "docs" / "snippets" / "demo_table.md"):
         text = doc.read_text(encoding="utf-8")
         start = text.index("<!-- front-table: generated from ")

@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_text
 
 __all__ = ["CLAIMS", "claim_verdicts", "kirchhof_table", "kendall_table", "timing_table",
            "results_rows", "rows_csv", "write_figures", "report_markdown", "readme_block",
@@ -484,22 +481,3 @@ def replace_readme_block(readme: str, block: str) -> str:
     start = readme.index(README_BEGIN.split("{path}")[0])
     end = readme.index(README_END) + len(README_END)
     return readme[:start] + block + readme[end:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m torchcal.experiments.uncertainty_report README.md SUITE_RESULTS_JSON``:
-    regenerate the README's uncertainty block from a committed suite run."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2:
-        print("usage: python -m torchcal.experiments.uncertainty_report README.md "
-              "SUITE_RESULTS_JSON", file=sys.stderr)
-        return 2
-    readme, path = Path(args[0]), args[1]
-    summary = json.loads(Path(path).read_text(encoding="utf-8"))
-    text = readme.read_text(encoding="utf-8")
-    atomic_write_text(readme, replace_readme_block(text, readme_block(summary, path)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
