@@ -54,7 +54,7 @@ from .gradient_weighted import (
     gradient_weighted_loss,
 )
 from .mmce import mmce_loss, mmce_penalty
-from .mmce_unweighted import mmce_gra_loss, mmce_m_loss, mmce_m_penalty
+from .mmce_unweighted import mmce_gra_loss, mmce_unweighted_loss, mmce_unweighted_penalty
 from .temperature import (
     temperature_bsce_gra_loss,
     temperature_bsce_loss,
@@ -102,8 +102,8 @@ __all__ = [
     "focal_exp_loss",
     "kde_bandwidth",
     "mmce_gra_loss",
-    "mmce_m_loss",
-    "mmce_m_penalty",
+    "mmce_unweighted_loss",
+    "mmce_unweighted_penalty",
     "sample_dependent_focal_gra_loss",
     "temperature_bsce_gra_loss",
     "temperature_bsce_loss",

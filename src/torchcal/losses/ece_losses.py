@@ -107,8 +107,8 @@ class ECEKDELoss(CalibrationLoss):
                             ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("ece_loss", display="ECE loss", order=35,
-               paper=LIN_2025_CODE, tags={"variant"})
+@register_loss("ece_gap", display="ECE loss", order=35,
+               paper=LIN_2025_CODE, tags={"variant"}, aliases=("ece_loss",))
 class ECEGapLoss(CalibrationLoss):
     r"""The BSCE-GRA repository's ECE-loss: cross-entropy weighted per sample by detached
     validation calibration gaps (see :func:`torchcal.functional.ece_gap_loss`).
