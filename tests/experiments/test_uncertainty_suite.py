@@ -141,3 +141,17 @@ def test_readme_block_equals_the_committed_run():
     assert block in readme
     assert "Kirchhof et al. 2024" in block and "Kendall et al. 2018" in block
     assert len([s for s in block.splitlines() if s.startswith("- ")]) == len(rep.CLAIMS)
+
+
+def test_claims_are_the_calibration_benchmarks_claim_objects():
+    """Issue 32 item 4: the suite's claims are report.claims.Claim objects, tested per seed by
+    the same check_claim_on_seeds as the calibration demo's; the committed run's verdicts (its
+    holds, numbers and per-seed numbers) come out unchanged."""
+    from torchcal.report.claims import Claim
+
+    assert all(isinstance(c, Claim) for c in rep.CLAIMS)
+    root = Path(__file__).resolve().parents[2]
+    summary = json.loads((root / "docs/results/uncertainty/suite_results.json").read_text())
+    again = rep.claim_verdicts(summary["units"])
+    assert json.dumps(again, sort_keys=True) == json.dumps(summary["claims"], sort_keys=True)
+    assert [c["n"] for c in again] == [5] * 6

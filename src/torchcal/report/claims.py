@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ __all__ = [
     "confidence_gap",
     "add_confidence_gaps",
     "check_claims",
+    "check_claim_on_seeds",
     "claims_markdown",
     "claims_section",
     "claim_table",
@@ -211,8 +213,34 @@ def _by_loss(groups: Sequence[Group]) -> dict[str, Group]:
     return out
 
 
+def check_claim_on_seeds(claim: Claim, numbers: Mapping[Any, Mapping[str, Mapping[str, float]]],
+                         dataset: str = "", model: str = "") -> ClaimResult:
+    """Test ``claim`` on every seed of ``numbers`` (``{seed: {part: {key: value}}}``; a part
+    is what a claim compares: a loss's run, a benchmark's unit).  A seed is tested when it has
+    numbers for each part the claim names (:attr:`Claim.losses`); a part no seed has is
+    ``missing``.  The one per-seed rule of every benchmark's claims.
+
+    >>> c = Claim("k", "a paper", "a below b", ("a", "b"), lambda n: n["a"]["x"] < n["b"]["x"], ())
+    >>> r = check_claim_on_seeds(c, {0: {"a": {"x": 1}, "b": {"x": 2}}, 1: {"a": {"x": 3}}})
+    >>> r.seeds, r.holds, r.verdict
+    ([0], [True], 'holds on 1 of 1 seed')
+    """
+    have = {x for parts in numbers.values() for x in parts}
+    res = ClaimResult(claim, dataset, model, missing=[x for x in claim.losses if x not in have])
+    if res.missing:
+        return res
+    for s in sorted(numbers, key=lambda v: (str(type(v)), v)):
+        if all(x in numbers[s] for x in claim.losses):
+            nums = {x: dict(numbers[s][x]) for x in claim.losses}
+            res.seeds.append(s)
+            res.holds.append(bool(claim.check(nums)))
+            res.numbers.append(nums)
+    return res
+
+
 def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
-    """Test every claim on every seed, per (data set, model) of ``groups``.
+    """Test every claim on every seed, per (data set, model) of ``groups``
+    (:func:`check_claim_on_seeds` of each loss's runs by seed).
 
     A seed is tested when each loss of the claim has a run with that seed.  Only the seeds'
     runs count (``predictor`` ``"run"``): an ensemble's record is not a seed.
@@ -223,21 +251,13 @@ def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> l
         if g.predictor == DEFAULT_PREDICTOR:
             keys.setdefault((g.dataset, g.model), []).append(g)
     for (ds, model), gs in keys.items():
-        by_loss = _by_loss(gs)
-        for c in claims:
-            res = ClaimResult(c, ds, model, missing=[x for x in c.losses if x not in by_loss])
-            if not res.missing:
-                per_seed = [{r.seed: r for r in by_loss[x].runs} for x in c.losses]
-                common = [s for s in per_seed[0] if all(s in d for d in per_seed[1:])]
-                for s in sorted(common, key=lambda v: (str(type(v)), v)):
-                    nums = {x: dict(d[s].flat) for x, d in zip(c.losses, per_seed, strict=True)}
-                    for x in c.losses:
-                        for key in (ECE, ADAECE, ERR, TEMP, GAP_KEY):
-                            nums[x].setdefault(key, math.nan)
-                    res.seeds.append(s)
-                    res.holds.append(bool(c.check(nums)))
-                    res.numbers.append(nums)
-            results.append(res)
+        numbers: dict[Any, dict[str, dict[str, float]]] = {}
+        for loss, g in _by_loss(gs).items():
+            for r in g.runs:
+                nums = numbers.setdefault(r.seed, {})[loss] = dict(r.flat)
+                for key in (ECE, ADAECE, ERR, TEMP, GAP_KEY):
+                    nums.setdefault(key, math.nan)
+        results += [check_claim_on_seeds(c, numbers, ds, model) for c in claims]
     return results
 
 
