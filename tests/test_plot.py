@@ -134,3 +134,33 @@ def test_smooth_reliability_diagram_draws_the_metric_curve(tmp_path):
     smece = M.smooth_ece(logits=z, labels=y).item()
     assert ax.texts[0].get_text().startswith(f"smECE = {100 * smece:.2f}%")
     assert ax.get_title() == "smooth"
+
+
+def test_risk_coverage_plot_draws_the_metric_curves(tmp_path):
+    z, y = _data()
+    correct = z.argmax(1) == y
+    unc = M.entropy(logits=z)
+    path = tmp_path / "rc.png"
+    fig = plots.risk_coverage_plot({"entropy": (unc, correct), "max prob":
+                                    (-torch.softmax(z, 1).amax(1), correct)},
+                                   title="selective", path=path)
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+    (ax,) = fig.axes
+    assert ax.get_title() == "selective"
+    lines = ax.get_lines()
+    assert [ln.get_label() for ln in lines][-1] == "perfect ranking"
+    curve = M.risk_coverage_curve(uncertainty=unc, correct=correct)
+    np.testing.assert_allclose(lines[0].get_xdata(), curve.coverage.numpy())
+    np.testing.assert_allclose(lines[0].get_ydata(), 100 * curve.risk.numpy())
+    area = 100 * float(M.aurc(uncertainty=unc, correct=correct))
+    assert lines[0].get_label() == f"entropy (AURC {area:.2f}%)"
+    # the perfect ranking: zero risk until every correct prediction is accepted
+    best = lines[-1].get_ydata()
+    n_correct = int(correct.sum())
+    assert best[:n_correct].max() == 0 and best[-1] == pytest.approx(100 * (1 - n_correct / 400))
+    # one pair, and a bad argument
+    assert plots.risk_coverage_plot((unc, correct)).axes[0].get_lines()[0].get_label().startswith(
+        "model (AURC")
+    with pytest.raises(TypeError, match="`curves` to be a non-empty mapping"):
+        plots.risk_coverage_plot([])

@@ -9,7 +9,7 @@ It prints one line per rule with its count, then every violation:
        L7  cli/
        L6  experiments/
        L5  train/  report/  integrations/   (siblings: never importing each other)
-       L4  evaluate.py  runs.py
+       L4  evaluate.py  runs.py  ensemble.py
        L3  losses/  posthoc/  uncertainty/  plot.py
        L2  metrics/  functional/  models/  data/
        L1  errors.py  _validation.py  _io.py  _registry.py
@@ -58,6 +58,7 @@ LAYERS = {
     "integrations": 5,
     "evaluate": 4,
     "runs": 4,
+    "ensemble": 4,
     "losses": 3,
     "posthoc": 3,
     "uncertainty": 3,

@@ -4,7 +4,8 @@ Sub-packages are imported on first use: ``torchcal.metrics``, ``torchcal.losses`
 ``torchcal.functional``, ``torchcal.posthoc``, ``torchcal.uncertainty``, ``torchcal.data``,
 ``torchcal.models``, ``torchcal.train``, ``torchcal.report``, ``torchcal.evaluate``,
 ``torchcal.runs`` (the run directory's layout), ``torchcal.errors``, ``torchcal.plot``
-(reliability diagrams), ``torchcal.experiments`` (benchmarks and the sweep runner).
+(reliability diagrams), ``torchcal.experiments`` (benchmarks and the sweep runner),
+``torchcal.ensemble`` (deep ensembles and MC dropout).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ __version__ = "0.1.0"
 
 _SUBPACKAGES = (
     "metrics", "losses", "functional", "posthoc", "uncertainty", "data", "models", "train",
-    "report", "evaluate", "runs", "errors", "plot", "experiments",
+    "report", "evaluate", "runs", "errors", "plot", "experiments", "ensemble",
 )
 
 __all__ = ["__version__", *_SUBPACKAGES]

@@ -66,6 +66,7 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "append_text",
+    "fsync_file",
     "make_temp_dir",
     "remove_stale_temp_files",
     "exclusive_lock",
@@ -76,6 +77,7 @@ __all__ = [
     "checksum_path",
     "sha256_file",
     "write_verified",
+    "replace_verified",
     "read_verified",
     "check_sha256",
     "read_bytes_bounded",
@@ -193,8 +195,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def append_text(path: str | os.PathLike, text: str) -> None:
-    """Append UTF-8 ``text`` to ``path`` (created if absent), flushed and fsync'ed.
+def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
+    """Append UTF-8 ``text`` to ``path`` (created if absent), flushed and (with ``fsync``)
+    fsync'ed; without it the line reaches the OS (a killed process loses nothing) and a later
+    :func:`fsync_file` makes it durable.
 
     An :class:`OSError` names ``path`` (:func:`write_error`).
     """
@@ -202,9 +206,24 @@ def append_text(path: str | os.PathLike, text: str) -> None:
         with open(path, "a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
     except OSError as exc:
         raise write_error(exc, path) from exc
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """fsync an existing file's data (a log appended without fsync); absent: nothing to do."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise write_error(exc, path) from exc
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
@@ -496,6 +515,35 @@ def write_verified(path: str | os.PathLike, data: bytes) -> Path:
     atomic_write_bytes(path, data)
     _write_digests(side, [digest], path.name)
     return path
+
+
+def replace_verified(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Move the verified file ``src`` (written by :func:`write_verified`) onto ``dst`` with the
+    protocol of :func:`write_verified`: ``src``'s digest is added to ``dst``'s SHA-256 file, the
+    file is renamed into place, then only its digest is kept and ``src``'s SHA-256 file goes.
+    A kill between any two steps leaves ``dst`` matching one of its listed digests (the old
+    or the new file) and ``src`` still verifiable until it has been moved.
+
+    Raises:
+        ChecksumError: ``src`` does not match its SHA-256 file.
+    """
+    src, dst = Path(src), Path(dst)
+    digest = _read_digests(src, "File", ChecksumError)[0]
+    side = checksum_path(dst)
+    previous: list[str] = []
+    if dst.is_file() and side.is_file():
+        with contextlib.suppress(ChecksumError, OSError):
+            previous = [d for d in _read_digests(dst, "File", ChecksumError) if d != digest][:7]
+    _write_digests(side, [digest, *previous], dst.name)
+    try:
+        os.replace(src, dst)
+    except OSError as exc:
+        raise write_error(exc, dst) from exc
+    fsync_dir(dst.parent)
+    _write_digests(side, [digest], dst.name)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(checksum_path(src))
+    return dst
 
 
 def _mismatch(path: Path, what: str, where: str, expected: str, got: str, hint: str,

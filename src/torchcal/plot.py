@@ -1,4 +1,5 @@
-"""Figures of calibration: the reliability diagram and the smooth reliability curve.
+"""Figures of calibration: the reliability diagram and the smooth reliability curve; and of
+selective prediction: the risk-coverage curve.
 
 Both take logits or probabilities (keywords ``logits=`` / ``probs=``, exactly one) and labels
 (tensors or NumPy arrays) and return a Matplotlib ``Figure``; given ``ax=``, they draw into a
@@ -27,8 +28,9 @@ from ._io import atomic_write_bytes
 from ._validation import check_positive_int
 from .metrics.binfree import smooth_reliability_curve
 from .metrics.calibration import ReliabilityCurve, ece, reliability_curve
+from .metrics.ranking import aurc, risk_coverage_curve
 
-__all__ = ["reliability_diagram", "smooth_reliability_diagram", "MIN_COUNT"]
+__all__ = ["reliability_diagram", "smooth_reliability_diagram", "risk_coverage_plot", "MIN_COUNT"]
 
 
 def _atomic_write_png(fig: Any, path: str | os.PathLike) -> Path:
@@ -270,6 +272,73 @@ def smooth_reliability_diagram(
     ax.set_ylabel("accuracy")
     ax.legend(loc="upper left", fontsize=7)
     _corner_label(ax, f"smECE = {100 * float(curve.smooth_ece):.2f}% (σ = {curve.sigma:.3f})")
+    if title:
+        ax.set_title(title)
+    if path is not None:
+        _atomic_write_png(fig, path)
+    return fig
+
+
+def risk_coverage_plot(
+    curves: Any,
+    *,
+    title: str | None = None,
+    path: str | os.PathLike | None = None,
+    ax: Any = None,
+) -> Any:
+    """Risk-coverage curves of selective prediction, one line per predictor, with each one's
+    AURC in the legend and, dotted, the curve of a perfect ranking of the first predictor's
+    errors (every correct prediction accepted first).
+
+    Args:
+        curves: a mapping ``{name: (uncertainty, correct)}`` (each (N,), as
+            :func:`torchcal.metrics.risk_coverage_curve` takes them), or one
+            ``(uncertainty, correct)`` pair.
+        title, path, ax: as for :func:`smooth_reliability_diagram` (the title, a PNG written
+            atomically, an Axes of the caller's to draw into).
+
+    Returns:
+        The matplotlib ``Figure`` (one Axes: risk in percent against coverage).
+
+    Example:
+        >>> import torch
+        >>> u, c = torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([1, 1, 0, 1])
+        >>> fig = risk_coverage_plot({"entropy": (u, c)})
+        >>> fig.axes[0].get_legend().get_texts()[0].get_text()
+        'entropy (AURC 14.58%)'
+    """
+    if isinstance(curves, tuple) and len(curves) == 2:
+        curves = {"model": curves}
+    if not isinstance(curves, dict) or not curves:
+        raise TypeError("Expected `curves` to be a non-empty mapping {name: (uncertainty, "
+                        f"correct)}} or one (uncertainty, correct) pair, got {type(curves).__name__}")
+    if ax is None:
+        fig = _new_figure(5.0, 4.0)
+        ax = fig.add_subplot(1, 1, 1)
+    else:
+        fig = ax.figure
+    first, top = None, 0.0
+    for name, (uncertainty, correct) in curves.items():
+        curve = risk_coverage_curve(uncertainty=uncertainty, correct=correct)
+        # the first few points rest on a handful of samples (0% or 100%): leave them out of
+        # the y-range so that the part of the curve a reader compares is not flattened
+        settled = curve.risk[curve.coverage >= 0.05]
+        top = max(top, float((settled if settled.numel() else curve.risk).max()))
+        area = float(aurc(uncertainty=uncertainty, correct=correct))
+        ax.plot(curve.coverage.cpu().numpy(), 100 * curve.risk.cpu().numpy(), linewidth=1.8,
+                label=f"{name} (AURC {100 * area:.2f}%)")
+        first = first or (uncertainty, correct)
+    # the perfect ranking of the first predictor: its correct predictions first
+    correct0 = np.asarray(first[1]).astype(bool)
+    best = risk_coverage_curve(uncertainty=np.where(correct0, 0.0, 1.0), correct=correct0)
+    ax.plot(best.coverage.numpy(), 100 * best.risk.numpy(), linestyle=":", color="gray",
+            label="perfect ranking")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, min(100.0, 100 * 1.35 * max(top, 1e-3)))
+    ax.set_xlabel("coverage (share of samples accepted, least uncertain first)")
+    ax.set_ylabel("risk: error among accepted (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=7)
     if title:
         ax.set_title(title)
     if path is not None:

@@ -36,6 +36,7 @@ from ._io import (
     append_text,
     atomic_write_json,
     atomic_write_text,
+    fsync_file,
     parse_json,
     read_bytes_bounded,
     read_json,
@@ -236,9 +237,15 @@ class RunDir:
         """Write ``config.json`` atomically (non-finite floats as ``null``)."""
         return atomic_write_json(self.config, dict(config))
 
-    def append_log(self, record: Mapping[str, Any]) -> None:
-        """Append one epoch's record to ``log.jsonl`` (flushed and fsynced)."""
-        append_text(self.log, json.dumps(to_jsonable(dict(record)), allow_nan=False) + "\n")
+    def append_log(self, record: Mapping[str, Any], *, fsync: bool = True) -> None:
+        """Append one epoch's record to ``log.jsonl`` (flushed; fsynced unless ``fsync=False``,
+        for a writer that fsyncs the log with its next checkpoint, :meth:`sync_log`)."""
+        append_text(self.log, json.dumps(to_jsonable(dict(record)), allow_nan=False) + "\n",
+                    fsync=fsync)
+
+    def sync_log(self) -> None:
+        """Make the log's appended lines durable (fsync)."""
+        fsync_file(self.log)
 
     def read_log(self) -> list[dict[str, Any]]:
         """The epoch records of ``log.jsonl`` (``[]`` without a log; a torn last line is skipped)."""

@@ -155,3 +155,49 @@ def test_claims_are_the_calibration_benchmarks_claim_objects():
     again = rep.claim_verdicts(summary["units"])
     assert json.dumps(again, sort_keys=True) == json.dumps(summary["claims"], sort_keys=True)
     assert [c["n"] for c in again] == [5] * 6
+
+
+def test_a_second_suite_into_one_out_is_refused_in_one_line(tmp_path, capsys):
+    """Issue 32 item 4: the suite owns its --out while it runs, as the calibration demo does;
+    the holder here is a process holding the same lock (what a running suite holds)."""
+    import os
+    import subprocess
+    import sys
+
+    import torchcal
+    from torchcal._io import LOCK_NAME
+
+    out = tmp_path / "o"
+    src = str(Path(torchcal.__file__).resolve().parents[1])
+    code = ("import sys, time\nfrom torchcal._io import exclusive_lock\n"
+            "with exclusive_lock(sys.argv[1], what='Demo directory'):\n"
+            "    print('locked', flush=True)\n    time.sleep(120)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": src})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(["demo", "--suite", "uncertainty", "--quick", "--no-progress",
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert f"in use by process {holder.pid}" in err and "Traceback" not in err
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_each_suite_without_out_gets_a_fresh_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    outs = []
+
+    def fake(profile, out, **kw):
+        out.mkdir(parents=True)  # as the real suite's lock does
+        outs.append(out)
+        return {"seconds": 1.0, "units": [], "profile_sizes": {"evidence": False}, "claims": []}
+
+    monkeypatch.setattr("torchcal.experiments.uncertainty.run_uncertainty_suite", fake)
+    for _ in range(2):
+        assert main(["demo", "--suite", "uncertainty", "--quick", "--no-progress"]) == 0
+    assert outs[0] != outs[1] and {o.parent for o in outs} == {tmp_path / "torchcal-demo"}
+    assert f"report: {outs[1] / 'report.md'}" in capsys.readouterr().out

@@ -140,8 +140,10 @@ def test_ranking_bad_input():
     with pytest.raises(ValueError, match="`uncertainty` to be finite"):
         M.r_auroc(uncertainty=torch.tensor([float("inf"), 0.0, 1.0]),
                   correct=torch.tensor([0, 1, 1]))
-    with pytest.raises(ValueError, match="`score` to be 'entropy' or 'max_prob'"):
-        M.ood_auroc(id_logits=Z, ood_logits=Z, score="energy")
+    with pytest.raises(ValueError, match=r"`score` to be one of \('entropy', 'max_prob', 'energy'"):
+        M.ood_auroc(id_logits=Z, ood_logits=Z, score="free_energy")
+    with pytest.raises(ValueError, match="`id_logits` to be 3-D of shape \\(S, N, C\\)"):
+        M.ood_auroc(id_logits=Z, ood_logits=Z, score="mutual_information")
     with pytest.raises(ValueError, match="same number of classes, got 3 and 2"):
         M.ood_auroc(id_logits=Z, ood_logits=Z[:, :2])
     with pytest.raises(ValueError, match="`ood_logits` to be finite"):

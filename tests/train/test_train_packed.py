@@ -114,29 +114,49 @@ def test_one_sgd_with_global_clipping_would_differ(tmp_path):
 
 
 class _Diverging(CrossEntropyLoss):
-    """Cross-entropy that turns NaN after ``after`` calls."""
+    """Cross-entropy that turns NaN from epoch ``after`` on (state changes in ``set_epoch``, as
+    the grouped loss call requires: ``forward`` is a function of inputs, hyperparameters and
+    buffers)."""
 
-    def __init__(self, after: int = 30, **kw) -> None:
-        super().__init__(**kw)
-        self.after, self.calls = after, 0
+    after = 1
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.factor = float("nan") if epoch >= self.after else 1.0
 
     def forward(self, input, target):
-        self.calls += 1
-        out = super().forward(input, target)
-        return out * float("nan") if self.calls > self.after else out
+        return super().forward(input, target) * getattr(self, "factor", 1.0)
+
+
+class _Stable(_Diverging):
+    after = 10**9
+
+
+def _weights(run_dir):
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
 
 
 def test_a_diverging_member_stops_alone(tmp_path):
+    """The diverged member keeps its last good epoch; its companions finish as the runs they
+    would be alone, and bit for bit as in the same pack without a divergence (the diverged
+    member stays in its slot as a ghost: the pack keeps its size)."""
     register_loss("test_diverging")(_Diverging)
+    register_loss("test_stable")(_Stable)
     try:
         configs = [cfg(tmp_path, "p0", seed=0, loss="ce", epochs=3),
                    cfg(tmp_path, "p1", seed=1, loss="test_diverging", epochs=3),
                    cfg(tmp_path, "p2", seed=2, loss="focal", epochs=3)]
         res = train_packed(configs)
+        calm = [dataclasses.replace(c, out_dir=str(tmp_path / f"q{i}"))
+                for i, c in enumerate(configs)]
+        calm[1] = dataclasses.replace(calm[1], loss="test_stable")
+        res_calm = train_packed(calm)
     finally:
         LOSSES.unregister("test_diverging")
+        LOSSES.unregister("test_stable")
     assert isinstance(res[1], MemberDivergedError)
     assert "diverged in epoch 2" in str(res[1]) and "p1" in str(res[1])
+    assert all(isinstance(r, dict) for r in res_calm), res_calm
     # it keeps its first epoch's log line and checkpoint, nothing after
     log = (tmp_path / "p1" / "log.jsonl").read_text().splitlines()
     assert len(log) == 1
@@ -145,6 +165,8 @@ def test_a_diverging_member_stops_alone(tmp_path):
     # the others finish and are the runs they would be alone
     for s in (0, 2):
         assert isinstance(res[s], dict) and res[s]["epochs"] == 3
+        a, b = _weights(tmp_path / f"p{s}"), _weights(tmp_path / f"q{s}")
+        assert all(torch.equal(a[k], b[k]) for k in a), s
         train(dataclasses.replace(configs[s], out_dir=str(tmp_path / f"s{s}")))
         _assert_same_run(tmp_path / f"p{s}", tmp_path / f"s{s}")
 
@@ -155,17 +177,17 @@ def test_interrupt_and_resume_give_the_uninterrupted_runs(tmp_path, monkeypatch)
     member is not trained again."""
     configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, epochs=3, resume=True)
                for s, loss in MEMBERS]
-    orig = P._end_epoch
+    orig = P._end_pack_epoch
 
-    def interrupting(r, epoch, *a, **kw):
+    def interrupting(pack, members, groups, stats, epoch, *a, **kw):
         if epoch == 2:
             raise KeyboardInterrupt
-        return orig(r, epoch, *a, **kw)
+        return orig(pack, members, groups, stats, epoch, *a, **kw)
 
-    monkeypatch.setattr(P, "_end_epoch", interrupting)
+    monkeypatch.setattr(P, "_end_pack_epoch", interrupting)
     with pytest.raises(KeyboardInterrupt):
         train_packed(configs)
-    monkeypatch.setattr(P, "_end_epoch", orig)
+    monkeypatch.setattr(P, "_end_pack_epoch", orig)
     for s, _ in MEMBERS:
         assert load_checkpoint(tmp_path / f"p{s}" / "checkpoints" / "last.pt")["epoch"] == 2
     res = train_packed(configs)

@@ -128,6 +128,15 @@ def _cmd_uncertainty_suite(args: argparse.Namespace, executor) -> int:
     return 0
 
 
+def _overrides(args: argparse.Namespace) -> dict:
+    """``--train-arg`` settings with ``--device`` (one of the two names the device)."""
+    overrides = parse_loss_args(args.train_arg, "--train-arg")
+    if "device" in overrides and args.device is not None:
+        raise ValueError("give the device once: `--device` or `--train-arg device=...`")
+    overrides["device"] = overrides.get("device", args.device or "auto")
+    return overrides
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if getattr(args, "suite", "calibration") == "uncertainty":
         return _cmd_uncertainty_suite(args, _executor(args))
@@ -141,7 +150,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         n_bins=args.n_bins, adafocal_lam=args.adafocal_lam,
         loss_kwargs=parse_demo_loss_args(args.loss_arg, losses or applicable_losses()),
         data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
-        overrides=parse_loss_args(args.train_arg, "--train-arg"),
+        overrides=_overrides(args),
         progress=not args.no_progress, quick=args.quick, figures=not args.no_figures,
         pack=not args.no_pack,
     )
@@ -261,6 +270,9 @@ def register(subparsers) -> None:
     d.add_argument("--loss-arg", action="append", metavar="[LOSS:]KEY=VALUE",
                    help="a loss hyperparameter, repeatable: focal:gamma=2, ls:alpha=0.1 (as in "
                         "`torchcal train`); KEY=VALUE alone when --losses names one loss")
+    d.add_argument("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
+                   help="where the runs train, as `torchcal train --device`: 'auto' (the "
+                        "default: CUDA when available, else the CPU), 'cpu', 'cuda', 'cuda:N'")
     d.add_argument("--no-pack", action="store_true",
                    help="train every run as its own model (default: the runs train in packs "
                         "of a few runs, one vmapped model each, equal to float rounding; "

@@ -128,14 +128,17 @@ def tagged_losses(tag: str) -> list[str]:
 
 def committed_verdicts(benchmark: Benchmark) -> dict[str, tuple[str, int, int]] | None:
     """``{claim key: (label, holds on k, of n seeds)}`` computed from the benchmark's committed
-    results.csv (None when it has none or the file is not in this installation)."""
+    results.csv (None when it has none or the file is not in this installation); ``n`` counts
+    seed sets for an ensemble claim.  A claim the committed run cannot test (an ensemble claim
+    on a run written before ensembles were reported) is left out."""
     if not benchmark.committed_results:
         return None
     path = _REPO_ROOT / benchmark.committed_results
     if not path.is_file():
         return None
     runs = runs_from_results_csv(path.read_text(encoding="utf-8"))
-    got = {r.claim.key: (r.k, r.n) for r in check_claims(group_runs(runs), benchmark.claims)}
+    got = {r.claim.key: (r.k, r.n) for r in check_claims(group_runs(runs), benchmark.claims)
+           if r.n}
     return {key: (label, *got[key]) for key, label in benchmark.verdict_labels.items()
             if key in got}
 

@@ -30,8 +30,12 @@ from .._io import exclusive_lock
 from .._registry import unknown_name
 from .._validation import check_scalar
 from ..data import DATASETS
+from ..ensemble import evaluate_ensemble
+from ..errors import ResultsFileError
+from ..evaluate import meta_from_config
 from ..losses import list_losses
 from ..report.build import build_report, prepare_report_dir
+from ..runs import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
@@ -44,7 +48,10 @@ from .training import resolve_spec, train_config, train_job
 
 __all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve", "demo_loss_kwargs",
            "demo_jobs", "sweep_jobs", "run_demo", "default_out", "intro_text", "appendix_text",
-           "verdict_label"]
+           "verdict_label", "seed_ensembles", "ENSEMBLES_DIR"]
+
+#: The demo's directory of the losses' ensembles (``OUT/ensembles/<loss>/``).
+ENSEMBLES_DIR = "ensembles"
 
 
 @dataclass
@@ -287,12 +294,45 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
                       f"{r.get('traceback', r['error'])}", file=sys.stderr)
         intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
                            skipped=sum(bool(r.get("skipped")) for r in results), bench=bench)
-        rep = build_report([j["run_dir"] for j in specs], out, title=f"torchcal demo: {bench.title}",
+        ensembles = seed_ensembles(specs, out, n_bins=cfg.n_bins, failed=failed)
+        rep = build_report([j["run_dir"] for j in specs] + ensembles, out,
+                           title=f"torchcal demo: {bench.title}",
                            intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
                            figures=cfg.figures, claims=tuple(bench.claims) or False,
                            verdict_label=verdict_label(cfg, specs, resolved=True))
     return DemoResult(out_dir=out, report=rep, failed=failed,
                       seconds=time.perf_counter() - t_start, config=cfg)
+
+
+def seed_ensembles(specs: list[dict[str, Any]], out: Path, *, n_bins: int = 15,
+                   failed: list[tuple[str, str]] = ()) -> list[Path]:
+    """Per loss with 2 or more evaluated seeds (runs of ``specs`` with a results file, not in
+    ``failed``): the ensemble of those seeds, evaluated and written to
+    ``OUT/ensembles/<loss>/`` (:func:`torchcal.ensemble.evaluate_ensemble`: temperatures fitted
+    on validation, numbers on test, both "pool then calibrate" and "calibrate then pool"),
+    marked ``predictor="ensemble"`` with its seeds in ``meta.members``.  Returns the ensembles'
+    directories; an ensemble that cannot be built (runs that predicted other samples) is
+    reported on stderr and left out."""
+    bad = {str(d) for d, _e in failed}
+    by_loss: dict[str, list[dict[str, Any]]] = {}
+    for spec in specs:
+        if spec["run_dir"] not in bad and RunDir(spec["run_dir"]).results().is_file():
+            by_loss.setdefault(spec["loss"], []).append(spec)
+    dirs = []
+    for loss, done in by_loss.items():
+        if len(done) < 2:
+            continue
+        done = sorted(done, key=lambda j: j["seed"])
+        ens_dir = out / ENSEMBLES_DIR / loss
+        meta = meta_from_config(RunDir(done[0]["run_dir"]).config)
+        meta.update(members=[int(j["seed"]) for j in done])
+        try:
+            evaluate_ensemble([j["run_dir"] for j in done], ens_dir, n_bins=n_bins, meta=meta)
+        except (ValueError, ResultsFileError) as exc:
+            print(f"torchcal demo: no ensemble of {loss}: {exc}", file=sys.stderr)
+            continue
+        dirs.append(ens_dir)
+    return dirs
 
 
 def _process_age() -> float:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .._io import exclusive_lock
 from ..errors import CheckpointError
 from ..evaluate import evaluate_saved_logits
@@ -73,7 +75,8 @@ def pack_jobs(specs: Sequence[Mapping[str, Any]], *,
     configs = [train_config(s) for s in specs]
     jobs: list[Job] = []
     for group in pack_groups(configs):
-        cuda = configs[group[0]].device.startswith("cuda")
+        device = configs[group[0]].device
+        cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
         size = max_members or (len(group) if cuda else CPU_PACK_SIZE)
         n_packs = math.ceil(len(group) / size)
         if not cuda:

@@ -60,7 +60,7 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
     fields = {f.name for f in dataclasses.fields(cfg)}
     upd: dict[str, Any] = {
         "loss": spec["loss"], "loss_kwargs": dict(spec["loss_kwargs"]), "seed": spec["seed"],
-        "out_dir": spec["run_dir"], "device": "cpu", "num_threads": 1, "progress": False,
+        "out_dir": spec["run_dir"], "device": "auto", "num_threads": 1, "progress": False,
     }
     if spec.get("epochs") is not None and int(spec["epochs"]) != cfg.epochs:
         # keep the recipe's schedule shape: milestones at the same fractions of training

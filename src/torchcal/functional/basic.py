@@ -122,52 +122,71 @@ class _BrierFunction(torch.autograd.Function):
     ``∂ℓ/∂z = u·d + (-log p_y)·(γ/2) B^(γ/2-1) ∂B/∂z = d ∘ (u + k (d - m)) - k B e_y`` with
     ``u = B^(γ/2)``, ``k = -γ log p_y B^(γ/2-1)`` (``k = 0`` where ``B = 0``, its limit).
     The backward is two passes over ``d`` (an ``addcmul`` and a multiply) plus a scatter.
+
+    Written in the ``setup_context`` form with the intermediates the backward needs returned
+    as (non-differentiable) outputs and ``generate_vmap_rule``, so that the loss runs under
+    ``torch.func.vmap`` (packed training evaluates the members' losses in one vmapped call).
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x: torch.Tensor, target: torch.Tensor, ignore_index: int,
+    def forward(x: torch.Tensor, target: torch.Tensor, ignore_index: int,
                 validate_args: bool, bsce_gamma: float | None):
         log_p, lp, safe, valid = target_log_probs(x, target, ignore_index,
                                                   validate_args=validate_args)
-        d = flat_rows(log_p).exp_()
+        d = flat_rows(log_p).exp()
         lp1 = lp.reshape(-1)
         y = _as_index(safe).reshape(-1, 1)
-        d.scatter_(1, y, torch.expm1(lp1).unsqueeze(1))
-        b = torch.linalg.vector_norm(d, dim=1).square_()  # one fast pass (vecdot is mul + sum)
+        d = d.scatter(1, y, torch.expm1(lp1).unsqueeze(1))
+        b = torch.linalg.vector_norm(d, dim=1).square()  # one fast pass (vecdot is mul + sum)
         m = b + torch.expm1(lp1)  # B - q
         if bsce_gamma is None:
             loss = b
-            a, k, e = None, 2.0, -2.0 * b
+            a = k = torch.empty(0, dtype=b.dtype, device=b.device)
+            e = -2.0 * b
         else:
             gam = bsce_gamma
-            u = b.pow(gam / 2.0)
-            loss = -u * lp1
+            a = b.pow(gam / 2.0)
+            loss = -a * lp1
             pos = b > 0
             k = torch.where(pos, -gam * lp1 * torch.where(pos, b, torch.ones_like(b)).pow(
                 gam / 2.0 - 1.0), torch.zeros_like(b))
-            a, e = u, -k * b
-        ctx.shape = x.shape
-        ctx.scalar_k = k if not isinstance(k, torch.Tensor) else None
-        ctx.save_for_backward(d, y, m, e, *(t for t in (a, k) if isinstance(t, torch.Tensor)))
+            e = -k * b
         valid_out = torch.empty(0, dtype=torch.bool, device=x.device) if valid is None else valid
-        ctx.mark_non_differentiable(valid_out)
-        return loss.reshape(target.shape), valid_out
+        return loss.reshape(target.shape), valid_out, d, y, m, e, a, k
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, _, _, _, bsce_gamma = inputs
+        _, valid_out, d, y, m, e, a, k = output
+        ctx.shape = x.shape
+        ctx.brier = bsce_gamma is None
+        ctx.save_for_backward(d, y, m, e, a, k)
+        ctx.mark_non_differentiable(valid_out, d, y, m, e, a, k)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: torch.Tensor, _unused=None):
-        d, y, m, e, *rest = ctx.saved_tensors
+    def backward(ctx, grad: torch.Tensor, *_unused):
+        d, y, m, e, a, k = ctx.saved_tensors
         g = grad.reshape(-1)
-        if ctx.scalar_k is not None:
-            a, gk = None, ctx.scalar_k * g
+        if ctx.brier:  # k = 2, a = 0
+            gk = 2.0 * g
+            base = -gk * m
         else:
-            a, k = rest
             gk = k * g
-        base = -gk * m if a is None else a * g - gk * m
+            base = a * g - gk * m
         gx = torch.addcmul(base.unsqueeze(1), d, gk.unsqueeze(1))  # g (a + k (d - m))
-        gx.mul_(d)
-        gx.scatter_add_(1, y, (g * e).unsqueeze(1))
+        gx = gx * d
+        gx = gx.scatter_add(1, y, (g * e).unsqueeze(1))
         return unflat_rows(gx, ctx.shape), None, None, None, None
+
+
+def _brier_apply(x: torch.Tensor, target: torch.Tensor, ignore_index: int, validate_args: bool,
+                 bsce_gamma: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-entry Brier (or BSCE, ``bsce_gamma``) loss and the valid mask (None: all valid)."""
+    loss, valid, *_ = _BrierFunction.apply(x, target, ignore_index, validate_args, bsce_gamma)
+    return loss, (valid if valid.numel() else None)
 
 
 def brier_loss(
@@ -192,6 +211,5 @@ def brier_loss(
     """
     check_loss_args(input, target, reduction)
     with no_autocast(input):
-        loss, valid = _BrierFunction.apply(_as_compute(input), target, ignore_index,
-                                           validate_args, None)
-        return reduce_loss(loss, valid if valid.numel() else None, reduction)
+        loss, valid = _brier_apply(_as_compute(input), target, ignore_index, validate_args, None)
+        return reduce_loss(loss, valid, reduction)

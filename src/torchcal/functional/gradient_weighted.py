@@ -30,7 +30,7 @@ from ._loss_utils import (
     reduce_loss,
     target_log_probs,
 )
-from .basic import _BrierFunction
+from .basic import _brier_apply
 
 __all__ = [
     "gradient_weighted_loss",
@@ -108,7 +108,7 @@ def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2
     idx = target.unsqueeze(1)
     d = p.scatter(1, idx, torch.expm1(log_p.gather(1, idx)))
     if beta == 2.0:
-        s = torch.linalg.vector_norm(d, dim=1).square_()
+        s = torch.linalg.vector_norm(d, dim=1).square()
     elif beta == 1.0:
         s = d.abs().sum(1)
     else:
@@ -141,7 +141,7 @@ def bsce_gra_loss(
     gamma = check_hyper(gamma, "gamma")
 
     def weight(log_p, lp, safe):
-        d = log_p.exp().scatter_(1, _as_index(safe).unsqueeze(1), torch.expm1(lp).unsqueeze(1))
+        d = log_p.exp().scatter(1, _as_index(safe).unsqueeze(1), torch.expm1(lp).unsqueeze(1))
         n = torch.linalg.vector_norm(d, ord=beta, dim=1)
         return n if gamma == 1.0 else n.pow(gamma)
 
@@ -167,9 +167,9 @@ def bsce_loss(
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
         if beta == 2.0:  # closed-form fused backward (see torchcal.functional.basic)
-            loss, valid = _BrierFunction.apply(_as_compute(input), target,
-                                               ignore_index, validate_args, gamma)
-            return reduce_loss(loss, valid if valid.numel() else None, reduction)
+            loss, valid = _brier_apply(_as_compute(input), target, ignore_index,
+                                       validate_args, gamma)
+            return reduce_loss(loss, valid, reduction)
         log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
                                                   validate_args=validate_args)
         u = brier_uncertainty(log_p, _as_index(safe), beta, gamma)

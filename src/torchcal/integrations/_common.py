@@ -3,8 +3,9 @@
 * :func:`as_loss_list` / :func:`find_losses`: the stateful losses a callback drives, given or
   found among a module's attributes (the protocol of :mod:`torchcal.losses.base`: an object
   with an ``on_validation`` method);
-* :func:`flatten_valid`: (N, C, d1, ...) logits and (N, d1, ...) labels to (M, C) and (M,),
-  dropping ``ignore_index`` entries (token classification, segmentation);
+* :func:`flatten_valid` (from :mod:`torchcal.metrics`, where every metric applies it):
+  (N, C, d1, ...) logits and (N, d1, ...) labels to (M, C) and (M,), dropping
+  ``ignore_index`` entries (token classification, segmentation);
 * :func:`calibration_metrics`: ECE, AdaECE, NLL and error through
   :class:`torchcal.metrics.CalibrationMeter`, synced over ``torch.distributed`` when it is
   initialised (every rank gets the numbers over all ranks' samples);
@@ -30,7 +31,7 @@ from ..losses.base import (
     loss_set_epoch,
     loss_wants_validation,
 )
-from ..metrics import CalibrationMeter
+from ..metrics import CalibrationMeter, flatten_valid
 
 __all__ = ["METRICS", "missing_extra", "as_loss_list", "find_losses", "flatten_valid", "calibration_metrics",
            "feed_losses", "start_epoch", "claim", "warn_unclaimed", "warn_missing"]
@@ -103,34 +104,6 @@ def find_losses(module: nn.Module) -> list[Any]:
             seen.add(id(c))
             found.append(c)
     return found
-
-
-def flatten_valid(logits: torch.Tensor, labels: torch.Tensor,
-                  ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, C, d1, ...) logits / (N, d1, ...) labels -> (M, C) / (M,) without ``ignore_index``.
-
-    (N, C) logits with (N,) labels come back unchanged when no label is ``ignore_index``.
-
-    >>> z, y = flatten_valid(torch.zeros(2, 3, 4), torch.tensor([[0, 1, -100, 2], [1, 1, 1, 1]]))
-    >>> tuple(z.shape), y.tolist()
-    ((7, 3), [0, 1, 2, 1, 1, 1, 1])
-    """
-    if logits.ndim < 2:
-        raise ValueError(
-            f"Expected `logits` of shape (N, C) or (N, C, d1, ...), got shape {tuple(logits.shape)}"
-        )
-    if logits.ndim > 2:
-        logits = logits.movedim(1, -1).reshape(-1, logits.shape[1])
-    labels = labels.reshape(-1)
-    if labels.shape[0] != logits.shape[0]:
-        raise ValueError(
-            f"Expected `labels` to have one entry per prediction ({logits.shape[0]}), "
-            f"got {labels.shape[0]}"
-        )
-    keep = labels != ignore_index
-    if not bool(keep.all()):
-        logits, labels = logits[keep], labels[keep]
-    return logits, labels
 
 
 @torch.no_grad()

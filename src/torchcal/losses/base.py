@@ -188,6 +188,30 @@ class CalibrationLoss(nn.Module):
         shown += [(name, getattr(self, name)) for name in self.repr_state]
         return ", ".join(f"{name}={value!r}" for name, value in shown)
 
+    #: Attributes that hold per-run state which ``forward`` never reads (history kept for the
+    #: log), allowed outside the buffers by :meth:`pack_problem`.
+    unread_state: ClassVar[tuple[str, ...]] = ()
+
+    def pack_problem(self) -> str | None:
+        """Why this loss cannot be evaluated for several packed runs in one vmapped call (None:
+        it can).
+
+        Packed training (:mod:`torchcal.train.packed`) evaluates the members that share a loss
+        class and its hyperparameters with one ``torch.func.vmap`` call over
+        ``functional_call(loss, stacked_buffers, ...)``: every piece of state in which members
+        may differ must be a buffer (AdaFocal's γ, a temperature), and ``forward`` must be a
+        pure function of its inputs, the hyperparameters and the buffers (state changes only
+        in ``set_epoch`` / ``on_validation``, which every member of a group receives at the
+        same epoch).  Refused here: trainable parameters and tensors held outside the buffers.
+        """
+        if any(True for _ in self.parameters()):
+            return f"{type(self).__name__} has trainable parameters"
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor) and name not in self.unread_state:
+                return (f"{type(self).__name__} holds the tensor {name!r} outside its buffers "
+                        "(a member's state could not be stacked)")
+        return None
+
     def set_epoch(self, epoch: int) -> None:
         """Called by the trainer at the start of each training epoch (0-based).
 

@@ -156,7 +156,9 @@ class ECEGapLoss(CalibrationLoss):
         self.epoch = 0
         self.register_buffer("width_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
         self.register_buffer("mass_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
-        self.classwise: torch.Tensor | None = None
+        # a (non-persistent) buffer: packed training stacks it per member; the checkpoint keeps
+        # it in the extra state (None until the first validation pass)
+        self.register_buffer("classwise", None, persistent=False)
 
     @property
     def progress(self) -> float:

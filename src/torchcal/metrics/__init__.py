@@ -3,6 +3,11 @@
 Every metric takes keyword arguments only: exactly one of ``logits=`` / ``probs=`` of shape
 (N, C) plus ``labels=`` (N,), and returns 0-d tensors on the input's device.  Bin conventions
 live in :mod:`torchcal.metrics.binning`.
+
+Dense layouts: every labelled metric (and :class:`CalibrationMeter`) also takes
+(N, C, d1, ...) predictions with (N, d1, ...) labels (a segmenter's or a language model's
+output, ``F.cross_entropy``'s layout) and ``ignore_index`` (default -100): the result is the
+metric of the flattened rows whose label is not ``ignore_index`` (:func:`flatten_valid`).
 """
 
 from __future__ import annotations
@@ -30,8 +35,31 @@ from .calibration import (
     rmsce,
 )
 from .debiased import debiased_ece
+from .layout import IGNORE_INDEX, flatten_valid
+from .members import (
+    check_member_logits,
+    disagreement,
+    expected_entropy,
+    mutual_information,
+    pooled_log_probs,
+    predictive_entropy,
+)
 from .meter import CalibrationMeter
-from .ranking import aupr, aurc, auroc, fpr_at_tpr, ood_auroc, ood_scores, r_auroc
+from .ranking import (
+    OOD_SCORES,
+    RiskCoverageCurve,
+    augrc,
+    aupr,
+    aurc,
+    auroc,
+    e_aurc,
+    fpr_at_tpr,
+    ood_auroc,
+    ood_scores,
+    r_auroc,
+    risk_at_coverage,
+    risk_coverage_curve,
+)
 from .scoring import brier, entropy, error, nll, s99, topk_error
 
 __all__ = [
@@ -60,12 +88,26 @@ __all__ = [
     "aupr",
     "fpr_at_tpr",
     "aurc",
+    "e_aurc",
+    "augrc",
+    "risk_at_coverage",
+    "risk_coverage_curve",
+    "RiskCoverageCurve",
     "r_auroc",
     "ood_auroc",
     "ood_scores",
+    "OOD_SCORES",
+    "predictive_entropy",
+    "expected_entropy",
+    "mutual_information",
+    "disagreement",
+    "pooled_log_probs",
+    "check_member_logits",
     "bootstrap_ci",
     "BootstrapResult",
     "CalibrationMeter",
+    "flatten_valid",
+    "IGNORE_INDEX",
     "bin_index",
     "equal_width_edges",
     "equal_width_bin_index",

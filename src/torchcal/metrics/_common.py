@@ -21,7 +21,6 @@ from .._validation import as_tensor, check_labels, check_scalar, resolve_probs
 # metric modules that take every shared helper from this module
 from .binning import binned_sums, calibration_from_sums, classwise_sums  # noqa: F401
 
-
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._common import keyword_inputs, prepare, result_dtype, top1
+from .layout import IGNORE_INDEX, flatten_inputs
 
 __all__ = ["smooth_ece", "smooth_reliability_curve", "SmoothReliabilityCurve", "ks_error"]
 
@@ -141,8 +142,9 @@ def _check_sigma(sigma: Any) -> float | None:
     return s
 
 
-def _top_label_f64(logits: Any, probs: Any, labels: Any, validate_args: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+def _top_label_f64(logits: Any, probs: Any, labels: Any, validate_args: bool,
+                   ignore_index: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     conf, correct = top1(p, y)
     return conf.to(torch.float64), correct.to(torch.float64), result_dtype(p.dtype)
@@ -151,7 +153,7 @@ def _top_label_f64(logits: Any, probs: Any, labels: Any, validate_args: bool
 @keyword_inputs
 def smooth_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, sigma: float | None = None,
-    validate_args: bool = True,
+    validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Smooth ECE (Błasiok & Nakkiran 2023): the calibration error of a kernel-smoothed
     reliability curve, with no bins to choose.
@@ -177,6 +179,7 @@ def smooth_ece(
         sigma: kernel bandwidth in (0, 1]; ``None`` (default) chooses it automatically (use
             :func:`smooth_reliability_curve` to see the value chosen).
         validate_args: check the inputs for NaN/Inf, range and row sums.
+        ignore_index: label of the entries left out (see :func:`torchcal.metrics.ece`).
 
     Returns:
         0-d tensor on the input's device (a fraction in [0, 1]).
@@ -188,7 +191,7 @@ def smooth_ece(
         tensor(0.1377)
     """
     s = _check_sigma(sigma)
-    f, a, out = _top_label_f64(logits, probs, labels, validate_args)
+    f, a, out = _top_label_f64(logits, probs, labels, validate_args, ignore_index)
     res = _Residuals(f, f - a)
     value = res.auto()[0] if s is None else res.smece(s)
     return value.to(out)
@@ -216,6 +219,7 @@ class SmoothReliabilityCurve(NamedTuple):
 def smooth_reliability_curve(
     *, logits: Any = None, probs: Any = None, labels: Any, sigma: float | None = None,
     n_points: int = _PLOT_MESH, validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> SmoothReliabilityCurve:
     """The smoothed reliability diagram behind :func:`smooth_ece`.
 
@@ -235,7 +239,7 @@ def smooth_reliability_curve(
     s = _check_sigma(sigma)
     if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
         raise ValueError(f"Expected `n_points` to be an integer >= 2, got {n_points!r}")
-    f, a, out = _top_label_f64(logits, probs, labels, validate_args)
+    f, a, out = _top_label_f64(logits, probs, labels, validate_args, ignore_index)
     res = _Residuals(f, f - a)
     if s is None:
         value, s = res.auto()
@@ -251,7 +255,8 @@ def smooth_reliability_curve(
 
 @keyword_inputs
 def ks_error(
-    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
+    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Kolmogorov-Smirnov calibration error (Gupta et al. 2021), no bins.
 
@@ -271,7 +276,7 @@ def ks_error(
         >>> ks_error(probs=probs, labels=torch.tensor([0, 1, 1, 0]))  # |0.6 + 0.7 - 1 - 1| / 4
         tensor(0.1750)
     """
-    f, a, out = _top_label_f64(logits, probs, labels, validate_args)
+    f, a, out = _top_label_f64(logits, probs, labels, validate_args, ignore_index)
     s, order = torch.sort(f)
     gap = torch.cumsum(a[order] - s, dim=0)
     # the last sample of each run of equal confidences closes that threshold

@@ -26,6 +26,8 @@ half-precision inputs follow their own-dtype edges exactly.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .._validation import check_positive_int
@@ -60,8 +62,17 @@ def equal_width_edges(
     tensor([0.0000, 0.2500, 0.5000, 0.7500, 1.0000])
     """
     n_bins = check_positive_int(n_bins, "n_bins")
-    edges = torch.arange(n_bins + 1, dtype=dtype) / n_bins
-    return edges if device is None else edges.to(device)
+    if device is None or torch.device(device).type == "cpu":
+        return torch.arange(n_bins + 1, dtype=dtype) / n_bins
+    # on an accelerator: copied once per (B, dtype, device) and kept, so that binning inside a
+    # training step never waits for a host-to-device copy (a read-only table: callers only
+    # compare with it)
+    return _device_edges(n_bins, dtype, torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _device_edges(n_bins: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return (torch.arange(n_bins + 1, dtype=dtype) / n_bins).to(device)
 
 
 def bin_index(

@@ -33,6 +33,7 @@ from .._validation import as_tensor, check_positive_int
 from . import calibration, scoring
 from ._common import binned_sums, calibration_from_sums, prepare, top1
 from .binning import bin_index, equal_mass_edges, equal_width_bin_index
+from .layout import IGNORE_INDEX, flatten_inputs
 
 __all__ = ["bootstrap_ci", "BootstrapResult"]
 
@@ -159,6 +160,7 @@ def bootstrap_ci(
     n_resamples: int = 1000,
     level: float = 0.9,
     seed: int = 0,
+    ignore_index: int | None = IGNORE_INDEX,
     **metric_kwargs: Any,
 ) -> BootstrapResult:
     """Point estimate and bootstrap percentile interval of a metric.
@@ -174,6 +176,9 @@ def bootstrap_ci(
         n_resamples: number R of bootstrap resamples.
         level: coverage of the interval, in (0, 1); 0.9 gives the 5th and 95th percentiles.
         seed: seed of the resampling generator (same seed, same index sets).
+        ignore_index: label of the entries left out; (N, C, d1, ...) predictions with
+            (N, d1, ...) labels are flattened first (:func:`torchcal.metrics.flatten_valid`)
+            and the kept entries are resampled as separate samples.
         **metric_kwargs: passed to the metric (e.g. ``n_bins=15``).
 
     Returns:
@@ -189,6 +194,7 @@ def bootstrap_ci(
     """
     fn = _resolve_metric(metric)
     n_resamples, seed = _check_options(n_resamples, level, seed)
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
 
     estimate = fn(logits=logits, probs=probs, labels=labels, **metric_kwargs)
     if not isinstance(estimate, torch.Tensor) or estimate.ndim != 0:

@@ -4,7 +4,9 @@ reliability curve behind them.
 Conventions (shared with :mod:`torchcal.metrics.binning`, the single home of bin assignment):
 
 * Inputs: exactly one of ``logits=`` / ``probs=`` of shape (N, C) (torch or NumPy, any float
-  dtype, any device) and ``labels=`` (N,) integer class indices.  Logits go through ``softmax``.
+  dtype, any device) and ``labels=`` (N,) integer class indices; or (N, C, d1, ...) with
+  (N, d1, ...) labels, flattened, and the entries labelled ``ignore_index`` (default -100)
+  left out (:mod:`torchcal.metrics.layout`).  Logits go through ``softmax``.
   The value range is never used to guess which one was passed.
 * Top-label metrics bin the top-1 confidence ``conf_i = max_c p_ic``; sample i is correct when
   ``argmax_c p_ic = y_i``.  With ``n_b`` samples in bin b, ``acc_b`` their accuracy and ``conf_b``
@@ -39,6 +41,7 @@ from ._common import (
     top1,
 )
 from .binning import equal_mass_bin_index, equal_width_bin_index, equal_width_edges
+from .layout import IGNORE_INDEX, flatten_inputs
 
 __all__ = [
     "ece",
@@ -56,9 +59,10 @@ __all__ = [
 
 def _top_label(
     logits: Any, probs: Any, labels: Any, n_bins: int, validate_args: bool, norm: str,
-    equal_mass: bool = False,
+    ignore_index: int | None, equal_mass: bool = False,
 ) -> torch.Tensor:
     n_bins = check_positive_int(n_bins, "n_bins")
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     conf, correct = top1(p, y)
     if equal_mass:
@@ -72,7 +76,7 @@ def _top_label(
 @keyword_inputs
 def ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
-    validate_args: bool = True,
+    validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Expected calibration error with ``n_bins`` equal-width bins.
 
@@ -95,6 +99,10 @@ def ece(
         n_bins: number of equal-width bins B (>= 1).
         validate_args: check the inputs for NaN/Inf, range and row sums (the cheap shape and
             label checks always run).
+        ignore_index: label of the entries left out (default -100; None keeps every entry).
+            Predictions may also be (N, C, d1, ...) with (N, d1, ...) labels: the metric is
+            then that of the flattened rows whose label is kept
+            (:func:`torchcal.metrics.flatten_valid`); every labelled metric does the same.
 
     Returns:
         0-d tensor on the input's device.
@@ -105,13 +113,13 @@ def ece(
         >>> ece(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
         tensor(0.2000)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "l1")
+    return _top_label(logits, probs, labels, n_bins, validate_args, "l1", ignore_index)
 
 
 @keyword_inputs
 def mce(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
-    validate_args: bool = True,
+    validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Maximum calibration error: ``max_b |acc_b - conf_b|`` over the non-empty equal-width bins.
 
@@ -124,13 +132,13 @@ def mce(
         >>> mce(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
         tensor(0.3500)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "max")
+    return _top_label(logits, probs, labels, n_bins, validate_args, "max", ignore_index)
 
 
 @keyword_inputs
 def rmsce(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
-    validate_args: bool = True,
+    validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Root-mean-square calibration error: ``sqrt(sum_b (n_b / N) (acc_b - conf_b)^2)``.
 
@@ -143,13 +151,13 @@ def rmsce(
         >>> rmsce(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
         tensor(0.2500)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "l2")
+    return _top_label(logits, probs, labels, n_bins, validate_args, "l2", ignore_index)
 
 
 @keyword_inputs
 def ace(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
-    validate_args: bool = True,
+    validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Average calibration error: the unweighted mean gap over the non-empty equal-width bins.
 
@@ -171,13 +179,13 @@ def ace(
         >>> ace(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=4)  # (0.05 + 0.35) / 2
         tensor(0.2000)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "mean")
+    return _top_label(logits, probs, labels, n_bins, validate_args, "mean", ignore_index)
 
 
 @keyword_inputs
 def adaptive_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
-    validate_args: bool = True,
+    validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """AdaECE (ECE_EM): ECE with ``n_bins`` equal-mass bins on the top-1 confidence.
 
@@ -196,13 +204,14 @@ def adaptive_ece(
         >>> adaptive_ece(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
         tensor(0.2000)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "l1", equal_mass=True)
+    return _top_label(logits, probs, labels, n_bins, validate_args, "l1", ignore_index,
+                      equal_mass=True)
 
 
 @keyword_inputs
 def classwise_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
-    validate_args: bool = True,
+    validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Classwise-ECE: the mean over classes of the equal-width ECE of ``p_k`` vs ``[y = k]``.
 
@@ -232,6 +241,7 @@ def classwise_ece(
         tensor(0.1333)
     """
     n_bins = check_positive_int(n_bins, "n_bins")
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     sums = classwise_sums(p, y, n_bins)
     n, c = p.shape
@@ -258,6 +268,7 @@ class ReliabilityCurve(NamedTuple):
 def reliability_curve(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     strategy: str = "uniform", validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> ReliabilityCurve:
     """Per-bin count, mean confidence and accuracy of the top-1 prediction.
 
@@ -277,6 +288,7 @@ def reliability_curve(
     n_bins = check_positive_int(n_bins, "n_bins")
     if strategy not in ("uniform", "quantile"):
         raise ValueError(f"Expected `strategy` to be 'uniform' or 'quantile', got {strategy!r}")
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     conf, correct = top1(p, y)
     if strategy == "uniform":
@@ -299,6 +311,7 @@ def reliability_curve(
 
 def confidence_gap(
     *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Mean top-1 confidence minus top-1 accuracy: > 0 over-confident, < 0 under-confident.
 
@@ -310,6 +323,7 @@ def confidence_gap(
         probs: (N, C) probabilities.
         labels: (N,) integer class indices.
         validate_args: check the inputs (see :func:`ece`).
+        ignore_index: label of the entries left out (see :func:`ece`).
 
     Returns:
         0-d tensor on the input's device, in the input's float dtype (at least float32).
@@ -319,6 +333,7 @@ def confidence_gap(
         ...                labels=torch.tensor([0, 1]))  # 0.75 - 0.5
         tensor(0.2500)
     """
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     conf, correct = top1(p, y)
     gap = conf.to(torch.float64).mean() - correct.to(torch.float64).mean()

@@ -10,6 +10,7 @@ import torch
 from .._validation import check_positive_int
 from ._common import binned_sums, keyword_inputs, prepare, result_dtype, top1
 from .binning import bin_index, equal_width_bin_index
+from .layout import IGNORE_INDEX, flatten_inputs
 
 __all__ = ["debiased_ece"]
 
@@ -37,6 +38,7 @@ def _midpoint_edges(conf: torch.Tensor, n_bins: int) -> torch.Tensor:
 def debiased_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     strategy: str = "quantile", validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Debiased estimate of the top-label l2 calibration error (Kumar et al. 2019).
 
@@ -68,6 +70,7 @@ def debiased_ece(
         n_bins: number of bins B.
         strategy: ``"quantile"`` or ``"uniform"``.
         validate_args: check the inputs for NaN/Inf, range and row sums.
+        ignore_index: label of the entries left out (see :func:`torchcal.metrics.ece`).
 
     Returns:
         0-d tensor on the input's device (a fraction in [0, 1]).
@@ -83,6 +86,7 @@ def debiased_ece(
     n_bins = check_positive_int(n_bins, "n_bins")
     if strategy not in _STRATEGIES:
         raise ValueError(f"Expected `strategy` to be one of {_STRATEGIES}, got {strategy!r}")
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     conf, correct = top1(p, y)
     if strategy == "quantile":

@@ -17,7 +17,8 @@ from .calibration import ece
 from .distributed import world_size
 from .scoring import entropy
 
-__all__ = ["EpochStats", "epoch_metrics"]
+__all__ = ["EpochStats", "epoch_metrics", "stacked_epoch_metrics", "stacked_binned_sums",
+           "EPOCH_KEYS", "DIAGNOSTIC_KEYS"]
 
 
 class EpochStats:
@@ -104,3 +105,66 @@ def epoch_metrics(logits: torch.Tensor, labels: torch.Tensor, *, n_bins: int = 1
         keys += ["nll_correct", "nll_incorrect", "entropy_correct", "entropy_incorrect"]
     host = torch.stack([v.float().reshape(()) for v in vals]).cpu().tolist()
     return dict(zip(keys, host, strict=True))
+
+
+#: The keys of :func:`epoch_metrics` (and the columns of :func:`stacked_epoch_metrics`), and the
+#: keys ``diagnostics=True`` adds.
+EPOCH_KEYS = ("nll", "error", "ece")
+DIAGNOSTIC_KEYS = ("nll_correct", "nll_incorrect", "entropy_correct", "entropy_incorrect")
+
+
+def stacked_binned_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Per-bin (count, confidence sum, correct count) of M rows of confidences at once: ``conf``
+    and ``correct`` of shape (M, N) give float64 sums (3, M, B), each row binned as
+    :func:`~torchcal.metrics.binning.binned_sums` bins it (one pass, member-offset bin keys)."""
+    m, n = conf.shape
+    offset = torch.arange(m, device=conf.device).repeat_interleave(n) * n_bins
+    idx = equal_width_bin_index(conf.reshape(-1), n_bins) + offset
+    return binned_sums(idx, conf.reshape(-1), correct.reshape(-1), m * n_bins).reshape(
+        3, m, n_bins)
+
+
+def _stacked_masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    n = mask.sum(1)
+    return torch.where(n > 0, (values * mask).sum(1) / n.clamp_min(1),
+                       torch.full_like(n, float("nan")))
+
+
+def stacked_epoch_metrics(logits: torch.Tensor, labels: torch.Tensor, *, n_bins: int = 15,
+                          diagnostics: bool = False) -> torch.Tensor:
+    """:func:`epoch_metrics` of M models on one split at once, on the device (no host copy).
+
+    Args:
+        logits: (M, N, C), model ``m``'s logits in row ``m``.
+        labels: (N,) shared labels or (M, N).
+        n_bins: equal-width bins of the ECE.
+        diagnostics: add the columns :data:`DIAGNOSTIC_KEYS`.
+
+    Returns:
+        float64 (M, K): the columns :data:`EPOCH_KEYS` (then :data:`DIAGNOSTIC_KEYS`), row
+        ``m`` equal to ``epoch_metrics(logits[m], labels)`` to float rounding.
+
+    Example:
+        >>> z = torch.tensor([[[2.0, 0.0], [0.0, 1.0]], [[0.0, 2.0], [1.0, 0.0]]])
+        >>> stacked_epoch_metrics(z, torch.tensor([0, 0]))[:, 1].tolist()  # the errors
+        [0.5, 0.5]
+    """
+    if logits.ndim != 3:
+        raise ValueError(f"Expected `logits` of shape (M, N, C), got {tuple(logits.shape)}")
+    m, n, c = logits.shape
+    y = labels.expand(m, n) if labels.ndim == 1 else labels
+    z = logits.float()
+    logp = torch.log_softmax(z, 2)
+    nll_i = -logp.gather(2, y.unsqueeze(2)).squeeze(2)
+    conf, pred = logp.max(dim=2)
+    correct = pred.eq(y)
+    sums = stacked_binned_sums(conf.exp(), correct, n_bins)
+    cols = [nll_i.double().mean(1), 1.0 - correct.double().mean(1),
+            calibration_from_sums(sums, "l1")]
+    if diagnostics:
+        ent = -(logp.exp() * logp).nan_to_num().sum(2)
+        cf = correct.double()
+        cols += [_stacked_masked_mean(nll_i.double(), cf),
+                 _stacked_masked_mean(nll_i.double(), 1 - cf),
+                 _stacked_masked_mean(ent.double(), cf), _stacked_masked_mean(ent.double(), 1 - cf)]
+    return torch.stack([col.double() for col in cols], 1)

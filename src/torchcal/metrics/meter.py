@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._validation import check_positive_int
+from .._validation import as_tensor, check_positive_int
 from ._common import (
     binned_sums,
     calibration_from_sums,
@@ -17,6 +17,7 @@ from ._common import (
 )
 from .binning import equal_mass_bin_index, equal_width_bin_index
 from .distributed import all_gather_uneven, world_size
+from .layout import IGNORE_INDEX, check_ignore_index, flatten_inputs
 from .scoring import (
     brier_per_sample,
     confident_mask,
@@ -65,6 +66,7 @@ class CalibrationMeter:
         device: device of the state (default: the device of the first batch, else CPU).
         sync_dist: all-reduce / all-gather under ``torch.distributed`` in ``compute()``.
         process_group: the process group to sync over (default: the world).
+        ignore_index: label of the entries :meth:`update` leaves out (``None``: keep all).
 
     Example:
         >>> meter = CalibrationMeter(num_classes=3, n_bins=2)
@@ -88,6 +90,7 @@ class CalibrationMeter:
         device: torch.device | str | None = None,
         sync_dist: bool = True,
         process_group: Any = None,
+        ignore_index: int | None = IGNORE_INDEX,
     ) -> None:
         self.num_classes = check_positive_int(num_classes, "num_classes")
         if self.num_classes < 2:
@@ -99,6 +102,7 @@ class CalibrationMeter:
         self.device = torch.device(device) if device is not None else None
         self.sync_dist = bool(sync_dist)
         self.process_group = process_group
+        self.ignore_index = check_ignore_index(ignore_index)
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -110,6 +114,31 @@ class CalibrationMeter:
 
     def _state_size(self) -> int:
         return 3 * self.n_bins + self.num_classes * self.n_bins + _N_SCALARS
+
+    @property
+    def state_size(self) -> int:
+        """The number of float64 entries of the fixed-size state: ``(3 + C) B + 7``."""
+        return self._state_size()
+
+    @property
+    def state(self) -> torch.Tensor | None:
+        """The fixed-size float64 state (None before the first batch): per-bin sums, per
+        (class, bin) sums and the running sums, all additive, so that the state of several
+        meters (ranks, shards) is their sum.  With ``adaptive=False`` it is everything the meter
+        holds; a framework that syncs metric states by summing (torchmetrics) can own it.
+        Setting it replaces the state (a float64 tensor of :attr:`state_size` entries, used
+        as is: :meth:`update` adds to it in place)."""
+        return self._state
+
+    @state.setter
+    def state(self, value: torch.Tensor) -> None:
+        if (not isinstance(value, torch.Tensor) or value.dtype != torch.float64
+                or tuple(value.shape) != (self.state_size,)):
+            got = (f"{value.dtype} of shape {tuple(value.shape)}"
+                   if isinstance(value, torch.Tensor) else type(value).__name__)
+            raise ValueError(f"Expected `state` to be a float64 tensor of shape "
+                             f"({self.state_size},), got {got}")
+        self._state = value
 
     def _ensure_state(self, device: torch.device) -> torch.Tensor:
         if self._state is None:
@@ -131,7 +160,14 @@ class CalibrationMeter:
     def update(
         self, *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
     ) -> None:
-        """Add a batch: exactly one of ``logits`` / ``probs`` (N, C) and ``labels`` (N,)."""
+        """Add a batch: exactly one of ``logits`` / ``probs`` (N, C) and ``labels`` (N,), or
+        (N, C, d1, ...) predictions with (N, d1, ...) labels, flattened by
+        :func:`~torchcal.metrics.flatten_valid` (entries labelled ``ignore_index`` left out)."""
+        n_in = as_tensor(labels, "labels").numel()
+        logits, probs, labels = flatten_inputs(logits, probs, labels, self.ignore_index,
+                                               all_ignored_ok=True)
+        if n_in and as_tensor(labels, "labels").numel() == 0:
+            return  # every entry of the batch is ignore_index (padding): nothing to add
         p, y = prepare(logits, probs, labels, validate_args=validate_args)
         if p.shape[1] != self.num_classes:
             name = "logits" if logits is not None else "probs"

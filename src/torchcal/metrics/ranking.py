@@ -1,4 +1,5 @@
-"""Ranking metrics: AUROC, AUPR (average precision), FPR at a TPR, AURC, R-AUROC, OOD AUROC.
+"""Ranking metrics: AUROC, AUPR (average precision), FPR at a TPR, OOD AUROC, and selective
+prediction: the risk-coverage curve, AURC, E-AURC, AUGRC, risk at a coverage, R-AUROC.
 
 All are exact with tied scores (computed from sorted score groups, vectorised, in float64 /
 int64 arithmetic); none uses scikit-learn.  Binary ``labels`` are 1 (or True) for the positive
@@ -8,15 +9,19 @@ float64 tensors on the input's device.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 import torch
 
 from .._validation import as_tensor, check_finite
 from ._common import check_unit_interval, resolve
+from .members import check_member_logits, mutual_information
 from .scoring import plogp_from_logits
 
-__all__ = ["auroc", "aupr", "fpr_at_tpr", "aurc", "r_auroc", "ood_auroc", "ood_scores"]
+__all__ = ["auroc", "aupr", "fpr_at_tpr", "aurc", "e_aurc", "augrc", "risk_at_coverage",
+           "risk_coverage_curve", "RiskCoverageCurve", "r_auroc", "ood_auroc", "ood_scores",
+           "OOD_SCORES"]
 
 
 def _check_scores(scores: Any, name: str) -> torch.Tensor:
@@ -150,23 +155,11 @@ def _check_correct(correct: Any, n: int, device: torch.device) -> torch.Tensor:
     return _check_binary(correct, "correct", n, device)
 
 
-def aurc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
-    """Area under the risk-coverage curve.
-
-    The mean over coverages k/N (k = 1..N) of the error rate among the k least uncertain
-    samples.  Tied uncertainties are taken together: inside a group of m tied samples with e
-    errors, the k-th sample adds e/m expected errors (the average over every order of the
-    ties), so the result does not depend on sample order.
-
-    Args:
-        uncertainty: (N,) predicted uncertainty, lower = more confident.
-        correct: (N,) bool / 0-1, whether each prediction is correct.
-
-    Example:
-        >>> aurc(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
-        ...      correct=torch.tensor([1, 1, 0, 1]))
-        tensor(0.1458, dtype=torch.float64)
-    """
+def _errors_at_coverage(uncertainty: Any, correct: Any) -> tuple[torch.Tensor, int]:
+    """``(errors_k, n_errors)``: the expected number of errors among the k least uncertain
+    samples, k = 1..N (float64 (N,)), with tied uncertainties taken together: inside a group
+    of m tied samples with e errors, each sample adds e/m expected errors (the average over
+    every order of the ties)."""
     u = _check_scores(uncertainty, "uncertainty")
     c = _check_correct(correct, u.shape[0], u.device)
     n = u.shape[0]
@@ -179,7 +172,126 @@ def aurc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
     k = torch.arange(1, n + 1, device=u.device, dtype=torch.float64)
     g = inverse
     errors_k = err_before_g[g] + (k - start_g[g].to(torch.float64)) * err_g[g] / counts[g]
-    return (errors_k / k).mean()
+    return errors_k, int((~c).sum())
+
+
+class RiskCoverageCurve(NamedTuple):
+    """The risk-coverage curve of selective prediction (float64 (N,) each).
+
+    Attributes:
+        coverage: k/N for k = 1..N (the share of samples accepted, least uncertain first).
+        risk: the error rate among the k accepted samples (tied uncertainties averaged).
+    """
+
+    coverage: torch.Tensor
+    risk: torch.Tensor
+
+
+def risk_coverage_curve(*, uncertainty: Any, correct: Any) -> RiskCoverageCurve:
+    """Risk (error rate) among the k least uncertain samples against the coverage k/N.
+
+    Accepting the k samples of lowest uncertainty, k = 1..N; tied uncertainties are taken
+    together as in :func:`aurc` (each sample of a tied group adds the group's error rate),
+    so the curve does not depend on sample order.  ``aurc`` is the mean of ``risk``.
+
+    Args:
+        uncertainty: (N,) predicted uncertainty, lower = more confident.
+        correct: (N,) bool / 0-1, whether each prediction is correct.
+
+    Example:
+        >>> curve = risk_coverage_curve(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+        ...                             correct=torch.tensor([1, 1, 0, 1]))
+        >>> curve.coverage.tolist(), [round(r, 4) for r in curve.risk.tolist()]
+        ([0.25, 0.5, 0.75, 1.0], [0.0, 0.0, 0.3333, 0.25])
+    """
+    errors_k, _ = _errors_at_coverage(uncertainty, correct)
+    n = errors_k.shape[0]
+    k = torch.arange(1, n + 1, device=errors_k.device, dtype=torch.float64)
+    return RiskCoverageCurve(coverage=k / n, risk=errors_k / k)
+
+
+def aurc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
+    """Area under the risk-coverage curve.
+
+    The mean over coverages k/N (k = 1..N) of the error rate among the k least uncertain
+    samples (:func:`risk_coverage_curve`).  Tied uncertainties are taken together: inside a
+    group of m tied samples with e errors, the k-th sample adds e/m expected errors (the
+    average over every order of the ties), so the result does not depend on sample order.
+
+    Args:
+        uncertainty: (N,) predicted uncertainty, lower = more confident.
+        correct: (N,) bool / 0-1, whether each prediction is correct.
+
+    Example:
+        >>> aurc(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+        ...      correct=torch.tensor([1, 1, 0, 1]))
+        tensor(0.1458, dtype=torch.float64)
+    """
+    return risk_coverage_curve(uncertainty=uncertainty, correct=correct).risk.mean()
+
+
+def _optimal_aurc(n: int, n_errors: int, device: torch.device) -> torch.Tensor:
+    """AURC of N predictions with every correct one first: ``mean_k max(0, k - (N - E)) / k``."""
+    k = torch.arange(1, n + 1, device=device, dtype=torch.float64)
+    return ((k - (n - n_errors)).clamp(min=0) / k).mean()
+
+
+def e_aurc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
+    """Excess AURC (Geifman et al. 2019): :func:`aurc` minus the AURC of the same predictions
+    ranked perfectly (every correct one before every error).
+
+    The optimal AURC depends only on N and the number of errors E:
+    ``mean_{k=1..N} max(0, k - (N - E)) / k``; E-AURC is 0 for a perfect ranking and does not
+    reward a lower error, only a better ordering.
+
+    Example:
+        >>> e_aurc(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+        ...        correct=torch.tensor([1, 1, 0, 1]))  # 0.1458 - 0.25 / 4
+        tensor(0.0833, dtype=torch.float64)
+    """
+    errors_k, n_errors = _errors_at_coverage(uncertainty, correct)
+    n = errors_k.shape[0]
+    k = torch.arange(1, n + 1, device=errors_k.device, dtype=torch.float64)
+    return (errors_k / k).mean() - _optimal_aurc(n, n_errors, errors_k.device)
+
+
+def augrc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
+    """Area under the generalized risk-coverage curve (Traub et al. 2024).
+
+    The generalized risk at coverage k/N is the number of errors among the k least uncertain
+    samples divided by N (the probability that a sample is accepted *and* wrong), and AUGRC is
+    its mean over k = 1..N.  Ties as in :func:`aurc`.
+
+    Example:
+        >>> augrc(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+        ...       correct=torch.tensor([1, 1, 0, 1]))  # (0 + 0 + 1/4 + 1/4) / 4
+        tensor(0.1250, dtype=torch.float64)
+    """
+    errors_k, _ = _errors_at_coverage(uncertainty, correct)
+    return (errors_k / errors_k.shape[0]).mean()
+
+
+def risk_at_coverage(*, uncertainty: Any, correct: Any, coverage: float = 0.8) -> torch.Tensor:
+    """Error rate among the ``k = ceil(coverage N)`` least uncertain samples (ties as in
+    :func:`aurc`): the risk of a model that abstains on the rest.  ``k`` is at least 1, and
+    ``coverage N`` is rounded within 1e-9 first, so that a coverage of 0.7 of 10 samples
+    accepts 7 (0.7 x 10 is 7.000000000000001 in floating point).
+
+    Args:
+        uncertainty: (N,) predicted uncertainty, lower = more confident.
+        correct: (N,) bool / 0-1, whether each prediction is correct.
+        coverage: the share of samples accepted, in (0, 1].
+
+    Example:
+        >>> risk_at_coverage(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+        ...                  correct=torch.tensor([1, 1, 0, 1]), coverage=0.5)
+        tensor(0., dtype=torch.float64)
+    """
+    coverage = check_unit_interval(coverage, "coverage")
+    errors_k, _ = _errors_at_coverage(uncertainty, correct)
+    n = errors_k.shape[0]
+    k = max(1, min(n, math.ceil(coverage * n - 1e-9)))
+    return errors_k[k - 1] / k
 
 
 def r_auroc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
@@ -196,50 +308,85 @@ def r_auroc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
     return auroc(scores=-(u if u.is_floating_point() else u.to(torch.int64)), labels=c)
 
 
+#: The scores of :func:`ood_scores` (higher = more likely OOD).
+OOD_SCORES = ("entropy", "max_prob", "energy", "max_logit", "mutual_information")
+
+
+def _ood_score(z: Any, name: str, score: str, validate_args: bool) -> torch.Tensor:
+    """(N,) float64 OOD score of one set's logits (``member_logits`` (S, N, C) for MI)."""
+    if score == "mutual_information":
+        return mutual_information(member_logits=check_member_logits(z, name))
+    try:
+        p = resolve(z, None, validate_args=validate_args)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(str(exc).replace("`logits`", f"`{name}`")) from None
+    if score == "max_prob":
+        return -p.max(dim=1).values.to(torch.float64)
+    t = as_tensor(z, name).to(device=p.device)
+    if score == "entropy":
+        plogp = plogp_from_logits(t.to(torch.promote_types(t.dtype, torch.float32)))
+        return -plogp.sum(dim=1, dtype=torch.float64)
+    t = t.to(torch.float64)
+    if score == "energy":
+        return -torch.logsumexp(t, dim=1)
+    return -t.amax(dim=1)  # max_logit
+
+
 def ood_scores(
     *, id_logits: Any, ood_logits: Any, score: str = "entropy", validate_args: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OOD-detection scores and labels of the concatenated in- and out-of-distribution sets.
 
-    ``score="entropy"``: predictive entropy ``-sum_c p_c log p_c`` (from ``log_softmax``);
-    ``"max_prob"``: ``-max_c p_c``.  Higher = more likely OOD.  Returns ``(scores, labels)`` of
-    length ``N_id + N_ood`` with label 1 for the OOD samples (in-distribution first), ready for
-    :func:`auroc`, :func:`aupr` and :func:`fpr_at_tpr`.
+    Higher = more likely OOD, for every ``score``:
+
+    * ``"entropy"``: predictive entropy ``-sum_c p_c log p_c`` (from ``log_softmax``);
+    * ``"max_prob"``: ``-max_c p_c``;
+    * ``"energy"``: the free energy ``-log sum_c exp(z_c)`` (Liu et al. 2020, temperature 1);
+    * ``"max_logit"``: ``-max_c z_c`` (Hendrycks et al. 2022);
+    * ``"mutual_information"``: :func:`torchcal.metrics.mutual_information` of member logits;
+      ``id_logits`` / ``ood_logits`` are then (S, N, C) (an ensemble or MC-dropout samples).
+
+    The other scores take (N, C) logits.  Energy and max-logit use the logits' scale, which
+    softmax forgets: adding a constant to a row changes them but not the probabilities.  So
+    they need a network's own logits: on log-probabilities (an ensemble's pooled
+    ``log pbar``, :attr:`torchcal.ensemble.Ensemble.logits`) the energy is
+    ``-log sum_c pbar_c = 0`` for every input and max-logit ranks as ``"max_prob"``.
+    Returns ``(scores, labels)`` of length ``N_id + N_ood`` (float64, bool) with label 1 for
+    the OOD samples (in-distribution first), ready for :func:`auroc`, :func:`aupr` and
+    :func:`fpr_at_tpr`.
+
+    Example:
+        >>> s, y = ood_scores(id_logits=torch.tensor([[4.0, 0.0]]),
+        ...                   ood_logits=torch.tensor([[0.5, 0.0]]), score="max_logit")
+        >>> s.tolist(), y.tolist()
+        ([-4.0, -0.5], [False, True])
     """
-    if score not in ("entropy", "max_prob"):
-        raise ValueError(f"Expected `score` to be 'entropy' or 'max_prob', got {score!r}")
-    probs = []
-    for name, z in (("id_logits", id_logits), ("ood_logits", ood_logits)):
-        try:
-            probs.append(resolve(z, None, validate_args=validate_args))
-        except (ValueError, TypeError) as exc:
-            raise type(exc)(str(exc).replace("`logits`", f"`{name}`")) from None
-    if probs[0].shape[1] != probs[1].shape[1]:
+    if score not in OOD_SCORES:
+        raise ValueError(f"Expected `score` to be one of {OOD_SCORES}, got {score!r}")
+    parts = [_ood_score(z, name, score, validate_args)
+             for name, z in (("id_logits", id_logits), ("ood_logits", ood_logits))]
+    shapes = [as_tensor(z, n).shape[-1] for n, z in (("id_logits", id_logits),
+                                                     ("ood_logits", ood_logits))]
+    if shapes[0] != shapes[1]:
         raise ValueError(
             "Expected `id_logits` and `ood_logits` to have the same number of classes, "
-            f"got {probs[0].shape[1]} and {probs[1].shape[1]}"
+            f"got {shapes[0]} and {shapes[1]}"
         )
-    device = probs[0].device
-    parts = []
-    for name, z, p in (("id_logits", id_logits, probs[0]), ("ood_logits", ood_logits, probs[1])):
-        if score == "entropy":
-            t = as_tensor(z, name).to(device=p.device)
-            plogp = plogp_from_logits(t.to(torch.promote_types(t.dtype, torch.float32)))
-            s = -plogp.sum(dim=1, dtype=torch.float64)
-        else:
-            s = -p.max(dim=1).values.to(torch.float64)
-        parts.append(s.to(device))
+    device = parts[0].device
     labels = torch.cat([
         torch.zeros(parts[0].shape[0], dtype=torch.bool, device=device),
         torch.ones(parts[1].shape[0], dtype=torch.bool, device=device),
     ])
-    return torch.cat(parts), labels
+    return torch.cat([parts[0], parts[1].to(device)]), labels
 
 
 def ood_auroc(*, id_logits: Any, ood_logits: Any, score: str = "entropy") -> torch.Tensor:
     """AUROC of OOD detection with OOD as the positive class (fraction, not x100).
 
-    ``score="entropy"`` ranks by predictive entropy, ``"max_prob"`` by ``-max_c p_c``.
+    ``score``: one of :data:`OOD_SCORES` (see :func:`ood_scores`); ``"entropy"`` ranks by
+    predictive entropy, ``"max_prob"`` by ``-max_c p_c``, ``"energy"`` by ``-logsumexp(z)``,
+    ``"max_logit"`` by ``-max_c z_c``, ``"mutual_information"`` by the members' mutual
+    information ((S, N, C) member logits).
 
     Example:
         >>> id_logits = torch.tensor([[4.0, 0.0], [3.0, 0.0], [0.0, 0.1]])

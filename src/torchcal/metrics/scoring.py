@@ -20,6 +20,7 @@ from ._common import (
     result_dtype,
     top1,
 )
+from .layout import IGNORE_INDEX, flatten_inputs
 
 __all__ = ["nll", "brier", "error", "topk_error", "s99", "entropy"]
 
@@ -55,7 +56,8 @@ def plogp_from_logits(z: torch.Tensor) -> torch.Tensor:
 
 @keyword_inputs
 def nll(
-    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
+    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Negative log-likelihood ``mean_i -log p_{i, y_i}``.
 
@@ -68,6 +70,7 @@ def nll(
         >>> nll(logits=torch.zeros(2, 4), labels=torch.tensor([0, 3]))  # log 4
         tensor(1.3863)
     """
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p = resolve(logits, probs, validate_args=validate_args)
     y = check_labels(labels, n=p.shape[0], num_classes=p.shape[1], device=p.device)
     return nll_per_sample(logits, p, y).mean().to(result_dtype(p.dtype))
@@ -84,7 +87,8 @@ def nll_per_sample(logits: Any, p: torch.Tensor, y: torch.Tensor) -> torch.Tenso
 
 @keyword_inputs
 def brier(
-    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
+    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Multiclass Brier score ``mean_i sum_c (p_ic - [y_i = c])^2``.
 
@@ -95,6 +99,7 @@ def brier(
         >>> brier(probs=torch.tensor([[0.5, 0.5], [0.25, 0.75]]), labels=torch.tensor([0, 1]))
         tensor(0.3125)
     """
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     return brier_per_sample(p, y).mean().to(result_dtype(p.dtype))
 
@@ -108,7 +113,8 @@ def brier_per_sample(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 @keyword_inputs
 def error(
-    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True
+    *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Top-1 error ``1 - accuracy`` (the prediction is ``argmax_c p_c``, first index on ties).
 
@@ -117,6 +123,7 @@ def error(
         ...       labels=torch.tensor([0, 1, 1]))
         tensor(0.3333)
     """
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     _, correct = top1(p, y)
     return (1.0 - correct.to(torch.float64).mean()).to(result_dtype(p.dtype))
@@ -124,7 +131,8 @@ def error(
 
 @keyword_inputs
 def topk_error(
-    *, logits: Any = None, probs: Any = None, labels: Any, k: int = 5, validate_args: bool = True
+    *, logits: Any = None, probs: Any = None, labels: Any, k: int = 5, validate_args: bool = True,
+    ignore_index: int | None = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Top-k error: share of samples whose label is not among the k most probable classes.
 
@@ -144,6 +152,7 @@ def topk_error(
         tensor(1.)
     """
     k = check_positive_int(k, "k")
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     if k > p.shape[1]:
         raise ValueError(
@@ -175,7 +184,7 @@ def confident_mask(conf: torch.Tensor, threshold: float) -> torch.Tensor:
 @keyword_inputs
 def s99(
     *, logits: Any = None, probs: Any = None, labels: Any, threshold: float = 0.99,
-    validate_args: bool = True,
+    validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Share of samples with top-1 confidence ``>= threshold`` and the accuracy on them.
 
@@ -188,6 +197,7 @@ def s99(
         (tensor(0.5000), tensor(0.5000))
     """
     threshold = check_unit_interval(threshold, "threshold")
+    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
     conf, correct = top1(p, y)
     confident = confident_mask(conf, threshold)

@@ -384,7 +384,8 @@ def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
     """The runs of a report's ``results.csv`` (one row per record, fractions; written by
     :func:`torchcal.report.tables.runs_csv`), read back without their run directories, so that
     a committed ``results.csv`` can be grouped and its claims checked again.  A file without
-    the ``predictor`` column (written before it) holds seeds' runs only.
+    the ``predictor`` column (written before it) holds seeds' runs only; ``members`` (an
+    ensemble's seeds, space-separated) becomes ``meta.members``.
 
     >>> rows = "dataset,model,loss,loss_kwargs,seed,run_dir,test.pre.ece\\nd,m,ce,{},0,r,0.04\\n"
     >>> r = runs_from_results_csv(rows)[0]
@@ -406,12 +407,18 @@ def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
                 "predictor": row.get("predictor") or DEFAULT_PREDICTOR}
         if meta["seed"] == "":
             meta["seed"] = None
+        members = (row.get("members") or "").split()
+        if members:
+            if not all(m.lstrip("-").isdigit() for m in members):
+                raise ValueError(f"Expected the `members` column to hold space-separated integer "
+                                 f"seeds, got {row['members']!r:.60}")
+            meta["members"] = [int(m) for m in members]
         problem = meta_problem(meta)
         if problem:
             raise ValueError(f"Expected `csv_text` rows of torchcal results, got a row with {problem}")
         flat = {}
         for k, v in row.items():
-            if k in need or k == "predictor" or v in ("", None):
+            if k in need or k in ("predictor", "members") or v in ("", None):
                 continue
             try:
                 flat[k] = float(v)

@@ -33,7 +33,7 @@ from markdown_it import MarkdownIt
 
 from .._io import atomic_write_json, atomic_write_text, read_json
 from ..errors import ResultsFileError, TorchcalError
-from ..evaluate import load_logits
+from ..evaluate import DEFAULT_PREDICTOR, load_logits
 from ..metrics import entropy
 from ..plot import MIN_COUNT
 from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
@@ -234,6 +234,9 @@ def _reliability_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Fi
         pooled[g.label] = pt
         pre, post, y, t = pt
         seeds = f"{len(g.runs)} seed(s) pooled" if len(g.runs) > 1 else "1 run"
+        members = g.runs[0].meta.get("members") if len(g.runs) == 1 else None
+        if g.predictor != DEFAULT_PREDICTOR and members:
+            seeds = f"{g.predictor} of seeds {', '.join(map(str, members))}"
         fig = F.reliability_pair(pre, post, y, n_bins=n_bins, temperature=t,
                                  title=f"{g.label} - {ds}/{model} test ({seeds})")
         path = F.save_figure(fig, fig_dir / f"reliability_{_group_slug(g)}.png")

@@ -16,6 +16,22 @@ The claims (pre-temperature test metrics; "similar error" means within
 * Lin et al. 2025: BSCE-GRA gives a lower ECE than cross-entropy and than BSCE without gradient
   weighting.
 * Tao et al. 2023 (ICML): dual focal gives a lower ECE than focal.
+* Mukhoti et al. 2020, OOD (:func:`mukhoti_ood_claim`, a benchmark's OOD set): focal loss and
+  FLSD-53 each give a higher softmax-entropy OOD AUROC than cross-entropy.
+
+The ensemble claims (:data:`ENSEMBLE_CLAIMS`, ``per="seed_set"``) compare the ensemble of a set
+of seeds (a record with ``meta.predictor`` ``"ensemble"`` and its seeds in ``meta.members``;
+temperatures fitted on validation, numbers on test) with the mean of its members' runs, one
+seed set at a time; with fewer than 2 seeds they are "not evaluated (needs 2 or more seeds)":
+
+* Lakshminarayanan et al. 2017: the cross-entropy ensemble has a lower NLL and a lower error
+  than its mean member.
+* Rahaman & Thiery 2021 and Wen et al. 2021: the ensemble of members trained to be calibrated
+  is under-confident (mean confidence below accuracy), and temperature scaling after pooling
+  repairs it (a lower ECE than the ensemble's, and no higher than calibrating each member before
+  pooling).  The papers' calibrated members are trained with mixup, which is not a loss; here
+  they are focal loss (γ=3) and FLSD-53 (Mukhoti et al.'s calibrated losses) and, in a claim of
+  its own, label smoothing (the softened labels Wen et al. name beside mixup).
 
 Beside the verdicts the section shows the direction of each loss's miscalibration: the
 temperature T (> 1: over-confident, < 1: under-confident) and the mean top-1 confidence minus the
@@ -41,12 +57,14 @@ from ..evaluate import DEFAULT_PREDICTOR, load_logits
 from ..losses import LOSSES
 from ..metrics import confidence_gap as _confidence_gap
 from ..runs import logits_filename
-from .aggregate import Group, RunRecord, loss_label
+from .aggregate import Group, RunRecord, loss_label, mean_std
 from .tables import Cell, Table, fmt_mean_std
 
 __all__ = [
     "CLAIMS",
+    "ENSEMBLE_CLAIMS",
     "Claim",
+    "mukhoti_ood_claim",
     "ClaimResult",
     "SIMILAR_ERROR",
     "GAP_KEY",
@@ -67,6 +85,13 @@ GAP_KEY = "test.pre.conf_minus_acc"
 
 ECE, ADAECE, ERR, TEMP = "test.pre.ece", "test.pre.adaptive_ece", "test.pre.error", \
     "temperature.grid_ece"
+NLL = "test.pre.nll"
+#: An ensemble's test ECE after "pool then calibrate" (grid-ECE T fitted on its validation
+#: logits) and after "calibrate then pool" (each member's own T, then pooled).
+POOL_THEN_CAL, CAL_THEN_POOL = "test.post.grid_ece.ece", "test.post.calibrate_then_pool.ece"
+#: The prefix of a seed-set claim's numbers that are the mean over the ensemble's members.
+MEMBERS = "members."
+_ENSEMBLE = "ensemble"
 
 
 def confidence_gap(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -109,10 +134,17 @@ class Claim:
     losses: tuple[str, ...]
     check: Callable[[Mapping[str, Mapping[str, float]]], bool]
     columns: tuple[tuple[str, str, str], ...]  # (loss, metric key, header)
+    #: ``"seed"``: ``check`` gets each loss's run of one seed; ``"seed_set"``: each loss's
+    #: ensemble of one seed set, with its members' mean under :data:`MEMBERS` + key.
+    per: str = "seed"
 
 
 def _lt(a: float, b: float) -> bool:
     return not (math.isnan(a) or math.isnan(b)) and a < b
+
+
+def _get(n: Mapping[str, Mapping[str, float]], loss: str, key: str) -> float:
+    return n[loss].get(key, math.nan)
 
 
 def _similar_error(n: Mapping[str, Mapping[str, float]], loss: str) -> bool:
@@ -131,6 +163,25 @@ def _adafocal_lowest(n: Mapping[str, Mapping[str, float]]) -> bool:
 
 def _cols(losses: Sequence[str], key: str, name: str) -> tuple[tuple[str, str, str], ...]:
     return tuple((loss, key, f"{loss_label(loss)} {name}") for loss in losses)
+
+
+def _ensemble_beats_members(n: Mapping[str, Mapping[str, float]]) -> bool:
+    return all(_lt(_get(n, "ce", k), _get(n, "ce", MEMBERS + k)) for k in (NLL, ERR))
+
+
+def _underconfident_then_repaired(losses: Sequence[str]
+                                  ) -> Callable[[Mapping[str, Mapping[str, float]]], bool]:
+    """Each loss's ensemble: conf − acc < 0 (pre T), and the pool-then-calibrate ECE below
+    its pre-T ECE and not above the calibrate-then-pool ECE."""
+    def check(n: Mapping[str, Mapping[str, float]]) -> bool:
+        return all(_lt(_get(n, x, GAP_KEY), 0.0) and _lt(_get(n, x, POOL_THEN_CAL), _get(n, x, ECE))
+                   and not _lt(_get(n, x, CAL_THEN_POOL), _get(n, x, POOL_THEN_CAL))
+                   and not math.isnan(_get(n, x, CAL_THEN_POOL)) for x in losses)
+    return check
+
+
+def _higher_auroc(key: str) -> Callable[[Mapping[str, Mapping[str, float]]], bool]:
+    return lambda n: all(_lt(_get(n, "ce", key), _get(n, x, key)) for x in ("focal", "flsd53"))
 
 
 _MUKHOTI = LOSSES.paper("focal")  # each claim cites its loss' paper from the registry
@@ -170,6 +221,66 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
+_LAKSHMINARAYANAN = ("Lakshminarayanan et al. 2017, *Simple and Scalable Predictive Uncertainty "
+                     "Estimation using Deep Ensembles* (NeurIPS)")
+_RAHAMAN_WEN = ("Rahaman & Thiery 2021, *Uncertainty Quantification and Deep Ensembles* "
+                "(NeurIPS); Wen et al. 2021, *Combining Ensembles and Data Augmentation Can Harm "
+                "Your Calibration* (ICLR)")
+_REPAIR = ("is under-confident (mean confidence below accuracy on test, before temperature "
+           "scaling), and temperature scaling after pooling repairs it: the pool-then-calibrate "
+           "ECE (T fitted on the ensemble's validation logits) is below the ensemble's, and not "
+           "above calibrate-then-pool's (each member's own T, then pooled).")
+
+
+def _repair_cols(losses: Sequence[str]) -> tuple[tuple[str, str, str], ...]:
+    out: tuple[tuple[str, str, str], ...] = ()
+    for x in losses:
+        name = loss_label(x)
+        out += ((x, MEMBERS + GAP_KEY, f"{name} members conf − acc %"),
+                (x, GAP_KEY, f"{name} ensemble conf − acc %"), (x, ECE, f"{name} ensemble ECE %"),
+                (x, POOL_THEN_CAL, f"{name} pool→T ECE %"),
+                (x, CAL_THEN_POOL, f"{name} T→pool ECE %"))
+    return out
+
+
+#: The ensemble claims, tested one seed set at a time (``per="seed_set"``).
+ENSEMBLE_CLAIMS: tuple[Claim, ...] = (
+    Claim("lakshminarayanan_ensemble", _LAKSHMINARAYANAN,
+          "the ensemble of cross-entropy members (the mean of their probabilities) has a lower "
+          "test NLL and a lower test error than its mean member.",
+          ("ce",), _ensemble_beats_members,
+          (("ce", MEMBERS + NLL, "CE members NLL"), ("ce", NLL, "CE ensemble NLL"),
+           ("ce", MEMBERS + ERR, "CE members error %"), ("ce", ERR, "CE ensemble error %")),
+          per="seed_set"),
+    Claim("rahaman_wen_calibrated_members", _RAHAMAN_WEN,
+          "the ensemble of members trained to be calibrated (focal loss γ=3 and FLSD-53, each "
+          "its own ensemble) " + _REPAIR,
+          ("focal", "flsd53"), _underconfident_then_repaired(("focal", "flsd53")),
+          _repair_cols(("focal", "flsd53")), per="seed_set"),
+    Claim("wen_label_smoothing", _RAHAMAN_WEN,
+          "the ensemble of label-smoothing members (softened labels, as mixup's) " + _REPAIR,
+          ("ls",), _underconfident_then_repaired(("ls",)), _repair_cols(("ls",)),
+          per="seed_set"),
+)
+
+
+def mukhoti_ood_claim(ood: str) -> Claim:
+    """Mukhoti et al. 2020's OOD claim on the OOD set ``ood`` (its saved logits'
+    ``ood_<ood>`` name): focal loss (γ=3) and FLSD-53 each give a higher softmax-entropy OOD
+    AUROC than cross-entropy (pre T), tested seed by seed.
+
+    >>> mukhoti_ood_claim("mnist1d_shuffled").columns[0]
+    ('ce', 'ood.mnist1d_shuffled.auroc_entropy', 'Cross-entropy AUROC %')
+    """
+    key = f"ood.{ood}.auroc_entropy"
+    return Claim("mukhoti_ood_entropy", _MUKHOTI,
+                 f"focal loss (γ=3) and FLSD-53 each detect the OOD set `{ood}` better than "
+                 "cross-entropy by the entropy of their prediction: a higher entropy AUROC "
+                 "(pre T; the OOD set as the positive class).",
+                 ("ce", "focal", "flsd53"), _higher_auroc(key),
+                 _cols(("ce", "focal", "flsd53"), key, "AUROC %"))
+
+
 @dataclass
 class ClaimResult:
     """A claim's outcome on one (data set, model): per-seed numbers and the computed verdict."""
@@ -181,6 +292,7 @@ class ClaimResult:
     holds: list[bool] = field(default_factory=list)
     numbers: list[dict[str, dict[str, float]]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # needed losses without any run
+    fewest_seeds: int = 0  # the fewest seeds among the claim's losses' runs
 
     @property
     def n(self) -> int:
@@ -192,13 +304,25 @@ class ClaimResult:
 
     @property
     def verdict(self) -> str:
-        """``"holds on k of n seeds"``, ``"fails on every seed (0 of n)"`` or ``"not tested"``."""
+        """``"holds on k of n seeds"`` (``seed sets`` for an ensemble claim), ``"fails on every
+        seed (0 of n)"``, ``"not tested"`` or, for an ensemble claim on fewer than 2 seeds,
+        ``"not evaluated (needs 2 or more seeds)"``."""
         if not self.n:
             need = ", ".join(loss_label(x) for x in self.missing) or "a common seed"
-            return f"not tested (no run of {need})"
+            if self.missing or self.claim.per != "seed_set":
+                return f"not tested (no run of {need})"
+            if self.fewest_seeds < 2:
+                return "not evaluated (needs 2 or more seeds)"
+            return "not tested (no ensemble of a common seed set)"
+        unit = self.unit
         if self.k == 0:
-            return f"fails on every seed (holds on 0 of {self.n})"
-        return f"holds on {self.k} of {self.n} seed{'s' if self.n > 1 else ''}"
+            return f"fails on every {unit} (holds on 0 of {self.n})"
+        return f"holds on {self.k} of {self.n} {unit}{'s' if self.n > 1 else ''}"
+
+    @property
+    def unit(self) -> str:
+        """What the claim is tested on: ``"seed"`` or ``"seed set"``."""
+        return "seed set" if self.claim.per == "seed_set" else "seed"
 
     @property
     def passed(self) -> bool:
@@ -239,44 +363,100 @@ def check_claim_on_seeds(claim: Claim, numbers: Mapping[Any, Mapping[str, Mappin
 
 
 def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
-    """Test every claim on every seed, per (data set, model) of ``groups``
+    """Test every claim on every seed (seed set), per (data set, model) of ``groups``
     (:func:`check_claim_on_seeds` of each loss's runs by seed).
 
     A seed is tested when each loss of the claim has a run with that seed.  Only the seeds'
-    runs count (``predictor`` ``"run"``): an ensemble's record is not a seed.
+    runs count (``predictor`` ``"run"``): an ensemble's record is not a seed.  An ensemble
+    claim (``per="seed_set"``) is tested on each seed set whose ensemble (``predictor``
+    ``"ensemble"``, ``meta.members``) every loss of the claim has.
     """
     results = []
     keys: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
-        if g.predictor == DEFAULT_PREDICTOR:
+        if g.predictor in (DEFAULT_PREDICTOR, _ENSEMBLE):
             keys.setdefault((g.dataset, g.model), []).append(g)
     for (ds, model), gs in keys.items():
-        numbers: dict[Any, dict[str, dict[str, float]]] = {}
-        for loss, g in _by_loss(gs).items():
-            for r in g.runs:
-                nums = numbers.setdefault(r.seed, {})[loss] = dict(r.flat)
-                for key in (ECE, ADAECE, ERR, TEMP, GAP_KEY):
-                    nums.setdefault(key, math.nan)
-        results += [check_claim_on_seeds(c, numbers, ds, model) for c in claims]
+        by_loss = _by_loss([g for g in gs if g.predictor == DEFAULT_PREDICTOR])
+        ensembles = _by_loss([g for g in gs if g.predictor == _ENSEMBLE])
+        if not by_loss:
+            continue
+        numbers = _numbers_by_seed(by_loss)
+        for c in claims:
+            if c.per == "seed_set":
+                res = ClaimResult(c, ds, model, missing=[x for x in c.losses if x not in by_loss])
+                if not res.missing:
+                    _test_seed_sets(c, res, by_loss, ensembles)
+            else:
+                res = check_claim_on_seeds(c, numbers, ds, model)
+            if not res.missing:
+                res.fewest_seeds = min(len(by_loss[x].runs) for x in c.losses)
+            results.append(res)
     return results
+
+
+def _numbers_by_seed(by_loss: Mapping[str, Group]) -> dict[Any, dict[str, dict[str, float]]]:
+    """``{seed: {loss: the run's numbers}}`` (the claims' keys NaN where a run lacks them)."""
+    numbers: dict[Any, dict[str, dict[str, float]]] = {}
+    for loss, g in by_loss.items():
+        for r in g.runs:
+            nums = numbers.setdefault(r.seed, {})[loss] = dict(r.flat)
+            for key in (ECE, ADAECE, ERR, TEMP, GAP_KEY):
+                nums.setdefault(key, math.nan)
+    return numbers
+
+
+def _seed_set_numbers(ens: RunRecord, runs: Group) -> dict[str, float]:
+    """An ensemble record's numbers, with its members' mean under :data:`MEMBERS` + key (NaN
+    when a member's run is not among ``runs``)."""
+    out = dict(ens.flat)
+    by_seed = {r.seed: r for r in runs.runs}
+    members = [by_seed.get(m) for m in ens.meta.get("members") or ()]
+    keys = {k for r in members if r is not None for k in r.flat} | set(out)
+    for k in keys:
+        vals = [r.flat.get(k, math.nan) if r is not None else math.nan for r in members]
+        out[MEMBERS + k] = mean_std(vals)[0] if None not in members else math.nan
+    return out
+
+
+def _test_seed_sets(c: Claim, res: ClaimResult, by_loss: Mapping[str, Group],
+                    ensembles: Mapping[str, Group]) -> None:
+    sets = []
+    for x in c.losses:
+        recs = ensembles[x].runs if x in ensembles else []
+        sets.append({tuple(sorted(r.meta.get("members") or ())): r for r in recs
+                     if len(r.meta.get("members") or ()) >= 2})
+    common = [s for s in sets[0] if all(s in d for d in sets[1:])]
+    for s in sorted(common):
+        nums = {x: _seed_set_numbers(d[s], by_loss[x]) for x, d in zip(c.losses, sets, strict=True)}
+        res.seeds.append(", ".join(map(str, s)))
+        res.holds.append(bool(c.check(nums)))
+        res.numbers.append(nums)
 
 
 def _num(key: str, v: float) -> str:
     if math.isnan(v):
         return "–"
+    if key.endswith(".nll"):
+        return f"{v:.3f}"
     return f"{v:.1f}" if key == TEMP else f"{100.0 * v:.2f}"
 
 
 def claim_table(res: ClaimResult) -> Table:
     """The per-seed numbers of one claim, with ✓/✗ per seed."""
-    header = ["Seed"] + [h for _l, _k, h in res.claim.columns] + ["Holds"]
+    first = "Seeds pooled" if res.claim.per == "seed_set" else "Seed"
+    header = [first] + [h for _l, _k, h in res.claim.columns] + ["Holds"]
     rows = []
     for s, ok, nums in zip(res.seeds, res.holds, res.numbers, strict=True):
         rows.append([Cell(str(s))] + [Cell(_num(k, nums[loss].get(k, math.nan)))
                                       for loss, k, _h in res.claim.columns]
                     + [Cell("yes" if ok else "no")])
     short = res.claim.source.split(",")[0].split(" (")[0]
-    return Table(f"{short}, per seed ({res.dataset} / {res.model})", header, rows)
+    return Table(f"{short}, per {res.unit} ({res.dataset} / {res.model})", header, rows)
+
+
+def _row_unit(g: Group) -> str:
+    return "seed" if g.predictor == DEFAULT_PREDICTOR else g.predictor.replace("_", " ")
 
 
 def direction_table(groups: Sequence[Group]) -> Table:
@@ -293,7 +473,8 @@ def direction_table(groups: Sequence[Group]) -> Table:
             Cell(fmt_mean_std(g.mean.get(TEMP, math.nan), g.std.get(TEMP, math.nan), 2)),
             Cell(fmt_mean_std(100 * g.mean.get(GAP_KEY, math.nan),
                               100 * g.std.get(GAP_KEY, math.nan), 2)),
-            Cell(f"{over} of {len(known)} seed{'s' if len(known) > 1 else ''}" if known else "–"),
+            Cell(f"{over} of {len(known)} {_row_unit(g)}{'s' if len(known) > 1 else ''}"
+                 if known else "–"),
         ])
     notes = ["T: grid-ECE temperature fitted on validation (T > 1: the model was over-confident "
              "on validation, T < 1: under-confident). conf − acc: mean top-1 confidence minus "
@@ -319,6 +500,12 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
         "test metrics; a seed counts when every loss the claim needs has a run with it; "
         f"\"similar error\": within {SIMILAR_ERROR:g} percentage points of cross-entropy's). "
         "The verdicts are computed from the runs' results."]
+    if any(c.per == "seed_set" for c in claims):
+        blocks[-1] += (
+            " An ensemble claim is tested on each seed set instead: the loss's ensemble (the "
+            "mean of the probabilities of the seeds pooled) against the mean of those seeds' "
+            "runs; its temperatures are fitted on the validation split, every number is on the "
+            "test split; with fewer than 2 seeds it is not evaluated.")
     by_key: dict[tuple[str, str], list[ClaimResult]] = {}
     for r in results:
         by_key.setdefault((r.dataset, r.model), []).append(r)

@@ -78,10 +78,14 @@ def front_table(csv_text: str) -> str:
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     seeds = sorted({len(rs) for k, rs in groups.items() if k[2] == DEFAULT_PREDICTOR})
+    pooled = any(k[2] != DEFAULT_PREDICTOR for k in groups)
     lines += ["", f"Mean ± std over {'/'.join(map(str, seeds))} seed(s) per loss; % on the test "
               "set, 15 bins; post T: temperature chosen on validation by grid ECE, (T) its mean; "
               "conf − acc: mean confidence minus accuracy before temperature scaling (> 0: "
-              "over-confident)."]
+              "over-confident)."
+              + (" · ensemble rows: the mean of the probabilities of the loss's seeds, one "
+                 "predictor (post T: its temperature fitted on the pooled validation logits, "
+                 "pool then calibrate)." if pooled else "")]
     return "\n".join(lines) + "\n"
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..evaluate import DEFAULT_PREDICTOR, PREDICTORS
-from .aggregate import Group
+from .aggregate import Group, loss_label, mean_std
 
 __all__ = [
     "Cell",
@@ -34,6 +34,7 @@ __all__ = [
     "temperature_table",
     "ood_tables",
     "extra_metrics_table",
+    "ensemble_table",
     "tables_for",
     "beyond_noise",
     "groups_csv",
@@ -262,6 +263,9 @@ def temperature_table(groups: Sequence[Group]) -> Table:
     notes = ["Optimal temperatures fitted on the validation set: grid_ece / grid_adaece / grid_nll "
              "choose T in 0.1..10 by the lowest validation ECE / AdaECE / NLL; nll minimises the "
              "NLL continuously (Guo et al. 2017). T > 1: over-confident, T < 1: under-confident."]
+    if "calibrate_then_pool" in methods:
+        notes.append("calibrate_then_pool (ensembles): the mean of the members' own grid-ECE "
+                     "temperatures, each fitted on the member's validation logits before pooling.")
     return Table(_title(groups, "Temperatures"), header, rows, notes)
 
 
@@ -317,6 +321,61 @@ def extra_metrics_table(groups: Sequence[Group]) -> Table:
     return Table(_title(groups, "Further metrics"), header, rows, notes)
 
 
+#: (column, metric key, scale, digits) of :func:`ensemble_table`.
+ENSEMBLE_COLUMNS = (("ECE %", "ece", 100.0, 2), ("AdaECE %", "adaptive_ece", 100.0, 2),
+                    ("NLL", "nll", 1.0, 3), ("Error %", "error", 100.0, 2))
+#: (row, results section of its metrics, temperature key or None) of :func:`ensemble_table`.
+_ENSEMBLE_ROWS = (("ensemble, no T", "test.pre", None),
+                  ("pool then calibrate", "test.post.grid_ece", "temperature.grid_ece"),
+                  ("calibrate then pool", "test.post.calibrate_then_pool",
+                   "temperature.calibrate_then_pool"))
+
+
+def _members_row(label: str, seeds: str, members: Sequence) -> list[Cell]:
+    """The members' mean ± std (over the seeds pooled) of each column, and their mean T."""
+    def cell(key: str, scale: float, digits: int) -> Cell:
+        m, sd, _n = mean_std([r.flat.get(key, math.nan) * scale for r in members])
+        return Cell(fmt_mean_std(m, sd, digits))
+    return ([Cell(label), Cell(seeds), Cell("members (mean ± std)")]
+            + [cell(f"test.pre.{k}", sc, d) for _c, k, sc, d in ENSEMBLE_COLUMNS]
+            + [cell("temperature.grid_ece", 1.0, 2)])
+
+
+def ensemble_table(groups: Sequence[Group]) -> Table | None:
+    """Per loss's ensemble (groups of predictor ``"ensemble"``, one seed set per record): its
+    members' mean, the ensemble before temperature scaling, "pool then calibrate" and
+    "calibrate then pool" (:func:`torchcal.ensemble.evaluate_ensemble`); None without one."""
+    runs = {(g.loss, g.runs[0].key[3]): g for g in groups if g.predictor == DEFAULT_PREDICTOR}
+    header = (["Loss", "Seeds pooled", "Predictor"] + [c[0] for c in ENSEMBLE_COLUMNS] + ["T"])
+    rows = []
+    for g in groups:
+        if g.predictor != "ensemble":
+            continue
+        run_group = runs.get((g.loss, g.runs[0].key[3]))
+        for r in g.runs:
+            seeds = [int(x) for x in r.meta.get("members") or ()]
+            label, seed_text = loss_label(g.loss, g.loss_kwargs), ", ".join(map(str, seeds)) or "?"
+            members = [x for x in (run_group.runs if run_group else []) if x.seed in seeds]
+            if members:
+                rows.append(_members_row(label, seed_text, members))
+            for name, section, tkey in _ENSEMBLE_ROWS:
+                t = r.flat.get(tkey, math.nan) if tkey else math.nan
+                rows.append([Cell(label), Cell(seed_text), Cell(name)]
+                            + [Cell(fmt_mean_std(r.flat.get(f"{section}.{k}", math.nan) * sc,
+                                                 math.nan, d)) for _c, k, sc, d in ENSEMBLE_COLUMNS]
+                            + [Cell(fmt_mean_std(t, math.nan, 2) if tkey else "–")])
+    if not rows:
+        return None
+    notes = ["Each loss's ensemble: the mean of the probabilities of the seeds pooled (Seeds "
+             "pooled). Temperatures are fitted on the validation split, every number is on the "
+             "test split. Pool then calibrate: one T chosen by grid-search ECE on the "
+             "ensemble's validation log-probabilities. Calibrate then pool: each member divided "
+             "by its own grid-ECE T (fitted on its validation logits), then pooled; T is the "
+             "members' mean. AdaECE after T uses the ECE's T. Members: mean ± std over the "
+             "seeds pooled, T their grid-ECE temperature."]
+    return Table(_title(groups, "Ensembles"), header, rows, notes)
+
+
 def _by_dataset_model(groups: Sequence[Group]) -> list[list[Group]]:
     out: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
@@ -326,11 +385,15 @@ def _by_dataset_model(groups: Sequence[Group]) -> list[list[Group]]:
 
 def tables_for(groups: Sequence[Group], noise_floor: Mapping[str, float] | None = None,
                ) -> list[tuple[tuple[str, str], list[Table]]]:
-    """Per (dataset, model): ``((dataset, model), [main, temperatures, OOD..., further metrics])``."""
-    return [((gs[0].dataset, gs[0].model),
-             [main_table(gs, noise_floor), temperature_table(gs), *ood_tables(gs),
-              extra_metrics_table(gs)])
-            for gs in _by_dataset_model(groups)]
+    """Per (dataset, model): ``((dataset, model), [main, ensembles (when the groups hold an
+    ensemble), temperatures, OOD..., further metrics])``."""
+    out = []
+    for gs in _by_dataset_model(groups):
+        ens = ensemble_table(gs)
+        out.append(((gs[0].dataset, gs[0].model),
+                    [main_table(gs, noise_floor), *([ens] if ens else []), temperature_table(gs),
+                     *ood_tables(gs), extra_metrics_table(gs)]))
+    return out
 
 
 def _csv(header: list[str], rows: list[list[object]]) -> str:
@@ -368,15 +431,19 @@ def relative_run_dir(run_dir: str | os.PathLike, base: str | os.PathLike | None)
 
 def runs_csv(groups: Sequence[Group], base: str | os.PathLike | None = None) -> str:
     """One row per run with every number (fractions; empty cell = NaN/missing); ``run_dir``
-    relative to ``base`` (the report's directory, see :func:`relative_run_dir`)."""
+    relative to ``base`` (the report's directory, see :func:`relative_run_dir`); ``members``:
+    the seeds a pooled record (an ensemble) pooled, space-separated (empty for a seed's run)."""
     runs = [r for g in groups for r in g.runs]
     keys = _all_keys([r.flat for r in runs])
-    header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "seed", "run_dir"] + keys
+    header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "seed", "run_dir",
+              "members"] + keys
     rows = []
     for g in groups:
         for r in g.runs:
+            members = r.meta.get("members")
             rows.append([g.dataset, g.model, g.loss, r.key[3], g.predictor, r.seed,
-                         relative_run_dir(r.run_dir, base)]
+                         relative_run_dir(r.run_dir, base),
+                         " ".join(map(str, members)) if members else ""]
                         + [r.flat.get(k, math.nan) for k in keys])
     return _csv(header, rows)
 

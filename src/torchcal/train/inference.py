@@ -63,6 +63,16 @@ class BatchSource:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
 
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalised samples and labels at ``index`` (any shape, on the device) of an
+        in-memory data set, in one gather: ``x`` of shape ``index.shape + sample shape``
+        (no augmentation: that draws per run, :meth:`batches`)."""
+        if not self.array:
+            raise TypeError("BatchSource.take needs an in-memory ArrayDataset")
+        flat = index.reshape(-1)
+        x = self._prepare(self.data[flat], False, None)
+        return x.reshape(*index.shape, *x.shape[1:]), self.labels[flat].reshape(index.shape)
+
     def batches(self, indices: torch.Tensor, batch_size: int, *, augment: bool = False,
                 generator: torch.Generator | None = None, drop_singleton: bool = False,
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -50,34 +50,49 @@ from tqdm.auto import tqdm
 
 from .._io import exclusive_lock
 from ..errors import TorchcalError
-from ..losses.base import loss_on_validation, loss_set_epoch
-from ..metrics import equal_width_bin_index
-from ..metrics.binning import binned_sums
-from ..metrics.epoch import EpochStats
+from ..losses.base import loss_log_state, loss_on_validation, loss_set_epoch, loss_wants_validation
+from ..metrics.binning import calibration_from_sums
+from ..metrics.epoch import (
+    DIAGNOSTIC_KEYS,
+    EPOCH_KEYS,
+    stacked_binned_sums,
+    stacked_epoch_metrics,
+)
+from ..runs import LOSS_STATE_KEY, RunDir
 from .build import _data_seed
+from .checkpoint import rng_state_tensors, save_checkpoint
 from .config import TrainConfig
 from .device import _autocast
-from .distributed import DistEnv, epoch_seed
+from .distributed import DistEnv, epoch_permutation, epoch_seed
+from .evaluation import write_predictions
 from .inference import predict_logits
+from .loss_groups import LossGroups
+from .pack_commit import commit_staged, ghost_run, pack_layout, reconcile_staged, stage_checkpoint
 from .trainer import (
     _build,
     _build_sources,
     _device_and_amp,
-    _end_epoch,
     _final_evaluation,
     _finished_run_numbers,
-    _loss_reduction,
     _resume_state,
     _Run,
-    _sample_sum,
+    _snapshot,
     _train_batches,
+    _update_best,
     _update_every,
-    _validation_pass,
+    build_loss,
     load_ood_sets,
     train,
 )
 
-__all__ = ["train_packed", "pack_groups", "pack_problem", "MemberDivergedError"]
+__all__ = ["train_packed", "pack_groups", "pack_problem", "MemberDivergedError", "FORWARDS"]
+
+#: How a pack runs its members' model: ``"vmap"`` (one batched forward and backward: a GPU's
+#: way, whose kernel launches do not grow with the members), ``"loop"`` (each member's forward on
+#: its slices of the stacked parameters, with the kernels of a separate run: faster on a CPU,
+#: whose grouped convolutions are slow), ``"auto"`` (``"loop"`` on the CPU, else ``"vmap"``).
+#: Losses, statistics, clipping and SGD are shared either way.
+FORWARDS = ("auto", "vmap", "loop")
 
 #: TrainConfig fields in which the members of one pack may differ.
 MEMBER_FIELDS = frozenset({"seed", "loss", "loss_kwargs", "loss_defaults", "reduction", "out_dir",
@@ -145,13 +160,16 @@ class _Pack:
     pass of all members at once, per-member gradient clipping, and one SGD over the stacks.
 
     ``models[m]`` and ``optimizers[m]`` (an SGD over ``models[m]``'s parameters, never stepped
-    itself) hold views of slice ``m`` afterwards; a pack is rebuilt from them (on the
-    survivors) when a member leaves.
+    itself) hold views of slice ``m`` afterwards.
     """
 
-    def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD]) -> None:
+    def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD],
+                 forward: str = "vmap") -> None:
+        if forward not in FORWARDS:
+            raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
         self.models, self.optimizers = models, optimizers
         self.base = models[0]
+        self.mode = forward
         params, buffers = stack_module_state(models)
         self.params, self.buffers = params, buffers
         group = optimizers[0].param_groups[0]
@@ -182,12 +200,22 @@ class _Pack:
     def _call(self, params, buffers, x):
         return functional_call(self.base, (params, buffers), (x,))
 
+    def _member(self, m: int, x: torch.Tensor) -> torch.Tensor:
+        """Member ``m``'s forward on its slices of the stacked tensors (gradients reach the
+        stacks), with the very kernels of a separate run."""
+        return self._call({k: v[m] for k, v in self.params.items()},
+                          {k: v[m] for k, v in self.buffers.items()}, x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
+        if self.mode == "loop":
+            return torch.stack([self._member(m, x[m]) for m in range(len(self.models))])
         return vmap(self._call, randomness="error")(self.params, self.buffers, x)
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (B, M, C) of every member on the same inputs (B, ...)."""
+        if self.mode == "loop":
+            return torch.stack([self._member(m, x) for m in range(len(self.models))], 1)
         return vmap(self._call, in_dims=(0, 0, None), out_dims=1,
                     randomness="error")(self.params, self.buffers, x)
 
@@ -200,18 +228,39 @@ class _Pack:
             g["lr"] = lr
 
     def step(self, total: torch.Tensor, max_norm: float | None) -> None:
-        """Backward, each member's gradient clipped by its own norm (``clip_grad_norm_``'s
-        formula), one SGD step."""
+        """Backward, each member's gradient clipped by its own norm, one SGD step.
+
+        The clipping is ``clip_grad_norm_``'s computation for every member at once: the norm of
+        each parameter tensor's row of each member (the very reduction ``_foreach_norm`` runs on
+        one member's tensor), the norm of those norms, ``max_norm / (norm + 1e-6)`` clamped at
+        1, one ``_foreach_mul_``: a number of operations that grows with the parameter tensors,
+        not with the members."""
         self.opt.zero_grad(set_to_none=True)
         total.backward()
         if max_norm is not None:
             grads = [p.grad for p in self.params.values() if p.grad is not None]
             n = len(self.models)
-            sq = torch.stack([g.reshape(n, -1).float().pow(2).sum(1) for g in grads]).sum(0)
-            coef = (max_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
-            for g in grads:
-                g.mul_(coef.view(n, *([1] * (g.dim() - 1))).to(g.dtype))
+            norms = torch.stack([torch.linalg.vector_norm(g.reshape(n, -1), 2.0, dim=1)
+                                 for g in grads])
+            coef = (max_norm / (torch.linalg.vector_norm(norms, 2.0, dim=0) + 1e-6)).clamp(
+                max=1.0)
+            views = {d: coef.view(n, *([1] * (d - 1))) for d in {g.dim() for g in grads}}
+            torch._foreach_mul_(grads, [views[g.dim()].to(g.dtype) for g in grads])
         self.opt.step()
+
+    @torch.no_grad()
+    def finite(self) -> torch.Tensor:
+        """(M,) bool: every parameter of member ``m`` is finite (one op per parameter tensor,
+        whatever M)."""
+        n = len(self.models)
+        flags = [torch.isfinite(p).reshape(n, -1).all(1) for p in self.params.values()]
+        return torch.stack(flags).all(0)
+
+    @torch.no_grad()
+    def fc_norms(self) -> torch.Tensor | None:
+        """(M,) norms of each member's ``fc.weight`` (what a run logs), None without one."""
+        w = self.params.get("fc.weight")
+        return None if w is None else w.float().reshape(len(self.models), -1).norm(dim=1)
 
 
 class _SharedInput(nn.Module):
@@ -242,148 +291,333 @@ class _PackedStats:
     @torch.no_grad()
     def update(self, logits: torch.Tensor, y: torch.Tensor, loss_sums: torch.Tensor) -> None:
         n, b = y.shape
-        logp = torch.log_softmax(logits.detach().float().reshape(n * b, -1), 1)
-        conf, pred = logp.max(dim=1)  # as EpochStats.update
-        correct = pred.eq(y.reshape(-1))
-        conf = conf.exp()
-        nll = -logp.gather(1, y.reshape(-1, 1)).reshape(n, b).sum(1)
-        offset = torch.arange(n, device=y.device).repeat_interleave(b) * self.n_bins
-        idx = equal_width_bin_index(conf, self.n_bins) + offset
-        self.bins += binned_sums(idx, conf, correct, n * self.n_bins).reshape(3, n, self.n_bins)
+        logp = torch.log_softmax(logits.detach().float(), 2)
+        conf, pred = logp.max(dim=2)  # as EpochStats.update
+        correct = pred.eq(y)
+        nll = -logp.gather(2, y.unsqueeze(2)).reshape(n, b).sum(1)
+        self.bins += stacked_binned_sums(conf.exp(), correct, self.n_bins)
         self.scalars += torch.stack([loss_sums.double(), nll.double(),
-                                     correct.reshape(n, b).sum(1).double(),
-                                     torch.full((n,), float(b), dtype=torch.float64,
-                                                device=y.device)], 1)
+                                     correct.sum(1).double(),
+                                     torch.full_like(nll, b, dtype=torch.float64)], 1)
 
-    def compute(self, env: DistEnv) -> list[dict[str, float]]:
-        """Each member's numbers, as :meth:`EpochStats.compute` gives them (one host copy)."""
-        scalars, bins = self.scalars.cpu(), self.bins.cpu()
-        out = []
-        for m in range(self.n):
-            s = EpochStats(self.n_bins, torch.device("cpu"))
-            s.scalars, s.bins = scalars[m], bins[:, m]
-            out.append(s.compute(sync_dist=env.enabled))
-        return out
+    def numbers(self) -> torch.Tensor:
+        """(M, 4) float64 on the device: loss, nll, error, ece (NaN before any batch)."""
+        s = self.scalars
+        n = torch.where(s[:, 3] > 0, s[:, 3], torch.full_like(s[:, 3], float("nan")))
+        return torch.stack([s[:, 0] / n, s[:, 1] / n, 1.0 - s[:, 2] / n,
+                            calibration_from_sums(self.bins, "l1")], 1)
 
 
 # ------------------------------------------------------------------------------------------
-# the loop
+# members, data
 # ------------------------------------------------------------------------------------------
 class _Member:
-    """One run of a pack: its :class:`~torchcal.train.trainer._Run`, its last epoch's numbers
-    and, once it stopped alone, its error."""
+    """One slot of a pack: its :class:`~torchcal.train.trainer._Run`, its last epoch's
+    numbers and, once it stopped alone, its error.  A *ghost* (a member that stopped, or a slot
+    whose run does not resume with this pack) is computed with the others but writes nothing."""
 
-    def __init__(self, index: int, r: _Run) -> None:
-        self.index, self.r = index, r
-        self.final: dict[str, float] = _finished_run_numbers(r)
+    def __init__(self, index: int, r: _Run, ghost: bool = False) -> None:
+        self.index, self.r, self.ghost = index, r, ghost
+        self.final: dict[str, float] = {} if ghost else _finished_run_numbers(r)
         self.error: BaseException | None = None
-        self.reduction, self.every = _loss_reduction(r.loss_fn), _update_every(r.loss_fn)
+        self.every = _update_every(r.loss_fn)
+
+    def stop(self, error: BaseException) -> None:
+        """Stop this member alone: it stays in its slot as a ghost."""
+        self.error, self.ghost = error, True
 
 
-def _pack_of(members: list[_Member]) -> _Pack:
-    return _Pack([mb.r.model for mb in members], [mb.r.optimizer for mb in members])
+def _live(members: list[_Member]) -> list[_Member]:
+    return [mb for mb in members if not mb.ghost]
 
 
-def _member_loss(mb: _Member, logits: torch.Tensor, y: torch.Tensor):
-    loss = mb.r.loss_fn(logits, y)
-    return loss, _sample_sum(loss, y, mb.reduction)
+class _Batches:
+    """The members' training batches, stacked (M, B, ...): one gather per step from the shared
+    data on the device (each member its own order, from its seed); per member when the members'
+    data differ or augmentation draws per member."""
+
+    def __init__(self, members: list[_Member]) -> None:
+        r0 = members[0].r
+        self.src = r0.src["train"]
+        augment = bool(getattr(r0.splits, "augment", False))
+        self.shared = (self.src.array and not augment
+                       and all(mb.r.src["train"] is self.src for mb in members))
+        self.bs = r0.local_bs
+
+    def epoch(self, members: list[_Member], epoch: int):
+        if not self.shared:
+            for batch in zip(*[_train_batches(mb.r, epoch) for mb in members], strict=True):
+                yield torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch])
+            return
+        n = self.src.n
+        perms = torch.stack([epoch_permutation(n, mb.r.config.seed, epoch) for mb in members])
+        perms = perms.to(self.src.device)
+        stop = n - 1 if (n % self.bs == 1 and n > 1) else n  # a lone last sample is dropped
+        for s in range(0, stop, self.bs):
+            yield self.src.take(perms[:, s:min(s + self.bs, stop)])
 
 
-def _train_epoch(pack: _Pack, members: list[_Member], epoch: int, bar: Any) -> _PackedStats:
+# ------------------------------------------------------------------------------------------
+# one epoch
+# ------------------------------------------------------------------------------------------
+def _train_epoch(pack: _Pack, members: list[_Member], groups: LossGroups, batches: _Batches,
+                 epoch: int, bar: Any) -> _PackedStats:
     """One epoch of every member's batches (each member its own data order), stepped as one."""
-    r0 = members[0].r
+    r0, live = members[0].r, _live(members)
     for mb in members:
         loss_set_epoch(mb.r.loss_fn, epoch)
-    # the global stream (used by nothing of a dropout-free model) follows the first member
+    groups.refresh()
+    # the global stream (used by nothing of a dropout-free model) follows the first slot
     torch.manual_seed(epoch_seed(r0.config.seed, epoch, stream=3))
     pack.train()
-    pack.set_lr(r0.optimizer.param_groups[0]["lr"])
+    pack.set_lr(live[0].r.optimizer.param_groups[0]["lr"])
     stats = _PackedStats(len(members), r0.config.n_bins, r0.device)
-    streams = [_train_batches(mb.r, epoch) for mb in members]
-    for step, batch in enumerate(zip(*streams, strict=True)):
-        x = torch.stack([b[0] for b in batch])
-        y = torch.stack([b[1] for b in batch])
+    mean_rows = torch.tensor([red == "mean" for red in groups.reductions()], device=r0.device)
+    for step, (x, y) in enumerate(batches.epoch(members, epoch)):
         with _autocast(r0.device, r0.amp):
             logits = pack.forward(x)
         logits = logits.float()
-        out = [_member_loss(mb, logits[m], y[m]) for m, mb in enumerate(members)]
-        stats.update(logits, y, torch.stack([o[1] for o in out]))
-        pack.step(torch.stack([o[0] for o in out]).sum(), r0.config.grad_clip)
+        loss = groups(logits, y)
+        sums = loss.detach()
+        stats.update(logits, y, torch.where(mean_rows, sums * y.shape[1], sums))
+        pack.step(loss.sum(), r0.config.grad_clip)
         if bar is not None:
             bar.update(1)
-        extra = [mb for mb in members if mb.every and (step + 1) % mb.every == 0]
+        extra = [mb for mb in live if mb.every and (step + 1) % mb.every == 0]
         if extra:  # a stateful loss' extra update (AdaFocal & co.)
-            val = _validation_logits(pack, members)
-            for mb in extra:
-                if val is None:
-                    _validation_pass(mb.r)
-                else:
-                    loss_on_validation(mb.r.loss_fn, logits=val[0][:, members.index(mb)],
-                                       labels=val[1])
+            _drive_validation(pack, members, extra)
+            groups.refresh()
             pack.train()
     return stats
 
 
-def _validation_logits(pack: _Pack, members: list[_Member]
+def _validation_logits(pack: _Pack, members: list[_Member], split: str = "val"
                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Every member's validation logits (N, M, C) and the labels, in one packed pass; None
-    when the members' validation sets differ (a split that follows the seed)."""
-    src = members[0].r.src["val"]
-    if any(mb.r.src["val"] is not src for mb in members):
+    """Every member's logits (N, M, C) on ``split`` and the labels, in one packed pass; None
+    when the members' data differ (a split that follows the seed)."""
+    src = members[0].r.src[split]
+    if any(mb.r.src[split] is not src for mb in members):
         return None
     r0 = members[0].r
     return predict_logits(_SharedInput(pack), None, r0.device, r0.eval_bs, source=src,
                           amp=r0.amp)
 
 
-def _end_member_epoch(mb: _Member, epoch: int, lr: float, numbers: dict[str, float],
-                      share: float, val: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-    """The trainer's end of an epoch for one member (``share``: its part of the packed
-    training and validation time, counted in its log's ``seconds``; ``val``: its validation
-    logits and labels, None: its own pass); a non-finite training loss or an error of its
-    evaluation stops the member alone."""
-    if not math.isfinite(numbers["loss"]):
-        mb.error = MemberDivergedError(
-            f"Run {str(mb.r.run.path)!r} diverged in epoch {epoch + 1}: training loss "
-            f"{numbers['loss']}; it stops at its last checkpoint, the other packed runs go on")
-        return
-    try:
-        if val is not None:
-            loss_on_validation(mb.r.loss_fn, logits=val[0], labels=val[1])
-        rec = _end_epoch(mb.r, epoch, lr, numbers, time.perf_counter() - share, val=val)
-    except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
-        mb.error = exc
-        return
-    mb.final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
+def _drive_validation(pack: _Pack, members: list[_Member], which: list[_Member]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validation logits (N, M, C) and labels of every member; the loss hooks of ``which``
+    driven with their own columns (an error stops that member alone)."""
+    val = _validation_logits(pack, members)
+    if val is None:  # each member's own split: its own pass
+        outs = [predict_logits(mb.r.model, None, mb.r.device, mb.r.eval_bs, source=mb.r.src["val"],
+                               amp=mb.r.amp) for mb in members]
+        val = torch.stack([o[0] for o in outs], 1), torch.stack([o[1] for o in outs], 1)
+    for mb in which:
+        m = members.index(mb)
+        y = val[1] if val[1].ndim == 1 else val[1][:, m]
+        try:
+            loss_on_validation(mb.r.loss_fn, logits=val[0][:, m].contiguous(), labels=y)
+        except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
+            mb.stop(exc)
+    return val
 
 
-def _fit_pack(members: list[_Member], epochs: int, bar: Any) -> None:
-    """Train one pack (members at the same epoch) to ``epochs``, dropping diverged members."""
-    active = list(members)
-    pack = _pack_of(active)
-    for epoch in range(active[0].r.start_epoch, epochs):
-        t0 = time.perf_counter()
-        lr = active[0].r.optimizer.param_groups[0]["lr"]
-        stats = _train_epoch(pack, active, epoch, bar)
-        val = _validation_logits(pack, active)
-        share = (time.perf_counter() - t0) / len(active)
-        for m, (mb, numbers) in enumerate(zip(active, stats.compute(active[0].r.env),
-                                              strict=True)):
-            own = None if val is None else (val[0][:, m].contiguous(), val[1])
-            _end_member_epoch(mb, epoch, lr, numbers, share, own)
-        alive = [mb for mb in active if mb.error is None]
-        if not alive:
-            return
-        if len(alive) < len(active):
-            active, pack = alive, _pack_of(alive)
+def _split_loss(groups: LossGroups, z: torch.Tensor, y: torch.Tensor, chunk: int,
+                mean_rows: torch.Tensor) -> torch.Tensor:
+    """(M,) mean per-sample loss of every member over a split (``z`` (N, M, C)), in chunks of
+    ``chunk`` samples (O(chunk) memory for MMCE), as the trainer's ``_chunked_loss``."""
+    n, m = z.shape[0], z.shape[1]
+    total = torch.zeros(m, device=z.device)
+    with torch.no_grad():
+        for s in range(0, n, chunk):
+            zc = z[s:s + chunk].transpose(0, 1)
+            yc = y[s:s + chunk]
+            yc = yc.expand(m, -1) if yc.ndim == 1 else yc.transpose(0, 1)
+            v = groups(zc, yc).float()
+            total = total + torch.where(mean_rows, v * zc.shape[1], v)
+    return total / max(n, 1)
 
 
-def _summary(mb: _Member, ood_sets: dict[str, Any]) -> dict[str, Any]:
+def _split_numbers(groups: LossGroups, split: tuple[torch.Tensor, torch.Tensor], n_bins: int,
+                   chunk: int, mean_rows: torch.Tensor, diagnostics: bool) -> torch.Tensor:
+    """(M, K + 1): :func:`stacked_epoch_metrics` of the split and its loss."""
+    z, y = split
+    yy = y if y.ndim == 1 else y.transpose(0, 1)
+    metrics = stacked_epoch_metrics(z.transpose(0, 1), yy, n_bins=n_bins,
+                                    diagnostics=diagnostics)
+    loss = _split_loss(groups, z, y, chunk, mean_rows).double()
+    return torch.cat([metrics, loss[:, None]], 1)
+
+
+# ------------------------------------------------------------------------------------------
+# the end of an epoch: every member's numbers from the stacked tensors, one host copy
+# ------------------------------------------------------------------------------------------
+_TRAIN_KEYS = ("loss", "nll", "error", "ece")
+
+
+def _epoch_keys(test: bool) -> list[str]:
+    keys = [f"train_{k}" for k in _TRAIN_KEYS] + [f"val_{k}" for k in (*EPOCH_KEYS, "loss")]
+    if test:
+        keys += [f"test_{k}" for k in (*EPOCH_KEYS, *DIAGNOSTIC_KEYS, "loss")]
+    return keys
+
+
+def _split_logits(pack: _Pack, members: list[_Member], split: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, M, C) logits and the labels of ``split`` (one packed pass, or one per member when
+    the members' data differ)."""
+    out = _validation_logits(pack, members, split)
+    if out is not None:
+        return out
+    outs = [predict_logits(mb.r.model, None, mb.r.device, mb.r.eval_bs, source=mb.r.src[split],
+                           amp=mb.r.amp) for mb in members]
+    return torch.stack([o[0] for o in outs], 1), torch.stack([o[1] for o in outs], 1)
+
+
+def _epoch_table(pack: _Pack, members: list[_Member], groups: LossGroups, stats: _PackedStats,
+                 epoch: int) -> tuple[list[str], Any, bool]:
+    """The epoch's numbers of every slot as one host array (M, K): training statistics,
+    validation metrics and loss (after the loss hooks ran on the validation logits), the test
+    split's when due, then "all parameters finite" and the ``fc`` weight norm."""
+    r0 = members[0].r
+    val = _drive_validation(pack, members, [mb for mb in _live(members)
+                                            if loss_wants_validation(mb.r.loss_fn)])
+    groups.refresh()
+    mean_rows = torch.tensor([red == "mean" for red in groups.reductions()], device=r0.device)
+    chunk = max(r0.local_bs, 1024)  # chunks of the logged loss (MMCE is O(chunk^2))
+    every = r0.config.eval_test_every
+    test = bool(every and ((epoch + 1) % every == 0 or epoch + 1 == r0.config.epochs))
+    cols = [stats.numbers(), _split_numbers(groups, val, r0.config.n_bins, chunk, mean_rows,
+                                            False)]
+    if test:
+        cols.append(_split_numbers(groups, _split_logits(pack, members, "test"),
+                                   r0.config.n_bins, chunk, mean_rows, True))
+    cols.append(pack.finite().double()[:, None])
+    fc = pack.fc_norms()
+    if fc is not None:
+        cols.append(fc.double()[:, None])
+    host = torch.cat(cols, 1).cpu().numpy()  # the epoch's one device-to-host copy
+    return _epoch_keys(test), host, fc is not None
+
+
+def _diverged(mb: _Member, epoch: int, rec: dict[str, Any], finite: bool) -> MemberDivergedError:
+    what = " and ".join(w for w, bad in (("training loss", not math.isfinite(rec["train_loss"])),
+                                         ("parameters", not finite)) if bad)
+    return MemberDivergedError(
+        f"Run {str(mb.r.run.path)!r} diverged in epoch {epoch + 1}: {what} "
+        f"{rec['train_loss'] if 'loss' in what else 'not finite'}; it stops at its last "
+        "checkpoint, the other packed runs go on")
+
+
+def _end_pack_epoch(pack: _Pack, members: list[_Member], groups: LossGroups,
+                    stats: _PackedStats, epoch: int, lr: float, t0: float) -> None:
+    """The trainer's end of an epoch for every slot at once: schedules, the loss hooks, the
+    numbers (one host copy), then for each live member its divergence check, log line, best
+    epoch and staged checkpoint; the staged checkpoints are committed together."""
+    for mb in members:
+        mb.r.scheduler.step()
+    keys, host, has_fc = _epoch_table(pack, members, groups, stats, epoch)
+    k = len(keys)
+    recs: dict[int, dict[str, Any]] = {}
+    for m, mb in enumerate(members):
+        if mb.ghost:
+            continue
+        rec = {"epoch": epoch + 1, "lr": lr, **dict(zip(keys, host[m, :k].tolist(), strict=True))}
+        if not (math.isfinite(rec["train_loss"]) and host[m, k] == 1.0):
+            mb.stop(_diverged(mb, epoch, rec, host[m, k] == 1.0))
+            continue
+        rec["fc_weight_norm"] = float(host[m, k + 1]) if has_fc else None
+        state = loss_log_state(mb.r.loss_fn)
+        if state:
+            rec[LOSS_STATE_KEY] = state
+        recs[m] = rec
+    share = (time.perf_counter() - t0) / max(len(recs), 1)
+    writers = [str(members[m].r.config.out_dir) for m in recs]
+    layout = [str(mb.r.config.out_dir) for mb in members]
+    staged = []
+    for m, rec in recs.items():
+        mb = members[m]
+        rec["seconds"] = share
+        try:
+            if _record_member(mb, rec, epoch, {"slots": layout, "slot": m, "writers": writers}):
+                staged.append(mb)
+        except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
+            mb.stop(exc)
+    for mb in staged:
+        try:
+            commit_staged([mb.r.config.out_dir])
+        except Exception as exc:  # noqa: BLE001
+            mb.stop(exc)
+
+
+def _record_member(mb: _Member, rec: dict[str, Any], epoch: int, pack_meta: dict[str, Any]
+                   ) -> bool:
+    """One live member's log line, best epoch and (when due) staged checkpoint, as the
+    trainer's ``_end_epoch`` writes them.  True when a checkpoint was staged."""
     r = mb.r
-    epochs = max(r.config.epochs, r.start_epoch)
-    return {"run_dir": str(r.run.path), "epochs": epochs, "resumed_from": r.start_epoch,
-            "final": mb.final, "best": r.best,
-            "results": _final_evaluation(r, ood_sets, epochs), "world_size": 1}
+    _update_best(r, rec, epoch)
+    r.run.append_log(rec, fsync=False)  # fsynced with the next checkpoint
+    mb.final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
+    if (epoch + 1) % r.config.checkpoint_every and epoch + 1 != r.config.epochs:
+        return False
+    extra = {"num_classes": r.num_classes, "input_shape": r.input_shape,
+             "config": r.config.to_dict(), "best": dict(r.best), "pack": pack_meta}
+    if r.best_snapshot is not None:
+        save_checkpoint(r.run.checkpoint("best"), {**r.best_snapshot, **extra,
+                                                   "epoch": int(r.best["epoch"]),
+                                                   "rng": rng_state_tensors()})
+        r.best_snapshot = None
+    stage_checkpoint(r.run.path, {**_snapshot(r, full=True), **extra, "epoch": epoch + 1,
+                                  "rng": rng_state_tensors()})
+    return True
+
+
+# ------------------------------------------------------------------------------------------
+# a pack: train, then evaluate
+# ------------------------------------------------------------------------------------------
+def _fit_pack(pack: _Pack, members: list[_Member], epochs: int, bar: Any) -> None:
+    """Train the slots (members at the same epoch, ghosts in the slots of absent runs) to
+    ``epochs``; a member that stops becomes a ghost, the pack keeps its size."""
+    groups = LossGroups([mb.r.loss_fn for mb in members], members[0].r.device)
+    batches = _Batches(members)
+    for epoch in range(members[0].r.start_epoch, epochs):
+        live = _live(members)
+        if not live:
+            return
+        t0 = time.perf_counter()
+        lr = live[0].r.optimizer.param_groups[0]["lr"]
+        stats = _train_epoch(pack, members, groups, batches, epoch, bar)
+        _end_pack_epoch(pack, members, groups, stats, epoch, lr, t0)
+
+
+def _evaluate_pack(pack: _Pack, members: list[_Member], ood_sets: dict[str, Any]
+                   ) -> dict[int, dict[str, Any]]:
+    """The final evaluation of every live member with ``evaluate``: one packed forward over
+    the validation, test and OOD sets; each member's logits and results written as a run's."""
+    live = [mb for mb in _live(members) if mb.r.config.evaluate]
+    if not live:
+        return {}
+    r0 = members[0].r
+    preds = {s: _split_logits(pack, members, s) for s in ("val", "test")}
+    mean, std = getattr(r0.splits, "mean", None), getattr(r0.splits, "std", None)
+    for name, ds in ood_sets.items():
+        preds[f"ood_{name}"] = predict_logits(_SharedInput(pack), ds, r0.device, r0.eval_bs,
+                                              mean=mean, std=std, amp=r0.amp)
+    out = {}
+    for mb in live:
+        m, cfg = members.index(mb), mb.r.config
+        own = {k: (z[:, m].contiguous(), y if y.ndim == 1 else y[:, m]) for k, (z, y) in
+               preds.items()}
+        epochs = max(cfg.epochs, mb.r.start_epoch)
+        out[m] = write_predictions(own, mb.r.run.path, cfg, epoch=epochs, checkpoint="last")
+    return out
+
+
+def _summary(mb: _Member, results: dict[str, Any] | None) -> dict[str, Any]:
+    r = mb.r
+    return {"run_dir": str(r.run.path), "epochs": max(r.config.epochs, r.start_epoch),
+            "resumed_from": r.start_epoch, "final": mb.final, "best": r.best,
+            "results": results, "world_size": 1}
 
 
 def _has_dropout(model: nn.Module) -> bool:
@@ -391,15 +625,23 @@ def _has_dropout(model: nn.Module) -> bool:
 
 
 def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: contextlib.ExitStack,
-                  results: list[Any]) -> list[_Member]:
+                  results: list[Any]) -> list[tuple[_Member, tuple[str, ...] | None]]:
     """Lock, check and build each member of ``group`` as :func:`~torchcal.train.train` does
-    (resuming its checkpoint); a member that fails here gets its error in ``results``."""
-    env, members, data = DistEnv(), [], {}
+    (finishing or dropping a killed pack's staged checkpoints first, then resuming its
+    checkpoint), with the pack layout its checkpoint records; a member that fails here gets its
+    error in ``results``."""
+    env, locked, opened, data = DistEnv(), [], [], {}
     for i in group:
+        try:
+            configs[i].validate()
+            stack.enter_context(exclusive_lock(configs[i].out_dir))
+            locked.append(i)
+        except Exception as exc:  # noqa: BLE001 - this member fails, the pack goes on
+            results[i] = exc
+    reconcile_staged([configs[i].out_dir for i in locked])
+    for i in locked:
         cfg = configs[i]
         try:
-            cfg.validate()
-            stack.enter_context(exclusive_lock(cfg.out_dir))
             state = _resume_state(cfg, env)
             key = _data_seed(cfg)  # the split (digits: and noise) may follow the run's seed
             if key not in data:
@@ -411,21 +653,106 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
         except Exception as exc:  # noqa: BLE001 - this member fails, the pack goes on
             results[i] = exc
             continue
-        members.append(_Member(i, r))
-    return members
+        opened.append((_Member(i, r), pack_layout(state)))
+    return opened
 
 
-def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = None
-                 ) -> list[dict[str, Any] | BaseException]:
+def _slot_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig | None:
+    """The config of the run in slot ``out_dir``: the one passed, else its ``config.json``."""
+    for c in configs:
+        if str(c.out_dir) == out_dir:
+            return c
+    try:
+        return TrainConfig.from_dict(RunDir(out_dir).read_config())
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _packs(opened: list[tuple[_Member, tuple[str, ...] | None]], configs: Sequence[TrainConfig],
+           group: list[int]) -> list[list[_Member]]:
+    """The packs to train: members at the same epoch with the same recorded layout, in their
+    slots; a slot whose run does not resume here holds a ghost (a slot whose config cannot be
+    read is left out)."""
+    default = tuple(str(configs[i].out_dir) for i in group)
+    by_key: dict[tuple[int, tuple[str, ...]], list[_Member]] = {}
+    for mb, layout in opened:
+        by_key.setdefault((mb.r.start_epoch, layout or default), []).append(mb)
+    packs = []
+    for (_, layout), mbs in sorted(by_key.items(), key=lambda kv: kv[0][0]):
+        own = {str(mb.r.config.out_dir): mb for mb in mbs}
+        slots: list[_Member] = []
+        for d in layout:
+            if d in own:
+                slots.append(own.pop(d))
+                continue
+            cfg = _slot_config(d, configs)
+            with contextlib.suppress(Exception):
+                if cfg is not None:
+                    slots.append(_Member(-1, ghost_run(mbs[0].r, cfg, build_loss), ghost=True))
+        packs.append(slots + list(own.values()))
+    return packs
+
+
+def _run_pack(members: list[_Member], results: list[Any], forward: str) -> None:
+    """Train one pack to its epochs (when it has any left), evaluate it, fill ``results``."""
+    r0 = members[0].r
+    if forward == "auto":
+        forward = "loop" if r0.device.type == "cpu" else "vmap"
+    pack = _Pack([mb.r.model for mb in members], [mb.r.optimizer for mb in members], forward)
+    epochs = r0.config.epochs
+    if r0.start_epoch < epochs:
+        bar = None
+        if r0.config.progress:
+            bar = tqdm(total=(epochs - r0.start_epoch) * r0.n_batches,
+                       desc=f"{r0.config.recipe or r0.config.dataset} x{len(members)} packed",
+                       unit="batch", dynamic_ncols=True)
+        try:
+            _fit_pack(pack, members, epochs, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+    live = [mb for mb in _live(members) if mb.index >= 0]
+    try:
+        evaluated = _final_results(pack, members)
+    except Exception as exc:  # noqa: BLE001 - reported in every member's place
+        for mb in live:
+            results[mb.index] = exc
+        return
+    for m, mb in enumerate(members):
+        if mb.index >= 0:
+            results[mb.index] = mb.error or _summary(mb, evaluated.get(m))
+
+
+def _final_results(pack: _Pack, members: list[_Member]) -> dict[int, dict[str, Any]]:
+    """Each live member's final evaluation: packed when the members share their data."""
+    r0 = members[0].r
+    if all(mb.r.src["val"] is r0.src["val"] for mb in members):
+        ood = load_ood_sets(r0.config, r0.splits) if r0.config.evaluate else {}
+        return _evaluate_pack(pack, members, ood)
+    out = {}
+    for m, mb in enumerate(members):
+        if not mb.ghost and mb.r.config.evaluate:
+            ood = load_ood_sets(mb.r.config, mb.r.splits)
+            out[m] = _final_evaluation(mb.r, ood, max(mb.r.config.epochs, mb.r.start_epoch))
+    return out
+
+
+def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = None,
+                 forward: str = "auto") -> list[dict[str, Any] | BaseException]:
     """Train ``configs`` in packs (:func:`pack_groups`): one result per config, in order.
 
     Args:
         configs: the runs; those that differ only in :data:`MEMBER_FIELDS` (seed, loss, loss
             arguments, run directory, ...) train together.
         max_members: the most runs in one pack (None: no limit).
+        forward: how the members' model runs (:data:`FORWARDS`): ``"auto"`` loops over the
+            members on the CPU and vmaps them on a GPU.
 
     A pack of one (a run alone, or one :func:`pack_problem` refuses) is trained by
-    :func:`~torchcal.train.train` itself.
+    :func:`~torchcal.train.train` itself.  Calling it again with the same configs resumes
+    every member in the pack it trained in, from the epoch its companions resume from
+    (:mod:`torchcal.train.pack_commit`), so a killed sweep ends with the numbers of an
+    uninterrupted one.
 
     Returns:
         For each config, the summary :func:`~torchcal.train.train` returns, or the exception
@@ -433,10 +760,13 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
         ``InUseError``, a loss' error, ...).
 
     Raises:
-        KeyboardInterrupt: every member keeps its last checkpoint (resume continues it).
+        KeyboardInterrupt: every member keeps its last committed checkpoint (resume continues
+            it).
         ValueError: under ``torchrun`` (packing is for one process).
     """
     configs = list(configs)
+    if forward not in FORWARDS:
+        raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
     for c in configs:
         if not isinstance(c, TrainConfig):
             raise TypeError(f"Expected `configs` to hold TrainConfig, got {type(c).__name__}")
@@ -454,40 +784,10 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
         if configs[group[0]].num_threads is not None:
             torch.set_num_threads(int(configs[group[0]].num_threads))
         with contextlib.ExitStack() as stack:
-            members = _open_members(configs, group, stack, results)
-            _train_members(members)
-            ood: dict[int, dict[str, Any]] = {}
-            for mb in members:
-                try:
-                    cfg = mb.r.config
-                    if cfg.evaluate and _data_seed(cfg) not in ood:
-                        ood[_data_seed(cfg)] = load_ood_sets(cfg, mb.r.splits)
-                    results[mb.index] = mb.error or _summary(mb, ood.get(_data_seed(cfg), {}))
-                except Exception as exc:  # noqa: BLE001
-                    results[mb.index] = exc
+            opened = _open_members(configs, group, stack, results)
+            for members in _packs(opened, configs, group):
+                _run_pack(members, results, forward)
         for i in group:
             if isinstance(results[i], dict):
                 results[i]["seconds"] = (time.perf_counter() - t0) / len(group)
     return results
-
-
-def _train_members(members: list[_Member]) -> None:
-    """Train the members, packed by the epoch they resume from (new runs: 0)."""
-    by_start: dict[int, list[_Member]] = {}
-    for mb in members:
-        by_start.setdefault(mb.r.start_epoch, []).append(mb)
-    for start, pack in sorted(by_start.items()):
-        epochs = pack[0].r.config.epochs
-        if start >= epochs:
-            continue
-        r0 = pack[0].r
-        bar = None
-        if r0.config.progress:
-            bar = tqdm(total=(epochs - start) * r0.n_batches,
-                       desc=f"{r0.config.recipe or r0.config.dataset} x{len(pack)} packed",
-                       unit="batch", dynamic_ncols=True)
-        try:
-            _fit_pack(pack, epochs, bar)
-        finally:
-            if bar is not None:
-                bar.close()

@@ -1,0 +1,305 @@
+"""Ensembles as predictors: deep ensembles from run directories or saved logits, and MC dropout.
+
+Conventions (those of :mod:`torchcal.metrics.members`, which computes the scores):
+
+* an ensemble is its members' logits ``member_logits`` of shape (S, N, C): S members (runs,
+  seeds) or stochastic forward passes, on the same N samples in the same order;
+* its prediction is the **mean of the members' probabilities** ``pbar = (1/S) sum_s
+  softmax(z_s)`` (Lakshminarayanan et al. 2017), and its "logits" are ``log pbar``
+  (:attr:`Ensemble.logits`, float64): softmax of them gives ``pbar`` back, so every metric,
+  calibrator and plot of torchcal takes an ensemble as it takes a model;
+* "pool then calibrate": fit a calibrator on :attr:`Ensemble.logits` of a validation split;
+  "calibrate then pool": calibrate each member's logits, then :func:`from_logits` of them;
+* MC dropout (Gal & Ghahramani 2016): :func:`mc_dropout` runs the model S times with its
+  dropout layers sampling and every other layer in eval mode (BatchNorm uses its running
+  statistics), and returns the (S, N, C) logits, an ensemble of S samples.
+
+Example:
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> ens = from_logits([torch.randn(5, 3, generator=g) for _ in range(4)],
+    ...                   labels=torch.tensor([0, 1, 2, 0, 1]))
+    >>> ens.member_logits.shape, ens.logits.shape
+    (torch.Size([4, 5, 3]), torch.Size([5, 3]))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._validation import as_tensor, check_labels, check_positive_int
+from .evaluate import compute_metrics, evaluate_logits, load_logits, save_logits, write_results
+from .metrics import members as scores
+from .posthoc import TemperatureScaling
+from .runs import RunDir
+
+__all__ = ["Ensemble", "from_logits", "from_run_dirs", "evaluate_ensemble", "mc_dropout",
+           "DROPOUT_TYPES", "CALIBRATE_THEN_POOL"]
+
+#: The key of "calibrate then pool" in an ensemble's results: ``test.post.<key>`` holds the
+#: metrics of the pooled members, each divided by its own grid-ECE temperature, and
+#: ``temperatures.<key>`` the mean of those temperatures.
+CALIBRATE_THEN_POOL = "calibrate_then_pool"
+
+#: The modules :func:`mc_dropout` switches to sampling (train mode).
+DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                 nn.FeatureAlphaDropout)
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    """S members' logits on the same N samples (see the module's conventions).
+
+    Attributes:
+        member_logits: (S, N, C) float tensor.
+        labels: (N,) int64 labels, or None.
+        names: one name per member (its run directory, or ``"member 0"``, ...).
+    """
+
+    member_logits: torch.Tensor
+    labels: torch.Tensor | None
+    names: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """The number of members S."""
+        return int(self.member_logits.shape[0])
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """The ensemble's (N, C) float64 "logits" ``log pbar`` (log of the mean probabilities)."""
+        return scores.pooled_log_probs(member_logits=self.member_logits)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """The ensemble's (N, C) float64 probabilities ``pbar``."""
+        return self.logits.exp()
+
+    def scores(self) -> dict[str, torch.Tensor]:
+        """Per-sample (N,) float64 uncertainties: ``predictive_entropy``,
+        ``expected_entropy``, ``mutual_information`` and ``disagreement``."""
+        names = ("predictive_entropy", "expected_entropy", "mutual_information", "disagreement")
+        return {k: getattr(scores, k)(member_logits=self.member_logits) for k in names}
+
+
+def from_logits(member_logits: Any, labels: Any = None, *,
+                names: Sequence[str] | None = None) -> Ensemble:
+    """An :class:`Ensemble` from the members' logits: an (S, N, C) array or a sequence of S
+    (N, C) arrays (torch or NumPy, each member's predictions on the same samples in the same
+    order), with optional (N,) labels.
+
+    >>> ens = from_logits(torch.zeros(2, 4, 3), labels=[0, 1, 2, 0])
+    >>> ens.size, ens.names
+    (2, ('member 0', 'member 1'))
+    """
+    if isinstance(member_logits, (list, tuple)):
+        if not member_logits:
+            raise ValueError("Expected `member_logits` to hold at least one member, got none")
+        parts = [as_tensor(z, f"member_logits[{i}]") for i, z in enumerate(member_logits)]
+        for i, z in enumerate(parts[1:], 1):
+            if z.shape != parts[0].shape:
+                raise ValueError(
+                    f"Expected every member's logits to have the shape of member 0 "
+                    f"{tuple(parts[0].shape)}, got {tuple(z.shape)} for member {i}"
+                )
+        member_logits = torch.stack(parts)
+    z = scores.check_member_logits(member_logits)
+    y = None if labels is None else check_labels(labels, n=z.shape[1], num_classes=z.shape[2])
+    if names is None:
+        names = [f"member {i}" for i in range(z.shape[0])]
+    names = tuple(str(n) for n in names)
+    if len(names) != z.shape[0]:
+        raise ValueError(f"Expected one name per member ({z.shape[0]}), got {len(names)}")
+    return Ensemble(member_logits=z, labels=y, names=names)
+
+
+def from_run_dirs(run_dirs: Iterable[str | os.PathLike], split: str = "test", *,
+                  checkpoint: str = "last") -> Ensemble:
+    """The ensemble of the runs' saved predictions ``RUN_DIR/logits/<split>.npz`` (written by
+    ``torchcal train`` / ``eval``; ``checkpoint="best"`` reads ``logits-best/``).
+
+    ``split`` is ``"val"``, ``"test"`` or ``"ood_<name>"``.  The runs must have predicted the
+    same samples in the same order: their labels must be equal (else ``ValueError`` naming the
+    first run that differs); members are named by their run directory.  The ensemble's
+    ``labels`` are None when the saved labels are not class indices (an OOD set stores -1).
+    """
+    dirs = [RunDir(d) for d in run_dirs]
+    if not dirs:
+        raise ValueError("Expected `run_dirs` to name at least one run directory, got none")
+    members, labels = [], None
+    for run in dirs:
+        z, y = load_logits(run.logits(split, checkpoint))
+        if labels is not None and (y.shape != labels.shape or not np.array_equal(y, labels)):
+            raise ValueError(
+                f"Expected every run to hold the same {split!r} samples in the same order, but "
+                f"the labels of {str(run.path)!r} differ from those of {str(dirs[0].path)!r}"
+            )
+        members.append(z)
+        labels = y if labels is None else labels
+    stacked = np.stack(members)
+    if labels.size and not (labels.min() >= 0 and labels.max() < stacked.shape[2]):
+        labels = None  # an OOD set's placeholder labels (-1): not class indices
+    return from_logits(stacked, labels, names=[str(run.path) for run in dirs])
+
+
+def _common_ood_names(dirs: Sequence[RunDir], checkpoint: str) -> list[str]:
+    """The OOD sets every run saved logits of (``ood_<name>.npz``), in the first run's order."""
+    names = [set(d.ood_logits(checkpoint)) for d in dirs]
+    return [n for n in dirs[0].ood_logits(checkpoint) if all(n in s for s in names[1:])]
+
+
+def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike | None
+                      = None, *, n_bins: int = 15, checkpoint: str = "last",
+                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Evaluate the ensemble of runs as one predictor: a ``torchcal.results/1`` document.
+
+    The ensemble is :func:`from_run_dirs` of each split.  Every number is on the test split;
+    every temperature is fitted on the validation split:
+
+    * "pool then calibrate" (Rahaman & Thiery 2021): the temperatures are fitted on the
+      ensemble's validation logits ``log pbar``; ``temperatures`` and ``test.post`` hold them
+      and their metrics as for a single run (:func:`torchcal.evaluate.evaluate_logits`,
+      OOD sets included: those every run saved);
+    * "calibrate then pool": each member's grid-ECE temperature is fitted on its own
+      validation logits, its test logits divided by it, then pooled;
+      ``test.post.calibrate_then_pool`` holds the metrics, ``temperatures.calibrate_then_pool``
+      the members' mean temperature and ``meta.member_temperatures`` each one.
+
+    ``meta`` (default ``{}``) is completed with ``predictor: "ensemble"``, ``seed: None`` and
+    ``members`` (when not given: the member runs' directories' names are not seeds, so give
+    the seeds).  With ``out_dir`` the document is written to ``OUT_DIR/results.json`` and the
+    ensemble's logits (``log pbar``, float32) to ``OUT_DIR/logits/``, so that ``torchcal report``
+    reads the ensemble as a run (its own row, never averaged with the seeds).
+
+    Raises ValueError when the runs hold other samples, or the splits have no class labels.
+    """
+    dirs = [RunDir(d) for d in run_dirs]
+    if not dirs:
+        raise ValueError("Expected `run_dirs` to name at least one run directory, got none")
+    paths = [d.path for d in dirs]
+    val, test = (from_run_dirs(paths, split, checkpoint=checkpoint) for split in ("val", "test"))
+    if val.labels is None or test.labels is None:
+        raise ValueError("Expected the runs' val and test logits to hold class labels, got "
+                         "placeholder labels (an OOD set's)")
+    ood = {n: from_run_dirs(paths, f"ood_{n}", checkpoint=checkpoint)
+           for n in _common_ood_names(dirs, checkpoint)}
+    temps = [float(TemperatureScaling(method="grid_ece", n_bins=n_bins)
+                   .fit(z, val.labels).temperature_) for z in val.member_logits]
+    meta = {**(meta or {}), "predictor": "ensemble", "seed": None, "checkpoint": checkpoint,
+            "member_temperatures": temps}
+    res = evaluate_logits(val_logits=val.logits, val_labels=val.labels, test_logits=test.logits,
+                          test_labels=test.labels, ood_logits={n: e.logits for n, e in ood.items()},
+                          n_bins=n_bins, meta=meta)
+    scale = torch.tensor(temps, dtype=test.member_logits.dtype).view(-1, 1, 1)
+    pooled = from_logits(test.member_logits / scale).logits
+    res["test"]["post"][CALIBRATE_THEN_POOL] = compute_metrics(pooled, test.labels, n_bins=n_bins)
+    res["temperatures"][CALIBRATE_THEN_POOL] = float(np.mean(temps))
+    if out_dir is not None:
+        run = RunDir(out_dir)
+        for split, ens in (("val", val), ("test", test), *((f"ood_{n}", e) for n, e in ood.items())):
+            labels = ens.labels if ens.labels is not None else torch.full(
+                (ens.logits.shape[0],), -1, dtype=torch.int64)
+            save_logits(run.logits(split, checkpoint), ens.logits.float(), labels)
+        write_results(run.results(checkpoint), res)
+    return res
+
+
+def _inputs(x_or_loader: Any) -> Iterator[torch.Tensor]:
+    """The input batches: one tensor, or each batch of an iterable (a tensor, or the first
+    element of a tuple / list batch such as ``(x, y)``)."""
+    if isinstance(x_or_loader, (torch.Tensor, np.ndarray)):
+        yield as_tensor(x_or_loader, "x_or_loader")
+        return
+    for i, batch in enumerate(x_or_loader):
+        if isinstance(batch, (tuple, list)) and batch:
+            batch = batch[0]
+        if not isinstance(batch, torch.Tensor):
+            raise TypeError(f"Expected each batch of `x_or_loader` to be a tensor or a (x, y, "
+                            f"...) tuple, got {type(batch).__name__} at batch {i}")
+        yield batch
+
+
+@contextlib.contextmanager
+def _dropout_sampling(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode with its dropout modules in train mode; modes restored after."""
+    modes = {m: m.training for m in model.modules()}
+    dropouts = [m for m in model.modules() if isinstance(m, DROPOUT_TYPES)]
+    if not dropouts:
+        kinds = ", ".join(t.__name__ for t in DROPOUT_TYPES)
+        raise ValueError(
+            f"Expected `model` to contain a dropout module ({kinds}), found none in "
+            f"{type(model).__name__}: MC dropout would repeat the same prediction"
+        )
+    try:
+        model.eval()
+        for m in dropouts:
+            m.train()
+        yield
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+def _forked_rng(device: torch.device | str, seed: int | None) -> Any:
+    """A context that restores the CPU RNG (and ``device``'s, for CUDA) on exit; a no-op for
+    ``seed=None`` (the passes then draw from the global RNG, as any forward pass does)."""
+    if seed is None:
+        return contextlib.nullcontext()
+    dev = torch.device(device)
+    cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] \
+        if dev.type == "cuda" else []
+    return torch.random.fork_rng(devices=cuda)
+
+
+@torch.no_grad()
+def mc_dropout(model: nn.Module, x_or_loader: Any, *, samples: int = 10,
+               seed: int | None = None, device: torch.device | str | None = None
+               ) -> torch.Tensor:
+    """MC-dropout logits (S, N, C): ``samples`` forward passes with dropout sampling.
+
+    Every module of ``model`` is in eval mode (BatchNorm uses its running statistics, no
+    statistics are updated) except the dropout modules (:data:`DROPOUT_TYPES`), which sample a
+    fresh mask per pass; the modules' modes are restored afterwards.  Dropout written as
+    ``F.dropout(x, training=self.training)`` follows its module's mode, so it stays off: make
+    it an ``nn.Dropout`` module.  For each batch the S passes run back to back.
+
+    Args:
+        model: the network; its output per batch is the (B, C) logits.
+        x_or_loader: one input tensor (N, ...) or an iterable of batches (tensors, or tuples
+            whose first element is the input, as a ``DataLoader`` of ``(x, y)`` yields).
+        samples: S, the number of passes (>= 1).
+        seed: seed of the dropout masks (the global RNG is forked, so the caller's random
+            state is untouched); None draws from the global RNG.
+        device: where to run the model (default: the device of its first parameter, else CPU).
+
+    Returns:
+        (S, N, C) logits on ``device``, in the model's output dtype.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+        >>> z = mc_dropout(net, torch.randn(6, 4), samples=5, seed=0)
+        >>> z.shape, net.training
+        (torch.Size([5, 6, 3]), True)
+    """
+    samples = check_positive_int(samples, "samples")
+    if device is None:
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+    out = []
+    with _forked_rng(device, seed), _dropout_sampling(model):
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        for x in _inputs(x_or_loader):
+            x = x.to(device)
+            out.append(torch.stack([model(x) for _ in range(samples)]))
+    if not out:
+        raise ValueError("Expected `x_or_loader` to yield at least one batch, got none")
+    return torch.cat(out, dim=1)

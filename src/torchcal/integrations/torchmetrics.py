@@ -1,0 +1,137 @@
+"""torchmetrics ``Metric`` classes of torchcal's calibration metrics (the ``torchmetrics`` extra).
+
+Each class keeps the fixed-size float64 state of :class:`torchcal.metrics.CalibrationMeter`
+(``adaptive=False``): ``(3 + C) B + 7`` numbers whatever the number of samples, 1,616 bytes
+for C = 10 classes and B = 15 bins, summed across processes by torchmetrics' own sync
+(``dist_reduce_fx="sum"``).  The values are those of the functions of
+:mod:`torchcal.metrics` over all the samples seen (same bins, same conventions), so a
+Lightning module logs them as it logs any torchmetrics metric::
+
+    self.val_ece = CalibrationError(num_classes=10)
+    ...
+    self.val_ece.update(logits, labels)           # in validation_step
+    self.log("val_ece", self.val_ece)             # computed and reset at the epoch's end
+
+``update(preds, target)`` takes logits (``input_format="logits"``, default) or probabilities
+(``"probs"``) of shape (N, C) or (N, C, d1, ...) with (N, d1, ...) labels; entries labelled
+``ignore_index`` (default -100) are left out, as in torchmetrics'
+``MulticlassCalibrationError(ignore_index=-100)``.  AdaECE needs every confidence (O(N)
+state) and is not offered here: use :class:`~torchcal.metrics.CalibrationMeter`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..metrics import IGNORE_INDEX, CalibrationMeter
+from ._common import missing_extra
+
+try:
+    from torchmetrics import Metric
+except ImportError as exc:  # optional dependency
+    raise missing_extra("torchmetrics", "torchmetrics", "torchmetrics") from exc
+
+__all__ = ["CalibrationError", "MaxCalibrationError", "RMSCalibrationError",
+           "ClasswiseCalibrationError", "NegativeLogLikelihood", "BrierScore",
+           "CalibrationMetrics"]
+
+_FORMATS = ("logits", "probs")
+
+
+class _MeterMetric(Metric):
+    """A torchmetrics ``Metric`` over :class:`CalibrationMeter`'s fixed-size state."""
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+    #: the key of :meth:`CalibrationMeter.compute` this metric returns (None: all of them)
+    key: str | None = None
+
+    def __init__(self, num_classes: int, n_bins: int = 15, *, input_format: str = "logits",
+                 ignore_index: int | None = IGNORE_INDEX, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if input_format not in _FORMATS:
+            raise ValueError(f"Expected `input_format` to be one of {_FORMATS}, "
+                             f"got {input_format!r}")
+        self.input_format = input_format
+        self._meter = CalibrationMeter(num_classes, n_bins, adaptive=False, topk=1,
+                                       sync_dist=False, ignore_index=ignore_index)
+        self.add_state("state", default=torch.zeros(self._meter.state_size, dtype=torch.float64),
+                       dist_reduce_fx="sum")
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """Add a batch: ``preds`` (N, C) or (N, C, d1, ...) logits (or probabilities with
+        ``input_format="probs"``), ``target`` (N,) or (N, d1, ...) class indices."""
+        self._meter.state = self.state  # updated in place
+        self._meter.update(**{self.input_format: preds.detach()}, labels=target)
+
+    def _all(self) -> dict[str, torch.Tensor]:
+        self._meter.state = self.state
+        return self._meter.compute()
+
+    def compute(self) -> torch.Tensor:
+        """The metric over every sample seen (synced across processes), a 0-d float64 tensor."""
+        return self._all()[self.key]
+
+
+class CalibrationError(_MeterMetric):
+    """Expected calibration error with ``n_bins`` equal-width bins
+    (:func:`torchcal.metrics.ece`).
+
+    Example:
+        >>> metric = CalibrationError(num_classes=3, n_bins=2)
+        >>> metric.update(torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), torch.tensor([0, 2]))
+        >>> round(float(metric.compute()), 4), metric.state.numel() * 8  # bytes of state
+        (0.1816, 152)
+    """
+
+    key = "ece"
+
+
+class MaxCalibrationError(_MeterMetric):
+    """Maximum calibration error ``max_b |acc_b - conf_b|`` over the non-empty equal-width
+    bins (:func:`torchcal.metrics.mce`): the worst bin, whatever its size."""
+
+    key = "mce"
+
+
+class RMSCalibrationError(_MeterMetric):
+    """Root-mean-square calibration error ``sqrt(sum_b (n_b / N) (acc_b - conf_b)^2)``
+    (:func:`torchcal.metrics.rmsce`; torchmetrics' ``norm="l2"``)."""
+
+    key = "rmsce"
+
+
+class ClasswiseCalibrationError(_MeterMetric):
+    """Classwise-ECE: the mean over the C classes of the equal-width ECE of ``p_k`` against
+    ``[y = k]`` (:func:`torchcal.metrics.classwise_ece`), from the (class, bin) sums of the
+    state (C B of its numbers)."""
+
+    key = "classwise_ece"
+
+
+class NegativeLogLikelihood(_MeterMetric):
+    """Mean negative log-likelihood ``-mean log p_y`` (:func:`torchcal.metrics.nll`), from
+    ``log_softmax`` of the logits; a running float64 sum."""
+
+    key = "nll"
+
+
+class BrierScore(_MeterMetric):
+    """Multiclass Brier score, summed over classes (:func:`torchcal.metrics.brier`)."""
+
+    key = "brier"
+
+
+class CalibrationMetrics(_MeterMetric):
+    """Every metric of one state as a dict (``self.log_dict(metric.compute())``): ``ece``,
+    ``mce``, ``rmsce``, ``classwise_ece``, ``nll``, ``brier``, ``error`` (0-d float64)."""
+
+    KEYS = ("ece", "mce", "rmsce", "classwise_ece", "nll", "brier", "error")
+
+    def compute(self) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        """Every metric over the samples seen (synced across processes)."""
+        out = self._all()
+        return {k: out[k] for k in self.KEYS}

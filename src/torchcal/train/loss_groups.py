@@ -1,0 +1,143 @@
+"""The losses of a pack's members evaluated with one call per loss configuration.
+
+A pack (:mod:`torchcal.train.packed`) holds M runs, each with its own loss object (AdaFocal's
+per-bin γ, a temperature-aware loss' T, ...).  Calling M loss modules one after the other
+launches every small operation of every loss M times per step; :class:`LossGroups` instead
+groups the members whose losses share a class and its hyperparameters (their reduction and
+``ignore_index`` included) and evaluates each group with one ``torch.func.vmap`` over
+``functional_call(template, stacked_buffers, (logits, labels))``: the members' buffers (the
+state in which they differ) are stacked along a leading member dimension, the Python state they
+share (the epoch of a scheduled loss) is that of a template copy of the first member's loss.
+The cost of a step's losses then grows with the number of loss configurations, not of members.
+
+The state stacks are refreshed from the members' own modules by :meth:`LossGroups.refresh`,
+which the engine calls after every hook that may change them (``set_epoch``, ``on_validation``,
+a checkpoint loaded): the members' modules stay the objects that checkpoints, logs and hooks
+see.  A loss that cannot be batched (:meth:`~torchcal.losses.base.CalibrationLoss.pack_problem`:
+trainable parameters, state outside its buffers, a calibrator object; a loss that is not a
+``CalibrationLoss``) is called on its own member's rows, and :attr:`LossGroups.unbatched`
+says why.  With one member (M = 1) the single group's call is that member's own loss.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from ..losses.base import CalibrationLoss
+
+__all__ = ["LossGroups", "loss_pack_problem"]
+
+
+def loss_pack_problem(loss: nn.Module) -> str | None:
+    """Why ``loss`` cannot join a vmapped group (None: it can)."""
+    if not isinstance(loss, CalibrationLoss):
+        return f"{type(loss).__name__} is not a torchcal CalibrationLoss (its state is unknown)"
+    return loss.pack_problem()
+
+
+def _buffers(loss: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: b for n, b in loss.named_buffers() if b is not None}
+
+
+def _key(loss: CalibrationLoss) -> tuple[Any, ...]:
+    """What members of one group share: class, hyperparameters, reduction, ignore_index, and
+    the names, shapes and dtypes of the buffers they hold (None buffers left out)."""
+    bufs = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in _buffers(loss).items())
+    hyper = tuple((k, repr(v)) for k, v in loss.hyperparameters.items())
+    return (type(loss), hyper, loss.reduction, loss.ignore_index, bufs)
+
+
+class _Group:
+    """Members ``index`` (positions in the pack) sharing one loss configuration."""
+
+    def __init__(self, index: list[int], losses: list[CalibrationLoss], device: torch.device):
+        self.index = index
+        self.losses = losses
+        self.idx = torch.tensor(index, dtype=torch.long, device=device)
+        self.template: nn.Module | None = None
+        self.state: dict[str, torch.Tensor] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Stack the members' buffers; the template takes the first member's Python state."""
+        first = self.losses[0]
+        self.template = copy.deepcopy(first)
+        self.template.validate_args = False  # the labels were checked when the data loaded
+        names = list(_buffers(first))
+        self.state = {n: torch.stack([_buffers(ls)[n] for ls in self.losses]) for n in names}
+
+    def _one(self, state: dict[str, torch.Tensor], z: torch.Tensor, y: torch.Tensor):
+        return functional_call(self.template, state, (z, y))
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return vmap(self._one, randomness="error")(self.state, logits, labels)
+
+
+class LossGroups:
+    """The losses of M members as one callable: ``groups(logits (M, B, C), labels (M, B))``
+    gives the M members' reduced losses (M,).
+
+    Args:
+        losses: the members' loss modules, in pack order.
+        device: where the logits are.
+
+    Attributes:
+        unbatched: ``{member position: why its loss is called on its own}``.
+    """
+
+    def __init__(self, losses: Sequence[nn.Module], device: torch.device) -> None:
+        self.losses = list(losses)
+        self.device = torch.device(device)
+        self.unbatched: dict[int, str] = {}
+        self._build()
+
+    def _build(self) -> None:
+        by_key: dict[tuple[Any, ...], list[int]] = {}
+        self.unbatched = {}
+        for m, loss in enumerate(self.losses):
+            why = loss_pack_problem(loss)
+            if why is not None:
+                self.unbatched[m] = why
+            else:
+                by_key.setdefault(_key(loss), []).append(m)
+        self.groups = [_Group(ix, [self.losses[m] for m in ix], self.device)
+                       for ix in by_key.values()]
+        order = [m for g in self.groups for m in g.index] + sorted(self.unbatched)
+        self._whole = order == list(range(len(self.losses))) and not self.unbatched \
+            and len(self.groups) == 1
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+        self._inverse = inverse.to(self.device)
+
+    def refresh(self) -> None:
+        """Re-read every member's state after a hook changed it (regrouping when the members'
+        buffers no longer share names and shapes, e.g. a buffer set by a first validation)."""
+        keys = {m: _key(ls) for m, ls in enumerate(self.losses) if m not in self.unbatched}
+        grouped = {m: _key(g.losses[0]) for g in self.groups for m in g.index}
+        if keys != grouped:
+            self._build()
+            return
+        for g in self.groups:
+            g.refresh()
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self._whole:  # one configuration for every member, in order
+            return self.groups[0](logits, labels)
+        parts = [g(logits.index_select(0, g.idx), labels.index_select(0, g.idx))
+                 for g in self.groups]
+        parts += [self.losses[m](logits[m], labels[m]).reshape(())
+                  for m in sorted(self.unbatched)]
+        return torch.cat([p.reshape(-1) for p in parts]).index_select(0, self._inverse)
+
+    def reductions(self) -> list[str]:
+        """Each member's reduction (``"mean"`` unless the loss says otherwise)."""
+        return [str(getattr(ls, "reduction", "mean")) for ls in self.losses]
+
+    def __len__(self) -> int:
+        return len(self.groups) + len(self.unbatched)
