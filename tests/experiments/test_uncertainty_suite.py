@@ -107,6 +107,19 @@ def test_suite_end_to_end_tiny(tmp_path):
     k1 = [u for u in again["units"] if u["kind"] == "kirchhof"][0]
     assert k0["heads"] == k1["heads"]  # same backbones, same seeded heads: same numbers
     assert math.isfinite(k0["timing"]["speedup"])
+    # another size into the same directory (a wider backbone, two epochs): the backbones of
+    # other settings are trained afresh, never extended or refused (issue 32: the stale check)
+    import dataclasses
+
+    other = dataclasses.replace(_tiny_profile(), width=6, backbone_epochs=2)
+    third = suite.run_uncertainty_suite(other, out, workers=1, progress=False,
+                                        data_root=tmp_path / "data")
+    assert not [u["error"] for u in third["units"] if u["error"]]
+    for name in ("backbone", "backbone_joint"):
+        run = out / "kirchhof" / "seed0" / name
+        cfg = json.loads((run / "config.json").read_text())
+        assert cfg["model_kwargs"] == {"width": 6} and cfg["epochs"] == 2
+        assert len((run / "log.jsonl").read_text().splitlines()) == 2
 
 
 def test_demo_suite_refuses_calibration_options(capsys):

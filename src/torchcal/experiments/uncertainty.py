@@ -51,6 +51,7 @@ from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import uncertainty_report as rep
 from .demo import default_out
 from .runner import Executor, Job, LocalExecutor, run_sweep
+from .training import is_stale
 
 __all__ = ["SUMMARY_FILE", "run_uncertainty_suite", "write_suite_report", "UncertaintyProfile", "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT",
            "suite_specs", "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
@@ -235,14 +236,23 @@ def _cache(path: Path, model, data, name: str, cfg) -> EmbeddingCache:
                  "data_seed": cfg.data_seed}, on_stale="rebuild", progress=False)
 
 
+def _train_or_resume(cfg) -> None:
+    """Train ``cfg`` into its directory: a finished run is kept, an unfinished one resumed, and
+    one of other settings (:func:`~torchcal.experiments.training.is_stale`: an identity or
+    schedule field changed, e.g. another profile's sizes) trained afresh, never extended."""
+    if is_stale(cfg.out_dir, cfg):
+        shutil.rmtree(cfg.out_dir)
+    train(cfg)
+
+
 def kirchhof_unit(spec: dict[str, Any]) -> dict[str, Any]:
     """One seed of the pretrained-uncertainty experiment (see the module docstring)."""
     p = spec["profile"]
     d = Path(spec["dir"])
     plain_cfg, joint_cfg = (_backbone_config(spec, d / n, j)
                             for n, j in (("backbone", False), ("backbone_joint", True)))
-    train(plain_cfg)
-    train(joint_cfg)
+    for cfg in (plain_cfg, joint_cfg):
+        _train_or_resume(cfg)
     model, _ = load_model_from_run(plain_cfg.out_dir, device="cpu")
     joint, _ = load_model_from_run(joint_cfg.out_dir, device="cpu")
     splits = build_data(plain_cfg)
