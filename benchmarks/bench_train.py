@@ -2,7 +2,7 @@
 
 torchcal's trainer feeds in-memory data sets (CIFAR, SVHN, Tiny-ImageNet, digits) without a
 DataLoader: the uint8 images live on the device, a batch is one index gather, and the random
-crop + flip + normalisation run batched (:class:`torchcal.train.predict.BatchSource`).  The
+crop + flip + normalisation run batched (:class:`torchcal.train.inference.BatchSource`).  The
 baseline is the usual pipeline: a ``DataLoader`` (``num_workers=0``, ``shuffle=True``) over a
 data set that pads, crops, flips and normalises each sample in ``__getitem__`` and collates.
 
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchcal.data import ArrayDataset
 from torchcal.train.distributed import epoch_permutation
-from torchcal.train.predict import BatchSource
+from torchcal.train.inference import BatchSource
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2023, 0.1994, 0.2010)

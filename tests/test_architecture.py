@@ -62,6 +62,26 @@ def test_no_private_import_across_units(result):
     assert not result["private imports"], "\n".join(result["private imports"])
 
 
+def test_no_circular_imports_inside_a_package(result):
+    assert not result["circular imports"], "\n".join(result["circular imports"])
+
+
+def test_circular_imports_are_found(tmp_path):
+    """Two or three modules of one package importing one another (also through a deferred
+    import or ``from . import x``) are a circle; imports of another package or the package's
+    ``__init__`` are not."""
+    root = _package(tmp_path, "train", "from .b import x\n")
+    (root / "torchcal" / "train" / "b.py").write_text("def f():\n    from .c import y  # why\n")
+    (root / "torchcal" / "train" / "c.py").write_text("from . import bad\n")
+    (root / "torchcal" / "train" / "d.py").write_text("from . import b\nfrom .. import errors\n")
+    (root / "torchcal" / "train" / "__init__.py").write_text("from .d import z\n")
+    got = arch.check(root)["circular imports"]
+    assert got == ["torchcal.train.b -> torchcal.train.bad -> torchcal.train.c -> "
+                   "torchcal.train.b"], got
+    (root / "torchcal" / "train" / "c.py").write_text("from .. import errors\n")
+    assert arch.check(root)["circular imports"] == []
+
+
 def test_script_exit_status(capsys):
     assert arch.main([str(SRC)]) == 0
     out = capsys.readouterr().out

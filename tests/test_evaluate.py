@@ -18,7 +18,6 @@ from torchcal.evaluate import (
     SCHEMA,
     TEMPERATURE_METHODS,
     evaluate_logits,
-    evaluate_run_logits,
     evaluate_saved_logits,
     load_logits,
     read_results,
@@ -197,6 +196,6 @@ def test_results_roundtrip_and_run_dir(tmp_path, data):
     assert r2["meta"] == {"dataset": "synthetic", "model": "none", "loss": "ce", "seed": 3}
     assert read_results(run)["test"]["pre"]["ece"] == pytest.approx(res["test"]["pre"]["ece"])
     assert r2["ood"]["noise"]["auroc_entropy"] == pytest.approx(res["ood"]["noise"]["auroc_entropy"])
-    with pytest.warns(DeprecationWarning, match="use torchcal.evaluate.evaluate_saved_logits"):
-        old = evaluate_run_logits(run, write=False)  # the old name keeps working
-    assert old["test"]["pre"]["ece"] == r2["test"]["pre"]["ece"] and old["meta"] == r2["meta"]
+    import torchcal.evaluate  # the moved-name shim is gone (issue 32: 0.1.0 has no users to keep)
+
+    assert not hasattr(torchcal.evaluate, "evaluate_run_logits")

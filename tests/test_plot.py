@@ -82,12 +82,10 @@ def test_sparse_bins_are_marked_with_their_count():
         plots.reliability_diagram(probs=probs, labels=labels, min_count=0)
 
 
-def test_old_import_path_reexports_the_same_objects():
-    from torchcal.report import plots as old
-
-    assert old.reliability_diagram is plots.reliability_diagram
-    assert old.MIN_COUNT == plots.MIN_COUNT
-    assert "reliability_diagram" not in vars(old) or old.__name__ != plots.__name__
+def test_the_moved_name_shim_is_gone():
+    """0.1.0 has no users to keep: the reliability diagram is torchcal.plot's only (issue 32)."""
+    with pytest.raises(ImportError):
+        from torchcal.report import plots  # noqa: F401
 
 
 def _over_and_under():

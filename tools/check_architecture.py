@@ -32,6 +32,11 @@ It prints one line per rule with its count, then every violation:
    what another unit needs is public there.  The layer-1 modules ``_validation``, ``_io`` and
    ``_registry`` are private to users but shared by every unit, so they are excepted; dunder
    names (``__version__``) are not private.
+7. **circular imports**: no module imports, directly or through other modules of its package,
+   a module of its own package that imports it back (``train/build.py`` -> ``config.py`` ->
+   ``multitask.py`` -> ``build.py``).  Every import counts, those inside functions too (a
+   deferred import hides a circle, it does not remove it); a package's ``__init__`` is not
+   counted (it re-exports its modules).
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -283,11 +288,65 @@ def unexplained_deferred_imports(tree: ast.AST, lines: list[str], rel: Path) -> 
     return out
 
 
+def _package_edges(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the modules of its own package it imports (``__init__`` modules left out)."""
+    edges: dict[str, set[str]] = {}
+    for module, path in mods.items():
+        if path.name == "__init__.py":
+            continue
+        package = module.rsplit(".", 1)[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        targets = [t for _line, t in imports(module, path, tree)]
+        for node in ast.walk(tree):  # ``from . import name``: the module ``package.name``
+            if isinstance(node, ast.ImportFrom):
+                base = from_target(module, path, node)
+                targets += [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            if (t != module and t in mods and mods[t].name != "__init__.py"
+                    and t.rsplit(".", 1)[0] == package):
+                edges.setdefault(module, set()).add(t)
+    return edges
+
+
+def import_circles(mods: dict[str, Path]) -> list[str]:
+    """Each set of modules of one package that import one another in a circle (Tarjan's
+    strongly connected components of :func:`_package_edges`), as ``a -> b -> ... -> a``."""
+    edges = _package_edges(mods)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[str] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(" -> ".join(sorted(comp) + [min(comp)]))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
                                  "run-directory names": [], "deferred imports": [],
-                                 "private imports": []}
+                                 "private imports": [], "circular imports": []}
     spelled: dict[str, list[str]] = {}
     for module, path in modules(src):
         rel = path.relative_to(src)
@@ -302,6 +361,7 @@ def check(src: Path) -> dict[str, list[str]]:
         if module != RUN_DIR_OWNER:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")
+    out["circular imports"] = import_circles(dict(modules(src)))
     for name, where in sorted(spelled.items()):
         out["run-directory names"].append(f"{name!r} outside {RUN_DIR_OWNER}: {'; '.join(where)}")
     return out

@@ -41,7 +41,6 @@ import io
 import json
 import math
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -82,7 +81,6 @@ __all__ = [
     "ood_metrics",
     "evaluate_logits",
     "evaluate_saved_logits",
-    "evaluate_run_logits",
     "write_results",
     "read_results",
     "write_calibration",
@@ -322,7 +320,6 @@ def evaluate_saved_logits(
 ) -> dict[str, Any]:
     """Evaluate the saved logits of a run directory and (by default) write ``results.json``
     (no model needed; :func:`torchcal.train.evaluate_checkpoint` runs the model first).
-    Formerly ``evaluate_run_logits``.
 
     Reads ``RUN_DIR/logits/val.npz``, ``test.npz`` and every ``ood_<name>.npz``; ``meta``
     defaults to the fields of ``RUN_DIR/config.json`` (dataset, model, loss, loss_kwargs, seed,
@@ -339,18 +336,6 @@ def evaluate_saved_logits(
     if write:
         write_results(run.path, res)
     return res
-
-
-def evaluate_run_logits(
-    run_dir: str | os.PathLike, *, n_bins: int = 15, meta: Mapping[str, Any] | None = None,
-    write: bool = True,
-) -> dict[str, Any]:
-    """Deprecated name of :func:`evaluate_saved_logits` (same arguments and results; a
-    ``DeprecationWarning`` names the new function)."""
-    warnings.warn("torchcal.evaluate.evaluate_run_logits is deprecated: use "
-                  "torchcal.evaluate.evaluate_saved_logits (same arguments)",
-                  DeprecationWarning, stacklevel=2)
-    return evaluate_saved_logits(run_dir, n_bins=n_bins, meta=meta, write=write)
 
 
 _META_FIELDS = ("dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epochs")

@@ -10,17 +10,8 @@ from torch import nn
 
 from torchcal.cli import main
 from torchcal.cli.demo import parse_demo_loss_args
-from torchcal.experiments import (
-    Benchmark,
-    DemoConfig,
-    Profile,
-    appendix_text,
-    applicable_losses,
-    demo_jobs,
-    get_benchmark,
-    intro_text,
-    list_benchmarks,
-)
+from torchcal.experiments import Benchmark, DemoConfig, Profile, get_benchmark, list_benchmarks
+from torchcal.experiments.demo import appendix_text, applicable_losses, demo_jobs, intro_text
 from torchcal.losses import LOSSES, register_loss
 
 
@@ -89,12 +80,12 @@ def test_benchmarks_are_registered_data():
 
 
 def test_executor_options_are_checked_before_anything_runs(tmp_path, capsys, monkeypatch):
-    import torchcal.cli.demo as demo_cli
+    import torchcal.experiments.ray_executor as ray_executor
 
     out = tmp_path / "never"
     assert main(["demo", "--ray-address", "auto", "--out", str(out)]) == 2
     assert "`--ray-address` needs `--executor ray`" in capsys.readouterr().err
-    monkeypatch.setattr(demo_cli, "ray_available", lambda: False)
+    monkeypatch.setattr(ray_executor, "ray_available", lambda: False)  # the registered check
     assert main(["demo", "--executor", "ray", "--out", str(out)]) == 2
     assert 'pip install "torchcal[ray]"' in capsys.readouterr().err
     assert not out.exists()

@@ -19,14 +19,8 @@ import torchcal  # noqa: E402
 from torchcal.cli import main  # noqa: E402
 from test_experiments_resolved import _cfg, _check_runs, parent_recipe  # noqa: E402, F401 - same folder
 from torchcal.evaluate import read_results  # noqa: E402
-from torchcal.experiments import (  # noqa: E402
-    Job,
-    LocalExecutor,
-    RayExecutor,
-    run_job,
-    run_sweep,
-    train_job,
-)
+from torchcal.experiments import Job, LocalExecutor, RayExecutor, run_sweep, train_job  # noqa: E402
+from torchcal.experiments.training import run_job  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 SRC = str(Path(torchcal.__file__).resolve().parents[1])  # the torchcal under test, for workers
@@ -50,7 +44,7 @@ def ray_instance():
 
 def _spec(run_dir, loss="ce", seed=0, epochs=3, **extra):
     return {"recipe": "digits-mlp", "loss": loss, "loss_kwargs": {}, "seed": seed,
-            "epochs": epochs, "noise_std": 0.5, "n_bins": 15, "data_kwargs": {},
+            "epochs": epochs, "n_bins": 15, "data_kwargs": {"noise_std": 0.5},
             "run_dir": str(run_dir), "overrides": {}, **extra}
 
 

@@ -11,13 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torchcal.experiments import (
-    DemoConfig,
-    appendix_text,
-    demo_jobs,
-    intro_text,
-    verdict_label,
-)
+from torchcal.experiments import DemoConfig
+from torchcal.experiments.demo import appendix_text, demo_jobs, intro_text, verdict_label
 from torchcal.losses import list_losses
 from torchcal.report.aggregate import loss_label
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from torchcal.experiments import DemoConfig, LocalExecutor, demo_jobs, run_demo
+from torchcal.experiments import DemoConfig, LocalExecutor, run_demo
+from torchcal.experiments.demo import demo_jobs
 from torchcal.experiments import demo as demo_module
 from torchcal.experiments import training as training_module
 from torchcal.train import TrainConfig, get_recipe, register_recipe

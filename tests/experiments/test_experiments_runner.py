@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from torchcal.experiments import Job, LocalExecutor, Resources, failed_result, run_sweep
+from torchcal.experiments import Job, LocalExecutor, Resources, run_sweep
+from torchcal.experiments.runner import failed_result
 
 
 def _echo(spec):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +124,10 @@ def test_suite_end_to_end_tiny(tmp_path):
         [(c["key"], c["holds"], c["n"]) for c in summary["claims"]]
     assert (out / "kendall_frontier.png").stat().st_size > 0
     assert (out / "kirchhof_rauroc.png").stat().st_size > 0
+    page = (out / "report.html").read_text()  # the same report as HTML, figures embedded
+    assert "The papers&#x27; claims on this benchmark" in page or \
+        "The papers' claims on this benchmark" in page
+    assert page.count("data:image/png;base64,") == 2 and summary["out"] == str(out)
     csv = (out / "results.csv").read_text().splitlines()
     assert csv[0] == "part,seed,arm,setting,method,metric,value" and len(csv) > 20
     # a second run reuses the finished units (two-task results read back)
@@ -134,6 +139,19 @@ def test_suite_end_to_end_tiny(tmp_path):
     k1 = [u for u in again["units"] if u["kind"] == "kirchhof"][0]
     assert k0["heads"] == k1["heads"]  # same backbones, same seeded heads: same numbers
     assert math.isfinite(k0["timing"]["speedup"])
+    # another size into the same directory (a wider backbone, two epochs): the backbones of
+    # other settings are trained afresh, never extended or refused (issue 32: the stale check)
+    import dataclasses
+
+    other = dataclasses.replace(_tiny_profile(), width=6, backbone_epochs=2)
+    third = suite.run_uncertainty_suite(other, out, workers=1, progress=False,
+                                        data_root=tmp_path / "data")
+    assert not [u["error"] for u in third["units"] if u["error"]]
+    for name in ("backbone", "backbone_joint"):
+        run = out / "kirchhof" / "seed0" / name
+        cfg = json.loads((run / "config.json").read_text())
+        assert cfg["model_kwargs"] == {"width": 6} and cfg["epochs"] == 2
+        assert len((run / "log.jsonl").read_text().splitlines()) == 2
 
 
 def test_demo_suite_refuses_calibration_options(capsys):
@@ -146,23 +164,20 @@ def test_demo_suite_dispatch(monkeypatch, tmp_path, capsys):
 
     def fake(profile, out, **kw):
         seen.update(profile=profile, out=out, **kw)
-        (out).mkdir(parents=True, exist_ok=True)
-        (out / "report.md").write_text("# r\n\n## The papers' claims on this benchmark\n\n- a\n\n"
-                                       "## next\n")
-        return {"seconds": 1.0, "units": []}
+        return {"seconds": 1.0, "units": [], "profile_sizes": {"evidence": True},
+                "claims": [{"key": "k", "paper": "P", "claim": "a", "n": 2, "holds": 2,
+                            "numbers": {}}]}
 
-    monkeypatch.setattr("torchcal.cli.demo_suite.run_uncertainty_suite", fake)
+    monkeypatch.setattr("torchcal.experiments.uncertainty.run_uncertainty_suite", fake)
     assert main(["demo", "--suite", "uncertainty", "--full", "--out", str(tmp_path / "o"),
                  "--seeds", "2", "--no-progress"]) == 0
     assert seen["profile"] == "full" and seen["seeds"] == (0, 1) and seen["workers"] == 2
-    assert "- a" in capsys.readouterr().out
+    assert "- P: a: **holds on 2 of 2 seeds**" in capsys.readouterr().out
 
 
 def test_readme_block_equals_the_committed_run():
     """The README's "What the uncertainty demo shows" block is generated from the committed
-    suite run (regenerate: python -m torchcal.experiments.uncertainty_report README.md PATH)."""
-    from pathlib import Path
-
+    suite run (regenerate: torchcal readme README.md PATH)."""
     root = Path(__file__).resolve().parents[2]
     path = "docs/results/uncertainty/suite_results.json"
     summary = json.loads((root / path).read_text(encoding="utf-8"))
@@ -171,3 +186,64 @@ def test_readme_block_equals_the_committed_run():
     assert block in readme
     assert "Kirchhof et al. 2024" in block and "Kendall et al. 2018" in block
     assert len([s for s in block.splitlines() if s.startswith("- ")]) == len(rep.CLAIMS)
+
+
+def test_claims_are_the_calibration_benchmarks_claim_objects():
+    """Issue 32 item 4: the suite's claims are report.claims.Claim objects, tested per seed by
+    the same check_claim_on_seeds as the calibration demo's; the committed run's verdicts (its
+    holds, numbers and per-seed numbers) come out unchanged."""
+    from torchcal.report.claims import Claim
+
+    assert all(isinstance(c, Claim) for c in rep.CLAIMS)
+    root = Path(__file__).resolve().parents[2]
+    summary = json.loads((root / "docs/results/uncertainty/suite_results.json").read_text())
+    again = rep.claim_verdicts(summary["units"])
+    assert [c.pop("at_chance") for c in again] == [0] * 6  # no model of that run at chance
+    assert json.dumps(again, sort_keys=True) == json.dumps(summary["claims"], sort_keys=True)
+    assert [c["n"] for c in again] == [5] * 6
+
+
+def test_a_second_suite_into_one_out_is_refused_in_one_line(tmp_path, capsys):
+    """Issue 32 item 4: the suite owns its --out while it runs, as the calibration demo does;
+    the holder here is a process holding the same lock (what a running suite holds)."""
+    import os
+    import subprocess
+    import sys
+
+    import torchcal
+    from torchcal._io import LOCK_NAME
+
+    out = tmp_path / "o"
+    src = str(Path(torchcal.__file__).resolve().parents[1])
+    code = ("import sys, time\nfrom torchcal._io import exclusive_lock\n"
+            "with exclusive_lock(sys.argv[1], what='Demo directory'):\n"
+            "    print('locked', flush=True)\n    time.sleep(120)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": src})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(["demo", "--suite", "uncertainty", "--quick", "--no-progress",
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert f"in use by process {holder.pid}" in err and "Traceback" not in err
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_each_suite_without_out_gets_a_fresh_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    outs = []
+
+    def fake(profile, out, **kw):
+        out.mkdir(parents=True)  # as the real suite's lock does
+        outs.append(out)
+        return {"seconds": 1.0, "units": [], "profile_sizes": {"evidence": False}, "claims": []}
+
+    monkeypatch.setattr("torchcal.experiments.uncertainty.run_uncertainty_suite", fake)
+    for _ in range(2):
+        assert main(["demo", "--suite", "uncertainty", "--quick", "--no-progress"]) == 0
+    assert outs[0] != outs[1] and {o.parent for o in outs} == {tmp_path / "torchcal-demo"}
+    assert f"report: {outs[1] / 'report.md'}" in capsys.readouterr().out

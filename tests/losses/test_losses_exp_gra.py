@@ -200,19 +200,19 @@ def test_mmce_m_against_the_double_sum(width):
     t[:5] = z[:5].argmax(1)
     pen = _mmce_m_ref(z, t, width)
     ce = float(F.cross_entropy(z, t))
-    assert TF.mmce_m_loss(z, t, 2.0, width=width).item() == pytest.approx(ce + 2.0 * pen, abs=1e-12)
-    assert TF.mmce_m_loss(z, t, 2.0, width=width, reduction="sum").item() == pytest.approx(
+    assert TF.mmce_unweighted_loss(z, t, 2.0, width=width).item() == pytest.approx(ce + 2.0 * pen, abs=1e-12)
+    assert TF.mmce_unweighted_loss(z, t, 2.0, width=width, reduction="sum").item() == pytest.approx(
         14 * (ce + 2.0 * pen), abs=1e-10)
     assert TF.mmce_gra_loss(z, t, width=width).item() == pytest.approx(pen * ce, abs=1e-12)
     p = torch.softmax(z, 1)
     conf, pred = p.max(1)
-    assert TF.mmce_m_penalty(conf, pred == t, width=width).item() == pytest.approx(pen, abs=1e-14)
+    assert TF.mmce_unweighted_penalty(conf, pred == t, width=width).item() == pytest.approx(pen, abs=1e-14)
 
 
 def test_mmce_m_gradients_and_mmce_gra_gradient():
     z, t = _data(n=8, c=4, seed=6)
     t[:3] = z[:3].argmax(1)
-    assert torch.autograd.gradcheck(lambda x: TF.mmce_m_loss(x, t, 2.0),
+    assert torch.autograd.gradcheck(lambda x: TF.mmce_unweighted_loss(x, t, 2.0),
                                     (z.clone().requires_grad_(),))
     # MMCE-GRA: the gradient is MMCE_m · ∇CE_mean (the penalty is detached)
     pen = _mmce_m_ref(z, t)
@@ -228,13 +228,13 @@ def test_mmce_m_ignore_index_and_edge_cases():
     t2 = t.clone()
     t2[[2, 5]] = -100
     keep = t2 != -100
-    torch.testing.assert_close(TF.mmce_m_loss(z, t2), TF.mmce_m_loss(z[keep], t[keep]))
+    torch.testing.assert_close(TF.mmce_unweighted_loss(z, t2), TF.mmce_unweighted_loss(z[keep], t[keep]))
     torch.testing.assert_close(TF.mmce_gra_loss(z, t2, reduction="sum"),
                                TF.mmce_gra_loss(z[keep], t[keep], reduction="sum"))
     # all ignored: mean NaN (as F.cross_entropy), sum 0
     tall = torch.full_like(t, -100)
-    assert torch.isnan(TF.mmce_m_loss(z, tall)) and TF.mmce_m_loss(z, tall, reduction="sum") == 0
-    assert TF.mmce_m_penalty(torch.tensor([0.5]), torch.tensor([True]), weight=torch.zeros(1)) == 0
+    assert torch.isnan(TF.mmce_unweighted_loss(z, tall)) and TF.mmce_unweighted_loss(z, tall, reduction="sum") == 0
+    assert TF.mmce_unweighted_penalty(torch.tensor([0.5]), torch.tensor([True]), weight=torch.zeros(1)) == 0
 
 
 def test_mmce_modules_registry_and_bad_input():
@@ -242,7 +242,7 @@ def test_mmce_modules_registry_and_bad_input():
     a, b = create_loss("mmce_m"), create_loss("mmce_gra")
     assert isinstance(a, MMCEUnweightedLoss) and isinstance(b, MMCEGRALoss)
     assert a.lam == 1.0 and a.width == 0.4 and published_reduction(a) == published_reduction(b) == "sum"
-    torch.testing.assert_close(a(z, t), TF.mmce_m_loss(z, t, 1.0))
+    torch.testing.assert_close(a(z, t), TF.mmce_unweighted_loss(z, t, 1.0))
     torch.testing.assert_close(b(z, t), TF.mmce_gra_loss(z, t))
     for ctor, match in [(lambda: MMCEUnweightedLoss(reduction="none"), "reduction='none'"),
                         (lambda: MMCEGRALoss(reduction="none"), "reduction='none'"),
@@ -250,9 +250,9 @@ def test_mmce_modules_registry_and_bad_input():
                         (lambda: MMCEGRALoss(width=0.0), "`width`")]:
         with pytest.raises(ValueError, match=match):
             ctor()
-    for call, match in [(lambda: TF.mmce_m_loss(z, t, reduction="none"), "reduction='none'"),
+    for call, match in [(lambda: TF.mmce_unweighted_loss(z, t, reduction="none"), "reduction='none'"),
                         (lambda: TF.mmce_gra_loss(z, t, reduction="none"), "reduction='none'"),
-                        (lambda: TF.mmce_m_loss(z, t, lam=float("nan")), "`lam`"),
-                        (lambda: TF.mmce_m_loss(z, t, width=-0.4), "`width`")]:
+                        (lambda: TF.mmce_unweighted_loss(z, t, lam=float("nan")), "`lam`"),
+                        (lambda: TF.mmce_unweighted_loss(z, t, width=-0.4), "`width`")]:
         with pytest.raises(ValueError, match=match):
             call()

@@ -20,7 +20,7 @@ def val_data():
 
 
 def test_every_stateful_loss_is_covered():
-    assert {"adafocal", "ece_loss", "temperature_focal", "temperature_bsce",
+    assert {"adafocal", "ece_gap", "temperature_focal", "temperature_bsce",
             "consistency"} <= set(STATEFUL)
 
 

@@ -148,7 +148,7 @@ def test_front_table_from_a_results_csv():
 
 def test_readme_front_table_equals_the_committed_results_csv():
     """The README's front table is generated from the committed demo results.csv: regenerate
-    with `python -m torchcal.report.front README.md <csv>` after a new run."""
+    with `torchcal readme README.md <csv>` after a new run."""
     for doc in (ROOT / "README.md", ROOT / "docs" / "snippets" / "demo_table.md"):
         text = doc.read_text(encoding="utf-8")
         start = text.index("<!-- front-table: generated from ")
@@ -165,7 +165,8 @@ def test_readme_front_table_equals_the_committed_results_csv():
 def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     """A few epochs of the default MNIST-1D demo on a small generated set: the report holds the
     claims section with verdicts computed from these runs (whatever they are)."""
-    from torchcal.experiments import CLAIM_LOSSES, DemoConfig, get_benchmark, run_demo
+    from torchcal.experiments import DemoConfig, get_benchmark, run_demo
+    from torchcal.experiments.calibration import CLAIM_LOSSES
 
     cfg = DemoConfig(
         out=tmp_path / "demo", seeds=(0, 1), epochs=1, workers=1, progress=False, figures=False,
@@ -218,7 +219,8 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
 def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
     """The shortened demo quotes the --full run's verdicts, computed from the committed
     results.csv (no constants to regenerate after a new --full run)."""
-    from torchcal.experiments import committed_note, committed_verdicts, get_benchmark
+    from torchcal.experiments import get_benchmark
+    from torchcal.experiments.benchmark import committed_note, committed_verdicts
     from torchcal.report.aggregate import group_runs, runs_from_results_csv
 
     bench = get_benchmark("mnist1d")
@@ -243,7 +245,8 @@ def test_full_schedule_verdicts_quoted_by_the_demo_are_the_committed_runs():
 
 def test_readme_claim_lines_equal_the_committed_run():
     """Each claim line of the README states the verdict computed from the committed results.csv."""
-    from torchcal.experiments import committed_verdicts, get_benchmark
+    from torchcal.experiments import get_benchmark
+    from torchcal.experiments.benchmark import committed_verdicts
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     bench = get_benchmark("mnist1d")

@@ -8,13 +8,9 @@ import pytest
 from torchcal.cli import main
 from torchcal.cli.demo import parse_seeds
 from torchcal.evaluate import SCHEMA, read_results, write_results
-from torchcal.experiments import (
-    DemoConfig,
-    applicable_losses,
-    demo_jobs,
-    run_demo,
-    run_job,
-)
+from torchcal.experiments import DemoConfig, run_demo
+from torchcal.experiments.demo import applicable_losses, demo_jobs
+from torchcal.experiments.training import run_job
 
 TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False,
             dataset="digits")
@@ -99,7 +95,7 @@ def test_default_losses_cover_the_issue_list():
     assert len(jobs) == 2 * len(names)
     adaf = [j for j in jobs if j["loss"] == "adafocal"][0]
     assert adaf["loss_kwargs"]["lam"] == 0.1 and adaf["run_dir"].endswith("adafocal/seed3")
-    assert adaf["recipe"] == "digits-mlp" and adaf["noise_std"] == 0.5
+    assert adaf["recipe"] == "digits-mlp" and adaf["data_kwargs"] == {"noise_std": 0.5}
 
 
 def test_mnist1d_is_the_default_at_the_papers_defaults():
@@ -107,8 +103,8 @@ def test_mnist1d_is_the_default_at_the_papers_defaults():
     override), 3 seeds x 60 epochs; --full: every demo loss, 5 seeds, the recipe's 350 epochs."""
     from pathlib import Path
 
-    from torchcal.experiments import CLAIM_LOSSES
-    from torchcal.experiments import train_config as _train_config
+    from torchcal.experiments.calibration import CLAIM_LOSSES
+    from torchcal.experiments.training import train_config as _train_config
     from torchcal.train.trainer import build_loss
 
     jobs = demo_jobs(DemoConfig(), Path("/x"))
@@ -116,7 +112,7 @@ def test_mnist1d_is_the_default_at_the_papers_defaults():
     assert sorted({j["seed"] for j in jobs}) == [0, 1, 2]
     assert [j["loss"] for j in jobs if j["seed"] == 0] == list(CLAIM_LOSSES)
     adaf = [j for j in jobs if j["loss"] == "adafocal"][0]
-    assert "lam" not in adaf["loss_kwargs"] and adaf["noise_std"] is None
+    assert "lam" not in adaf["loss_kwargs"] and adaf["data_kwargs"] == {}
     tc = _train_config(adaf)
     assert build_loss(tc).lam == 1.0  # the paper's λ, the registry default
     assert tc.epochs == 60 and tc.effective_milestones() == [26, 43]  # 150/350, 250/350 of 60
@@ -127,15 +123,13 @@ def test_mnist1d_is_the_default_at_the_papers_defaults():
     assert _train_config(full[0]).epochs == 350 and _train_config(full[0]).milestones == [150, 250]
     quick = demo_jobs(DemoConfig(quick=True), Path("/x"))
     assert {j["loss"] for j in quick} == set(CLAIM_LOSSES)
-    with pytest.raises(ValueError, match="digits benchmark only"):
-        demo_jobs(DemoConfig(noise_std=0.3), Path("/x"))
     with pytest.raises(ValueError, match="`dataset`"):
         demo_jobs(DemoConfig(dataset="cifar"), Path("/x"))
 
 
 def test_failed_run_is_reported_not_fatal(tmp_path):
     r = run_job({"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": 0,
-                 "epochs": 1, "noise_std": 0.5, "n_bins": 15, "run_dir": str(tmp_path / "r"),
+                 "epochs": 1, "n_bins": 15, "run_dir": str(tmp_path / "r"),
                  "overrides": {}})
     assert r["error"] and "no-such-recipe" in r["error"]
 
@@ -223,8 +217,8 @@ def test_rerun_with_more_epochs_equals_a_fresh_run(tiny_demo, tmp_path):
 def test_stale_detects_changed_training_settings(tiny_demo):
     import dataclasses
 
-    from torchcal.experiments import is_stale as _stale
-    from torchcal.experiments import train_config as _train_config
+    from torchcal.experiments.training import is_stale as _stale
+    from torchcal.experiments.training import train_config as _train_config
 
     run = tiny_demo.out_dir / "runs" / "ce" / "seed0"
     (job,) = [j for j in demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
@@ -244,8 +238,8 @@ def test_a_config_written_before_a_field_existed_is_not_stale(tiny_demo, tmp_pat
     (the retraining of every committed --full run that this caught)."""
     import json
 
-    from torchcal.experiments import is_stale as _stale
-    from torchcal.experiments import train_config as _train_config
+    from torchcal.experiments.training import is_stale as _stale
+    from torchcal.experiments.training import train_config as _train_config
 
     (job,) = demo_jobs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
                        tiny_demo.out_dir)
@@ -263,13 +257,13 @@ def test_a_config_written_before_a_field_existed_is_not_stale(tiny_demo, tmp_pat
 def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     from pathlib import Path
 
-    from torchcal.experiments import appendix_text, intro_text
-    from torchcal.experiments import train_config as _train_config
+    from torchcal.experiments.demo import appendix_text, intro_text
+    from torchcal.experiments.training import train_config as _train_config
 
     def _setup_text(cfg, job):  # the report's prose: the intro and the appendix
         return intro_text(cfg, [job]) + appendix_text(cfg, [job])
 
-    cfg = DemoConfig(dataset="digits", seeds=(0,), epochs=8, noise_std=0.3, data_kwargs={"n_copies": 2},
+    cfg = DemoConfig(dataset="digits", seeds=(0,), epochs=8, data_kwargs={"n_copies": 2, "noise_std": 0.3},
                      overrides={"lr": 0.02, "batch_size": 32, "model_kwargs": {"hidden": [32]}},
                      loss_kwargs={"focal": {"gamma": 2}}, losses=("ce", "focal"))
     jobs = demo_jobs(cfg, Path("/x"))
@@ -302,7 +296,7 @@ def test_bad_knobs_are_one_error_before_any_run(tmp_path, capsys):
 
 
 def test_adafocal_note_names_the_lambda_used():
-    from torchcal.experiments import ADAFOCAL_LAM, adafocal_note
+    from torchcal.experiments.calibration import ADAFOCAL_LAM, adafocal_note
 
     assert adafocal_note(ADAFOCAL_LAM).startswith(f"AdaFocal uses λ={ADAFOCAL_LAM:g} instead of the paper's λ=1")
     assert adafocal_note(1.0).startswith("AdaFocal uses the paper's λ=1")
@@ -323,7 +317,7 @@ def test_progress_bar_shows_runs_done_and_time_left(tmp_path, capsys):
 
 
 def test_default_out_is_a_fresh_directory(tmp_path, monkeypatch):
-    from torchcal.experiments import default_out as _default_out
+    from torchcal.experiments.demo import default_out as _default_out
 
     monkeypatch.chdir(tmp_path)
     a = _default_out()
@@ -361,7 +355,8 @@ def test_report_on_train_and_eval_runs(tmp_path, capsys):
 def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
     """"Every loss of the registry that applies": the losses tagged `demo` in the registry are
     trained by --full; every other registered loss is named in the report with its reason."""
-    from torchcal.experiments import appendix_text, get_benchmark
+    from torchcal.experiments import get_benchmark
+    from torchcal.experiments.demo import appendix_text
     from torchcal.losses import LOSSES, list_losses
     from torchcal.report.aggregate import loss_label
 
@@ -382,13 +377,14 @@ def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
 def test_in_process_demo_restores_the_callers_threads(tmp_path):
     import torch
 
-    from torchcal.experiments import Job, LocalExecutor, run_job, run_sweep
+    from torchcal.experiments import Job, LocalExecutor, run_sweep
+    from torchcal.experiments.training import run_job
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:  # run_job sets one thread, then fails at once (an unresolved spec of no recipe)
         run_sweep([Job("r", run_job, {"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {},
-                                      "seed": 0, "epochs": 1, "noise_std": 0.5, "n_bins": 15,
+                                      "seed": 0, "epochs": 1, "n_bins": 15,
                                       "run_dir": str(tmp_path / "r"), "overrides": {}})],
                   LocalExecutor(workers=1), progress=False)
         assert torch.get_num_threads() == 2
@@ -396,11 +392,10 @@ def test_in_process_demo_restores_the_callers_threads(tmp_path):
         torch.set_num_threads(before)
 
 
-def test_demo_names_moved_out_of_report_with_a_pointer():
-    """The demo trains models, so it moved to the command-line layer; report/ says where."""
+def test_demo_names_are_not_in_report():
+    """The demo trains models, so it lives in torchcal.experiments; report/ keeps no pointer
+    (the moved-name shims are gone, issue 32)."""
     import torchcal.report
 
     for name in ("run_demo", "DemoConfig", "DemoResult"):
-        assert name not in torchcal.report.__all__
-        with pytest.raises(AttributeError, match=rf"from torchcal\.experiments import {name}"):
-            getattr(torchcal.report, name)
+        assert name not in torchcal.report.__all__ and not hasattr(torchcal.report, name)

@@ -18,7 +18,8 @@ import subprocess
 import pytest
 from test_report_html import APPENDIX, INTRO, _chromium, _report  # same folder
 
-from torchcal.experiments import committed_note, get_benchmark
+from torchcal.experiments import get_benchmark
+from torchcal.experiments.benchmark import committed_note
 from torchcal.report.build import build_report
 
 pytestmark = pytest.mark.skipif(

@@ -374,7 +374,6 @@ def test_uncertainty_head_leaves_the_classifier_unchanged(tmp_path):
 def test_evaluate_run_and_load_model(tmp_path):
     from torchcal.train import (
         evaluate_checkpoint,
-        evaluate_run,
         load_model_from_run,
         predict_logits,
     )
@@ -387,8 +386,7 @@ def test_evaluate_run_and_load_model(tmp_path):
     assert (tmp_path / "run" / "results-best.json").is_file()
     assert not (tmp_path / "run" / "results.json").exists()
     assert (tmp_path / "run" / "logits-best" / "ood_digits_ood.npz").is_file() or not res["ood"]
-    with pytest.warns(DeprecationWarning, match="use torchcal.train.evaluate_checkpoint"):
-        assert evaluate_run(tmp_path / "run")["meta"]["checkpoint"] == "last"  # the old name
+    assert evaluate_checkpoint(tmp_path / "run")["meta"]["checkpoint"] == "last"
     model, c2 = load_model_from_run(tmp_path / "run")
     assert c2.loss == "ce" and not model.training
     from torchcal.train import build_data

@@ -20,14 +20,14 @@ import warnings
 
 from .. import __version__
 from ..errors import TorchcalError
-from . import calibrate, data, demo, report, train, uncertainty
+from . import calibrate, data, demo, readme, report, train, uncertainty
 from . import eval as eval_
 from ._args import Parser, one_line_warnings
 
 __all__ = ["main", "build_parser"]
 
 # the sub-commands, in the order of `torchcal --help`
-_SUBCOMMANDS = (train, eval_, calibrate, report, demo, uncertainty, data)
+_SUBCOMMANDS = (train, eval_, calibrate, report, demo, uncertainty, data, readme)
 
 
 def build_parser() -> argparse.ArgumentParser:

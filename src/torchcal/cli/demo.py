@@ -17,18 +17,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..experiments import (
-    DemoConfig,
-    DemoResult,
-    LocalExecutor,
-    RayExecutor,
-    applicable_losses,
-    default_out,
-    get_benchmark,
-    list_benchmarks,
-    ray_available,
-    run_demo,
-)
+from ..data import DATASETS
+from ..experiments import DemoConfig, DemoResult, get_benchmark, list_benchmarks, run_demo
+from ..experiments.demo import applicable_losses, default_out
+from ..experiments.runner import EXECUTORS, make_executor
+from ..train import get_recipe
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss
 from ._args import nonneg_float as _nonneg_float
 from ._args import positive_int as _positive_int
@@ -92,14 +85,47 @@ def _interrupt_hint(args: argparse.Namespace) -> str:
 
 
 def _executor(args: argparse.Namespace):
-    if args.executor == "ray":
-        if not ray_available():
-            raise ValueError("`--executor ray` needs the `ray` package: pip install "
-                             "\"torchcal[ray]\" (or pip install \"ray>=2.9\")")
-        return RayExecutor(address=args.ray_address, workers=args.workers)
-    if args.ray_address is not None:
-        raise ValueError("`--ray-address` needs `--executor ray`")
-    return LocalExecutor(workers=args.workers)
+    """The registered executor ``--executor`` (:data:`torchcal.experiments.runner.EXECUTORS`)."""
+    return make_executor(args.executor, workers=args.workers, address=args.ray_address)
+
+
+_CALIBRATION_ONLY = ("epochs", "losses", "adafocal_lam", "data_arg", "train_arg", "loss_arg")
+
+
+def _cmd_uncertainty_suite(args: argparse.Namespace, executor) -> int:
+    """``--suite uncertainty``: the suite with --quick / --full / --seeds / --workers /
+    --executor / --out (default: a fresh directory, as the calibration demo's); the
+    calibration benchmark's options refused."""
+    # deferred: the suite's own imports (the uncertainty heads, its report)
+    from ..experiments import uncertainty as suite
+    from ..experiments import uncertainty_report as suite_report
+
+    for opt in _CALIBRATION_ONLY:
+        if getattr(args, opt, None) not in (None, [], False):
+            raise ValueError(f"Expected no --{opt.replace('_', '-')} with --suite uncertainty "
+                             "(an option of the calibration benchmark)")
+    profile = "quick" if args.quick else "full" if args.full else "default"
+    out = args.demo_out = Path(args.out) if args.out else default_out()
+    argv = list(getattr(args, "argv", None) or ["demo", "--suite", "uncertainty"])
+    if args.out is None:  # the command that continues this run names its directory
+        argv += ["--out", str(out)]
+    summary = suite.run_uncertainty_suite(
+        profile, out, seeds=tuple(args.seeds) if args.seeds is not None else None,
+        workers=args.workers, executor=executor, progress=not args.no_progress,
+        command=shlex.join(["torchcal", *argv]))
+    evidence = summary["profile_sizes"]["evidence"]
+    print("## The papers' claims on this benchmark\n")
+    print("\n".join(suite_report.verdict_lines(summary["claims"], evidence=evidence)))
+    beyond = suite_report.beyond_lines(summary["units"])
+    if beyond:
+        print("\nBeyond the claims (computed from the same units):\n\n" + "\n".join(beyond))
+    print(f"\nreport: {out / 'report.md'}\n        {out / 'report.html'} (figures embedded)"
+          f"  ({summary['seconds']:.0f} s, profile {profile})")
+    failed = [u for u in summary["units"] if u.get("error")]
+    if failed:
+        print(f"torchcal demo: {len(failed)} unit(s) failed, see the report", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -123,16 +149,14 @@ def _print_verdicts(rep) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if getattr(args, "suite", "calibration") == "uncertainty":
-        from .demo_suite import cmd_uncertainty_suite  # deferred: the suite's own imports
-
-        return cmd_uncertainty_suite(args, _executor(args))
+        return _cmd_uncertainty_suite(args, _executor(args))
     losses = tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None
     executor = _executor(args)
     # the output directory is fixed here, so that the hint after Ctrl-C can name it
     args.demo_out = Path(args.out) if args.out else default_out()
     cfg = DemoConfig(
         dataset=args.dataset, full=args.full, seeds=args.seeds, epochs=args.epochs,
-        losses=losses, workers=args.workers, out=args.demo_out, noise_std=args.noise_std,
+        losses=losses, workers=args.workers, out=args.demo_out,
         n_bins=args.n_bins, adafocal_lam=args.adafocal_lam,
         loss_kwargs=parse_demo_loss_args(args.loss_arg, losses or applicable_losses()),
         data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
@@ -195,6 +219,16 @@ def _size_help() -> dict[str, str]:
     }
 
 
+def _data_options_help() -> str:
+    """The declared options of each benchmark's data set (the data set registry)."""
+    out = []
+    for name in list_benchmarks():
+        ds = get_recipe(get_benchmark(name).recipe).dataset
+        opts = ", ".join(o.name for o in DATASETS.get(ds).options)
+        out.append(f"{name}: {opts or 'none'}")
+    return "; ".join(out)
+
+
 def register(subparsers) -> None:
     """Add ``demo`` to the ``torchcal`` command line."""
     h = _size_help()
@@ -210,7 +244,8 @@ def register(subparsers) -> None:
                         "Kendall et al. 2018's multi-task weighting on MNIST-1D, 3 seeds "
                         "(--quick: a 1-seed smoke test; --full: every arm, 5 seeds)")
     d.add_argument("--dataset", choices=list_benchmarks(), default="mnist1d",
-                   help="benchmark: mnist1d (default) or digits (the former default)")
+                   help="the benchmark (default mnist1d): " + "; ".join(
+                       f"{n}: {get_benchmark(n).title}" for n in list_benchmarks()))
     size = d.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=h["quick"])
     size.add_argument("--full", action="store_true", help=h["full"])
@@ -220,9 +255,9 @@ def register(subparsers) -> None:
     d.add_argument("--workers", type=_positive_int, default=2,
                    help="worker processes (default 2); with --executor ray and no "
                         "--ray-address, the CPUs of the local Ray instance")
-    d.add_argument("--executor", choices=("local", "ray"), default="local",
-                   help="where the runs train: local worker processes (default) or Ray tasks "
-                        "(pip install \"torchcal[ray]\"; see the guide's cluster page)")
+    d.add_argument("--executor", choices=EXECUTORS.names(), default="local",
+                   help="where the runs train: " + "; ".join(
+                       f"{n}: {EXECUTORS.get(n).summary}" for n in EXECUTORS.names()))
     d.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
                    help="with --executor ray: the running cluster to join (default: a local "
                         "Ray instance on this machine); the --out directory must be on storage "
@@ -231,16 +266,13 @@ def register(subparsers) -> None:
                    help="output directory (default: a fresh directory under ./torchcal-demo/); "
                         "the directory of an earlier demo is continued: finished runs are "
                         "skipped, unfinished ones resumed, the report rewritten")
-    d.add_argument("--noise-std", type=_nonneg_float, default=None,
-                   help="digits only: pixel noise std (default 0.5)")
     d.add_argument("--adafocal-lam", type=_nonneg_float, default=None,
                    help="AdaFocal's λ (default: the benchmark's; the paper's 1 on MNIST-1D, "
                         "0.1 on digits, see the report)")
     d.add_argument("--n-bins", type=_positive_int, default=15, help="bins of every binned metric")
     d.add_argument("--data-arg", action="append", metavar="KEY=VALUE",
-                   help="data set option, repeatable: MNIST-1D n_train=2000, n_val=2000, "
-                        "n_test=8000; digits n_copies=5 (noisy copies of each "
-                        "validation/test image), split=[0.6,0.1,0.3]")
+                   help="an option of the benchmark's data set, repeatable (its registered "
+                        "options: " + _data_options_help() + ")")
     d.add_argument("--train-arg", action="append", metavar="KEY=VALUE",
                    help="training setting of the recipe (a TrainConfig field), "
                         "repeatable: lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=64, "

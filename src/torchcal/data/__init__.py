@@ -6,6 +6,10 @@
 * :func:`load_ood` - OOD sets: ``"svhn"`` (test set), ``"cifar10c"`` (a corruption at a
   severity), ``"digits_ood"`` (noisy natural-photo patches for the digits benchmark),
   ``"mnist1d_shuffled"`` (MNIST-1D with its positions permuted, the package's "shuffle" variant).
+* :func:`register_dataset`, :func:`register_ood_set` - the data set and OOD set tables
+  (:mod:`torchcal.data.registry`): a loader, its declared options (:class:`DataOption`, checked
+  before loading) and its default OOD sets; torchcal's own sets are registered in
+  :mod:`torchcal.data.builtin`, and a user's set registered the same way trains everywhere.
 * :mod:`torchcal.data.augment` - :func:`random_crop_flip`, :func:`normalize` (batched, on device).
 * :mod:`torchcal.data.download` - :func:`download_url`, :func:`extract_archive`, published MD5s.
 * :mod:`torchcal.data.fake` - writers of tiny files in the official formats (for tests / demos).
@@ -22,7 +26,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._registry import unknown_name
 from ._base import (
     CIFAR_MEAN,
     CIFAR_STD,
@@ -30,27 +33,41 @@ from ._base import (
     IMAGENET_STD,
     ArrayDataset,
     DataSplits,
-    _check_fraction,
     default_root,
     split_indices,
     stratified_holdout,
 )
 from .augment import normalize, random_crop_flip
-from .cifar import load_cifar, load_cifar10c
 from .digits import load_digits_ood, load_digits_splits
 from .download import RESOURCES, download_url, extract_archive, md5sum
-from .imagenet import load_imagenet_splits
 from .mnist1d import load_mnist1d_ood, load_mnist1d_splits
 from .mnist1d_params import ParamDataset, load_mnist1d_param_splits
 from .prepare import prepare
-from .svhn import load_svhn
-from .tinyimagenet import load_tinyimagenet_splits
+from . import builtin  # noqa: F401 - registers torchcal's own data sets and OOD sets
+from .registry import (
+    DATASETS,
+    OOD_SETS,
+    DataOption,
+    DataSet,
+    OodDefault,
+    OodSet,
+    register_dataset,
+    register_ood_set,
+)
 
 __all__ = [
     "ArrayDataset",
     "DataSplits",
     "load_splits",
     "load_ood",
+    "register_dataset",
+    "register_ood_set",
+    "DataSet",
+    "OodSet",
+    "DataOption",
+    "OodDefault",
+    "DATASETS",
+    "OOD_SETS",
     "list_datasets",
     "list_ood_sets",
     "default_ood_sets",
@@ -76,32 +93,22 @@ __all__ = [
     "IMAGENET_STD",
 ]
 
-#: MNIST-1D keywords of :func:`load_splits` that choose the generator's settings.
-_MNIST1D_GENERATOR_KEYS = ("corr_noise_scale", "iid_noise_scale", "shear_scale")
-#: MNIST-1D keywords that select :func:`load_mnist1d_param_splits` (signals with parameters).
-_MNIST1D_PARAM_KEYS = ("classes", "with_params", *_MNIST1D_GENERATOR_KEYS)
-_DATASETS = ("cifar10", "cifar100", "digits", "imagenet", "mnist1d", "svhn", "tinyimagenet")
-_OOD = ("cifar10c", "digits_ood", "mnist1d_shuffled", "svhn")
-_DEFAULT_OOD = {"cifar10": ("svhn", "cifar10c"), "cifar100": ("svhn",), "digits": ("digits_ood",),
-                "mnist1d": ("mnist1d_shuffled",)}
-
-
 def list_datasets() -> list[str]:
-    """Names accepted by :func:`load_splits`.
+    """Names accepted by :func:`load_splits`: the registered data sets (:data:`DATASETS`).
 
     >>> list_datasets()
     ['cifar10', 'cifar100', 'digits', 'imagenet', 'mnist1d', 'svhn', 'tinyimagenet']
     """
-    return list(_DATASETS)
+    return DATASETS.names()
 
 
 def list_ood_sets() -> list[str]:
-    """Names accepted by :func:`load_ood`.
+    """Names accepted by :func:`load_ood`: the registered OOD sets (:data:`OOD_SETS`).
 
     >>> list_ood_sets()
     ['cifar10c', 'digits_ood', 'mnist1d_shuffled', 'svhn']
     """
-    return list(_OOD)
+    return OOD_SETS.names()
 
 
 def default_ood_sets(name: str) -> tuple[str, ...]:
@@ -110,12 +117,9 @@ def default_ood_sets(name: str) -> tuple[str, ...]:
     >>> default_ood_sets("cifar10"), default_ood_sets("tinyimagenet")
     (('svhn', 'cifar10c'), ())
     """
-    return _DEFAULT_OOD.get(name, ())
-
-
-def _split_array(train, test, *, seed: int, val_fraction: float):
-    tr_idx, va_idx = split_indices(len(train), val_fraction, seed)
-    return train.subset(tr_idx), train.subset(va_idx), test
+    if name not in DATASETS:
+        return ()
+    return tuple(o.name for o in DATASETS.get(name).default_ood)
 
 
 def load_splits(name: str, root: str | os.PathLike | None = None, *, download: bool = False,
@@ -168,69 +172,10 @@ def load_splits(name: str, root: str | os.PathLike | None = None, *, download: b
     >>> s.name, s.num_classes, len(s.val) // 5
     ('digits', 10, 180)
     """
-    if name not in _DATASETS:
-        raise ValueError(unknown_name("data set", name, _DATASETS))
-    take = _keyword_taker(name, kw)
-    if name == "digits":
-        return _digits_splits(take, seed=seed, val_fraction=val_fraction)
-    return _file_splits(name, default_root(root), take, download=download, seed=seed,
-                        val_fraction=val_fraction)
-
-
-def _keyword_taker(name: str, kw: dict):
-    """A ``take(*allowed)`` that returns a copy of ``kw``, refusing keywords not allowed."""
-    def take(*allowed: str) -> dict:
-        extra = sorted(set(kw) - set(allowed))
-        if extra:
-            raise ValueError(f"Unexpected keyword(s) for data set {name!r}: {', '.join(extra)}; "
-                             f"accepted: {', '.join(allowed) or 'none'}")
-        return dict(kw)
-
-    return take
-
-
-def _digits_splits(take, *, seed: int, val_fraction: float) -> DataSplits:
-    """The ``digits`` splits, with ``split`` derived from ``val_fraction`` unless given."""
-    opts = take("noise_std", "n_copies", "split")
-    if "split" not in opts:
-        vf = _check_fraction(val_fraction)
-        if vf >= 0.7:
-            raise ValueError(f"Expected `val_fraction` < 0.7 for digits (30% is the test split), got {val_fraction!r}")
-        opts["split"] = (round(0.7 - vf, 12), vf, 0.3)
-    return load_digits_splits(seed=seed, **opts)
-
-
-def _file_splits(name: str, root: Path, take, *, download: bool, seed: int,
-                 val_fraction: float) -> DataSplits:
-    """The splits of a data set kept under the data root ``root`` (every one but digits)."""
-    if name == "mnist1d":
-        opts = take("n_train", "n_val", "n_test", "cache", *_MNIST1D_PARAM_KEYS)
-        if set(opts) & set(_MNIST1D_PARAM_KEYS):
-            gen = {k: opts.pop(k) for k in _MNIST1D_GENERATOR_KEYS if k in opts}
-            opts.pop("with_params", None)
-            return load_mnist1d_param_splits(root, seed=seed, generator=gen, **opts)
-        return load_mnist1d_splits(root, seed=seed, **opts)
-    if name in ("cifar10", "cifar100"):
-        opts = take("verify")
-        train, test, classes = load_cifar(name, root, download=download, **opts)
-        tr, va, te = _split_array(train, test, seed=seed, val_fraction=val_fraction)
-        return DataSplits(tr, va, te, 10 if name == "cifar10" else 100, (3, 32, 32), CIFAR_MEAN,
-                          CIFAR_STD, True, name, 4,
-                          {"root": str(root), "seed": seed, "classes": classes})
-    if name == "svhn":
-        opts = take("verify")
-        train = load_svhn(root, "train", download=download, **opts)
-        test = load_svhn(root, "test", download=download, **opts)
-        tr, va, te = _split_array(train, test, seed=seed, val_fraction=val_fraction)
-        return DataSplits(tr, va, te, 10, (3, 32, 32), CIFAR_MEAN, CIFAR_STD, False, name, 0,
-                          {"root": str(root), "seed": seed})
-    if name == "tinyimagenet":
-        opts = take("verify", "per_class", "cache")
-        return load_tinyimagenet_splits(root, download=download, seed=seed, **opts)
-    # imagenet
-
-    opts = take("image_size", "resize_size")
-    return load_imagenet_splits(root, seed=seed, val_fraction=val_fraction, **opts)
+    ds = DATASETS.get(name)  # ValueError naming the registered data sets
+    opts = ds.check(kw)
+    return ds.load(None if root is None else Path(root), download=download, seed=seed,
+                   val_fraction=val_fraction, **opts)
 
 
 def load_ood(name: str, root: str | os.PathLike | None = None, *, download: bool = False,
@@ -252,27 +197,6 @@ def load_ood(name: str, root: str | os.PathLike | None = None, *, download: bool
     >>> load_ood("digits_ood", seed=0, n=3).data.shape
     torch.Size([3, 64])
     """
-    if name not in _OOD:
-        raise ValueError(unknown_name("OOD set", name, _OOD))
-
-    def take(*allowed: str) -> dict:
-        extra = sorted(set(kw) - set(allowed))
-        if extra:
-            raise ValueError(f"Unexpected keyword(s) for OOD set {name!r}: {', '.join(extra)}; "
-                             f"accepted: {', '.join(allowed)}")
-        return dict(kw)
-
-    if name == "digits_ood":
-        return load_digits_ood(seed=seed, **take("noise_std", "n", "downscale"))
-    root = default_root(root)
-    if name == "mnist1d_shuffled":
-        return load_mnist1d_ood(root, seed=seed, **take("n", "cache"))
-    if name == "svhn":
-        opts = take("verify", "keep_labels")
-        keep = bool(opts.pop("keep_labels", False))
-        ds = load_svhn(root, "test", download=download, **opts)
-        if not keep:
-            ds.labels.fill_(-1)
-        return ds
-
-    return load_cifar10c(root, download=download, **take("corruption", "severity", "verify"))
+    ood = OOD_SETS.get(name)  # ValueError naming the registered OOD sets
+    opts = ood.check(kw)
+    return ood.load(None if root is None else Path(root), download=download, seed=seed, **opts)

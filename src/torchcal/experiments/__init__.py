@@ -19,14 +19,18 @@ The **runner** executes units of work.  The API other work builds on:
   task; it returns a JSON-able dict with ``"error"`` (None on success) and optionally
   ``"skipped"``; it reports its failures instead of raising.  ``labels`` name the job in the
   result the runner writes when its process dies.  The function is pluggable: one training run
-  (:func:`~torchcal.experiments.training.run_job`, built by :func:`train_job` from a run spec),
+  (:func:`~torchcal.experiments.training.run_job`, built by :func:`train_job` from a run spec,
+  resolved in this process into its TrainConfig dict: :func:`~torchcal.experiments.training.
+  resolve_spec`),
   several runs trained as one packed model, another benchmark's run.
 * :func:`run_sweep` ``(jobs, executor=None, *, progress=True, desc="torchcal demo") -> list[dict]``:
   executes the jobs behind one progress bar and returns one result per job, in the jobs' order
   (``name`` and ``seconds`` added to each).  A job that stands for several runs (a packed
   model) returns its per-run results in its own dict (e.g. under ``"runs"``), names its run
   directories in ``labels`` and asks for the resources of the whole pack.
-* Executors (the :class:`Executor` protocol: ``run(jobs, on_done)``):
+* Executors (the :class:`~torchcal.experiments.runner.Executor` protocol: ``run(jobs,
+  on_done)``), registered by name (:func:`register_executor`, :class:`ExecutorType`;
+  ``torchcal demo --executor`` offers each):
   :class:`LocalExecutor` ``(workers=2)``: spawned worker processes of this machine, one thread
   each, or this process when ``workers`` is 1; Ctrl-C stops the workers at once.
   :class:`RayExecutor` ``(address=None | "auto" | "HOST:PORT", workers=2, max_retries=3)``:
@@ -46,46 +50,19 @@ The **runner** executes units of work.  The API other work builds on:
 [1, 2]
 """
 
-from .benchmark import (
-    BENCHMARKS,
-    Benchmark,
-    Profile,
-    committed_note,
-    committed_verdicts,
-    get_benchmark,
-    list_benchmarks,
-    register_benchmark,
-    tagged_losses,
-)
-from .calibration import ADAFOCAL_LAM, CLAIM_LOSSES, DEMO_LOSS_KWARGS, adafocal_note
-from .demo import (
-    DemoConfig,
-    DemoResult,
-    appendix_text,
-    applicable_losses,
-    default_out,
-    demo_jobs,
-    demo_loss_kwargs,
-    intro_text,
-    resolve,
-    run_demo,
-    seed_ensembles,
-    sweep_jobs,
-    verdict_label,
-)
-from .packed import CPU_PACK_SIZE, expand_results, pack_jobs, run_packed_job
-from .ray_executor import RayExecutor, ray_available
+# the public surface: what a user calls (the rest is public in its module: demo, training,
+# runner, packed, calibration, uncertainty, uncertainty_report)
+from . import calibration  # noqa: F401 - registers the calibration benchmarks
+from .benchmark import Benchmark, Profile, get_benchmark, list_benchmarks, register_benchmark
+from .demo import DemoConfig, DemoResult, run_demo
+from .ray_executor import RayExecutor
+from .runner import ExecutorType, Job, LocalExecutor, Resources, register_executor, run_sweep
+from .training import train_job
 from .uncertainty import run_uncertainty_suite
-from .runner import Executor, Job, LocalExecutor, Resources, failed_result, run_sweep
-from .training import is_finished, is_stale, run_job, train_config, train_job
 
 __all__ = [
-    "Job", "Resources", "Executor", "LocalExecutor", "RayExecutor", "ray_available", "run_sweep",
-    "failed_result", "train_job", "run_job", "train_config", "is_stale", "is_finished",
-    "Benchmark", "Profile", "BENCHMARKS", "register_benchmark", "get_benchmark", "list_benchmarks",
-    "tagged_losses", "committed_verdicts", "committed_note", "DemoConfig", "DemoResult",
-    "run_demo", "demo_jobs",
-    "sweep_jobs", "resolve", "demo_loss_kwargs", "applicable_losses", "default_out", "intro_text",
-    "appendix_text", "verdict_label", "seed_ensembles", "CLAIM_LOSSES", "DEMO_LOSS_KWARGS", "ADAFOCAL_LAM", "adafocal_note",
-    "run_uncertainty_suite", "pack_jobs", "run_packed_job", "expand_results", "CPU_PACK_SIZE",
+    "run_demo", "DemoConfig", "DemoResult", "run_uncertainty_suite",
+    "Benchmark", "Profile", "register_benchmark", "get_benchmark", "list_benchmarks",
+    "Job", "Resources", "run_sweep", "train_job", "LocalExecutor", "RayExecutor",
+    "ExecutorType", "register_executor",
 ]

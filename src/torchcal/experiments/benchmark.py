@@ -64,7 +64,9 @@ class Benchmark:
         summary: one sentence on the benchmark for the command line's help.
         tag: the loss registry tag selecting the losses of a profile without ``losses``.
         loss_kwargs: per-loss hyperparameters the benchmark sets (registry defaults otherwise).
-        noise_std: pixel noise passed to the data (None: the option does not apply).
+        data_kwargs: options of the recipe's data set the benchmark sets (declared options of
+            its registered data set, :mod:`torchcal.data.registry`; digits: ``noise_std``),
+            under the user's ``data_kwargs``.
         claims: the papers' claims the report tests (:mod:`torchcal.report.claims`).
         committed_results: the repository path of the committed ``full`` run's results.csv.
         committed_note: a remark the report adds to the committed run's verdicts (a re-run).
@@ -86,7 +88,7 @@ class Benchmark:
     summary: str = ""
     tag: str = "demo"
     loss_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    noise_std: float | None = None
+    data_kwargs: Mapping[str, Any] = field(default_factory=dict)
     claims: Sequence[Claim] = ()
     committed_results: str | None = None
     committed_note: str = ""

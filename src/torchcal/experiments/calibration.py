@@ -183,7 +183,7 @@ def _digits_data_text(tc: TrainConfig, info: Mapping[str, Any], cfg: Any) -> str
     fr = info.get("split", (0.6, 0.1, 0.3))
     n_img = info.get("images", {})
     k = info.get("n_copies", 5)
-    std = info.get("noise_std", cfg.noise_std)
+    std = info.get("noise_std", cfg.data_kwargs.get("noise_std", 0.5))
     return (
         "scikit-learn's 8×8 digits (1,797 images, 10 classes), pixels scaled to [0, 1] with "
         f"fixed Gaussian noise (std {std:g}, drawn once per image: the idea of CIFAR-10-C's "
@@ -399,7 +399,8 @@ DIGITS = register_benchmark(Benchmark(
         "quick": Profile(seeds=(0, 1), epochs=30),
         "full": Profile(seeds=(0, 1, 2, 3, 4)),
     },
-    loss_kwargs={**DEMO_LOSS_KWARGS, "adafocal": {"lam": ADAFOCAL_LAM}}, noise_std=0.5,
+    loss_kwargs={**DEMO_LOSS_KWARGS, "adafocal": {"lam": ADAFOCAL_LAM}},
+    data_kwargs={"noise_std": 0.5},  # a declared option of the digits data set
     claims=(*CLAIMS, *ENSEMBLE_CLAIMS), excluded=_EXCLUDED,
     intro=functools.partial(calibration_intro, data_text=_digits_data_text, ood_text=_DIGITS_OOD),
     appendix=functools.partial(

@@ -29,6 +29,7 @@ from typing import Any
 from .._io import exclusive_lock
 from .._registry import unknown_name
 from .._validation import check_scalar
+from ..data import DATASETS
 from ..ensemble import evaluate_ensemble
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config
@@ -39,7 +40,7 @@ from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
 from . import calibration  # noqa: F401 - registers the calibration benchmarks
-from .benchmark import BENCHMARKS, Benchmark, committed_note, get_benchmark
+from .benchmark import Benchmark, committed_note, get_benchmark
 from .calibration import IntroContext
 from .packed import expand_results, pack_jobs
 from .runner import Executor, LocalExecutor, run_sweep
@@ -62,11 +63,12 @@ class DemoConfig:
     losses: tuple[str, ...] | None = None  # None: the profile's
     workers: int = 2
     out: Path | None = None  # None: a fresh directory under ./torchcal-demo/
-    noise_std: float | None = None  # pixel noise, digits only (None: 0.5)
     n_bins: int = 15
     adafocal_lam: float | None = None  # None: the benchmark's (digits 0.1, MNIST-1D the paper's 1)
     loss_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-loss overrides
-    data_kwargs: dict[str, Any] = field(default_factory=dict)  # n_copies, split (digits)
+    # declared options of the benchmark's data set (torchcal.data.registry), over the
+    # benchmark's own (digits: noise_std 0.5): MNIST-1D n_train, ...; digits noise_std, n_copies
+    data_kwargs: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     quick: bool = False
     figures: bool = True
@@ -109,10 +111,6 @@ def resolve(cfg: DemoConfig) -> DemoConfig:
 def _resolve(cfg: DemoConfig, bench: Benchmark) -> DemoConfig:
     name = _profile_name(cfg)
     prof = bench.profile(name)
-    if cfg.noise_std is not None and bench.noise_std is None:
-        noisy = [n for n in BENCHMARKS.names() if BENCHMARKS.get(n).noise_std is not None]
-        raise ValueError(f"`noise_std` (--noise-std) applies to the {', '.join(noisy)} benchmark "
-                         f"only, not {cfg.dataset}")
     lam = bench.loss_kwargs.get("adafocal", {}).get("lam")
     return dataclasses.replace(
         cfg,
@@ -120,7 +118,7 @@ def _resolve(cfg: DemoConfig, bench: Benchmark) -> DemoConfig:
         epochs=cfg.epochs if cfg.epochs is not None else prof.epochs,
         losses=cfg.losses or tuple(bench.losses(name)),
         recipe=cfg.recipe or bench.recipe,
-        noise_std=cfg.noise_std if cfg.noise_std is not None else bench.noise_std,
+        data_kwargs={**bench.data_kwargs, **cfg.data_kwargs},
         adafocal_lam=cfg.adafocal_lam if cfg.adafocal_lam is not None else lam,
     )
 
@@ -171,7 +169,6 @@ def _demo_jobs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[dict[str, A
                 "loss_kwargs": dict(kwargs[loss]),
                 "seed": int(seed),
                 "epochs": cfg.epochs,
-                "noise_std": None if cfg.noise_std is None else float(cfg.noise_std),
                 "n_bins": int(cfg.n_bins),
                 "data_kwargs": dict(cfg.data_kwargs),
                 "run_dir": str(out / "runs" / loss / f"seed{seed}"),
@@ -236,7 +233,9 @@ def verdict_label(cfg: DemoConfig, jobs: list[dict[str, Any]], resolved: bool = 
 
 def _check_settings(jobs: list[dict[str, Any]], bench: Benchmark) -> None:
     """Raise ValueError for settings no run could train with (unknown TrainConfig fields, invalid
-    values, unknown data set options, bad loss arguments)."""
+    values, data set options its registration does not declare or allow, bad loss arguments)."""
+    tc0 = train_config(jobs[0])
+    DATASETS.get(tc0.dataset).check(tc0.data_kwargs)
     seen = set()
     for job in jobs:
         if job["loss"] not in seen:
@@ -257,13 +256,10 @@ def _check(cfg: DemoConfig) -> None:
         raise ValueError("Expected `seeds` to hold at least one seed, got none")
     check_scalar(cfg.workers, "workers", int, min_val=1)
     check_scalar(cfg.epochs, "epochs", int, min_val=1, allow_none=True)
-    check_scalar(cfg.noise_std, "noise_std", float, min_val=0.0, allow_none=True)
     known = set(list_losses())
     bad = [n for n in cfg.losses if n not in known]
     if bad:
         raise ValueError("; ".join(unknown_name("loss", n, known) for n in bad))
-    if "noise_std" in cfg.data_kwargs:
-        raise ValueError("Set the pixel noise with `noise_std` (--noise-std), not in `data_kwargs`")
     extra = sorted(set(cfg.loss_kwargs) - set(cfg.losses))
     if extra:
         raise ValueError(f"Loss arguments given for {extra}, which the demo does not train "

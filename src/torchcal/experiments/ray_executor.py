@@ -32,7 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TorchcalError, one_line_warnings
-from .runner import Job, OnDone, _sigterm_interrupts, call_job, failed_result
+from .runner import (
+    ExecutorType,
+    Job,
+    OnDone,
+    _sigterm_interrupts,
+    call_job,
+    failed_result,
+    register_executor,
+)
 
 __all__ = ["RayExecutor", "ray_available", "check_ray_address", "CONNECT_TIMEOUT"]
 
@@ -272,3 +280,13 @@ class RayExecutor:
             return (f"Ray task {job.name!r} was lost with its Ray node or raylet (a task is not "
                     f"retried there): {what}")
         return f"Ray task {job.name!r} failed: {what}"
+
+
+def _missing() -> str:
+    return "" if ray_available() else ("needs the `ray` package: pip install \"torchcal[ray]\" "
+                                       "(or pip install \"ray>=2.9\")")
+
+
+register_executor(ExecutorType(
+    "ray", lambda *, workers, address=None: RayExecutor(address=address, workers=workers),
+    "Ray tasks (pip install \"torchcal[ray]\"; see the guide's cluster page)", _missing))

@@ -6,7 +6,9 @@ about training: :func:`torchcal.experiments.training.run_job` trains and evaluat
 packed job may train several runs as one model, another benchmark may plug in its own function.
 
 Executors (:class:`LocalExecutor`, :class:`~torchcal.experiments.ray_executor.RayExecutor`)
-only decide *where* each job's function runs; skipping finished work and resuming unfinished
+only decide *where* each job's function runs; each is registered by name with how to make it
+from the command line's options (:data:`EXECUTORS`, :func:`register_executor`: adding an
+executor is its own module and one registration, and ``torchcal demo --executor`` offers it); skipping finished work and resuming unfinished
 work is the job function's business (it reads its run directory), so every executor follows
 the same rules and gives the same numbers.
 """
@@ -31,10 +33,11 @@ from typing import Any, Protocol
 import torch
 from tqdm.auto import tqdm
 
+from .._registry import Registry
 from ..errors import one_line_warnings
 
 __all__ = ["Resources", "Job", "Executor", "LocalExecutor", "run_sweep", "failed_result",
-           "set_threads"]
+           "set_threads", "ExecutorType", "EXECUTORS", "register_executor", "make_executor"]
 
 #: ``on_done(job, result)``: what an executor calls once per finished job (in the caller's process).
 OnDone = Callable[["Job", dict[str, Any]], None]
@@ -168,6 +171,58 @@ class LocalExecutor:
                 _stop_workers(ex)
             raise
         ex.shutdown(wait=True)
+
+
+@dataclass(frozen=True)
+class ExecutorType:
+    """A registered executor.
+
+    Attributes:
+        name: registry name (``torchcal demo --executor NAME``).
+        make: ``make(workers=N, address=A) -> Executor`` (``address``: a cluster's address,
+            None for none; an executor without clusters refuses one).
+        summary: one line for the command line's help.
+        missing: ``missing() -> str``: why it cannot run here (an absent optional package,
+            with the command that installs it), ``""`` when it can.
+    """
+
+    name: str
+    make: Callable[..., Executor]
+    summary: str = ""
+    missing: Callable[[], str] = str
+
+
+#: The executor table (``torchcal demo --executor``).
+EXECUTORS: Registry[ExecutorType] = Registry("executor")
+
+
+def register_executor(executor: ExecutorType) -> ExecutorType:
+    """Add ``executor`` to :data:`EXECUTORS` under its name; returns it."""
+    return EXECUTORS.register(executor.name, executor)
+
+
+def make_executor(name: str, *, workers: int = 2, address: str | None = None) -> Executor:
+    """The registered executor ``name`` with ``workers`` and ``address``; ``ValueError`` for an
+    unknown name (naming the registered ones) or one that cannot run here (saying why).
+
+    >>> make_executor("local", workers=1)
+    LocalExecutor(workers=1, warning_prefix='demo')
+    """
+    kind = EXECUTORS.get(name)
+    why = kind.missing()
+    if why:
+        raise ValueError(f"`--executor {name}` {why}")
+    return kind.make(workers=workers, address=address)
+
+
+def _local(*, workers: int, address: str | None = None) -> LocalExecutor:
+    if address is not None:
+        raise ValueError("`--ray-address` needs `--executor ray` (the local executor joins no "
+                         "cluster)")
+    return LocalExecutor(workers=workers)
+
+
+register_executor(ExecutorType("local", _local, "worker processes of this machine (default)"))
 
 
 def run_sweep(jobs: Sequence[Job], executor: Executor | None = None, *, progress: bool = True,

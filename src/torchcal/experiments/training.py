@@ -2,7 +2,8 @@
 evaluate its saved logits, skipping finished work and resuming unfinished work.
 
 A run's *spec* is a JSON-able dict: ``recipe``, ``loss``, ``loss_kwargs``, ``seed``, ``epochs``
-(None: the recipe's), ``noise_std``, ``n_bins``, ``data_kwargs``, ``run_dir`` and ``overrides``
+(None: the recipe's), ``n_bins``, ``data_kwargs`` (declared options of the data set, e.g.
+digits' ``noise_std``), ``run_dir`` and ``overrides``
 (other TrainConfig fields).  :func:`train_config` turns it into the run's TrainConfig,
 :func:`resolve_spec` adds that TrainConfig to it as a dict (``config``), and :func:`train_job`
 makes the resolved spec a :class:`~torchcal.experiments.runner.Job` whose function is
@@ -80,8 +81,6 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
     if "data_kwargs" in fields:
         dk = dict(cfg.data_kwargs or {})
         dk.update(spec.get("data_kwargs") or {})
-        if spec.get("noise_std") is not None:
-            dk["noise_std"] = spec["noise_std"]
         upd["data_kwargs"] = dk
     upd.update(spec.get("overrides") or {})
     unknown = sorted(set(upd) - fields)

@@ -41,14 +41,17 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text
+from .._io import atomic_write_json, atomic_write_text, exclusive_lock
 from ..data import load_splits
 from ..runs import RunDir
 from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
+from ..report.build import markdown_page
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import uncertainty_report as rep
+from .demo import default_out
 from .runner import Executor, Job, LocalExecutor, run_sweep
+from .training import is_stale
 
 __all__ = ["SUMMARY_FILE", "run_uncertainty_suite", "write_suite_report", "UncertaintyProfile", "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT",
            "suite_specs", "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
@@ -233,14 +236,23 @@ def _cache(path: Path, model, data, name: str, cfg) -> EmbeddingCache:
                  "data_seed": cfg.data_seed}, on_stale="rebuild", progress=False)
 
 
+def _train_or_resume(cfg) -> None:
+    """Train ``cfg`` into its directory: a finished run is kept, an unfinished one resumed, and
+    one of other settings (:func:`~torchcal.experiments.training.is_stale`: an identity or
+    schedule field changed, e.g. another profile's sizes) trained afresh, never extended."""
+    if is_stale(cfg.out_dir, cfg):
+        shutil.rmtree(cfg.out_dir)
+    train(cfg)
+
+
 def kirchhof_unit(spec: dict[str, Any]) -> dict[str, Any]:
     """One seed of the pretrained-uncertainty experiment (see the module docstring)."""
     p = spec["profile"]
     d = Path(spec["dir"])
     plain_cfg, joint_cfg = (_backbone_config(spec, d / n, j)
                             for n, j in (("backbone", False), ("backbone_joint", True)))
-    train(plain_cfg)
-    train(joint_cfg)
+    for cfg in (plain_cfg, joint_cfg):
+        _train_or_resume(cfg)
     model, _ = load_model_from_run(plain_cfg.out_dir, device="cpu")
     joint, _ = load_model_from_run(joint_cfg.out_dir, device="cpu")
     splits = build_data(plain_cfg)
@@ -279,7 +291,8 @@ def kirchhof_unit(spec: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------
 def write_suite_report(units: list[dict[str, Any]], out: Path, profile: str,
                        p: UncertaintyProfile, seconds: float, command: str) -> dict[str, Any]:
-    """Write report.md, suite_results.json, results.csv and the figures of a finished suite."""
+    """Write report.md, report.html (figures embedded), suite_results.json, results.csv and the
+    figures of a finished suite."""
     figures = rep.write_figures(units, out)
     sizes = dataclasses.asdict(p)
     summary = {"schema": "torchcal.uncertainty_suite/1", "profile": profile,
@@ -287,8 +300,11 @@ def write_suite_report(units: list[dict[str, Any]], out: Path, profile: str,
                "claims": rep.claim_verdicts(units), "units": units}
     atomic_write_json(out / SUMMARY_FILE, summary)
     atomic_write_text(out / "results.csv", rep.rows_csv(rep.results_rows(units)))
-    atomic_write_text(out / "report.md", rep.report_markdown(
-        units, profile=profile, p=sizes, figures=figures, seconds=seconds, command=command))
+    md = rep.report_markdown(units, profile=profile, p=sizes, figures=figures, seconds=seconds,
+                             command=command)
+    atomic_write_text(out / "report.md", md)
+    atomic_write_text(out / "report.html", markdown_page(
+        f"torchcal demo --suite uncertainty ({profile})", md, out))
     return summary
 
 
@@ -303,7 +319,7 @@ def suite_jobs(specs: list[dict[str, Any]]) -> list[Job]:
 
 
 def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
-                          out: str | Path = "torchcal-demo/uncertainty",
+                          out: str | Path | None = None,
                           *, data_root: str | Path | None = None,
                           seeds: tuple[int, ...] | None = None, workers: int = 2,
                           executor: Executor | None = None, progress: bool = True,
@@ -311,7 +327,11 @@ def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
     """Run the suite at ``profile`` into ``out`` and write its report; the summary dict.
 
     ``profile`` is a name of :data:`PROFILES` or an :class:`UncertaintyProfile` (reported as
-    ``custom``); ``data_root`` (default ``out/data``) holds the generated MNIST-1D caches.  The
+    ``custom``); ``out`` (default: a fresh directory under ``./torchcal-demo/``, as the
+    calibration demo's) is owned by this call while it runs (a second suite into it is refused
+    at once, :class:`~torchcal.errors.InUseError`), and the directory of an earlier suite is
+    continued (its finished units reused); ``data_root`` (default ``out/data``) holds the
+    generated MNIST-1D caches.  The summary's ``out`` says where the report went.  The
     units run through the experiments layer's runner (:func:`run_sweep`) with ``executor``
     (default ``LocalExecutor(workers)``: spawned worker processes, one thread each, or this
     process when ``workers`` is 1; a :class:`RayExecutor` runs them as Ray tasks).
@@ -323,13 +343,14 @@ def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
     else:
         raise ValueError(f"Expected `profile` to be one of {tuple(PROFILES)}, got {profile!r}")
     t0 = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out) if out is not None else default_out()
     if seeds is not None:
         p = dataclasses.replace(p, seeds=tuple(seeds))
     root = Path(data_root) if data_root is not None else out / "data"
-    specs = suite_specs(p, out, root)
-    units = run_sweep(suite_jobs(specs), executor or LocalExecutor(workers=workers),
-                      progress=progress, desc="torchcal demo --suite uncertainty")
-    return write_suite_report(units, out, profile, p, time.perf_counter() - t0,
-                              command or f"torchcal demo --suite uncertainty --{profile}")
+    with exclusive_lock(out, what="Demo directory"):  # one suite per directory at a time
+        specs = suite_specs(p, out, root)
+        units = run_sweep(suite_jobs(specs), executor or LocalExecutor(workers=workers),
+                          progress=progress, desc="torchcal demo --suite uncertainty")
+        summary = write_suite_report(units, out, profile, p, time.perf_counter() - t0,
+                                     command or f"torchcal demo --suite uncertainty --{profile}")
+    return {**summary, "out": str(out)}

@@ -32,40 +32,60 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_text
-from ..report.claims import at_chance
+from ..report.claims import AT_CHANCE, Claim, at_chance, check_claim_on_seeds
 
-__all__ = ["CLAIMS", "claim_verdicts", "kirchhof_table", "kendall_table", "timing_table",
+__all__ = ["CLAIMS", "seed_numbers", "claim_verdicts", "kirchhof_table", "kendall_table",
+           "timing_table",
            "results_rows", "rows_csv", "write_figures", "report_markdown", "readme_block",
+           "verdict_lines", "beyond_lines",
            "README_BEGIN", "README_END", "replace_readme_block"]
 
-#: (key, paper, claim text)
-CLAIMS = (
-    ("kirchhof_unseen", "Kirchhof et al. 2024",
-     "on unseen classes the pretrained head's R-AUROC beats max-probability and entropy"),
-    ("kirchhof_share", "Kirchhof et al. 2024",
-     "the head keeps most of its upstream R-AUROC on unseen classes"),
-    ("kirchhof_cache", "Kirchhof et al. 2024",
-     "training from the cache is at least 20x faster than recomputing embeddings"),
-    ("kirchhof_stopgrad", "Kirchhof et al. 2024",
-     "with the stop-gradient the classifier is unchanged"),
-    ("kendall_frontier", "Kendall et al. 2018",
-     "no fixed weighting of the grid beats the learned weighting on both tasks at once"),
-    ("kendall_noise", "Kendall et al. 2018",
-     "a task whose target is made noisier gets a lower learned weight"),
+_KIRCHHOF, _KENDALL = "Kirchhof et al. 2024", "Kendall et al. 2018"
+
+
+def _cols(part: str, *names: str) -> tuple[tuple[str, str, str], ...]:
+    return tuple((part, n, n) for n in names)
+
+
+#: The claims, the same :class:`~torchcal.report.claims.Claim` objects as the calibration
+#: benchmark's: each compares *parts* of one seed's units (``kirchhof``, ``kendall_grid``,
+#: ``kendall_noise``: :func:`seed_numbers`) instead of losses.
+CLAIMS: tuple[Claim, ...] = (
+    Claim("kirchhof_unseen", _KIRCHHOF,
+          "on unseen classes the pretrained head's R-AUROC beats max-probability and entropy",
+          ("kirchhof",), lambda n: n["kirchhof"]["head"] > n["kirchhof"]["max-prob"]
+          and n["kirchhof"]["head"] > n["kirchhof"]["entropy"],
+          _cols("kirchhof", "head", "max-prob", "entropy")),
+    Claim("kirchhof_share", _KIRCHHOF,
+          "the head keeps most of its upstream R-AUROC on unseen classes",
+          ("kirchhof",), lambda n: n["kirchhof"]["share above chance"] > 0.5,
+          _cols("kirchhof", "share above chance", "raw share", "upstream", "unseen")),
+    Claim("kirchhof_cache", _KIRCHHOF,
+          "training from the cache is at least 20x faster than recomputing embeddings",
+          ("kirchhof",), lambda n: n["kirchhof"]["speed-up"] >= 20,
+          _cols("kirchhof", "speed-up"), skill=False),
+    Claim("kirchhof_stopgrad", _KIRCHHOF, "with the stop-gradient the classifier is unchanged",
+          ("kirchhof",), lambda n: n["kirchhof"]["max abs logit difference"] <= 1e-6,
+          _cols("kirchhof", "max abs logit difference"), skill=False),
+    Claim("kendall_frontier", _KENDALL,
+          "no fixed weighting of the grid beats the learned weighting on both tasks at once",
+          ("kendall_grid",), lambda n: n["kendall_grid"]["dominating fixed weightings"] == 0,
+          _cols("kendall_grid", "kendall accuracy", "kendall RMSE",
+                "dominating fixed weightings")),
+    Claim("kendall_noise", _KENDALL,
+          "a task whose target is made noisier gets a lower learned weight",
+          ("kendall_noise",),
+          lambda n: n["kendall_noise"]["ratio noisy"] < n["kendall_noise"]["ratio clean"],
+          _cols("kendall_noise", "ratio clean", "ratio noisy")),
 )
 #: The paper's R-AUROC (recall@1) of its head on unseen classes and upstream (Kirchhof et al.
 #: 2024): a raw share of 96%, 89% above chance (``(0.758 - 0.5) / (0.791 - 0.5)``).
 PAPER_R_UNSEEN, PAPER_R_UP = 0.758, 0.791
-
-
 SETTINGS = (("upstream", "r_auroc_correct", "upstream test (classes 0-4)", "classifier"),
             ("upstream", "r_auroc_recall", "upstream test (classes 0-4)", "recall@1"),
             ("unseen classes", "r_auroc_recall", "unseen classes 5-9", "recall@1"),
@@ -194,66 +214,74 @@ def rows_csv(rows: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------------
 # claims
 # ------------------------------------------------------------------------------------------
-def _per_seed_kirchhof(u: dict[str, Any]) -> dict[str, tuple[bool, dict[str, float]]]:
+def _kirchhof_numbers(u: dict[str, Any]) -> dict[str, float]:
+    """One seed's numbers of the Kirchhof claims (the part ``kirchhof``)."""
     h = u["heads"]["validation"]
     unseen, up = h["unseen classes"], h["upstream"]
     head, mp, en = (_value(unseen, m, "r_auroc_recall") for m in ("head", "max_prob", "entropy"))
     r_up = _value(up, "head", "r_auroc_recall")
-    above = (head - 0.5) / (r_up - 0.5) if r_up > 0.5 else math.nan
-    t = u["timing"]
-    chance = at_chance(u.get("upstream_accuracy", math.nan), 5)  # upstream: classes 0-4
-    return {
-        "kirchhof_unseen": None if chance else (
-            head > mp and head > en, {"head": head, "max-prob": mp, "entropy": en}),
-        "kirchhof_share": None if chance else (
-            above > 0.5, {"share above chance": above, "raw share": head / r_up,
-                          "upstream": r_up, "unseen": head}),
-        "kirchhof_cache": (t["speedup"] >= 20, {"speed-up": t["speedup"]}),
-        "kirchhof_stopgrad": (u["stopgrad_max_abs_logit_diff"] <= 1e-6,
-                              {"max abs logit difference": u["stopgrad_max_abs_logit_diff"]}),
-    }
+    return {"head": head, "max-prob": mp, "entropy": en,
+            "share above chance": (head - 0.5) / (r_up - 0.5) if r_up > 0.5 else math.nan,
+            "raw share": head / r_up, "upstream": r_up, "unseen": head,
+            "speed-up": u["timing"]["speedup"],
+            "max abs logit difference": u["stopgrad_max_abs_logit_diff"],
+            # upstream: the backbone's classes 0-4
+            AT_CHANCE: float(at_chance(u.get("upstream_accuracy", math.nan), 5))}
 
 
-def _per_seed_kendall(units: list[dict[str, Any]], seed: int):
+def _kendall_numbers(units: list[dict[str, Any]], seed: int) -> dict[str, dict[str, float]]:
+    """One seed's numbers of the Kendall claims: the parts ``kendall_grid`` (the learned
+    weighting against the fixed grid) and ``kendall_noise`` (its weight ratios with and without
+    target noise), each present when the seed has the arms it needs."""
     by_arm = {u["arm"]: u for u in _ok(units, "kendall") if u["seed"] == seed}
-    out: dict[str, tuple[bool, dict[str, float]]] = {}
+    out: dict[str, dict[str, float]] = {}
     k = by_arm.get("kendall")
     if k is None:
         return out
     acc, rmse = k["test"]["accuracy"], k["test"]["rmse"]
     grid = [u for a, u in by_arm.items() if a.startswith("fixed ")]
     beaters = [u["arm"] for u in grid if u["test"]["accuracy"] > acc and u["test"]["rmse"] < rmse]
-    chance = at_chance(acc, 10)  # MNIST-1D's 10 classes
     if grid:
-        out["kendall_frontier"] = None if chance else (
-            not beaters, {"kendall accuracy": acc, "kendall RMSE": rmse,
-                          "dominating fixed weightings": len(beaters)})
+        out["kendall_grid"] = {"kendall accuracy": acc, "kendall RMSE": rmse,
+                               "dominating fixed weightings": len(beaters),
+                               AT_CHANCE: float(at_chance(acc, 10))}  # MNIST-1D's 10 classes
     noisy = by_arm.get("kendall, noisy target")
     if noisy is not None:
-        r0 = k["weights"][1] / k["weights"][0]
-        r1 = noisy["weights"][1] / noisy["weights"][0]
-        out["kendall_noise"] = None if chance or at_chance(noisy["test"]["accuracy"], 10) \
-            else (r1 < r0, {"ratio clean": r0, "ratio noisy": r1})
+        out["kendall_noise"] = {"ratio clean": k["weights"][1] / k["weights"][0],
+                                "ratio noisy": noisy["weights"][1] / noisy["weights"][0],
+                                AT_CHANCE: float(at_chance(acc, 10)
+                                                 or at_chance(noisy["test"]["accuracy"], 10))}
+    return out
+
+
+def seed_numbers(units: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, float]]]:
+    """``{seed: {part: numbers}}`` of the finished units, what the claims
+    (:data:`CLAIMS`, :func:`torchcal.report.claims.check_claim_on_seeds`) are tested on."""
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for u in _ok(units, "kirchhof"):
+        out.setdefault(u["seed"], {})["kirchhof"] = _kirchhof_numbers(u)
+    for seed in sorted({u["seed"] for u in _ok(units, "kendall")}):
+        parts = _kendall_numbers(units, seed)
+        if parts:
+            out.setdefault(seed, {}).update(parts)
     return out
 
 
 def claim_verdicts(units: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One verdict per claim: ``holds`` of ``n`` seeds, the mean of each number, and
-    ``at_chance``: the seeds not evaluated because the model was at chance."""
-    per: dict[str, list[tuple[bool, dict[str, float]] | None]] = {c[0]: [] for c in CLAIMS}
-    for u in _ok(units, "kirchhof"):
-        for key, v in _per_seed_kirchhof(u).items():
-            per[key].append(v)
-    for seed in sorted({u["seed"] for u in _ok(units, "kendall")}):
-        for key, v in _per_seed_kendall(units, seed).items():
-            per[key].append(v)
+    """One verdict per claim (:func:`~torchcal.report.claims.check_claim_on_seeds` of
+    :data:`CLAIMS` on :func:`seed_numbers`): ``holds`` of ``n`` seeds, the mean of each of the
+    claim's numbers, the numbers of each seed and ``at_chance``: the seeds not evaluated
+    because the model was at chance."""
+    numbers = seed_numbers(units)
     out = []
-    for key, paper, text in CLAIMS:
-        vs = [v for v in per[key] if v is not None]
-        names = list(vs[0][1]) if vs else []
-        out.append({"key": key, "paper": paper, "claim": text, "holds": sum(v[0] for v in vs),
-                    "n": len(vs), "numbers": {k: _mean([v[1][k] for v in vs]) for k in names},
-                    "per_seed": [v[1] for v in vs], "at_chance": len(per[key]) - len(vs)})
+    for c in CLAIMS:
+        res = check_claim_on_seeds(c, numbers, "mnist1d", c.losses[0])
+        per_seed = [{header: nums[part][key] for part, key, header in c.columns}
+                    for nums in res.numbers]
+        names = [header for _p, _k, header in c.columns] if per_seed else []
+        out.append({"key": c.key, "paper": c.source, "claim": c.text, "holds": res.k,
+                    "n": res.n, "numbers": {k: _mean([v[k] for v in per_seed]) for k in names},
+                    "per_seed": per_seed, "at_chance": len(res.at_chance)})
     return out
 
 
@@ -439,7 +467,7 @@ Gaussian noise of standard deviation {p['target_noise']:g} (standardised units) 
 training translations.  RMSE in samples of the translation."""
 
 
-def _beyond(units: list[dict[str, Any]]) -> list[str]:
+def beyond_lines(units: list[dict[str, Any]]) -> list[str]:
     """Computed lines on what the claims do not cover (the strongest baseline, the cache's
     cost structure)."""
     ks = [u for u in _ok(units, "kirchhof") if "validation" in u["heads"]]
@@ -480,7 +508,7 @@ def report_markdown(units: list[dict[str, Any]], *, profile: str, p: dict[str, A
     parts += ["## Setting", "", _setting(p, profile), "",
               "## The papers' claims on this benchmark", "",
               *verdict_lines(verdicts, evidence=p["evidence"]), ""]
-    beyond = _beyond(units)
+    beyond = beyond_lines(units)
     if beyond:
         parts += ["Beyond the claims (computed from the same units):", "", *beyond, ""]
     parts += ["## Pretrained uncertainty head: R-AUROC (mean ± sd over seeds)", "",
@@ -523,22 +551,3 @@ def replace_readme_block(readme: str, block: str) -> str:
     start = readme.index(README_BEGIN.split("{path}")[0])
     end = readme.index(README_END) + len(README_END)
     return readme[:start] + block + readme[end:]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m torchcal.experiments.uncertainty_report README.md SUITE_RESULTS_JSON``:
-    regenerate the README's uncertainty block from a committed suite run."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2:
-        print("usage: python -m torchcal.experiments.uncertainty_report README.md "
-              "SUITE_RESULTS_JSON", file=sys.stderr)
-        return 2
-    readme, path = Path(args[0]), args[1]
-    summary = json.loads(Path(path).read_text(encoding="utf-8"))
-    text = readme.read_text(encoding="utf-8")
-    atomic_write_text(readme, replace_readme_block(text, readme_block(summary, path)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,11 +4,11 @@ Every loss follows ``F.cross_entropy``'s calling convention:
 ``loss(input, target, ..., *, reduction="mean", ignore_index=-100)`` with logits of shape
 (N, C) or (N, C, d1, ...) and integer class-index targets; it computes in float32 (float64
 for float64 input; also for bfloat16/half input and under autocast) and returns float32/float64.
+
+The building blocks of a loss in log-space (reductions, argument checks, the target's
+log-probabilities) are helpers, not losses: :mod:`torchcal.functional.blocks`.
 """
 
-from ._common import no_autocast, safe_pow
-from ._loss_utils import REDUCTIONS, check_loss_args, reduce_loss, target_log_probs
-from ._plain import check_batch_reduction
 from .basic import brier_loss, cross_entropy, label_smoothing_loss
 from .dual_focal import dual_focal_loss
 from .ece_losses import (
@@ -54,7 +54,7 @@ from .gradient_weighted import (
     gradient_weighted_loss,
 )
 from .mmce import mmce_loss, mmce_penalty
-from .mmce_unweighted import mmce_gra_loss, mmce_m_loss, mmce_m_penalty
+from .mmce_unweighted import mmce_gra_loss, mmce_unweighted_loss, mmce_unweighted_penalty
 from .temperature import (
     temperature_bsce_gra_loss,
     temperature_bsce_loss,
@@ -102,8 +102,8 @@ __all__ = [
     "focal_exp_loss",
     "kde_bandwidth",
     "mmce_gra_loss",
-    "mmce_m_loss",
-    "mmce_m_penalty",
+    "mmce_unweighted_loss",
+    "mmce_unweighted_penalty",
     "sample_dependent_focal_gra_loss",
     "temperature_bsce_gra_loss",
     "temperature_bsce_loss",
@@ -112,12 +112,4 @@ __all__ = [
     "temperature_focal_gra_loss",
     "temperature_focal_loss",
     "tlbs_loss",
-    # building blocks of a loss in log-space (for the modules of torchcal.losses and your own)
-    "REDUCTIONS",
-    "check_batch_reduction",
-    "check_loss_args",
-    "no_autocast",
-    "reduce_loss",
-    "safe_pow",
-    "target_log_probs",
 ]

@@ -8,7 +8,7 @@ With ``r_i`` the top-1 confidence (differentiable), ``c_i = [argmax p_i = y_i]``
 
 (no square root: the focal-calibration code's ``mmce`` option, ``MMCE``).
 
-* :func:`mmce_m_loss`: ``CE_mean + λ·MMCE_m`` (the published ``mmce`` training objective);
+* :func:`mmce_unweighted_loss`: ``CE_mean + λ·MMCE_m`` (the published ``mmce`` training objective);
 * :func:`mmce_gra_loss`: ``MMCE_m`` **detached** times ``CE_mean`` (the BSCE-GRA repository's
   ``MMCEGRA``): the batch's calibration error scales the cross-entropy gradient.
 
@@ -24,10 +24,10 @@ from ._common import check_hyper, no_autocast
 from ._loss_utils import check_loss_args
 from ._plain import batch_reduce, check_batch_reduction, kept_count, row_log_probs
 
-__all__ = ["mmce_m_penalty", "mmce_m_terms", "mmce_m_loss", "mmce_gra_loss"]
+__all__ = ["mmce_unweighted_penalty", "mmce_m_terms", "mmce_unweighted_loss", "mmce_gra_loss"]
 
 
-def mmce_m_penalty(
+def mmce_unweighted_penalty(
     conf: torch.Tensor, correct: torch.Tensor, *, width: float = 0.4,
     weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -38,7 +38,7 @@ def mmce_m_penalty(
 
     Example:
         >>> # (0.1² + 0.6² - 2·0.1·0.6·exp(-0.75)) / 4 with c - r = (0.1, -0.6)
-        >>> mmce_m_penalty(torch.tensor([0.9, 0.6]), torch.tensor([True, False]))
+        >>> mmce_unweighted_penalty(torch.tensor([0.9, 0.6]), torch.tensor([True, False]))
         tensor(0.0783)
     """
     width = check_hyper(width, "width", positive=True)
@@ -64,11 +64,11 @@ def mmce_m_terms(
     correct = pred == target.reshape(-1)
     w = None if valid is None else valid.to(top.dtype)
     m = kept_count(lp, valid)
-    pen = mmce_m_penalty(top.exp(), correct, width=width, weight=w)
+    pen = mmce_unweighted_penalty(top.exp(), correct, width=width, weight=w)
     return -lp.sum() / m, pen, m
 
 
-def mmce_m_loss(
+def mmce_unweighted_loss(
     input: torch.Tensor, target: torch.Tensor, lam: float = 1.0, *, width: float = 0.4,
     reduction: str = "mean", ignore_index: int = -100, validate_args: bool = True,
 ) -> torch.Tensor:
@@ -85,7 +85,7 @@ def mmce_m_loss(
 
     Example:
         >>> x = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
-        >>> mmce_m_loss(x, torch.tensor([0, 0]))  # CE 0.7201 + MMCE_m 0.1072
+        >>> mmce_unweighted_loss(x, torch.tensor([0, 0]))  # CE 0.7201 + MMCE_m 0.1072
         tensor(0.8273)
     """
     check_loss_args(input, target, reduction)
@@ -102,7 +102,7 @@ def mmce_gra_loss(
     ignore_index: int = -100, validate_args: bool = True,
 ) -> torch.Tensor:
     r"""MMCE-GRA: ``MMCE_m`` (detached) times ``CE_mean`` (``"sum"``: M times that, i.e.
-    ``MMCE_m · Σ_i CE_i``).  Arguments as :func:`mmce_m_loss` (no λ).
+    ``MMCE_m · Σ_i CE_i``).  Arguments as :func:`mmce_unweighted_loss` (no λ).
 
     Example:
         >>> x = torch.tensor([[2.0, 0.0], [0.0, 1.0]])

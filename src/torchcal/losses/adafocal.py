@@ -83,7 +83,7 @@ import torch
 import torch.distributed as dist
 
 from .._validation import Interval, Options, as_tensor, check_finite, check_labels
-from ..functional import check_loss_args, no_autocast, reduce_loss, target_log_probs
+from ..functional.blocks import check_loss_args, no_autocast, reduce_loss, target_log_probs
 from ..functional.focal import signed_focal_terms
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_edges
 from ..metrics.distributed import all_gather_uneven, world_size

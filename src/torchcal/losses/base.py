@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from .._validation import Interval, Options, SequenceOf
-from ..functional import REDUCTIONS
+from ..functional.blocks import REDUCTIONS
 
 __all__ = ["CalibrationLoss", "MissingValidationWarning", "HYPERPARAMETER_CHECKS", "Interval", "Options", "SequenceOf", "NON_NEGATIVE", "POSITIVE",
            "POSITIVE_INT", "ANY_NUMBER", "NUMBERS",

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .._validation import Options, check_labels, check_scalar
-from ..functional import check_batch_reduction, no_autocast
+from ..functional.blocks import check_batch_reduction, no_autocast
 from ..functional.ece_losses import ECE_KDE_TYPES, dece_loss, ece_gap_loss, ece_kde_loss
 from ..metrics.binning import binned_sums, classwise_sums, equal_width_bin_index
 from ._registry import LIN_2025_CODE, register_loss
@@ -107,8 +107,8 @@ class ECEKDELoss(CalibrationLoss):
                             ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 
-@register_loss("ece_loss", display="ECE loss", order=35,
-               paper=LIN_2025_CODE, tags={"variant"})
+@register_loss("ece_gap", display="ECE loss", order=35,
+               paper=LIN_2025_CODE, tags={"variant"}, aliases=("ece_loss",))
 class ECEGapLoss(CalibrationLoss):
     r"""The BSCE-GRA repository's ECE-loss: cross-entropy weighted per sample by detached
     validation calibration gaps (see :func:`torchcal.functional.ece_gap_loss`).

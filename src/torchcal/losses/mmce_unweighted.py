@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from ..functional import check_batch_reduction
+from ..functional.blocks import check_batch_reduction
 from ..functional.basic import cross_entropy
-from ..functional.mmce_unweighted import mmce_gra_loss, mmce_m_loss, mmce_m_terms
+from ..functional.mmce_unweighted import mmce_gra_loss, mmce_unweighted_loss, mmce_m_terms
 from ._registry import KUMAR_2018, LIN_2025_CODE, register_loss
 from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
@@ -33,11 +33,11 @@ class _BatchLoss(CalibrationLoss):
         check_batch_reduction(reduction, type(self).__name__)
 
 
-@register_loss("mmce_m", display="MMCE (unweighted)", order=16,
-               paper=KUMAR_2018, tags={"variant"})
+@register_loss("mmce_unweighted", display="MMCE (unweighted)", order=16,
+               paper=KUMAR_2018, tags={"variant"}, aliases=("mmce_m",))
 class MMCEUnweightedLoss(_BatchLoss):
     """``CE_mean + λ·MMCE_m``: the unweighted MMCE (the focal-calibration code's ``mmce``
-    option; see :func:`torchcal.functional.mmce_m_loss`).  ``"sum"`` gives N times it (the
+    option; see :func:`torchcal.functional.mmce_unweighted_loss`).  ``"sum"`` gives N times it (the
     published training); ``"none"`` is rejected.
 
     Args:
@@ -59,7 +59,7 @@ class MMCEUnweightedLoss(_BatchLoss):
                          validate_args=validate_args)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return mmce_m_loss(input, target, lam=self.lam, width=self.width, reduction=self.reduction,
+        return mmce_unweighted_loss(input, target, lam=self.lam, width=self.width, reduction=self.reduction,
                            ignore_index=self.ignore_index, validate_args=self.validate_args)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .._validation import Options, as_tensor
-from ..functional import no_autocast
+from ..functional.blocks import no_autocast
 from ..functional.gra_variants import consistency_loss
 from ..functional.temperature import (
     temperature_bsce_gra_loss,

@@ -57,7 +57,8 @@ from .claims import (
     claims_verdicts,
 )
 
-__all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir"]
+__all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir",
+           "markdown_page"]
 
 REPORT_SCHEMA = "torchcal.report/1"
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -352,6 +353,26 @@ def _markdown_html(md: str) -> str:
     """Markdown (CommonMark and tables) as HTML, by markdown-it-py; HTML in the text is escaped,
     not passed through (the report's text holds run metadata)."""
     return f'<div class="md">{_MARKDOWN.render(md)}</div>'
+
+
+def markdown_page(title: str, markdown: str, base: str | os.PathLike) -> str:
+    """A Markdown report as a self-contained HTML page in the reports' style: the images it
+    links (``![name](file.png)``, relative to ``base``) embedded as base64 PNG.
+
+    >>> "<h1>r</h1>" in markdown_page("t", "# r", ".")
+    True
+    """
+    def embed(m: re.Match) -> str:
+        path = Path(base) / html.unescape(m.group(1))
+        if not path.is_file():
+            return m.group(0)
+        b64 = base64.b64encode(path.read_bytes()).decode("ascii")
+        return f'src="data:image/png;base64,{b64}"'
+
+    body = re.sub(r'src="([^":]+\.png)"', embed, _markdown_html(markdown))
+    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+            f"{body}\n</body></html>\n")
 
 
 def build_report(

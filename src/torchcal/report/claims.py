@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,11 +68,13 @@ __all__ = [
     "ClaimResult",
     "SIMILAR_ERROR",
     "CHANCE_MARGIN",
+    "AT_CHANCE",
     "GAP_KEY",
     "at_chance",
     "confidence_gap",
     "add_confidence_gaps",
     "check_claims",
+    "check_claim_on_seeds",
     "claims_markdown",
     "claims_section",
     "claims_verdicts",
@@ -84,6 +87,8 @@ SIMILAR_ERROR = 3.0
 #: A model whose test accuracy is below chance (1 / classes) plus this margin is "at chance":
 #: a claim is not evaluated on it (a coin toss is no evidence either way).
 CHANCE_MARGIN = 0.05
+#: The key a part's numbers carry (1.0) when its model is at chance (:func:`at_chance`).
+AT_CHANCE = "at_chance"
 #: The flattened results key of the test set's mean confidence minus accuracy (pre T).
 GAP_KEY = "test.pre.conf_minus_acc"
 
@@ -159,6 +164,9 @@ class Claim:
     #: ensemble of one seed set, with its members' mean under :data:`MEMBERS` + key.
     per: str = "seed"
     short: str = ""
+    #: A claim about a model's skill (False: about its code or cost, e.g. a speed-up): a seed
+    #: whose model is at chance is not evaluated for it.
+    skill: bool = True
 
 
 def _lt(a: float, b: float) -> bool:
@@ -371,8 +379,39 @@ def _by_loss(groups: Sequence[Group]) -> dict[str, Group]:
     return out
 
 
+def check_claim_on_seeds(claim: Claim, numbers: Mapping[Any, Mapping[str, Mapping[str, float]]],
+                         dataset: str = "", model: str = "") -> ClaimResult:
+    """Test ``claim`` on every seed of ``numbers`` (``{seed: {part: {key: value}}}``; a part
+    is what a claim compares: a loss's run, a benchmark's unit).  A seed is tested when it has
+    numbers for each part the claim names (:attr:`Claim.losses`); a part no seed has is
+    ``missing``.  A seed where a part's numbers say :data:`AT_CHANCE` (its model is at chance)
+    is not evaluated for a claim about a model's skill (:attr:`Claim.skill`): it goes to
+    ``at_chance``.  The one per-seed rule of every benchmark's claims.
+
+    >>> c = Claim("k", "a paper", "a below b", ("a", "b"), lambda n: n["a"]["x"] < n["b"]["x"], ())
+    >>> r = check_claim_on_seeds(c, {0: {"a": {"x": 1}, "b": {"x": 2}}, 1: {"a": {"x": 3}}})
+    >>> r.seeds, r.holds, r.verdict
+    ([0], [True], 'holds on 1 of 1 seed')
+    """
+    have = {x for parts in numbers.values() for x in parts}
+    res = ClaimResult(claim, dataset, model, missing=[x for x in claim.losses if x not in have])
+    if res.missing:
+        return res
+    for s in sorted(numbers, key=lambda v: (str(type(v)), v)):
+        if all(x in numbers[s] for x in claim.losses):
+            if claim.skill and any(numbers[s][x].get(AT_CHANCE) for x in claim.losses):
+                res.at_chance.append(s)
+                continue
+            nums = {x: dict(numbers[s][x]) for x in claim.losses}
+            res.seeds.append(s)
+            res.holds.append(bool(claim.check(nums)))
+            res.numbers.append(nums)
+    return res
+
+
 def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
-    """Test every claim on every seed (seed set), per (data set, model) of ``groups``.
+    """Test every claim on every seed (seed set), per (data set, model) of ``groups``
+    (:func:`check_claim_on_seeds` of each loss's runs by seed).
 
     A seed is tested when each loss of the claim has a run with that seed, and not evaluated
     (``at_chance``) when one of those runs is at chance (:func:`at_chance`).  Only the seeds'
@@ -390,32 +429,30 @@ def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> l
         ensembles = _by_loss([g for g in gs if g.predictor == _ENSEMBLE])
         if not by_loss:
             continue
+        numbers = _numbers_by_seed(by_loss)
         for c in claims:
-            res = ClaimResult(c, ds, model, missing=[x for x in c.losses if x not in by_loss])
+            if c.per == "seed_set":
+                res = ClaimResult(c, ds, model, missing=[x for x in c.losses if x not in by_loss])
+                if not res.missing:
+                    _test_seed_sets(c, res, by_loss, ensembles)
+            else:
+                res = check_claim_on_seeds(c, numbers, ds, model)
             if not res.missing:
                 res.fewest_seeds = min(len(by_loss[x].runs) for x in c.losses)
-                if c.per == "seed_set":
-                    _test_seed_sets(c, res, by_loss, ensembles)
-                else:
-                    _test_seeds(c, res, by_loss)
             results.append(res)
     return results
 
 
-def _test_seeds(c: Claim, res: ClaimResult, by_loss: Mapping[str, Group]) -> None:
-    per_seed = [{r.seed: r for r in by_loss[x].runs} for x in c.losses]
-    common = [s for s in per_seed[0] if all(s in d for d in per_seed[1:])]
-    for s in sorted(common, key=lambda v: (str(type(v)), v)):
-        if any(_run_at_chance(d[s]) for d in per_seed):
-            res.at_chance.append(s)
-            continue
-        nums = {x: dict(d[s].flat) for x, d in zip(c.losses, per_seed, strict=True)}
-        for x in c.losses:
+def _numbers_by_seed(by_loss: Mapping[str, Group]) -> dict[Any, dict[str, dict[str, float]]]:
+    """``{seed: {loss: the run's numbers}}`` (the claims' keys NaN where a run lacks them)."""
+    numbers: dict[Any, dict[str, dict[str, float]]] = {}
+    for loss, g in by_loss.items():
+        for r in g.runs:
+            nums = numbers.setdefault(r.seed, {})[loss] = dict(r.flat)
             for key in (ECE, ADAECE, ERR, TEMP, GAP_KEY):
-                nums[x].setdefault(key, math.nan)
-        res.seeds.append(s)
-        res.holds.append(bool(c.check(nums)))
-        res.numbers.append(nums)
+                nums.setdefault(key, math.nan)
+            nums[AT_CHANCE] = float(_run_at_chance(r))
+    return numbers
 
 
 def _seed_set_numbers(ens: RunRecord, runs: Group) -> dict[str, float]:

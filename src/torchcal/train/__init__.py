@@ -21,7 +21,6 @@ from .config import TrainConfig
 from .evaluation import evaluate_checkpoint
 from .inference import predict_logits
 from .packed import train_packed
-from .predict import evaluate_run  # the deprecated name of evaluate_checkpoint
 from .recipes import get_recipe, list_recipes, register_recipe
 from .tracking import TensorBoardLogger
 from .trainer import build_loss, train
@@ -38,7 +37,6 @@ __all__ = [
     "build_model",
     "predict_logits",
     "evaluate_checkpoint",
-    "evaluate_run",
     "load_model_from_run",
     "save_checkpoint",
     "load_checkpoint",

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import default_ood_sets, load_ood, load_splits
+from ..data import DATASETS, load_ood, load_splits
 from ..errors import CheckpointError, DataNotFoundError
 from ..models import create_model
 from ..runs import RunDir
@@ -36,19 +36,17 @@ def build_data(config: TrainConfig):
 def load_ood_sets(config: TrainConfig, splits: Any = None) -> dict[str, Any]:
     """OOD data sets evaluated for ``config.dataset``; absent files are skipped with a warning.
 
-    The sets are :func:`torchcal.data.default_ood_sets` (CIFAR-10: SVHN test and CIFAR-10-C
+    The sets are the data set's registered default OOD sets, :func:`torchcal.data.
+    default_ood_sets` (CIFAR-10: SVHN test and CIFAR-10-C
     Gaussian noise severity 5; CIFAR-100: SVHN; digits: the noisy photo patches of
     :mod:`torchcal.data.digits`, with the run's seed and noise).  A set whose input shape differs
     from the model's is skipped too.
     """
     out: dict[str, Any] = {}
-    for name in default_ood_sets(config.dataset):
-        kw: dict[str, Any] = {}
-        if name == "digits_ood":
-            kw = {"seed": _data_seed(config),
-                  **{k: v for k, v in config.data_kwargs.items() if k == "noise_std"}}
-        elif name == "cifar10c":
-            kw = {"corruption": "gaussian_noise", "severity": 5}
+    defaults = DATASETS.get(config.dataset).default_ood if config.dataset in DATASETS else ()
+    for ood in defaults:  # each with its declared options (the data set's registration)
+        name = ood.name
+        kw = ood.options(_data_seed(config), config.data_kwargs)
         kw.update(dict(config.ood_kwargs.get(name, {})))
         try:
             ds = load_ood(name, config.data_root, download=config.download, **kw)

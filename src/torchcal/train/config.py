@@ -117,6 +117,28 @@ def describe_fields(config: TrainConfig, names: list[str]) -> str:
     return ", ".join(f"{n}={_compared(config, fs[n])!r}" for n in names)
 
 
+def parse_task_weighting(text: str) -> tuple[str, tuple[float, float] | None]:
+    """``("kendall", None)``, ``("equal", (1, 1))`` or ``("fixed", (W1, W2))`` from the text.
+
+    >>> parse_task_weighting("fixed:1,0.5")
+    ('fixed', (1.0, 0.5))
+    """
+    if text == "kendall":
+        return "kendall", None
+    if text == "equal":
+        return "equal", (1.0, 1.0)
+    if isinstance(text, str) and text.startswith("fixed:"):
+        parts = text[len("fixed:"):].split(",")
+        try:
+            w = tuple(float(p) for p in parts)
+        except ValueError:
+            w = ()
+        if len(w) == 2 and all(math.isfinite(v) and v >= 0 for v in w) and sum(w) > 0:
+            return "fixed", (w[0], w[1])
+    raise ValueError("Expected `task_weighting` to be 'kendall', 'equal' or 'fixed:W1,W2' with "
+                     f"two finite weights >= 0, not both 0, got {text!r}")
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines a training run.
@@ -315,8 +337,6 @@ class TrainConfig:
                 or (t and (len(t) != 2 or t[0] != "class")):
             raise ValueError(f"Expected `tasks` to be [] or ['class', PARAM], got {t!r}")
         if t:
-            from .multitask import parse_task_weighting  # deferred: multitask imports config
-
             parse_task_weighting(self.task_weighting)
 
     def effective_milestones(self) -> list[int]:

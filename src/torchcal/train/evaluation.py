@@ -78,7 +78,7 @@ def evaluate_checkpoint(run_dir: str | Path, checkpoint: str = "last", *,
                         data_root: str | None = None, device: str = "cpu",
                         batch_size: int | None = None) -> dict[str, Any]:
     """Evaluate a run's checkpoint: run its model on the data, write ``logits/*.npz`` and
-    ``results.json``; return the results (``torchcal eval``).  Formerly ``evaluate_run``.
+    ``results.json``; return the results (``torchcal eval``).
 
     The last epoch's checkpoint writes ``logits/`` and ``results.json``; ``checkpoint="best"``
     writes ``logits-best/`` and ``results-best.json`` beside them, so that neither evaluation

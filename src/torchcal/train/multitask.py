@@ -41,7 +41,6 @@ supported: a multi-task run is short, and an interrupted one is trained again.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -55,35 +54,13 @@ from ..losses.multitask import UncertaintyWeighting
 from ..runs import RunDir
 from .build import build_data, build_model
 from .checkpoint import save_checkpoint
-from .config import TrainConfig
+from .config import TrainConfig, parse_task_weighting
 from .distributed import epoch_permutation, epoch_seed
 
 __all__ = ["parse_task_weighting", "TaskWeighting", "TwoTaskNet", "train_multitask",
            "MULTITASK_SCHEMA"]
 
 MULTITASK_SCHEMA = "torchcal.multitask_results/1"
-
-
-def parse_task_weighting(text: str) -> tuple[str, tuple[float, float] | None]:
-    """``("kendall", None)``, ``("equal", (1, 1))`` or ``("fixed", (W1, W2))`` from the text.
-
-    >>> parse_task_weighting("fixed:1,0.5")
-    ('fixed', (1.0, 0.5))
-    """
-    if text == "kendall":
-        return "kendall", None
-    if text == "equal":
-        return "equal", (1.0, 1.0)
-    if isinstance(text, str) and text.startswith("fixed:"):
-        parts = text[len("fixed:"):].split(",")
-        try:
-            w = tuple(float(p) for p in parts)
-        except ValueError:
-            w = ()
-        if len(w) == 2 and all(math.isfinite(v) and v >= 0 for v in w) and sum(w) > 0:
-            return "fixed", (w[0], w[1])
-    raise ValueError("Expected `task_weighting` to be 'kendall', 'equal' or 'fixed:W1,W2' with "
-                     f"two finite weights >= 0, not both 0, got {text!r}")
 
 
 class TaskWeighting(nn.Module):
