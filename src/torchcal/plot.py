@@ -306,8 +306,9 @@ def risk_coverage_plot(
         curves: a mapping ``{name: (uncertainty, correct)}`` (each (N,), as
             :func:`torchcal.metrics.risk_coverage_curve` takes them), or one
             ``(uncertainty, correct)`` pair.
-        title, path, ax: as for :func:`smooth_reliability_diagram` (the title, a PNG written
-            atomically, an Axes of the caller's to draw into).
+        title: the figure's title (None: none).
+        path: where to write the figure as a PNG, atomically (None: not written).
+        ax: an Axes of the caller's to draw into (None: a new figure).
 
     Returns:
         The matplotlib ``Figure`` (one Axes: risk in percent against coverage).

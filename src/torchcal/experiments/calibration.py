@@ -214,7 +214,7 @@ def _mnist1d_model_text(tc: TrainConfig) -> str:
 
 def _schedule_note(ctx: IntroContext) -> str:
     """The shortened-schedule warning (the committed full run's verdicts are in a block of
-    their own at the head of the claims: :func:`~torchcal.experiments.committed_note`)."""
+    their own at the head of the claims: :func:`~torchcal.experiments.benchmark.committed_note`)."""
     tc, full_epochs = ctx.train_config, int(get_recipe(ctx.config.recipe).epochs)
     if tc.epochs == full_epochs:
         return ""
