@@ -100,8 +100,10 @@ def test_packed_demo_matches_unpacked_and_is_deterministic(tmp_path):
         for seed in TINY["seeds"]:
             a, b, c = (_pre(tmp_path / d, loss, seed) for d in ("p", "w", "u"))
             assert a == b or all(a[k] == b[k] or math.isnan(a[k]) for k in a)  # bit for bit
-            for k in ("nll", "ece", "error", "brier"):
-                assert a[k] == pytest.approx(c[k], rel=1e-5, abs=1e-7), (loss, seed, k)
+            # on the CPU a packed run is its unpacked run bit for bit (the per-member forward)
+            assert a == c or all(a[k] == c[k] or math.isnan(a[k]) for k in a), (loss, seed)
+    assert ((tmp_path / "p" / "results.csv").read_text()
+            == (tmp_path / "u" / "results.csv").read_text())
     # a second packed demo into the same directory skips every run
     ckpt = tmp_path / "p" / "runs" / "ce" / "seed0" / "checkpoints" / "last.pt"
     before = ckpt.stat().st_mtime_ns
