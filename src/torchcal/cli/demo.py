@@ -112,7 +112,7 @@ def _cmd_uncertainty_suite(args: argparse.Namespace, executor) -> int:
     summary = suite.run_uncertainty_suite(
         profile, out, seeds=tuple(args.seeds) if args.seeds is not None else None,
         workers=args.workers, executor=executor, progress=not args.no_progress,
-        command=shlex.join(["torchcal", *argv]))
+        command=shlex.join(["torchcal", *argv]), device=args.device or "auto")
     evidence = summary["profile_sizes"]["evidence"]
     print("## The papers' claims on this benchmark\n")
     print("\n".join(suite_report.verdict_lines(summary["claims"], evidence=evidence)))

@@ -46,6 +46,7 @@ from ..data import load_splits
 from ..runs import RunDir
 from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
+from ..train.device import resolve_device
 from ..report.build import markdown_page
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import uncertainty_report as rep
@@ -126,19 +127,22 @@ def _kendall_arms(p: UncertaintyProfile) -> list[dict[str, Any]]:
 
 
 def suite_specs(profile: str | UncertaintyProfile, out: str | Path, data_root: str | Path,
-                seeds: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
-    """The JSON-able specs of every unit of the suite, Kirchhof's first (the longest)."""
+                seeds: tuple[int, ...] | None = None, device: str = "cpu"
+                ) -> list[dict[str, Any]]:
+    """The JSON-able specs of every unit of the suite, Kirchhof's first (the longest); every
+    unit trains on ``device`` (``"auto"``: CUDA when available, as ``torchcal train``)."""
     p = PROFILES[profile] if isinstance(profile, str) else profile
     out, root = Path(out), str(data_root)
     seeds = tuple(seeds) if seeds is not None else p.seeds
     sizes = dataclasses.asdict(p)
     specs = [{"kind": "kirchhof", "seed": s, "dir": str(out / "kirchhof" / f"seed{s}"),
-              "data_root": root, "profile": sizes} for s in seeds]
+              "data_root": root, "profile": sizes, "device": device} for s in seeds]
     for s in seeds:
         for arm in _kendall_arms(p):
             slug = "".join(c if c.isalnum() else "_" for c in arm["arm"]).strip("_")
             specs.append({"kind": "kendall", "seed": s, "data_root": root, "profile": sizes,
-                          "dir": str(out / "kendall" / f"{slug}_seed{s}"), **arm})
+                          "dir": str(out / "kendall" / f"{slug}_seed{s}"), "device": device,
+                          **arm})
     return specs
 
 
@@ -172,6 +176,8 @@ def kendall_unit(spec: dict[str, Any]) -> dict[str, Any]:
         data_kwargs={"with_params": True, "n_train": n_train, "n_val": n_val, "n_test": n_test})
     if "log_var_lr" in spec:
         cfg = dataclasses.replace(cfg, log_var_lr=float(spec["log_var_lr"]))
+    if spec.get("device", "cpu") != "cpu":  # a CPU run keeps the recipe's config (reused)
+        cfg = dataclasses.replace(cfg, device=spec["device"])
     run = RunDir(cfg.out_dir)
     if run.results().is_file() and run.config.is_file() and \
             json.loads(run.config.read_text()) == json.loads(json.dumps(cfg.to_dict())):
@@ -192,15 +198,18 @@ def _backbone_config(spec: dict[str, Any], out: Path, joint: bool):
         milestone_fractions=list(_MILESTONE_FRACTIONS), data_root=spec["data_root"],
         model_kwargs={"width": int(p["width"])}, eval_test_every=0, evaluate=False,
         select_best_by="none", checkpoint_every=max(epochs // 10, 1), progress=False,
-        num_threads=1, device="cpu", resume=True, uncertainty_head=joint,
+        num_threads=1, device=spec.get("device", "cpu"), resume=True, uncertainty_head=joint,
         data_kwargs={"classes": UPSTREAM, "n_train": n_train, "n_val": n_val,
                      "n_test": n_test})
 
 
 @torch.no_grad()
 def _logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Logits on the CPU of ``x`` (on the CPU) through ``model`` (on its device)."""
     model.eval()
-    return torch.cat([model(x[s:s + 1024].float()) for s in range(0, x.shape[0], 1024)])
+    dev = next(model.parameters()).device
+    return torch.cat([model(x[s:s + 1024].float().to(dev)).cpu()
+                      for s in range(0, x.shape[0], 1024)])
 
 
 @torch.no_grad()
@@ -208,12 +217,15 @@ def _forward_seconds(model: torch.nn.Module, x: torch.Tensor, batch: int) -> flo
     """The fastest of three backbone passes over ``x`` (embeddings and logits, as the cache's
     build does): what recomputing the embeddings costs per head epoch."""
     model.eval()
+    dev = next(model.parameters()).device
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
         for s in range(0, x.shape[0], batch):
-            h = model.forward_features(x[s:s + batch].float())
+            h = model.forward_features(x[s:s + batch].float().to(dev))
             model.fc(h)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -231,7 +243,8 @@ def _eval_sets(cfg) -> dict[str, Any]:
 
 def _cache(path: Path, model, data, name: str, cfg) -> EmbeddingCache:
     return EmbeddingCache.build(
-        path, model, data, transform=lambda x: x.float(), batch_size=256, device="cpu",
+        path, model, data, transform=lambda x: x.float(), batch_size=256,
+        device=next(model.parameters()).device,
         data_id={"dataset": "mnist1d", "set": name, "data_kwargs": dict(cfg.data_kwargs),
                  "data_seed": cfg.data_seed}, on_stale="rebuild", progress=False)
 
@@ -253,8 +266,9 @@ def kirchhof_unit(spec: dict[str, Any]) -> dict[str, Any]:
                             for n, j in (("backbone", False), ("backbone_joint", True)))
     for cfg in (plain_cfg, joint_cfg):
         _train_or_resume(cfg)
-    model, _ = load_model_from_run(plain_cfg.out_dir, device="cpu")
-    joint, _ = load_model_from_run(joint_cfg.out_dir, device="cpu")
+    dev = str(resolve_device(plain_cfg.device))
+    model, _ = load_model_from_run(plain_cfg.out_dir, device=dev)
+    joint, _ = load_model_from_run(joint_cfg.out_dir, device=dev)
     splits = build_data(plain_cfg)
     sets = _eval_sets(plain_cfg)
     up_x = sets["upstream"].data
@@ -323,7 +337,7 @@ def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
                           *, data_root: str | Path | None = None,
                           seeds: tuple[int, ...] | None = None, workers: int = 2,
                           executor: Executor | None = None, progress: bool = True,
-                          command: str = "") -> dict[str, Any]:
+                          command: str = "", device: str = "cpu") -> dict[str, Any]:
     """Run the suite at ``profile`` into ``out`` and write its report; the summary dict.
 
     ``profile`` is a name of :data:`PROFILES` or an :class:`UncertaintyProfile` (reported as
@@ -334,7 +348,8 @@ def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
     generated MNIST-1D caches.  The summary's ``out`` says where the report went.  The
     units run through the experiments layer's runner (:func:`run_sweep`) with ``executor``
     (default ``LocalExecutor(workers)``: spawned worker processes, one thread each, or this
-    process when ``workers`` is 1; a :class:`RayExecutor` runs them as Ray tasks).
+    process when ``workers`` is 1; a :class:`RayExecutor` runs them as Ray tasks), each unit
+    training on ``device`` (``torchcal demo --device``; ``"auto"``: CUDA when available).
     """
     if isinstance(profile, UncertaintyProfile):
         p, profile = profile, "custom"
@@ -348,7 +363,7 @@ def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
         p = dataclasses.replace(p, seeds=tuple(seeds))
     root = Path(data_root) if data_root is not None else out / "data"
     with exclusive_lock(out, what="Demo directory"):  # one suite per directory at a time
-        specs = suite_specs(p, out, root)
+        specs = suite_specs(p, out, root, device=device)
         units = run_sweep(suite_jobs(specs), executor or LocalExecutor(workers=workers),
                           progress=progress, desc="torchcal demo --suite uncertainty")
         summary = write_suite_report(units, out, profile, p, time.perf_counter() - t0,

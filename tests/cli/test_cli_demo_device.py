@@ -1,0 +1,37 @@
+"""Issue 31 item 6: ``torchcal demo --device`` for both suites, with ``torchcal train``'s values
+and default (``auto``: CUDA when present; the demo's runs were forced to the CPU)."""
+
+from __future__ import annotations
+
+from torchcal.cli import main
+
+
+def test_the_uncertainty_suite_gets_the_device(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def fake(profile, out, **kw):
+        seen.append(kw["device"])
+        out.mkdir(parents=True, exist_ok=True)
+        return {"seconds": 1.0, "units": [], "profile_sizes": {"evidence": False}, "claims": []}
+
+    monkeypatch.setattr("torchcal.experiments.uncertainty.run_uncertainty_suite", fake)
+    for argv, want in (([], "auto"), (["--device", "cpu"], "cpu")):
+        assert main(["demo", "--suite", "uncertainty", "--quick", "--no-progress",
+                     "--out", str(tmp_path / want), *argv]) == 0
+        assert seen[-1] == want
+
+
+def test_the_calibration_demo_passes_the_device_to_every_run(tmp_path, monkeypatch):
+    import torchcal.experiments.demo as demo
+
+    specs = []
+    monkeypatch.setattr(demo, "run_sweep", lambda jobs, *a, **k: specs.extend(jobs) or [])
+    main(["demo", "--quick", "--no-progress", "--device", "cpu", "--out", str(tmp_path / "a")])
+    assert specs and all(r["overrides"]["device"] == "cpu"
+                         for j in specs for r in j.spec.get("runs", [j.spec]))
+
+
+def test_the_device_is_named_once(tmp_path, capsys):
+    assert main(["demo", "--quick", "--device", "cpu", "--train-arg", "device=cpu",
+                 "--out", str(tmp_path / "a")]) == 2
+    assert "give the device once" in capsys.readouterr().err
