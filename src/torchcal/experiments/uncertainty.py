@@ -43,11 +43,11 @@ import torch
 
 from .._io import atomic_write_json, atomic_write_text, exclusive_lock
 from ..data import load_splits
+from ..report.build import markdown_page
 from ..runs import RunDir
 from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
 from ..train.device import resolve_device
-from ..report.build import markdown_page
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import uncertainty_report as rep
 from .demo import default_out
