@@ -167,7 +167,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     res = run_demo(cfg, executor)
     _print_tail(res.report, res.out_dir)
     print(f"Wall time: {res.seconds:.0f} s (start-up and report writing included) for "
-          f"{len(res.report.groups)} loss(es) x {len(res.config.seeds)} seed(s) with "
+          f"{sum(g.predictor == 'run' for g in res.report.groups)} loss(es) x {len(res.config.seeds)} seed(s) with "
           f"{res.config.workers} worker(s).")
     _print_verdicts(res.report)
     if res.failed:

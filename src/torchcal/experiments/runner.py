@@ -16,6 +16,7 @@ the same rules and gives the same numbers.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing as mp
 import os
 import signal
@@ -112,12 +113,37 @@ class Executor(Protocol):
 
 
 def set_threads(n: int = 1) -> None:
-    """This process computes on ``n`` threads (``torch`` and the OpenMP/MKL environment)."""
+    """This process computes on ``n`` threads (``torch`` and the OpenMP/MKL environment), and
+    keeps the memory it frees for reuse (:func:`keep_freed_memory`)."""
     os.environ["OMP_NUM_THREADS"] = str(n)
     os.environ["MKL_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)
     with contextlib.suppress(RuntimeError):  # already set in this process
         torch.set_num_interop_threads(n)
+    keep_freed_memory()
+
+
+#: glibc's ``mallopt`` parameters (``malloc.h``) and the size below which a job's allocations
+#: come from the heap (and freed ones stay there for the next step) instead of fresh pages.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_HEAP_BYTES = 256 << 20
+
+
+def keep_freed_memory() -> bool:
+    """Serve a job's tensor allocations up to 256 MiB from the heap and keep what it frees
+    (glibc ``mallopt``; elsewhere nothing): a training step of a small network allocates and
+    frees the same activation buffers every step, and by default glibc maps each large one
+    afresh and unmaps it when freed, paying the page faults again (measured, a pack of 4 MNIST-1D
+    runs: 2.0 s of 11.6 s in the kernel, 0.75 s of 10.0 s with this).  The process keeps its
+    peak memory instead of returning it; True when applied."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, _HEAP_BYTES)
+                    and libc.mallopt(_M_TRIM_THRESHOLD, 2 * _HEAP_BYTES))
+    except (OSError, AttributeError):  # not glibc
+        return False
 
 
 @dataclass

@@ -200,22 +200,26 @@ class _Pack:
     def _call(self, params, buffers, x):
         return functional_call(self.base, (params, buffers), (x,))
 
-    def _member(self, m: int, x: torch.Tensor) -> torch.Tensor:
-        """Member ``m``'s forward on its slices of the stacked tensors (gradients reach the
-        stacks), with the very kernels of a separate run."""
-        return self._call({k: v[m] for k, v in self.params.items()},
-                          {k: v[m] for k, v in self.buffers.items()}, x)
+    def _members(self, xs) -> list[torch.Tensor]:
+        """Each member's forward on its slices of the stacked tensors, with the very kernels of
+        a separate run.  The slices come from one ``unbind`` per tensor, whose backward stacks
+        the members' gradients in one operation (indexing each member would add a zero-filled
+        full-size gradient per member and tensor)."""
+        params = {k: v.unbind(0) for k, v in self.params.items()}
+        buffers = {k: v.unbind(0) for k, v in self.buffers.items()}
+        return [self._call({k: v[m] for k, v in params.items()},
+                           {k: v[m] for k, v in buffers.items()}, x) for m, x in enumerate(xs)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
         if self.mode == "loop":
-            return torch.stack([self._member(m, x[m]) for m in range(len(self.models))])
+            return torch.stack(self._members(x.unbind(0)))
         return vmap(self._call, randomness="error")(self.params, self.buffers, x)
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (B, M, C) of every member on the same inputs (B, ...)."""
         if self.mode == "loop":
-            return torch.stack([self._member(m, x) for m in range(len(self.models))], 1)
+            return torch.stack(self._members([x] * len(self.models)), 1)
         return vmap(self._call, in_dims=(0, 0, None), out_dims=1,
                     randomness="error")(self.params, self.buffers, x)
 
