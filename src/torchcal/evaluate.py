@@ -124,6 +124,34 @@ def save_logits(path: str | os.PathLike, logits: Any, labels: Any) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_npz_file(path: Path) -> None:
+    """ResultsFileError unless ``path`` is a regular file starting as a zip archive (an
+    ``.npz``): a missing file, a broken link, a directory or device (a link to ``/dev/zero``)
+    and a file of another format are each named for what they are, before NumPy sees them
+    (NumPy would try a non-zip file as a pickle and advise loading it unsafely)."""
+    name = f"Logits file {str(path)!r}"
+    if not path.exists():
+        broken = f" (a broken symbolic link to {os.readlink(path)!r})" if path.is_symlink() else ""
+        raise ResultsFileError(f"{name} does not exist{broken}")
+    if not path.is_file():
+        raise ResultsFileError(f"{name} is not a regular file (a directory, FIFO, device or "
+                               "socket): expected an .npz archive of `logits` and `labels`")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_ZIP_MAGIC))
+    except OSError as exc:
+        raise ResultsFileError(f"{name} cannot be read: {exc}") from exc
+    if head != _ZIP_MAGIC:
+        what = ("an empty file" if not head else "a single .npy array" if head.startswith(
+            b"\x93NUM") else "not a zip archive")
+        raise ResultsFileError(f"{name} is not an .npz archive ({what}): expected the `logits` "
+                               "and `labels` arrays of numpy.savez / torchcal.evaluate."
+                               "save_logits")
+
+
 def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """Load ``(logits float32 (N, C), labels int64 (N,))`` saved by :func:`save_logits`.
 
@@ -131,8 +159,7 @@ def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     unreadable or does not hold a 2-D floating ``logits`` and matching 1-D integer ``labels``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ResultsFileError(f"Logits file {str(path)!r} does not exist")
+    _check_npz_file(path)
     try:
         with np.load(path, allow_pickle=False) as f:
             keys = set(f.files)
