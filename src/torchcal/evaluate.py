@@ -57,7 +57,7 @@ from ._validation import (
 )
 from .errors import ResultsFileError
 from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
-from .posthoc import fit_temperatures
+from .posthoc import calibrator_from_dict, fit_temperatures
 from .runs import CHECKPOINTS, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
 
 __all__ = [
@@ -478,7 +478,9 @@ def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         ResultsFileError: the file is missing, does not match its SHA-256, is not bounded
-            JSON, or holds an impossible metric value (the message names the file).
+            JSON, or holds an impossible metric value or a calibrator that
+            :func:`~torchcal.posthoc.calibrator_from_dict` refuses (a temperature, weight or
+            knot out of range; the message names the file).
     """
     path = Path(path)
     doc = read_json(path, what="Calibration file", error=ResultsFileError, verified=True,
@@ -495,4 +497,10 @@ def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
             if problem:
                 raise ResultsFileError(f"Calibration file {str(path)!r} is malformed: "
                                        f"{split}.{stage}: {problem}")
+    if doc.get("calibrator") is not None:  # its values too: T = 1e-300 would give NaN later
+        try:
+            calibrator_from_dict(doc["calibrator"])
+        except (TypeError, ValueError) as exc:
+            raise ResultsFileError(f"Calibration file {str(path)!r} holds an unusable "
+                                   f"calibrator: {exc}; run torchcal calibrate again") from exc
     return doc
