@@ -1,5 +1,9 @@
 """``torchcal calibrate``: fit a post-hoc calibrator on saved logits.
 
+The numbers printed are held out: on ``--test``'s logits, or (without ``--test``) 5-fold
+cross-validated on the fitted logits; the fit's own (in-sample) numbers are kept in the
+``--out`` file as ``val.in_sample``, never printed as an improvement.
+
 Example::
 
     torchcal calibrate runs/c10-r50-focal/logits/val.npz --test runs/c10-r50-focal/logits/test.npz
@@ -209,8 +213,9 @@ def register(subparsers: Any) -> None:
                         "and --mu by cross-validation unless given); isotonic: "
                         "one-vs-rest isotonic regression; histogram: histogram binning "
                         "(default grid_ece). A calibrator whose NLL is worse than the "
-                        "uncalibrated probabilities' on the validation data (matrix, "
-                        "dirichlet) or on --test is named in a warning")
+                        "uncalibrated probabilities' on the held-out data (--test, or the "
+                        "cross-validation) or on the validation data (matrix, dirichlet) is "
+                        "named in a warning")
     c.add_argument("--test", metavar="TEST.npz",
                    help="logits to evaluate the fitted calibrator on; without it the printed "
                         f"numbers are {CV_FOLDS}-fold cross-validated on LOGITS.npz (each fold "
