@@ -34,7 +34,8 @@ def _calibrate(val, out, method):
 
 
 @pytest.mark.parametrize(("method", "edit", "match"), [
-    ("nll", lambda c: c.update(temperature=1e-300), r"temperature'\]` to lie in \[1e-06, 1e\+06\]"),
+    ("nll", lambda c: c.update(temperature=1e-300),
+     r"temperature'\]` to be a positive temperature in \[1e-06, 1e\+06\]"),
     ("matrix", lambda c: c["weight"][1].__setitem__(2, 1e38), r"weight'\]\[1\]\[2\]` to lie in"),
 ])
 def test_a_hand_edited_file_with_its_checksum_recomputed_is_refused(val, tmp_path, method,

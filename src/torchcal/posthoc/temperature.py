@@ -403,8 +403,8 @@ class TemperatureScaling(Calibrator):
         obj = cls(method=d["method"], grid=grid, n_bins=d["n_bins"])
         t = finite_float(d["temperature"], "d['temperature']")
         if not 1 / MAX_PARAMETER <= t <= MAX_PARAMETER:  # 1e-300 would overflow z / T
-            raise ValueError(f"Expected `d['temperature']` to lie in [{1 / MAX_PARAMETER:g}, "
-                             f"{MAX_PARAMETER:g}], got {t!r}")
+            raise ValueError(f"Expected `d['temperature']` to be a positive temperature in "
+                             f"[{1 / MAX_PARAMETER:g}, {MAX_PARAMETER:g}], got {t!r}")
         obj.temperature_ = t
         obj.grid_scores_ = None
         return obj
