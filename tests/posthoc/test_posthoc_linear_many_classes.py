@@ -17,6 +17,7 @@ from test_posthoc_linear import dirichletcal_reference_theta
 from torchcal.posthoc import (
     DirichletCalibration,
     MatrixScaling,
+    MemorizedValidationWarning,
     TemperatureScaling,
     WorseThanIdentityWarning,
 )
@@ -53,7 +54,8 @@ def test_overfitting_matrix_scaling_warns_on_held_out_data():
     # many parameters (C (C + 1) = 930) for 300 validation samples: MS-ODIR with a small
     # fixed penalty (the former default) over-fits
     z, y = draw(1300, 30, seed=3)
-    ms = MatrixScaling(reg="odir", lam=0.01, mu=0.01).fit(z[:300], y[:300])
+    with pytest.warns(MemorizedValidationWarning, match="930 parameters fitted on 300"):
+        ms = MatrixScaling(reg="odir", lam=0.01, mu=0.01).fit(z[:300], y[:300])
     held_out = float(F.cross_entropy(ms.transform(z[300:]), y[300:]))
     identity = float(F.cross_entropy(z[300:], y[300:]))
     assert held_out > 1.5 * identity  # the silent failure of the issue

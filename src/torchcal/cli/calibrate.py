@@ -112,6 +112,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         args.logits = str(run.logits("val"))
     zv, yv = load_logits(args.logits)
     cal = _make_calibrator(args.method, args.n_bins, args.lam, args.mu).fit(zv, yv)
+    _check_calibrator(cal)  # before anything is computed with it, printed or written
     report = {"method": args.method, "fit_on": str(args.logits),
               "calibrator": cal.to_dict() if hasattr(cal, "to_dict") else None,
               "val": {"pre": _calib_metrics(None, zv, yv, args.n_bins),
@@ -134,7 +135,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         lines.append(f"  (no --test and fewer than {2 * CV_FOLDS} samples to cross-validate: "
                      "no held-out numbers; the fit's own data would flatter it)")
-    _check_before_writing(cal, report)
+    _check_metrics(cal, report)
     print("\n".join(lines))
     if args.out:
         run = _run_dir_of(Path(args.out))  # writing into a run: only while no one else owns it
@@ -162,16 +163,20 @@ def _metrics_line(label: str, split: dict[str, Any]) -> str:
             f" -> {pct(post['error'])}")
 
 
-def _check_before_writing(cal: Any, report: dict[str, Any]) -> None:
-    """The calibrator as its reader will rebuild it (``calibrator_from_dict``: finite
-    parameters in range) and finite metrics, before anything is printed or written: a fit that
-    went wrong never replaces a good calibration file."""
-    if report["calibrator"] is not None:
+def _check_calibrator(cal: Any) -> None:
+    """The fitted calibrator as its reader will rebuild it (``calibrator_from_dict``: finite
+    parameters in range): a fit that went wrong never replaces a good calibration file."""
+    if hasattr(cal, "to_dict"):
         try:
-            posthoc.calibrator_from_dict(report["calibrator"])
+            posthoc.calibrator_from_dict(cal.to_dict())
         except (TypeError, ValueError) as exc:
             raise CalibrationError(f"the fitted {type(cal).__name__} is unusable ({exc}); "
                                    "nothing written") from exc
+
+
+def _check_metrics(cal: Any, report: dict[str, Any]) -> None:
+    """Finite metrics (NLL aside: a probability 0 makes it infinite) before anything is
+    printed or written."""
     for split in ("val", "test"):
         for stage, metrics in report.get(split, {}).items():
             bad = [k for k, v in metrics.items() if not math.isfinite(v) and k != "nll"]
