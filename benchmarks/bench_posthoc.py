@@ -144,9 +144,12 @@ def run_new(n: int, c: int, repeats: int) -> None:
     z, y = make_data(n, c)
     z64 = z.double()
     print(f"N={n} C={c}: the other calibrators (median of {repeats})")
-    for name, make in (("MatrixScaling()", MatrixScaling),
-                       ("MatrixScaling(reg='odir')", lambda: MatrixScaling(reg="odir")),
-                       ("DirichletCalibration()", DirichletCalibration)):
+    for name, make in (("MatrixScaling(reg='none')", lambda: MatrixScaling(reg="none")),
+                       ("MatrixScaling(lam=mu=0.01)", lambda: MatrixScaling(lam=0.01, mu=0.01)),
+                       ("MatrixScaling() (cv)", MatrixScaling),
+                       ("Dirichlet(lam=mu=0.01)", lambda: DirichletCalibration(lam=0.01,
+                                                                               mu=0.01)),
+                       ("DirichletCalibration() (cv)", DirichletCalibration)):
         t, _ = _median_time(lambda m=make: m().fit(z, y), repeats)
         print(f"  {name:28s} fit {t:7.3f} s")
     p_np, y_np = torch.softmax(z64, 1).numpy(), y.numpy()

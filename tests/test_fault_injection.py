@@ -87,7 +87,11 @@ def test_one_helper_verifies_checkpoints_heads_caches_and_calibrations(tmp_path)
         read_verified(p)
 
     out = tmp_path / "calib.json"
-    doc = {"method": "grid_ece", "calibrator": {"type": "TemperatureScaling"},
+    from torchcal.posthoc import TemperatureScaling
+
+    z = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0], [0.0, 2.0]])
+    ts = TemperatureScaling(method="grid_ece").fit(z, torch.tensor([0, 1, 0, 0]))
+    doc = {"method": "grid_ece", "calibrator": json.loads(json.dumps(ts.to_dict())),
            "val": {"pre": {"ece": 0.1}, "post": {"ece": 0.02}}}
     write_calibration(out, doc)
     assert read_calibration(out) == doc

@@ -1,5 +1,7 @@
 """Tests of the shared foundation: input validation, the loss registry and protocol, the CLI shell."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -218,7 +220,7 @@ def test_package_metadata_as_the_issue_asks():
     assert "py.typed" in cfg["tool"]["setuptools"]["package-data"]["torchcal"]
 
 
-def test_ci_runs_the_readme_test_command_and_fails_with_it():
+def test_ci_runs_the_readme_test_command_and_fails_with_it(tmp_path):
     # .ci/run installs torch==2.13.0 only when torch is missing, then runs the README's test
     # command under `set -e`, so a failing test fails the script; after it comes only the
     # documentation build (`mkdocs build --strict`, the README's Documentation section) and the
@@ -242,20 +244,24 @@ def test_ci_runs_the_readme_test_command_and_fails_with_it():
                for ln in after), after
     assert any("import torch" in ln and "pip install torch==2.13.0" in ln for ln in lines)
     # the test command installs the optional integrations too (their tests fail in CI without
-    # them), with the installed torch held fixed by a constraint generated from its version
-    install = commands[0].split("&&")[0]
-    assert '".[test,lightning,hf]"' in install
-    assert " -c <(python -c " in install and "torch.__version__.split('+')[0]" in install
+    # them), with the installed torch held fixed by a constraint generated from its version,
+    # in POSIX sh (issue 33: `-c <(...)` needed bash): the constraint is written to a file
+    steps = [s.strip() for s in commands[0].split("&&")]
+    assert len(steps) == 3 and steps[2] == "python -m pytest -n 2", steps
+    assert steps[0].endswith("> torch-pin.txt") and "torch.__version__.split('+')[0]" in steps[0]
+    assert steps[1] == 'pip install -e ".[test,lightning,hf]" -c torch-pin.txt', steps
+    assert "<(" not in commands[0] and "/torch-pin.txt" in (root / ".gitignore").read_text()
+    # dash (POSIX sh, no bash extensions) parses it; its first step writes the pin file
+    import shutil
+    import subprocess
+
+    sh = shutil.which("dash") or shutil.which("sh")
+    assert subprocess.run([sh, "-n", "-c", commands[0]]).returncode == 0
     # the constraint it writes (torch==X.Y.Z, local label dropped) holds the installed build,
     # +cpu included, so pip keeps it instead of fetching another one
-    import contextlib
-    import io
-
     specifiers = pytest.importorskip("packaging.specifiers")
-    code = re.search(r'-c <\(python -c "(.*?)"\)', install).group(1)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(code, {})
-    pin = out.getvalue().strip()
+    subprocess.run([sh, "-c", steps[0].replace("python ", f"{sys.executable} ", 1)],
+                   cwd=tmp_path, check=True)
+    pin = (tmp_path / "torch-pin.txt").read_text().strip()
     assert re.fullmatch(r"torch==[0-9][0-9.]*", pin), pin
     assert specifiers.SpecifierSet(pin[len("torch"):]).contains(torch.__version__)

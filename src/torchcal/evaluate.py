@@ -65,7 +65,7 @@ from ._validation import (
 )
 from .errors import ResultsFileError
 from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
-from .posthoc import fit_temperatures
+from .posthoc import calibrator_from_dict, fit_temperatures
 from .runs import CHECKPOINTS, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
 
 __all__ = [
@@ -141,6 +141,34 @@ def save_logits(path: str | os.PathLike, logits: Any, labels: Any) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_npz_file(path: Path) -> None:
+    """ResultsFileError unless ``path`` is a regular file starting as a zip archive (an
+    ``.npz``): a missing file, a broken link, a directory or device (a link to ``/dev/zero``)
+    and a file of another format are each named for what they are, before NumPy sees them
+    (NumPy would try a non-zip file as a pickle and advise loading it unsafely)."""
+    name = f"Logits file {str(path)!r}"
+    if not path.exists():
+        broken = f" (a broken symbolic link to {os.readlink(path)!r})" if path.is_symlink() else ""
+        raise ResultsFileError(f"{name} does not exist{broken}")
+    if not path.is_file():
+        raise ResultsFileError(f"{name} is not a regular file (a directory, FIFO, device or "
+                               "socket): expected an .npz archive of `logits` and `labels`")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_ZIP_MAGIC))
+    except OSError as exc:
+        raise ResultsFileError(f"{name} cannot be read: {exc}") from exc
+    if head != _ZIP_MAGIC:
+        what = ("an empty file" if not head else "a single .npy array" if head.startswith(
+            b"\x93NUM") else "not a zip archive")
+        raise ResultsFileError(f"{name} is not an .npz archive ({what}): expected the `logits` "
+                               "and `labels` arrays of numpy.savez / torchcal.evaluate."
+                               "save_logits")
+
+
 def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """Load ``(logits float32 (N, C), labels int64 (N,))`` saved by :func:`save_logits`.
 
@@ -148,8 +176,7 @@ def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     unreadable or does not hold a 2-D floating ``logits`` and matching 1-D integer ``labels``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ResultsFileError(f"Logits file {str(path)!r} does not exist")
+    _check_npz_file(path)
     try:
         with np.load(path, allow_pickle=False) as f:
             keys = set(f.files)
@@ -472,7 +499,9 @@ def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         ResultsFileError: the file is missing, does not match its SHA-256, is not bounded
-            JSON, or holds an impossible metric value (the message names the file).
+            JSON, or holds an impossible metric value or a calibrator that
+            :func:`~torchcal.posthoc.calibrator_from_dict` refuses (a temperature, weight or
+            knot out of range; the message names the file).
     """
     path = Path(path)
     doc = read_json(path, what="Calibration file", error=ResultsFileError, verified=True,
@@ -489,4 +518,10 @@ def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
             if problem:
                 raise ResultsFileError(f"Calibration file {str(path)!r} is malformed: "
                                        f"{split}.{stage}: {problem}")
+    if doc.get("calibrator") is not None:  # its values too: T = 1e-300 would give NaN later
+        try:
+            calibrator_from_dict(doc["calibrator"])
+        except (TypeError, ValueError) as exc:
+            raise ResultsFileError(f"Calibration file {str(path)!r} holds an unusable "
+                                   f"calibrator: {exc}; run torchcal calibrate again") from exc
     return doc

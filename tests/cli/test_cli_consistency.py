@@ -155,7 +155,8 @@ def test_terminal_numbers_are_percent_and_help_says_so(tmp_path, capsys):
     save_logits(tmp_path / "val.npz", z, y)
     assert main(["calibrate", str(tmp_path / "val.npz"), "--out", str(tmp_path / "c.json")]) == 0
     out = capsys.readouterr().out
-    m = re.search(r"val: ECE (\d+\.\d\d)% -> (\d+\.\d\d)%, .* error (\d+\.\d\d)%", out)
+    m = re.search(r"val, 5-fold cross-validated \(held out\): ECE (\d+\.\d\d)% -> "
+                  r"(\d+\.\d\d)%, .* error (\d+\.\d\d)%", out)
     assert m, out
     doc = json.loads((tmp_path / "c.json").read_text())
     # the file keeps fractions, the terminal shows the same numbers in percent

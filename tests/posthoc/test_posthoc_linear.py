@@ -184,13 +184,14 @@ def test_bad_settings(cls, kwargs, match):
 
 @pytest.mark.parametrize("cls", [DirichletCalibration, MatrixScaling])
 def test_memorised_validation_labels_warn_at_fit(cls):
-    """Issue 24 (3, 4): with more parameters than validation samples the default ODIR penalty
-    (lam / (C (C - 1)) per off-diagonal weight) lets the map memorise the labels; the fit says
-    so, and held-out data confirm it is worse than no calibration."""
+    """Issue 24 (3, 4): with more parameters than validation samples a small fixed ODIR penalty
+    (the former default lam = mu = 0.01: lam / (C (C - 1)) per off-diagonal weight) lets the
+    map memorise the labels; the fit says so, and held-out data confirm it is worse than no
+    calibration."""
     from torchcal.posthoc import MemorizedValidationWarning, WorseThanIdentityWarning
 
     z, y = draw(600, 30, seed=30)  # 930 parameters, 300 validation samples
-    kwargs = {"reg": "odir"} if cls is MatrixScaling else {}
+    kwargs = {"lam": 0.01, "mu": 0.01}
     with pytest.warns(MemorizedValidationWarning, match=r"930 parameters fitted on 300 "
                                                         r"validation samples.*memorised"):
         cal = cls(**kwargs).fit(z[:300], y[:300])

@@ -17,6 +17,7 @@ from test_posthoc_linear import dirichletcal_reference_theta
 from torchcal.posthoc import (
     DirichletCalibration,
     MatrixScaling,
+    MemorizedValidationWarning,
     TemperatureScaling,
     WorseThanIdentityWarning,
 )
@@ -39,7 +40,7 @@ def test_default_fit_converges_and_matches_an_independent_fit(c, n, lam, rel):
     zf, yf, zt, yt = z[:n], y[:n], z[n:], y[n:]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", WorseThanIdentityWarning)
-        dc = DirichletCalibration(lam=lam).fit(zf, yf)  # max_iter etc. at their defaults
+        dc = DirichletCalibration(lam=lam, mu=0.01).fit(zf, yf)  # max_iter at its default
     theta_ref, f_ref = dirichletcal_reference_theta(zf, yf, lam, 0.01, log_probs=True)
     off = 1 - torch.eye(c, dtype=torch.float64)
     f = (F.cross_entropy(dc.transform(zf), yf) + lam / (c * (c - 1))
@@ -50,9 +51,11 @@ def test_default_fit_converges_and_matches_an_independent_fit(c, n, lam, rel):
 
 
 def test_overfitting_matrix_scaling_warns_on_held_out_data():
-    # many parameters (C (C + 1) = 930) for 300 validation samples: MS-ODIR over-fits
+    # many parameters (C (C + 1) = 930) for 300 validation samples: MS-ODIR with a small
+    # fixed penalty (the former default) over-fits
     z, y = draw(1300, 30, seed=3)
-    ms = MatrixScaling(reg="odir").fit(z[:300], y[:300])
+    with pytest.warns(MemorizedValidationWarning, match="930 parameters fitted on 300"):
+        ms = MatrixScaling(reg="odir", lam=0.01, mu=0.01).fit(z[:300], y[:300])
     held_out = float(F.cross_entropy(ms.transform(z[300:]), y[300:]))
     identity = float(F.cross_entropy(z[300:], y[300:]))
     assert held_out > 1.5 * identity  # the silent failure of the issue

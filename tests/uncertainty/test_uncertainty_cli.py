@@ -202,3 +202,22 @@ def test_mnist1d_fit_on_validation_and_transfer_to_other_classes_and_generator(t
     code, _, err = _run(["uncertainty", "eval", str(run), "--no-ood", "--transfer",
                          "mnist1d:classes=0-11"], capsys)
     assert code != 0 and "classes" in err
+
+
+def test_a_diverged_fit_does_not_replace_a_good_head(digits_run, capsys, tmp_path):
+    """`uncertainty fit RUN --lr 1e30` printed "ranking loss nan -> nan", saved a head of
+    non-finite tensors over the good head.pt, and only then failed (issue 33, 2)."""
+    head = tmp_path / "head.pt"
+    common = ["--no-progress", "--device", "cpu", "--cache-dir", str(tmp_path / "caches"),
+              "--width", "16", "--out", str(head), "--no-val"]
+    code, _, err = _run(["uncertainty", "fit", str(digits_run), "--epochs", "1", *common], capsys)
+    assert code == 0, err
+    good, good_sha = head.read_bytes(), (tmp_path / "head.pt.sha256").read_bytes()
+    code, out, err = _run(["uncertainty", "fit", str(digits_run), "--epochs", "2", "--lr", "1e30",
+                           *common], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "diverged: its ranking loss is nan from epoch 1 (--lr 1e+30)" in err, err
+    assert f"{head} not written; lower --lr" in err
+    assert "ranking loss nan" not in out and "wrote" not in out, out
+    assert head.read_bytes() == good and (tmp_path / "head.pt.sha256").read_bytes() == good_sha
+    load_head(head)

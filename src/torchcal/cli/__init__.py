@@ -6,7 +6,9 @@ every other layer (``train``, ``report``, ...).  Each sub-command is a module he
 ``data``) that exposes ``register(subparsers)``, which adds its parser and sets ``func`` (a
 callable taking the parsed ``argparse.Namespace`` and returning an exit code); argument types
 shared between them are in :mod:`torchcal.cli._args`.  User mistakes raise :class:`torchcal.errors.TorchcalError` (or a
-ValueError/OSError from argument checks or unusable paths) and are printed as one line, exit status 2.
+ValueError/OSError from argument checks or unusable paths) and are printed as one line, exit status 2;
+any other exception too (:func:`describe_failure`: memory exhaustion with the size asked, anything
+else as an unexpected error); ``--debug`` shows the traceback instead.
 While a command runs, warnings are printed as one line (``torchcal CMD: warning: ...``, no source
 line); the library itself leaves the warnings module alone.  Ctrl-C ends a command with exit
 status 130 and one line saying how to continue (a sub-command sets ``interrupt_hint``).
@@ -15,6 +17,7 @@ status 130 and one line saying how to continue (a sub-command sets ``interrupt_h
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import warnings
 
@@ -24,10 +27,48 @@ from . import calibrate, data, demo, readme, report, train, uncertainty
 from . import eval as eval_
 from ._args import Parser, one_line_warnings
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "describe_failure"]
 
 # the sub-commands, in the order of `torchcal --help`
 _SUBCOMMANDS = (train, eval_, calibrate, report, demo, uncertainty, data, readme)
+
+
+_ALLOC = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGTP]?i?B)")
+
+
+def _size(n_bytes: int) -> str:
+    """``40000000000000`` -> ``'36.4 TiB (40,000,000,000,000 bytes)'``."""
+    v, unit = float(n_bytes), "bytes"
+    for u in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if v < 1024:
+            break
+        v, unit = v / 1024, u
+    return f"{v:.1f} {unit} ({n_bytes:,} bytes)" if unit != "bytes" else f"{n_bytes:,} bytes"
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for any exception a command ends with: a user mistake
+    (:class:`~torchcal.errors.TorchcalError`, ``ValueError``, ``OSError``) as its message;
+    memory exhaustion as "out of memory" with the size asked; anything else as its type and
+    message, pointing to ``--debug`` for the traceback.
+
+    >>> describe_failure(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried "
+    ...                               "to allocate 3200000000000 bytes. Error code 12"))
+    'out of memory: an array of 2.9 TiB (3,200,000,000,000 bytes) was asked for; use fewer classes, samples or a smaller --width / --batch-size, or a machine with more memory'
+    >>> describe_failure(KeyError("w"))
+    "unexpected KeyError: 'w' (a bug: run again with --debug for the traceback and report it)"
+    """
+    text = " ".join(str(exc).split())
+    m = _ALLOC.search(text)
+    if isinstance(exc, MemoryError) or m or "out of memory" in text.lower():
+        size = (_size(int(m.group(1))) if m and m.group(1) else m.group(2) if m else "")
+        asked = f"an array of {size} was asked for" if size else "an allocation failed"
+        return (f"out of memory: {asked}; use fewer classes, samples or a smaller --width / "
+                "--batch-size, or a machine with more memory")
+    if isinstance(exc, (TorchcalError, OSError, ValueError)):  # OSError: e.g. --out is a file
+        return text
+    return (f"unexpected {type(exc).__name__}: {text or 'no message'} (a bug: run again with "
+            "--debug for the traceback and report it)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,10 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torchcal {args.command}: interrupted" + (f"; {msg}" if msg else ""),
               file=sys.stderr)
         return 130
-    except (TorchcalError, OSError, ValueError) as exc:  # OSError: e.g. --out names a file
+    except Exception as exc:  # the last line of defence: one line, the traceback with --debug
         if getattr(args, "debug", False):
             raise
-        print(f"torchcal {args.command}: error: {exc}", file=sys.stderr)
+        print(f"torchcal {args.command}: error: {describe_failure(exc)}", file=sys.stderr)
         return 2
     finally:
         warnings.formatwarning = format_warning

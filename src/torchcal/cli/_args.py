@@ -12,6 +12,7 @@ files (``results.json``, ``calib.json``, ...) always hold fractions.  Options th
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import re
@@ -58,10 +59,67 @@ class Parser(argparse.ArgumentParser):
     CMD --help`)`` instead of a usage block, and "did you mean" for an invalid choice (the
     sub-parsers are of this class too)."""
 
+    _argv: list[str] = []  # the command line being parsed (set by the top-level parse_args)
+
     def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            message = self._unknown_flags() or message  # a typo first: it may be the cause
         print(f"{self.prog}: error: {choice_hint(message)} (see `{self.prog} --help`)",
               file=sys.stderr)
         sys.exit(2)
+
+    def _unknown_flags(self) -> str:
+        """The error for the first ``--option`` of the command line that neither this
+        parser nor an abbreviation of one of its options takes ('' if none)."""
+        options = [o for a in self._actions for o in a.option_strings]
+        for token in Parser._argv:
+            flag = token.split("=", 1)[0]
+            if flag.startswith("--") and flag != "--" and not any(
+                    o.startswith(flag) for o in options):
+                return unknown_option([flag], options)
+        return ""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        """argparse's ``parse_args``, but an unknown option is reported by the (sub-)command
+        it was given to, with the nearest option of that command and its ``--help``
+        (argparse reports it from the top-level parser: ``torchcal: error: unrecognized
+        arguments``)."""
+        Parser._argv = list(sys.argv[1:] if args is None else args)
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._chosen(ns)
+            parser.error(unknown_option(extras, [o for a in parser._actions
+                                                 for o in a.option_strings]))
+        return ns
+
+    def _chosen(self, ns: argparse.Namespace) -> argparse.ArgumentParser:
+        """The deepest sub-command parser ``ns`` went through (``torchcal uncertainty fit``)."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            name = getattr(ns, subs[0].dest, None) if subs else None
+            if name not in (subs[0].choices if subs else {}):
+                return parser
+            parser = subs[0].choices[name]
+
+
+def unknown_option(extras: list[str], options: list[str]) -> str:
+    """The error for arguments no option takes: the first unknown option with the nearest
+    ones (difflib), or the stray values.
+
+    >>> unknown_option(["--lossss", "x"], ["--loss", "--lr", "--help"])
+    "Unknown option '--lossss'; did you mean '--loss'?"
+    >>> unknown_option(["--zzz=1"], ["--loss"])
+    "Unknown option '--zzz'"
+    >>> unknown_option(["a", "b"], ["--loss"])
+    'unexpected argument(s): a b'
+    """
+    flag = next((e.split("=", 1)[0] for e in extras if e.startswith("-") and e != "-"), None)
+    if flag is None:
+        return f"unexpected argument(s): {' '.join(extras)}"
+    if difflib.get_close_matches(flag, options, n=1, cutoff=0.6):
+        return unknown_name("option", flag, options)
+    return f"Unknown option {flag!r}"
 
 
 def positive_int(text: str) -> int:

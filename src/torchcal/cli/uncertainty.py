@@ -38,7 +38,7 @@ import torch
 from .._io import atomic_write_json, exclusive_lock
 from ..data import load_splits
 from ..data.augment import normalize, random_crop_flip
-from ..errors import CheckpointError, TorchcalError
+from ..errors import CheckpointError, DivergedError, TorchcalError
 from ..metrics import auroc, entropy
 from ..runs import RunDir
 from ..train import build_data, load_model_from_run
@@ -155,6 +155,11 @@ def _fit(args: argparse.Namespace) -> int:
                    device=device, seed=args.seed, progress=not args.no_progress)
     out = Path(args.out) if args.out else RunDir(args.run_dir).uncertainty_head
     lr = args.lr if args.lr is not None else 1e-3 * args.batch_size / 256
+    bad = [i for i, v in enumerate(fit.epoch_losses) if not math.isfinite(v)]
+    if bad:  # nothing printed as a result, nothing written: a good head.pt stays
+        raise DivergedError(f"the head's fit diverged: its ranking loss is "
+                            f"{fit.epoch_losses[bad[0]]} from epoch {bad[0] + 1} (--lr {lr:g}); "
+                            f"{out} not written; lower --lr")
     meta = {"run_dir": str(args.run_dir), "checkpoint": args.checkpoint,
             "dataset": config.dataset, "model": config.model, "loss": config.loss,
             "passes": passes, "fit_split": args.fit_split, "epochs": args.epochs, "batch_size": args.batch_size, "lr": lr,

@@ -19,6 +19,8 @@ stay there) or NumPy arrays (results are NumPy arrays).
 * :class:`ConformalClassifier` (``method="lac" | "aps" | "raps"``): prediction sets with a
   coverage guarantee.
 * :func:`calibrator_from_dict`: rebuild any of them from ``to_dict()`` output.
+* :func:`cv_folds`: the fixed folds of their cross-validation; :func:`identity_check`: the
+  warning when calibrated probabilities are worse than none.
 
 Every calibrator is a scikit-learn estimator (``get_params`` / ``set_params``, so ``clone``,
 ``Pipeline`` and ``GridSearchCV`` work; :meth:`Calibrator.score` is the mean log-likelihood).
@@ -36,7 +38,9 @@ from ._common import (
     Estimator,
     MemorizedValidationWarning,
     WorseThanIdentityWarning,
+    cv_folds,
     default_grid,
+    identity_check,
 )
 from .binary import BetaCalibration, PlattScaling
 from .conformal import ConformalClassifier
@@ -69,6 +73,8 @@ __all__ = [
     "fit_temperatures",
     "temperature_grid_scores",
     "default_grid",
+    "cv_folds",
+    "identity_check",
     "calibrator_from_dict",
     "METHODS",
     "CRITERIA",

@@ -127,9 +127,24 @@ def finite_float(value: Any, name: str) -> float:
     return check_scalar(value, name, float)
 
 
+#: Largest magnitude of a fitted parameter (a weight, bias or coefficient) that ``from_dict``
+#: accepts, and the temperature range ``[1 / MAX_PARAMETER, MAX_PARAMETER]``: a fit never gets
+#: near it, while a larger value (a file edited by hand, a corrupted fit) overflows the float32
+#: calibrated logits into NaN probabilities.
+MAX_PARAMETER = 1e6
+
+
 def float_list(value: Any, name: str, *, length: int | None = None,
-               allow_none: bool = False) -> list:
-    """A JSON list of finite floats (or ``None`` entries when ``allow_none``), validated."""
+               allow_none: bool = False, bounds: tuple[float, float] | None = None) -> list:
+    """A JSON list of finite floats (or ``None`` entries when ``allow_none``), validated;
+    with ``bounds=(lo, hi)`` every number must lie in ``[lo, hi]``.
+
+    >>> float_list([0.5, 1], "d['values']", bounds=(0.0, 1.0))
+    [0.5, 1.0]
+    >>> float_list([2.0], "d['values']", bounds=(0.0, 1.0))
+    Traceback (most recent call last):
+    ValueError: Expected `d['values'][0]` to lie in [0, 1], got 2.0
+    """
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"Expected `{name}` to be a list of numbers, got {type(value).__name__}")
     if length is not None and len(value) != length:
@@ -138,9 +153,17 @@ def float_list(value: Any, name: str, *, length: int | None = None,
     for i, v in enumerate(value):
         if v is None and allow_none:
             out.append(None)
-        else:
-            out.append(finite_float(v, f"{name}[{i}]"))
+            continue
+        f = finite_float(v, f"{name}[{i}]")
+        if bounds is not None and not bounds[0] <= f <= bounds[1]:
+            raise ValueError(f"Expected `{name}[{i}]` to lie in [{bounds[0]:g}, {bounds[1]:g}], "
+                             f"got {f!r}")
+        out.append(f)
     return out
+
+
+#: ``bounds`` of :func:`float_list` for fitted weights, biases and coefficients.
+PARAMETER_BOUNDS = (-MAX_PARAMETER, MAX_PARAMETER)
 
 
 class CalibrationError(TorchcalError, RuntimeError):
@@ -275,6 +298,22 @@ def backtrack(objective: Any, theta: torch.Tensor, f: float, step: torch.Tensor,
             return cand, f_new
         t /= 2
     return None
+
+
+#: Seed of :func:`cv_folds`'s permutation (the same data give the same folds).
+CV_SEED = 0
+
+
+def cv_folds(n: int, k: int, device: Any = None) -> list[torch.Tensor]:
+    """``k`` disjoint index sets covering ``range(n)``: a fixed permutation (seed ``CV_SEED``)
+    dealt round-robin, so fold sizes differ by at most one.  The folds of the calibrators'
+    cross-validation (``lam="cv"``) and of ``torchcal calibrate``'s held-out numbers.
+
+    >>> [f.tolist() for f in cv_folds(5, 2)]
+    [[4, 1, 2], [0, 3]]
+    """
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(CV_SEED))
+    return [perm[i::k].to(device) for i in range(k)]
 
 
 def absent_classes(y: torch.Tensor, c: int) -> list[int]:

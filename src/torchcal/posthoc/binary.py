@@ -11,6 +11,7 @@ import torch
 from .._validation import check_positive_int
 from ._common import (
     GRAD_TOL,
+    PARAMETER_BOUNDS,
     CalibrationError,
     Calibrator,
     backtrack,
@@ -123,7 +124,8 @@ class _BinaryCalibrator(Calibrator):
         """Rebuild a fitted calibrator from :meth:`to_dict`'s output."""
         cls._check_dict(d, ("max_iter", "coef"))
         obj = cls(max_iter=d["max_iter"])
-        obj.coef_ = torch.tensor(float_list(d["coef"], "d['coef']", length=len(cls._names)),
+        obj.coef_ = torch.tensor(float_list(d["coef"], "d['coef']", length=len(cls._names),
+                                            bounds=PARAMETER_BOUNDS),
                                  dtype=torch.float64)
         return obj
 

@@ -136,8 +136,9 @@ class HistogramBinning(Calibrator):
         """Rebuild a fitted calibrator from :meth:`to_dict`'s output."""
         cls._check_dict(d, ("n_bins", "binning", "edges", "values"))
         obj = cls(n_bins=d["n_bins"], binning=d["binning"])
-        edges = float_list(d["edges"], "d['edges']", length=obj.n_bins - 1)
-        values = float_list(d["values"], "d['values']", length=obj.n_bins, allow_none=True)
+        edges = float_list(d["edges"], "d['edges']", length=obj.n_bins - 1, bounds=(0.0, 1.0))
+        values = float_list(d["values"], "d['values']", length=obj.n_bins, allow_none=True,
+                            bounds=(0.0, 1.0))
         if any(b < a for a, b in zip(edges, edges[1:], strict=False)):
             raise ValueError("Expected `d['edges']` to be sorted in increasing order")
         if any(v is not None and not 0.0 <= v <= 1.0 for v in values):

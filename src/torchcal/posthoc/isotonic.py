@@ -154,8 +154,8 @@ class IsotonicCalibration(Calibrator):
         obj = cls()
         xs, ys = [], []
         for k, (a, b) in enumerate(zip(kx, ky, strict=True)):
-            xa = float_list(a, f"d['knots_x'][{k}]")
-            yb = float_list(b, f"d['knots_y'][{k}]", length=len(xa))
+            xa = float_list(a, f"d['knots_x'][{k}]", bounds=(0.0, 1.0))  # probabilities
+            yb = float_list(b, f"d['knots_y'][{k}]", length=len(xa), bounds=(0.0, 1.0))
             if any(v < u for u, v in zip(xa, xa[1:], strict=False)):
                 raise ValueError(f"Expected `d['knots_x'][{k}]` to be sorted")
             xs.append(torch.tensor(xa, dtype=torch.float64))

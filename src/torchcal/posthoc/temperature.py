@@ -38,6 +38,7 @@ import torch
 from .._validation import check_positive_int
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_bin_index
 from ._common import (
+    MAX_PARAMETER,
     Calibrator,
     check_grid,
     finite_float,
@@ -401,8 +402,9 @@ class TemperatureScaling(Calibrator):
         grid = None if d["grid"] is None else check_grid(d["grid"])
         obj = cls(method=d["method"], grid=grid, n_bins=d["n_bins"])
         t = finite_float(d["temperature"], "d['temperature']")
-        if t <= 0:
-            raise ValueError(f"Expected `d['temperature']` to be positive, got {t!r}")
+        if not 1 / MAX_PARAMETER <= t <= MAX_PARAMETER:  # 1e-300 would overflow z / T
+            raise ValueError(f"Expected `d['temperature']` to be a positive temperature in "
+                             f"[{1 / MAX_PARAMETER:g}, {MAX_PARAMETER:g}], got {t!r}")
         obj.temperature_ = t
         obj.grid_scores_ = None
         return obj

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from .._validation import check_positive_int
 from ._common import (
+    PARAMETER_BOUNDS,
     Calibrator,
     absent_classes,
     check_n_classes,
@@ -128,8 +129,8 @@ class VectorScaling(Calibrator):
         """Rebuild a fitted calibrator from :meth:`to_dict`'s output."""
         cls._check_dict(d, ("max_iter", "weight", "bias"))
         obj = cls(max_iter=d["max_iter"])
-        w = float_list(d["weight"], "d['weight']")
-        b = float_list(d["bias"], "d['bias']", length=len(w))
+        w = float_list(d["weight"], "d['weight']", bounds=PARAMETER_BOUNDS)
+        b = float_list(d["bias"], "d['bias']", length=len(w), bounds=PARAMETER_BOUNDS)
         if len(w) < 2:
             raise ValueError(f"Expected `d['weight']` to have at least 2 entries, got {len(w)}")
         obj.weight_ = torch.tensor(w, dtype=torch.float64)

@@ -315,6 +315,47 @@ def _embed_all(tmp: Path, model: nn.Module, make_iter: Callable[[], Iterator[tup
     return arrays
 
 
+_CHECK_ROWS = 1 << 16  # rows per chunk of the value checks (memory-mapped arrays)
+
+
+def value_problem(arrays: dict[str, np.ndarray]) -> str:
+    """The first impossible value of a cache's arrays ('' if none): NaN/Inf embeddings or
+    logits, labels below -1 (-1: unknown, as an OOD set's; labels may exceed the backbone's
+    classes: a transfer set's classes are its own).  Read in chunks of ``_CHECK_ROWS`` rows,
+    so a memory-mapped cache larger than memory can be checked.
+
+    >>> value_problem({"embeddings": np.zeros((2, 3), np.float32),
+    ...                "logits": np.array([[0, np.nan]], np.float32), "labels": np.zeros(2)})
+    "'logits' holds 1 NaN/Inf value(s)"
+    """
+    for name in ("embeddings", "logits"):
+        arr = arrays[name]
+        bad = sum(int((~np.isfinite(arr[i:i + _CHECK_ROWS])).sum())
+                  for i in range(0, arr.shape[0], _CHECK_ROWS))
+        if bad:
+            return f"{name!r} holds {bad:,} NaN/Inf value(s)"
+    labels = arrays["labels"]
+    lo = min((int(labels[i:i + _CHECK_ROWS].min()) for i in range(0, len(labels), _CHECK_ROWS)),
+             default=0)
+    return f"'labels' go down to {lo} (expected class indices >= 0, or -1 for unknown)" if (
+        lo < -1) else ""
+
+
+def _row_problem(manifest: dict[str, Any]) -> str:
+    """A manifest whose row counts disagree with each other or with the data identity it
+    records ('' if none): rows = n_samples * n_passes, n_samples = the data's length."""
+    try:
+        rows, n, passes = (int(manifest[k]) for k in ("rows", "n_samples", "n_passes"))
+        data_n = manifest["identity"]["data"].get("n")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return "its row counts or data identity are missing or malformed"
+    if n < 1 or passes < 1 or rows != n * passes:
+        return f"it lists {rows} rows for {n} samples x {passes} passes"
+    if data_n is not None and data_n != n:
+        return f"it holds {n} samples of data whose identity records {data_n}"
+    return ""
+
+
 # ------------------------------------------------------------------------------------------
 # the cache
 # ------------------------------------------------------------------------------------------
@@ -348,9 +389,17 @@ class EmbeddingCache:
         arrays = manifest.get("arrays")
         if not isinstance(arrays, dict) or set(arrays) != set(_ARRAYS):
             raise CacheError(f"Embedding cache manifest {str(man_path)!r} lists no valid arrays")
+        problem = _row_problem(manifest)  # the values, not only the checksums
+        if problem:
+            raise CacheError(f"Embedding cache {str(self.path)!r} is inconsistent: {problem}; "
+                             "rebuild the cache")
         rows = manifest.get("rows")
         for name in _ARRAYS:
             self._open_array(name, arrays[name], rows, verify)
+        problem = value_problem({n: getattr(self, n) for n in _ARRAYS}) if verify else ""
+        if problem:
+            raise CacheError(f"Embedding cache {str(self.path)!r} holds impossible values: "
+                             f"{problem}; rebuild the cache")
 
     def _open_array(self, name: str, meta: dict[str, Any], rows: Any, verify: bool) -> None:
         try:
@@ -539,6 +588,10 @@ class EmbeddingCache:
         try:
             arrays = _embed_all(tmp, model, make_iter, prep, embed or _default_embed,
                                 n=n, n_passes=n_passes, progress=progress)
+            problem = value_problem(arrays)  # checked before it replaces anything
+            if problem:
+                raise CacheError(f"Embedding cache not built at {str(path)!r}: the backbone's "
+                                 f"outputs are unusable ({problem}); a cache there is unchanged")
             _write_manifest(tmp, arrays, n=n, n_passes=n_passes, identity=identity)
             _publish(tmp, path)
         except BaseException:

@@ -185,13 +185,34 @@ def per_sample_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torc
 HEAD_FORMAT = "torchcal.uncertainty_head/1"
 
 
+def nonfinite_parameters(state_dict: dict[str, Any]) -> str:
+    """``"'net.0.weight' (12 of 4,096 values)"`` for the first tensor of ``state_dict`` holding
+    NaN/Inf ('' if every value is finite; a non-tensor entry is named as such)."""
+    for name, t in state_dict.items():
+        if not isinstance(t, torch.Tensor):
+            return f"{name!r} (not a tensor: {type(t).__name__})"
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return f"{name!r} ({int((~torch.isfinite(t)).sum()):,} of {t.numel():,} values)"
+    return ""
+
+
 def save_head(head: UncertaintyHead, path: str | os.PathLike, meta: dict | None = None) -> None:
     """Write a head (architecture + weights + ``meta``) atomically (temp file in the same
     directory, fsync, ``os.replace``) with its SHA-256 beside it (``head.pt.sha256``,
-    :func:`torchcal._io.write_verified`).  Read it back with :func:`load_head`."""
+    :func:`torchcal._io.write_verified`).  Read it back with :func:`load_head`.
+
+    Raises:
+        CheckpointError: a parameter holds NaN/Inf (a diverged fit); nothing is written, so
+            a good head at ``path`` stays.
+    """
     if not isinstance(head, UncertaintyHead):
         raise TypeError(f"Expected `head` to be an UncertaintyHead, got {type(head).__name__}")
     path = Path(path)
+    bad = nonfinite_parameters(head.state_dict())
+    if bad:
+        raise CheckpointError(f"Uncertainty head not written to {str(path)!r}: its parameter "
+                              f"{bad} is NaN/Inf (the fit diverged; lower the learning rate); "
+                              "the file there is unchanged")
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
         "format": HEAD_FORMAT,
@@ -231,7 +252,11 @@ def load_head(path: str | os.PathLike, map_location: Any = "cpu") -> tuple[Uncer
         raise CheckpointError(f"{str(path)!r} is not a torchcal uncertainty head ({HEAD_FORMAT})")
     try:
         head = UncertaintyHead(state["in_features"], width=state["width"], depth=state["depth"])
+        bad = nonfinite_parameters(state["state_dict"])  # values, not only the checksum
+        if bad:
+            raise ValueError(f"its parameter {bad} is NaN/Inf")
         head.load_state_dict(state["state_dict"])
-    except (KeyError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"Uncertainty head file {str(path)!r} is malformed: {exc}") from exc
+    except (KeyError, RuntimeError, ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"Uncertainty head file {str(path)!r} is malformed: {exc}; fit "
+                              "the head again (torchcal uncertainty fit)") from exc
     return head.eval(), dict(state.get("meta") or {})
