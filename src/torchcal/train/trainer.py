@@ -266,8 +266,9 @@ def _end_epoch(r: _Run, epoch: int, lr: float, train_numbers: dict[str, float], 
             tb.log_epoch(rec)
         _checkpoint(r, epoch, best_improved)
         if bar is not None:
-            bar.set_postfix(val_ece=f"{rec['val_ece']:.4f}",
-                            val_err=f"{rec['val_error']:.4f}", refresh=False)
+            # percent, as every number the command line prints (the log keeps fractions)
+            bar.set_postfix(val_ece=f"{100 * rec['val_ece']:.2f}%",
+                            val_err=f"{100 * rec['val_error']:.2f}%", refresh=False)
     return rec
 
 
