@@ -157,5 +157,5 @@ def test_committed_results_name_no_machine_paths():
         for row in csv.DictReader(f.open(encoding="utf-8")):
             for d in row.values():  # no cell names a machine path
                 assert not d.startswith("/") and not PureWindowsPath(d).drive, (f, d)
-            if "run_dir" in row:  # the calibration demo's runs, relative to the report
-                assert row["run_dir"].startswith("runs/"), (f, row["run_dir"])
+            if "run_dir" in row:  # the demo's runs and ensembles, relative to the report
+                assert row["run_dir"].startswith(("runs/", "ensembles/")), (f, row["run_dir"])

@@ -97,8 +97,11 @@ def _slug(*parts: str) -> str:
 
 
 def _group_slug(g: Group) -> str:
+    """A group's file-name stem; a non-seed predictor (an ensemble) gets its own, so that its
+    figure never replaces its seeds' (they shared one file)."""
     kw = "_".join(f"{k}={v}" for k, v in sorted(g.loss_kwargs.items()))
-    return _slug(g.dataset, g.model, g.loss, kw)
+    predictor = "" if g.predictor == DEFAULT_PREDICTOR else g.predictor
+    return _slug(g.dataset, g.model, g.loss, kw, predictor)
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,18 +65,27 @@ class _Group:
         self.refresh()
 
     def refresh(self) -> None:
-        """Stack the members' buffers; the template takes the first member's Python state."""
+        """Stack the members' buffers (a buffer equal in every member, such as AdaFocal's bin
+        edges, is passed once, unbatched); the template takes the first member's Python
+        state."""
         first = self.losses[0]
         self.template = copy.deepcopy(first)
         self.template.validate_args = False  # the labels were checked when the data loaded
-        names = list(_buffers(first))
-        self.state = {n: torch.stack([_buffers(ls)[n] for ls in self.losses]) for n in names}
+        self.state, self.shared = {}, {}
+        for n, b in _buffers(first).items():
+            each = [_buffers(ls)[n] for ls in self.losses]
+            if all(torch.equal(b, e) for e in each[1:]):
+                self.shared[n] = b
+            else:
+                self.state[n] = torch.stack(each)
 
-    def _one(self, state: dict[str, torch.Tensor], z: torch.Tensor, y: torch.Tensor):
-        return functional_call(self.template, state, (z, y))
+    def _one(self, state: dict[str, torch.Tensor], shared: dict[str, torch.Tensor],
+             z: torch.Tensor, y: torch.Tensor):
+        return functional_call(self.template, {**state, **shared}, (z, y))
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return vmap(self._one, randomness="error")(self.state, logits, labels)
+        return vmap(self._one, in_dims=(0, None, 0, 0), randomness="error")(
+            self.state, self.shared, logits, labels)
 
 
 class LossGroups:
