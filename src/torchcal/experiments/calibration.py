@@ -357,16 +357,17 @@ MNIST1D = register_benchmark(Benchmark(
             "recipe (mnist1d-cnn), every loss at its published defaults (AdaFocal λ=1)",
     profiles={
         "default": Profile(seeds=(0, 1, 2), epochs=60, losses=CLAIM_LOSSES,
-                           measured="65 s measured on 2 idle cores"),
+                           measured="54 s measured on 2 idle cores"),
         "quick": Profile(seeds=(0,), epochs=15, losses=CLAIM_LOSSES,
-                         measured="16 s measured on 2 idle cores"),
+                         measured="14 s measured on 2 idle cores"),
         "full": Profile(seeds=(0, 1, 2, 3, 4), epochs=None,
-                        measured="13 minutes measured on 2 idle cores"),
+                        measured="10 minutes measured on 2 idle cores"),
     },
     loss_kwargs=DEMO_LOSS_KWARGS, claims=MNIST1D_CLAIMS,
     committed_results="docs/results/mnist1d/results.csv",
-    committed_note="the same verdicts unpacked on its machine; on two other CPUs AdaFocal "
-                   "3 and 5 of 5, BSCE-GRA 5 of 5: docs/results/mnist1d/RERUN.md",
+    committed_note="packed runs equal their --no-pack runs bit for bit on the CPU; earlier "
+                   "committed runs (the former engine, other CPUs) held AdaFocal on 2, 3 and 5 "
+                   "of 5, BSCE-GRA on 3 and 5 of 5: docs/results/mnist1d/RUN.md, RERUN.md",
     verdict_labels={
         "mukhoti_ce_overconfident": "CE over-confident",
         "mukhoti_focal_lt_ce": "focal below CE",
