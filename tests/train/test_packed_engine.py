@@ -293,7 +293,7 @@ def test_a_diverged_member_stays_a_ghost_across_a_resume(tmp_path, monkeypatch):
     """In a pack of 2, a member diverges in epoch 2; the run is interrupted in epoch 3 and
     resumed: the companion resumes beside the diverged member's ghost (the pack keeps its size,
     read from the checkpoint's layout) and ends bit for bit as the uninterrupted pack's."""
-    from test_train_packed import _Diverging
+    from test_train_packed import _Diverging, interrupt_in_epoch
 
     from torchcal.losses import register_loss
     from torchcal.losses._registry import LOSSES
@@ -304,17 +304,7 @@ def test_a_diverged_member_stays_a_ghost_across_a_resume(tmp_path, monkeypatch):
                     cfg(tmp_path, f"{tag}1", seed=1, loss="test_diverging_ghost", epochs=4,
                         resume=True)]
         res_u = train_packed(configs("u"))
-        orig = P._end_pack_epoch
-
-        def interrupting(pack, members, groups, stats, epoch, *a, **kw):
-            if epoch == 2:
-                raise KeyboardInterrupt
-            return orig(pack, members, groups, stats, epoch, *a, **kw)
-
-        monkeypatch.setattr(P, "_end_pack_epoch", interrupting)
-        with pytest.raises(KeyboardInterrupt):
-            train_packed(configs("k"))
-        monkeypatch.setattr(P, "_end_pack_epoch", orig)
+        interrupt_in_epoch(monkeypatch, configs("k"), 2)
         res_k = train_packed(configs("k"))
     finally:
         LOSSES.unregister("test_diverging_ghost")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from torchcal.losses import UncertaintyWeighting
-from torchcal.train import get_recipe, train
-from torchcal.train.multitask import TaskWeighting, _optimizer, parse_task_weighting, TwoTaskNet
 from torchcal.models import create_model
+from torchcal.train import get_recipe, train
+from torchcal.train.multitask import TaskWeighting, TwoTaskNet, _optimizer, parse_task_weighting
 
 
 @pytest.mark.parametrize("text,want", [

@@ -177,17 +177,7 @@ def test_interrupt_and_resume_give_the_uninterrupted_runs(tmp_path, monkeypatch)
     member is not trained again."""
     configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, epochs=3, resume=True)
                for s, loss in MEMBERS]
-    orig = P._end_pack_epoch
-
-    def interrupting(pack, members, groups, stats, epoch, *a, **kw):
-        if epoch == 2:
-            raise KeyboardInterrupt
-        return orig(pack, members, groups, stats, epoch, *a, **kw)
-
-    monkeypatch.setattr(P, "_end_pack_epoch", interrupting)
-    with pytest.raises(KeyboardInterrupt):
-        train_packed(configs)
-    monkeypatch.setattr(P, "_end_pack_epoch", orig)
+    interrupt_in_epoch(monkeypatch, configs, 2)
     for s, _ in MEMBERS:
         assert load_checkpoint(tmp_path / f"p{s}" / "checkpoints" / "last.pt")["epoch"] == 2
     res = train_packed(configs)
@@ -197,6 +187,21 @@ def test_interrupt_and_resume_give_the_uninterrupted_runs(tmp_path, monkeypatch)
         _assert_same_run(tmp_path / f"p{s}", tmp_path / f"s{s}")
     again = train_packed(configs)  # finished: evaluated again, not trained
     assert [r["resumed_from"] for r in again] == [3, 3, 3]
+
+
+def interrupt_in_epoch(monkeypatch, configs, epoch: int) -> None:
+    """Train ``configs`` packed with a Ctrl-C at the end of (0-based) ``epoch``."""
+    orig = P._end_pack_epoch
+
+    def interrupting(pack, members, groups, stats, e, *a, **kw):
+        if e == epoch:
+            raise KeyboardInterrupt
+        return orig(pack, members, groups, stats, e, *a, **kw)
+
+    monkeypatch.setattr(P, "_end_pack_epoch", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        train_packed(configs)
+    monkeypatch.setattr(P, "_end_pack_epoch", orig)
 
 
 def test_a_member_that_cannot_start_does_not_stop_the_others(tmp_path):
