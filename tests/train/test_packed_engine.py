@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train_packed import _restore_threads  # noqa: F401 - the autouse fixture
+from test_train_packed import cfg as packed_cfg
 from torch.func import vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -19,7 +21,7 @@ from torchcal.experiments.calibration import CLAIM_LOSSES, DEMO_LOSS_KWARGS
 from torchcal.losses import create_loss, list_losses
 from torchcal.losses.temperature import ConsistencyLoss
 from torchcal.posthoc import TemperatureScaling
-from torchcal.train import get_recipe, train
+from torchcal.train import train
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.loss_groups import LossGroups
 from torchcal.train.pack_commit import staged_path
@@ -29,20 +31,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:OOD set", "ignore::RuntimeWarnin
                                         "ignore::UserWarning")
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def cfg(tmp_path, name, **kw):
-    """Digits through a narrow 1-D CNN: a few batches an epoch."""
-    base = dict(out_dir=str(tmp_path / name), epochs=2, progress=False, num_threads=1,
-                device="cpu", model="mnist1d_cnn", model_kwargs={"in_length": 64, "width": 8},
-                grad_clip=0.05, checkpoint_every=1, eval_test_every=0, select_best_by="none")
-    base.update(kw)
-    return dataclasses.replace(get_recipe("digits-mlp"), **base)
+    """Digits through a narrow 1-D CNN (test_train_packed's runs), no test pass, no best.pt."""
+    return packed_cfg(tmp_path, name, **{"eval_test_every": 0, "select_best_by": "none", **kw})
 
 
 def _weights(run_dir):
