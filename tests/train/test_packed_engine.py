@@ -23,8 +23,8 @@ from torchcal.losses.temperature import ConsistencyLoss
 from torchcal.posthoc import TemperatureScaling
 from torchcal.train import train
 from torchcal.train.checkpoint import load_checkpoint
-from torchcal.train.loss_groups import LossGroups
-from torchcal.train.pack_commit import staged_path
+from torchcal.train.loss_groups import LossGroups, PackedLossWarning
+from torchcal.train.pack_commit import pack_layout, staged_path
 from torchcal.train.packed import train_packed
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set", "ignore::RuntimeWarning",
@@ -87,7 +87,8 @@ def test_loss_groups_stack_member_state_and_fall_back_with_a_reason():
     for ls in losses:
         ls.reduction = "sum"
     losses[2].gammas.copy_(torch.linspace(0.5, 4.0, losses[2].n_bins, dtype=torch.float64))
-    groups = LossGroups(losses, torch.device("cpu"))
+    with pytest.warns(PackedLossWarning, match="calibrator"):  # slower, and said so
+        groups = LossGroups(losses, torch.device("cpu"))
     assert len(groups.groups) == 3 and list(groups.unbatched) == [4]
     assert "calibrator" in groups.unbatched[4]
     z = torch.randn(5, 32, 10, dtype=torch.float64)
@@ -304,3 +305,12 @@ def test_a_diverged_member_stays_a_ghost_across_a_resume(tmp_path, monkeypatch):
     assert res_k[0]["resumed_from"] == 2
     assert _same_weights(tmp_path / "k0", tmp_path / "u0")
     assert res_k[0]["results"]["test"]["pre"]["ece"] == res_u[0]["results"]["test"]["pre"]["ece"]
+
+
+def test_a_pack_record_that_is_not_a_layout_is_not_trusted():
+    """A checkpoint's ``pack`` record is read for its values: anything but a list of run
+    directories is no layout (the resume packs the configs given)."""
+    assert pack_layout({"pack": {"slots": ["a", "b"]}}) == ("a", "b")
+    for bad in ({"pack": {"slots": "ab"}}, {"pack": {"slots": [1, 2]}}, {"pack": ["a"]},
+                {"pack": {"slots": []}}, {}, None):
+        assert pack_layout(bad) is None, bad

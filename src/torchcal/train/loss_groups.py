@@ -15,13 +15,14 @@ which the engine calls after every hook that may change them (``set_epoch``, ``o
 a checkpoint loaded): the members' modules stay the objects that checkpoints, logs and hooks
 see.  A loss that cannot be batched (:meth:`~torchcal.losses.base.CalibrationLoss.pack_problem`:
 trainable parameters, state outside its buffers, a calibrator object; a loss that is not a
-``CalibrationLoss``) is called on its own member's rows, and :attr:`LossGroups.unbatched`
-says why.  With one member (M = 1) the single group's call is that member's own loss.
+``CalibrationLoss``) is called on its own member's rows; :attr:`LossGroups.unbatched` says
+why, and a :class:`PackedLossWarning` says so once per pack.  With one member (M = 1) the single group's call is that member's own loss.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +32,11 @@ from torch.func import functional_call, vmap
 
 from ..losses.base import CalibrationLoss
 
-__all__ = ["LossGroups", "loss_pack_problem"]
+__all__ = ["LossGroups", "loss_pack_problem", "PackedLossWarning"]
+
+
+class PackedLossWarning(UserWarning):
+    """A packed run's loss cannot join its group's vmapped call and is called alone."""
 
 
 def loss_pack_problem(loss: nn.Module) -> str | None:
@@ -105,6 +110,10 @@ class LossGroups:
         self.device = torch.device(device)
         self.unbatched: dict[int, str] = {}
         self._build()
+        if self.unbatched:  # slower, not wrong: said once, with the reason
+            why = "; ".join(sorted(set(self.unbatched.values())))
+            warnings.warn(f"{len(self.unbatched)} packed run(s) call their loss on their own "
+                          f"rows, once per step each ({why})", PackedLossWarning, stacklevel=2)
 
     def _build(self) -> None:
         by_key: dict[tuple[Any, ...], list[int]] = {}

@@ -88,7 +88,9 @@ def reconcile_staged(run_dirs: Sequence[str | os.PathLike]) -> None:
     for epoch, dirs in by_epoch.items():
         writers = set(dirs)
         for d in dirs:
-            writers.update(staged[d][1].get("writers") or [])
+            named = staged[d][1].get("writers")
+            if isinstance(named, (list, tuple)):
+                writers.update(str(w) for w in named)
         complete = all(_has_epoch(w, epoch, staged) for w in writers)
         for d in dirs:
             if complete:
@@ -113,9 +115,11 @@ def _remove_staged(run_dir: str | os.PathLike) -> None:
 
 def pack_layout(state: dict[str, Any] | None) -> tuple[str, ...] | None:
     """The slots recorded in a checkpoint (None: a new run, or one written before layouts)."""
-    slots = (state or {}).get("pack", {}) or {}
-    slots = slots.get("slots")
-    return tuple(str(s) for s in slots) if slots else None
+    record = (state or {}).get("pack") or {}
+    slots = record.get("slots") if isinstance(record, dict) else None
+    if not (isinstance(slots, (list, tuple)) and slots and all(isinstance(s, str) for s in slots)):
+        return None  # no layout (or not one this reader can trust): the pack of the configs given
+    return tuple(slots)
 
 
 def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
