@@ -377,6 +377,7 @@ def _train_epoch(pack: _Pack, members: list[_Member], groups: LossGroups, batche
     pack.set_lr(live[0].r.optimizer.param_groups[0]["lr"])
     stats = _PackedStats(len(members), r0.config.n_bins, r0.device)
     mean_rows = torch.tensor([red == "mean" for red in groups.reductions()], device=r0.device)
+    stateful = [mb for mb in live if mb.every]  # losses with extra validation passes
     for step, (x, y) in enumerate(batches.epoch(members, epoch)):
         with _autocast(r0.device, r0.amp):
             logits = pack.forward(x)
@@ -387,7 +388,7 @@ def _train_epoch(pack: _Pack, members: list[_Member], groups: LossGroups, batche
         pack.step(loss.sum(), r0.config.grad_clip)
         if bar is not None:
             bar.update(1)
-        extra = [mb for mb in live if mb.every and (step + 1) % mb.every == 0]
+        extra = [mb for mb in stateful if (step + 1) % mb.every == 0] if stateful else None
         if extra:  # a stateful loss' extra update (AdaFocal & co.)
             _drive_validation(pack, members, extra)
             groups.refresh()
@@ -411,11 +412,7 @@ def _drive_validation(pack: _Pack, members: list[_Member], which: list[_Member]
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validation logits (N, M, C) and labels of every member; the loss hooks of ``which``
     driven with their own columns (an error stops that member alone)."""
-    val = _validation_logits(pack, members)
-    if val is None:  # each member's own split: its own pass
-        outs = [predict_logits(mb.r.model, None, mb.r.device, mb.r.eval_bs, source=mb.r.src["val"],
-                               amp=mb.r.amp) for mb in members]
-        val = torch.stack([o[0] for o in outs], 1), torch.stack([o[1] for o in outs], 1)
+    val = _split_logits(pack, members, "val")
     for mb in which:
         m = members.index(mb)
         y = val[1] if val[1].ndim == 1 else val[1][:, m]
