@@ -52,8 +52,8 @@ from torch import nn
 from torchcal.losses import list_losses
 from torchcal.models import create_model
 from torchcal.train import TrainConfig, get_recipe
-from torchcal.train.packed import _Pack
-from torchcal.train.trainer import build_loss
+from torchcal.train.stacks import PackedModel
+from torchcal.train.steps import build_loss
 
 BATCH = 128
 NUM_CLASSES = 10
@@ -247,14 +247,14 @@ def packed_step(name: str, m: int, device: torch.device, g: torch.Generator, see
         models.append(create_model(name, NUM_CLASSES).to(device))
         opts.append(torch.optim.SGD(models[-1].parameters(), lr=0.1, momentum=0.9,
                                     weight_decay=5e-4))
-    pack = _Pack(models, opts)
+    pack = PackedModel(models, opts)
     losses = [make_loss("ce").to(device) for _ in range(m)]
     x = torch.randn(m, BATCH, *INPUTS[name], generator=g).to(device)
     y = torch.randint(0, NUM_CLASSES, (m, BATCH), generator=g).to(device)
 
     def step() -> None:
         logits = pack.forward(x).float()
-        pack.step(torch.stack([f(logits[i], y[i]) for i, f in enumerate(losses)]).sum(), 2.0)
+        pack.step(torch.stack([f(logits[i], y[i]) for i, f in enumerate(losses)]), logits, y, 2.0)
 
     return step
 

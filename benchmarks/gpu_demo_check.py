@@ -83,9 +83,10 @@ def equivalence() -> None:
 
 
 def syncs() -> None:
+    import torchcal.train.engine as E
     import torchcal.train.packed as P
     from torchcal.experiments.calibration import CLAIM_LOSSES
-    orig = P._train_epoch
+    orig = E.train_epoch
 
     def strict(*a, **kw):
         torch.cuda.set_sync_debug_mode("error")
@@ -94,7 +95,7 @@ def syncs() -> None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
-    orig_val = P._drive_validation
+    orig_val = E._drive_validation
 
     def val(*a, **kw):  # a loss hook's own validation pass reads values: outside the step
         torch.cuda.set_sync_debug_mode("default")
@@ -103,12 +104,12 @@ def syncs() -> None:
         finally:
             torch.cuda.set_sync_debug_mode("error")
 
-    P._train_epoch, P._drive_validation = strict, val
+    E.train_epoch, E._drive_validation = strict, val
     try:
         with tempfile.TemporaryDirectory() as root:
             res = P.train_packed(_configs(root, "cuda", CLAIM_LOSSES, 1))
     finally:
-        P._train_epoch, P._drive_validation = orig, orig_val
+        E.train_epoch, E._drive_validation = orig, orig_val
     bad = [r for r in res if isinstance(r, BaseException)]
     print("no synchronising call inside a training step" if not bad else f"FAILED: {bad[0]!r}")
 

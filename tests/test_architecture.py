@@ -62,6 +62,11 @@ def test_no_private_import_across_units(result):
     assert not result["private imports"], "\n".join(result["private imports"])
 
 
+def test_no_private_name_across_the_modules_of_train(result):
+    assert not result["private names inside a package"], \
+        "\n".join(result["private names inside a package"])
+
+
 def test_no_circular_imports_inside_a_package(result):
     assert not result["circular imports"], "\n".join(result["circular imports"])
 
@@ -143,7 +148,13 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
          "imports torchcal.metrics._x"),
         ("train", "from .. import _io\n", None, None),  # a layer-1 module: shared
         ("train", "from .._validation import check_scalar\n", None, None),  # layer 1: shared
-        ("train", "from ._own import x\nfrom .other import _y\n", None, None),  # its own unit
+        ("metrics", "from ._own import x\nfrom .other import _y\n", None, None),  # its own unit
+        # train/ is one engine: its modules share no private name (rule 8)
+        ("train", "from ._own import x\nfrom .other import _y\n",
+         "private names inside a package", "imports _y from torchcal.train.other"),
+        ("train", "def f():\n    from .trainer import _build  # why\n",
+         "private names inside a package", "imports _build from torchcal.train.trainer"),
+        ("train", "from .other import __all__\n", None, None),  # a dunder
         ("train", "from ..metrics import __version__\n", None, None),  # a dunder
     ],
 )

@@ -38,6 +38,11 @@ It prints one line per rule with its count, then every violation:
    deferred import hides a circle, it does not remove it); a package's ``__init__`` is not
    counted (it re-exports its modules).
 
+8. **private names inside a package**: in the packages of :data:`PRIVATE_ACROSS_MODULES`
+   (``train/``: one engine whose steps are public), no module imports a leading-underscore name
+   from another module of its own package (``from .trainer import _build``): what a sibling
+   module needs is public there.
+
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
 
@@ -171,6 +176,10 @@ def layer_violations(module: str, path: Path, tree: ast.AST, rel: Path
     return upward, argparse_uses
 
 
+#: Packages whose modules import no leading-underscore name from each other (rule 8).
+PRIVATE_ACROSS_MODULES = frozenset({"train"})
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -199,6 +208,26 @@ def private_imports(module: str, path: Path, tree: ast.AST, rel: Path) -> list[s
             if bad:
                 shown = f"{target}.{name}" if name else target
                 out.append(f"{rel}:{node.lineno} ({u or 'torchcal'}) imports {shown}")
+    return out
+
+
+def private_names_across_modules(module: str, path: Path, tree: ast.AST, rel: Path
+                                 ) -> list[str]:
+    """Rule 8: imports of a leading-underscore name from another module of the same package
+    (in :data:`PRIVATE_ACROSS_MODULES`)."""
+    u = unit(module)
+    if u not in PRIVATE_ACROSS_MODULES:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        target = from_target(module, path, node)
+        if unit(target) != u or target == module:
+            continue
+        for a in node.names:
+            if _private(a.name):
+                out.append(f"{rel}:{node.lineno} ({u}) imports {a.name} from {target}")
     return out
 
 
@@ -346,7 +375,8 @@ def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
                                  "run-directory names": [], "deferred imports": [],
-                                 "private imports": [], "circular imports": []}
+                                 "private imports": [], "circular imports": [],
+                                 "private names inside a package": []}
     spelled: dict[str, list[str]] = {}
     for module, path in modules(src):
         rel = path.relative_to(src)
@@ -358,6 +388,8 @@ def check(src: Path) -> dict[str, list[str]]:
         out["argparse"] += uses
         out["function length"] += long_functions(tree, rel)
         out["private imports"] += private_imports(module, path, tree, rel)
+        out["private names inside a package"] += private_names_across_modules(module, path,
+                                                                              tree, rel)
         if module != RUN_DIR_OWNER:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")

@@ -25,14 +25,14 @@ SITECUSTOMIZE = '''
 import os
 if os.environ.get("TORCHCAL_TEST_KILL_AFTER"):
     import signal
-    import torchcal.train.packed as P
-    _orig, _n = P.commit_staged, [0]
+    import torchcal.train.engine as E
+    _orig, _n = E.commit_staged, [0]
     def commit_staged(dirs):
         _orig(dirs)
         _n[0] += 1
         if _n[0] == int(os.environ["TORCHCAL_TEST_KILL_AFTER"]):
             os.killpg(os.getpgid(0), signal.SIGKILL)
-    P.commit_staged = commit_staged
+    E.commit_staged = commit_staged
 '''
 
 

@@ -16,6 +16,7 @@ from test_train_packed import cfg as packed_cfg
 from torch.func import vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import torchcal.train.engine as E
 import torchcal.train.packed as P
 from torchcal.experiments.calibration import CLAIM_LOSSES, DEMO_LOSS_KWARGS
 from torchcal.losses import create_loss, list_losses
@@ -147,7 +148,7 @@ def test_no_host_synchronisation_inside_a_training_step(tmp_path, monkeypatch):
     """No ``.item()``-like read of a tensor's value between two steps (the epoch's numbers
     are read once at its end)."""
     mode = _Ops()
-    orig_step, orig_val = P._train_epoch, P._drive_validation
+    orig_step, orig_val = E.train_epoch, E._drive_validation
 
     def in_steps(*a, **kw):
         mode.in_step = True
@@ -163,8 +164,8 @@ def test_no_host_synchronisation_inside_a_training_step(tmp_path, monkeypatch):
         finally:
             mode.in_step = True
 
-    monkeypatch.setattr(P, "_train_epoch", in_steps)
-    monkeypatch.setattr(P, "_drive_validation", validation)
+    monkeypatch.setattr(E, "train_epoch", in_steps)
+    monkeypatch.setattr(E, "_drive_validation", validation)
     configs = [cfg(tmp_path, f"r{i}", loss=loss, seed=i, epochs=1, evaluate=False,
                    loss_kwargs={"update_every": 3} if loss == "adafocal" else {})
                for i, loss in enumerate(CLAIM_LOSSES)]
@@ -246,7 +247,7 @@ def test_a_kill_between_the_members_checkpoints_resumes_to_the_same_numbers(
     every member ends bit for bit as the uninterrupted pack."""
     train_packed(_configs(tmp_path, "u"))
     name = "stage_checkpoint" if where == "staging" else "commit_staged"
-    orig = getattr(P, name)
+    orig = getattr(E, name)
     calls = {"n": 0}
 
     def dying(*a, **kw):
@@ -256,10 +257,10 @@ def test_a_kill_between_the_members_checkpoints_resumes_to_the_same_numbers(
             raise KeyboardInterrupt
         return out
 
-    monkeypatch.setattr(P, name, dying)
+    monkeypatch.setattr(E, name, dying)
     with pytest.raises(KeyboardInterrupt):
         train_packed(_configs(tmp_path, "k"))
-    monkeypatch.setattr(P, name, orig)
+    monkeypatch.setattr(E, name, orig)
     epochs = [load_checkpoint(tmp_path / f"k{s}" / "checkpoints" / "last.pt")["epoch"]
               for s, _ in MEMBERS]
     staged = [staged_path(tmp_path / f"k{s}").exists() for s, _ in MEMBERS]

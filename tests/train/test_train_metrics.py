@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from torchcal.metrics.epoch import EpochStats
-from torchcal.train.trainer import _chunked_loss, epoch_metrics
+from torchcal.metrics.epoch import EpochStats, epoch_metrics
+from torchcal.train.engine import split_loss
+from torchcal.train.loss_groups import LossGroups
 
 
 def _ref_ece(logits, labels, n_bins):
@@ -63,13 +64,24 @@ def test_epoch_metrics_and_diagnostics():
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_chunked_loss_is_the_per_sample_mean(reduction):
+@pytest.mark.parametrize("members", [1, 3])
+def test_split_loss_is_the_per_sample_mean(reduction, members):
+    """The logged loss of a split, computed in chunks of 64 (300 = 4 x 64 + 44), is each
+    member's per-sample mean whatever the loss' reduction (a sum must not be divided twice or
+    a mean summed over chunks)."""
+    from torchcal.losses import create_loss
+
     g = torch.Generator().manual_seed(1)
-    z = torch.randn(300, 5, generator=g)
+    z = torch.randn(300, members, 5, generator=g)
     y = torch.randint(0, 5, (300,), generator=g)
-    loss = torch.nn.CrossEntropyLoss(reduction=reduction)
-    got = float(_chunked_loss(loss, z, y, 64))
-    assert got == pytest.approx(float(torch.nn.functional.cross_entropy(z, y)), abs=1e-6)
+    losses = [create_loss("ce") for _ in range(members)]
+    for ls in losses:
+        ls.reduction = reduction
+    groups = LossGroups(losses, torch.device("cpu"))
+    rows = torch.tensor([reduction == "mean"] * members)
+    got = split_loss(groups, z, y, 64, rows)
+    want = torch.stack([torch.nn.functional.cross_entropy(z[:, m], y) for m in range(members)])
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
 def test_train_ece_has_the_sign_of_a_gap_in_each_bin():

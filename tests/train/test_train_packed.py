@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+import torchcal.train.engine as E
 import torchcal.train.packed as P
 from torchcal.losses import register_loss
 from torchcal.losses._registry import LOSSES
@@ -15,6 +16,7 @@ from torchcal.losses.cross_entropy import CrossEntropyLoss
 from torchcal.train import TrainConfig, get_recipe, train
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.packed import MemberDivergedError, pack_groups, train_packed
+from torchcal.train.stacks import PackedModel
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 
@@ -96,18 +98,18 @@ def test_one_sgd_with_global_clipping_would_differ(tmp_path):
     ``clip_grad_norm_`` over the stacked parameters does) gives other weights."""
     configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, epochs=1) for s, loss in MEMBERS[:2]]
 
-    def global_clip(self, total, max_norm):
+    def global_clip(self, losses, logits, y, max_norm):
         self.opt.zero_grad(set_to_none=True)
-        total.backward()
+        losses.sum().backward()
         torch.nn.utils.clip_grad_norm_(list(self.params.values()), max_norm)
         self.opt.step()
 
-    orig = P._Pack.step
-    P._Pack.step = global_clip
+    orig = PackedModel.step
+    PackedModel.step = global_clip
     try:
         train_packed(configs)
     finally:
-        P._Pack.step = orig
+        PackedModel.step = orig
     train(dataclasses.replace(configs[0], out_dir=str(tmp_path / "s0")))
     with pytest.raises(AssertionError):
         _assert_same_run(tmp_path / "p0", tmp_path / "s0")
@@ -191,17 +193,17 @@ def test_interrupt_and_resume_give_the_uninterrupted_runs(tmp_path, monkeypatch)
 
 def interrupt_in_epoch(monkeypatch, configs, epoch: int) -> None:
     """Train ``configs`` packed with a Ctrl-C at the end of (0-based) ``epoch``."""
-    orig = P._end_pack_epoch
+    orig = E.end_epoch
 
     def interrupting(pack, members, groups, stats, e, *a, **kw):
         if e == epoch:
             raise KeyboardInterrupt
         return orig(pack, members, groups, stats, e, *a, **kw)
 
-    monkeypatch.setattr(P, "_end_pack_epoch", interrupting)
+    monkeypatch.setattr(E, "end_epoch", interrupting)
     with pytest.raises(KeyboardInterrupt):
         train_packed(configs)
-    monkeypatch.setattr(P, "_end_pack_epoch", orig)
+    monkeypatch.setattr(E, "end_epoch", orig)
 
 
 def test_a_member_that_cannot_start_does_not_stop_the_others(tmp_path):

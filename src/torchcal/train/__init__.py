@@ -1,9 +1,11 @@
 """Training harness: configs, the papers' recipes, the trainer, checkpoints and evaluation.
 
 Modules: :mod:`~torchcal.train.config` and :mod:`~torchcal.train.recipes` (what to train),
-:mod:`~torchcal.train.trainer` (``train`` and its loop ``fit``),
-:mod:`~torchcal.train.packed` (``train_packed``: several runs as one vmapped model), :mod:`~torchcal.train.build`
-(data and model from a config, a trained model from a checkpoint),
+:mod:`~torchcal.train.trainer` (``train``: one run), :mod:`~torchcal.train.packed`
+(``train_packed``: several runs as one packed model), both trained by the one engine
+(:mod:`~torchcal.train.engine`, whose steps take a stack of M runs; :mod:`~torchcal.train.steps`
+builds and resumes each run, :mod:`~torchcal.train.stacks` holds the networks),
+:mod:`~torchcal.train.build` (data and model from a config, a trained model from a checkpoint),
 :mod:`~torchcal.train.device`, :mod:`~torchcal.train.inference` (``predict_logits``),
 :mod:`~torchcal.train.evaluation` (``evaluate_checkpoint``), :mod:`~torchcal.train.checkpoint`,
 :mod:`~torchcal.train.distributed` and :mod:`~torchcal.train.tracking`.  The run directory's

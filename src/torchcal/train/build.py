@@ -19,17 +19,19 @@ from .checkpoint import load_checkpoint
 from .config import TrainConfig
 
 __all__ = ["build_data", "build_model", "check_model_input", "load_ood_sets",
-           "load_model_from_run", "model_from_checkpoint", "load_run_checkpoint"]
+           "load_model_from_run", "model_from_checkpoint", "load_run_checkpoint", "data_seed"]
 
 
-def _data_seed(config: TrainConfig) -> int:
+def data_seed(config: TrainConfig) -> int:
+    """The seed of ``config``'s data split (``data_seed``, else the run's seed): runs with the
+    same one share their data."""
     return int(config.seed if config.data_seed is None else config.data_seed)
 
 
 def build_data(config: TrainConfig):
     """The :class:`torchcal.data.DataSplits` of ``config`` (train/val/test)."""
     return load_splits(config.dataset, config.data_root, download=config.download,
-                       seed=_data_seed(config), val_fraction=config.val_fraction,
+                       seed=data_seed(config), val_fraction=config.val_fraction,
                        **dict(config.data_kwargs))
 
 
@@ -46,7 +48,7 @@ def load_ood_sets(config: TrainConfig, splits: Any = None) -> dict[str, Any]:
     defaults = DATASETS.get(config.dataset).default_ood if config.dataset in DATASETS else ()
     for ood in defaults:  # each with its declared options (the data set's registration)
         name = ood.name
-        kw = ood.options(_data_seed(config), config.data_kwargs)
+        kw = ood.options(data_seed(config), config.data_kwargs)
         kw.update(dict(config.ood_kwargs.get(name, {})))
         try:
             ds = load_ood(name, config.data_root, download=config.download, **kw)

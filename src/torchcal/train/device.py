@@ -9,7 +9,7 @@ import torch
 
 from .distributed import DistEnv
 
-__all__ = ["resolve_device"]
+__all__ = ["resolve_device", "autocast"]
 
 
 def resolve_device(device: str, env: DistEnv | None = None) -> torch.device:
@@ -30,7 +30,7 @@ def resolve_device(device: str, env: DistEnv | None = None) -> torch.device:
     return dev
 
 
-def _autocast(device: torch.device, amp: str):
+def autocast(device: torch.device, amp: str):
     """The autocast context of ``amp`` (``off``, ``bf16``, ``fp16``) on CUDA; none elsewhere."""
     if device.type != "cuda" or amp == "off":
         return nullcontext()

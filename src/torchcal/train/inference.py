@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..data.augment import normalize, random_crop_flip
-from .device import _autocast
+from .device import autocast
 from .distributed import DistEnv, gather_padded, shard_indices
 
 __all__ = ["BatchSource", "predict_logits"]
@@ -104,7 +104,7 @@ def _predict_indices(model: nn.Module, source: BatchSource, indices: torch.Tenso
                      batch_size: int, amp: str = "off", features: bool = False):
     outs, labels = [], []
     for x, y in source.batches(indices, batch_size):
-        with _autocast(source.device, amp):
+        with autocast(source.device, amp):
             out = model.forward_features(x) if features else model(x)
         outs.append(out.float())
         labels.append(y)

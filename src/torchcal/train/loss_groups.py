@@ -16,7 +16,8 @@ a checkpoint loaded): the members' modules stay the objects that checkpoints, lo
 see.  A loss that cannot be batched (:meth:`~torchcal.losses.base.CalibrationLoss.pack_problem`:
 trainable parameters, state outside its buffers, a calibrator object; a loss that is not a
 ``CalibrationLoss``) is called on its own member's rows; :attr:`LossGroups.unbatched` says
-why, and a :class:`PackedLossWarning` says so once per pack.  With one member (M = 1) the single group's call is that member's own loss.
+why, and a :class:`PackedLossWarning` says so once per pack.  With one member (M = 1, a run
+alone) the call is that member's own loss module, called as it is.
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ class LossGroups:
     def _build(self) -> None:
         by_key: dict[tuple[Any, ...], list[int]] = {}
         self.unbatched = {}
+        self._single = len(self.losses) == 1  # a run alone: its own loss, called as it is
+        if self._single:
+            self.groups, self._whole = [], False
+            return
         for m, loss in enumerate(self.losses):
             why = loss_pack_problem(loss)
             if why is not None:
@@ -136,6 +141,8 @@ class LossGroups:
     def refresh(self) -> None:
         """Re-read every member's state after a hook changed it (regrouping when the members'
         buffers no longer share names and shapes, e.g. a buffer set by a first validation)."""
+        if self._single:
+            return
         keys = {m: _key(ls) for m, ls in enumerate(self.losses) if m not in self.unbatched}
         grouped = {m: _key(g.losses[0]) for g in self.groups for m in g.index}
         if keys != grouped:
@@ -145,6 +152,8 @@ class LossGroups:
             g.refresh()
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self._single:
+            return self.losses[0](logits[0], labels[0]).reshape(1)
         if self._whole:  # one configuration for every member, in order
             return self.groups[0](logits, labels)
         parts = [g(logits.index_select(0, g.idx), labels.index_select(0, g.idx))
@@ -158,4 +167,4 @@ class LossGroups:
         return [str(getattr(ls, "reduction", "mean")) for ls in self.losses]
 
     def __len__(self) -> int:
-        return len(self.groups) + len(self.unbatched)
+        return 1 if self._single else len(self.groups) + len(self.unbatched)

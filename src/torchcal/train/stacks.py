@@ -1,0 +1,283 @@
+"""The model half of the engine's stack of M runs: how their networks run and step.
+
+The engine (:mod:`torchcal.train.engine`) drives M runs with one set of steps; the networks and
+optimisers are one of two *stacks* with the same methods:
+
+* :class:`PackedModel` (M >= 1 runs of one model and recipe): the members' parameters and
+  buffers stacked along a leading member dimension, their forward passes as one batched call
+  (``torch.func.vmap`` over ``functional_call``, ``forward="vmap"``) or as each member's own
+  kernels on its slices (``forward="loop"``, the CPU's default), per-member gradient-norm
+  clipping and one SGD over the stacks (one SGD with momentum, weight decay and Nesterov over
+  the stacked tensors equals M SGDs: every operation is elementwise).
+* :class:`SoloModel` (one run): the run's own module as :func:`~torchcal.train.steps.build_run`
+  wrapped it (the joint uncertainty head, DistributedDataParallel, ``torch.compile``), its own
+  optimiser and AMP scaler: what a stack cannot hold (a head's optimiser, fp16's loss scaler,
+  DDP's gradient hooks, a compiled graph, dropout's per-member random streams).
+
+Both take inputs (M, B, ...) and give logits (M, B, C); ``step(losses, logits, y, max_norm)``
+runs the backward pass and the optimiser; ``split_logits`` gives every member's logits on a
+split; ``finite`` and ``fc_norms`` give the end of epoch's per-member checks on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from .inference import predict_logits
+from .steps import Run
+
+__all__ = ["PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
+
+#: How a pack runs its members' model: ``"vmap"`` (one batched forward and backward: a GPU's
+#: way, whose kernel launches do not grow with the members), ``"loop"`` (each member's forward on
+#: its slices of the stacked parameters, with the kernels of a separate run: faster on a CPU,
+#: whose grouped convolutions are slow), ``"auto"`` (``"loop"`` on the CPU, else ``"vmap"``).
+#: Losses, statistics, clipping and SGD are shared either way.
+FORWARDS = ("auto", "vmap", "loop")
+
+
+def _bind(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+          m: int) -> None:
+    """Make ``model``'s parameters and buffers views of slice ``m`` of the stacked tensors."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.data = params[name][m]
+    for name, _ in list(model.named_buffers()):
+        mod, _, leaf = name.rpartition(".")
+        model.get_submodule(mod)._buffers[leaf] = buffers[name][m]
+
+
+class PackedModel:
+    """The members' parameters and buffers stacked (leading member dimension), the forward
+    pass of all members at once, per-member gradient clipping, and one SGD over the stacks.
+
+    ``models[m]`` and ``optimizers[m]`` (an SGD over ``models[m]``'s parameters, never stepped
+    itself) hold views of slice ``m`` afterwards, so checkpoints, evaluation and the schedules
+    see the packed values without copies; ``runs`` (the members' runs, whose models and
+    optimisers these are) give :meth:`split_logits` its data.
+    """
+
+    def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD],
+                 forward: str = "vmap", runs: Sequence[Run] = ()) -> None:
+        if forward not in FORWARDS:
+            raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
+        if forward == "auto":
+            cpu = next(models[0].parameters()).device.type == "cpu"
+            forward = "loop" if cpu else "vmap"
+        self.runs = list(runs)  # the members' runs (their evaluation splits)
+        self.models, self.optimizers = models, optimizers
+        self.base = models[0]
+        self.mode = forward
+        params, buffers = stack_module_state(models)
+        self.params, self.buffers = params, buffers
+        group = optimizers[0].param_groups[0]
+        self.opt = torch.optim.SGD(list(params.values()), lr=group["lr"],
+                                   momentum=group["momentum"], dampening=group["dampening"],
+                                   weight_decay=group["weight_decay"], nesterov=group["nesterov"])
+        for m, (model, opt) in enumerate(zip(models, optimizers, strict=True)):
+            _bind(model, params, buffers, m)
+            opt._opt_called = True  # stepped through the pack (no scheduler warning)
+        if group["momentum"]:
+            self._stack_momentum()
+
+    def _stack_momentum(self) -> None:
+        """The stacked momentum buffers from the members' SGD states (zeros for a new run:
+        SGD's first step then gives ``buf = grad`` exactly as an empty buffer does), and the
+        members' states made views of them."""
+        member_params = [list(model.parameters()) for model in self.models]
+        for j, p in enumerate(self.params.values()):
+            bufs = []
+            for opt, mp in zip(self.optimizers, member_params, strict=True):
+                b = opt.state.get(mp[j], {}).get("momentum_buffer")
+                bufs.append(torch.zeros_like(p[0]) if b is None else b.to(p.device))
+            stacked = torch.stack(bufs)
+            self.opt.state[p]["momentum_buffer"] = stacked
+            for m, (opt, mp) in enumerate(zip(self.optimizers, member_params, strict=True)):
+                opt.state[mp[j]]["momentum_buffer"] = stacked[m]
+
+    def _call(self, params, buffers, x):
+        return functional_call(self.base, (params, buffers), (x,))
+
+    def _members(self, xs) -> list[torch.Tensor]:
+        """Each member's forward on its slices of the stacked tensors, with the very kernels of
+        a separate run.  The slices come from one ``unbind`` per tensor, whose backward stacks
+        the members' gradients in one operation (indexing each member would add a zero-filled
+        full-size gradient per member and tensor)."""
+        params = {k: v.unbind(0) for k, v in self.params.items()}
+        buffers = {k: v.unbind(0) for k, v in self.buffers.items()}
+        return [self._call({k: v[m] for k, v in params.items()},
+                           {k: v[m] for k, v in buffers.items()}, x) for m, x in enumerate(xs)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
+        if self.mode == "loop":
+            return torch.stack(self._members(x.unbind(0)))
+        return vmap(self._call, randomness="error")(self.params, self.buffers, x)
+
+    def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (B, M, C) of every member on the same inputs (B, ...)."""
+        if self.mode == "loop":
+            return torch.stack(self._members([x] * len(self.models)), 1)
+        return vmap(self._call, in_dims=(0, 0, None), out_dims=1,
+                    randomness="error")(self.params, self.buffers, x)
+
+    def train(self, mode: bool = True) -> None:
+        for model in self.models:
+            model.train(mode)
+
+    def start_epoch(self, lr: float) -> None:
+        """Train mode and the epoch's learning rate (the members share the schedule)."""
+        self.train()
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+
+    def annotate(self, rec: dict[str, Any]) -> None:
+        """Nothing to add to a member's log record."""
+
+    def split_logits(self, split: str) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Every member's logits (N, M, C) on ``split`` and the labels ((N,) or, when the
+        members' data differ, (N, M)), twice: all of them, and this process' share (the same
+        here: a pack runs in one process)."""
+        r0 = self.runs[0]
+        if all(r.src[split] is r0.src[split] for r in self.runs):
+            out = predict_logits(SharedInput(self), None, r0.device, r0.eval_bs,
+                                 source=r0.src[split], amp=r0.amp)
+        else:  # a split that follows the seed: one pass per member
+            outs = [predict_logits(r.model, None, r.device, r.eval_bs, source=r.src[split],
+                                   amp=r.amp) for r in self.runs]
+            out = torch.stack([o[0] for o in outs], 1), torch.stack([o[1] for o in outs], 1)
+        return out, out
+
+    def step(self, losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
+             max_norm: float | None) -> None:
+        """Backward of the members' summed losses, each member's gradient clipped by its own
+        norm, one SGD step.
+
+        The clipping is ``clip_grad_norm_``'s computation for every member at once: the norm of
+        each parameter tensor's row of each member (the very reduction ``_foreach_norm`` runs on
+        one member's tensor), the norm of those norms, ``max_norm / (norm + 1e-6)`` clamped at
+        1, one ``_foreach_mul_``: a number of operations that grows with the parameter tensors,
+        not with the members."""
+        self.opt.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        if max_norm is not None:
+            grads = [p.grad for p in self.params.values() if p.grad is not None]
+            n = len(self.models)
+            norms = torch.stack([torch.linalg.vector_norm(g.reshape(n, -1), 2.0, dim=1)
+                                 for g in grads])
+            coef = (max_norm / (torch.linalg.vector_norm(norms, 2.0, dim=0) + 1e-6)).clamp(
+                max=1.0)
+            views = {d: coef.view(n, *([1] * (d - 1))) for d in {g.dim() for g in grads}}
+            torch._foreach_mul_(grads, [views[g.dim()].to(g.dtype) for g in grads])
+        self.opt.step()
+
+    @torch.no_grad()
+    def finite(self) -> torch.Tensor:
+        """(M,) bool: every parameter of member ``m`` is finite (one op per parameter tensor,
+        whatever M)."""
+        n = len(self.models)
+        flags = [torch.isfinite(p).reshape(n, -1).all(1) for p in self.params.values()]
+        return torch.stack(flags).all(0)
+
+    @torch.no_grad()
+    def fc_norms(self) -> torch.Tensor | None:
+        """(M,) norms of each member's ``fc.weight`` (what a run logs), None without one."""
+        w = self.params.get("fc.weight")
+        return None if w is None else w.float().reshape(len(self.models), -1).norm(dim=1)
+
+
+class SharedInput(nn.Module):
+    """A pack as a module for :func:`~torchcal.train.inference.predict_logits`: ``forward(x)``
+    gives every member's logits (B, M, C) on the same batch; ``eval()`` reaches the members."""
+
+    def __init__(self, pack: PackedModel) -> None:
+        super().__init__()
+        self.pack = pack
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        self.pack.train(mode)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pack.forward_shared(x)
+
+
+
+
+class SoloModel:
+    """One run as a stack of one: its own module (wrapped by
+    :func:`~torchcal.train.steps.build_run` for the joint head, DDP and ``torch.compile``), its
+    own optimiser, AMP scaler and head.  Under ``torchrun`` each rank holds its shard of the
+    batches and of the evaluation splits; DDP averages the gradients."""
+
+    def __init__(self, run: Run) -> None:
+        self.runs = [run]
+        self.r = run
+        self.feats: Any = None
+        world = run.env.world_size if run.env.enabled else 1
+        # DDP averages the ranks' gradients: a summed loss must be scaled back to a sum
+        self.scale = world if str(getattr(run.loss_fn, "reduction", "mean")) == "sum" else 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (1, B, C) of inputs (1, B, ...); the head's features are kept for ``step``."""
+        logits, self.feats = self.r.head.split(self.r.fwd(x[0]))
+        return logits.unsqueeze(0)
+
+    def train(self, mode: bool = True) -> None:
+        self.r.fwd.train(mode)
+
+    def start_epoch(self, lr: float) -> None:
+        """Train mode and a fresh epoch of the head (the optimiser's schedule sets ``lr``)."""
+        self.train()
+        self.r.head.start_epoch()
+
+    def annotate(self, rec: dict[str, Any]) -> None:
+        """The head's epoch numbers in the run's log record."""
+        self.r.head.log(rec, self.r.n_batches)
+
+    def split_logits(self, split: str) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """The logits (N, 1, C) and labels of ``split`` gathered from every rank, and this
+        rank's share (what a stateful loss' hook sees)."""
+        r = self.r
+        z, y, (lz, ly) = predict_logits(r.model, None, r.device, r.eval_bs, env=r.env,
+                                        source=r.src[split], amp=r.amp, return_local=True)
+        return (z.unsqueeze(1), y), (lz.unsqueeze(1), ly)
+
+    def step(self, losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
+             max_norm: float | None) -> None:
+        """One backward pass and optimiser step (with the head's loss and step; the scaler is
+        a no-op unless AMP is fp16)."""
+        r = self.r
+        loss = losses[0] * self.scale if self.scale != 1 else losses[0]
+        total = r.head.add_loss(loss, logits[0], self.feats, y[0])
+        r.optimizer.zero_grad(set_to_none=True)
+        r.head.zero_grad()
+        r.scaler.scale(total).backward()
+        if max_norm is not None:
+            r.scaler.unscale_(r.optimizer)
+            torch.nn.utils.clip_grad_norm_(r.model.parameters(), max_norm)
+        r.scaler.step(r.optimizer)
+        r.head.step(r.scaler)
+        r.scaler.update()
+
+    @torch.no_grad()
+    def finite(self) -> torch.Tensor:
+        """(1,) bool: every parameter of the model and the head is finite."""
+        r = self.r
+        params = [p.detach() for p in r.model.parameters()]
+        params += [p.detach() for p in getattr(r.head, "head", nn.Module()).parameters()]
+        if not params:
+            return torch.ones(1, dtype=torch.bool, device=r.device)
+        return torch.stack([torch.isfinite(p).all() for p in params]).all().reshape(1)
+
+    @torch.no_grad()
+    def fc_norms(self) -> torch.Tensor | None:
+        """(1,) norm of the model's ``fc.weight``, None without one."""
+        fc = getattr(self.r.model, "fc", None)
+        return None if fc is None else fc.weight.detach().float().norm().reshape(1)
