@@ -1,18 +1,21 @@
-"""The two-task loop: task weightings, the log-variances' parameter group, a tiny run."""
+"""The multi-task strategy: task weightings, the log-variances' parameter group, a tiny run
+through the one engine, its results format and its resume."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import torchcal.train.engine as E
 from torchcal.losses import UncertaintyWeighting
 from torchcal.models import create_model
 from torchcal.train import get_recipe, train
-from torchcal.train.multitask import TaskWeighting, TwoTaskNet, _optimizer, parse_task_weighting
+from torchcal.train.multitask import TaskHead, TaskWeighting, parse_task_weighting
 
 
 @pytest.mark.parametrize("text,want", [
@@ -41,16 +44,27 @@ def test_weightings_match_their_formulas():
     assert k.weights().tolist() == pytest.approx([math.exp(-s), 0.5 * math.exp(-s)], rel=1e-6)
 
 
+def _splits():
+    """Three splits of 6 samples with a ``translation`` parameter (what TaskHead reads)."""
+    part = SimpleNamespace(params={"translation": torch.arange(6.0)})
+    return SimpleNamespace(train=part, val=part, test=part)
+
+
 def test_log_variances_have_their_own_group():
     cfg = dataclasses.replace(get_recipe("mnist1d-multitask"), log_var_lr=0.07)
-    net = TwoTaskNet(create_model("mnist1d_cnn", 10, width=4))
-    w = TaskWeighting("kendall")
-    opt = _optimizer(cfg, net, w)
+    model = create_model("mnist1d_cnn", 10, width=4)
+    head = TaskHead(model, cfg, _splits(), torch.device("cpu"))
+    opt = head.make_optimizer(model, cfg)
     assert len(opt.param_groups) == 2
     g = opt.param_groups[1]
-    assert g["params"][0] is w.kendall.log_vars and g["lr"] == 0.07 and g["weight_decay"] == 0
+    assert g["params"][0] is head.weighting.kendall.log_vars
+    assert g["lr"] == 0.07 and g["weight_decay"] == 0
     assert opt.param_groups[0]["lr"] == cfg.lr
-    assert len(_optimizer(cfg, net, TaskWeighting("equal")).param_groups) == 1
+    trained = list(model.parameters()) + list(head.reg.parameters())
+    assert opt.param_groups[0]["params"] == trained  # the trunk, fc and the regression head
+    equal = dataclasses.replace(cfg, task_weighting="equal")
+    assert len(TaskHead(model, equal, _splits(), torch.device("cpu"))
+               .make_optimizer(model, equal).param_groups) == 1
 
 
 def test_why_the_log_variances_need_their_own_learning_rate():
@@ -76,18 +90,24 @@ def test_why_the_log_variances_need_their_own_learning_rate():
 
 def _tiny(tmp_path, name, **kw):
     cfg = get_recipe("mnist1d-multitask")
+    kw = {"epochs": 2, **kw}
     return dataclasses.replace(
-        cfg, out_dir=str(tmp_path / name), data_root=str(tmp_path / "data"), epochs=2,
+        cfg, out_dir=str(tmp_path / name), data_root=str(tmp_path / "data"),
         model_kwargs={"width": 8}, progress=False,
         data_kwargs={"with_params": True, "n_train": 120, "n_val": 40, "n_test": 40}, **kw)
 
 
 def test_tiny_run_writes_results(tmp_path):
     summary = train(_tiny(tmp_path, "k"))
-    res = json.loads((tmp_path / "k" / "results.json").read_text())
-    assert res["test"] == summary["results"]["test"]
+    common = json.loads((tmp_path / "k" / "results.json").read_text())
+    assert common["schema"] == "torchcal.results/1"  # the common format, with its block
+    assert common["meta"]["seed"] == 0 and "ece" in common["test"]["pre"]
+    res = common["multitask"]
+    assert res == summary["results"]["multitask"]
     assert res["tasks"] == ["class", "translation"] and len(res["log_vars"]) == 2
     assert 0 <= res["test"]["accuracy"] <= 1 and res["test"]["rmse"] > 0
+    # the classifier's accuracy in both blocks is the same model's on the same split
+    assert res["test"]["accuracy"] == pytest.approx(1 - common["test"]["pre"]["error"])
     from torchcal.data import load_splits
 
     s = load_splits("mnist1d", tmp_path / "data", seed=42, with_params=True, n_train=120,
@@ -97,13 +117,36 @@ def test_tiny_run_writes_results(tmp_path):
     assert res["target_std"] == pytest.approx(float(t.std()))
     log = [json.loads(line) for line in (tmp_path / "k" / "log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1, 2]
+    assert {"train_ce", "train_mse", "task_weights", "val_rmse", "val_ece"} <= set(log[0])
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_numbers(tmp_path, monkeypatch):
+    """Interrupted at the end of its 2nd of 3 epochs (checkpoint of epoch 1 kept: the
+    regression head, the weighting, AdamW and the cosine schedule), resumed: the results of
+    the uninterrupted run, bit for bit."""
+    whole = train(_tiny(tmp_path, "whole", epochs=3))["results"]["multitask"]
+    orig = E.end_epoch
+
+    def interrupting(stack, members, groups, stats, epoch, *a, **kw):
+        if epoch == 1:
+            raise KeyboardInterrupt
+        return orig(stack, members, groups, stats, epoch, *a, **kw)
+
+    monkeypatch.setattr(E, "end_epoch", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        train(_tiny(tmp_path, "cut", epochs=3))
+    monkeypatch.setattr(E, "end_epoch", orig)
+    resumed = train(_tiny(tmp_path, "cut", epochs=3, resume=True))
+    assert resumed["resumed_from"] == 1
+    assert resumed["results"]["multitask"] == whole
 
 
 def test_noise_only_on_training_targets(tmp_path):
-    a = train(_tiny(tmp_path, "a", task_weighting="fixed:1,1"))["results"]
+    a = train(_tiny(tmp_path, "a", task_weighting="fixed:1,1"))["results"]["multitask"]
     b = train(_tiny(tmp_path, "b", task_weighting="fixed:1,1", target_noise=0.0))["results"]
-    assert a["test"] == b["test"]  # deterministic
+    assert a["test"] == b["multitask"]["test"]  # deterministic
     c = train(_tiny(tmp_path, "c", task_weighting="fixed:1,1", target_noise=3.0))["results"]
+    c = c["multitask"]
     assert c["test"]["rmse"] != a["test"]["rmse"]
     assert c["target_mean"] == a["target_mean"]  # statistics of the clean targets
 

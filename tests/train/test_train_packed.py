@@ -98,7 +98,7 @@ def test_one_sgd_with_global_clipping_would_differ(tmp_path):
     ``clip_grad_norm_`` over the stacked parameters does) gives other weights."""
     configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, epochs=1) for s, loss in MEMBERS[:2]]
 
-    def global_clip(self, losses, logits, y, max_norm):
+    def global_clip(self, losses, logits, y, max_norm, index=None):
         self.opt.zero_grad(set_to_none=True)
         losses.sum().backward()
         torch.nn.utils.clip_grad_norm_(list(self.params.values()), max_norm)

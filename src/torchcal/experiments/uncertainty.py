@@ -179,14 +179,22 @@ def kendall_unit(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("device", "cpu") != "cpu":  # a CPU run keeps the recipe's config (reused)
         cfg = dataclasses.replace(cfg, device=spec["device"])
     run = RunDir(cfg.out_dir)
-    if run.results().is_file() and run.config.is_file() and \
-            json.loads(run.config.read_text()) == json.loads(json.dumps(cfg.to_dict())):
-        res = json.loads(run.results().read_text())
-        res["reused"] = True
-        return res
+    if run.results().is_file() and run.config.is_file() and _same_config(run, cfg):
+        res = json.loads(run.results().read_text()).get("multitask")
+        if isinstance(res, dict):
+            return {**res, "reused": True}
     if Path(cfg.out_dir).exists():  # unfinished or other settings: train again
         shutil.rmtree(cfg.out_dir)
-    return dict(train(cfg)["results"])
+    return dict(train(cfg)["results"]["multitask"])
+
+
+def _same_config(run: RunDir, cfg) -> bool:
+    """Whether the run directory's ``config.json`` was written for ``cfg`` (every field of the
+    config, the loss arguments resolved as the run writes them; the run adds its data set's
+    shape)."""
+    written = json.loads(run.config.read_text())
+    want = {**cfg.to_dict(), "loss_kwargs": cfg.effective_loss_kwargs()}
+    return all(written.get(k) == v for k, v in json.loads(json.dumps(want)).items())
 
 
 def _backbone_config(spec: dict[str, Any], out: Path, joint: bool):

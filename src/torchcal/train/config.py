@@ -196,7 +196,7 @@ class TrainConfig:
         tasks: ``[]`` for a classifier (every recipe but ``mnist1d-multitask``), or
             ``["class", PARAM]``: one trunk with a classification head and a regression head
             predicting the data set's generator parameter ``PARAM`` (MNIST-1D with
-            ``with_params``), trained by :func:`torchcal.train.multitask.train_multitask`.
+            ``with_params``), trained with the multi-task strategy of :mod:`torchcal.train.multitask`.
         task_weighting: how the two task losses are combined: ``"kendall"`` (learned
             log-variances, Kendall et al. 2018), ``"equal"`` or ``"fixed:W1,W2"``.
         log_var_lr: learning rate of Kendall's log-variances (their own AdamW parameter group,
@@ -338,6 +338,9 @@ class TrainConfig:
             raise ValueError(f"Expected `tasks` to be [] or ['class', PARAM], got {t!r}")
         if t:
             parse_task_weighting(self.task_weighting)
+            if self.uncertainty_head:
+                raise ValueError(f"Expected `uncertainty_head` to be False for a multi-task run "
+                                 f"(tasks={list(t)!r}): the two heads are plug-ins of one slot")
 
     def effective_milestones(self) -> list[int]:
         """The learning-rate milestones in epochs (from ``milestone_fractions`` when set).

@@ -160,16 +160,19 @@ class Batches:
         self.bs = r0.local_bs
 
     def epoch(self, members: list[Member], epoch: int):
+        """The epoch's steps: ``(x (M, B, ...), y (M, B), index (M, B))``, ``index`` the
+        samples' positions in the training split (on the device)."""
         if not self.shared:
             for batch in zip(*[train_batches(mb.r, epoch) for mb in members], strict=True):
-                yield torch.stack([b[0] for b in batch]), torch.stack([b[1] for b in batch])
+                yield tuple(torch.stack([b[k] for b in batch]) for k in range(3))
             return
         n = self.src.n
         perms = torch.stack([epoch_permutation(n, mb.r.config.seed, epoch) for mb in members])
         perms = perms.to(self.src.device)
         stop = n - 1 if (n % self.bs == 1 and n > 1) else n  # a lone last sample is dropped
         for s in range(0, stop, self.bs):
-            yield self.src.take(perms[:, s:min(s + self.bs, stop)])
+            index = perms[:, s:min(s + self.bs, stop)]
+            yield (*self.src.take(index), index)
 
 
 # ------------------------------------------------------------------------------------------
@@ -188,14 +191,14 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
     stats = PackedStats(len(members), r0.config.n_bins, r0.device)
     mean_rows = torch.tensor([red == "mean" for red in groups.reductions()], device=r0.device)
     stateful = [mb for mb in slots if mb.every]  # losses with extra validation passes
-    for step, (x, y) in enumerate(batches.epoch(members, epoch)):
+    for step, (x, y, index) in enumerate(batches.epoch(members, epoch)):
         with autocast(r0.device, r0.amp):
             logits = stack.forward(x)
         logits = logits.float()
         loss = groups(logits, y)
         sums = loss.detach()
         stats.update(logits, y, torch.where(mean_rows, sums * y.shape[1], sums))
-        stack.step(loss, logits, y, r0.config.grad_clip)
+        stack.step(loss, logits, y, r0.config.grad_clip, index)
         if bar is not None:
             bar.update(1)
         extra = [mb for mb in stateful if (step + 1) % mb.every == 0] if stateful else None
@@ -332,7 +335,8 @@ def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: Pa
     host copy), then for each live member its divergence check, log line, best epoch and
     staged checkpoint; the staged checkpoints are committed together."""
     for mb in members:
-        mb.r.scheduler.step()
+        if not mb.r.head.per_step_schedule:
+            mb.r.scheduler.step()
     keys, host, has_fc = _epoch_table(stack, members, groups, stats, epoch)
     recs = _records(stack, members, keys, host, has_fc, epoch, lr)
     share = (time.perf_counter() - t0) / max(len(recs), 1)

@@ -53,9 +53,10 @@ def collect_predictions(model: nn.Module, splits: Any, ood_sets: dict[str, Any],
 
 def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_dir: str | Path,
                       config: TrainConfig, *, epoch: int, checkpoint: str = "last",
-                      write: bool = True) -> dict[str, Any]:
+                      write: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Save ``RUN_DIR/logits/<name>.npz`` and ``RUN_DIR/results.json`` (for ``checkpoint="best"``:
     ``logits-best/`` and ``results-best.json``, leaving the last epoch's files); return the results.
+    ``extra``: blocks added to the results (a multi-task run's ``multitask``).
 
     Run it in one process (under DDP: rank 0, after the process group is gone, since the
     metrics would otherwise try to sync across ranks).
@@ -69,6 +70,8 @@ def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_d
         test_logits=preds["test"][0], test_labels=preds["test"][1],
         ood_logits={k[len("ood_"):]: v[0] for k, v in preds.items() if k.startswith("ood_")},
         n_bins=config.n_bins, meta=_meta(config, epoch, checkpoint))
+    if extra:
+        results.update(extra)
     if write:
         write_results(run.results(checkpoint), results)
     return results

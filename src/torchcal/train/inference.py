@@ -75,28 +75,31 @@ class BatchSource:
 
     def batches(self, indices: torch.Tensor, batch_size: int, *, augment: bool = False,
                 generator: torch.Generator | None = None, drop_singleton: bool = False,
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield ``(x, y)`` on the device for ``indices`` in order, ``batch_size`` at a time.
+                with_index: bool = False) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Yield ``(x, y)`` on the device for ``indices`` in order, ``batch_size`` at a time
+        (``with_index``: ``(x, y, i)``, ``i`` the batch's indices on the device).
 
         ``drop_singleton`` drops a final batch of one sample (BatchNorm cannot train on it).
         """
         n = int(indices.numel())
         stop = n - 1 if (drop_singleton and n % batch_size == 1 and n > 1) else n
+        idx_dev = indices.to(self.device)
         if self.array:
-            idx_dev = indices.to(self.device)
             for s in range(0, stop, batch_size):
                 i = idx_dev[s:min(s + batch_size, stop)]
-                yield self._prepare(self.data[i], augment, generator), self.labels[i]
+                x, y = self._prepare(self.data[i], augment, generator), self.labels[i]
+                yield (x, y, i) if with_index else (x, y)
             return
 
         loader = DataLoader(self.dataset, batch_size=batch_size,
                             sampler=indices[:stop].tolist(), num_workers=self.num_workers,
                             pin_memory=self.device.type == "cuda",
                             persistent_workers=False)
-        for x, y in loader:
+        for s, (x, y) in zip(range(0, stop, batch_size), loader, strict=True):
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True).long()
-            yield self._prepare(x, False, None), y
+            x = self._prepare(x, False, None)
+            yield (x, y, idx_dev[s:s + batch_size]) if with_index else (x, y)
 
 
 @torch.no_grad()

@@ -16,7 +16,7 @@ from ..uncertainty import UncertaintyHead, ranking_loss
 from .config import TrainConfig
 from .distributed import epoch_seed
 
-__all__ = ["NoHead", "JointHead"]
+__all__ = ["NoHead", "JointHead", "FeaturesAndLogits"]
 
 
 class NoHead:
@@ -24,6 +24,18 @@ class NoHead:
 
     :class:`JointHead` overrides them; the training loop calls the hooks unconditionally.
     """
+
+    #: Whether the schedule steps after every batch (:meth:`make_schedule`'s) or every epoch.
+    per_step_schedule = False
+
+    def make_optimizer(self, model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer | None:
+        """The run's optimiser (None: the recipe's SGD over the model's parameters)."""
+        return None
+
+    def make_schedule(self, optimizer: torch.optim.Optimizer, steps: int) -> Any:
+        """The run's learning-rate schedule over ``steps`` batches (None: the multistep
+        schedule of the config's milestones)."""
+        return None
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """The module the loop calls: ``forward(x)`` -> logits (or logits and features)."""
@@ -40,8 +52,8 @@ class NoHead:
         """Train mode and a fresh epoch sum of the head's loss."""
 
     def add_loss(self, total: torch.Tensor, logits: torch.Tensor, feats: Any,
-                 y: torch.Tensor) -> torch.Tensor:
-        """``total`` plus the head's loss on this batch."""
+                 y: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """``total`` plus the head's loss on this batch (``index``: its sample indices)."""
         return total
 
     def zero_grad(self) -> None:
@@ -60,6 +72,10 @@ class NoHead:
     def log(self, rec: dict[str, Any], n_batches: int) -> None:
         """Add the head's epoch numbers to a log record."""
 
+    def results(self) -> dict[str, Any] | None:
+        """What the head adds to the run's ``results.json`` (None: nothing)."""
+        return None
+
 
 class JointHead(NoHead):
     """A :class:`~torchcal.uncertainty.UncertaintyHead` trained jointly on the model's features
@@ -74,7 +90,7 @@ class JointHead(NoHead):
         self.loss_sum = torch.zeros((), device=device)
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        return _FeaturesAndLogits(model)
+        return FeaturesAndLogits(model)
 
     def split(self, out: Any) -> tuple[torch.Tensor, Any]:
         return out
@@ -86,7 +102,7 @@ class JointHead(NoHead):
         self.head.train()
         self.loss_sum = torch.zeros((), device=self.loss_sum.device)
 
-    def add_loss(self, total, logits, feats, y):
+    def add_loss(self, total, logits, feats, y, index=None):
         m = (y.shape[0] // 2) * 2
         if m < 2:
             return total
@@ -115,7 +131,7 @@ class JointHead(NoHead):
         rec["head_ranking_loss"] = float(self.loss_sum) / max(1, n_batches)
 
 
-class _FeaturesAndLogits(nn.Module):
+class FeaturesAndLogits(nn.Module):
     """``forward(x) -> (logits, features)`` in one pass (features -> model.fc), for DDP."""
 
     def __init__(self, model: nn.Module) -> None:

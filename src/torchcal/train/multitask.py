@@ -1,8 +1,12 @@
 """Two-task training: a class and a generator parameter, weighted fixed or as Kendall et al.
 
-A run whose :class:`~torchcal.train.TrainConfig` names ``tasks = ["class", PARAM]`` trains one
-trunk (the config's model without its classifier: ``forward_features``) with two heads: the
-model's ``fc`` (classification, cross-entropy) and a linear regression head on the same features
+A run whose :class:`~torchcal.train.TrainConfig` names ``tasks = ["class", PARAM]`` is trained
+by :func:`~torchcal.train.train` with the one engine (:mod:`torchcal.train.engine`) like any
+run; this module is its *strategy*, :class:`TaskHead`, a plug-in with the hooks of the joint
+uncertainty head (:class:`~torchcal.train.joint_head.NoHead`).  It trains one trunk (the
+config's model without its classifier: ``forward_features``) with two heads: the model's ``fc``
+(classification, the run's loss: cross-entropy in the recipe) and a linear regression head on
+the same features
 predicting the signal's generator parameter ``PARAM`` (an MNIST-1D parameter of
 :data:`torchcal.data.mnist1d_params.PARAM_NAMES`, e.g. ``"translation"``; mean squared error).
 The two losses are combined by ``task_weighting``:
@@ -33,33 +37,33 @@ units Adam's second-moment estimate, filled by the large early gradients, slows 
 ``tests/train/test_multitask.py``).  The default initial value 0 is the paper's (weights
 ``c_t``).
 
-The run directory gets ``config.json``, ``log.jsonl`` (one line per epoch: losses, task weights,
-validation accuracy and RMSE), ``checkpoints/last.pt`` (trunk, heads, weighting) and
-``results.json`` (validation and test accuracy, NLL, RMSE, the learned weights).  Resume is not
-supported: a multi-task run is short, and an interrupted one is trained again.
+The run directory is a run's (:mod:`torchcal.runs`): ``config.json``, ``log.jsonl`` (a run's
+epoch record plus ``train_ce``, ``train_mse``, ``task_weights`` and ``val_rmse``),
+``checkpoints/last.pt`` (trunk and ``fc`` as ``model``, the regression head and the weighting as
+``head``, AdamW, the cosine schedule, RNG) and the common ``results.json``
+(:data:`torchcal.evaluate.SCHEMA`: the classifier's validation and test metrics, with logits)
+with a ``multitask`` block: validation and test accuracy, NLL and RMSE, the learned weights and
+log-variances, the target's mean and standard deviation.  A killed run resumes (``resume``) to
+the numbers of an uninterrupted one.  Not with ``torchrun``, not packed.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._io import atomic_write_json, exclusive_lock
 from ..errors import TorchcalError
 from ..losses.multitask import UncertaintyWeighting
-from ..runs import RunDir
-from .build import build_data, build_model
-from .checkpoint import save_checkpoint
 from .config import TrainConfig, parse_task_weighting
-from .distributed import epoch_permutation, epoch_seed
+from .distributed import epoch_seed
+from .joint_head import FeaturesAndLogits, NoHead
 
-__all__ = ["parse_task_weighting", "TaskWeighting", "TwoTaskNet", "train_multitask",
-           "MULTITASK_SCHEMA"]
+__all__ = ["parse_task_weighting", "TaskWeighting", "TaskHead", "MULTITASK_SCHEMA"]
 
+#: The schema of a multi-task run's ``multitask`` block in ``results.json``.
 MULTITASK_SCHEMA = "torchcal.multitask_results/1"
 
 
@@ -90,25 +94,6 @@ class TaskWeighting(nn.Module):
         return self.kendall.weights() if self.kendall is not None else self.fixed.clone()
 
 
-class TwoTaskNet(nn.Module):
-    """A classifier's trunk (``forward_features``) and ``fc``, plus a linear regression head.
-
-    ``forward(x)`` returns ``(logits (N, C), prediction (N,))``.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        if not hasattr(model, "forward_features") or not hasattr(model, "fc"):
-            raise TorchcalError("Multi-task training needs a torchcal model with "
-                                "forward_features, num_features and fc")
-        self.model = model
-        self.reg = nn.Linear(int(model.num_features), 1)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.model.forward_features(x)
-        return self.model.fc(h), self.reg(h).squeeze(1)
-
-
 def _targets(config: TrainConfig, splits: Any) -> tuple[dict[str, torch.Tensor], float, float]:
     """Per split the (standardised) regression targets, and the training mean and std."""
     param = config.tasks[1]
@@ -131,115 +116,112 @@ def _targets(config: TrainConfig, splits: Any) -> tuple[dict[str, torch.Tensor],
     return out, mean, std
 
 
-def _optimizer(config: TrainConfig, net: TwoTaskNet, weighting: TaskWeighting):
-    groups = [{"params": list(net.parameters()), "lr": config.lr,
-               "weight_decay": config.weight_decay}]
-    if weighting.kendall is not None:
-        groups.append({"params": [weighting.kendall.log_vars], "lr": config.log_var_lr,
-                       "weight_decay": 0.0})
-    return torch.optim.AdamW(groups)
+class TaskHead(NoHead):
+    """The multi-task strategy: a regression head on the model's features, the task weighting,
+    AdamW with the log-variances' own group and a cosine schedule stepped every batch.
 
-
-@torch.no_grad()
-def _evaluate(net: TwoTaskNet, x: torch.Tensor, y: torch.Tensor, t: torch.Tensor,
-              std: float) -> dict[str, float]:
-    """Accuracy, NLL and RMSE (in the parameter's units) of ``net`` on one split."""
-    net.eval()
-    logits, pred = [], []
-    for s in range(0, x.shape[0], 4096):
-        a, b = net(x[s:s + 4096])
-        logits.append(a)
-        pred.append(b)
-    z, p = torch.cat(logits), torch.cat(pred)
-    return {"accuracy": float((z.argmax(1) == y).double().mean()),
-            "nll": float(F.cross_entropy(z.double(), y)),
-            "rmse": float(((p - t).double().pow(2).mean().sqrt()) * std)}
-
-
-def _epoch(net, weighting, opt, sched, x, y, t, config: TrainConfig, epoch: int):
-    """One epoch; the mean CE and MSE over its batches."""
-    net.train()
-    perm = epoch_permutation(x.shape[0], config.seed, epoch)
-    sums = torch.zeros(2)
-    steps = 0
-    for s in range(0, x.shape[0], config.batch_size):
-        idx = perm[s:s + config.batch_size]
-        if idx.shape[0] < 2:
-            continue
-        logits, pred = net(x[idx])
-        ce, mse = F.cross_entropy(logits, y[idx]), F.mse_loss(pred, t[idx])
-        loss = weighting(ce, mse)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        sums += torch.stack([ce.detach(), mse.detach()])
-        steps += 1
-    return (sums / max(steps, 1)).tolist()
-
-
-def train_multitask(config: TrainConfig) -> dict[str, Any]:
-    """Train the two-task run ``config`` (see the module docstring) and write its run directory.
-
-    Returns:
-        The results dict (also ``results.json``): ``val`` / ``test`` accuracy, NLL and RMSE,
-        ``weights`` (the final task weights), ``log_vars`` (Kendall's, else None),
-        ``target_mean`` / ``target_std`` and ``seconds``.
+    Built by :func:`~torchcal.train.steps.build_run` right after the model (the head's
+    initialisation draws from the run's seeded stream); the engine calls its hooks.
     """
-    config.validate()
-    if len(config.tasks) != 2 or config.tasks[0] != "class":
-        raise ValueError(f"Expected `tasks` to be ['class', PARAM], got {config.tasks!r}")
-    if config.resume:
-        raise TorchcalError("Multi-task runs cannot be resumed; train them again")
-    if config.num_threads is not None:
-        torch.set_num_threads(int(config.num_threads))
-    with exclusive_lock(config.out_dir):
-        return _fit(config)
 
+    def __init__(self, model: nn.Module, config: TrainConfig, splits: Any,
+                 device: torch.device) -> None:
+        if not hasattr(model, "forward_features") or not hasattr(model, "fc"):
+            raise TorchcalError("Multi-task training needs a torchcal model with "
+                                "forward_features, num_features and fc")
+        self.model, self.config = model, config
+        self.reg = nn.Linear(int(model.num_features), 1).to(device)
+        self.weighting = TaskWeighting(config.task_weighting, config.log_var_init).to(device)
+        targets, self.mean, self.std = _targets(config, splits)
+        self.targets = {k: v.to(device) for k, v in targets.items()}
+        self.splits, self.device = splits, device
+        self.sums = torch.zeros(3, device=device)
 
-def _fit(config: TrainConfig) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    run = RunDir(config.out_dir)
-    if run.looks_like_run():
-        raise TorchcalError(f"{config.out_dir!r} already holds a run; choose another --out")
-    splits = build_data(config)
-    targets, mean, std = _targets(config, splits)
-    torch.manual_seed(config.seed)
-    net = TwoTaskNet(build_model(config, splits.num_classes, splits.input_shape))
-    weighting = TaskWeighting(config.task_weighting, config.log_var_init)
-    opt = _optimizer(config, net, weighting)
-    steps = config.epochs * sum(1 for s in range(0, len(splits.train), config.batch_size)
-                                if len(splits.train) - s >= 2)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(steps, 1))
-    run.write_config(config.to_dict())
-    x, y = splits.train.data.float(), splits.train.labels
-    vx, vy = splits.val.data.float(), splits.val.labels
-    for epoch in range(config.epochs):
-        t1 = time.perf_counter()
-        ce, mse = _epoch(net, weighting, opt, sched, x, y, targets["train"], config, epoch)
-        val = _evaluate(net, vx, vy, targets["val"], std)
-        run.append_log({"epoch": epoch + 1, "train_ce": ce, "train_mse": mse,
-                        "weights": weighting.weights().tolist(),
-                        **{f"val_{k}": v for k, v in val.items()},
-                        "seconds": time.perf_counter() - t1})
-    res = _results(config, net, weighting, splits, targets, mean, std)
-    save_checkpoint(run.checkpoint("last"), {
-        "model": net.state_dict(), "weighting": weighting.state_dict(),
-        "config": config.to_dict(), "epoch": config.epochs})
-    res["seconds"] = time.perf_counter() - t0
-    atomic_write_json(run.results(), res)
-    return res
+    def make_optimizer(self, model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+        """AdamW over the trunk, ``fc`` and the regression head; Kendall's log-variances in a
+        group of their own (``log_var_lr``, no weight decay: the module docstring)."""
+        groups = [{"params": list(model.parameters()) + list(self.reg.parameters()),
+                   "lr": config.lr, "weight_decay": config.weight_decay}]
+        if self.weighting.kendall is not None:
+            groups.append({"params": [self.weighting.kendall.log_vars], "lr": config.log_var_lr,
+                           "weight_decay": 0.0})
+        return torch.optim.AdamW(groups)
 
+    def make_schedule(self, optimizer: torch.optim.Optimizer, steps: int) -> Any:
+        """A cosine schedule over all ``steps`` (stepped after every batch)."""
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(steps, 1))
 
-def _results(config, net, weighting, splits, targets, mean, std) -> dict[str, Any]:
-    out: dict[str, Any] = {"schema": MULTITASK_SCHEMA, "tasks": list(config.tasks),
-                           "task_weighting": config.task_weighting,
-                           "target_noise": config.target_noise,
-                           "target_mean": mean, "target_std": std,
-                           "weights": weighting.weights().tolist(),
-                           "log_vars": (weighting.kendall.log_vars.detach().tolist()
-                                        if weighting.kendall is not None else None)}
-    for k in ("val", "test"):
-        ds = getattr(splits, k)
-        out[k] = _evaluate(net, ds.data.float(), ds.labels, targets[k], std)
-    return out
+    per_step_schedule = True
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return FeaturesAndLogits(model)
+
+    def split(self, out: Any) -> tuple[torch.Tensor, Any]:
+        return out
+
+    def distribute(self, device_ids: list[int] | None) -> None:
+        raise TorchcalError("Multi-task runs train in one process (not under torchrun)")
+
+    def start_epoch(self) -> None:
+        self.reg.train()
+        self.sums = torch.zeros(3, device=self.device)
+
+    def add_loss(self, total: torch.Tensor, logits: torch.Tensor, feats: Any, y: torch.Tensor,
+                 index: torch.Tensor | None = None) -> torch.Tensor:
+        """The weighted two-task loss of the batch (``total``: the run's classification loss;
+        ``index``: the batch's sample indices, for the regression targets)."""
+        if index is None:
+            raise TorchcalError("A multi-task step needs the batch's sample indices")
+        mse = F.mse_loss(self.reg(feats).squeeze(1), self.targets["train"][index])
+        self.sums = self.sums + torch.stack([total.detach(), mse.detach(),
+                                             torch.ones((), device=self.device)])
+        return self.weighting(total, mse)
+
+    def state(self, full: bool) -> dict[str, Any]:
+        return {"head": {"reg": self.reg.state_dict(), "weighting": self.weighting.state_dict()},
+                "head_optimizer": None}
+
+    def load(self, state: dict[str, Any]) -> None:
+        head = state.get("head") or {}
+        if "reg" not in head or "weighting" not in head:
+            raise KeyError("no multi-task head state")
+        self.reg.load_state_dict(head["reg"])
+        self.weighting.load_state_dict(head["weighting"])
+
+    def log(self, rec: dict[str, Any], n_batches: int) -> None:
+        ce, mse = (self.sums[:2] / self.sums[2].clamp(min=1)).tolist()  # batch means
+        rec.update(train_ce=ce, train_mse=mse, task_weights=self.weighting.weights().tolist(),
+                   val_rmse=self.evaluate("val")["rmse"])
+
+    @torch.no_grad()
+    def evaluate(self, split: str) -> dict[str, float]:
+        """Accuracy, NLL and RMSE (in the parameter's units) on ``split``."""
+        ds = getattr(self.splits, split)
+        x, y, t = ds.data.float().to(self.device), ds.labels.to(self.device), self.targets[split]
+        was = self.model.training
+        self.model.eval()
+        self.reg.eval()
+        logits, pred = [], []
+        for s in range(0, x.shape[0], 4096):
+            h = self.model.forward_features(x[s:s + 4096])
+            logits.append(self.model.fc(h))
+            pred.append(self.reg(h).squeeze(1))
+        self.model.train(was)
+        self.reg.train(was)
+        z, p = torch.cat(logits), torch.cat(pred)
+        return {"accuracy": float((z.argmax(1) == y).double().mean()),
+                "nll": float(F.cross_entropy(z.double(), y)),
+                "rmse": float(((p - t).double().pow(2).mean().sqrt()) * self.std)}
+
+    def results(self) -> dict[str, Any]:
+        """``{"multitask": block}`` for the run's ``results.json``."""
+        c = self.config
+        out: dict[str, Any] = {"schema": MULTITASK_SCHEMA, "tasks": list(c.tasks),
+                               "task_weighting": c.task_weighting, "target_noise": c.target_noise,
+                               "target_mean": self.mean, "target_std": self.std,
+                               "weights": self.weighting.weights().tolist(),
+                               "log_vars": (self.weighting.kendall.log_vars.detach().tolist()
+                                            if self.weighting.kendall is not None else None)}
+        for k in ("val", "test"):
+            out[k] = self.evaluate(k)
+        return {"multitask": out}

@@ -68,6 +68,8 @@ def pack_problem(config: TrainConfig) -> str | None:
     """Why ``config`` cannot train in a pack (None: it can)."""
     if config.uncertainty_head:
         return "the joint uncertainty head is not packed"
+    if config.tasks:
+        return "a multi-task run is not packed"
     if config.compile:
         return "compile=True is not packed"
     if config.amp == "fp16":

@@ -154,7 +154,7 @@ class PackedModel:
         return out, out
 
     def step(self, losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
-             max_norm: float | None) -> None:
+             max_norm: float | None, index: torch.Tensor | None = None) -> None:
         """Backward of the members' summed losses, each member's gradient clipped by its own
         norm, one SGD step.
 
@@ -250,12 +250,14 @@ class SoloModel:
         return (z.unsqueeze(1), y), (lz.unsqueeze(1), ly)
 
     def step(self, losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
-             max_norm: float | None) -> None:
+             max_norm: float | None, index: torch.Tensor | None = None) -> None:
         """One backward pass and optimiser step (with the head's loss and step; the scaler is
-        a no-op unless AMP is fp16)."""
+        a no-op unless AMP is fp16; a per-step schedule steps after it).  ``index``: the
+        batch's sample indices (1, B), for a head that needs them."""
         r = self.r
         loss = losses[0] * self.scale if self.scale != 1 else losses[0]
-        total = r.head.add_loss(loss, logits[0], self.feats, y[0])
+        total = r.head.add_loss(loss, logits[0], self.feats, y[0],
+                                index=None if index is None else index[0])
         r.optimizer.zero_grad(set_to_none=True)
         r.head.zero_grad()
         r.scaler.scale(total).backward()
@@ -265,6 +267,8 @@ class SoloModel:
         r.scaler.step(r.optimizer)
         r.head.step(r.scaler)
         r.scaler.update()
+        if r.head.per_step_schedule:
+            r.scheduler.step()
 
     @torch.no_grad()
     def finite(self) -> torch.Tensor:

@@ -49,6 +49,7 @@ from .distributed import DistEnv, cleanup_distributed, epoch_permutation, epoch_
 from .evaluation import collect_predictions, write_predictions
 from .inference import BatchSource
 from .joint_head import JointHead, NoHead
+from .multitask import TaskHead
 from .tracking import TensorBoardLogger, tensorboard_available
 
 __all__ = ["Run", "build_loss", "build_run", "build_sources", "device_and_amp", "resume_state",
@@ -209,23 +210,35 @@ def build_run(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
                       dataset=config.dataset)
     if use_cl:
         model = model.to(memory_format=torch.channels_last)
-    head = JointHead(model, config, device) if config.uncertainty_head else NoHead()
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                                weight_decay=config.weight_decay, nesterov=config.nesterov)
+    head = _head(model, config, splits, device)
+    local_bs = config.batch_size // env.world_size
+    optimizer = head.make_optimizer(model, config) or torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum,
+        weight_decay=config.weight_decay, nesterov=config.nesterov)
+    steps = config.epochs * n_batches(src["train"].n, env.world_size, local_bs)
+    scheduler = head.make_schedule(optimizer, steps) or torch.optim.lr_scheduler.MultiStepLR(
+        optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma)
     r = Run(config=config, env=env, device=device, amp=amp, run=RunDir(config.out_dir),
-             local_bs=config.batch_size // env.world_size, splits=splits, src=src,
-             num_classes=num_classes, input_shape=input_shape, model=model,
-             loss_fn=loss_fn.to(device), optimizer=optimizer,
-             scheduler=torch.optim.lr_scheduler.MultiStepLR(
-                 optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma),
-             scaler=torch.amp.GradScaler("cuda", enabled=amp == "fp16"), head=head,
-             best={"metric": config.select_best_by, "value": float("inf"), "epoch": 0})
+            local_bs=local_bs, splits=splits, src=src,
+            num_classes=num_classes, input_shape=input_shape, model=model,
+            loss_fn=loss_fn.to(device), optimizer=optimizer, scheduler=scheduler,
+            scaler=torch.amp.GradScaler("cuda", enabled=amp == "fp16"), head=head,
+            best={"metric": config.select_best_by, "value": float("inf"), "epoch": 0})
     if state is not None:
         _restore(r, state)
     _wrap(r)
     if env.is_main:
         _prepare_run_dir(r)
     return r
+
+
+def _head(model: nn.Module, config: TrainConfig, splits: Any, device: torch.device) -> NoHead:
+    """The run's plug-in: the joint uncertainty head, the multi-task strategy, or none."""
+    if config.uncertainty_head:
+        return JointHead(model, config, device)
+    if config.tasks:
+        return TaskHead(model, config, splits, device)
+    return NoHead()
 
 
 def _restore(r: Run, state: dict[str, Any]) -> None:
@@ -320,8 +333,8 @@ def finished_run_numbers(r: Run) -> dict[str, float]:
 # one epoch
 # ------------------------------------------------------------------------------------------
 def train_batches(r: Run, epoch: int):
-    """This rank's training batches of ``epoch``: its shard of the epoch's permutation, with the
-    epoch's augmentation (both from ``(seed, epoch)`` alone)."""
+    """This rank's training batches ``(x, y, index)`` of ``epoch``: its shard of the epoch's
+    permutation, with the epoch's augmentation (both from ``(seed, epoch)`` alone)."""
     src = r.src["train"]
     perm = epoch_permutation(src.n, r.config.seed, epoch)
     shard, _ = shard_indices(perm, r.env.rank, r.env.world_size)
@@ -330,7 +343,8 @@ def train_batches(r: Run, epoch: int):
     if augment and src.array:
         gen = torch.Generator(device=r.device)
         gen.manual_seed(epoch_seed(r.config.seed, epoch, stream=1000 + r.env.rank))
-    return src.batches(shard, r.local_bs, augment=augment, generator=gen, drop_singleton=True)
+    return src.batches(shard, r.local_bs, augment=augment, generator=gen, drop_singleton=True,
+                       with_index=True)
 
 
 
@@ -377,10 +391,13 @@ def update_best(r: Run, rec: dict[str, Any], epoch: int) -> bool:
 
 
 def final_evaluation(r: Run, ood_sets: dict[str, Any], epochs: int) -> dict[str, Any] | None:
-    """Evaluate the last epoch into ``logits/`` and ``results.json`` (rank 0 writes)."""
+    """Evaluate the last epoch into ``logits/`` and ``results.json`` (rank 0 writes), with what
+    the run's head adds (the multi-task strategy's ``multitask`` block: such a run always
+    writes its results, its OOD sets with ``evaluate`` only)."""
     env = r.env
     preds = None
-    if r.config.evaluate:
+    extra = r.head.results()
+    if r.config.evaluate or extra is not None:
         preds = collect_predictions(r.model, r.splits, ood_sets, r.config, device=r.device,
                                     env=env, batch_size=r.eval_bs)
     if env.enabled:
@@ -392,7 +409,8 @@ def final_evaluation(r: Run, ood_sets: dict[str, Any], epochs: int) -> dict[str,
     if preds is None:
         return None
     if env.is_main:
-        return write_predictions(preds, r.run.path, r.config, epoch=epochs, checkpoint="last")
+        return write_predictions(preds, r.run.path, r.config, epoch=epochs, checkpoint="last",
+                                 extra=extra)
     if env.enabled and not env.initialized_here:
         # a process group created by the caller stays up and metrics that sync under DDP
         # need every rank: compute the same results everywhere, write on rank 0 only

@@ -22,9 +22,10 @@ training engine (:mod:`torchcal.train.engine`) as a stack of one run
 * at the end, the last epoch's model is evaluated into ``RUN_DIR/logits/*.npz`` and
   ``RUN_DIR/results.json`` (``evaluate=True``).
 
-A run with ``tasks`` (two tasks, Kendall et al.'s uncertainty weighting) trains with
-:mod:`torchcal.train.multitask`.  The optional joint uncertainty head (``uncertainty_head``) is
-a plug-in object with hooks (:class:`~torchcal.train.joint_head.JointHead`).
+Two plug-ins with the same hooks (:class:`~torchcal.train.joint_head.NoHead`) change what a run
+trains without a loop of their own: the joint uncertainty head (``uncertainty_head``,
+:class:`~torchcal.train.joint_head.JointHead`) and the multi-task strategy (``tasks``: a class
+and a regression target weighted as Kendall et al., :class:`~torchcal.train.multitask.TaskHead`).
 
 Under ``torchrun`` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel (gloo on CPU,
 NCCL on CUDA), every rank trains on its shard of the epoch's permutation, ``batch_size`` is the
@@ -44,7 +45,6 @@ from .._io import exclusive_lock
 from .config import TrainConfig
 from .distributed import DistEnv, cleanup_distributed, setup_distributed
 from .engine import Member, run_stack
-from .multitask import train_multitask
 from .pack_commit import reconcile_staged
 from .stacks import SoloModel
 from .steps import build_loss, build_run, resume_state
@@ -72,8 +72,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"Expected `config` to be a TrainConfig, got {type(config).__name__}")
     config.validate()
-    if config.tasks:  # two tasks: the multi-task loop (torchcal.train.multitask)
-        return _train_multitask(config)
     t_start = time.perf_counter()
     if config.num_threads is not None:
         torch.set_num_threads(int(config.num_threads))
@@ -89,15 +87,6 @@ def train(config: TrainConfig) -> dict[str, Any]:
         cleanup_distributed(env)
     summary["seconds"] = time.perf_counter() - t_start
     return summary
-
-
-def _train_multitask(config: TrainConfig) -> dict[str, Any]:
-    """:func:`train`'s summary of a two-task run."""
-    t0 = time.perf_counter()
-    res = train_multitask(config)
-    return {"run_dir": str(config.out_dir), "epochs": config.epochs, "resumed_from": 0,
-            "final": {f"test_{k}": v for k, v in res["test"].items()}, "best": None,
-            "results": res, "seconds": time.perf_counter() - t0, "world_size": 1}
 
 
 def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
