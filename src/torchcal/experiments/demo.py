@@ -93,12 +93,13 @@ class DemoConfig:
 
 @dataclass
 class DemoResult:
-    """What :func:`run_demo` returns: the output directory, the built report (a
-    ``ReportOutput``), the failed runs as ``(run_dir, error)`` pairs, the wall time in seconds
-    and the configuration used."""
+    """What :func:`run_demo` returns: the output directory, the built report (the calibration
+    benchmarks': a ``ReportOutput``; another kind's: what its ``report`` returns, the
+    uncertainty suite's summary dict), the failed runs as ``(run_dir or unit name, error)``
+    pairs, the wall time in seconds and the configuration used (resolved)."""
 
     out_dir: Path
-    report: Any  # torchcal.report.build.ReportOutput
+    report: Any  # torchcal.report.build.ReportOutput, or the benchmark kind's report
     failed: list[tuple[str, str]]
     seconds: float
     config: DemoConfig
@@ -308,7 +309,9 @@ class _TrainingRuns(BenchmarkKind):
         return rep, failed
 
 
-#: The calibration benchmarks' kind (theirs when ``Benchmark.kind`` is None).
+#: The calibration benchmarks' kind (theirs when ``Benchmark.kind`` is None); what ``torchcal
+#: demo`` prints after their runs is the command line's (the report's tail, as ``torchcal
+#: report`` prints it), so it has no ``summary``.
 TRAINING_RUNS: BenchmarkKind = _TrainingRuns()
 
 
