@@ -7,18 +7,19 @@ from torchcal.cli import main
 
 
 def test_the_uncertainty_suite_gets_the_device(tmp_path, monkeypatch, capsys):
-    seen = []
+    import torchcal.experiments.demo as demo
 
-    def fake(profile, out, **kw):
-        seen.append(kw["device"])
-        out.mkdir(parents=True, exist_ok=True)
-        return {"seconds": 1.0, "units": [], "profile_sizes": {"evidence": False}, "claims": []}
+    specs = []
 
-    monkeypatch.setattr("torchcal.experiments.uncertainty.run_uncertainty_suite", fake)
+    def sweep(jobs, *a, **k):  # nothing trains: every unit reports an error
+        specs.append([j.spec for j in jobs])
+        return [{"name": j.name, "error": "not run"} for j in jobs]
+
+    monkeypatch.setattr(demo, "run_sweep", sweep)
     for argv, want in (([], "auto"), (["--device", "cpu"], "cpu")):
         assert main(["demo", "--suite", "uncertainty", "--quick", "--no-progress",
-                     "--out", str(tmp_path / want), *argv]) == 0
-        assert seen[-1] == want
+                     "--out", str(tmp_path / want), *argv]) == 1
+        assert specs[-1] and {s["device"] for s in specs[-1]} == {want}
 
 
 def test_the_calibration_demo_passes_the_device_to_every_run(tmp_path, monkeypatch):

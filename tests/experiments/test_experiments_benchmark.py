@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch.nn.functional as F
 from torch import nn
 
+from torchcal._io import LOCK_NAME
 from torchcal.cli import main
 from torchcal.cli.demo import parse_demo_loss_args
-from torchcal.experiments import Benchmark, DemoConfig, Profile, get_benchmark, list_benchmarks
+from torchcal.experiments import (
+    Benchmark,
+    BenchmarkKind,
+    DemoConfig,
+    Job,
+    LocalExecutor,
+    Profile,
+    get_benchmark,
+    list_benchmarks,
+    register_benchmark,
+    run_demo,
+)
+from torchcal.experiments.benchmark import BENCHMARKS
 from torchcal.experiments.demo import appendix_text, applicable_losses, demo_jobs, intro_text
 from torchcal.losses import LOSSES, register_loss
+from torchcal.report.build import write_report_pages
 
 
 class _PlainCE(nn.Module):
@@ -69,7 +84,8 @@ def test_a_user_loss_trains_through_the_demo_command(user_losses, tmp_path, caps
 
 
 def test_benchmarks_are_registered_data():
-    assert list_benchmarks() == ["mnist1d", "digits"]
+    assert list_benchmarks("calibration") == ["mnist1d", "digits"]
+    assert list_benchmarks() == ["mnist1d", "digits", "uncertainty"]
     m = get_benchmark("mnist1d")
     assert m.recipe == "mnist1d-cnn" and m.profile("quick").epochs == 15
     with pytest.raises(ValueError, match="`dataset`.*mnist1d, digits"):
@@ -89,3 +105,55 @@ def test_executor_options_are_checked_before_anything_runs(tmp_path, capsys, mon
     assert main(["demo", "--executor", "ray", "--out", str(out)]) == 2
     assert 'pip install "torchcal[ray]"' in capsys.readouterr().err
     assert not out.exists()
+
+
+def _toy_unit(spec):
+    return {"twice": 2 * spec["x"], "error": "boom" if spec["x"] == 3 else None}
+
+
+class _ToyKind(BenchmarkKind):
+    """A benchmark of its own kind: one unit per seed, a one-line report per unit."""
+
+    def resolve(self, cfg, bench):
+        if cfg.losses:
+            raise ValueError("no --losses here")
+        return dataclasses.replace(cfg, seeds=cfg.seeds or bench.profile(cfg.profile).seeds)
+
+    def plan(self, cfg, bench, out):
+        specs = [{"x": s} for s in cfg.seeds]
+        return [Job(f"seed {s['x']}", bench.job_fn, s) for s in specs], specs
+
+    def report(self, cfg, bench, out, specs, results, seconds):
+        assert (out / LOCK_NAME).is_file()  # written while run_demo owns the directory
+        write_report_pages(out, "toy", "# toy\n\n" + "\n".join(
+            f"- {s['x']}: {r.get('twice')}" for s, r in zip(specs, results, strict=True)))
+        return [r.get("twice") for r in results], [(r["name"], r["error"]) for r in results
+                                                   if r["error"]]
+
+
+def test_a_benchmark_of_another_kind_runs_through_run_demo(tmp_path, monkeypatch):
+    """Issue 32 item 1: one framework: a registered benchmark with its own kind gets run_demo's
+    fresh directory, lock, executor and runner; its kind makes the jobs from the profile and
+    writes report.md and report.html through the report engine."""
+    monkeypatch.chdir(tmp_path)
+    profiles = {"default": (1,), "quick": (2, 3), "full": (1, 2, 3)}
+    register_benchmark(Benchmark(
+        name="toy-kind", title="toy", recipe="", job_fn=_toy_unit, kind=_ToyKind(),
+        profiles={k: Profile(seeds=v) for k, v in profiles.items()}))
+    try:
+        assert list_benchmarks("toy-kind") == ["toy-kind"]
+        assert "toy-kind" not in list_benchmarks("calibration")
+        res = run_demo(DemoConfig(dataset="toy-kind", quick=True, progress=False),
+                       LocalExecutor(workers=1))
+        assert res.report == [4, 6] and res.failed == [("seed 3", "boom")]
+        assert res.config.seeds == (2, 3) and res.out_dir.parent == tmp_path / "torchcal-demo"
+        assert "- 2: 4" in (res.out_dir / "report.md").read_text()
+        assert "<li>2: 4</li>" in (res.out_dir / "report.html").read_text()
+        assert not (res.out_dir / LOCK_NAME).exists()
+        again = run_demo(DemoConfig(dataset="toy-kind", progress=False, workers=1))
+        assert again.out_dir != res.out_dir and again.report == [2]
+        with pytest.raises(ValueError, match="no --losses here"):
+            run_demo(DemoConfig(dataset="toy-kind", losses=("ce",), out=tmp_path / "no"))
+        assert not (tmp_path / "no").exists()
+    finally:
+        BENCHMARKS.unregister("toy-kind")

@@ -3,6 +3,7 @@ results by hand, and one end-to-end run at tiny sizes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -10,8 +11,18 @@ from pathlib import Path
 import pytest
 
 from torchcal.cli import main
+from torchcal.experiments import (
+    Benchmark,
+    BenchmarkKind,
+    DemoConfig,
+    get_benchmark,
+    list_benchmarks,
+    register_benchmark,
+    run_demo,
+)
 from torchcal.experiments import uncertainty as suite
 from torchcal.experiments import uncertainty_report as rep
+from torchcal.experiments.benchmark import BENCHMARKS
 
 
 def _kirchhof(seed, head, mp, en, up=0.8, speedup=1.5, diff=0.0):
@@ -102,14 +113,46 @@ def _tiny_profile():
         evidence=False)
 
 
-def test_suite_end_to_end_tiny(tmp_path):
-    summary = suite.run_uncertainty_suite(_tiny_profile(), tmp_path / "out", workers=1,
-                                          progress=False, data_root=tmp_path / "data")
+@pytest.fixture
+def tiny_suite():
+    """The uncertainty benchmark registered again at tiny sizes (``full``: a wider backbone
+    trained two epochs), as a plug-in would register a benchmark of the suite's kind."""
+    tiny = _tiny_profile()
+    other = dataclasses.replace(tiny, width=6, backbone_epochs=2)
+    bench = register_benchmark(dataclasses.replace(
+        get_benchmark("uncertainty"), name="uncertainty-tiny",
+        profiles={"default": tiny, "quick": tiny, "full": other}))
+    yield bench
+    BENCHMARKS.unregister(bench.name)
+
+
+def _run_tiny(out, **kw):
+    return run_demo(DemoConfig(dataset="uncertainty-tiny", workers=1, progress=False, out=out,
+                               **kw))
+
+
+def test_the_suite_is_a_registered_benchmark_of_run_demo():
+    """Issue 32 item 1: one experiment framework; the suite is the benchmark ``uncertainty``
+    (its profiles the suite's sizes, its claims the suite's Claim objects), of its own kind,
+    run by ``torchcal demo --suite uncertainty`` and not offered by ``--dataset``."""
+    bench = get_benchmark("uncertainty")
+    assert isinstance(bench, Benchmark) and isinstance(bench.kind, BenchmarkKind)
+    assert dict(bench.profiles) == suite.PROFILES and tuple(bench.claims) == rep.CLAIMS
+    assert bench.suite == "uncertainty" and bench.job_fn is suite.run_unit
+    assert "uncertainty" in list_benchmarks()
+    assert "uncertainty" not in list_benchmarks("calibration")
+
+
+def test_suite_end_to_end_tiny(tmp_path, tiny_suite):
     out = tmp_path / "out"
+    res = _run_tiny(out)
+    summary = res.report
+    assert res.out_dir == out and res.failed == [] and res.config.seeds == (0,)
     assert not [u for u in summary["units"] if u["error"]]
     assert [u["kind"] for u in summary["units"]].count("kendall") == 4  # 2 grid + 2 Kendall
     text = (out / "report.md").read_text()
     assert "## The papers' claims on this benchmark" in text
+    assert "Command: `torchcal demo --suite uncertainty-tiny --default`" in text
     claims = text.split("## The papers' claims on this benchmark")[1].split("\n## ")[0]
     claims = claims.split("Beyond the claims")[0]
     lines = [s for s in claims.splitlines() if s.startswith("- ")]
@@ -127,12 +170,15 @@ def test_suite_end_to_end_tiny(tmp_path):
     page = (out / "report.html").read_text()  # the same report as HTML, figures embedded
     assert "The papers&#x27; claims on this benchmark" in page or \
         "The papers' claims on this benchmark" in page
-    assert page.count("data:image/png;base64,") == 2 and summary["out"] == str(out)
+    assert page.count("data:image/png;base64,") == 2
     csv = (out / "results.csv").read_text().splitlines()
     assert csv[0] == "part,seed,arm,setting,method,metric,value" and len(csv) > 20
+    # what `torchcal demo` prints: the verdicts and where the report went
+    shown = tiny_suite.kind.summary(res)
+    assert shown.startswith("## The papers' claims on this benchmark") and \
+        f"report: {out / 'report.md'}" in shown and "profile default" in shown
     # a second run reuses the finished units (two-task results read back)
-    again = suite.run_uncertainty_suite(_tiny_profile(), out, workers=1, progress=False,
-                                        data_root=tmp_path / "data")
+    again = _run_tiny(out).report
     reused = [u for u in again["units"] if u["kind"] == "kendall"]
     assert all(u.get("reused") for u in reused)
     k0 = [u for u in summary["units"] if u["kind"] == "kirchhof"][0]
@@ -141,11 +187,7 @@ def test_suite_end_to_end_tiny(tmp_path):
     assert math.isfinite(k0["timing"]["speedup"])
     # another size into the same directory (a wider backbone, two epochs): the backbones of
     # other settings are trained afresh, never extended or refused (issue 32: the stale check)
-    import dataclasses
-
-    other = dataclasses.replace(_tiny_profile(), width=6, backbone_epochs=2)
-    third = suite.run_uncertainty_suite(other, out, workers=1, progress=False,
-                                        data_root=tmp_path / "data")
+    third = _run_tiny(out, full=True).report
     assert not [u["error"] for u in third["units"] if u["error"]]
     for name in ("backbone", "backbone_joint"):
         run = out / "kirchhof" / "seed0" / name
@@ -154,25 +196,47 @@ def test_suite_end_to_end_tiny(tmp_path):
         assert len((run / "log.jsonl").read_text().splitlines()) == 2
 
 
-def test_demo_suite_refuses_calibration_options(capsys):
-    code = main(["demo", "--suite", "uncertainty", "--losses", "ce", "--out", "x"])
+def test_demo_suite_refuses_calibration_options(tmp_path, capsys):
+    out = str(tmp_path / "x")
+    code = main(["demo", "--suite", "uncertainty", "--losses", "ce", "--out", out])
     assert code != 0 and "--losses" in capsys.readouterr().err
+    code = main(["demo", "--suite", "uncertainty", "--train-arg", "lr=0.1", "--out", out])
+    assert code != 0 and "--train-arg" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before the directory is taken
+
+
+def _no_units(monkeypatch):
+    """The jobs run_demo hands to the runner (none runs: each reports an error, the report has
+    no finished unit)."""
+    import torchcal.experiments.demo as demo
+
+    jobs = []
+
+    def sweep(js, *a, **k):
+        jobs.extend(js)
+        return [{"name": j.name, "error": "not run", **j.labels} for j in js]
+
+    monkeypatch.setattr(demo, "run_sweep", sweep)
+    return jobs
 
 
 def test_demo_suite_dispatch(monkeypatch, tmp_path, capsys):
-    seen = {}
-
-    def fake(profile, out, **kw):
-        seen.update(profile=profile, out=out, **kw)
-        return {"seconds": 1.0, "units": [], "profile_sizes": {"evidence": True},
-                "claims": [{"key": "k", "paper": "P", "claim": "a", "n": 2, "holds": 2,
-                            "numbers": {}}]}
-
-    monkeypatch.setattr("torchcal.experiments.uncertainty.run_uncertainty_suite", fake)
-    assert main(["demo", "--suite", "uncertainty", "--full", "--out", str(tmp_path / "o"),
-                 "--seeds", "2", "--no-progress"]) == 0
-    assert seen["profile"] == "full" and seen["seeds"] == (0, 1) and seen["workers"] == 2
-    assert "- P: a: **holds on 2 of 2 seeds**" in capsys.readouterr().out
+    """--suite uncertainty goes through run_demo: --full's arms, --seeds, the lock's directory
+    and the report of no finished unit, printed."""
+    jobs = _no_units(monkeypatch)
+    out = tmp_path / "o"
+    assert main(["demo", "--suite", "uncertainty", "--full", "--out", str(out),
+                 "--seeds", "2", "--no-progress"]) == 1
+    specs = [j.spec for j in jobs]
+    assert sorted({s["seed"] for s in specs}) == [0, 1]
+    assert {tuple(s["profile"]["grid"]) for s in specs} == {suite.PROFILES["full"].grid}
+    assert [s["kind"] for s in specs].count("kirchhof") == 2
+    assert all(j.fn is suite.run_unit for j in jobs)
+    printed, err = capsys.readouterr()
+    assert f"torchcal demo: {len(jobs)} unit(s) failed, see the report" in err
+    assert "**not evaluated (no finished unit)**" in printed
+    assert f"report: {out / 'report.md'}" in printed and "profile full" in printed
+    assert json.loads((out / suite.SUMMARY_FILE).read_text())["profile"] == "full"
 
 
 def test_readme_block_equals_the_committed_run():
@@ -235,15 +299,10 @@ def test_a_second_suite_into_one_out_is_refused_in_one_line(tmp_path, capsys):
 
 def test_each_suite_without_out_gets_a_fresh_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    _no_units(monkeypatch)
     outs = []
-
-    def fake(profile, out, **kw):
-        out.mkdir(parents=True)  # as the real suite's lock does
-        outs.append(out)
-        return {"seconds": 1.0, "units": [], "profile_sizes": {"evidence": False}, "claims": []}
-
-    monkeypatch.setattr("torchcal.experiments.uncertainty.run_uncertainty_suite", fake)
     for _ in range(2):
-        assert main(["demo", "--suite", "uncertainty", "--quick", "--no-progress"]) == 0
+        assert main(["demo", "--suite", "uncertainty", "--quick", "--no-progress"]) == 1
+        outs.append(Path(capsys.readouterr().out.split("report: ")[1].split()[0]).parent)
     assert outs[0] != outs[1] and {o.parent for o in outs} == {tmp_path / "torchcal-demo"}
-    assert f"report: {outs[1] / 'report.md'}" in capsys.readouterr().out
+    assert all((o / "report.md").is_file() for o in outs)

@@ -1,9 +1,10 @@
-"""``torchcal demo``: the parser and the printing of the embedded calibration benchmarks.
+"""``torchcal demo``: the parser and the printing of the embedded benchmarks.
 
-The benchmarks (MNIST-1D by default, noisy digits), their sizes, report prose and the sweep
-runner live in :mod:`torchcal.experiments`; this module turns the command line into a
-:class:`~torchcal.experiments.DemoConfig` and an executor, calls
-:func:`~torchcal.experiments.run_demo` and prints the result.
+The benchmarks (the calibration benchmarks, MNIST-1D by default or noisy digits, chosen by
+``--dataset``; ``--suite uncertainty``: the uncertainty benchmark), their sizes, report prose
+and the sweep runner live in :mod:`torchcal.experiments`; this module turns the command line
+into a :class:`~torchcal.experiments.DemoConfig` and an executor, calls
+:func:`~torchcal.experiments.run_demo` (for every benchmark) and prints the result.
 
 Ctrl-C stops the runs at once (worker processes or Ray tasks); the same command with the same
 ``--out`` continues where it stopped (finished runs skipped, unfinished ones resumed).
@@ -89,45 +90,6 @@ def _executor(args: argparse.Namespace):
     return make_executor(args.executor, workers=args.workers, address=args.ray_address)
 
 
-_CALIBRATION_ONLY = ("epochs", "losses", "adafocal_lam", "data_arg", "train_arg", "loss_arg")
-
-
-def _cmd_uncertainty_suite(args: argparse.Namespace, executor) -> int:
-    """``--suite uncertainty``: the suite with --quick / --full / --seeds / --workers /
-    --executor / --out (default: a fresh directory, as the calibration demo's); the
-    calibration benchmark's options refused."""
-    # deferred: the suite's own imports (the uncertainty heads, its report)
-    from ..experiments import uncertainty as suite
-    from ..experiments import uncertainty_report as suite_report
-
-    for opt in _CALIBRATION_ONLY:
-        if getattr(args, opt, None) not in (None, [], False):
-            raise ValueError(f"Expected no --{opt.replace('_', '-')} with --suite uncertainty "
-                             "(an option of the calibration benchmark)")
-    profile = "quick" if args.quick else "full" if args.full else "default"
-    out = args.demo_out = Path(args.out) if args.out else default_out()
-    argv = list(getattr(args, "argv", None) or ["demo", "--suite", "uncertainty"])
-    if args.out is None:  # the command that continues this run names its directory
-        argv += ["--out", str(out)]
-    summary = suite.run_uncertainty_suite(
-        profile, out, seeds=tuple(args.seeds) if args.seeds is not None else None,
-        workers=args.workers, executor=executor, progress=not args.no_progress,
-        command=shlex.join(["torchcal", *argv]), device=args.device or "auto")
-    evidence = summary["profile_sizes"]["evidence"]
-    print("## The papers' claims on this benchmark\n")
-    print("\n".join(suite_report.verdict_lines(summary["claims"], evidence=evidence)))
-    beyond = suite_report.beyond_lines(summary["units"])
-    if beyond:
-        print("\nBeyond the claims (computed from the same units):\n\n" + "\n".join(beyond))
-    print(f"\nreport: {out / 'report.md'}\n        {out / 'report.html'} (figures embedded)"
-          f"  ({summary['seconds']:.0f} s, profile {profile})")
-    failed = [u for u in summary["units"] if u.get("error")]
-    if failed:
-        print(f"torchcal demo: {len(failed)} unit(s) failed, see the report", file=sys.stderr)
-        return 1
-    return 0
-
-
 def _overrides(args: argparse.Namespace) -> dict:
     """``--train-arg`` settings with ``--device`` (one of the two names the device)."""
     overrides = parse_loss_args(args.train_arg, "--train-arg")
@@ -147,38 +109,53 @@ def _print_verdicts(rep) -> None:
             print(f"- {line}")
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The command line of this demo, with ``--out`` when it was not given (the command that
+    continues it names its directory); a report may quote it."""
+    argv = list(getattr(args, "argv", None) or ["demo"])
+    if args.out is None:
+        argv += ["--out", str(args.demo_out)]
+    return shlex.join(["torchcal", *argv])
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    if getattr(args, "suite", "calibration") == "uncertainty":
-        return _cmd_uncertainty_suite(args, _executor(args))
+    suite = getattr(args, "suite", "calibration")
+    dataset = args.dataset if suite == "calibration" else suite
     losses = tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None
     executor = _executor(args)
     # the output directory is fixed here, so that the hint after Ctrl-C can name it
     args.demo_out = Path(args.out) if args.out else default_out()
     cfg = DemoConfig(
-        dataset=args.dataset, full=args.full, seeds=args.seeds, epochs=args.epochs,
+        dataset=dataset, full=args.full, seeds=args.seeds, epochs=args.epochs,
         losses=losses, workers=args.workers, out=args.demo_out,
         n_bins=args.n_bins, adafocal_lam=args.adafocal_lam,
         loss_kwargs=parse_demo_loss_args(args.loss_arg, losses or applicable_losses()),
         data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
         overrides=_overrides(args),
         progress=not args.no_progress, quick=args.quick, figures=not args.no_figures,
-        pack=not args.no_pack,
+        pack=not args.no_pack, command=_command(args),
     )
     res = run_demo(cfg, executor)
-    _print_tail(res.report, res.out_dir)
-    print(f"Wall time: {res.seconds:.0f} s (start-up and report writing included) for "
-          f"{sum(g.predictor == 'run' for g in res.report.groups)} loss(es) x {len(res.config.seeds)} seed(s) with "
-          f"{res.config.workers} worker(s).")
-    _print_verdicts(res.report)
+    kind = get_benchmark(dataset).kind
+    if kind is None:  # the calibration benchmarks: the report's tail, the wall time, the claims
+        _print_tail(res.report, res.out_dir)
+        print(f"Wall time: {res.seconds:.0f} s (start-up and report writing included) for "
+              f"{sum(g.predictor == 'run' for g in res.report.groups)} loss(es) x "
+              f"{len(res.config.seeds)} seed(s) with {res.config.workers} worker(s).")
+        _print_verdicts(res.report)
+    else:
+        print(kind.summary(res))
     if res.failed:
-        print(f"torchcal demo: {len(res.failed)} run(s) failed, see the report", file=sys.stderr)
+        unit = kind.unit if kind is not None else "run"
+        print(f"torchcal demo: {len(res.failed)} {unit}(s) failed, see the report",
+              file=sys.stderr)
         return 1
     return 0
 
 
 def _size_help() -> dict[str, str]:
     """Help texts of the size options, from the benchmarks' profiles."""
-    names = list_benchmarks()
+    names = list_benchmarks("calibration")
     benches = {n: get_benchmark(n) for n in names}
 
     def sizes(profile: str, what: str) -> str:
@@ -222,7 +199,7 @@ def _size_help() -> dict[str, str]:
 def _data_options_help() -> str:
     """The declared options of each benchmark's data set (the data set registry)."""
     out = []
-    for name in list_benchmarks():
+    for name in list_benchmarks("calibration"):
         ds = get_recipe(get_benchmark(name).recipe).dataset
         opts = ", ".join(o.name for o in DATASETS.get(ds).options)
         out.append(f"{name}: {opts or 'none'}")
@@ -232,20 +209,22 @@ def _data_options_help() -> str:
 def register(subparsers) -> None:
     """Add ``demo`` to the ``torchcal`` command line."""
     h = _size_help()
+    calibration = list_benchmarks("calibration")
     d = subparsers.add_parser(
         "demo", help="train the calibration losses on MNIST-1D (or noisy digits), test the "
                      "papers' claims and report (CPU, no download)",
         description=h["description"],
         epilog="Ctrl-C stops the workers at once and prints the command that continues the "
                "demo where it stopped (the same command, with --out). " + PERCENT_NOTE)
-    d.add_argument("--suite", choices=("calibration", "uncertainty"), default="calibration",
+    suites = ["calibration"] + [n for n in list_benchmarks() if n not in calibration]
+    d.add_argument("--suite", choices=suites, default="calibration",
                    help="calibration (default): the calibration losses' benchmark below; "
                         "uncertainty: Kirchhof et al. 2024's pretrained uncertainty heads and "
                         "Kendall et al. 2018's multi-task weighting on MNIST-1D, 3 seeds "
                         "(--quick: a 1-seed smoke test; --full: every arm, 5 seeds)")
-    d.add_argument("--dataset", choices=list_benchmarks(), default="mnist1d",
+    d.add_argument("--dataset", choices=calibration, default="mnist1d",
                    help="the benchmark (default mnist1d): " + "; ".join(
-                       f"{n}: {get_benchmark(n).title}" for n in list_benchmarks()))
+                       f"{n}: {get_benchmark(n).title}" for n in calibration))
     size = d.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=h["quick"])
     size.add_argument("--full", action="store_true", help=h["full"])

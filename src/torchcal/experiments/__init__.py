@@ -5,12 +5,14 @@ A **benchmark** is data (:class:`Benchmark`): its recipe, its sizes (:class:`Pro
 registry, per-loss arguments, the claims its report tests, the repository path of its committed
 full run (the verdicts a report quotes are computed from it), its report prose and the job
 function of one run.  Benchmarks are registered by name (:func:`register_benchmark`,
-:func:`get_benchmark`, :func:`list_benchmarks`); ``torchcal demo --dataset NAME`` runs one
-(:func:`run_demo`).  The calibration benchmarks ``mnist1d`` and ``digits`` are defined in
-:mod:`torchcal.experiments.calibration`.  The uncertainty benchmark (``torchcal demo --suite
-uncertainty``: Kirchhof et al. 2024's pretrained uncertainty heads and Kendall et al. 2018's
-multi-task weighting) is defined in :mod:`torchcal.experiments.uncertainty`: its units are
-jobs of the same runner (:func:`run_uncertainty_suite`).
+:func:`get_benchmark`, :func:`list_benchmarks`) and every one runs through :func:`run_demo`
+(one lock on its output directory, a fresh directory by default, the runner below).  The
+calibration benchmarks ``mnist1d`` and ``digits`` (``torchcal demo --dataset NAME``) are defined
+in :mod:`torchcal.experiments.calibration`.  A benchmark of another kind
+(:class:`BenchmarkKind`: how its jobs are made from a profile and how its report is written)
+is the uncertainty benchmark ``uncertainty`` (``torchcal demo --suite uncertainty``: Kirchhof
+et al. 2024's pretrained uncertainty heads and Kendall et al. 2018's multi-task weighting),
+defined in :mod:`torchcal.experiments.uncertainty`.
 
 The **runner** executes units of work.  The API other work builds on:
 
@@ -52,17 +54,26 @@ The **runner** executes units of work.  The API other work builds on:
 
 # the public surface: what a user calls (the rest is public in its module: demo, training,
 # runner, packed, calibration, uncertainty, uncertainty_report)
-from . import calibration  # noqa: F401 - registers the calibration benchmarks
-from .benchmark import Benchmark, Profile, get_benchmark, list_benchmarks, register_benchmark
+from . import (
+    calibration,  # noqa: F401 - registers the calibration benchmarks
+    uncertainty,  # noqa: F401 - registers the uncertainty benchmark
+)
+from .benchmark import (
+    Benchmark,
+    BenchmarkKind,
+    Profile,
+    get_benchmark,
+    list_benchmarks,
+    register_benchmark,
+)
 from .demo import DemoConfig, DemoResult, run_demo
 from .ray_executor import RayExecutor
 from .runner import ExecutorType, Job, LocalExecutor, Resources, register_executor, run_sweep
 from .training import train_job
-from .uncertainty import run_uncertainty_suite
 
 __all__ = [
-    "run_demo", "DemoConfig", "DemoResult", "run_uncertainty_suite",
-    "Benchmark", "Profile", "register_benchmark", "get_benchmark", "list_benchmarks",
+    "run_demo", "DemoConfig", "DemoResult", "Benchmark", "BenchmarkKind", "Profile",
+    "register_benchmark", "get_benchmark", "list_benchmarks",
     "Job", "Resources", "run_sweep", "train_job", "LocalExecutor", "RayExecutor",
     "ExecutorType", "register_executor",
 ]

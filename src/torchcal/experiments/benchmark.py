@@ -7,6 +7,13 @@ touches no file here), per-loss arguments, its sizes (:class:`Profile`: ``defaul
 verdicts the report quotes are computed from them, never written as constants), the prose of
 its report (``intro``) and the job function that executes one run.  Benchmarks are registered
 by name (:func:`register_benchmark`, :func:`get_benchmark`), as losses and models are.
+
+A benchmark whose units are not the calibration losses' training runs (the uncertainty suite,
+:mod:`torchcal.experiments.uncertainty`) names a :class:`BenchmarkKind`: how its jobs are made
+from a profile and how its report is written.  :func:`~torchcal.experiments.run_demo` runs every
+benchmark the same way: one lock on its output directory, a fresh directory by default, the
+jobs through the one runner (:func:`~torchcal.experiments.runner.run_sweep`) and its executors,
+report.md and report.html written by the report engine (:mod:`torchcal.report.build`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from ..report.aggregate import group_runs, runs_from_results_csv
 from ..report.claims import Claim, check_claims
 from .training import run_job
 
-__all__ = ["Profile", "Benchmark", "BENCHMARKS", "register_benchmark", "get_benchmark",
+__all__ = ["Profile", "Benchmark", "BenchmarkKind", "BENCHMARKS", "register_benchmark", "get_benchmark",
            "list_benchmarks", "tagged_losses", "committed_verdicts", "committed_note",
            "PROFILE_NAMES"]
 
@@ -51,6 +58,46 @@ class Profile:
     measured: str | None = None
 
 
+class BenchmarkKind:
+    """How :func:`~torchcal.experiments.run_demo` runs a benchmark (``Benchmark.kind``): the
+    benchmark's settings, its jobs and its report.  ``run_demo`` does the rest for every kind:
+    the lock on the output directory, a fresh directory by default, the executor and the runner
+    (skipping or resuming finished work belongs to the job functions, as for training runs).
+    The calibration benchmarks' kind (``kind=None``: one training run per loss and seed, the
+    report of :func:`torchcal.report.build_report`) is :mod:`torchcal.experiments.demo`'s.
+
+    Attributes:
+        unit: what one job is called in messages ("1 unit(s) failed").
+    """
+
+    unit = "unit"
+
+    def resolve(self, cfg: Any, bench: Benchmark) -> Any:
+        """``cfg`` (a :class:`~torchcal.experiments.DemoConfig`) with its seeds (and whatever
+        else the kind uses) filled from ``bench``'s profile (``cfg.profile``); raises
+        ``ValueError`` for a setting the benchmark does not take."""
+        raise NotImplementedError
+
+    def plan(self, cfg: Any, bench: Benchmark, out: Path) -> tuple[list, list[dict[str, Any]]]:
+        """The :class:`~torchcal.experiments.runner.Job` s of the resolved ``cfg`` into ``out``
+        and the JSON-able specs of the units they run, one spec per unit (a job may run several
+        units: a pack of training runs reports one result per unit)."""
+        raise NotImplementedError
+
+    def report(self, cfg: Any, bench: Benchmark, out: Path, specs: list[dict[str, Any]],
+               results: list[dict[str, Any]], seconds: float
+               ) -> tuple[Any, list[tuple[str, str]]]:
+        """Write the report into ``out`` from the units' ``results`` (one per spec, in their
+        order): the report (``DemoResult.report``) and the failed units as ``(name, error)``
+        pairs; ``seconds``: the wall time so far."""
+        raise NotImplementedError
+
+    def summary(self, result: Any) -> str:
+        """What ``torchcal demo`` prints after the run (``result``: a
+        :class:`~torchcal.experiments.DemoResult`)."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """One benchmark: everything :func:`torchcal.experiments.run_demo` needs besides the user's
@@ -59,8 +106,10 @@ class Benchmark:
     Attributes:
         name: registry name (``--dataset`` of ``torchcal demo``).
         title: the report's title, after ``torchcal demo:``.
-        recipe: the training recipe (:func:`torchcal.train.get_recipe`).
-        profiles: ``{"default" | "quick" | "full": Profile}``.
+        recipe: the training recipe (:func:`torchcal.train.get_recipe`; "" for a kind that
+            names its own recipes).
+        profiles: ``{"default" | "quick" | "full": Profile}`` (a benchmark of another kind:
+            the kind's profile objects, each with its ``seeds``).
         summary: one sentence on the benchmark for the command line's help.
         tag: the loss registry tag selecting the losses of a profile without ``losses``.
         loss_kwargs: per-loss hyperparameters the benchmark sets (registry defaults otherwise).
@@ -79,12 +128,14 @@ class Benchmark:
         prebuild_data: build the data once before the runs (cheap or generated data: the
             data options are checked, and generated data is cached once, not by every worker).
         job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
+        kind: how its jobs are made and its report written (:class:`BenchmarkKind`); None:
+            the calibration benchmarks' training runs.
     """
 
     name: str
     title: str
     recipe: str
-    profiles: Mapping[str, Profile]
+    profiles: Mapping[str, Any]
     summary: str = ""
     tag: str = "demo"
     loss_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -98,11 +149,18 @@ class Benchmark:
     appendix: Callable[[Any], str] | None = None
     prebuild_data: bool = True
     job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_job
+    kind: BenchmarkKind | None = None
 
     def __post_init__(self) -> None:
         missing = [p for p in PROFILE_NAMES if p not in self.profiles]
         if missing:
             raise ValueError(f"Expected `profiles` to define {PROFILE_NAMES}, missing {missing}")
+
+    @property
+    def suite(self) -> str:
+        """The ``torchcal demo --suite`` that runs it: ``calibration`` (chosen by ``--dataset``)
+        for a benchmark without a kind, else its own name."""
+        return "calibration" if self.kind is None else self.name
 
     def profile(self, name: str) -> Profile:
         """The profile ``name`` (``default``, ``quick`` or ``full``)."""
@@ -178,6 +236,8 @@ def get_benchmark(name: str) -> Benchmark:
     return BENCHMARKS.get(name)
 
 
-def list_benchmarks() -> list[str]:
-    """The registered benchmark names, in registration order."""
-    return BENCHMARKS.ordered()
+def list_benchmarks(suite: str | None = None) -> list[str]:
+    """The registered benchmark names, in registration order; ``suite``: only those of that
+    ``torchcal demo --suite`` (``"calibration"``: those chosen by ``--dataset``)."""
+    return [n for n in BENCHMARKS.ordered()
+            if suite is None or BENCHMARKS.get(n).suite == suite]

@@ -1,5 +1,9 @@
 """``run_demo``: a registered benchmark's runs, trained by the sweep runner, then its report.
 
+Every benchmark runs through :func:`run_demo`: its kind (:class:`~torchcal.experiments.
+benchmark.BenchmarkKind`) makes its jobs and writes its report, ``run_demo`` owns the output
+directory (one run at a time, a fresh one by default) and runs the jobs.  The calibration
+benchmarks' kind (``Benchmark.kind`` None) is this module's: one training run per loss and seed.
 Runs are trained by an executor (default: worker processes of this machine, spawn, one thread
 each; or a Ray cluster, :class:`~torchcal.experiments.ray_executor.RayExecutor`); each run is
 evaluated through the same path as real runs (saved logits -> temperatures -> metrics ->
@@ -40,7 +44,7 @@ from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
 from . import calibration  # noqa: F401 - registers the calibration benchmarks
-from .benchmark import Benchmark, committed_note, get_benchmark
+from .benchmark import Benchmark, BenchmarkKind, committed_note, get_benchmark
 from .calibration import IntroContext
 from .packed import expand_results, pack_jobs
 from .runner import Executor, LocalExecutor, run_sweep
@@ -48,7 +52,7 @@ from .training import resolve_spec, train_config, train_job
 
 __all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve", "demo_loss_kwargs",
            "demo_jobs", "sweep_jobs", "run_demo", "default_out", "intro_text", "appendix_text",
-           "verdict_label", "seed_ensembles", "ENSEMBLES_DIR"]
+           "verdict_label", "seed_ensembles", "ENSEMBLES_DIR", "TRAINING_RUNS"]
 
 #: The demo's directory of the losses' ensembles (``OUT/ensembles/<loss>/``).
 ENSEMBLES_DIR = "ensembles"
@@ -77,16 +81,25 @@ class DemoConfig:
     full: bool = False  # every tagged loss, the recipe's schedule, 5 seeds
     overrides: dict[str, Any] = field(default_factory=dict)  # extra TrainConfig fields
     pack: bool = True  # train runs that share a model and a recipe as packs (--no-pack: off)
+    command: str = ""  # the command line, for a report that quotes it (the uncertainty suite's)
+
+    @property
+    def profile(self) -> str:
+        """The benchmark's profile these settings select: ``quick``, ``full`` or ``default``."""
+        if self.quick and self.full:
+            raise ValueError("Expected at most one of `quick` and `full`, got both")
+        return "full" if self.full else "quick" if self.quick else "default"
 
 
 @dataclass
 class DemoResult:
-    """What :func:`run_demo` returns: the output directory, the built report (a
-    ``ReportOutput``), the failed runs as ``(run_dir, error)`` pairs, the wall time in seconds
-    and the configuration used."""
+    """What :func:`run_demo` returns: the output directory, the built report (the calibration
+    benchmarks': a ``ReportOutput``; another kind's: what its ``report`` returns, the
+    uncertainty suite's summary dict), the failed runs as ``(run_dir or unit name, error)``
+    pairs, the wall time in seconds and the configuration used (resolved)."""
 
     out_dir: Path
-    report: Any  # torchcal.report.build.ReportOutput
+    report: Any  # torchcal.report.build.ReportOutput, or the benchmark kind's report
     failed: list[tuple[str, str]]
     seconds: float
     config: DemoConfig
@@ -97,19 +110,14 @@ def applicable_losses(dataset: str = "mnist1d") -> list[str]:
     return get_benchmark(dataset).losses("full")
 
 
-def _profile_name(cfg: DemoConfig) -> str:
-    if cfg.quick and cfg.full:
-        raise ValueError("Expected at most one of `quick` and `full`, got both")
-    return "full" if cfg.full else "quick" if cfg.quick else "default"
-
-
 def resolve(cfg: DemoConfig) -> DemoConfig:
     """``cfg`` with every None filled from its benchmark's profile (default, quick or full)."""
-    return _resolve(cfg, get_benchmark(cfg.dataset))
+    bench = get_benchmark(cfg.dataset)
+    return _resolve(cfg, bench) if bench.kind is None else bench.kind.resolve(cfg, bench)
 
 
 def _resolve(cfg: DemoConfig, bench: Benchmark) -> DemoConfig:
-    name = _profile_name(cfg)
+    name = cfg.profile
     prof = bench.profile(name)
     lam = bench.loss_kwargs.get("adafocal", {}).get("lam")
     return dataclasses.replace(
@@ -266,27 +274,24 @@ def _check(cfg: DemoConfig) -> None:
                          f"(training: {', '.join(cfg.losses)})")
 
 
-def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) -> DemoResult:
-    """Train, evaluate and report a benchmark; returns where everything went.
+class _TrainingRuns(BenchmarkKind):
+    """The calibration benchmarks' kind: one training run per (loss, seed), packed by default,
+    the report of :func:`~torchcal.report.build_report` with the seeds' ensembles."""
 
-    ``executor``: where the runs train (default ``LocalExecutor(workers=cfg.workers)``).
-    """
-    t_start = time.perf_counter() - _process_age()
-    cfg = cfg or DemoConfig()
-    bench = get_benchmark(cfg.dataset)  # looked up once; the workers get resolved configs
-    cfg = _resolve(cfg, bench)
-    _check(cfg)
-    out = Path(cfg.out) if cfg.out is not None else default_out()
-    specs = _demo_jobs(cfg, bench, out)
-    # one demo per out directory at a time; that of an earlier demo is continued (its finished
-    # runs are skipped, its unfinished ones resumed), its old figures removed
-    with exclusive_lock(out, what="Demo directory"):
-        prepare_report_dir(out, "out")
+    unit = "run"
+
+    def resolve(self, cfg: DemoConfig, bench: Benchmark) -> DemoConfig:
+        cfg = _resolve(cfg, bench)
+        _check(cfg)
+        return cfg
+
+    def plan(self, cfg: DemoConfig, bench: Benchmark, out: Path) -> tuple[list, list[dict]]:
+        specs = _demo_jobs(cfg, bench, out)
         _check_settings(specs, bench)  # a bad knob is one error here, not the same failure in every run
-        executor = executor if executor is not None else LocalExecutor(workers=cfg.workers)
-        jobs = _sweep_jobs(cfg, bench, specs)
-        results = expand_results(jobs, run_sweep(jobs, executor, progress=cfg.progress))
-        seconds = time.perf_counter() - t_start
+        return _sweep_jobs(cfg, bench, specs), specs
+
+    def report(self, cfg: DemoConfig, bench: Benchmark, out: Path, specs: list[dict[str, Any]],
+               results: list[dict[str, Any]], seconds: float) -> tuple[Any, list[tuple[str, str]]]:
         failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
         for r in results:
             if r["error"]:
@@ -295,12 +300,48 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
         intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
                            skipped=sum(bool(r.get("skipped")) for r in results), bench=bench)
         ensembles = seed_ensembles(specs, out, n_bins=cfg.n_bins, failed=failed)
+        label = verdict_label(cfg, specs, resolved=True)
         rep = build_report([j["run_dir"] for j in specs] + ensembles, out,
                            title=f"torchcal demo: {bench.title}",
                            intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
                            figures=cfg.figures, claims=tuple(bench.claims) or False,
-                           verdict_label=(label := verdict_label(cfg, specs, resolved=True)),
-                           preface=committed_note(bench) if label else "")
+                           verdict_label=label, preface=committed_note(bench) if label else "")
+        return rep, failed
+
+
+#: The calibration benchmarks' kind (theirs when ``Benchmark.kind`` is None); what ``torchcal
+#: demo`` prints after their runs is the command line's (the report's tail, as ``torchcal
+#: report`` prints it), so it has no ``summary``.
+TRAINING_RUNS: BenchmarkKind = _TrainingRuns()
+
+
+def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) -> DemoResult:
+    """Run a registered benchmark (``cfg.dataset``) and write its report; returns where
+    everything went.
+
+    Its kind (``Benchmark.kind``; None: :data:`TRAINING_RUNS`) resolves the settings, makes
+    the jobs and writes the report; the jobs run through the runner with ``executor`` (default
+    ``LocalExecutor(workers=cfg.workers)``), in ``cfg.out`` (default: a fresh directory,
+    :func:`default_out`), which this call owns while it runs (a second run into it is refused
+    at once, :class:`~torchcal.errors.InUseError`).
+    """
+    t_start = time.perf_counter() - _process_age()
+    cfg = cfg or DemoConfig()
+    bench = get_benchmark(cfg.dataset)  # looked up once; the workers get resolved configs
+    kind = bench.kind or TRAINING_RUNS
+    cfg = kind.resolve(cfg, bench)
+    out = Path(cfg.out) if cfg.out is not None else default_out()
+    # one demo per out directory at a time; that of an earlier demo is continued (its finished
+    # runs are skipped, its unfinished ones resumed), its old figures removed
+    with exclusive_lock(out, what="Demo directory"):
+        prepare_report_dir(out, "out")
+        jobs, specs = kind.plan(cfg, bench, out)
+        executor = executor if executor is not None else LocalExecutor(workers=cfg.workers)
+        desc = "torchcal demo" if bench.kind is None else f"torchcal demo --suite {bench.suite}"
+        results = expand_results(jobs, run_sweep(jobs, executor, progress=cfg.progress,
+                                                 desc=desc))
+        rep, failed = kind.report(cfg, bench, out, specs, results,
+                                  time.perf_counter() - t_start)
     return DemoResult(out_dir=out, report=rep, failed=failed,
                       seconds=time.perf_counter() - t_start, config=cfg)
 

@@ -1,7 +1,10 @@
 """The uncertainty benchmark: Kirchhof et al. 2024 and Kendall et al. 2018 on MNIST-1D.
 
-``torchcal demo --suite uncertainty`` runs two experiments per seed, each a unit of work (a job
-function of this module, called with a JSON-able spec in a worker process):
+``torchcal demo --suite uncertainty`` runs the benchmark registered here as ``uncertainty``
+(:data:`UNCERTAINTY`: ``run_demo(DemoConfig(dataset="uncertainty"))``, the calibration demo's
+run function, lock, output directory and runner; its kind makes the jobs and writes the report).
+It runs two experiments per seed, each a unit of work (a job function of this module, called
+with a JSON-able spec in a worker process):
 
 **Pretrained uncertainty heads** (Kirchhof, Collier, Oh & Kasneci, "Pretrained Visual
 Uncertainties", 2024; :func:`kirchhof_unit`).  The MNIST-1D paper's CNN (recipe ``mnist1d-cnn``:
@@ -41,21 +44,22 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, atomic_write_text, exclusive_lock
+from .._io import atomic_write_json, atomic_write_text
 from ..data import load_splits
-from ..report.build import markdown_page
+from ..report.build import write_report_pages
 from ..runs import RunDir
 from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
 from ..train.device import resolve_device
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import uncertainty_report as rep
-from .demo import default_out
-from .runner import Executor, Job, LocalExecutor, run_sweep
+from .benchmark import Benchmark, BenchmarkKind, register_benchmark
+from .runner import Job
 from .training import is_stale
 
-__all__ = ["SUMMARY_FILE", "run_uncertainty_suite", "write_suite_report", "UncertaintyProfile", "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT",
-           "suite_specs", "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
+__all__ = ["SUMMARY_FILE", "UNCERTAINTY", "write_suite_report", "UncertaintyProfile",
+           "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT", "suite_specs",
+           "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
 
 #: The suite's summary file (every unit's result, the claims' verdicts) in its output directory.
 SUMMARY_FILE = "suite_results.json"
@@ -309,12 +313,13 @@ def kirchhof_unit(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------
-# the suite
+# the suite: a benchmark of run_demo
 # ------------------------------------------------------------------------------------------
 def write_suite_report(units: list[dict[str, Any]], out: Path, profile: str,
                        p: UncertaintyProfile, seconds: float, command: str) -> dict[str, Any]:
-    """Write report.md, report.html (figures embedded), suite_results.json, results.csv and the
-    figures of a finished suite."""
+    """Write report.md and report.html (figures embedded; both by the report engine's
+    :func:`~torchcal.report.build.write_report_pages`), suite_results.json, results.csv and the
+    figures of a finished suite; returns the summary (suite_results.json's content)."""
     figures = rep.write_figures(units, out)
     sizes = dataclasses.asdict(p)
     summary = {"schema": "torchcal.uncertainty_suite/1", "profile": profile,
@@ -324,56 +329,84 @@ def write_suite_report(units: list[dict[str, Any]], out: Path, profile: str,
     atomic_write_text(out / "results.csv", rep.rows_csv(rep.results_rows(units)))
     md = rep.report_markdown(units, profile=profile, p=sizes, figures=figures, seconds=seconds,
                              command=command)
-    atomic_write_text(out / "report.md", md)
-    atomic_write_text(out / "report.html", markdown_page(
-        f"torchcal demo --suite uncertainty ({profile})", md, out))
+    write_report_pages(out, f"torchcal demo --suite uncertainty ({profile})", md)
     return summary
 
 
-def suite_jobs(specs: list[dict[str, Any]]) -> list[Job]:
-    """The units as jobs of the experiments layer's runner (:func:`run_sweep`)."""
+def suite_jobs(specs: list[dict[str, Any]], fn=run_unit) -> list[Job]:
+    """The units as jobs of the experiments layer's runner (:func:`run_sweep`), each running
+    ``fn(spec)`` (:func:`run_unit`)."""
     jobs = []
     for s in specs:
         name = f"{s['kind']} seed {s['seed']}" + (f" {s['arm']}" if "arm" in s else "")
         labels = {k: s[k] for k in ("kind", "seed", "arm") if k in s}
-        jobs.append(Job(name, run_unit, s, labels=labels))
+        jobs.append(Job(name, fn, s, labels=labels))
     return jobs
 
 
-def run_uncertainty_suite(profile: str | UncertaintyProfile = "default",
-                          out: str | Path | None = None,
-                          *, data_root: str | Path | None = None,
-                          seeds: tuple[int, ...] | None = None, workers: int = 2,
-                          executor: Executor | None = None, progress: bool = True,
-                          command: str = "", device: str = "cpu") -> dict[str, Any]:
-    """Run the suite at ``profile`` into ``out`` and write its report; the summary dict.
+# the DemoConfig fields of the calibration benchmarks, with their options of `torchcal demo`
+_CALIBRATION_ONLY = {"epochs": "--epochs", "losses": "--losses",
+                     "adafocal_lam": "--adafocal-lam", "data_kwargs": "--data-arg",
+                     "loss_kwargs": "--loss-arg"}
 
-    ``profile`` is a name of :data:`PROFILES` or an :class:`UncertaintyProfile` (reported as
-    ``custom``); ``out`` (default: a fresh directory under ``./torchcal-demo/``, as the
-    calibration demo's) is owned by this call while it runs (a second suite into it is refused
-    at once, :class:`~torchcal.errors.InUseError`), and the directory of an earlier suite is
-    continued (its finished units reused); ``data_root`` (default ``out/data``) holds the
-    generated MNIST-1D caches.  The summary's ``out`` says where the report went.  The
-    units run through the experiments layer's runner (:func:`run_sweep`) with ``executor``
-    (default ``LocalExecutor(workers)``: spawned worker processes, one thread each, or this
-    process when ``workers`` is 1; a :class:`RayExecutor` runs them as Ray tasks), each unit
-    training on ``device`` (``torchcal demo --device``; ``"auto"``: CUDA when available).
-    """
-    if isinstance(profile, UncertaintyProfile):
-        p, profile = profile, "custom"
-    elif profile in PROFILES:
-        p = PROFILES[profile]
-    else:
-        raise ValueError(f"Expected `profile` to be one of {tuple(PROFILES)}, got {profile!r}")
-    t0 = time.perf_counter()
-    out = Path(out) if out is not None else default_out()
-    if seeds is not None:
-        p = dataclasses.replace(p, seeds=tuple(seeds))
-    root = Path(data_root) if data_root is not None else out / "data"
-    with exclusive_lock(out, what="Demo directory"):  # one suite per directory at a time
-        specs = suite_specs(p, out, root, device=device)
-        units = run_sweep(suite_jobs(specs), executor or LocalExecutor(workers=workers),
-                          progress=progress, desc="torchcal demo --suite uncertainty")
-        summary = write_suite_report(units, out, profile, p, time.perf_counter() - t0,
-                                     command or f"torchcal demo --suite uncertainty --{profile}")
-    return {**summary, "out": str(out)}
+
+class _UncertaintySuite(BenchmarkKind):
+    """The suite's kind: a benchmark's profiles are :class:`UncertaintyProfile` s; its jobs the
+    units of :func:`suite_specs` (data in ``out/data``, every unit on ``--device``: the
+    ``device`` of ``DemoConfig.overrides``, default the CPU), its report
+    :func:`write_suite_report`'s."""
+
+    def resolve(self, cfg: Any, bench: Benchmark) -> Any:
+        """The profile's seeds (or ``cfg.seeds``); the calibration benchmarks' options and
+        training settings other than the device refused."""
+        for name, flag in _CALIBRATION_ONLY.items():
+            if getattr(cfg, name) not in (None, {}, ()):
+                raise ValueError(f"Expected no {flag} with --suite {bench.suite} (an option of "
+                                 "the calibration benchmarks)")
+        extra = sorted(set(cfg.overrides) - {"device"})
+        if extra:
+            raise ValueError(f"Expected no --train-arg with --suite {bench.suite} (its units "
+                             f"set their own training settings), got {extra}")
+        seeds = bench.profile(cfg.profile).seeds if cfg.seeds is None else tuple(cfg.seeds)
+        if not seeds:
+            raise ValueError("Expected `seeds` to hold at least one seed, got none")
+        return dataclasses.replace(cfg, seeds=seeds)
+
+    @staticmethod
+    def _sizes(cfg: Any, bench: Benchmark) -> UncertaintyProfile:
+        return dataclasses.replace(bench.profile(cfg.profile), seeds=tuple(cfg.seeds))
+
+    def plan(self, cfg: Any, bench: Benchmark, out: Path) -> tuple[list, list[dict[str, Any]]]:
+        specs = suite_specs(self._sizes(cfg, bench), out, out / "data",
+                            device=cfg.overrides.get("device", "cpu"))
+        return suite_jobs(specs, fn=bench.job_fn), specs
+
+    def report(self, cfg: Any, bench: Benchmark, out: Path, specs: list[dict[str, Any]],
+               results: list[dict[str, Any]], seconds: float
+               ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        command = cfg.command or f"torchcal demo --suite {bench.suite} --{cfg.profile}"
+        summary = write_suite_report(results, out, cfg.profile, self._sizes(cfg, bench),
+                                     seconds, command)
+        return summary, [(r["name"], r["error"]) for r in results if r.get("error")]
+
+    def summary(self, result: Any) -> str:
+        """The claims' verdicts, the lines beyond them and where the report went."""
+        s, out = result.report, result.out_dir
+        lines = ["## The papers' claims on this benchmark", "",
+                 *rep.verdict_lines(s["claims"], evidence=s["profile_sizes"]["evidence"])]
+        beyond = rep.beyond_lines(s["units"])
+        if beyond:
+            lines += ["", "Beyond the claims (computed from the same units):", "", *beyond]
+        return "\n".join(lines + [
+            "", f"report: {out / 'report.md'}",
+            f"        {out / 'report.html'} (figures embedded)  ({s['seconds']:.0f} s, profile "
+            f"{s['profile']})"])
+
+
+#: ``torchcal demo --suite uncertainty``: the suite as a registered benchmark of
+#: :func:`~torchcal.experiments.run_demo`, its profiles :data:`PROFILES`.
+UNCERTAINTY = register_benchmark(Benchmark(
+    name="uncertainty", title="uncertainty heads and multi-task weighting on MNIST-1D",
+    recipe="", profiles=PROFILES, tag="", claims=rep.CLAIMS, prebuild_data=False,
+    summary="Kirchhof et al. 2024's pretrained uncertainty heads and Kendall et al. 2018's "
+            "multi-task weighting on MNIST-1D", job_fn=run_unit, kind=_UncertaintySuite()))

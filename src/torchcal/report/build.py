@@ -58,7 +58,7 @@ from .claims import (
 )
 
 __all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir",
-           "markdown_page"]
+           "write_report_pages", "markdown_page"]
 
 REPORT_SCHEMA = "torchcal.report/1"
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -378,6 +378,19 @@ def markdown_page(title: str, markdown: str, base: str | os.PathLike) -> str:
             f"{body}\n</body></html>\n")
 
 
+def write_report_pages(out: str | os.PathLike, title: str, markdown: str,
+                       html_text: str | None = None) -> tuple[Path, Path]:
+    """Write a report's two pages into ``out``: ``report.md`` (``markdown``) and
+    ``report.html`` (``html_text``; None: :func:`markdown_page` of the Markdown, its figures
+    embedded).  Every report of the demo is written by this function (:func:`build_report`'s,
+    the uncertainty suite's).  Returns the two paths."""
+    out = Path(out)
+    if html_text is None:
+        html_text = markdown_page(title, markdown, out)
+    return (atomic_write_text(out / "report.md", markdown),
+            atomic_write_text(out / "report.html", html_text))
+
+
 def build_report(
     paths: Iterable[str | os.PathLike] | None = None,
     out_dir: str | os.PathLike = "torchcal-report",
@@ -447,9 +460,9 @@ def build_report(
     html_text = _report_html(title, prose, stamp, len(runs.runs), groups, table_sets,
                              figs, claims_blocks, runs_table, notes, errors)
     doc = _results_doc(stamp, groups, floors, errors, out)
+    report_md, report_html = write_report_pages(out, title, md_text, html_text)
     paths_out = dict(
-        report_md=atomic_write_text(out / "report.md", md_text),
-        report_html=atomic_write_text(out / "report.html", html_text),
+        report_md=report_md, report_html=report_html,
         results_json=atomic_write_json(out / REPORT_RESULTS_FILE, doc, indent=1),
         results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups, out)),
         summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),
