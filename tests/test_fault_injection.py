@@ -331,21 +331,21 @@ def test_a_diverging_run_stops_at_the_first_epoch_with_the_cause(tmp_path, capsy
 
 
 def test_a_run_diverging_later_keeps_its_last_good_checkpoint(tmp_path, monkeypatch):
-    import torchcal.train.trainer as T
     from torchcal.runs import RunDir
     from torchcal.train import get_recipe, train
     from torchcal.train.checkpoint import load_checkpoint
+    from torchcal.train.stacks import SoloModel
 
-    real, calls = T._backward_and_step, []
+    real, calls = SoloModel.step, []
 
-    def poisoned(r, total):  # the weights blow up in the 2nd epoch (after a good 1st)
-        real(r, total)
+    def poisoned(self, *a, **kw):  # the weights blow up in the 2nd epoch (after a good 1st)
+        real(self, *a, **kw)
         calls.append(1)
-        if len(calls) == r.n_batches + 3:
+        if len(calls) == self.r.n_batches + 3:
             with torch.no_grad():
-                next(r.model.parameters()).fill_(float("inf"))
+                next(self.r.model.parameters()).fill_(float("inf"))
 
-    monkeypatch.setattr(T, "_backward_and_step", poisoned)
+    monkeypatch.setattr(SoloModel, "step", poisoned)
     cfg = dataclasses.replace(get_recipe("digits-mlp"), out_dir=str(tmp_path / "run"),
                               epochs=3, progress=False, num_threads=1, device="cpu")
     with pytest.raises(DivergedError, match="diverged in epoch 2: the training loss and the "
@@ -354,7 +354,7 @@ def test_a_run_diverging_later_keeps_its_last_good_checkpoint(tmp_path, monkeypa
     run = RunDir(cfg.out_dir)
     assert [rec["epoch"] for rec in run.read_log()] == [1]
     assert load_checkpoint(run.checkpoint())["epoch"] == 1
-    monkeypatch.setattr(T, "_backward_and_step", real)
+    monkeypatch.setattr(SoloModel, "step", real)
     out = train(dataclasses.replace(cfg, resume=True))  # from the good epoch-1 checkpoint
     assert out["resumed_from"] == 1 and out["epochs"] == 3
 
