@@ -202,7 +202,22 @@ def test_demo_suite_refuses_calibration_options(tmp_path, capsys):
     assert code != 0 and "--losses" in capsys.readouterr().err
     code = main(["demo", "--suite", "uncertainty", "--train-arg", "lr=0.1", "--out", out])
     assert code != 0 and "--train-arg" in capsys.readouterr().err
+    # options the suite has no use for are refused too, not silently ignored
+    for flag in (["--n-bins", "10"], ["--no-pack"]):
+        code = main(["demo", "--suite", "uncertainty", *flag, "--out", out])
+        assert code != 0 and flag[0] in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # refused before the directory is taken
+
+
+def test_no_figures_writes_the_suite_report_without_figures(tmp_path, tiny_suite):
+    """``--no-figures`` is honoured by the suite (it was silently ignored): no PNG, no figure
+    section, nothing embedded in report.html."""
+    out = tmp_path / "out"
+    res = _run_tiny(out, figures=False)
+    assert res.failed == []
+    assert not list(out.glob("*.png"))
+    assert "## Figures" not in (out / "report.md").read_text()
+    assert "data:image/png;base64," not in (out / "report.html").read_text()
 
 
 def _no_units(monkeypatch):

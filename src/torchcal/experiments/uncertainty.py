@@ -54,6 +54,7 @@ from ..train.device import resolve_device
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import uncertainty_report as rep
 from .benchmark import Benchmark, BenchmarkKind, register_benchmark
+from .demo import DemoConfig
 from .runner import Job
 from .training import is_stale
 
@@ -316,11 +317,13 @@ def kirchhof_unit(spec: dict[str, Any]) -> dict[str, Any]:
 # the suite: a benchmark of run_demo
 # ------------------------------------------------------------------------------------------
 def write_suite_report(units: list[dict[str, Any]], out: Path, profile: str,
-                       p: UncertaintyProfile, seconds: float, command: str) -> dict[str, Any]:
+                       p: UncertaintyProfile, seconds: float, command: str,
+                       figures: bool = True) -> dict[str, Any]:
     """Write report.md and report.html (figures embedded; both by the report engine's
     :func:`~torchcal.report.build.write_report_pages`), suite_results.json, results.csv and the
-    figures of a finished suite; returns the summary (suite_results.json's content)."""
-    figures = rep.write_figures(units, out)
+    figures (``figures=False``: none, ``--no-figures``) of a finished suite; returns the summary
+    (suite_results.json's content)."""
+    figures = rep.write_figures(units, out) if figures else []
     sizes = dataclasses.asdict(p)
     summary = {"schema": "torchcal.uncertainty_suite/1", "profile": profile,
                "profile_sizes": sizes, "seconds": seconds, "command": command,
@@ -363,6 +366,13 @@ class _UncertaintySuite(BenchmarkKind):
             if getattr(cfg, name) not in (None, {}, ()):
                 raise ValueError(f"Expected no {flag} with --suite {bench.suite} (an option of "
                                  "the calibration benchmarks)")
+        # options the suite has no use for are refused, not silently ignored
+        if cfg.n_bins != DemoConfig.n_bins:
+            raise ValueError(f"Expected no --n-bins with --suite {bench.suite} (its metrics "
+                             "are rankings and AUROCs, not binned)")
+        if not cfg.pack:
+            raise ValueError(f"Expected no --no-pack with --suite {bench.suite} (its units "
+                             "train one run at a time)")
         extra = sorted(set(cfg.overrides) - {"device"})
         if extra:
             raise ValueError(f"Expected no --train-arg with --suite {bench.suite} (its units "
@@ -386,7 +396,7 @@ class _UncertaintySuite(BenchmarkKind):
                ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         command = cfg.command or f"torchcal demo --suite {bench.suite} --{cfg.profile}"
         summary = write_suite_report(results, out, cfg.profile, self._sizes(cfg, bench),
-                                     seconds, command)
+                                     seconds, command, figures=cfg.figures)
         return summary, [(r["name"], r["error"]) for r in results if r.get("error")]
 
     def summary(self, result: Any) -> str:

@@ -520,7 +520,8 @@ def report_markdown(units: list[dict[str, Any]], *, profile: str, p: dict[str, A
     parts += ["## Cache and stop-gradient", "", timing_table(units), "",
               "## Multi-task weighting (test set, mean ± sd over seeds)", "",
               kendall_table(units), ""]
-    parts += ["## Figures", ""] + [f"![{f}]({f})" for f in figures] + [""]
+    if figures:
+        parts += ["## Figures", ""] + [f"![{f}]({f})" for f in figures] + [""]
     if failed:
         parts += ["## Units that failed", ""]
         parts += [f"- {u.get('kind')} seed {u.get('seed')} {u.get('arm', '')}: "
