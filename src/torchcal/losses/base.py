@@ -191,6 +191,11 @@ class CalibrationLoss(nn.Module):
     #: Attributes that hold per-run state which ``forward`` never reads (history kept for the
     #: log), allowed outside the buffers by :meth:`pack_problem`.
     unread_state: ClassVar[tuple[str, ...]] = ()
+    #: False for a loss whose vmapped call rounds differently from a single call (MMCE: its
+    #: weighted kernel sum over the batch runs as a batched product): packed training then
+    #: calls each member's loss on its own rows, so that a packed run equals its separate run
+    #: bit for bit on the CPU.
+    vmap_rounds_alike: ClassVar[bool] = True
 
     def pack_problem(self) -> str | None:
         """Why this loss cannot be evaluated for several packed runs in one vmapped call (None:

@@ -31,6 +31,8 @@ class MMCELoss(CalibrationLoss):
         tensor(0.2201)
     """
 
+    vmap_rounds_alike = False  # the weighted kernel sum rounds otherwise when vmapped
+
     published_reduction = "sum"
 
     lam: float

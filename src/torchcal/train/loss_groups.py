@@ -9,6 +9,10 @@ groups the members whose losses share a class and its hyperparameters (their red
 state in which they differ) are stacked along a leading member dimension, the Python state they
 share (the epoch of a scheduled loss) is that of a template copy of the first member's loss.
 The cost of a step's losses then grows with the number of loss configurations, not of members.
+A group of one member calls its loss directly (``functional_call`` without ``vmap``: vmap's
+fixed cost, about 0.5 ms a call on a CPU, bought nothing there), and a loss whose vmapped call
+rounds otherwise than a single call (``vmap_rounds_alike = False``: MMCE) is a group of one in
+every pack, so that on the CPU every packed run equals its separate run bit for bit.
 
 The state stacks are refreshed from the members' own modules by :meth:`LossGroups.refresh`,
 which the engine calls after every hook that may change them (``set_epoch``, ``on_validation``,
@@ -51,12 +55,15 @@ def _buffers(loss: nn.Module) -> dict[str, torch.Tensor]:
     return {n: b for n, b in loss.named_buffers() if b is not None}
 
 
-def _key(loss: CalibrationLoss) -> tuple[Any, ...]:
+def _key(loss: CalibrationLoss, m: int) -> tuple[Any, ...]:
     """What members of one group share: class, hyperparameters, reduction, ignore_index, and
-    the names, shapes and dtypes of the buffers they hold (None buffers left out)."""
+    the names, shapes and dtypes of the buffers they hold (None buffers left out); a loss
+    whose vmapped call rounds otherwise (``vmap_rounds_alike = False``) is a group of its own
+    (member ``m``)."""
     bufs = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in _buffers(loss).items())
     hyper = tuple((k, repr(v)) for k, v in loss.hyperparameters.items())
-    return (type(loss), hyper, loss.reduction, loss.ignore_index, bufs)
+    alone = None if getattr(loss, "vmap_rounds_alike", True) else m
+    return (type(loss), hyper, loss.reduction, loss.ignore_index, bufs, alone)
 
 
 class _Group:
@@ -90,6 +97,8 @@ class _Group:
         return functional_call(self.template, {**state, **shared}, (z, y))
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if len(self.index) == 1:  # one member: its loss called as a separate run calls it
+            return self._one(self.state, self.shared, logits[0], labels[0]).reshape(1)
         return vmap(self._one, in_dims=(0, None, 0, 0), randomness="error")(
             self.state, self.shared, logits, labels)
 
@@ -128,7 +137,7 @@ class LossGroups:
             if why is not None:
                 self.unbatched[m] = why
             else:
-                by_key.setdefault(_key(loss), []).append(m)
+                by_key.setdefault(_key(loss, m), []).append(m)
         self.groups = [_Group(ix, [self.losses[m] for m in ix], self.device)
                        for ix in by_key.values()]
         order = [m for g in self.groups for m in g.index] + sorted(self.unbatched)
@@ -143,8 +152,8 @@ class LossGroups:
         buffers no longer share names and shapes, e.g. a buffer set by a first validation)."""
         if self._single:
             return
-        keys = {m: _key(ls) for m, ls in enumerate(self.losses) if m not in self.unbatched}
-        grouped = {m: _key(g.losses[0]) for g in self.groups for m in g.index}
+        keys = {m: _key(ls, m) for m, ls in enumerate(self.losses) if m not in self.unbatched}
+        grouped = {m: _key(g.losses[0], g.index[0]) for g in self.groups for m in g.index}
         if keys != grouped:
             self._build()
             return
