@@ -1,8 +1,10 @@
 """The architecture rules, measured from the source by ``tools/check_architecture.py`` (``ast``
 only; its docstring has the layer diagram), so that they stay true: imports only point down the
 layers, ``argparse`` only under ``cli/``, no function body over 80 lines, each run-directory file
-name in ``torchcal/runs.py`` only, and every import inside a function says why.  Each checker is
-also shown to fail on a small package written here.
+name in ``torchcal/runs.py`` only, every import inside a function says why, no private module or
+name of another unit is imported, no package's modules import one another in a circle, and no
+module imports a private name of another module of its package.  Each checker is also shown to
+fail on a small package written here.
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
 another checkout).
@@ -62,7 +64,7 @@ def test_no_private_import_across_units(result):
     assert not result["private imports"], "\n".join(result["private imports"])
 
 
-def test_no_private_name_across_the_modules_of_train(result):
+def test_no_private_name_across_the_modules_of_a_package(result):
     assert not result["private names inside a package"], \
         "\n".join(result["private names inside a package"])
 
@@ -104,6 +106,7 @@ def _package(tmp_path: Path, where: str, source: str) -> Path:
     for sub in ("train", "metrics", "report", "cli"):
         (pkg / sub).mkdir()
         (pkg / sub / "__init__.py").write_text("")
+        (pkg / sub / "_own.py").write_text("")  # a private module: the package's internals
     (pkg / where / "bad.py").write_text(source)
     return tmp_path
 
@@ -148,10 +151,22 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
          "imports torchcal.metrics._x"),
         ("train", "from .. import _io\n", None, None),  # a layer-1 module: shared
         ("train", "from .._validation import check_scalar\n", None, None),  # layer 1: shared
-        ("metrics", "from ._own import x\nfrom .other import _y\n", None, None),  # its own unit
-        # train/ is one engine: its modules share no private name (rule 8)
+        ("metrics", "from ._own import x\n", None, None),  # its own unit's private module
+        # no module shares a private name with another of its package (rule 8), in any package
         ("train", "from ._own import x\nfrom .other import _y\n",
          "private names inside a package", "imports _y from torchcal.train.other"),
+        ("metrics", "from ._own import x\nfrom .other import _y\n",
+         "private names inside a package", "imports _y from torchcal.metrics.other"),
+        ("metrics", "from ._own import _y\n",  # a private module's underscore name
+         "private names inside a package", "imports _y from torchcal.metrics._own"),
+        ("metrics", "from . import _x\n",  # a name of the package's __init__, not a module
+         "private names inside a package", "imports _x from torchcal.metrics"),
+        ("metrics", "from . import _own\n_own._y()\n",  # read through the module
+         "private names inside a package", "uses _y of torchcal.metrics._own"),
+        ("metrics", "import torchcal.metrics._own as o\no._y()\n",
+         "private names inside a package", "uses _y of torchcal.metrics._own"),
+        ("metrics", "from . import _own\nfrom ._own import x\n_own.y()\n", None, None),
+        ("report", "def f():\n    from ..report._own import y  # why\n", None, None),
         ("train", "def f():\n    from .trainer import _build  # why\n",
          "private names inside a package", "imports _build from torchcal.train.trainer"),
         ("train", "from .other import __all__\n", None, None),  # a dunder
@@ -162,8 +177,10 @@ def test_checker_catches_violations(tmp_path, where, source, rule, expected):
     """Each checker can fail: an upward import (also inside a function or as ``from .. import``),
     a layer-5 sibling import, argparse outside cli/, an 81-line function, a run-directory name
     outside runs.py (a literal, an f-string part, a joined directory), a private module or name
-    of another unit (also as ``import`` or inside a function); docstrings, help text, plain
-    words, the layer-1 modules, a unit's own private names and dunders pass."""
+    of another unit (also as ``import`` or inside a function), a private name of another module
+    of the same package (imported, or read through the imported module; in any package);
+    docstrings, help text, plain words, the layer-1 modules, a package's private modules and
+    their public names, and dunders pass."""
     result = arch.check(_package(tmp_path, where, source))
     found = {k: v for k, v in result.items() if v}
     if rule is None:

@@ -38,10 +38,14 @@ It prints one line per rule with its count, then every violation:
    deferred import hides a circle, it does not remove it); a package's ``__init__`` is not
    counted (it re-exports its modules).
 
-8. **private names inside a package**: in the packages of :data:`PRIVATE_ACROSS_MODULES`
-   (``train/``: one engine whose steps are public), no module imports a leading-underscore name
-   from another module of its own package (``from .trainer import _build``): what a sibling
-   module needs is public there.
+8. **private names inside a package**: no module imports a leading-underscore name from
+   another module of its own package (``from .trainer import _build``,
+   ``from ._loss_utils import _as_index``, ``from ..data.digits import _check_seed``), nor
+   reads one through a sibling module it imports (``from . import basic`` then
+   ``basic._brier_apply``): what a sibling module needs is public there.  A leading-underscore
+   *module* (``functional/_loss_utils.py``, ``data/_base.py``) is its package's shared
+   internals: its siblings import it (``from . import _loss_utils``) and its public names
+   (``from ._base import split_indices``), never its underscore names.
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -51,7 +55,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 LAYERS = {
@@ -176,10 +180,6 @@ def layer_violations(module: str, path: Path, tree: ast.AST, rel: Path
     return upward, argparse_uses
 
 
-#: Packages whose modules import no leading-underscore name from each other (rule 8).
-PRIVATE_ACROSS_MODULES = frozenset({"train"})
-
-
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -211,23 +211,33 @@ def private_imports(module: str, path: Path, tree: ast.AST, rel: Path) -> list[s
     return out
 
 
-def private_names_across_modules(module: str, path: Path, tree: ast.AST, rel: Path
-                                 ) -> list[str]:
-    """Rule 8: imports of a leading-underscore name from another module of the same package
-    (in :data:`PRIVATE_ACROSS_MODULES`)."""
+def private_names_across_modules(module: str, path: Path, tree: ast.AST, rel: Path,
+                                 mods: Collection[str]) -> list[str]:
+    """Rule 8: leading-underscore names of another module of the same package (``mods``: every
+    module name), imported (``from .x import _y``) or read through an imported sibling module
+    (``from . import x`` then ``x._y``).  Importing a module, private or not, is no violation."""
     u = unit(module)
-    if u not in PRIVATE_ACROSS_MODULES:
-        return []
     out = []
+    siblings: dict[str, str] = {}  # local name -> a module of the package imported whole
     for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            siblings.update((a.asname, a.name) for a in node.names
+                            if a.asname and unit(a.name) == u and a.name != module)
+            continue
         if not isinstance(node, ast.ImportFrom):
             continue
         target = from_target(module, path, node)
-        if unit(target) != u or target == module:
+        if unit(target) != u:
             continue
         for a in node.names:
-            if _private(a.name):
+            if f"{target}.{a.name}" in mods:  # a module (``from . import _loss_utils``)
+                siblings[a.asname or a.name] = f"{target}.{a.name}"
+            elif target != module and _private(a.name):
                 out.append(f"{rel}:{node.lineno} ({u}) imports {a.name} from {target}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in siblings and _private(node.attr)):
+            out.append(f"{rel}:{node.lineno} ({u}) uses {node.attr} of {siblings[node.value.id]}")
     return out
 
 
@@ -378,7 +388,8 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "private imports": [], "circular imports": [],
                                  "private names inside a package": []}
     spelled: dict[str, list[str]] = {}
-    for module, path in modules(src):
+    mods = dict(modules(src))
+    for module, path in mods.items():
         rel = path.relative_to(src)
         text = path.read_text(encoding="utf-8")
         tree = ast.parse(text, filename=str(path))
@@ -388,12 +399,12 @@ def check(src: Path) -> dict[str, list[str]]:
         out["argparse"] += uses
         out["function length"] += long_functions(tree, rel)
         out["private imports"] += private_imports(module, path, tree, rel)
-        out["private names inside a package"] += private_names_across_modules(module, path,
-                                                                              tree, rel)
+        out["private names inside a package"] += private_names_across_modules(
+            module, path, tree, rel, mods)
         if module != RUN_DIR_OWNER:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")
-    out["circular imports"] = import_circles(dict(modules(src)))
+    out["circular imports"] = import_circles(mods)
     for name, where in sorted(spelled.items()):
         out["run-directory names"].append(f"{name!r} outside {RUN_DIR_OWNER}: {'; '.join(where)}")
     return out

@@ -473,7 +473,7 @@ def test_sync_free_target_path_equals_the_checked_path(name, monkeypatch):
         calls.append(1)
         return True
 
-    monkeypatch.setattr(LU, "_sync_free", forced)
+    monkeypatch.setattr(LU, "sync_free", forced)
     for tt, (v_ref, g_ref) in zip((t, t_ign), ref, strict=True):
         xr = x.clone().requires_grad_(True)
         fn(xr, tt, reduction="sum").backward()

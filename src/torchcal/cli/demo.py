@@ -26,7 +26,7 @@ from ..train import get_recipe
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss
 from ._args import nonneg_float as _nonneg_float
 from ._args import positive_int as _positive_int
-from .report import _print_tail
+from .report import print_tail
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo", "register", "parse_seeds",
            "parse_demo_loss_args", "cmd_demo"]
@@ -138,7 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     res = run_demo(cfg, executor)
     kind = get_benchmark(dataset).kind
     if kind is None:  # the calibration benchmarks: the report's tail, the wall time, the claims
-        _print_tail(res.report, res.out_dir)
+        print_tail(res.report, res.out_dir)
         print(f"Wall time: {res.seconds:.0f} s (start-up and report writing included) for "
               f"{sum(g.predictor == 'run' for g in res.report.groups)} loss(es) x "
               f"{len(res.config.seeds)} seed(s) with {res.config.workers} worker(s).")

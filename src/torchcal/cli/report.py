@@ -18,11 +18,13 @@ from ..report.build import build_report, prepare_report_dir
 from ._args import PERCENT_NOTE
 from ._args import positive_int as _positive_int
 
-__all__ = ["register", "cmd_report", "prepare_report_dir"]
+__all__ = ["register", "cmd_report", "prepare_report_dir", "print_tail"]
 
 
 
-def _print_tail(rep, out_dir: Path) -> None:
+def print_tail(rep, out_dir: Path) -> None:
+    """Print a built report's text and where its files are (after ``torchcal report`` and
+    ``torchcal demo``)."""
     print()
     print(rep.text)
     print(f"Report: {rep.report_md}")
@@ -39,7 +41,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                            mix_checkpoints=args.mix_checkpoints)
     for _path, msg in rep.errors:
         print(f"torchcal report: error: {msg}", file=sys.stderr)
-    _print_tail(rep, Path(args.out))
+    print_tail(rep, Path(args.out))
     return 1 if rep.errors else 0
 
 

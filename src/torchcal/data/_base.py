@@ -17,7 +17,8 @@ from torch.utils.data import Dataset
 
 from .._validation import check_scalar
 
-__all__ = ["ArrayDataset", "DataSplits", "split_indices", "stratified_holdout"]
+__all__ = ["ArrayDataset", "DataSplits", "split_indices", "stratified_holdout",
+           "check_fraction"]
 
 #: Normalisation of CIFAR-10 and CIFAR-100 in the papers' code (REFERENCE §6).
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -111,7 +112,8 @@ def default_root(root: str | os.PathLike | None = None) -> Path:
     return Path(os.environ.get("TORCHCAL_DATA_ROOT", "data"))
 
 
-def _check_fraction(val_fraction: float) -> float:
+def check_fraction(val_fraction: float) -> float:
+    """``val_fraction`` checked to be a float in (0, 1)."""
     return check_scalar(val_fraction, "val_fraction", float, min_val=0.0, max_val=1.0,
                         include_boundaries="neither", expected="in (0, 1)")
 
@@ -134,7 +136,7 @@ def split_indices(n: int, val_fraction: float = 0.1, seed: int = 1) -> tuple[np.
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 2:
         raise ValueError(f"Expected at least 2 training samples to split, got {n!r}")
-    frac = _check_fraction(val_fraction)
+    frac = check_fraction(val_fraction)
     perm = np.arange(n, dtype=np.int64)
     np.random.RandomState(seed).shuffle(perm)
     n_val = min(max(int(math.floor(frac * n)), 1), n - 1)

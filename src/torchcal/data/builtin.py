@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._base import CIFAR_MEAN, CIFAR_STD, DataSplits, _check_fraction, default_root, split_indices
+from ._base import CIFAR_MEAN, CIFAR_STD, DataSplits, check_fraction, default_root, split_indices
 from .cifar import load_cifar, load_cifar10c
 from .digits import load_digits_ood, load_digits_splits
 from .imagenet import load_imagenet_splits
@@ -39,7 +39,7 @@ def _digits(root: Path | None, *, download: bool, seed: int, val_fraction: float
             **opts: Any) -> DataSplits:
     """The ``digits`` splits, with ``split`` derived from ``val_fraction`` unless given."""
     if "split" not in opts:
-        vf = _check_fraction(val_fraction)
+        vf = check_fraction(val_fraction)
         if vf >= 0.7:
             raise ValueError(f"Expected `val_fraction` < 0.7 for digits (30% is the test split), got {val_fraction!r}")
         opts["split"] = (round(0.7 - vf, 12), vf, 0.3)

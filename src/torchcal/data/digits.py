@@ -30,10 +30,11 @@ import torch
 from .._validation import check_scalar
 from ._base import ArrayDataset, DataSplits
 
-__all__ = ["load_digits_splits", "load_digits_ood"]
+__all__ = ["load_digits_splits", "load_digits_ood", "check_seed"]
 
 
-def _check_seed(seed) -> int:
+def check_seed(seed) -> int:
+    """``seed`` checked to be a non-negative int."""
     return check_scalar(seed, "seed", int, min_val=0)
 
 
@@ -66,7 +67,7 @@ def load_digits_splits(seed: int = 0, noise_std: float = 0.5, n_copies: int = 5,
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     std = check_scalar(noise_std, "noise_std", float, min_val=0.0)
     n_copies = check_scalar(n_copies, "n_copies", int, min_val=1)
     fr = [float(f) for f in split] if isinstance(split, (list, tuple)) else []
@@ -112,7 +113,7 @@ def load_digits_ood(seed: int = 0, noise_std: float = 0.5, n: int = 1000,
     # deferred: scikit-learn is slow to import: only when the data set is built (start-up time)
     from sklearn.datasets import load_sample_images
 
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     std = check_scalar(noise_std, "noise_std", float, min_val=0.0)
     n = check_scalar(n, "n", int, min_val=1)
     downscale = check_scalar(downscale, "downscale", int, min_val=1)

@@ -49,7 +49,7 @@ import torch
 from .._io import atomic_write_bytes
 from .._validation import check_positive_int
 from ._base import ArrayDataset, DataSplits, default_root
-from .digits import _check_seed as check_seed
+from .digits import check_seed
 
 __all__ = ["load_mnist1d_splits", "load_mnist1d_ood", "generate_mnist1d", "mnist1d_cache_path",
            "MNIST1D_SIZES", "MNIST1D_SEED"]

@@ -34,11 +34,11 @@ from ..runs import RunDir
 from ..train.packed import pack_groups, train_packed
 from .runner import Job, Resources, set_threads
 from .training import (
-    _clear_run_dir,
-    _meta,
+    clear_run_dir,
     is_finished,
     is_stale,
     resolve_spec,
+    run_meta,
     train_config,
     train_job,
 )
@@ -106,7 +106,7 @@ def _train_members(runs: list[Mapping[str, Any]], todo: list[int],
     res = train_packed([train_config(runs[i]) for i in todo])
     retry = [i for i, r in zip(todo, res, strict=True) if isinstance(r, CheckpointError)]
     for i in retry:
-        _clear_run_dir(Path(runs[i]["run_dir"]))
+        clear_run_dir(Path(runs[i]["run_dir"]))
     if retry:
         again = dict(zip(retry, train_packed([train_config(runs[i]) for i in retry]),
                          strict=True))
@@ -117,7 +117,7 @@ def _train_members(runs: list[Mapping[str, Any]], todo: list[int],
                 raise r
             if not RunDir(runs[i]["run_dir"]).results().is_file():
                 evaluate_saved_logits(runs[i]["run_dir"], n_bins=runs[i]["n_bins"],
-                                      meta=_meta(runs[i]))
+                                      meta=run_meta(runs[i]))
         except Exception as exc:  # noqa: BLE001 - this run failed, the others are reported
             _error(out[i], exc)
 
@@ -140,7 +140,7 @@ def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
                 run_dir, config = Path(s["run_dir"]), train_config(s)
                 stack.enter_context(exclusive_lock(run_dir))  # held until evaluated
                 if is_stale(run_dir, config):
-                    _clear_run_dir(run_dir)
+                    clear_run_dir(run_dir)
                 elif is_finished(run_dir, config):
                     out[i]["skipped"] = True
                     continue

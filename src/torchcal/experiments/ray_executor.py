@@ -36,10 +36,10 @@ from .runner import (
     ExecutorType,
     Job,
     OnDone,
-    _sigterm_interrupts,
     call_job,
     failed_result,
     register_executor,
+    sigterm_interrupts,
 )
 
 __all__ = ["RayExecutor", "ray_available", "check_ray_address", "CONNECT_TIMEOUT"]
@@ -230,7 +230,7 @@ class RayExecutor:
         started = self._init(ray)
         reaper = _Reaper(before) if started and self.address is None and linux else None
         try:
-            with _sigterm_interrupts():
+            with sigterm_interrupts():
                 task = ray.remote(_ray_task)
                 refs = {}
                 for job in jobs:

@@ -38,7 +38,8 @@ from .._registry import Registry
 from ..errors import one_line_warnings
 
 __all__ = ["Resources", "Job", "Executor", "LocalExecutor", "run_sweep", "failed_result",
-           "set_threads", "ExecutorType", "EXECUTORS", "register_executor", "make_executor"]
+           "set_threads", "ExecutorType", "EXECUTORS", "register_executor", "make_executor",
+           "sigterm_interrupts"]
 
 #: ``on_done(job, result)``: what an executor calls once per finished job (in the caller's process).
 OnDone = Callable[["Job", dict[str, Any]], None]
@@ -182,7 +183,7 @@ class LocalExecutor:
                                      initargs=(self.warning_prefix, os.getpid()))
             futs = {ex.submit(_call_in_worker, j.fn, j.spec, j.name): j for j in jobs}
         try:
-            with _sigterm_interrupts():
+            with sigterm_interrupts():
                 pending = set(futs)
                 while pending:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -342,7 +343,7 @@ def _call_in_worker(fn: Callable[[Mapping[str, Any]], dict[str, Any]], spec: Map
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
+def sigterm_interrupts() -> Iterator[None]:
     """SIGTERM raises ``KeyboardInterrupt`` in the block (main thread only), so ``kill PID`` of a
     sweep stops its workers as Ctrl-C does instead of leaving them training."""
     if threading.current_thread() is not threading.main_thread():

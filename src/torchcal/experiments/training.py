@@ -41,7 +41,8 @@ from ..train import TrainConfig, get_recipe, train
 from ..train.config import changed_fields
 from .runner import Job, Resources, set_threads
 
-__all__ = ["train_config", "resolve_spec", "train_job", "run_job", "is_stale", "is_finished"]
+__all__ = ["train_config", "resolve_spec", "train_job", "run_job", "is_stale", "is_finished",
+           "clear_run_dir", "run_meta"]
 
 
 def train_config(spec: Mapping[str, Any]) -> TrainConfig:
@@ -168,7 +169,7 @@ def is_finished(run_dir: str | Path, config: TrainConfig) -> bool:
         return False
 
 
-def _clear_run_dir(run_dir: Path) -> None:
+def clear_run_dir(run_dir: Path) -> None:
     """Remove what a run directory holds except the lock file of its owner (this process)."""
     for p in run_dir.iterdir():
         if p.name == LOCK_NAME:
@@ -198,7 +199,7 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
         config = train_config(spec)
         with exclusive_lock(run_dir):  # this process owns the run until it is evaluated
             if is_stale(run_dir, config):
-                _clear_run_dir(run_dir)  # this sweep's directory, from a run with other settings
+                clear_run_dir(run_dir)  # this sweep's directory, from a run with other settings
             elif is_finished(run_dir, config):
                 out["skipped"] = True
                 out["seconds"] = time.perf_counter() - t0
@@ -208,10 +209,10 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
             except CheckpointError:
                 # the run directory holds a run of other settings or a broken checkpoint:
                 # never report it under these settings, train afresh
-                _clear_run_dir(run_dir)
+                clear_run_dir(run_dir)
                 train(train_config(spec))
             if not RunDir(run_dir).results().is_file():
-                evaluate_saved_logits(run_dir, n_bins=spec["n_bins"], meta=_meta(spec))
+                evaluate_saved_logits(run_dir, n_bins=spec["n_bins"], meta=run_meta(spec))
     except Exception as exc:  # reported, the other runs go on
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()
@@ -219,7 +220,9 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _meta(spec: Mapping[str, Any]) -> dict[str, Any]:
+def run_meta(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``meta`` of one run's results: its config's (dataset and model default to the
+    sweep's digits MLP) with the spec's loss, loss arguments, seed and recipe."""
     p = RunDir(spec["run_dir"]).config
     meta = meta_from_config(p) if p.is_file() else {}
     meta.setdefault("dataset", "digits")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ._common import no_autocast
 
 __all__ = ["check_loss_args", "check_target_range", "target_log_probs", "reduce_loss", "flat_rows",
-           "unflat_rows", "REDUCTIONS"]
+           "unflat_rows", "REDUCTIONS", "compute_dtype", "as_compute", "as_index", "sync_free"]
 
 #: The values of every loss' ``reduction``: as ``F.cross_entropy``'s.
 REDUCTIONS = ("mean", "sum", "none")
@@ -54,16 +54,17 @@ def check_loss_args(input: torch.Tensor, target: torch.Tensor, reduction: str) -
         raise ValueError(f"Expected `reduction` to be one of {REDUCTIONS}, got {reduction!r}")
 
 
-def _compute_dtype(input: torch.Tensor) -> torch.dtype:
+def compute_dtype(input: torch.Tensor) -> torch.dtype:
+    """The dtype a loss computes in: float64 for float64 ``input``, float32 otherwise."""
     return torch.float64 if input.dtype == torch.float64 else torch.float32
 
 
-def _as_compute(input: torch.Tensor) -> torch.Tensor:
+def as_compute(input: torch.Tensor) -> torch.Tensor:
     """``input`` in its computation dtype (float32; float64 stays), without a no-op call."""
     return input if input.dtype in (torch.float32, torch.float64) else input.float()
 
 
-def _as_index(target: torch.Tensor) -> torch.Tensor:
+def as_index(target: torch.Tensor) -> torch.Tensor:
     """``target`` as int64 indices, without a no-op call."""
     return target if target.dtype == torch.int64 else target.long()
 
@@ -88,15 +89,15 @@ def target_log_probs(
     """
     c = input.shape[1]
     with no_autocast(input):
-        log_p = torch.log_softmax(_as_compute(input), dim=1)
-    if _sync_free(target):
+        log_p = torch.log_softmax(as_compute(input), dim=1)
+    if sync_free(target):
         return _target_log_probs_async(log_p, target, ignore_index, validate_args)
     if not 0 <= ignore_index < c:
         # Fast path, no extra op: on the CPU ``gather`` checks every index itself, so when it
         # succeeds all targets are in [0, C): nothing is ignored and nothing is out of range.
         # Otherwise (ignored entries or a bad target) the careful path below finds which.
         try:
-            log_p_y = log_p.gather(1, _as_index(target).unsqueeze(1)).squeeze(1)
+            log_p_y = log_p.gather(1, as_index(target).unsqueeze(1)).squeeze(1)
         except RuntimeError:
             pass
         else:
@@ -104,7 +105,7 @@ def target_log_probs(
     # Ignored entries (or a bad target): ``nll_loss`` reads log p_y with 0 at ignored entries
     # and checks the others' range itself, in one op.
     try:
-        log_p_y = F.nll_loss(log_p, _as_index(target), reduction="none",
+        log_p_y = F.nll_loss(log_p, as_index(target), reduction="none",
                              ignore_index=ignore_index).neg()
     except (RuntimeError, IndexError) as e:
         error = e
@@ -128,7 +129,7 @@ def check_target_range(target: torch.Tensor, c: int, ignore_index: int) -> None:
         )
 
 
-def _sync_free(target: torch.Tensor) -> bool:
+def sync_free(target: torch.Tensor) -> bool:
     """On an accelerator the target checks must not wait for the device (no host sync per
     training step), and inside ``torch.compile`` they must not read host values (no graph break,
     no data-dependent guard); in eager mode on the CPU a sync is free and gives a precise error
@@ -169,7 +170,7 @@ def _target_log_probs_async(log_p, target, ignore_index, validate_args):
             torch._assert_async(~bad.any())
     valid = ~ignored
     safe_target = torch.where(valid, target, torch.zeros_like(target))
-    log_p_y = log_p.gather(1, _as_index(safe_target).unsqueeze(1)).squeeze(1)
+    log_p_y = log_p.gather(1, as_index(safe_target).unsqueeze(1)).squeeze(1)
     log_p_y = torch.where(valid, log_p_y, torch.zeros_like(log_p_y))
     return log_p, log_p_y, safe_target, valid
 

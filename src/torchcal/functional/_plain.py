@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ._common import check_hyper, no_autocast
-from ._loss_utils import _compute_dtype, reduce_loss, target_log_probs
+from ._loss_utils import compute_dtype, reduce_loss, target_log_probs
 
 __all__ = ["rows", "row_log_probs", "scaled_log_probs", "check_temperature", "kept_mask",
            "kept_count", "check_batch_reduction", "batch_reduce", "weighted_ce", "WeightFn"]
@@ -48,7 +48,7 @@ def check_temperature(temperature: Any, name: str = "temperature") -> float | to
 
 def scaled_log_probs(input: torch.Tensor, temperature: float | torch.Tensor) -> torch.Tensor:
     """Rows of ``log_softmax(input / T)`` in the computation dtype (float32, float64 kept)."""
-    x = rows(input).to(_compute_dtype(input))
+    x = rows(input).to(compute_dtype(input))
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.to(device=x.device, dtype=x.dtype)
     return torch.log_softmax(x / temperature, dim=1)

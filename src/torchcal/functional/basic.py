@@ -9,8 +9,8 @@ from torch.autograd.function import once_differentiable
 from . import _loss_utils
 from ._common import check_alpha, no_autocast
 from ._loss_utils import (
-    _as_compute,
-    _as_index,
+    as_compute,
+    as_index,
     check_loss_args,
     check_target_range,
     flat_rows,
@@ -19,7 +19,7 @@ from ._loss_utils import (
     unflat_rows,
 )
 
-__all__ = ["cross_entropy", "label_smoothing_loss", "brier_loss", "SPREADS"]
+__all__ = ["cross_entropy", "label_smoothing_loss", "brier_loss", "SPREADS", "brier_apply"]
 
 SPREADS = ("others", "uniform")
 
@@ -53,12 +53,12 @@ def _torch_cross_entropy(input: torch.Tensor, target: torch.Tensor, reduction: s
     ``check_loss_args``)."""
     try:  # F.cross_entropy checks the target range itself (no extra op)
         with no_autocast(input):
-            return F.cross_entropy(_as_compute(input), _as_index(target),
+            return F.cross_entropy(as_compute(input), as_index(target),
                                    reduction=reduction, ignore_index=ignore_index,
                                    label_smoothing=label_smoothing)
     except (RuntimeError, IndexError) as e:
         error = e
-    if validate_args and not _loss_utils._sync_free(target):
+    if validate_args and not _loss_utils.sync_free(target):
         check_target_range(target, input.shape[1], ignore_index)  # the clear error
     raise error
 
@@ -137,7 +137,7 @@ class _BrierFunction(torch.autograd.Function):
                                                   validate_args=validate_args)
         d = flat_rows(log_p).exp()
         lp1 = lp.reshape(-1)
-        y = _as_index(safe).reshape(-1, 1)
+        y = as_index(safe).reshape(-1, 1)
         d = d.scatter(1, y, torch.expm1(lp1).unsqueeze(1))
         b = torch.linalg.vector_norm(d, dim=1).square()  # one fast pass (vecdot is mul + sum)
         m = b + torch.expm1(lp1)  # B - q
@@ -183,8 +183,8 @@ class _BrierFunction(torch.autograd.Function):
         return unflat_rows(gx, ctx.shape), None, None, None, None
 
 
-def _brier_apply(x: torch.Tensor, target: torch.Tensor, ignore_index: int, validate_args: bool,
-                 bsce_gamma: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def brier_apply(x: torch.Tensor, target: torch.Tensor, ignore_index: int, validate_args: bool,
+                bsce_gamma: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-entry Brier (or BSCE, ``bsce_gamma``) loss and the valid mask (None: all valid)."""
     loss, valid, *_ = _BrierFunction.apply(x, target, ignore_index, validate_args, bsce_gamma)
     return loss, (valid if valid.numel() else None)
@@ -212,5 +212,5 @@ def brier_loss(
     """
     check_loss_args(input, target, reduction)
     with no_autocast(input):
-        loss, valid = _brier_apply(_as_compute(input), target, ignore_index, validate_args, None)
+        loss, valid = brier_apply(as_compute(input), target, ignore_index, validate_args, None)
         return reduce_loss(loss, valid, reduction)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._common import check_hyper, no_autocast, safe_pow
-from ._loss_utils import _as_index, check_loss_args, reduce_loss, target_log_probs
+from ._loss_utils import as_index, check_loss_args, reduce_loss, target_log_probs
 
 __all__ = ["dual_focal_loss", "dual_focal_weight", "log_p_below"]
 
@@ -82,7 +82,7 @@ def dual_focal_loss(
     with no_autocast(input):
         log_p, _, safe, valid = target_log_probs(input, target, ignore_index,
                                                  validate_args=validate_args)
-        return reduce_loss(dual_focal_terms(log_p, _as_index(safe), gamma), valid, reduction)
+        return reduce_loss(dual_focal_terms(log_p, as_index(safe), gamma), valid, reduction)
 
 
 @torch.no_grad()

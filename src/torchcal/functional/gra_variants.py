@@ -25,7 +25,7 @@ from ._common import check_hyper
 from ._loss_utils import check_loss_args
 from ._plain import rows, weighted_ce
 from .focal import FLSD53, check_schedule
-from .gradient_weighted import _check_beta, brier_uncertainty
+from .gradient_weighted import brier_uncertainty, check_beta
 
 __all__ = ["tlbs_loss", "sample_dependent_focal_gra_loss", "bsce_adaptive_gra_loss",
            "consistency_loss"]
@@ -111,7 +111,7 @@ def bsce_adaptive_gra_loss(
         tensor(0.2451)
     """
     check_loss_args(input, target, reduction)
-    beta = _check_beta(beta)
+    beta = check_beta(beta)
     thr, gam = check_schedule(thresholds, gammas)
 
     def weight(log_p, y):

@@ -23,14 +23,14 @@ import torch
 
 from ._common import check_hyper, no_autocast, safe_pow
 from ._loss_utils import (
-    _as_compute,
-    _as_index,
-    _compute_dtype,
+    as_compute,
+    as_index,
     check_loss_args,
+    compute_dtype,
     reduce_loss,
     target_log_probs,
 )
-from .basic import _brier_apply
+from .basic import brier_apply
 
 __all__ = [
     "gradient_weighted_loss",
@@ -39,10 +39,12 @@ __all__ = [
     "bsce_loss",
     "focal_gra_loss",
     "dual_focal_gra_loss",
+    "check_beta",
 ]
 
 
-def _check_beta(beta) -> float:
+def check_beta(beta) -> float:
+    """``beta``, the norm order of the gradient-weighted losses, checked to be positive."""
     return check_hyper(beta, "beta", positive=True)  # the norm order
 
 
@@ -74,7 +76,7 @@ def gradient_weighted_loss(
                 f"Expected `weight` of the target's shape {tuple(target.shape)}, "
                 f"got {tuple(weight.shape)}"
             )
-        w = weight.detach().to(device=input.device, dtype=_compute_dtype(input))
+        w = weight.detach().to(device=input.device, dtype=compute_dtype(input))
         if (validate_args and w.numel() and not torch.compiler.is_compiling()
                 and not bool(torch.isfinite(w).all())):
             raise ValueError("Expected `weight` to be finite")
@@ -137,11 +139,11 @@ def bsce_gra_loss(
         tensor(0.3466)
     """
     check_loss_args(input, target, reduction)
-    beta = _check_beta(beta)
+    beta = check_beta(beta)
     gamma = check_hyper(gamma, "gamma")
 
     def weight(log_p, lp, safe):
-        d = log_p.exp().scatter(1, _as_index(safe).unsqueeze(1), torch.expm1(lp).unsqueeze(1))
+        d = log_p.exp().scatter(1, as_index(safe).unsqueeze(1), torch.expm1(lp).unsqueeze(1))
         n = torch.linalg.vector_norm(d, ord=beta, dim=1)
         return n if gamma == 1.0 else n.pow(gamma)
 
@@ -163,16 +165,16 @@ def bsce_loss(
         tensor(0.3466)
     """
     check_loss_args(input, target, reduction)
-    beta = _check_beta(beta)
+    beta = check_beta(beta)
     gamma = check_hyper(gamma, "gamma")
     with no_autocast(input):
         if beta == 2.0:  # closed-form fused backward (see torchcal.functional.basic)
-            loss, valid = _brier_apply(_as_compute(input), target, ignore_index,
-                                       validate_args, gamma)
+            loss, valid = brier_apply(as_compute(input), target, ignore_index,
+                                      validate_args, gamma)
             return reduce_loss(loss, valid, reduction)
         log_p, lp, safe, valid = target_log_probs(input, target, ignore_index,
                                                   validate_args=validate_args)
-        u = brier_uncertainty(log_p, _as_index(safe), beta, gamma)
+        u = brier_uncertainty(log_p, as_index(safe), beta, gamma)
         return reduce_loss(torch.mul(u, lp).neg(), valid, reduction)
 
 

@@ -23,7 +23,7 @@ from ._common import check_hyper, safe_pow
 from ._loss_utils import check_loss_args
 from ._plain import WeightFn, check_temperature, weighted_ce
 from .dual_focal import log_p_below
-from .gradient_weighted import _check_beta
+from .gradient_weighted import check_beta
 
 __all__ = [
     "temperature_focal_loss",
@@ -173,7 +173,7 @@ def temperature_bsce_loss(
         >>> temperature_bsce_loss(x, torch.tensor([0]), temperature=2.0)  # 2·(1-σ(1))²·(-log σ(2))
         tensor(0.0184)
     """
-    return _run(input, target, _bsce_weight(_check_beta(beta), check_hyper(gamma, "gamma")), False,
+    return _run(input, target, _bsce_weight(check_beta(beta), check_hyper(gamma, "gamma")), False,
                 temperature, reduction, ignore_index, validate_args)
 
 
@@ -190,5 +190,5 @@ def temperature_bsce_gra_loss(
         >>> temperature_bsce_gra_loss(x, torch.tensor([0]), temperature=2.0)
         tensor(0.0184)
     """
-    return _run(input, target, _bsce_weight(_check_beta(beta), check_hyper(gamma, "gamma")), True,
+    return _run(input, target, _bsce_weight(check_beta(beta), check_hyper(gamma, "gamma")), True,
                 temperature, reduction, ignore_index, validate_args)

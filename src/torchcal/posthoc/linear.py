@@ -25,7 +25,7 @@ from ._common import (
     float_list,
     prepare_fit,
 )
-from .temperature import _fit_nll
+from .temperature import fit_nll
 from .vector import absent_hint
 
 __all__ = ["MatrixScaling", "DirichletCalibration"]
@@ -249,7 +249,7 @@ def _ts_start(x: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.
     softmax(z / T), so the same T serves both maps; no ODIR penalty there) and its NLL."""
     c = z.shape[1]
     theta = torch.zeros(c, c + 1, dtype=torch.float64, device=z.device)
-    theta[:, :c] = torch.eye(c, dtype=torch.float64, device=z.device) / _fit_nll(z, y)
+    theta[:, :c] = torch.eye(c, dtype=torch.float64, device=z.device) / fit_nll(z, y)
     return theta, float(F.cross_entropy(x @ theta.T, y))
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "temperature_grid_scores",
     "METHODS",
     "CRITERIA",
+    "fit_nll",
 ]
 
 #: The values of ``TemperatureScaling(method=...)``.
@@ -225,7 +226,7 @@ def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str) -> None:
         )
 
 
-def _fit_nll(z: torch.Tensor, y: torch.Tensor) -> float:
+def fit_nll(z: torch.Tensor, y: torch.Tensor) -> float:
     """Minimise the float64 validation NLL over T (safeguarded Newton on ``beta = 1/T``).
 
     ``f(beta) = (1/N) sum_i [logsumexp(beta z_i) - beta z_{i,y_i}]`` is convex in ``beta``
@@ -369,7 +370,7 @@ class TemperatureScaling(Calibrator):
         z, y = prepare_fit(logits, labels)
         if method == "nll":
             self.grid_scores_ = None
-            self.temperature_ = _fit_nll(z, y)
+            self.temperature_ = fit_nll(z, y)
             return self
         temps = check_grid(self.grid)
         crit = _METHOD_CRITERION[method]
@@ -434,5 +435,5 @@ def fit_temperatures(
     }
     for m, t in out.items():
         warn_if_on_grid_edge(t, temps, m)
-    out["nll"] = _fit_nll(z, y)
+    out["nll"] = fit_nll(z, y)
     return {m: out[m] for m in METHODS[1:] + METHODS[:1]}

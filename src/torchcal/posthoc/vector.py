@@ -19,7 +19,7 @@ from ._common import (
     lbfgs_fit,
     prepare_fit,
 )
-from .temperature import _fit_nll
+from .temperature import fit_nll
 
 __all__ = ["VectorScaling"]
 
@@ -89,7 +89,7 @@ class VectorScaling(Calibrator):
                 stacklevel=2,
             )
         z64 = z.to(torch.float64)
-        t0 = _fit_nll(z, y)
+        t0 = fit_nll(z, y)
         w0 = torch.full((c,), 1.0 / t0, dtype=torch.float64, device=z.device)
         b0 = torch.zeros(c, dtype=torch.float64, device=z.device)
         w = w0.clone().requires_grad_(True)

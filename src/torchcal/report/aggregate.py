@@ -51,6 +51,8 @@ __all__ = [
     "meta_problem",
     "ece_noise_floor",
     "LOSS_ORDER",
+    "loss_rank",
+    "predictor_rank",
 ]
 
 #: Display order and names of the registry's losses (others follow alphabetically).
@@ -481,11 +483,13 @@ def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
     return m, s, n
 
 
-def _loss_rank(loss: str) -> tuple[int, str]:
+def loss_rank(loss: str) -> tuple[int, str]:
+    """Sort key of a loss name: the registry's order (:data:`LOSS_ORDER`), unknown names last."""
     return (LOSS_ORDER.index(loss) if loss in LOSS_ORDER else len(LOSS_ORDER), loss)
 
 
-def _predictor_rank(predictor: str) -> tuple[int, str]:
+def predictor_rank(predictor: str) -> tuple[int, str]:
+    """Sort key of a predictor: :data:`~torchcal.evaluate.PREDICTORS`' order, unknown ones last."""
     order = list(PREDICTORS)
     return (order.index(predictor) if predictor in order else len(order), predictor)
 
@@ -514,7 +518,7 @@ def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
             m, s, n = mean_std([r.flat.get(k, math.nan) for r in rs])
             g.mean[k], g.std[k], g.count[k] = m, s, n
         groups.append(g)
-    groups.sort(key=lambda g: (g.dataset, g.model, _loss_rank(g.loss),
+    groups.sort(key=lambda g: (g.dataset, g.model, loss_rank(g.loss),
                                json.dumps(g.loss_kwargs, sort_keys=True),
-                               _predictor_rank(g.predictor)))
+                               predictor_rank(g.predictor)))
     return groups

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from ..evaluate import DEFAULT_PREDICTOR
-from .aggregate import _loss_rank, _predictor_rank, group_label, mean_std
+from .aggregate import group_label, loss_rank, mean_std, predictor_rank
 from .tables import fmt_mean_std
 
 __all__ = ["BEGIN", "END", "front_table", "replace_front_table"]
@@ -67,7 +67,7 @@ def front_table(csv_text: str) -> str:
     header = ["Loss"] + [h for h, *_ in _COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * len(_COLUMNS)]
     for (loss, kw, predictor), rows in sorted(groups.items(), key=lambda kv: (
-            _loss_rank(kv[0][0]), kv[0][1], _predictor_rank(kv[0][2]))):
+            loss_rank(kv[0][0]), kv[0][1], predictor_rank(kv[0][2]))):
         cells = [group_label(loss, json.loads(kw) if kw else None, predictor)]
         for _h, key, scale, tkey in _COLUMNS:
             m, s, _n = mean_std([_num(r.get(key, "")) * scale for r in rows])

@@ -26,7 +26,8 @@ from .._io import read_verified, write_verified
 from .._validation import check_nonneg_finite, check_positive_int
 from ..errors import CheckpointError
 
-__all__ = ["UncertaintyHead", "ranking_loss", "per_sample_cross_entropy", "save_head", "load_head"]
+__all__ = ["UncertaintyHead", "ranking_loss", "per_sample_cross_entropy", "save_head", "load_head",
+           "as_vector"]
 
 _EPS = 1e-6
 
@@ -88,7 +89,9 @@ class UncertaintyHead(nn.Module):
         return f"in_features={self.in_features}, width={self.width}, depth={self.depth}"
 
 
-def _as_vector(t: torch.Tensor, name: str) -> torch.Tensor:
+def as_vector(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` (named ``name`` in errors) checked to be a floating tensor of shape (N,) or (N, 1),
+    as shape (N,)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"Expected `{name}` to be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
@@ -140,8 +143,8 @@ def ranking_loss(
         >>> ranking_loss(u, l), ranking_loss(u, l, leeway=0.1)  # pair 1: 0 -> 0.1 (s = 0)
         (tensor(0.2500), tensor(0.3000))
     """
-    u = _as_vector(uncertainty, "uncertainty")
-    t = _as_vector(target_loss, "target_loss").detach()
+    u = as_vector(uncertainty, "uncertainty")
+    t = as_vector(target_loss, "target_loss").detach()
     margin = check_nonneg_finite(margin, "margin")
     leeway = check_nonneg_finite(leeway, "leeway")
     n = u.shape[0]

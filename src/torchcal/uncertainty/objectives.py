@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_nonneg_finite
-from .head import _as_vector, ranking_loss
+from .head import as_vector, ranking_loss
 
 __all__ = ["HEAD_OBJECTIVES", "loss_prediction_mse", "log_uncertainty_regularizer", "head_loss"]
 
@@ -44,8 +44,8 @@ def loss_prediction_mse(uncertainty: torch.Tensor, target_loss: torch.Tensor) ->
         >>> loss_prediction_mse(torch.tensor([0.5, 2.0]), torch.tensor([1.0, 1.0]))  # (0.25 + 1) / 2
         tensor(0.6250)
     """
-    u = _as_vector(uncertainty, "uncertainty")
-    t = _as_vector(target_loss, "target_loss").detach()
+    u = as_vector(uncertainty, "uncertainty")
+    t = as_vector(target_loss, "target_loss").detach()
     if t.shape[0] != u.shape[0]:
         raise ValueError(
             f"Expected `target_loss` to have {u.shape[0]} entries (one per `uncertainty`), "
@@ -71,7 +71,7 @@ def log_uncertainty_regularizer(uncertainty: torch.Tensor, lam: float) -> torch.
         >>> log_uncertainty_regularizer(torch.tensor([1.0, 3.0]), 0.5)  # -0.5 log 2
         tensor(-0.3466)
     """
-    u = _as_vector(uncertainty, "uncertainty")
+    u = as_vector(uncertainty, "uncertainty")
     lam = check_nonneg_finite(lam, "lam")
     if u.shape[0] == 0:
         raise ValueError("Expected at least one sample, got 0")
