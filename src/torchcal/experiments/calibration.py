@@ -4,17 +4,18 @@
   full recipe) on 2,000 / 2,000 / 8,000 generated MNIST-1D signals, the papers' regime (the
   network fits its training set; cross-entropy is over-confident at about 6% test error).  Every
   loss at its published defaults (AdaFocal λ=1).  The default run trains the losses the claims
-  compare (:data:`CLAIM_LOSSES`) for 3 seeds on a 60-epoch schedule with the recipe's milestone
-  fractions (150/350, 250/350), a size chosen from the measured per-epoch cost to fit 3 minutes
-  on 2 cores; ``full`` trains every loss tagged ``demo`` on the recipe's 350 epochs for 5 seeds.
+  compare (:data:`CLAIM_LOSSES`) for 2 seeds on the recipe's 350 epochs (milestones 150, 250),
+  so its verdicts are in the papers' regime (148 s measured on 2 idle cores with the one
+  engine's packs, target 150 s); ``full`` trains every loss tagged ``demo`` on the recipe's 350
+  epochs for 5 seeds.
 * ``digits``: the 64-256-256-10 MLP (recipe ``digits-mlp``) on scikit-learn's 8×8 digits with
   Gaussian pixel noise, every ``demo`` loss, 5 seeds × 100 epochs, AdaFocal at λ=0.1
   (:data:`ADAFOCAL_NOTE`).
 
-MNIST-1D's default size is arithmetic on the measured per-run cost (about 0.16 s per epoch and
-2.5 s per run on one idle core, the same for every loss within 10%): 3 minutes on 2 cores, less
-about 30 s of start-up and report, leave about 300 core-seconds, i.e. 21 runs (7 claim losses x
-3 seeds) of at most (300 / 21 - 2.5) / 0.18 = 65 epochs -> 60.
+MNIST-1D's default size is the smallest run in the papers' regime: the recipe's whole schedule,
+the 7 claim losses and 2 seeds (the least for a seed-wise verdict and an ensemble), 14 runs in
+two packs of 7 on 2 cores (``torchcal demo --epochs 350 --seeds 2``, which was 60 epochs x 3
+seeds until the packed engine brought it under 150 s; benchmarks/results/packed_engine.md).
 """
 
 from __future__ import annotations
@@ -356,8 +357,8 @@ MNIST1D = register_benchmark(Benchmark(
     summary="the MNIST-1D paper's 1-D CNN on generated MNIST-1D signals with the CIFAR papers' "
             "recipe (mnist1d-cnn), every loss at its published defaults (AdaFocal λ=1)",
     profiles={
-        "default": Profile(seeds=(0, 1, 2), epochs=60, losses=CLAIM_LOSSES,
-                           measured="54 s measured on 2 idle cores"),
+        "default": Profile(seeds=(0, 1), epochs=None, losses=CLAIM_LOSSES,
+                           measured="148 s measured on 2 idle cores"),
         "quick": Profile(seeds=(0,), epochs=15, losses=CLAIM_LOSSES,
                          measured="14 s measured on 2 idle cores"),
         "full": Profile(seeds=(0, 1, 2, 3, 4), epochs=None,
