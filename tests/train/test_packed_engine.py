@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from test_train_packed import cfg as packed_cfg
 from torch.func import vmap
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import torchcal
 import torchcal.train.engine as E
 import torchcal.train.packed as P
 from torchcal.experiments.calibration import CLAIM_LOSSES, DEMO_LOSS_KWARGS
@@ -173,6 +177,39 @@ def test_no_host_synchronisation_inside_a_training_step(tmp_path, monkeypatch):
         res = train_packed(configs)
     assert all(isinstance(r, dict) for r in res), res
     assert mode.syncs == {}, mode.syncs
+
+
+_ADAFOCAL_GROUP = """
+import warnings
+import torch
+from torchcal.losses import create_loss
+from torchcal.train.loss_groups import LossGroups
+losses = [create_loss("adafocal") for _ in range(2)]
+g = torch.Generator().manual_seed(0)
+for i, ls in enumerate(losses):
+    ls.set_epoch(0)
+    ls.on_validation(logits=torch.randn(300, 10, generator=g) * (i + 1),
+                     labels=torch.randint(0, 10, (300,), generator=g))
+groups = LossGroups(losses, torch.device("cpu"))
+z, y = torch.randn(2, 64, 10, generator=g), torch.randint(0, 10, (2, 64), generator=g)
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    got = groups(z, y)
+want = torch.stack([ls(z[m], y[m]) for m, ls in enumerate(losses)])
+torch.testing.assert_close(got, want)
+"""
+
+
+def test_a_vmapped_adafocal_group_warns_nothing():
+    """Two AdaFocal members vmapped after a validation update: their bin edges are a slice of
+    the stacked state, which ``searchsorted`` warned about as non-contiguous (a warning the
+    demo printed), until ``bin_index`` copied them into contiguous memory.  In a fresh process:
+    PyTorch gives that warning once per process."""
+    src = str(Path(torchcal.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", _ADAFOCAL_GROUP], env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------------------------

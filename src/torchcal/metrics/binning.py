@@ -96,7 +96,10 @@ def bin_index(
     # compare in the wider of the two dtypes (at least float32): exact for float32 values
     # against float64 edges (AdaFocal's state) as well as for own-dtype edges
     cd = torch.promote_types(_cmp_dtype(values.dtype), _cmp_dtype(interior_edges.dtype))
-    edges = interior_edges.to(device=values.device, dtype=cd).contiguous()
+    # a copy in contiguous memory: under vmap (packed losses) ``.contiguous()`` of a slice of
+    # stacked edges is contiguous only logically and searchsorted warns about (and copies) it
+    edges = interior_edges.to(device=values.device, dtype=cd).clone(
+        memory_format=torch.contiguous_format)
     if edges.ndim > 1:
         # Batched edges (..., B-1) for values (..., M) with the same leading dimensions.
         return torch.searchsorted(edges, values.to(cd).contiguous(), right=not right_closed,
