@@ -5,8 +5,8 @@
   network fits its training set; cross-entropy is over-confident at about 6% test error).  Every
   loss at its published defaults (AdaFocal λ=1).  The default run trains the losses the claims
   compare (:data:`CLAIM_LOSSES`) for 2 seeds on the recipe's 350 epochs (milestones 150, 250),
-  so its verdicts are in the papers' regime (148 s measured on 2 idle cores with the one
-  engine's packs, target 150 s); ``full`` trains every loss tagged ``demo`` on the recipe's 350
+  so its verdicts are in the papers' regime (147-148 s measured on 2 idle cores with the
+  one engine's packs, target 150 s); ``full`` trains every loss tagged ``demo`` on the recipe's 350
   epochs for 5 seeds.
 * ``digits``: the 64-256-256-10 MLP (recipe ``digits-mlp``) on scikit-learn's 8×8 digits with
   Gaussian pixel noise, every ``demo`` loss, 5 seeds × 100 epochs, AdaFocal at λ=0.1
@@ -358,11 +358,11 @@ MNIST1D = register_benchmark(Benchmark(
             "recipe (mnist1d-cnn), every loss at its published defaults (AdaFocal λ=1)",
     profiles={
         "default": Profile(seeds=(0, 1), epochs=None, losses=CLAIM_LOSSES,
-                           measured="148 s measured on 2 idle cores"),
+                           measured="about 145 s measured on 2 idle cores"),
         "quick": Profile(seeds=(0,), epochs=15, losses=CLAIM_LOSSES,
                          measured="14 s measured on 2 idle cores"),
         "full": Profile(seeds=(0, 1, 2, 3, 4), epochs=None,
-                        measured="10 minutes measured on 2 idle cores"),
+                        measured="9 minutes measured on 2 idle cores"),
     },
     loss_kwargs=DEMO_LOSS_KWARGS, claims=MNIST1D_CLAIMS,
     committed_results="docs/results/mnist1d/results.csv",
