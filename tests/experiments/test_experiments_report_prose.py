@@ -28,7 +28,8 @@ def quick():
 
 def test_verdict_label_of_each_profile():
     for cfg, want in ((DemoConfig(quick=True), "--quick smoke test, 15 of 350 epochs: not evidence"),
-                      (DemoConfig(), "shortened schedule, 60 of 350 epochs"),
+                      (DemoConfig(epochs=60), "shortened schedule, 60 of 350 epochs"),
+                      (DemoConfig(), ""),  # the default: the recipe's schedule
                       (DemoConfig(epochs=350, seeds=(0,)), "")):
         assert verdict_label(cfg, demo_jobs(cfg, OUT)) == want
 
