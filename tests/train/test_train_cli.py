@@ -338,3 +338,21 @@ def test_train_uncertainty_head_flag(tmp_path):
     rec = json.loads((tmp_path / "head" / "log.jsonl").read_text().splitlines()[-1])
     assert rec["head_ranking_loss"] > 0
     assert json.loads((tmp_path / "head" / "config.json").read_text())["uncertainty_head"] is True
+
+
+def test_train_a_multitask_run_and_resume_it(tmp_path, capsys):
+    """`torchcal train --recipe mnist1d-multitask`: the one line it prints reads the run's
+    `multitask` results block (it raised KeyError 'weights' when the results moved into the
+    common results.json); `--resume` of the finished run says there is nothing to train."""
+    out = tmp_path / "mt"
+    argv = ["train", "--recipe", "mnist1d-multitask", "--epochs", "2", "--no-progress",
+            "--num-threads", "1", "--model-arg", "width=8", "--data-root", str(tmp_path / "d"),
+            "--data-arg", "n_train=120", "--data-arg", "n_val=40", "--data-arg", "n_test=40",
+            "--out", str(out)]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "class + translation, kendall" in line and "RMSE" in line and "task weights (" in line
+    res = json.loads((out / "results.json").read_text())
+    assert res["schema"] == "torchcal.results/1" and len(res["multitask"]["weights"]) == 2
+    assert main([*argv, "--resume"]) == 0
+    assert "nothing was trained" in capsys.readouterr().out

@@ -238,7 +238,7 @@ def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
 
 
 def _print_multitask(cfg, summary: dict[str, Any]) -> None:
-    res = summary["results"]
+    res = summary["results"]["multitask"]  # the block of the run's common results.json
     w = ", ".join(f"{v:.3g}" for v in res["weights"])
     print(f"trained {cfg.recipe or cfg.dataset} ({cfg.tasks[0]} + {cfg.tasks[1]}, "
           f"{cfg.task_weighting}) for {cfg.epochs} epochs in {summary['seconds']:.1f}s: test "
