@@ -227,8 +227,8 @@ NOT_BITWISE: list[str] = []
 def test_every_registry_loss_packed_equals_its_separate_run(tmp_path):
     """All registry losses in one pack (grouped: the focal pair shares one call) against their
     separate runs after 2 epochs: with the CPU's per-member forward (``forward="loop"``, the
-    default there) the parameters bit for bit (the logged numbers to float rounding); vmapped (a GPU's way: batched
-    convolutions sum in another order) to float rounding."""
+    default there) the parameters and the logged numbers bit for bit; vmapped (a GPU's way:
+    batched convolutions sum in another order) to float rounding."""
     names = list_losses()
 
     def configs(tag):
@@ -251,9 +251,9 @@ def test_every_registry_loss_packed_equals_its_separate_run(tmp_path):
             not_bitwise.append(c.loss)
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
-        for key in ("train_loss", "train_ece", "val_loss", "val_ece", "val_nll"):
-            # the log's metrics come from the stacked tensors (float64 means): float rounding
-            assert loop[i]["final"][key] == pytest.approx(sep["final"][key], rel=1e-6), key
+        # a run alone is the engine's stack of one: its logged numbers come from the same
+        # stacked computations, so they are equal too (every number of the last epoch's line)
+        assert loop[i]["final"] == sep["final"], c.loss
         v = _weights(tmp_path / ("v" + Path(c.out_dir).name[1:]))
         for k in v:
             torch.testing.assert_close(v[k], b[k], rtol=1e-4, atol=1e-5,
