@@ -179,6 +179,36 @@ def test_no_host_synchronisation_inside_a_training_step(tmp_path, monkeypatch):
     assert mode.syncs == {}, mode.syncs
 
 
+@pytest.mark.parametrize("loss", CLAIM_LOSSES)
+def test_no_host_synchronisation_inside_a_step_of_a_run_alone(tmp_path, monkeypatch, loss):
+    """``train`` is the engine's stack of one: its steps read no tensor's value either (the
+    loss called with its labels already checked when the data loaded)."""
+    mode = _Ops()
+    orig_step, orig_val = E.train_epoch, E._drive_validation
+
+    def in_steps(*a, **kw):
+        mode.in_step = True
+        try:
+            return orig_step(*a, **kw)
+        finally:
+            mode.in_step = False
+
+    def validation(*a, **kw):
+        mode.in_step = False
+        try:
+            return orig_val(*a, **kw)
+        finally:
+            mode.in_step = True
+
+    monkeypatch.setattr(E, "train_epoch", in_steps)
+    monkeypatch.setattr(E, "_drive_validation", validation)
+    c = cfg(tmp_path, "alone", loss=loss, epochs=1, evaluate=False,
+            loss_kwargs={"update_every": 3} if loss == "adafocal" else {})
+    with mode:
+        train(c)
+    assert mode.syncs == {}, mode.syncs
+
+
 _ADAFOCAL_GROUP = """
 import warnings
 import torch
