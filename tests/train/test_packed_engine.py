@@ -148,41 +148,9 @@ def test_ops_per_epoch_at_35_members_at_most_1_5x_those_at_7(tmp_path):
     assert per[35] <= 1.5 * per[7], per
 
 
-def test_no_host_synchronisation_inside_a_training_step(tmp_path, monkeypatch):
-    """No ``.item()``-like read of a tensor's value between two steps (the epoch's numbers
-    are read once at its end)."""
-    mode = _Ops()
-    orig_step, orig_val = E.train_epoch, E._drive_validation
-
-    def in_steps(*a, **kw):
-        mode.in_step = True
-        try:
-            return orig_step(*a, **kw)
-        finally:
-            mode.in_step = False
-
-    def validation(*a, **kw):  # the loss hooks' own pass (AdaFocal every few batches)
-        mode.in_step = False
-        try:
-            return orig_val(*a, **kw)
-        finally:
-            mode.in_step = True
-
-    monkeypatch.setattr(E, "train_epoch", in_steps)
-    monkeypatch.setattr(E, "_drive_validation", validation)
-    configs = [cfg(tmp_path, f"r{i}", loss=loss, seed=i, epochs=1, evaluate=False,
-                   loss_kwargs={"update_every": 3} if loss == "adafocal" else {})
-               for i, loss in enumerate(CLAIM_LOSSES)]
-    with mode:
-        res = train_packed(configs)
-    assert all(isinstance(r, dict) for r in res), res
-    assert mode.syncs == {}, mode.syncs
-
-
-@pytest.mark.parametrize("loss", CLAIM_LOSSES)
-def test_no_host_synchronisation_inside_a_step_of_a_run_alone(tmp_path, monkeypatch, loss):
-    """``train`` is the engine's stack of one: its steps read no tensor's value either (the
-    loss called with its labels already checked when the data loaded)."""
+def _watch_steps(monkeypatch) -> _Ops:
+    """An op counter that records the value reads (syncs) inside the engine's training steps;
+    a loss hook's own validation pass (AdaFocal every few batches) reads values outside them."""
     mode = _Ops()
     orig_step, orig_val = E.train_epoch, E._drive_validation
 
@@ -202,6 +170,26 @@ def test_no_host_synchronisation_inside_a_step_of_a_run_alone(tmp_path, monkeypa
 
     monkeypatch.setattr(E, "train_epoch", in_steps)
     monkeypatch.setattr(E, "_drive_validation", validation)
+    return mode
+
+
+def test_no_host_synchronisation_inside_a_training_step(tmp_path, monkeypatch):
+    """No ``.item()``-like read of a tensor's value between two steps (the epoch's numbers
+    are read once at its end)."""
+    mode = _watch_steps(monkeypatch)
+    configs = [cfg(tmp_path, f"r{i}", loss=loss, seed=i, epochs=1, evaluate=False,
+                   loss_kwargs={"update_every": 3} if loss == "adafocal" else {})
+               for i, loss in enumerate(CLAIM_LOSSES)]
+    with mode:
+        res = train_packed(configs)
+    assert all(isinstance(r, dict) for r in res), res
+    assert mode.syncs == {}, mode.syncs
+
+
+@pytest.mark.parametrize("loss", CLAIM_LOSSES)
+def test_no_host_synchronisation_inside_a_step_of_a_run_alone(tmp_path, monkeypatch, loss):
+    """``train`` is the engine's stack of one: its steps read no tensor's value either."""
+    mode = _watch_steps(monkeypatch)
     c = cfg(tmp_path, "alone", loss=loss, epochs=1, evaluate=False,
             loss_kwargs={"update_every": 3} if loss == "adafocal" else {})
     with mode:
