@@ -157,3 +157,15 @@ def test_bad_task_and_missing_params(tmp_path):
     cfg = _tiny(tmp_path, "x", tasks=["class", "nope"])
     with pytest.raises(Exception, match="nope"):
         train(cfg)
+
+
+def test_evaluating_a_multitask_checkpoint_keeps_its_block(tmp_path):
+    """`torchcal eval` of a multi-task run rewrites results.json: its `multitask` block is
+    recomputed from the checkpoint's regression head (it was dropped), equal to training's."""
+    from torchcal.train import evaluate_checkpoint
+
+    cfg = _tiny(tmp_path, "e")
+    trained = train(cfg)["results"]["multitask"]
+    again = evaluate_checkpoint(cfg.out_dir)
+    assert again["multitask"] == trained
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["multitask"] == trained

@@ -20,6 +20,7 @@ from .config import TrainConfig
 from .device import resolve_device
 from .distributed import DistEnv
 from .inference import predict_logits
+from .multitask import TaskHead
 
 __all__ = ["collect_predictions", "write_predictions", "evaluate_checkpoint", "read_config"]
 
@@ -114,7 +115,24 @@ def _evaluate_checkpoint(run_dir, checkpoint, data_root, device, batch_size) -> 
     ood = load_ood_sets(config, splits)
     preds = collect_predictions(model, splits, ood, config, device=dev, batch_size=batch_size)
     return write_predictions(preds, run_dir, config, epoch=int(state["epoch"]),
-                             checkpoint=checkpoint)
+                             checkpoint=checkpoint, extra=_task_results(model, config, splits,
+                                                                        state, dev))
+
+
+def _task_results(model: nn.Module, config: TrainConfig, splits: Any, state: dict[str, Any],
+                  device: torch.device) -> dict[str, Any] | None:
+    """A multi-task run's ``multitask`` block, recomputed from the checkpoint's regression head
+    and weighting (as training wrote it), so that evaluating the run keeps it; None for a
+    classifier."""
+    if not config.tasks:
+        return None
+    head = TaskHead(model, config, splits, device)
+    try:
+        head.load(state)
+    except (KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"The checkpoint of multi-task run {config.out_dir!r} holds no "
+                              f"usable regression head: {exc}") from exc
+    return head.results()
 
 
 def read_config(run_dir: str | Path) -> TrainConfig:
