@@ -152,22 +152,17 @@ def _watch_steps(monkeypatch) -> _Ops:
     """An op counter that records the value reads (syncs) inside the engine's training steps;
     a loss hook's own validation pass (AdaFocal every few batches) reads values outside them."""
     mode = _Ops()
-    orig_step, orig_val = E.train_epoch, E._drive_validation
 
-    def in_steps(*a, **kw):
-        mode.in_step = True
-        try:
-            return orig_step(*a, **kw)
-        finally:
-            mode.in_step = False
+    def flagged(fn, inside: bool):
+        def wrapped(*a, **kw):
+            mode.in_step = inside
+            try:
+                return fn(*a, **kw)
+            finally:
+                mode.in_step = not inside
+        return wrapped
 
-    def validation(*a, **kw):
-        mode.in_step = False
-        try:
-            return orig_val(*a, **kw)
-        finally:
-            mode.in_step = True
-
+    in_steps, validation = flagged(E.train_epoch, True), flagged(E._drive_validation, False)
     monkeypatch.setattr(E, "train_epoch", in_steps)
     monkeypatch.setattr(E, "_drive_validation", validation)
     return mode

@@ -443,12 +443,13 @@ def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
     """Each slot's OOD sets (loaded before training, so that a missing set fails at once; one
     load for members that share their data)."""
     shared: dict[str, Any] | None = None
+    one_data = _shares_data(members)
     out = []
     for mb in members:
         cfg = mb.r.config
         if mb.ghost or not cfg.evaluate:
             out.append({})
-        elif _shares_data(members):
+        elif one_data:
             shared = shared if shared is not None else load_ood_sets(cfg, mb.r.splits)
             out.append(shared)
         else:

@@ -135,6 +135,7 @@ class TaskHead(NoHead):
         targets, self.mean, self.std = _targets(config, splits)
         self.targets = {k: v.to(device) for k, v in targets.items()}
         self.splits, self.device = splits, device
+        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.sums = torch.zeros(3, device=device)
 
     def make_optimizer(self, model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -196,8 +197,10 @@ class TaskHead(NoHead):
     @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         """Accuracy, NLL and RMSE (in the parameter's units) on ``split``."""
-        ds = getattr(self.splits, split)
-        x, y, t = ds.data.float().to(self.device), ds.labels.to(self.device), self.targets[split]
+        if split not in self._on_device:  # moved once, not every epoch
+            ds = getattr(self.splits, split)
+            self._on_device[split] = (ds.data.float().to(self.device), ds.labels.to(self.device))
+        (x, y), t = self._on_device[split], self.targets[split]
         was = self.model.training
         self.model.eval()
         self.reg.eval()
