@@ -30,8 +30,10 @@ fractions (0..1), never percent.  A metric that is undefined (``s99_accuracy`` w
 reaches 0.99 confidence) is NaN in memory and ``null`` in the JSON file.  Every post-hoc
 method's temperature is kept; tables use ``grid_ece`` (and ``grid_adaece`` for equal-mass ECE).
 
-OOD detection treats the OOD set as the positive class.  Scores: the softmax entropy
-(``*_entropy``) and the negative maximum probability (``*_max_prob``); ``post_*`` entries use
+OOD detection treats the OOD set as the positive class for AUROC and AUPR; ``fpr95_*`` is
+the literature's FPR on OOD at 95% TPR of in-distribution.  Scores: the softmax entropy
+(``*_entropy``) and the negative log maximum probability (``*_max_prob``, float64 from the
+logits, so that confident samples never tie); ``post_*`` entries use
 the logits divided by the ``grid_ece`` temperature.
 """
 
@@ -246,11 +248,14 @@ def compute_metrics(logits: Any, labels: Any, *, n_bins: int = 15) -> dict[str, 
 
 
 def ood_metrics(id_logits: Any, ood_logits: Any, *, temperature: float | None = None) -> dict[str, float]:
-    """OOD detection with the OOD set as the positive class.
+    """OOD detection: AUROC and AUPR with the OOD set as the positive class, FPR@95 as the
+    literature reports it (FPR on OOD at 95% TPR of in-distribution,
+    :func:`~torchcal.metrics.fpr_at_tpr`'s default ``convention="id_positive"``).
 
     Returns ``auroc_entropy``, ``auroc_max_prob``, ``fpr95_entropy``, ``fpr95_max_prob``,
     ``aupr_entropy``, ``aupr_max_prob`` (fractions).  Scores: softmax entropy and
-    ``-max_c p_c`` of ``logits / temperature`` (``temperature=None`` means 1).
+    ``-log max_c p_c`` (float64, the ranking of ``-max_c p_c`` without ties) of
+    ``logits / temperature`` (``temperature=None`` means 1).
     """
     zi = _check_logits(id_logits, "id_logits")
     zo = _check_logits(ood_logits, "ood_logits", zi.shape[1])

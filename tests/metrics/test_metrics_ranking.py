@@ -38,6 +38,9 @@ def test_hand_worked():
     # thresholds .8 (P=1, R=.5), .4 (P=.5), .35 (P=2/3, R=1): AP = .5*1 + .5*2/3
     assert M.aupr(scores=s, labels=y).item() == pytest.approx(0.5 + 1 / 3, abs=1e-15)
     # TPR >= .95 first at threshold .35, where 1 of 2 negatives is above: FPR = .5
+    assert M.fpr_at_tpr(scores=s, labels=y, convention="ood_positive").item() == 0.5
+    assert M.fpr_at_tpr(scores=s, labels=y, tpr=0.5, convention="ood_positive").item() == 0.0
+    # the default (ID positive): accepting half the ID (score <= 0.1) accepts no OOD
     assert M.fpr_at_tpr(scores=s, labels=y).item() == 0.5
     assert M.fpr_at_tpr(scores=s, labels=y, tpr=0.5).item() == 0.0
     # all tied: AUROC 1/2
@@ -53,6 +56,12 @@ def test_against_sklearn(n_levels, seed):
     assert M.aupr(scores=st_, labels=yt).item() == pytest.approx(
         average_precision_score(y, s), abs=1e-12)
     fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
+    for target in (0.5, 0.9, 0.95, 1.0):
+        expected = fpr[np.argmax(tpr >= target)]
+        assert M.fpr_at_tpr(scores=st_, labels=yt, tpr=target,
+                            convention="ood_positive").item() == pytest.approx(expected, abs=1e-15)
+    # the default convention: label 0 positive, lower score more positive
+    fpr, tpr, _ = roc_curve(1 - y, -s, drop_intermediate=False)
     for target in (0.5, 0.9, 0.95, 1.0):
         expected = fpr[np.argmax(tpr >= target)]
         assert M.fpr_at_tpr(scores=st_, labels=yt, tpr=target).item() == pytest.approx(

@@ -46,6 +46,9 @@ from .members import (
 )
 from .meter import CalibrationMeter
 from .ranking import (
+    AUGRC_RULES,
+    E_AURC_OPTIMA,
+    FPR_CONVENTIONS,
     OOD_SCORES,
     RiskCoverageCurve,
     augrc,
@@ -87,6 +90,9 @@ __all__ = [
     "auroc",
     "aupr",
     "fpr_at_tpr",
+    "FPR_CONVENTIONS",
+    "E_AURC_OPTIMA",
+    "AUGRC_RULES",
     "aurc",
     "e_aurc",
     "augrc",

@@ -19,8 +19,8 @@ from ._common import check_unit_interval, resolve
 from .members import check_member_logits, mutual_information
 from .scoring import plogp_from_logits
 
-__all__ = ["auroc", "aupr", "fpr_at_tpr", "aurc", "e_aurc", "augrc", "risk_at_coverage",
-           "risk_coverage_curve", "RiskCoverageCurve", "r_auroc", "ood_auroc", "ood_scores",
+__all__ = ["auroc", "aupr", "fpr_at_tpr", "FPR_CONVENTIONS", "aurc", "e_aurc", "E_AURC_OPTIMA",
+           "augrc", "AUGRC_RULES", "risk_at_coverage", "risk_coverage_curve", "RiskCoverageCurve", "r_auroc", "ood_auroc", "ood_scores",
            "OOD_SCORES"]
 
 
@@ -129,17 +129,53 @@ def aupr(*, scores: Any, labels: Any) -> torch.Tensor:
     return (recall_step * precision).sum()
 
 
-def fpr_at_tpr(*, scores: Any, labels: Any, tpr: float = 0.95) -> torch.Tensor:
-    """False-positive rate at the first threshold (from the highest score down) whose TPR
-    reaches ``tpr``; tied scores are taken together (all pass the threshold or none does).
+#: The conventions of :func:`fpr_at_tpr` (the first is the default).
+FPR_CONVENTIONS = ("id_positive", "ood_positive")
+
+
+def fpr_at_tpr(*, scores: Any, labels: Any, tpr: float = 0.95,
+               convention: str = "id_positive") -> torch.Tensor:
+    """FPR at ``tpr`` TPR ("FPR@95"), in the OOD-detection literature's convention by default.
+
+    ``scores`` and ``labels`` are laid out as :func:`ood_scores` returns them: label 1 (True)
+    for an out-of-distribution (OOD) sample, 0 for an in-distribution (ID) one, and a higher
+    score means "more likely OOD".  Tied scores are taken together (all pass the threshold or
+    none does).
+
+    * ``convention="id_positive"`` (default; Hendrycks & Gimpel 2017, Liang et al. 2018,
+      Liu et al. 2020, OpenOOD): the ID samples are the positive class.  The threshold is the
+      first one, from the lowest score up, that accepts at least ``tpr`` of the ID samples
+      (score <= threshold); the result is the share of OOD samples accepted with them: "the
+      FPR on OOD at 95% TPR of in-distribution".
+    * ``convention="ood_positive"``: label 1 is the positive class, as in a generic binary
+      classifier (scikit-learn's ``roc_curve``): the first threshold from the highest score
+      down whose TPR (share of label-1 samples with score >= threshold) reaches ``tpr``, and
+      the result is the share of label-0 samples above it.  torchcal's earlier default; on
+      the same input the two generally differ (0.839 against 0.914 on one measured OOD set),
+      so only ``"id_positive"`` can be set beside published FPR@95 numbers.
+
+    ``convention="id_positive"`` is ``convention="ood_positive"`` of ``-scores`` and
+    ``1 - labels``.
 
     Example:
-        >>> fpr_at_tpr(scores=torch.tensor([0.1, 0.4, 0.35, 0.8]),
-        ...            labels=torch.tensor([0, 0, 1, 1]), tpr=0.95)
+        >>> s, y = torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])
+        >>> fpr_at_tpr(scores=s, labels=y)  # accepting both ID (<= 0.4) accepts OOD 0.35
+        tensor(0.5000, dtype=torch.float64)
+        >>> fpr_at_tpr(scores=s, labels=y, convention="ood_positive")  # flag both OOD (>= 0.35)
         tensor(0.5000, dtype=torch.float64)
     """
     tpr = check_unit_interval(tpr, "tpr")
-    tp, fp, n_pos, n_neg = _curve_counts(scores, labels)
+    if convention not in FPR_CONVENTIONS:
+        raise ValueError(f"Expected `convention` to be one of {FPR_CONVENTIONS}, "
+                         f"got {convention!r}")
+    if convention == "id_positive":
+        s = _check_scores(scores, "scores")
+        # negated in float64 (or int64): -s of an unsigned integer tensor would wrap around
+        s = -(s.to(torch.float64) if s.is_floating_point() else s.to(torch.int64))
+        y = ~_check_binary(labels, "labels", s.shape[0], s.device)
+        tp, fp, n_pos, n_neg = _curve_counts(s, y)
+    else:
+        tp, fp, n_pos, n_neg = _curve_counts(scores, labels)
     if n_pos == 0 or n_neg == 0:
         raise ValueError(
             f"Expected `labels` to contain both classes for FPR@TPR, got {n_pos} positive and "
@@ -236,39 +272,82 @@ def _optimal_aurc(n: int, n_errors: int, device: torch.device) -> torch.Tensor:
     return ((k - (n - n_errors)).clamp(min=0) / k).mean()
 
 
-def e_aurc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
-    """Excess AURC (Geifman et al. 2019): :func:`aurc` minus the AURC of the same predictions
-    ranked perfectly (every correct one before every error).
+#: The optima of :func:`e_aurc` (the first is the default).
+E_AURC_OPTIMA = ("finite", "closed_form")
 
-    The optimal AURC depends only on N and the number of errors E:
-    ``mean_{k=1..N} max(0, k - (N - E)) / k``; E-AURC is 0 for a perfect ranking and does not
-    reward a lower error, only a better ordering.
+
+def e_aurc(*, uncertainty: Any, correct: Any, optimum: str = "finite") -> torch.Tensor:
+    """Excess AURC (Geifman et al. 2019): :func:`aurc` minus the AURC of a perfect ranking.
+
+    With N predictions and E errors (error rate ``r = E / N``), the perfect ranking accepts
+    every correct prediction before any error.  Two forms of its AURC:
+
+    * ``optimum="finite"`` (default): the exact finite-sample optimum, the AURC of that
+      ranking on the same N points, ``mean_{k=1..N} max(0, k - (N - E)) / k``.  E-AURC is
+      then exactly 0 for a perfect ranking and never negative.
+    * ``optimum="closed_form"``: the paper's formula (Geifman et al. 2019; fd-shifts'
+      ``e_aurc``), the continuous integral of the optimal risk ``max(0, 1 - (1 - r) / c)``
+      over the coverage c in (0, 1], ``r + (1 - r) ln(1 - r)`` (``r`` at ``r = 1``).  It
+      is below the finite optimum by O(1/N), so a perfect ranking of a small set
+      gets a small non-zero (positive) E-AURC.
+
+    E-AURC does not reward a lower error, only a better ordering.
 
     Example:
         >>> e_aurc(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
         ...        correct=torch.tensor([1, 1, 0, 1]))  # 0.1458 - 0.25 / 4
         tensor(0.0833, dtype=torch.float64)
     """
+    if optimum not in E_AURC_OPTIMA:
+        raise ValueError(f"Expected `optimum` to be one of {E_AURC_OPTIMA}, got {optimum!r}")
     errors_k, n_errors = _errors_at_coverage(uncertainty, correct)
     n = errors_k.shape[0]
     k = torch.arange(1, n + 1, device=errors_k.device, dtype=torch.float64)
-    return (errors_k / k).mean() - _optimal_aurc(n, n_errors, errors_k.device)
+    if optimum == "finite":
+        best = _optimal_aurc(n, n_errors, errors_k.device)
+    else:
+        r = n_errors / n
+        best = torch.tensor(r + (1 - r) * math.log1p(-r) if r < 1 else 1.0,
+                            dtype=torch.float64, device=errors_k.device)
+    return (errors_k / k).mean() - best
 
 
-def augrc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
+#: The integration rules of :func:`augrc` (the first is the default).
+AUGRC_RULES = ("riemann", "trapezoid")
+
+
+def augrc(*, uncertainty: Any, correct: Any, rule: str = "riemann") -> torch.Tensor:
     """Area under the generalized risk-coverage curve (Traub et al. 2024).
 
-    The generalized risk at coverage k/N is the number of errors among the k least uncertain
-    samples divided by N (the probability that a sample is accepted *and* wrong), and AUGRC is
-    its mean over k = 1..N.  Ties as in :func:`aurc`.
+    The generalized risk at coverage k/N is the number of errors ``E_k`` among the k least
+    uncertain samples divided by N (the probability that a sample is accepted *and* wrong).
+    Ties as in :func:`aurc`.
+
+    * ``rule="riemann"`` (default): the right Riemann sum ``(1/N) sum_{k=1..N} E_k / N``,
+      the mean of the curve's N points (as :func:`aurc` is the mean of the risk curve).
+    * ``rule="trapezoid"``: the paper's form (Traub et al. 2024, fd-shifts' ``augrc``), the
+      trapezoid rule over the points ``(k/N, E_k/N)``, k = 0..N, from ``(0, 0)``:
+      ``(1/N) sum_{k=1..N} (E_{k-1} + E_k) / (2N)``.  It is the Riemann sum minus
+      ``E / (2 N^2)`` (E errors in all), and equals the integral of the piecewise-linear
+      curve; a random ranking (every uncertainty tied) then gets exactly ``r / 2`` for the
+      error rate ``r``, where the Riemann sum gives ``r (N + 1) / (2N)``.
 
     Example:
         >>> augrc(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
         ...       correct=torch.tensor([1, 1, 0, 1]))  # (0 + 0 + 1/4 + 1/4) / 4
         tensor(0.1250, dtype=torch.float64)
+        >>> augrc(uncertainty=torch.tensor([0.1, 0.2, 0.3, 0.4]),
+        ...       correct=torch.tensor([1, 1, 0, 1]), rule="trapezoid")  # 0.125 - 1/32
+        tensor(0.0938, dtype=torch.float64)
     """
-    errors_k, _ = _errors_at_coverage(uncertainty, correct)
-    return (errors_k / errors_k.shape[0]).mean()
+    if rule not in AUGRC_RULES:
+        raise ValueError(f"Expected `rule` to be one of {AUGRC_RULES}, got {rule!r}")
+    errors_k, n_errors = _errors_at_coverage(uncertainty, correct)
+    n = errors_k.shape[0]
+    area = (errors_k / n).mean()
+    if rule == "trapezoid":
+        area = area - n_errors / (2.0 * n * n)
+    return area
 
 
 def risk_at_coverage(*, uncertainty: Any, correct: Any, coverage: float = 0.8) -> torch.Tensor:
@@ -312,6 +391,21 @@ def r_auroc(*, uncertainty: Any, correct: Any) -> torch.Tensor:
 OOD_SCORES = ("entropy", "max_prob", "energy", "max_logit", "mutual_information")
 
 
+def _neg_log_max_prob(z: torch.Tensor) -> torch.Tensor:
+    """``-log max_c p_c = logsumexp(z - max z)`` (N,) in float64, without rounding to 0.
+
+    ``logsumexp(z - max z) = log(1 + sum_{c != top} exp(z_c - z_top))``: the sum of the
+    non-top terms is formed first and ``log1p`` applied to it, so a margin of 40 gives
+    ``4e-18``, not ``log(1.0) = 0`` (a float64 ``1 + 4e-18`` is 1, a float32 softmax is 1
+    from a margin of about 17).  Ties only where ``exp`` underflows (margins > ~745)."""
+    d = z.to(torch.float64)
+    top = d.argmax(dim=1, keepdim=True)
+    d = d - d.gather(1, top)
+    # every class but one top class: a tied runner-up keeps its exp(0) = 1
+    rest = d.exp().scatter_(1, top, 0.0).sum(dim=1)
+    return torch.log1p(rest)
+
+
 def _ood_score(z: Any, name: str, score: str, validate_args: bool) -> torch.Tensor:
     """(N,) float64 OOD score of one set's logits (``member_logits`` (S, N, C) for MI)."""
     if score == "mutual_information":
@@ -320,9 +414,9 @@ def _ood_score(z: Any, name: str, score: str, validate_args: bool) -> torch.Tens
         p = resolve(z, None, validate_args=validate_args)
     except (ValueError, TypeError) as exc:
         raise type(exc)(str(exc).replace("`logits`", f"`{name}`")) from None
-    if score == "max_prob":
-        return -p.max(dim=1).values.to(torch.float64)
     t = as_tensor(z, name).to(device=p.device)
+    if score == "max_prob":
+        return _neg_log_max_prob(t)
     if score == "entropy":
         plogp = plogp_from_logits(t.to(torch.promote_types(t.dtype, torch.float32)))
         return -plogp.sum(dim=1, dtype=torch.float64)
@@ -340,7 +434,11 @@ def ood_scores(
     Higher = more likely OOD, for every ``score``:
 
     * ``"entropy"``: predictive entropy ``-sum_c p_c log p_c`` (from ``log_softmax``);
-    * ``"max_prob"``: ``-max_c p_c``;
+    * ``"max_prob"``: ``-log max_c p_c = logsumexp(z - max_c z_c)``, computed in float64 from
+      the logits so that confident samples never tie (the ranking of ``-max_c p_c``, the
+      maximum softmax probability baseline of Hendrycks & Gimpel 2017; a float32 softmax
+      rounds to exactly 1.0 from a margin of about 17, and ``1 - max p`` in float64 from
+      about 37);
     * ``"energy"``: the free energy ``-log sum_c exp(z_c)`` (Liu et al. 2020, temperature 1);
     * ``"max_logit"``: ``-max_c z_c`` (Hendrycks et al. 2022);
     * ``"mutual_information"``: :func:`torchcal.metrics.mutual_information` of member logits;
@@ -384,7 +482,8 @@ def ood_auroc(*, id_logits: Any, ood_logits: Any, score: str = "entropy") -> tor
     """AUROC of OOD detection with OOD as the positive class (fraction, not x100).
 
     ``score``: one of :data:`OOD_SCORES` (see :func:`ood_scores`); ``"entropy"`` ranks by
-    predictive entropy, ``"max_prob"`` by ``-max_c p_c``, ``"energy"`` by ``-logsumexp(z)``,
+    predictive entropy, ``"max_prob"`` by ``-log max_c p_c`` (float64, no ties),
+    ``"energy"`` by ``-logsumexp(z)``,
     ``"max_logit"`` by ``-max_c z_c``, ``"mutual_information"`` by the members' mutual
     information ((S, N, C) member logits).
 
