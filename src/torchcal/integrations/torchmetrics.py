@@ -61,6 +61,21 @@ class _MeterMetric(Metric):
         self.add_state("state", default=torch.zeros(self._meter.state_size, dtype=torch.float64),
                        dist_reduce_fx="sum")
 
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Move the state with the module (``.to(device)``, ``.cuda()``) but keep it float64
+        under every cast: ``.to(torch.float32)``, :meth:`set_dtype`, a parent module's
+        ``.to(torch.bfloat16)`` and Lightning's ``"bf16-true"`` / ``"16-true"`` precision
+        plugins.  The state holds float64 sums (a count of 2**24 samples is not exact in
+        float32, and bfloat16 loses counts from 256); casting it would lose them, and the
+        meter refuses a state of another dtype."""
+        kwargs["exclude_state"] = ("state",)
+        this = super()._apply(fn, *args, **kwargs)
+        # the device ``fn`` moves tensors to, from a float64 probe (its dtype is not kept)
+        device = fn(torch.zeros(1, dtype=torch.float64, device=self.state.device)).device
+        this.state = self.state.to(device=device, dtype=torch.float64)
+        this._defaults["state"] = this._defaults["state"].to(device=device, dtype=torch.float64)
+        return this
+
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """Add a batch: ``preds`` (N, C) or (N, C, d1, ...) logits (or probabilities with
         ``input_format="probs"``), ``target`` (N,) or (N, d1, ...) class indices."""

@@ -42,6 +42,13 @@ from ._common import (
 )
 from .binning import equal_mass_bin_index, equal_width_bin_index, equal_width_edges
 from .layout import IGNORE_INDEX, flatten_inputs
+from .tasks import (
+    binary_inputs,
+    check_task,
+    label_binned_sums,
+    multilabel_inputs,
+    warn_two_columns,
+)
 
 __all__ = [
     "ece",
@@ -57,13 +64,49 @@ __all__ = [
 ]
 
 
+def _binary_or_label_sums(task: str, logits: Any, probs: Any, labels: Any, n_bins: int,
+                          validate_args: bool, ignore_index: int | None, equal_mass: bool
+                          ) -> tuple[torch.Tensor, torch.dtype]:
+    """Per-bin sums (3, B) of ``task="binary"`` or (3, L, B) of ``"multilabel"`` (each label
+    its own bins) and the result dtype: the binned quantity is the probability ``p`` of the
+    positive class, "correct" is the label being 1."""
+    if task == "binary":
+        p, y, _ = binary_inputs(logits, probs, labels, ignore_index, validate_args)
+        idx = equal_mass_bin_index(p, n_bins)[0] if equal_mass else equal_width_bin_index(p, n_bins)
+        return binned_sums(idx, p, y, n_bins), result_dtype(p.dtype)
+    p, y, keep, _ = multilabel_inputs(logits, probs, labels, ignore_index, validate_args)
+    if not equal_mass:
+        return label_binned_sums(p, y, keep, n_bins), result_dtype(p.dtype)
+    # equal-mass edges differ by label (and so do the kept entries): one pass per label
+    sums = torch.zeros(3, p.shape[1], n_bins, dtype=torch.float64, device=p.device)
+    for j in range(p.shape[1]):
+        pj, yj = p[keep[:, j], j], y[keep[:, j], j]
+        if pj.numel():
+            sums[:, j] = binned_sums(equal_mass_bin_index(pj, n_bins)[0], pj, yj, n_bins)
+    return sums, result_dtype(p.dtype)
+
+
+def _label_mean(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Mean over the labels (last axis of ``values``) that hold at least one entry."""
+    seen = counts > 0
+    return values[seen].mean()
+
+
 def _top_label(
     logits: Any, probs: Any, labels: Any, n_bins: int, validate_args: bool, norm: str,
-    ignore_index: int | None, equal_mass: bool = False,
+    ignore_index: int | None, equal_mass: bool = False, task: str = "multiclass",
 ) -> torch.Tensor:
     n_bins = check_positive_int(n_bins, "n_bins")
+    if check_task(task) != "multiclass":
+        sums, out = _binary_or_label_sums(task, logits, probs, labels, n_bins, validate_args,
+                                          ignore_index, equal_mass)
+        value = calibration_from_sums(sums, norm)
+        if task == "multilabel":
+            value = _label_mean(value, sums[0].sum(dim=-1))
+        return value.to(out)
     logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    warn_two_columns(p.shape[1])
     conf, correct = top1(p, y)
     if equal_mass:
         idx, _ = equal_mass_bin_index(conf, n_bins)
@@ -77,6 +120,7 @@ def _top_label(
 def ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
+    task: str = "multiclass",
 ) -> torch.Tensor:
     """Expected calibration error with ``n_bins`` equal-width bins.
 
@@ -103,6 +147,14 @@ def ece(
             Predictions may also be (N, C, d1, ...) with (N, d1, ...) labels: the metric is
             then that of the flattened rows whose label is kept
             (:func:`torchcal.metrics.flatten_valid`); every labelled metric does the same.
+        task: ``"multiclass"`` (default; the inputs above, top-1 confidence), ``"binary"``
+            ((N,) or (N, d1, ...) logits (sigmoid) or class-1 probabilities ``p`` with 0/1
+            labels of the same shape; bins ``p`` against the share of positives, the number
+            of torchmetrics' ``BinaryCalibrationError`` and netcal) or ``"multilabel"``
+            ((N, L, ...) with 0/1 labels of the same shape; the mean over the labels of their
+            binary ECE).  A 2-column ``"multiclass"`` input warns, once, that it measures the
+            top label (:class:`~torchcal.metrics.tasks.TwoColumnWarning`).  The same for
+            every metric of this module (:mod:`torchcal.metrics.tasks`).
 
     Returns:
         0-d tensor on the input's device.
@@ -112,14 +164,19 @@ def ece(
         ...                       [0.1, 0.8, 0.1]])
         >>> ece(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
         tensor(0.2000)
+        >>> ece(probs=torch.tensor([0.1, 0.3, 0.8, 0.9]), labels=torch.tensor([0, 1, 1, 1]),
+        ...     n_bins=2, task="binary")  # bins (0.2 vs 1/2) and (0.85 vs 1): (0.6 + 0.3) / 4
+        tensor(0.2250)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "l1", ignore_index)
+    return _top_label(logits, probs, labels, n_bins, validate_args, "l1", ignore_index,
+                      task=task)
 
 
 @keyword_inputs
 def mce(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
+    task: str = "multiclass",
 ) -> torch.Tensor:
     """Maximum calibration error: ``max_b |acc_b - conf_b|`` over the non-empty equal-width bins.
 
@@ -132,13 +189,15 @@ def mce(
         >>> mce(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
         tensor(0.3500)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "max", ignore_index)
+    return _top_label(logits, probs, labels, n_bins, validate_args, "max", ignore_index,
+                      task=task)
 
 
 @keyword_inputs
 def rmsce(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
+    task: str = "multiclass",
 ) -> torch.Tensor:
     """Root-mean-square calibration error: ``sqrt(sum_b (n_b / N) (acc_b - conf_b)^2)``.
 
@@ -151,13 +210,15 @@ def rmsce(
         >>> rmsce(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=2)
         tensor(0.2500)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "l2", ignore_index)
+    return _top_label(logits, probs, labels, n_bins, validate_args, "l2", ignore_index,
+                      task=task)
 
 
 @keyword_inputs
 def ace(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
+    task: str = "multiclass",
 ) -> torch.Tensor:
     """Average calibration error: the unweighted mean gap over the non-empty equal-width bins.
 
@@ -179,13 +240,15 @@ def ace(
         >>> ace(probs=probs, labels=torch.tensor([1, 0, 0, 2]), n_bins=4)  # (0.05 + 0.35) / 2
         tensor(0.2000)
     """
-    return _top_label(logits, probs, labels, n_bins, validate_args, "mean", ignore_index)
+    return _top_label(logits, probs, labels, n_bins, validate_args, "mean", ignore_index,
+                      task=task)
 
 
 @keyword_inputs
 def adaptive_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
+    task: str = "multiclass",
 ) -> torch.Tensor:
     """AdaECE (ECE_EM): ECE with ``n_bins`` equal-mass bins on the top-1 confidence.
 
@@ -205,13 +268,14 @@ def adaptive_ece(
         tensor(0.2000)
     """
     return _top_label(logits, probs, labels, n_bins, validate_args, "l1", ignore_index,
-                      equal_mass=True)
+                      equal_mass=True, task=task)
 
 
 @keyword_inputs
 def classwise_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
+    task: str = "multiclass",
 ) -> torch.Tensor:
     """Classwise-ECE: the mean over classes of the equal-width ECE of ``p_k`` vs ``[y = k]``.
 
@@ -241,8 +305,15 @@ def classwise_ece(
         tensor(0.1333)
     """
     n_bins = check_positive_int(n_bins, "n_bins")
-    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
-    p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    if check_task(task) == "multilabel":
+        return _top_label(logits, probs, labels, n_bins, validate_args, "l1", ignore_index,
+                          task=task)
+    if task == "binary":
+        q, y, _ = binary_inputs(logits, probs, labels, ignore_index, validate_args)
+        p, y = torch.stack([1 - q, q], dim=1), y.long()
+    else:
+        logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
+        p, y = prepare(logits, probs, labels, validate_args=validate_args)
     sums = classwise_sums(p, y, n_bins)
     n, c = p.shape
     return (sums.abs().sum() / (n * c)).to(result_dtype(p.dtype))
@@ -264,17 +335,52 @@ class ReliabilityCurve(NamedTuple):
     edges: torch.Tensor
 
 
+def _curve_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int, strategy: str
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-bin sums (3, B) and edges (B + 1,) of 1-D values for :func:`reliability_curve`."""
+    if strategy == "uniform":
+        idx = equal_width_bin_index(conf, n_bins)
+        edges = equal_width_edges(n_bins, dtype=conf.dtype, device=conf.device)
+    else:
+        idx, interior = equal_mass_bin_index(conf, n_bins)
+        edges = torch.cat([conf.new_zeros(1), interior.to(conf.dtype), conf.new_ones(1)])
+    return binned_sums(idx, conf, correct, n_bins), edges
+
+
+def _label_curve_sums(p: torch.Tensor, y: torch.Tensor, keep: torch.Tensor, n_bins: int,
+                      strategy: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-label sums (3, L, B) and edges ((B + 1,) uniform, (L, B + 1) quantile)."""
+    if strategy == "uniform":
+        edges = equal_width_edges(n_bins, dtype=p.dtype, device=p.device)
+        return label_binned_sums(p, y, keep, n_bins), edges
+    n_labels = p.shape[1]
+    sums = torch.zeros(3, n_labels, n_bins, dtype=torch.float64, device=p.device)
+    edges = torch.full((n_labels, n_bins + 1), float("nan"), dtype=p.dtype, device=p.device)
+    for j in range(n_labels):  # equal-mass edges differ by label
+        pj, yj = p[keep[:, j], j], y[keep[:, j], j]
+        if pj.numel():
+            sums[:, j], edges[j] = _curve_sums(pj, yj, n_bins, strategy)
+    return sums, edges
+
+
 @keyword_inputs
 def reliability_curve(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     strategy: str = "uniform", validate_args: bool = True,
-    ignore_index: int | None = IGNORE_INDEX,
+    ignore_index: int | None = IGNORE_INDEX, task: str = "multiclass",
 ) -> ReliabilityCurve:
     """Per-bin count, mean confidence and accuracy of the top-1 prediction.
 
     ``strategy="uniform"``: equal-width bins (the ECE convention); ``"quantile"``: equal-mass bins
     (the AdaECE convention), whose edges are ``[0, e_1, ..., e_{B-1}, 1]``.  The curve gives
     ``ece = sum(counts * |accuracies - confidences|) / N`` over the non-empty bins.
+
+    ``task="binary"`` bins the class-1 probability ``p``: ``confidences`` is the mean ``p``
+    of a bin and ``accuracies`` the share of positives in it (scikit-learn's
+    ``calibration_curve``).  ``task="multilabel"`` gives one such curve per label: every
+    field has a leading label axis, (L, B) (``edges`` (B + 1,) for equal-width bins, (L, B + 1)
+    for equal-mass ones), and the mean over labels of each curve's ECE is
+    ``ece(task="multilabel")``.  See :mod:`torchcal.metrics.tasks`.
 
     Example:
         >>> probs = torch.tensor([[0.2, 0.5, 0.3], [0.9, 0.05, 0.05], [0.3, 0.3, 0.4],
@@ -288,16 +394,17 @@ def reliability_curve(
     n_bins = check_positive_int(n_bins, "n_bins")
     if strategy not in ("uniform", "quantile"):
         raise ValueError(f"Expected `strategy` to be 'uniform' or 'quantile', got {strategy!r}")
-    logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
-    p, y = prepare(logits, probs, labels, validate_args=validate_args)
-    conf, correct = top1(p, y)
-    if strategy == "uniform":
-        idx = equal_width_bin_index(conf, n_bins)
-        edges = equal_width_edges(n_bins, dtype=conf.dtype, device=conf.device)
+    if check_task(task) == "binary":
+        p, y, _ = binary_inputs(logits, probs, labels, ignore_index, validate_args)
+        sums, edges = _curve_sums(p, y, n_bins, strategy)
+    elif task == "multilabel":
+        p, y, keep, _ = multilabel_inputs(logits, probs, labels, ignore_index, validate_args)
+        sums, edges = _label_curve_sums(p, y, keep, n_bins, strategy)
     else:
-        idx, interior = equal_mass_bin_index(conf, n_bins)
-        edges = torch.cat([conf.new_zeros(1), interior.to(conf.dtype), conf.new_ones(1)])
-    sums = binned_sums(idx, conf, correct, n_bins)
+        logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
+        p, y = prepare(logits, probs, labels, validate_args=validate_args)
+        warn_two_columns(p.shape[1])
+        sums, edges = _curve_sums(*top1(p, y), n_bins, strategy)
     counts = sums[0]
     out = result_dtype(p.dtype)
     denom = torch.where(counts > 0, counts, torch.full_like(counts, float("nan")))
@@ -311,7 +418,7 @@ def reliability_curve(
 
 def confidence_gap(
     *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True,
-    ignore_index: int | None = IGNORE_INDEX,
+    ignore_index: int | None = IGNORE_INDEX, task: str = "multiclass",
 ) -> torch.Tensor:
     """Mean top-1 confidence minus top-1 accuracy: > 0 over-confident, < 0 under-confident.
 
@@ -333,8 +440,16 @@ def confidence_gap(
         ...                labels=torch.tensor([0, 1]))  # 0.75 - 0.5
         tensor(0.2500)
     """
+    if check_task(task) != "multiclass":
+        sums, out = _binary_or_label_sums(task, logits, probs, labels, 1, validate_args,
+                                          ignore_index, False)
+        gap = (sums[1] - sums[2]).sum(dim=-1) / sums[0].sum(dim=-1)
+        if task == "multilabel":
+            gap = _label_mean(gap, sums[0].sum(dim=-1))
+        return gap.to(out)
     logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    warn_two_columns(p.shape[1])
     conf, correct = top1(p, y)
     gap = conf.to(torch.float64).mean() - correct.to(torch.float64).mean()
     return gap.to(result_dtype(p.dtype))
