@@ -21,13 +21,14 @@ torchmetrics' convention and numbers (``BinaryCalibrationError``, ``task=`` of
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Any
 
 import torch
 
 from .._validation import as_tensor, check_finite
-from ._common import _caller_stacklevel
 from .binning import equal_width_bin_index
 from .layout import check_ignore_index
 
@@ -66,8 +67,23 @@ def warn_two_columns(n_columns: int) -> None:
         "probabilities probs=p[:, 1] (or logits z[:, 1] - z[:, 0]) for the binary metric.  "
         "This warning is shown once.",
         TwoColumnWarning,
-        stacklevel=_caller_stacklevel(),
+        stacklevel=_user_stacklevel(),
     )
+
+
+_SKIPPED_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                 os.path.dirname(os.path.abspath(torch.__file__)))
+
+
+def _user_stacklevel() -> int:
+    """``stacklevel`` of the first frame outside torchcal and torch (``torch.no_grad``'s
+    wrapper of :meth:`CalibrationMeter.update`), relative to the caller of this function's
+    caller, so that the warning points at the user's line."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _pick(logits: Any, probs: Any) -> tuple[str, torch.Tensor]:
