@@ -1,6 +1,8 @@
 """torchcal.integrations.torchmetrics: Metric classes over CalibrationMeter's fixed-size state
-equal torchcal.metrics' functions, keep 1,616 bytes at 2,000,000 samples (torchmetrics' own
-ECE: 16 MB), and log through LightningModule.log in a real fit."""
+equal torchcal.metrics' functions, keep 368 bytes at 2,000,000 samples (torchmetrics' own
+ECE: 16 MB), log through LightningModule.log in a real fit, take task="binary" (equal to
+torchmetrics' BinaryCalibrationError) and "multilabel", and keep their float64 state under
+every dtype cast (issue 39)."""
 
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ def test_state_bytes_at_two_million_samples():
     ours_bytes = ours.state.numel() * ours.state.element_size()
     theirs_bytes = sum(t.numel() * t.element_size()
                        for name in ("confidences", "accuracies") for t in getattr(theirs, name))
-    assert ours_bytes == (3 * 15 + 10 * 15 + 7) * 8 == 1616
+    assert ours_bytes == (3 * 15 + 1) * 8 == 368  # the bin sums and the count (metrics=)
     assert theirs_bytes == 2_000_000 * 8 == 16_000_000
     # torchmetrics sums the 2M float32 confidences per bin in float32 (scatter_add_): its ECE
     # is off by a few 1e-6 here (5e-6 measured); torchcal's sums are float64
@@ -130,3 +132,104 @@ def test_logged_by_a_lightning_module(tmp_path):
     logged = trainer.callback_metrics
     assert float(logged["val_ece"]) == pytest.approx(float(M.ece(logits=z, labels=y)), abs=1e-6)
     assert float(logged["val_nll"]) == pytest.approx(float(M.nll(logits=z, labels=y)), abs=1e-6)
+
+
+CASTS = ["to_float32", "set_dtype", "parent_to_bfloat16", "bf16-true", "16-true"]
+
+
+def _cast(metric, how):
+    """Apply one of the casts a metric meets in a training program; returns the context the
+    next update runs in (Lightning's precision plugins also change the default dtype)."""
+    import contextlib
+    if how == "to_float32":
+        metric.to(torch.float32)
+    elif how == "set_dtype":
+        metric.set_dtype(torch.float16)
+    elif how == "parent_to_bfloat16":
+        parent = nn.Module()
+        parent.metric = metric
+        parent.to(torch.bfloat16)
+    else:
+        require("lightning", "lightning")
+        from lightning.pytorch.plugins.precision import HalfPrecision
+        plugin = HalfPrecision(how)
+        holder = nn.Module()
+        holder.metric = metric
+        plugin.convert_module(holder)
+        return plugin.forward_context()
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("how", CASTS)
+@pytest.mark.parametrize("cls", [CalibrationError, CalibrationMetrics])
+def test_state_stays_float64_under_every_cast(cls, how):
+    g = torch.Generator().manual_seed(2)
+    z = torch.randn(64, 4, generator=g)
+    y = torch.randint(0, 4, (64,), generator=g)
+    metric, twin = cls(num_classes=4, n_bins=10), cls(num_classes=4, n_bins=10)
+    metric.update(z[:32], y[:32])
+    twin.update(z[:32], y[:32])
+    before = metric.state.clone()
+    second = z[32:].to(torch.bfloat16 if "bf" in how else z.dtype)
+    with _cast(metric, how):
+        assert metric.state.dtype == torch.float64
+        torch.testing.assert_close(metric.state, before, rtol=0, atol=0)  # nothing rounded
+        metric.update(second, y[32:])
+        got = metric.compute()
+    assert metric.state.dtype == torch.float64
+    twin.update(second, y[32:])  # the same batches without the cast
+    torch.testing.assert_close(metric.state, twin.state, rtol=0, atol=0)
+    value = got["ece"] if isinstance(got, dict) else got
+    assert float(value) == float(twin.compute()["ece"] if isinstance(got, dict)
+                                 else twin.compute())
+    if "bf" not in how:
+        assert float(value) == pytest.approx(float(M.ece(logits=z, labels=y, n_bins=10)),
+                                             abs=1e-6)  # a float32 result
+
+
+def test_state_follows_the_device_and_torchmetrics_survives_the_same_casts():
+    theirs = pytest.importorskip("torchmetrics.classification").MulticlassCalibrationError(
+        num_classes=3)
+    ours = CalibrationError(num_classes=3)
+    z, y = torch.randn(20, 3), torch.randint(0, 3, (20,))
+    for how in CASTS[:3]:
+        for m in (ours, theirs):
+            _cast(m, how)
+            m.update(z, y)
+    assert ours.to("cpu").state.device.type == "cpu"
+    assert ours.state.dtype == torch.float64
+
+
+def test_binary_equals_torchmetrics_binary_calibration_error():
+    tm = pytest.importorskip("torchmetrics.classification")
+    g = torch.Generator().manual_seed(3)
+    z = 2 * torch.randn(5000, generator=g)
+    y = (torch.rand(5000, generator=g) < torch.sigmoid(z)).long()
+    for norm, cls in (("l1", CalibrationError), ("max", MaxCalibrationError),
+                      ("l2", RMSCalibrationError)):
+        ours = cls(task="binary", n_bins=15)
+        for zi, yi in zip(z.split(1000), y.split(1000), strict=True):
+            ours.update(zi, yi)
+        theirs = tm.BinaryCalibrationError(n_bins=15, norm=norm)(torch.sigmoid(z), y)
+        assert float(ours.compute()) == pytest.approx(float(theirs), abs=1e-6)
+        assert float(ours.compute()) == pytest.approx(
+            float({"l1": M.ece, "max": M.mce, "l2": M.rmsce}[norm](
+                logits=z, labels=y, task="binary")), abs=1e-7)  # float32 result
+    probs = CalibrationError(task="binary", input_format="probs")
+    probs.update(torch.sigmoid(z), y)
+    assert float(probs.compute()) == pytest.approx(
+        float(tm.BinaryCalibrationError(n_bins=15)(torch.sigmoid(z), y)), abs=1e-6)
+
+
+def test_multilabel_is_the_mean_of_the_per_label_binary_values():
+    g = torch.Generator().manual_seed(4)
+    p = torch.rand(500, 3, generator=g, dtype=torch.float64)
+    y = (torch.rand(500, 3, generator=g, dtype=torch.float64) < p).long()
+    y[:40, 1] = -100
+    metric = CalibrationMetrics(num_classes=3, task="multilabel", input_format="probs")
+    metric.update(p[:250], y[:250])
+    metric.update(p[250:], y[250:])
+    out = metric.compute()
+    per_label = [float(M.ece(probs=p[:, j], labels=y[:, j], task="binary")) for j in range(3)]
+    assert float(out["ece"]) == pytest.approx(sum(per_label) / 3, abs=1e-12)
+    assert metric.state.numel() == 3 * 3 * 15 + 4  # bins per label + n, nll, brier, correct

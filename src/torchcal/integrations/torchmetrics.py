@@ -1,9 +1,19 @@
 """torchmetrics ``Metric`` classes of torchcal's calibration metrics (the ``torchmetrics`` extra).
 
 Each class keeps the fixed-size float64 state of :class:`torchcal.metrics.CalibrationMeter`
-(``adaptive=False``): ``(3 + C) B + 7`` numbers whatever the number of samples, 1,616 bytes
-for C = 10 classes and B = 15 bins, summed across processes by torchmetrics' own sync
-(``dist_reduce_fx="sum"``).  The values are those of the functions of
+(``adaptive=False``) restricted to what its metric needs (``metrics=``): ``3 B + 1`` numbers
+for ECE / MCE / RMSCE (368 bytes for B = 15 bins), ``C B + 1`` for Classwise-ECE, 2 for NLL
+or Brier, ``(3 + C) B + 4`` for :class:`CalibrationMetrics` (1,592 bytes for C = 10 classes),
+whatever the number of samples, summed across processes by torchmetrics' own sync
+(``dist_reduce_fx="sum"``).  The state stays float64 under every dtype cast a module goes
+through (``.to(torch.float32)``, ``set_dtype``, a parent's ``.to(torch.bfloat16)``,
+Lightning's ``"bf16-true"`` / ``"16-true"`` precision); device moves apply.
+
+``task=`` is ``"multiclass"`` (default), ``"binary"`` ((N, ...) logits or class-1
+probabilities with 0/1 targets: ``CalibrationError(task="binary")`` is torchmetrics'
+``BinaryCalibrationError``) or ``"multilabel"`` (``num_classes`` = the number of labels L,
+(N, L, ...) inputs and 0/1 targets; the mean over labels of the binary metric), as
+:mod:`torchcal.metrics.tasks` defines them.  The values are those of the functions of
 :mod:`torchcal.metrics` over all the samples seen (same bins, same conventions), so a
 Lightning module logs them as it logs any torchmetrics metric::
 
@@ -13,7 +23,7 @@ Lightning module logs them as it logs any torchmetrics metric::
     self.log("val_ece", self.val_ece)             # computed and reset at the epoch's end
 
 ``update(preds, target)`` takes logits (``input_format="logits"``, default) or probabilities
-(``"probs"``) of shape (N, C) or (N, C, d1, ...) with (N, d1, ...) labels; entries labelled
+(``"probs"``) of shape (N, C) or (N, C, d1, ...) with (N, d1, ...) labels (multiclass); entries labelled
 ``ignore_index`` (default -100) are left out, as in torchmetrics'
 ``MulticlassCalibrationError(ignore_index=-100)``.  AdaECE needs every confidence (O(N)
 state) and is not offered here: use :class:`~torchcal.metrics.CalibrationMeter`.
@@ -49,15 +59,21 @@ class _MeterMetric(Metric):
     #: the key of :meth:`CalibrationMeter.compute` this metric returns (None: all of them)
     key: str | None = None
 
-    def __init__(self, num_classes: int, n_bins: int = 15, *, input_format: str = "logits",
-                 ignore_index: int | None = IGNORE_INDEX, **kwargs: Any) -> None:
+    #: the keys of :meth:`CalibrationMeter.compute` whose state this metric keeps
+    KEYS: tuple[str, ...] = ()
+
+    def __init__(self, num_classes: int | None = None, n_bins: int = 15, *,
+                 input_format: str = "logits", ignore_index: int | None = IGNORE_INDEX,
+                 task: str = "multiclass", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if input_format not in _FORMATS:
             raise ValueError(f"Expected `input_format` to be one of {_FORMATS}, "
                              f"got {input_format!r}")
         self.input_format = input_format
+        self.task = task
         self._meter = CalibrationMeter(num_classes, n_bins, adaptive=False, topk=1,
-                                       sync_dist=False, ignore_index=ignore_index)
+                                       sync_dist=False, ignore_index=ignore_index, task=task,
+                                       metrics=self.KEYS or (self.key,))
         self.add_state("state", default=torch.zeros(self._meter.state_size, dtype=torch.float64),
                        dist_reduce_fx="sum")
 
@@ -99,7 +115,11 @@ class CalibrationError(_MeterMetric):
         >>> metric = CalibrationError(num_classes=3, n_bins=2)
         >>> metric.update(torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), torch.tensor([0, 2]))
         >>> round(float(metric.compute()), 4), metric.state.numel() * 8  # bytes of state
-        (0.1816, 152)
+        (0.1816, 56)
+        >>> binary = CalibrationError(task="binary", n_bins=2)  # BinaryCalibrationError
+        >>> binary.update(torch.tensor([2.0, -1.0, 0.5]), torch.tensor([1, 0, 0]))
+        >>> round(float(binary.compute()), 4)
+        0.2574
     """
 
     key = "ece"
@@ -144,7 +164,7 @@ class CalibrationMetrics(_MeterMetric):
     """Every metric of one state as a dict (``self.log_dict(metric.compute())``): ``ece``,
     ``mce``, ``rmsce``, ``classwise_ece``, ``nll``, ``brier``, ``error`` (0-d float64)."""
 
-    KEYS = ("ece", "mce", "rmsce", "classwise_ece", "nll", "brier", "error")
+    KEYS = ("ece", "classwise_ece", "mce", "rmsce", "nll", "brier", "error")
 
     def compute(self) -> dict[str, torch.Tensor]:  # type: ignore[override]
         """Every metric over the samples seen (synced across processes)."""
