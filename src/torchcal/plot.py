@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ._io import atomic_write_bytes
 from ._validation import check_positive_int
@@ -62,7 +63,8 @@ ACCURACY_COLOR, OVER_COLOR, UNDER_COLOR = "#1f77b4", "#d62728", "#ff9f1c"
 
 
 def _draw_reliability(ax: Any, curve: ReliabilityCurve, ece_value: float | None,
-                      min_count: int = MIN_COUNT, legend: bool = True) -> None:
+                      min_count: int = MIN_COUNT, legend: bool = True,
+                      ylabel: str = "accuracy", ece_text: str = "ECE") -> None:
     """Accuracy bars; the gap to the mean confidence above an over-confident bin's bar (red,
     hatched) or as the top part of an under-confident bin's bar (orange, hatched)."""
     edges = curve.edges.double().cpu().numpy()
@@ -92,11 +94,11 @@ def _draw_reliability(ax: Any, curve: ReliabilityCurve, ece_value: float | None,
     ax.plot([0, 1], [0, 1], linestyle="--", color="gray", linewidth=1, label="perfect")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel(ylabel)
     if legend:
         _reliability_legend(ax, min_count, bool(sparse.any()))
     if ece_value is not None:
-        _corner_label(ax, f"ECE = {100 * ece_value:.2f}%")
+        _corner_label(ax, f"{ece_text} = {100 * ece_value:.2f}%")
 
 
 def _reliability_legend(ax: Any, min_count: int, sparse: bool) -> None:
@@ -135,7 +137,8 @@ def _corner_label(ax: Any, text: str) -> None:
 
 
 def _draw_counts(ax: Any, curve: ReliabilityCurve, mean_conf: float, accuracy: float,
-                 min_count: int = MIN_COUNT, legend: bool = True) -> None:
+                 min_count: int = MIN_COUNT, legend: bool = True,
+                 xlabel: str = "confidence") -> None:
     """Samples per bin on a log scale (a bin of 1 sample and one of 5,000 both visible), the
     ``min_count`` line, the accuracy and the mean confidence."""
     edges = curve.edges.double().cpu().numpy()
@@ -151,10 +154,30 @@ def _draw_counts(ax: Any, curve: ReliabilityCurve, mean_conf: float, accuracy: f
     ax.axvline(accuracy, color="#1f77b4", linestyle="-", linewidth=1.2, label="accuracy")
     ax.axvline(mean_conf, color="#d62728", linestyle="--", linewidth=1.2, label="avg. confidence")
     ax.set_xlim(0, 1)
-    ax.set_xlabel("confidence")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("samples")
     if legend:
         ax.legend(loc="upper left", fontsize=7)
+
+
+def _pooled(curve: ReliabilityCurve) -> ReliabilityCurve:
+    """One curve from the per-label curves (L, B) of ``task="multilabel"``: every (sample,
+    label) entry of a bin together (counts summed, means weighted by the counts)."""
+    counts = curve.counts.sum(dim=0)
+    w = curve.counts.double()
+    denom = torch.where(counts > 0, counts.double(), torch.full_like(w[0], float("nan")))
+    return ReliabilityCurve(
+        counts=counts,
+        confidences=(curve.confidences.double().nan_to_num() * w).sum(dim=0) / denom,
+        accuracies=(curve.accuracies.double().nan_to_num() * w).sum(dim=0) / denom,
+        edges=curve.edges)
+
+
+#: Axis labels and the corner's name of the ECE, by task.
+_TASK_TEXT = {"multiclass": ("accuracy", "confidence", "ECE"),
+              "binary": ("fraction of positives", "predicted probability", "ECE"),
+              "multilabel": ("fraction of positives", "predicted probability",
+                             "ECE (mean over labels)")}
 
 
 def reliability_diagram(
@@ -169,6 +192,7 @@ def reliability_diagram(
     hist_ax: Any = None,
     min_count: int = MIN_COUNT,
     legend: bool = True,
+    task: str = "multiclass",
 ) -> Any:
     """Reliability diagram of the top-1 confidence with the samples per bin below it.
 
@@ -182,6 +206,11 @@ def reliability_diagram(
     lines.  When ``ax`` is given the reliability panel is drawn into it, and the count panel
     into ``hist_ax`` if given (the caller owns the figure).
 
+    ``task="binary"`` draws the class-1 probability against the fraction of positives per
+    bin (the ECE of ``ece(task="binary")``, torchmetrics' ``BinaryCalibrationError``);
+    ``task="multilabel"`` draws every (sample, label) entry pooled in the same bins, with the
+    mean over the labels of their binary ECE in the corner (``ece(task="multilabel")``).
+
     Args:
         logits: (N, C) scores.  Exactly one of ``logits`` / ``probs``.
         probs: (N, C) probabilities, rows summing to 1.
@@ -193,13 +222,20 @@ def reliability_diagram(
         hist_ax: with ``ax``, an Axes for the count panel (below ``ax``, sharing its x-axis).
         min_count: bins with fewer samples are marked as sparse (default 20).
         legend: draw the legends.
+        task: ``"multiclass"`` (default), ``"binary"`` or ``"multilabel"``, with the inputs
+            of :mod:`torchcal.metrics.tasks`.
 
     Returns:
         The matplotlib ``Figure``.
     """
     check_positive_int(min_count, "min_count")
-    curve = reliability_curve(logits=logits, probs=probs, labels=labels, n_bins=n_bins)
-    ece_value = float(ece(logits=logits, probs=probs, labels=labels, n_bins=n_bins))
+    inputs = {"logits": logits, "probs": probs, "labels": labels, "n_bins": n_bins,
+              "task": task}
+    curve = reliability_curve(**inputs)
+    ece_value = float(ece(**inputs))
+    if task == "multilabel":
+        curve = _pooled(curve)
+    ylabel, xlabel, ece_text = _TASK_TEXT[task]
     counts = curve.counts.double()
     n = float(counts.sum())
     filled = counts > 0
@@ -207,19 +243,20 @@ def reliability_diagram(
     accuracy = float((curve.accuracies.double()[filled] * counts[filled]).sum()) / n
     if ax is not None:
         fig = ax.figure
-        _draw_reliability(ax, curve, ece_value, min_count, legend)
+        _draw_reliability(ax, curve, ece_value, min_count, legend, ylabel, ece_text)
         if hist_ax is not None:
-            _draw_counts(hist_ax, curve, mean_conf, accuracy, min_count, legend=False)
+            _draw_counts(hist_ax, curve, mean_conf, accuracy, min_count, legend=False,
+                         xlabel=xlabel)
             ax.tick_params(labelbottom=False)
         else:
-            ax.set_xlabel("confidence")
+            ax.set_xlabel(xlabel)
         if title:
             ax.set_title(title)
     else:
         fig = _new_figure(4.5, 6.0)
         top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
-        _draw_reliability(top, curve, ece_value, min_count, legend)
-        _draw_counts(bottom, curve, mean_conf, accuracy, min_count, legend)
+        _draw_reliability(top, curve, ece_value, min_count, legend, ylabel, ece_text)
+        _draw_counts(bottom, curve, mean_conf, accuracy, min_count, legend, xlabel)
         if title:
             top.set_title(title)
         fig.tight_layout()
