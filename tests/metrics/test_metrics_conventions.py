@@ -46,10 +46,8 @@ def test_max_prob_float32_equals_float64_on_saturated_logits():
     ref = torch.logsumexp(d, 1).numpy()
     y = np.r_[np.zeros(len(zi)), np.ones(len(zo))]
     assert float(a64) == pytest.approx(roc_auc_score(y, ref), abs=1e-12)
-    f32 = M.fpr_at_tpr(*(), **dict(zip(("scores", "labels"),
-                                       M.ood_scores(id_logits=zi.float(), ood_logits=zo.float(),
-                                                    score="max_prob"))))
-    assert float(f32) < 0.5  # the old float32 score gave FPR@95 = 1.0 here
+    s32, y32 = M.ood_scores(id_logits=zi.float(), ood_logits=zo.float(), score="max_prob")
+    assert float(M.fpr_at_tpr(scores=s32, labels=y32)) < 0.5  # the old float32 score gave FPR@95 = 1.0 here
 
 
 def test_max_prob_value_is_minus_log_max_prob():
