@@ -8,6 +8,11 @@ Dense layouts: every labelled metric (and :class:`CalibrationMeter`) also takes
 (N, C, d1, ...) predictions with (N, d1, ...) labels (a segmenter's or a language model's
 output, ``F.cross_entropy``'s layout) and ``ignore_index`` (default -100): the result is the
 metric of the flattened rows whose label is not ``ignore_index`` (:func:`flatten_valid`).
+
+Tasks: the calibration errors, the reliability curve, :class:`CalibrationMeter` and the
+torchmetrics adapter take ``task="multiclass"`` (default), ``"binary"`` ((N,) class-1 scores
+with 0/1 labels, torchmetrics' ``BinaryCalibrationError``) or ``"multilabel"`` ((N, L) with
+0/1 labels, the mean over labels): :mod:`torchcal.metrics.tasks`.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from .members import (
     pooled_log_probs,
     predictive_entropy,
 )
-from .meter import CalibrationMeter
+from .meter import METER_KEYS, CalibrationMeter
 from .ranking import (
     AUGRC_RULES,
     E_AURC_OPTIMA,
@@ -64,6 +69,7 @@ from .ranking import (
     risk_coverage_curve,
 )
 from .scoring import brier, entropy, error, nll, s99, topk_error
+from .tasks import TASKS, TwoColumnWarning
 
 __all__ = [
     "ece",
@@ -112,6 +118,9 @@ __all__ = [
     "bootstrap_ci",
     "BootstrapResult",
     "CalibrationMeter",
+    "METER_KEYS",
+    "TASKS",
+    "TwoColumnWarning",
     "flatten_valid",
     "IGNORE_INDEX",
     "bin_index",
