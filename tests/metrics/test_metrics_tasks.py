@@ -222,3 +222,24 @@ def test_reliability_diagram_tasks():
     assert f"ECE (mean over labels) = {value:.2f}%" in [t.get_text() for t in fig.axes[0].texts]
     # the pooled bars: bin counts are every kept (sample, label) entry
     assert sum(p.get_height() for p in fig.axes[1].patches) == int((yy != -100).sum())
+
+
+def test_bin_free_and_debiased_binary_equal_their_reference_packages():
+    z, y = _binary(3000, seed=8, dtype=torch.float64)
+    p = torch.sigmoid(z)
+    relplot = pytest.importorskip("relplot")
+    assert float(M.smooth_ece(probs=p, labels=y, task="binary")) == pytest.approx(
+        relplot.smECE(p.numpy(), y.numpy()), abs=1e-9)
+    cal = pytest.importorskip("calibration")
+    assert float(M.debiased_ece(probs=p, labels=y, task="binary")) == pytest.approx(
+        cal.get_calibration_error(p.numpy(), y.numpy(), p=2, debias=True), abs=1e-9)
+    # KS: the largest gap of the cumulative sums of p and y, sorted by p (no ties here)
+    order = np.argsort(p.numpy())
+    ks = np.abs(np.cumsum(y.numpy()[order] - p.numpy()[order])).max() / len(p)
+    assert float(M.ks_error(probs=p, labels=y, task="binary")) == pytest.approx(ks, abs=1e-12)
+    pm, ym = _multilabel(4)
+    for fn in (M.smooth_ece, M.debiased_ece, M.ks_error):
+        per_label = [float(fn(probs=pm[:, j], labels=ym[:, j], task="binary"))
+                     for j in range(4)]
+        assert float(fn(probs=pm, labels=ym, task="multilabel")) == pytest.approx(
+            np.mean(per_label), abs=1e-12)

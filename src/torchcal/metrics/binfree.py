@@ -15,6 +15,7 @@ import torch
 
 from ._common import keyword_inputs, prepare, result_dtype, top1
 from .layout import IGNORE_INDEX, flatten_inputs
+from .tasks import binary_columns, check_task, warn_two_columns
 
 __all__ = ["smooth_ece", "smooth_reliability_curve", "SmoothReliabilityCurve", "ks_error"]
 
@@ -146,14 +147,29 @@ def _top_label_f64(logits: Any, probs: Any, labels: Any, validate_args: bool,
                    ignore_index: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:
     logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    warn_two_columns(p.shape[1])
     conf, correct = top1(p, y)
     return conf.to(torch.float64), correct.to(torch.float64), result_dtype(p.dtype)
+
+
+def _pairs_f64(task: str, logits: Any, probs: Any, labels: Any, validate_args: bool,
+               ignore_index: int | None
+               ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.dtype]:
+    """The (value, outcome) float64 pairs a bin-free metric is computed on, one per problem:
+    the top-1 confidence and correctness (multiclass), the class-1 probability and label
+    (binary), or those of each label (multilabel; the metric is then their mean)."""
+    if check_task(task) == "multiclass":
+        f, a, out = _top_label_f64(logits, probs, labels, validate_args, ignore_index)
+        return [(f, a)], out
+    pairs, out = binary_columns(task, logits, probs, labels, ignore_index, validate_args)
+    return [(p.to(torch.float64), y.to(torch.float64)) for p, y in pairs], out
 
 
 @keyword_inputs
 def smooth_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, sigma: float | None = None,
     validate_args: bool = True, ignore_index: int | None = IGNORE_INDEX,
+    task: str = "multiclass",
 ) -> torch.Tensor:
     """Smooth ECE (Błasiok & Nakkiran 2023): the calibration error of a kernel-smoothed
     reliability curve, with no bins to choose.
@@ -180,6 +196,9 @@ def smooth_ece(
             :func:`smooth_reliability_curve` to see the value chosen).
         validate_args: check the inputs for NaN/Inf, range and row sums.
         ignore_index: label of the entries left out (see :func:`torchcal.metrics.ece`).
+        task: ``"multiclass"`` (top-1 confidence), ``"binary"`` (the class-1 probability
+            against the label: ``relplot.smECE(p, y)``) or ``"multilabel"`` (the mean over
+            labels), as :func:`torchcal.metrics.ece` takes it.
 
     Returns:
         0-d tensor on the input's device (a fraction in [0, 1]).
@@ -191,10 +210,12 @@ def smooth_ece(
         tensor(0.1377)
     """
     s = _check_sigma(sigma)
-    f, a, out = _top_label_f64(logits, probs, labels, validate_args, ignore_index)
-    res = _Residuals(f, f - a)
-    value = res.auto()[0] if s is None else res.smece(s)
-    return value.to(out)
+    pairs, out = _pairs_f64(task, logits, probs, labels, validate_args, ignore_index)
+    values = []
+    for f, a in pairs:
+        res = _Residuals(f, f - a)
+        values.append(res.auto()[0] if s is None else res.smece(s))
+    return torch.stack(values).mean().to(out)
 
 
 class SmoothReliabilityCurve(NamedTuple):
@@ -256,7 +277,7 @@ def smooth_reliability_curve(
 @keyword_inputs
 def ks_error(
     *, logits: Any = None, probs: Any = None, labels: Any, validate_args: bool = True,
-    ignore_index: int | None = IGNORE_INDEX,
+    ignore_index: int | None = IGNORE_INDEX, task: str = "multiclass",
 ) -> torch.Tensor:
     """Kolmogorov-Smirnov calibration error (Gupta et al. 2021), no bins.
 
@@ -269,17 +290,23 @@ def ks_error(
     the result does not depend on sample order.  The paper's code takes the maximum over
     every prefix of the sorted samples, which agrees whenever the confidences are distinct
     and otherwise depends on how the sort orders ties.  Sort plus a float64 cumulative sum:
-    O(N log N).
+    O(N log N).  ``task=`` as :func:`torchcal.metrics.ece` (binary: the class-1 probability
+    against the label; multilabel: the mean over labels).
 
     Example:
         >>> probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]])
         >>> ks_error(probs=probs, labels=torch.tensor([0, 1, 1, 0]))  # |0.6 + 0.7 - 1 - 1| / 4
         tensor(0.1750)
     """
-    f, a, out = _top_label_f64(logits, probs, labels, validate_args, ignore_index)
+    pairs, out = _pairs_f64(task, logits, probs, labels, validate_args, ignore_index)
+    return torch.stack([_ks(f, a) for f, a in pairs]).mean().to(out)
+
+
+def _ks(f: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """KS error of float64 values ``f`` against outcomes ``a`` (ties enter together)."""
     s, order = torch.sort(f)
     gap = torch.cumsum(a[order] - s, dim=0)
     # the last sample of each run of equal confidences closes that threshold
     last = torch.ones_like(s, dtype=torch.bool)
     last[:-1] = s[1:] != s[:-1]
-    return (gap[last].abs().max() / f.shape[0]).to(out)
+    return gap[last].abs().max() / f.shape[0]

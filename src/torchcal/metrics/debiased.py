@@ -11,6 +11,7 @@ from .._validation import check_positive_int
 from ._common import binned_sums, keyword_inputs, prepare, result_dtype, top1
 from .binning import bin_index, equal_width_bin_index
 from .layout import IGNORE_INDEX, flatten_inputs
+from .tasks import binary_columns, check_task, warn_two_columns
 
 __all__ = ["debiased_ece"]
 
@@ -38,7 +39,7 @@ def _midpoint_edges(conf: torch.Tensor, n_bins: int) -> torch.Tensor:
 def debiased_ece(
     *, logits: Any = None, probs: Any = None, labels: Any, n_bins: int = 15,
     strategy: str = "quantile", validate_args: bool = True,
-    ignore_index: int | None = IGNORE_INDEX,
+    ignore_index: int | None = IGNORE_INDEX, task: str = "multiclass",
 ) -> torch.Tensor:
     """Debiased estimate of the top-label l2 calibration error (Kumar et al. 2019).
 
@@ -71,6 +72,8 @@ def debiased_ece(
         strategy: ``"quantile"`` or ``"uniform"``.
         validate_args: check the inputs for NaN/Inf, range and row sums.
         ignore_index: label of the entries left out (see :func:`torchcal.metrics.ece`).
+        task: ``"multiclass"`` (top label), ``"binary"`` (the class-1 probability against the
+            label) or ``"multilabel"`` (the mean over labels), as :func:`torchcal.metrics.ece`.
 
     Returns:
         0-d tensor on the input's device (a fraction in [0, 1]).
@@ -86,9 +89,20 @@ def debiased_ece(
     n_bins = check_positive_int(n_bins, "n_bins")
     if strategy not in _STRATEGIES:
         raise ValueError(f"Expected `strategy` to be one of {_STRATEGIES}, got {strategy!r}")
+    if check_task(task) != "multiclass":
+        pairs, out = binary_columns(task, logits, probs, labels, ignore_index, validate_args)
+        values = [_debiased(p, y, n_bins, strategy) for p, y in pairs]
+        return torch.stack(values).mean().to(out)
     logits, probs, labels = flatten_inputs(logits, probs, labels, ignore_index)
     p, y = prepare(logits, probs, labels, validate_args=validate_args)
+    warn_two_columns(p.shape[1])
     conf, correct = top1(p, y)
+    return _debiased(conf, correct, n_bins, strategy).to(result_dtype(p.dtype))
+
+
+def _debiased(conf: torch.Tensor, correct: torch.Tensor, n_bins: int, strategy: str
+              ) -> torch.Tensor:
+    """The debiased l2 error of values ``conf`` against outcomes ``correct`` (float64)."""
     if strategy == "quantile":
         conf64 = conf.to(torch.float64)
         idx = bin_index(conf64, _midpoint_edges(conf64, n_bins))
@@ -100,4 +114,4 @@ def debiased_ece(
     acc = acc_sum / m
     term = (conf_sum / m - acc) ** 2 - acc * (1 - acc) / (counts - 1).clamp(min=1)
     sq = (counts * term).where(enough, 0.0).sum() / counts.sum()
-    return sq.clamp(min=0).sqrt().to(result_dtype(p.dtype))
+    return sq.clamp(min=0).sqrt()

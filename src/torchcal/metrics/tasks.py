@@ -33,7 +33,7 @@ from .binning import equal_width_bin_index
 from .layout import check_ignore_index
 
 __all__ = ["TASKS", "TwoColumnWarning", "check_task", "binary_inputs", "multilabel_inputs",
-           "warn_two_columns", "label_binned_sums"]
+           "warn_two_columns", "label_binned_sums", "binary_columns"]
 
 #: The tasks every calibration metric, the meter and the torchmetrics adapter take.
 TASKS = ("multiclass", "binary", "multilabel")
@@ -194,3 +194,19 @@ def label_binned_sums(p: torch.Tensor, y: torch.Tensor, keep: torch.Tensor, n_bi
     rows = torch.stack([torch.ones_like(w), w, y[keep].to(torch.float64)])
     out = torch.zeros(3, size, dtype=torch.float64, device=p.device).index_add_(1, k, rows)
     return out.view(3, n_labels, n_bins)
+
+
+def binary_columns(task: str, logits: Any, probs: Any, labels: Any,
+                   ignore_index: int | None, validate_args: bool
+                   ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.dtype]:
+    """``(p, y)`` pairs, one per binary problem: one for ``task="binary"``, one per label with
+    a kept entry for ``"multilabel"`` (p (M_j,) probabilities, y (M_j,) bool), and the
+    result dtype (the input's, at least float32).  For the metrics that are the mean over
+    the labels of a binary metric."""
+    if task == "binary":
+        p, y, _ = binary_inputs(logits, probs, labels, ignore_index, validate_args)
+        return [(p, y)], torch.promote_types(p.dtype, torch.float32)
+    p, y, keep, _ = multilabel_inputs(logits, probs, labels, ignore_index, validate_args)
+    pairs = [(p[keep[:, j], j], y[keep[:, j], j]) for j in range(p.shape[1])
+             if bool(keep[:, j].any())]
+    return pairs, torch.promote_types(p.dtype, torch.float32)
