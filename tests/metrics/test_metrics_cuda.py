@@ -76,3 +76,24 @@ def test_bootstrap_meter_and_ranking_on_cuda():
         out = fn(**{k: v.cuda() for k, v in kw.items()})
         assert out.device.type == "cuda"
         _same(out.cpu(), fn(**kw), 1e-12)
+
+
+@pytest.mark.parametrize("task", ["binary", "multilabel"])
+def test_binary_and_multilabel_on_cuda_equal_cpu(task):
+    g = torch.Generator().manual_seed(1)
+    shape = (2000,) if task == "binary" else (2000, 6)
+    p = torch.rand(shape, generator=g, dtype=torch.float64)
+    y = (torch.rand(shape, generator=g, dtype=torch.float64) < p).long()
+    y[:30] = -100
+    pc, yc = p.cuda(), y.cuda()
+    for fn in (M.ece, M.mce, M.rmsce, M.adaptive_ece, M.classwise_ece, M.confidence_gap):
+        out = fn(probs=pc, labels=yc, task=task)
+        assert out.device.type == "cuda", fn.__name__
+        _same(out.cpu(), fn(probs=p, labels=y, task=task), 1e-12)
+    n = None if task == "binary" else 6
+    gpu, cpu = M.CalibrationMeter(n, task=task), M.CalibrationMeter(n, task=task)
+    gpu.update(probs=pc, labels=yc)
+    cpu.update(probs=p, labels=y)
+    for key, value in gpu.compute().items():
+        assert value.device.type == "cuda"
+        _same(value.cpu(), cpu.compute()[key], 1e-12)

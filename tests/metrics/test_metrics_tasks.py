@@ -243,3 +243,13 @@ def test_bin_free_and_debiased_binary_equal_their_reference_packages():
                      for j in range(4)]
         assert float(fn(probs=pm, labels=ym, task="multilabel")) == pytest.approx(
             np.mean(per_label), abs=1e-12)
+
+
+def test_smooth_reliability_curve_binary():
+    z, y = _binary(800, seed=9, dtype=torch.float64)
+    curve = M.smooth_reliability_curve(logits=z, labels=y, task="binary")
+    assert float(curve.smooth_ece) == pytest.approx(
+        float(M.smooth_ece(logits=z, labels=y, task="binary")), abs=1e-12)
+    with pytest.raises(ValueError, match="each label's column with task='binary'"):
+        M.smooth_reliability_curve(logits=z.view(400, 2), labels=y.view(400, 2),
+                                   task="multilabel")

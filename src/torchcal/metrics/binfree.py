@@ -240,7 +240,7 @@ class SmoothReliabilityCurve(NamedTuple):
 def smooth_reliability_curve(
     *, logits: Any = None, probs: Any = None, labels: Any, sigma: float | None = None,
     n_points: int = _PLOT_MESH, validate_args: bool = True,
-    ignore_index: int | None = IGNORE_INDEX,
+    ignore_index: int | None = IGNORE_INDEX, task: str = "multiclass",
 ) -> SmoothReliabilityCurve:
     """The smoothed reliability diagram behind :func:`smooth_ece`.
 
@@ -250,6 +250,8 @@ def smooth_reliability_curve(
     automatic bandwidth).  These are the ``mu`` and ``density`` that
     ``relplot.prepare_rel_diagram`` draws (without its bootstrap band).  Plot ``accuracies``
     against ``mesh`` with the diagonal; the density shows where the confidences lie.
+    ``task="binary"`` smooths the class-1 probability against the label (see
+    :func:`torchcal.metrics.ece`).
 
     Example:
         >>> probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]])
@@ -260,7 +262,11 @@ def smooth_reliability_curve(
     s = _check_sigma(sigma)
     if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
         raise ValueError(f"Expected `n_points` to be an integer >= 2, got {n_points!r}")
-    f, a, out = _top_label_f64(logits, probs, labels, validate_args, ignore_index)
+    if task == "multilabel":
+        raise ValueError("Expected task='multiclass' or 'binary' for one smooth reliability "
+                         "curve; for a multi-label problem pass each label's column with "
+                         "task='binary'")
+    [(f, a)], out = _pairs_f64(task, logits, probs, labels, validate_args, ignore_index)
     res = _Residuals(f, f - a)
     if s is None:
         value, s = res.auto()
