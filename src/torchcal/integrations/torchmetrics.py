@@ -164,7 +164,7 @@ class CalibrationMetrics(_MeterMetric):
     """Every metric of one state as a dict (``self.log_dict(metric.compute())``): ``ece``,
     ``mce``, ``rmsce``, ``classwise_ece``, ``nll``, ``brier``, ``error`` (0-d float64)."""
 
-    KEYS = ("ece", "classwise_ece", "mce", "rmsce", "nll", "brier", "error")
+    KEYS = ("ece", "mce", "rmsce", "classwise_ece", "nll", "brier", "error")
 
     def compute(self) -> dict[str, torch.Tensor]:  # type: ignore[override]
         """Every metric over the samples seen (synced across processes)."""
