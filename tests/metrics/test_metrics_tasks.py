@@ -142,6 +142,8 @@ def test_binary_and_multilabel_bad_inputs():
         M.ece(probs=z, labels=y, task="binary")
     with pytest.raises(ValueError, match="NaN"):
         M.ece(logits=torch.full((3,), float("nan")), labels=y[:3], task="binary")
+    with pytest.warns(UserWarning, match="look like probabilities"):
+        M.ece(logits=torch.sigmoid(z), labels=y, task="binary")
     with pytest.raises(ValueError, match=r"\(N, L\) or \(N, L, d1, ...\)"):
         M.ece(logits=z, labels=y, task="multilabel")
     with pytest.raises(ValueError, match="at least one entry"):

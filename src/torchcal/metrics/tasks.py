@@ -127,6 +127,11 @@ def _to_probs(name: str, t: torch.Tensor, validate_args: bool) -> torch.Tensor:
                                  "as `logits=`, turned into probabilities with sigmoid)")
         elif bool(torch.isnan(t).any()):
             raise ValueError(f"Expected `logits` to hold no NaN, found {int(torch.isnan(t).sum())}")
+        elif t.numel() > 1 and bool((t.amin() >= 0) & (t.amax() <= 1)):
+            warnings.warn(
+                "`logits` are all in [0, 1]: they look like probabilities.  They are passed "
+                "through sigmoid, which maps [0, 1] to [0.5, 0.73] and makes the metric wrong. "
+                "Pass them as `probs=` instead.", UserWarning, stacklevel=_user_stacklevel())
     return torch.sigmoid(t) if name == "logits" else t
 
 
