@@ -434,14 +434,16 @@ def relative_run_dir(run_dir: str | os.PathLike, base: str | os.PathLike | None)
 def runs_csv(groups: Sequence[Group], base: str | os.PathLike | None = None) -> str:
     """One row per run with every number (fractions; empty cell = NaN/missing); ``run_dir``
     relative to ``base`` (the report's directory, see :func:`relative_run_dir`); ``members``:
-    the seeds a pooled record (an ensemble) pooled, space-separated (empty for a seed's run)."""
-    runs = [r for g in groups for r in g.runs]
+    the seeds a pooled record (an ensemble) pooled, space-separated (empty for a seed's run).
+    An ensemble group's seed-subset ensembles (:attr:`Group.subsets`) follow its own rows, so
+    that the file holds every record the claims were tested on."""
+    runs = [r for g in groups for r in (*g.runs, *g.subsets)]
     keys = _all_keys([r.flat for r in runs])
     header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "seed", "run_dir",
               "members"] + keys
     rows = []
     for g in groups:
-        for r in g.runs:
+        for r in (*g.runs, *g.subsets):
             members = r.meta.get("members")
             rows.append([g.dataset, g.model, g.loss, r.key[3], g.predictor, r.seed,
                          relative_run_dir(r.run_dir, base),
