@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchcal.report.aggregate import RunRecord, group_runs
+from torchcal.report.aggregate import RunRecord, group_runs, runs_from_results_csv
 from torchcal.report.claims import (
     CHANCE_MARGIN,
     CLAIMS,
