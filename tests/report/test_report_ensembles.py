@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchcal.ensemble import CALIBRATE_THEN_POOL, evaluate_ensemble
+from torchcal.ensemble import CALIBRATE_THEN_POOL, CALIBRATE_THEN_POOL_NLL, evaluate_ensemble
 from torchcal.evaluate import load_logits, save_logits
 from torchcal.report.aggregate import RunRecord, group_runs, load_runs, runs_from_results_csv
 from torchcal.report.claims import (
@@ -103,6 +103,18 @@ def test_evaluate_ensemble_equals_a_numpy_computation(tmp_path):
     assert post["nll"] == pytest.approx(-np.log(pc[np.arange(len(yt)), yt]).mean(), abs=1e-6)
     assert post["ece"] == pytest.approx(np_ece(pc, yt), abs=1e-6)
     assert res["temperatures"][CALIBRATE_THEN_POOL] == pytest.approx(np.mean(temps), abs=1e-12)
+    # issue 41: calibrate then pool with each member's NLL-fitted T (the ensemble papers' fit):
+    # T minimises the member's validation NLL (no point of a fine grid around it is lower)
+    temps_nll = res["meta"]["member_temperatures_nll"]
+    for (z, y), tm in zip(val, temps_nll, strict=True):
+        def nll_at(t, z=z, y=y):
+            return -np.log(np_softmax(z / t)[np.arange(len(y)), y]).mean()
+        assert nll_at(tm) <= min(nll_at(t) for t in tm * np.linspace(0.95, 1.05, 41)) + 1e-7
+    pn = np.mean([np_softmax(z / tm) for (z, _y), tm in zip(test, temps_nll, strict=True)], 0)
+    post = res["test"]["post"][CALIBRATE_THEN_POOL_NLL]
+    assert post["nll"] == pytest.approx(-np.log(pn[np.arange(len(yt)), yt]).mean(), abs=1e-6)
+    assert post["ece"] == pytest.approx(np_ece(pn, yt), abs=1e-6)
+    assert res["temperatures"][CALIBRATE_THEN_POOL_NLL] == pytest.approx(np.mean(temps_nll))
     assert res["meta"]["predictor"] == "ensemble" and res["meta"]["seed"] is None
     # written as a run: the report reads it as the ensemble's own row, with its members
     rec, = load_runs([tmp_path / "ens"]).runs
@@ -246,10 +258,19 @@ def test_ensemble_table_rows():
     tab = ensemble_table(group_runs(recs))
     rows = [[c.text for c in r] for r in tab.rows]
     nll = tab.header.index("NLL")
-    assert [r[2] for r in rows] == ["members (mean ± std)", "ensemble, no T", "pool then calibrate",
-                                    "calibrate then pool"]
+    # results written before the NLL fits were measured: their rows are left out
+    assert [r[2] for r in rows] == ["members (mean ± std)", "ensemble, no T",
+                                    "pool then calibrate (grid-ECE T)",
+                                    "calibrate then pool (grid-ECE T)"]
     assert [r[nll] for r in rows] == ["0.650 ± 0.071", "0.500", "0.450", "0.470"]
     assert [r[-1] for r in rows[1:]] == ["–", "1.30", "1.50"] and rows[0][1] == "0, 1"
+    recs[-1].flat.update({"test.post.nll.nll": 0.44, "temperature.nll": 1.25,
+                          "test.post.calibrate_then_pool_nll.nll": 0.46,
+                          "temperature.calibrate_then_pool_nll": 1.4})
+    rows = [[c.text for c in r] for r in ensemble_table(group_runs(recs)).rows]
+    assert [(r[2], r[nll], r[-1]) for r in rows[2:4]] == [
+        ("pool then calibrate (NLL T)", "0.440", "1.25"),
+        ("calibrate then pool (NLL T)", "0.460", "1.40")]
     assert "validation split" in tab.notes[0] and "test split" in tab.notes[0]
     assert ensemble_table(group_runs(recs[:3])) is None
 
@@ -279,13 +300,15 @@ def test_two_seed_demo_reports_each_loss_ensemble(tmp_path):
     assert ce_runs["n_runs"] == 2  # the ensemble is never averaged in as a third seed
     md = res.report.report_md.read_text(encoding="utf-8")
     assert "### Ensembles: mnist1d / mnist1d_cnn" in md
-    assert "| Cross-entropy · ensemble |" in md and "| Cross-entropy | 0, 1 | pool then calibrate |" in md
+    assert "| Cross-entropy · ensemble |" in md
+    assert "| Cross-entropy | 0, 1 | pool then calibrate (NLL T) |" in md
     assert "**Ensembles:** per loss, the mean of the probabilities of its seeds 0, 1" in md
     assert "fitted on the validation split" in md and "on the test split" in md
     results = {r.claim.key: r for r in check_claims(res.report.groups, cfg_claims())}
     for key in ("lakshminarayanan_ensemble", "rahaman_wen_calibrated_members",
                 "wen_label_smoothing"):
         assert results[key].n == 1 and results[key].seeds == ["0, 1"], key
+        assert results[key].verdict.endswith("(one set of seeds: one observation)")
         assert f"**Verdict (shortened schedule, 3 of 350 epochs): {results[key].verdict}.**" in md
     ood = results["mukhoti_ood_entropy"]
     assert ood.n + len(ood.at_chance) == 2  # a 3-epoch model of width 4 may be at chance
@@ -296,3 +319,34 @@ def cfg_claims():
     from torchcal.experiments import get_benchmark
 
     return get_benchmark("mnist1d").claims
+
+
+def test_seed_ensembles_add_every_subset_of_3_for_the_claims_losses(tmp_path):
+    """Issue 41: with more than 3 seeds, the losses the ensemble claims compare get the
+    ensemble of every 3 of their seeds besides the ensemble of all; the report's tables keep
+    the ensemble of all, the claims count the subsets, results.csv holds them all."""
+    from torchcal.experiments.demo import seed_ensembles
+
+    specs = []
+    for loss in ("ce", "focal"):
+        for d, seed in zip(write_member_runs(tmp_path / loss, n_members=4, seed=7), range(4),
+                           strict=True):
+            (d / "config.json").write_text(json.dumps(
+                {"dataset": "d", "model": "m", "loss": loss, "loss_kwargs": {}, "seed": seed,
+                 "epochs": 1}), encoding="utf-8")
+            RunDir(d).results().write_text("{}", encoding="utf-8")
+            specs.append({"run_dir": str(d), "loss": loss, "seed": seed})
+    dirs = seed_ensembles(specs, tmp_path / "out", subset_losses={"ce"})
+    names = [d.relative_to(tmp_path / "out").as_posix() for d in dirs]
+    assert names == ["ensembles/ce", "ensembles/ce/subsets/0-1-2", "ensembles/ce/subsets/0-1-3",
+                     "ensembles/ce/subsets/0-2-3", "ensembles/ce/subsets/1-2-3",
+                     "ensembles/focal"]
+    recs = load_runs(dirs).runs
+    ce, = [g for g in group_runs(recs) if g.loss == "ce"]
+    assert [r.meta["members"] for r in ce.runs] == [[0, 1, 2, 3]]
+    assert [r.meta["members"] for r in ce.subsets] == [[0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3]]
+    text = runs_csv(group_runs(recs))
+    assert [r["members"] for r in csv.DictReader(io.StringIO(text))] == [
+        "0 1 2 3", "0 1 2", "0 1 3", "0 2 3", "1 2 3", "0 1 2 3"]
+    again, = [g for g in group_runs(runs_from_results_csv(text)) if g.loss == "ce"]
+    assert len(again.runs) == 1 and len(again.subsets) == 4
