@@ -5,12 +5,16 @@ fails on that seed; its verdict, "holds on k of n seeds", is computed here from 
 results, never written by hand.  A seed enters a claim only when every loss the claim needs has
 a run with that seed; a claim with no such seed is "not tested".
 
+Each rule tests the mechanism its claim names, and can fail for that reason: the input on
+which each fails is written down in docs/guide/reproducing.md ("The claims' rules, and the input
+on which each fails") and fed to it in tests/report/test_report_claim_rules.py.
+
 The claims (pre-temperature test metrics; "similar error" means within
 :data:`SIMILAR_ERROR` = 3 percentage points of cross-entropy's test error):
 
 * Mukhoti et al. 2020 (NeurIPS): cross-entropy is over-confident, T > 1 (grid-ECE temperature on
-  validation); focal loss (γ=3) and FLSD-53 each give a lower ECE than cross-entropy at similar
-  error.
+  validation) and mean confidence above accuracy on test; focal loss (γ=3) and FLSD-53 each
+  give a lower ECE than cross-entropy at similar error.
 * Ghosh et al. 2022 (NeurIPS): AdaFocal gives the lowest AdaECE of the focal family of its tables
   (focal γ=3, FLSD-53, AdaFocal), at error similar to cross-entropy's.
 * Lin et al. 2025: BSCE-GRA gives a lower ECE than cross-entropy and than BSCE without gradient
@@ -21,17 +25,27 @@ The claims (pre-temperature test metrics; "similar error" means within
 
 The ensemble claims (:data:`ENSEMBLE_CLAIMS`, ``per="seed_set"``) compare the ensemble of a set
 of seeds (a record with ``meta.predictor`` ``"ensemble"`` and its seeds in ``meta.members``;
-temperatures fitted on validation, numbers on test) with the mean of its members' runs, one
-seed set at a time; with fewer than 2 seeds they are "not evaluated (needs 2 or more seeds)":
+temperatures fitted by NLL on validation, numbers on test) with its members' runs, one seed set
+at a time: every subset of 3 seeds when the results hold those ensembles
+(:attr:`~torchcal.report.aggregate.Group.subsets`, the demo's with more than 3 seeds: "holds on
+k of 10 seed subsets", which overlap and are not independent), else each ensemble record ("1 of
+1 seed set" with 2 seeds: one observation); with fewer than 2 seeds they are "not evaluated
+(needs 2 or more seeds)":
 
-* Lakshminarayanan et al. 2017: the cross-entropy ensemble has a lower NLL and a lower error
-  than its mean member.
+* Lakshminarayanan et al. 2017: the cross-entropy ensemble has a lower NLL than its best member
+  (below its members' mean NLL holds for every ensemble: Jensen's inequality) and a lower error
+  than its members' mean.
 * Rahaman & Thiery 2021 and Wen et al. 2021: the ensemble of members trained to be calibrated
-  is under-confident (mean confidence below accuracy), and temperature scaling after pooling
-  repairs it (a lower ECE than the ensemble's, and no higher than calibrating each member before
-  pooling).  The papers' calibrated members are trained with mixup, which is not a loss; here
-  they are focal loss (γ=3) and FLSD-53 (Mukhoti et al.'s calibrated losses) and, in a claim of
-  its own, label smoothing (the softened labels Wen et al. name beside mixup).
+  is under-confident (mean confidence below accuracy), more than its own members and more than
+  the cross-entropy ensemble of the same seeds; and calibrating after pooling repairs it (with
+  NLL-fitted temperatures, a pool-then-calibrate ECE below the raw ensemble's and below
+  calibrate-then-pool's).  The papers' calibrated members are trained with mixup, which is not
+  a loss; here they are focal loss (γ=3) and FLSD-53 (Mukhoti et al.'s calibrated losses) and,
+  in a claim of its own, label smoothing (the softened labels Wen et al. name beside mixup).
+
+A seed (set) whose results lack a number its rule needs (:attr:`Claim.needs`) is not evaluated
+rather than counted as failing; a claim that compares a loss without any run is listed under
+its own heading, :data:`NEEDS_FULL`, not among the verdicts.
 
 Beside the verdicts the section shows the direction of each loss's miscalibration: the
 temperature T (> 1: over-confident, < 1: under-confident) and the mean top-1 confidence minus the
