@@ -265,3 +265,17 @@ def test_every_claim_has_a_failing_table():
                                                    "wen_label_smoothing"})
     assert keys <= covered, sorted(keys - covered)
     assert all(isinstance(c, Claim) for c in _claims().values())
+
+
+def test_an_ensemble_claim_skips_seed_sets_with_a_member_at_chance():
+    claim = {c.key: c for c in ENSEMBLE_CLAIMS}["lakshminarayanan_ensemble"]
+    runs = [_record("ce", s, {NLL: nll, ERR: err}) for s, nll, err in
+            ((0, 0.30, 0.06), (1, 0.40, 0.06), (2, 2.3, 0.88))]
+    for r in runs:
+        r.results["num_classes"] = 10  # seed 2: 12% accuracy on 10 classes, at chance
+    recs = runs + [_record("ce", None, {NLL: 0.25, ERR: 0.05}, "ensemble", (0, 1)),
+                   _record("ce", None, {NLL: 0.25, ERR: 0.05}, "ensemble", (1, 2))]
+    res = _verdict(claim, recs)
+    assert res.seeds == ["0, 1"] and res.at_chance == ["1, 2"]
+    assert res.verdict == ("holds on 1 of 1 seed set (1 seed set not evaluated (model at "
+                           "chance)) (one set of seeds: one observation)")

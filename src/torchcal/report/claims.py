@@ -417,7 +417,7 @@ class ClaimResult:
             return "not tested (no ensemble of a common seed set)"
         unit = self.unit
         m = len(self.at_chance)
-        skipped = f"; {m} seed{'s' if m > 1 else ''} not evaluated (model at chance)" if m else ""
+        skipped = f"; {m} {unit}{'s' if m > 1 else ''} not evaluated (model at chance)" if m else ""
         if self.k == 0:
             return f"fails on every {unit} (holds on 0 of {self.n}{skipped})" + self.sets_note
         return f"holds on {self.k} of {self.n} {unit}{'s' if self.n > 1 else ''}" + (
@@ -577,6 +577,10 @@ def _test_seed_sets(c: Claim, res: ClaimResult, by_loss: Mapping[str, Group],
     sets, subsets = _seed_sets(c, ensembles)
     common = [s for s in sets[0] if all(s in d for d in sets[1:])]
     for s in sorted(common):
+        if c.skill and any(_run_at_chance(r) for x in c.losses for r in by_loss[x].runs
+                           if r.seed in s):
+            res.at_chance.append(", ".join(map(str, s)))
+            continue
         nums = {x: _seed_set_numbers(d[s], by_loss[x]) for x, d in zip(c.losses, sets, strict=True)}
         if lack := _lacking(c, nums):
             res.lacking[", ".join(map(str, s))] = lack
@@ -591,10 +595,10 @@ def _test_seed_sets(c: Claim, res: ClaimResult, by_loss: Mapping[str, Group],
 def _num(key: str, v: float) -> str:
     if math.isnan(v):
         return "–"
-    if key.endswith(".nll"):
-        return f"{v:.3f}"
     if key.startswith("temperature."):
         return f"{v:.1f}" if key.startswith("temperature.grid") else f"{v:.2f}"
+    if key.endswith(".nll"):
+        return f"{v:.3f}"
     return f"{100.0 * v:.2f}"
 
 
