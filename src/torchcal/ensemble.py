@@ -182,7 +182,9 @@ def _common_ood_names(dirs: Sequence[RunDir], checkpoint: str) -> list[str]:
 
 def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike | None
                       = None, *, n_bins: int = 15, checkpoint: str = "last",
-                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                      meta: dict[str, Any] | None = None,
+                      member_temperatures: dict[str, Sequence[float]] | None = None
+                      ) -> dict[str, Any]:
     """Evaluate the ensemble of runs as one predictor: a ``torchcal.results/1`` document.
 
     The ensemble is :func:`from_run_dirs` of each split.  Every number is on the test split;
@@ -198,6 +200,10 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
       the members' mean temperature and ``meta.member_temperatures`` each one;
       ``calibrate_then_pool_nll`` and ``meta.member_temperatures_nll`` the same with each
       member's NLL-fitted temperature (the fit of the ensemble papers, and of the claims).
+
+    ``member_temperatures`` (``{"grid_ece": [T per run], "nll": [T per run]}``, in the order
+    of ``run_dirs``): the members' temperatures, fitted as above by an earlier call (those of
+    its ``meta``), so that the ensembles of many subsets of the same runs fit each run once.
 
     ``meta`` (default ``{}``) is completed with ``predictor: "ensemble"``, ``seed: None`` and
     ``members`` (when not given: the member runs' directories' names are not seeds, so give
@@ -217,8 +223,7 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
                          "placeholder labels (an OOD set's)")
     ood = {n: from_run_dirs(paths, f"ood_{n}", checkpoint=checkpoint)
            for n in _common_ood_names(dirs, checkpoint)}
-    temps = {m: [float(TemperatureScaling(method=m, n_bins=n_bins).fit(z, val.labels)
-                       .temperature_) for z in val.member_logits] for m in ("grid_ece", "nll")}
+    temps = _member_temperatures(val, n_bins, member_temperatures)
     meta = {**(meta or {}), "predictor": "ensemble", "seed": None, "checkpoint": checkpoint,
             "member_temperatures": temps["grid_ece"], "member_temperatures_nll": temps["nll"]}
     res = evaluate_logits(val_logits=val.logits, val_labels=val.labels, test_logits=test.logits,
@@ -237,6 +242,22 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
             save_logits(run.logits(split, checkpoint), ens.logits.float(), labels)
         write_results(run.results(checkpoint), res)
     return res
+
+
+def _member_temperatures(val: Ensemble, n_bins: int,
+                         given: dict[str, Sequence[float]] | None) -> dict[str, list[float]]:
+    """Each member's grid-ECE and NLL temperature on its validation logits, or ``given``."""
+    if given is None:
+        return {m: [float(TemperatureScaling(method=m, n_bins=n_bins).fit(z, val.labels)
+                          .temperature_) for z in val.member_logits] for m in ("grid_ece", "nll")}
+    out = {}
+    for m in ("grid_ece", "nll"):
+        ts = [float(t) for t in given.get(m, ())]
+        if len(ts) != val.size or not all(t > 0 for t in ts):
+            raise ValueError(f"Expected `member_temperatures[{m!r}]` to hold one positive "
+                             f"temperature per run ({val.size}), got {list(given.get(m, ()))}")
+        out[m] = ts
+    return out
 
 
 def _inputs(x_or_loader: Any) -> Iterator[torch.Tensor]:

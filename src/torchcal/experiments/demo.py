@@ -378,16 +378,25 @@ def seed_ensembles(specs: list[dict[str, Any]], out: Path, *, n_bins: int = 15,
             by_seed = {int(j["seed"]): j for j in done}
             sets += [(out / ENSEMBLES_DIR / loss / "subsets" / "-".join(map(str, s)),
                       [by_seed[x] for x in s]) for s in seed_subsets(by_seed)]
+        temps: dict[str, dict[str, float]] = {}  # {method: {run_dir: T}} of the first
         for ens_dir, members in sets:
             meta = meta_from_config(RunDir(members[0]["run_dir"]).config)
             meta.update(members=[int(j["seed"]) for j in members])
+            given = {m: [t[j["run_dir"]] for j in members] for m, t in temps.items()} or None
             try:
-                evaluate_ensemble([j["run_dir"] for j in members], ens_dir, n_bins=n_bins,
-                                  meta=meta)
+                res = evaluate_ensemble([j["run_dir"] for j in members], ens_dir,
+                                        n_bins=n_bins, meta=meta, member_temperatures=given)
             except (ValueError, ResultsFileError) as exc:
                 print(f"torchcal demo: no ensemble of {loss} (seeds "
                       f"{', '.join(map(str, meta['members']))}): {exc}", file=sys.stderr)
+                if not temps:
+                    break  # the subsets' runs are the same runs
                 continue
+            if not temps:  # the ensemble of all the seeds: each run's temperatures, once
+                temps = {m: dict(zip((j["run_dir"] for j in members), res["meta"][key],
+                                     strict=True))
+                         for m, key in (("grid_ece", "member_temperatures"),
+                                        ("nll", "member_temperatures_nll"))}
             dirs.append(ens_dir)
     return dirs
 
