@@ -352,6 +352,11 @@ def test_seed_ensembles_add_every_subset_of_3_for_the_claims_losses(tmp_path):
         "0 1 2 3", "0 1 2", "0 1 3", "0 2 3", "1 2 3", "0 1 2 3"]
     again, = [g for g in group_runs(runs_from_results_csv(text)) if g.loss == "ce"]
     assert len(again.runs) == 1 and len(again.subsets) == 4
+    from torchcal.report.front import front_table  # the README's table: the ensemble of all
+    ce_row = next(line for line in front_table(text).splitlines()
+                  if line.startswith("| Cross-entropy · ensemble |"))
+    ece = f"{100 * ce.runs[0].flat['test.pre.ece']:.2f}"
+    assert ce_row.split(" | ")[1] == ece, (ce_row, ece)
     # each run's temperatures are fitted once (with the ensemble of all) and reused by the
     # subsets: the same numbers as fitting them afresh
     sub = ce.subsets[1]  # seeds 0, 1, 3
@@ -359,8 +364,9 @@ def test_seed_ensembles_add_every_subset_of_3_for_the_claims_losses(tmp_path):
     assert sub.results["meta"]["member_temperatures_nll"] == fresh["meta"]["member_temperatures_nll"]
     assert sub.results["meta"]["member_temperatures"] == fresh["meta"]["member_temperatures"]
     got, want = (r["test"]["post"][CALIBRATE_THEN_POOL_NLL] for r in (sub.results, fresh))
-    assert {k: v for k, v in got.items() if v is not None} == {
-        k: v for k, v in want.items() if not math.isnan(v)}  # NaN is null in the file
+    def known(d):  # NaN is null in the file
+        return {k: v for k, v in d.items() if v is not None and not math.isnan(v)}
+    assert known(got) == known(want)
     with pytest.raises(ValueError, match=r"member_temperatures\['nll'\]"):
         evaluate_ensemble([specs[0]["run_dir"], specs[1]["run_dir"]],
                           member_temperatures={"grid_ece": [1.0, 1.0], "nll": [1.0]})
