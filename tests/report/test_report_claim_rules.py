@@ -279,3 +279,16 @@ def test_an_ensemble_claim_skips_seed_sets_with_a_member_at_chance():
     assert res.seeds == ["0, 1"] and res.at_chance == ["1, 2"]
     assert res.verdict == ("holds on 1 of 1 seed set (1 seed set not evaluated (model at "
                            "chance)) (one set of seeds: one observation)")
+
+
+def test_a_seed_whose_results_lack_a_needed_number_is_not_evaluated():
+    """A results file written before a number was measured (NaN, or no logits for conf − acc)
+    leaves its seed (set) out of the claim, instead of counting it as a failure."""
+    ce = _claims()["mukhoti_ce_overconfident"]
+    res = _verdict(ce, _seed_table({"ce": {TEMP: 1.5, GAP_KEY: float("nan")}}))
+    assert res.n == 0 and res.verdict.startswith("not evaluated (the results lack Cross-entropy "
+                                                 "test.pre.conf_minus_acc")
+    lak = {c.key: c for c in ENSEMBLE_CLAIMS}["lakshminarayanan_ensemble"]
+    recs = [_record("ce", s, {ERR: 0.06}) for s in (0, 1)]  # the members' NLL unknown
+    recs.append(_record("ce", None, {NLL: 0.2, ERR: 0.05}, "ensemble", (0, 1)))
+    assert _verdict(lak, recs).verdict.startswith("not evaluated (the results lack ")

@@ -258,7 +258,7 @@ CLAIMS: tuple[Claim, ...] = (
           "is above 1, and its mean confidence is above its accuracy on test.",
           ("ce",), lambda n: _lt(1.0, n["ce"][TEMP]) and _lt(0.0, n["ce"][GAP_KEY]),
           (("ce", TEMP, "CE T"), ("ce", GAP_KEY, "CE conf − acc %"), ("ce", ERR, "CE error %")),
-          short="cross-entropy over-confident"),
+          short="cross-entropy over-confident", needs=(("ce", TEMP), ("ce", GAP_KEY))),
     Claim("mukhoti_focal_lt_ce", _MUKHOTI,
           f"focal loss (γ=3) gives a lower pre-T ECE than cross-entropy at similar error "
           f"(within {SIMILAR_ERROR:g} points).",
@@ -335,7 +335,8 @@ ENSEMBLE_CLAIMS: tuple[Claim, ...] = (
           (("ce", MEMBERS_MIN + NLL, "CE best member NLL"), ("ce", MEMBERS + NLL, "CE members NLL"),
            ("ce", NLL, "CE ensemble NLL"),
            ("ce", MEMBERS + ERR, "CE members error %"), ("ce", ERR, "CE ensemble error %")),
-          per="seed_set", short="CE ensemble below its best member"),
+          per="seed_set", short="CE ensemble below its best member",
+          needs=tuple(("ce", k) for k in (NLL, ERR, MEMBERS_MIN + NLL, MEMBERS + ERR))),
     Claim("rahaman_wen_calibrated_members", _RAHAMAN_WEN,
           "the ensemble of members trained to be calibrated (focal loss γ=3 and FLSD-53, each "
           "its own ensemble) " + _REPAIR,
@@ -367,7 +368,8 @@ def mukhoti_ood_claim(ood: str) -> Claim:
                  "(pre T; the OOD set as the positive class).",
                  ("ce", "focal", "flsd53"), _higher_auroc(key),
                  _cols(("ce", "focal", "flsd53"), key, "AUROC %"),
-                 short="focal and FLSD-53 detect OOD inputs better than CE")
+                 short="focal and FLSD-53 detect OOD inputs better than CE",
+                 needs=tuple((x, key) for x in ("ce", "focal", "flsd53")))
 
 
 @dataclass
@@ -653,7 +655,7 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
     ("**Verdict (LABEL): ...**"), e.g. that the run is a smoke test whose verdicts are not
     evidence, so that a line read alone says so."""
     results = check_claims(groups, claims)
-    if not any(r.n or r.at_chance for r in results):
+    if not any(r.n or r.at_chance or r.lacking for r in results):
         return []
     blocks: list[str | Table] = [
         heading,
@@ -714,7 +716,7 @@ def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -
     []
     """
     results = check_claims(groups, claims)
-    if not any(r.n or r.at_chance for r in results):
+    if not any(r.n or r.at_chance or r.lacking for r in results):
         return []
     where = len({(r.dataset, r.model) for r in results}) > 1
     tested = [r for r in results if not r.missing]
