@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,12 +43,35 @@ from .posthoc import TemperatureScaling
 from .runs import RunDir
 
 __all__ = ["Ensemble", "from_logits", "from_run_dirs", "evaluate_ensemble", "mc_dropout",
-           "DROPOUT_TYPES", "CALIBRATE_THEN_POOL"]
+           "DROPOUT_TYPES", "CALIBRATE_THEN_POOL", "CALIBRATE_THEN_POOL_NLL", "SEED_SUBSET_SIZE",
+           "seed_subsets"]
 
 #: The key of "calibrate then pool" in an ensemble's results: ``test.post.<key>`` holds the
 #: metrics of the pooled members, each divided by its own grid-ECE temperature, and
 #: ``temperatures.<key>`` the mean of those temperatures.
 CALIBRATE_THEN_POOL = "calibrate_then_pool"
+#: The same with each member's NLL-fitted temperature (Guo et al. 2017's fit, the one the
+#: ensemble papers use); ``meta.member_temperatures_nll`` holds each.
+CALIBRATE_THEN_POOL_NLL = "calibrate_then_pool_nll"
+#: The members of each seed subset an ensemble claim is tested on (:func:`seed_subsets`).
+SEED_SUBSET_SIZE = 3
+
+
+def seed_subsets(seeds: Iterable[int], size: int = SEED_SUBSET_SIZE) -> list[tuple[int, ...]]:
+    """Every subset of ``size`` of ``seeds`` (sorted, in lexicographic order); with fewer than
+    ``size`` seeds (but 2 or more) the one set of them all; with fewer than 2, none.
+
+    The subsets overlap (with 5 seeds and size 3, each seed is in 6 of the 10): they say how a
+    result depends on which seeds are pooled, they are not independent replications.
+
+    >>> len(seed_subsets(range(5))), seed_subsets([1, 0]), seed_subsets([0])
+    (10, [(0, 1)], [])
+    """
+    size = check_positive_int(size, "size")
+    s = sorted({int(x) for x in seeds})
+    if len(s) < 2:
+        return []
+    return list(itertools.combinations(s, min(size, len(s))))
 
 #: The modules :func:`mc_dropout` switches to sampling (train mode).
 DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -158,7 +182,9 @@ def _common_ood_names(dirs: Sequence[RunDir], checkpoint: str) -> list[str]:
 
 def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike | None
                       = None, *, n_bins: int = 15, checkpoint: str = "last",
-                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
+                      meta: dict[str, Any] | None = None,
+                      member_temperatures: dict[str, Sequence[float]] | None = None
+                      ) -> dict[str, Any]:
     """Evaluate the ensemble of runs as one predictor: a ``torchcal.results/1`` document.
 
     The ensemble is :func:`from_run_dirs` of each split.  Every number is on the test split;
@@ -171,7 +197,13 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
     * "calibrate then pool": each member's grid-ECE temperature is fitted on its own
       validation logits, its test logits divided by it, then pooled;
       ``test.post.calibrate_then_pool`` holds the metrics, ``temperatures.calibrate_then_pool``
-      the members' mean temperature and ``meta.member_temperatures`` each one.
+      the members' mean temperature and ``meta.member_temperatures`` each one;
+      ``calibrate_then_pool_nll`` and ``meta.member_temperatures_nll`` the same with each
+      member's NLL-fitted temperature (the fit of the ensemble papers, and of the claims).
+
+    ``member_temperatures`` (``{"grid_ece": [T per run], "nll": [T per run]}``, in the order
+    of ``run_dirs``): the members' temperatures, fitted as above by an earlier call (those of
+    its ``meta``), so that the ensembles of many subsets of the same runs fit each run once.
 
     ``meta`` (default ``{}``) is completed with ``predictor: "ensemble"``, ``seed: None`` and
     ``members`` (when not given: the member runs' directories' names are not seeds, so give
@@ -191,17 +223,17 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
                          "placeholder labels (an OOD set's)")
     ood = {n: from_run_dirs(paths, f"ood_{n}", checkpoint=checkpoint)
            for n in _common_ood_names(dirs, checkpoint)}
-    temps = [float(TemperatureScaling(method="grid_ece", n_bins=n_bins)
-                   .fit(z, val.labels).temperature_) for z in val.member_logits]
+    temps = _member_temperatures(val, n_bins, member_temperatures)
     meta = {**(meta or {}), "predictor": "ensemble", "seed": None, "checkpoint": checkpoint,
-            "member_temperatures": temps}
+            "member_temperatures": temps["grid_ece"], "member_temperatures_nll": temps["nll"]}
     res = evaluate_logits(val_logits=val.logits, val_labels=val.labels, test_logits=test.logits,
                           test_labels=test.labels, ood_logits={n: e.logits for n, e in ood.items()},
                           n_bins=n_bins, meta=meta)
-    scale = torch.tensor(temps, dtype=test.member_logits.dtype).view(-1, 1, 1)
-    pooled = from_logits(test.member_logits / scale).logits
-    res["test"]["post"][CALIBRATE_THEN_POOL] = compute_metrics(pooled, test.labels, n_bins=n_bins)
-    res["temperatures"][CALIBRATE_THEN_POOL] = float(np.mean(temps))
+    for key, method in ((CALIBRATE_THEN_POOL, "grid_ece"), (CALIBRATE_THEN_POOL_NLL, "nll")):
+        scale = torch.tensor(temps[method], dtype=test.member_logits.dtype).view(-1, 1, 1)
+        pooled = from_logits(test.member_logits / scale).logits
+        res["test"]["post"][key] = compute_metrics(pooled, test.labels, n_bins=n_bins)
+        res["temperatures"][key] = float(np.mean(temps[method]))
     if out_dir is not None:
         run = RunDir(out_dir)
         for split, ens in (("val", val), ("test", test), *((f"ood_{n}", e) for n, e in ood.items())):
@@ -210,6 +242,22 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
             save_logits(run.logits(split, checkpoint), ens.logits.float(), labels)
         write_results(run.results(checkpoint), res)
     return res
+
+
+def _member_temperatures(val: Ensemble, n_bins: int,
+                         given: dict[str, Sequence[float]] | None) -> dict[str, list[float]]:
+    """Each member's grid-ECE and NLL temperature on its validation logits, or ``given``."""
+    if given is None:
+        return {m: [float(TemperatureScaling(method=m, n_bins=n_bins).fit(z, val.labels)
+                          .temperature_) for z in val.member_logits] for m in ("grid_ece", "nll")}
+    out = {}
+    for m in ("grid_ece", "nll"):
+        ts = [float(t) for t in given.get(m, ())]
+        if len(ts) != val.size or not all(t > 0 for t in ts):
+            raise ValueError(f"Expected `member_temperatures[{m!r}]` to hold one positive "
+                             f"temperature per run ({val.size}), got {list(given.get(m, ()))}")
+        out[m] = ts
+    return out
 
 
 def _inputs(x_or_loader: Any) -> Iterator[torch.Tensor]:

@@ -26,4 +26,11 @@ def test_the_calibration_demo_prints_the_verdicts_at_its_end(tmp_path, capsys):
     assert tail[0] == ("The papers' claims on this run (shortened schedule, 1 of 100 epochs); "
                        "the report's first section has each seed's numbers:"), lines[-10:]
     assert tail[2] == f"- Mukhoti et al. 2020, focal below cross-entropy: {results[1].verdict}"
-    assert results[1].n == 1 and tail[4].endswith("not tested (no run of FLSD-53, AdaFocal)")
+    # issue 41: a claim comparing a loss the run did not train has no verdict: it is listed
+    # after the verdicts as needing --full
+    ghosh, = [line for line in tail if "Ghosh et al. 2022" in line]
+    assert results[1].n == 1 and ghosh.startswith("- Needs --full: Ghosh et al. 2022, ")
+    assert ghosh.endswith("(no run of FLSD-53, AdaFocal)")
+    assert not any("not tested" in line for line in tail)
+    needs = [i for i, line in enumerate(tail) if line.startswith("- Needs --full:")]
+    assert needs and needs == list(range(needs[0], len(tail)))  # after every verdict

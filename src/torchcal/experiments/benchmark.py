@@ -214,7 +214,11 @@ def committed_note(benchmark: Benchmark) -> str:
     return (f"**The committed full run's verdicts, not this run's:** `torchcal demo --dataset "
             f"{benchmark.name} --full`, {len(benchmark.profile('full').seeds)} seeds on the "
             f"recipe's schedule, committed in {where} (the README's table): "
-            + "; ".join(f"{t} {k} of {n}" for t, k, n in verdicts.values()) + f" seeds{note}.")
+            + "; ".join(f"{t} {k} of {n}" for t, k, n in verdicts.values()) + " seeds"
+            + (" (the ensemble claims: seed sets, each an ensemble of 3 of the seeds when there "
+               "are more than 3, the subsets overlapping)"
+               if any(c.per == "seed_set" and c.key in verdicts for c in benchmark.claims) else "")
+            + f"{note}.")
 
 
 #: The benchmark table (``torchcal demo --dataset NAME``).

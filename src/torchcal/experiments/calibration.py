@@ -377,11 +377,13 @@ MNIST1D = register_benchmark(Benchmark(
         "lin_bsce_gra": "BSCE-GRA below CE and BSCE",
         "tao_dual_focal": "dual focal below focal",
         "mukhoti_ood_entropy": "focal and FLSD-53 above CE in entropy OOD AUROC",
-        "lakshminarayanan_ensemble": "CE ensemble below its mean member in NLL and error",
-        "rahaman_wen_calibrated_members": "focal and FLSD-53 ensembles under-confident, "
-                                          "repaired by pool-then-calibrate",
-        "wen_label_smoothing": "label-smoothing ensemble under-confident, repaired by "
-                               "pool-then-calibrate",
+        "lakshminarayanan_ensemble": "CE ensemble below its best member in NLL and its "
+                                     "mean member in error",
+        "rahaman_wen_calibrated_members": "focal and FLSD-53 ensembles more under-confident "
+                                          "than their members and CE's, repaired by "
+                                          "pool-then-calibrate (NLL T)",
+        "wen_label_smoothing": "label-smoothing ensemble more under-confident than its members "
+                               "and CE's, repaired by pool-then-calibrate (NLL T)",
     },
     excluded=_EXCLUDED,
     intro=functools.partial(

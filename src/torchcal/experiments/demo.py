@@ -26,6 +26,7 @@ import datetime as _dt
 import os
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from .._io import exclusive_lock
 from .._registry import unknown_name
 from .._validation import check_scalar
 from ..data import DATASETS
-from ..ensemble import evaluate_ensemble
+from ..ensemble import SEED_SUBSET_SIZE, evaluate_ensemble, seed_subsets
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config
 from ..losses import list_losses
@@ -299,7 +300,9 @@ class _TrainingRuns(BenchmarkKind):
                       f"{r.get('traceback', r['error'])}", file=sys.stderr)
         intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
                            skipped=sum(bool(r.get("skipped")) for r in results), bench=bench)
-        ensembles = seed_ensembles(specs, out, n_bins=cfg.n_bins, failed=failed)
+        pooled = {x for c in bench.claims if c.per == "seed_set" for x in c.losses}
+        ensembles = seed_ensembles(specs, out, n_bins=cfg.n_bins, failed=failed,
+                                   subset_losses=pooled)
         label = verdict_label(cfg, specs, resolved=True)
         rep = build_report([j["run_dir"] for j in specs] + ensembles, out,
                            title=f"torchcal demo: {bench.title}",
@@ -347,14 +350,19 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
 
 
 def seed_ensembles(specs: list[dict[str, Any]], out: Path, *, n_bins: int = 15,
-                   failed: list[tuple[str, str]] = ()) -> list[Path]:
+                   failed: list[tuple[str, str]] = (),
+                   subset_losses: Collection[str] = ()) -> list[Path]:
     """Per loss with 2 or more evaluated seeds (runs of ``specs`` with a results file, not in
     ``failed``): the ensemble of those seeds, evaluated and written to
     ``OUT/ensembles/<loss>/`` (:func:`torchcal.ensemble.evaluate_ensemble`: temperatures fitted
     on validation, numbers on test, both "pool then calibrate" and "calibrate then pool"),
-    marked ``predictor="ensemble"`` with its seeds in ``meta.members``.  Returns the ensembles'
-    directories; an ensemble that cannot be built (runs that predicted other samples) is
-    reported on stderr and left out."""
+    marked ``predictor="ensemble"`` with its seeds in ``meta.members``.  For each loss of
+    ``subset_losses`` (those the ensemble claims compare) with more seeds than
+    :data:`~torchcal.ensemble.SEED_SUBSET_SIZE`, also the ensemble of every subset of that many
+    seeds (:func:`~torchcal.ensemble.seed_subsets`; 10 of 3 with 5 seeds), in
+    ``OUT/ensembles/<loss>/subsets/<seeds>/``: the seed sets the claims are tested on.  Returns
+    the ensembles' directories; an ensemble that cannot be built (runs that predicted other
+    samples) is reported on stderr and left out."""
     bad = {str(d) for d, _e in failed}
     by_loss: dict[str, list[dict[str, Any]]] = {}
     for spec in specs:
@@ -365,15 +373,31 @@ def seed_ensembles(specs: list[dict[str, Any]], out: Path, *, n_bins: int = 15,
         if len(done) < 2:
             continue
         done = sorted(done, key=lambda j: j["seed"])
-        ens_dir = out / ENSEMBLES_DIR / loss
-        meta = meta_from_config(RunDir(done[0]["run_dir"]).config)
-        meta.update(members=[int(j["seed"]) for j in done])
-        try:
-            evaluate_ensemble([j["run_dir"] for j in done], ens_dir, n_bins=n_bins, meta=meta)
-        except (ValueError, ResultsFileError) as exc:
-            print(f"torchcal demo: no ensemble of {loss}: {exc}", file=sys.stderr)
-            continue
-        dirs.append(ens_dir)
+        sets = [(out / ENSEMBLES_DIR / loss, done)]
+        if loss in subset_losses and len(done) > SEED_SUBSET_SIZE:
+            by_seed = {int(j["seed"]): j for j in done}
+            sets += [(out / ENSEMBLES_DIR / loss / "subsets" / "-".join(map(str, s)),
+                      [by_seed[x] for x in s]) for s in seed_subsets(by_seed)]
+        temps: dict[str, dict[str, float]] = {}  # {method: {run_dir: T}} of the first
+        for ens_dir, members in sets:
+            meta = meta_from_config(RunDir(members[0]["run_dir"]).config)
+            meta.update(members=[int(j["seed"]) for j in members])
+            given = {m: [t[j["run_dir"]] for j in members] for m, t in temps.items()} or None
+            try:
+                res = evaluate_ensemble([j["run_dir"] for j in members], ens_dir,
+                                        n_bins=n_bins, meta=meta, member_temperatures=given)
+            except (ValueError, ResultsFileError) as exc:
+                print(f"torchcal demo: no ensemble of {loss} (seeds "
+                      f"{', '.join(map(str, meta['members']))}): {exc}", file=sys.stderr)
+                if not temps:
+                    break  # the subsets' runs are the same runs
+                continue
+            if not temps:  # the ensemble of all the seeds: each run's temperatures, once
+                temps = {m: dict(zip((j["run_dir"] for j in members), res["meta"][key],
+                                     strict=True))
+                         for m, key in (("grid_ece", "member_temperatures"),
+                                        ("nll", "member_temperatures_nll"))}
+            dirs.append(ens_dir)
     return dirs
 
 

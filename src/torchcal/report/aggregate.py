@@ -152,6 +152,11 @@ class Group:
     std: dict[str, float] = field(default_factory=dict)
     count: dict[str, int] = field(default_factory=dict)
     predictor: str = DEFAULT_PREDICTOR
+    #: An ensemble group's seed-subset ensembles: records whose seeds (``meta.members``) are a
+    #: proper subset of another record's of the group (the demo's ensembles of 3 of 5 seeds,
+    #: on which the ensemble claims are tested).  They are not in ``runs``, ``mean`` or
+    #: ``std``: the tables show the ensembles of all the seeds.
+    subsets: list[RunRecord] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -494,10 +499,25 @@ def predictor_rank(predictor: str) -> tuple[int, str]:
     return (order.index(predictor) if predictor in order else len(order), predictor)
 
 
+def _split_subsets(rs: list[RunRecord]) -> tuple[list[RunRecord], list[RunRecord]]:
+    """``(records, subset records)``: a pooled record whose members are a proper subset of
+    another record's members is a subset record (in seed-set order)."""
+    sets = [frozenset(r.meta.get("members") or ()) for r in rs]
+    sub = [bool(s) and any(s < t for t in sets) for s in sets]
+    if not any(sub):
+        return rs, []
+    subsets = sorted((r for r, x in zip(rs, sub, strict=True) if x),
+                     key=lambda r: tuple(sorted(r.meta.get("members") or ())))
+    return [r for r, x in zip(rs, sub, strict=True) if not x], subsets
+
+
 def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
     """Group records by (dataset, model, loss, loss_kwargs, predictor) and average every number
     over each group's records: a loss's seeds (``predictor`` ``"run"``) are one group, an
     ensemble of them another, never averaged together.
+
+    An ensemble whose seeds are a proper subset of another ensemble's of the same group goes
+    to :attr:`Group.subsets`, not among the group's records (:func:`_split_subsets`).
 
     Groups come sorted by dataset, model, then the canonical loss order (:data:`LOSS_ORDER`),
     then loss arguments, then predictor (seeds' runs first); runs within a group by seed.
@@ -509,8 +529,9 @@ def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
     for (ds, model, loss, kw, predictor), rs in buckets.items():
         rs = sorted(rs, key=lambda r: (str(type(r.seed)), r.seed if r.seed is not None else 0,
                                        str(r.run_dir)))
+        rs, subsets = _split_subsets(rs)
         g = Group(dataset=ds, model=model, loss=loss, loss_kwargs=json.loads(kw), runs=rs,
-                  predictor=predictor)
+                  predictor=predictor, subsets=subsets)
         keys: dict[str, None] = {}
         for r in rs:
             keys.update(dict.fromkeys(r.flat))

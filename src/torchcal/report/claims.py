@@ -5,12 +5,16 @@ fails on that seed; its verdict, "holds on k of n seeds", is computed here from 
 results, never written by hand.  A seed enters a claim only when every loss the claim needs has
 a run with that seed; a claim with no such seed is "not tested".
 
+Each rule tests the mechanism its claim names, and can fail for that reason: the input on
+which each fails is written down in docs/guide/reproducing.md ("The claims' rules, and the input
+on which each fails") and fed to it in tests/report/test_report_claim_rules.py.
+
 The claims (pre-temperature test metrics; "similar error" means within
 :data:`SIMILAR_ERROR` = 3 percentage points of cross-entropy's test error):
 
 * Mukhoti et al. 2020 (NeurIPS): cross-entropy is over-confident, T > 1 (grid-ECE temperature on
-  validation); focal loss (γ=3) and FLSD-53 each give a lower ECE than cross-entropy at similar
-  error.
+  validation) and mean confidence above accuracy on test; focal loss (γ=3) and FLSD-53 each
+  give a lower ECE than cross-entropy at similar error.
 * Ghosh et al. 2022 (NeurIPS): AdaFocal gives the lowest AdaECE of the focal family of its tables
   (focal γ=3, FLSD-53, AdaFocal), at error similar to cross-entropy's.
 * Lin et al. 2025: BSCE-GRA gives a lower ECE than cross-entropy and than BSCE without gradient
@@ -21,17 +25,27 @@ The claims (pre-temperature test metrics; "similar error" means within
 
 The ensemble claims (:data:`ENSEMBLE_CLAIMS`, ``per="seed_set"``) compare the ensemble of a set
 of seeds (a record with ``meta.predictor`` ``"ensemble"`` and its seeds in ``meta.members``;
-temperatures fitted on validation, numbers on test) with the mean of its members' runs, one
-seed set at a time; with fewer than 2 seeds they are "not evaluated (needs 2 or more seeds)":
+temperatures fitted by NLL on validation, numbers on test) with its members' runs, one seed set
+at a time: every subset of 3 seeds when the results hold those ensembles
+(:attr:`~torchcal.report.aggregate.Group.subsets`, the demo's with more than 3 seeds: "holds on
+k of 10 seed subsets", which overlap and are not independent), else each ensemble record ("1 of
+1 seed set" with 2 seeds: one observation); with fewer than 2 seeds they are "not evaluated
+(needs 2 or more seeds)":
 
-* Lakshminarayanan et al. 2017: the cross-entropy ensemble has a lower NLL and a lower error
-  than its mean member.
+* Lakshminarayanan et al. 2017: the cross-entropy ensemble has a lower NLL than its best member
+  (below its members' mean NLL holds for every ensemble: Jensen's inequality) and a lower error
+  than its members' mean.
 * Rahaman & Thiery 2021 and Wen et al. 2021: the ensemble of members trained to be calibrated
-  is under-confident (mean confidence below accuracy), and temperature scaling after pooling
-  repairs it (a lower ECE than the ensemble's, and no higher than calibrating each member before
-  pooling).  The papers' calibrated members are trained with mixup, which is not a loss; here
-  they are focal loss (γ=3) and FLSD-53 (Mukhoti et al.'s calibrated losses) and, in a claim of
-  its own, label smoothing (the softened labels Wen et al. name beside mixup).
+  is under-confident (mean confidence below accuracy), more than its own members and more than
+  the cross-entropy ensemble of the same seeds; and calibrating after pooling repairs it (with
+  NLL-fitted temperatures, a pool-then-calibrate ECE below the raw ensemble's and below
+  calibrate-then-pool's).  The papers' calibrated members are trained with mixup, which is not
+  a loss; here they are focal loss (γ=3) and FLSD-53 (Mukhoti et al.'s calibrated losses) and,
+  in a claim of its own, label smoothing (the softened labels Wen et al. name beside mixup).
+
+A seed (set) whose results lack a number its rule needs (:attr:`Claim.needs`) is not evaluated
+rather than counted as failing; a claim that compares a loss without any run is listed under
+its own heading, :data:`NEEDS_FULL`, not among the verdicts.
 
 Beside the verdicts the section shows the direction of each loss's miscalibration: the
 temperature T (> 1: over-confident, < 1: under-confident) and the mean top-1 confidence minus the
@@ -80,6 +94,9 @@ __all__ = [
     "claims_verdicts",
     "claim_table",
     "direction_table",
+    "NEEDS_FULL",
+    "MEMBERS",
+    "MEMBERS_MIN",
 ]
 
 #: "Similar error": within this many percentage points of cross-entropy's test error.
@@ -96,10 +113,17 @@ ECE, ADAECE, ERR, TEMP = "test.pre.ece", "test.pre.adaptive_ece", "test.pre.erro
     "temperature.grid_ece"
 NLL = "test.pre.nll"
 #: An ensemble's test ECE after "pool then calibrate" (grid-ECE T fitted on its validation
-#: logits) and after "calibrate then pool" (each member's own T, then pooled).
+#: logits) and after "calibrate then pool" (each member's own grid-ECE T, then pooled): shown
+#: beside the claims' numbers, labelled "grid ECE"; the rules use the NLL-fitted ones.
 POOL_THEN_CAL, CAL_THEN_POOL = "test.post.grid_ece.ece", "test.post.calibrate_then_pool.ece"
+#: The same with NLL-fitted temperatures (the ensemble papers' fit): the ensemble claims' rule.
+POOL_THEN_CAL_NLL = "test.post.nll.ece"
+CAL_THEN_POOL_NLL = "test.post.calibrate_then_pool_nll.ece"
+TEMP_NLL = "temperature.nll"
 #: The prefix of a seed-set claim's numbers that are the mean over the ensemble's members.
 MEMBERS = "members."
+#: The prefix of the smallest value over the ensemble's members (its best member's NLL).
+MEMBERS_MIN = "members_min."
 _ENSEMBLE = "ensemble"
 
 
@@ -167,6 +191,10 @@ class Claim:
     #: A claim about a model's skill (False: about its code or cost, e.g. a speed-up): a seed
     #: whose model is at chance is not evaluated for it.
     skill: bool = True
+    #: ``(loss, key)`` numbers the rule cannot do without: a seed (set) whose results lack one
+    #: (NaN or absent, e.g. results written before it was measured) is not evaluated, rather
+    #: than counted as a failure (:attr:`ClaimResult.lacking`).
+    needs: tuple[tuple[str, str], ...] = ()
 
 
 def _lt(a: float, b: float) -> bool:
@@ -196,17 +224,25 @@ def _cols(losses: Sequence[str], key: str, name: str) -> tuple[tuple[str, str, s
 
 
 def _ensemble_beats_members(n: Mapping[str, Mapping[str, float]]) -> bool:
-    return all(_lt(_get(n, "ce", k), _get(n, "ce", MEMBERS + k)) for k in (NLL, ERR))
+    """The CE ensemble's NLL below its *best* member's (below the members' mean NLL is
+    Jensen's inequality, true of every ensemble) and its error below its members' mean."""
+    return (_lt(_get(n, "ce", NLL), _get(n, "ce", MEMBERS_MIN + NLL))
+            and _lt(_get(n, "ce", ERR), _get(n, "ce", MEMBERS + ERR)))
 
 
-def _underconfident_then_repaired(losses: Sequence[str]
+def _pooling_makes_underconfident(losses: Sequence[str]
                                   ) -> Callable[[Mapping[str, Mapping[str, float]]], bool]:
-    """Each loss's ensemble: conf − acc < 0 (pre T), and the pool-then-calibrate ECE below
-    its pre-T ECE and not above the calibrate-then-pool ECE."""
+    """Each calibrated loss's ensemble (Rahaman & Thiery; Wen et al.): (1) conf − acc < 0,
+    (2) below its members' mean conf − acc, (3) below the CE ensemble's of the same seeds, all
+    before T; (4) the pool-then-calibrate ECE below the raw ensemble's and below
+    calibrate-then-pool's, both with NLL-fitted temperatures."""
     def check(n: Mapping[str, Mapping[str, float]]) -> bool:
-        return all(_lt(_get(n, x, GAP_KEY), 0.0) and _lt(_get(n, x, POOL_THEN_CAL), _get(n, x, ECE))
-                   and not _lt(_get(n, x, CAL_THEN_POOL), _get(n, x, POOL_THEN_CAL))
-                   and not math.isnan(_get(n, x, CAL_THEN_POOL)) for x in losses)
+        def one(x: str) -> bool:
+            gap, pooled = _get(n, x, GAP_KEY), _get(n, x, POOL_THEN_CAL_NLL)
+            return (_lt(gap, 0.0) and _lt(gap, _get(n, x, MEMBERS + GAP_KEY))
+                    and _lt(gap, _get(n, "ce", GAP_KEY)) and _lt(pooled, _get(n, x, ECE))
+                    and _lt(pooled, _get(n, x, CAL_THEN_POOL_NLL)))
+        return all(one(x) for x in losses)
     return check
 
 
@@ -219,10 +255,10 @@ _MUKHOTI = LOSSES.paper("focal")  # each claim cites its loss' paper from the re
 CLAIMS: tuple[Claim, ...] = (
     Claim("mukhoti_ce_overconfident", _MUKHOTI,
           "cross-entropy is over-confident: its temperature T (grid search on validation ECE) "
-          "is above 1.",
-          ("ce",), lambda n: n["ce"][TEMP] > 1.0,
+          "is above 1, and its mean confidence is above its accuracy on test.",
+          ("ce",), lambda n: _lt(1.0, n["ce"][TEMP]) and _lt(0.0, n["ce"][GAP_KEY]),
           (("ce", TEMP, "CE T"), ("ce", GAP_KEY, "CE conf − acc %"), ("ce", ERR, "CE error %")),
-          short="cross-entropy over-confident"),
+          short="cross-entropy over-confident", needs=(("ce", TEMP), ("ce", GAP_KEY))),
     Claim("mukhoti_focal_lt_ce", _MUKHOTI,
           f"focal loss (γ=3) gives a lower pre-T ECE than cross-entropy at similar error "
           f"(within {SIMILAR_ERROR:g} points).",
@@ -260,42 +296,60 @@ _LAKSHMINARAYANAN = ("Lakshminarayanan et al. 2017, *Simple and Scalable Predict
 _RAHAMAN_WEN = ("Rahaman & Thiery 2021, *Uncertainty Quantification and Deep Ensembles* "
                 "(NeurIPS); Wen et al. 2021, *Combining Ensembles and Data Augmentation Can Harm "
                 "Your Calibration* (ICLR)")
-_REPAIR = ("is under-confident (mean confidence below accuracy on test, before temperature "
-           "scaling), and temperature scaling after pooling repairs it: the pool-then-calibrate "
-           "ECE (T fitted on the ensemble's validation logits) is below the ensemble's, and not "
-           "above calibrate-then-pool's (each member's own T, then pooled).")
+_REPAIR = ("is under-confident, and more so than its own members and than the cross-entropy "
+           "ensemble of the same seeds (mean confidence minus accuracy on test, before "
+           "temperature scaling: below 0, below its members' mean, below the CE ensemble's); "
+           "and calibrating after pooling repairs it: the pool-then-calibrate ECE is below the "
+           "raw ensemble's and below calibrate-then-pool's (temperatures fitted by NLL on "
+           "validation: one on the pooled prediction, or one per member before pooling).")
 
 
 def _repair_cols(losses: Sequence[str]) -> tuple[tuple[str, str, str], ...]:
-    out: tuple[tuple[str, str, str], ...] = ()
+    out: tuple[tuple[str, str, str], ...] = (("ce", GAP_KEY, "CE ensemble conf − acc %"),)
     for x in losses:
         name = loss_label(x)
         out += ((x, MEMBERS + GAP_KEY, f"{name} members conf − acc %"),
                 (x, GAP_KEY, f"{name} ensemble conf − acc %"), (x, ECE, f"{name} ensemble ECE %"),
-                (x, POOL_THEN_CAL, f"{name} pool→T ECE %"),
-                (x, CAL_THEN_POOL, f"{name} T→pool ECE %"))
+                (x, POOL_THEN_CAL_NLL, f"{name} pool→T ECE % (NLL T)"),
+                (x, CAL_THEN_POOL_NLL, f"{name} T→pool ECE % (NLL T)"),
+                (x, TEMP_NLL, f"{name} pooled T (NLL)"),
+                (x, POOL_THEN_CAL, f"{name} pool→T ECE % (grid-ECE T)"),
+                (x, TEMP, f"{name} pooled T (grid ECE)"))
     return out
 
 
-#: The ensemble claims, tested one seed set at a time (``per="seed_set"``).
+def _repair_needs(losses: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    return (("ce", GAP_KEY),) + tuple((x, k) for x in losses for k in (
+        GAP_KEY, MEMBERS + GAP_KEY, ECE, POOL_THEN_CAL_NLL, CAL_THEN_POOL_NLL))
+
+
+#: The ensemble claims, tested one seed set at a time (``per="seed_set"``): on every subset of
+#: :data:`~torchcal.ensemble.SEED_SUBSET_SIZE` seeds when the results hold those ensembles
+#: (:attr:`~torchcal.report.aggregate.Group.subsets`), else on each ensemble record.
 ENSEMBLE_CLAIMS: tuple[Claim, ...] = (
     Claim("lakshminarayanan_ensemble", _LAKSHMINARAYANAN,
           "the ensemble of cross-entropy members (the mean of their probabilities) has a lower "
-          "test NLL and a lower test error than its mean member.",
+          "test NLL than its best member (below the members' mean NLL holds for every ensemble, "
+          "by Jensen's inequality) and a lower test error than its members' mean.",
           ("ce",), _ensemble_beats_members,
-          (("ce", MEMBERS + NLL, "CE members NLL"), ("ce", NLL, "CE ensemble NLL"),
+          (("ce", MEMBERS_MIN + NLL, "CE best member NLL"), ("ce", MEMBERS + NLL, "CE members NLL"),
+           ("ce", NLL, "CE ensemble NLL"),
            ("ce", MEMBERS + ERR, "CE members error %"), ("ce", ERR, "CE ensemble error %")),
-          per="seed_set", short="CE ensemble below its mean member"),
+          per="seed_set", short="CE ensemble below its best member",
+          needs=tuple(("ce", k) for k in (NLL, ERR, MEMBERS_MIN + NLL, MEMBERS + ERR))),
     Claim("rahaman_wen_calibrated_members", _RAHAMAN_WEN,
           "the ensemble of members trained to be calibrated (focal loss γ=3 and FLSD-53, each "
           "its own ensemble) " + _REPAIR,
-          ("focal", "flsd53"), _underconfident_then_repaired(("focal", "flsd53")),
+          ("ce", "focal", "flsd53"), _pooling_makes_underconfident(("focal", "flsd53")),
           _repair_cols(("focal", "flsd53")), per="seed_set",
-          short="focal and FLSD-53 ensembles under-confident, repaired"),
+          needs=_repair_needs(("focal", "flsd53")),
+          short="focal and FLSD-53 ensembles more under-confident than their members and CE's, "
+                "repaired by pooling first"),
     Claim("wen_label_smoothing", _RAHAMAN_WEN,
           "the ensemble of label-smoothing members (softened labels, as mixup's) " + _REPAIR,
-          ("ls",), _underconfident_then_repaired(("ls",)), _repair_cols(("ls",)),
-          per="seed_set", short="label-smoothing ensemble under-confident, repaired"),
+          ("ce", "ls"), _pooling_makes_underconfident(("ls",)), _repair_cols(("ls",)),
+          per="seed_set", needs=_repair_needs(("ls",)), short="label-smoothing ensemble more under-confident than its "
+                                "members and CE's, repaired by pooling first"),
 )
 
 
@@ -314,7 +368,8 @@ def mukhoti_ood_claim(ood: str) -> Claim:
                  "(pre T; the OOD set as the positive class).",
                  ("ce", "focal", "flsd53"), _higher_auroc(key),
                  _cols(("ce", "focal", "flsd53"), key, "AUROC %"),
-                 short="focal and FLSD-53 detect OOD inputs better than CE")
+                 short="focal and FLSD-53 detect OOD inputs better than CE",
+                 needs=tuple((x, key) for x in ("ce", "focal", "flsd53")))
 
 
 @dataclass
@@ -330,6 +385,11 @@ class ClaimResult:
     missing: list[str] = field(default_factory=list)  # needed losses without any run
     fewest_seeds: int = 0  # the fewest seeds among the claim's losses' runs
     at_chance: list = field(default_factory=list)  # seeds not evaluated: a model at chance
+    #: An ensemble claim tested on seed subsets: the seeds they were drawn from (else empty).
+    subset_of: list = field(default_factory=list)
+    #: ``{seed (set): [the lacking keys]}`` not evaluated: their results lack a number the
+    #: rule needs (:attr:`Claim.needs`).
+    lacking: dict = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -347,6 +407,10 @@ class ClaimResult:
         if not self.n:
             if self.at_chance:
                 return "not evaluated (model at chance)"
+            if self.lacking:
+                keys = sorted({k for ks in self.lacking.values() for k in ks})
+                return (f"not evaluated (the results lack {', '.join(keys)}: evaluated before "
+                        "the rule measured it)")
             need = ", ".join(loss_label(x) for x in self.missing) or "a common seed"
             if self.missing or self.claim.per != "seed_set":
                 return f"not tested (no run of {need})"
@@ -355,16 +419,33 @@ class ClaimResult:
             return "not tested (no ensemble of a common seed set)"
         unit = self.unit
         m = len(self.at_chance)
-        skipped = f"; {m} seed{'s' if m > 1 else ''} not evaluated (model at chance)" if m else ""
+        skipped = f"; {m} {unit}{'s' if m > 1 else ''} not evaluated (model at chance)" if m else ""
         if self.k == 0:
-            return f"fails on every {unit} (holds on 0 of {self.n}{skipped})"
+            return f"fails on every {unit} (holds on 0 of {self.n}{skipped})" + self.sets_note
         return f"holds on {self.k} of {self.n} {unit}{'s' if self.n > 1 else ''}" + (
-            f" ({skipped[2:]})" if skipped else "")
+            f" ({skipped[2:]})" if skipped else "") + self.sets_note
 
     @property
     def unit(self) -> str:
-        """What the claim is tested on: ``"seed"`` or ``"seed set"``."""
-        return "seed set" if self.claim.per == "seed_set" else "seed"
+        """What the claim is tested on: ``"seed"``, ``"seed set"`` or ``"seed subset"``."""
+        if self.claim.per != "seed_set":
+            return "seed"
+        return "seed subset" if self.subset_of else "seed set"
+
+    @property
+    def sets_note(self) -> str:
+        """What an ensemble claim's count rests on ("" for a per-seed claim): overlapping
+        subsets, or one set, which is one observation."""
+        if self.claim.per != "seed_set" or not self.n:
+            return ""
+        if self.subset_of:
+            size = len(self.seeds[0].split(", "))
+            return (f" (ensembles of {size} of the {len(self.subset_of)} seeds "
+                    f"{', '.join(map(str, self.subset_of))}; the subsets overlap, so they are "
+                    "not independent)")
+        if self.n == 1:
+            return " (one set of seeds: one observation)"
+        return ""
 
     @property
     def passed(self) -> bool:
@@ -377,6 +458,12 @@ def _by_loss(groups: Sequence[Group]) -> dict[str, Group]:
     for g in groups:
         out.setdefault(g.loss, g)  # a second configuration of a loss is not a claim's loss
     return out
+
+
+def _lacking(claim: Claim, nums: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """The keys of :attr:`Claim.needs` that ``nums`` lacks (absent or NaN)."""
+    return [f"{loss_label(x)} {k}" for x, k in claim.needs
+            if math.isnan(nums.get(x, {}).get(k, math.nan))]
 
 
 def check_claim_on_seeds(claim: Claim, numbers: Mapping[Any, Mapping[str, Mapping[str, float]]],
@@ -403,6 +490,9 @@ def check_claim_on_seeds(claim: Claim, numbers: Mapping[Any, Mapping[str, Mappin
                 res.at_chance.append(s)
                 continue
             nums = {x: dict(numbers[s][x]) for x in claim.losses}
+            if lack := _lacking(claim, nums):
+                res.lacking[s] = lack
+                continue
             res.seeds.append(s)
             res.holds.append(bool(claim.check(nums)))
             res.numbers.append(nums)
@@ -456,39 +546,62 @@ def _numbers_by_seed(by_loss: Mapping[str, Group]) -> dict[Any, dict[str, dict[s
 
 
 def _seed_set_numbers(ens: RunRecord, runs: Group) -> dict[str, float]:
-    """An ensemble record's numbers, with its members' mean under :data:`MEMBERS` + key (NaN
-    when a member's run is not among ``runs``)."""
+    """An ensemble record's numbers, with its members' mean under :data:`MEMBERS` + key and
+    their smallest value under :data:`MEMBERS_MIN` + key (NaN when a member's run is not among
+    ``runs``)."""
     out = dict(ens.flat)
     by_seed = {r.seed: r for r in runs.runs}
     members = [by_seed.get(m) for m in ens.meta.get("members") or ()]
     keys = {k for r in members if r is not None for k in r.flat} | set(out)
     for k in keys:
         vals = [r.flat.get(k, math.nan) if r is not None else math.nan for r in members]
-        out[MEMBERS + k] = mean_std(vals)[0] if None not in members else math.nan
+        known = None not in members
+        out[MEMBERS + k] = mean_std(vals)[0] if known else math.nan
+        out[MEMBERS_MIN + k] = float(np.nanmin(vals)) if known and not np.isnan(vals).all() \
+            else math.nan
     return out
+
+
+def _seed_sets(c: Claim, ensembles: Mapping[str, Group]) -> tuple[list[dict], bool]:
+    """Per loss of ``c``: ``{seed set: ensemble record}``, of the seed-subset ensembles when
+    every loss has them (True), else of the ensembles themselves (False)."""
+    subsets = all(x in ensembles and ensembles[x].subsets for x in c.losses)
+    sets = []
+    for x in c.losses:
+        recs = (ensembles[x].subsets if subsets else ensembles[x].runs) if x in ensembles else []
+        sets.append({tuple(sorted(r.meta.get("members") or ())): r for r in recs
+                     if len(r.meta.get("members") or ()) >= 2})
+    return sets, subsets
 
 
 def _test_seed_sets(c: Claim, res: ClaimResult, by_loss: Mapping[str, Group],
                     ensembles: Mapping[str, Group]) -> None:
-    sets = []
-    for x in c.losses:
-        recs = ensembles[x].runs if x in ensembles else []
-        sets.append({tuple(sorted(r.meta.get("members") or ())): r for r in recs
-                     if len(r.meta.get("members") or ()) >= 2})
+    sets, subsets = _seed_sets(c, ensembles)
     common = [s for s in sets[0] if all(s in d for d in sets[1:])]
     for s in sorted(common):
+        if c.skill and any(_run_at_chance(r) for x in c.losses for r in by_loss[x].runs
+                           if r.seed in s):
+            res.at_chance.append(", ".join(map(str, s)))
+            continue
         nums = {x: _seed_set_numbers(d[s], by_loss[x]) for x, d in zip(c.losses, sets, strict=True)}
+        if lack := _lacking(c, nums):
+            res.lacking[", ".join(map(str, s))] = lack
+            continue
         res.seeds.append(", ".join(map(str, s)))
         res.holds.append(bool(c.check(nums)))
         res.numbers.append(nums)
+    if subsets and res.seeds:
+        res.subset_of = sorted({x for s in common for x in s})
 
 
 def _num(key: str, v: float) -> str:
     if math.isnan(v):
         return "–"
+    if key.startswith("temperature."):
+        return f"{v:.1f}" if key.startswith("temperature.grid") else f"{v:.2f}"
     if key.endswith(".nll"):
         return f"{v:.3f}"
-    return f"{v:.1f}" if key == TEMP else f"{100.0 * v:.2f}"
+    return f"{100.0 * v:.2f}"
 
 
 def claim_table(res: ClaimResult) -> Table:
@@ -542,7 +655,7 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
     ("**Verdict (LABEL): ...**"), e.g. that the run is a smoke test whose verdicts are not
     evidence, so that a line read alone says so."""
     results = check_claims(groups, claims)
-    if not any(r.n or r.at_chance for r in results):
+    if not any(r.n or r.at_chance or r.lacking for r in results):
         return []
     blocks: list[str | Table] = [
         heading,
@@ -552,25 +665,46 @@ def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
         "The verdicts are computed from the runs' results."]
     if any(c.per == "seed_set" for c in claims):
         blocks[-1] += (
-            " An ensemble claim is tested on each seed set instead: the loss's ensemble (the "
-            "mean of the probabilities of the seeds pooled) against the mean of those seeds' "
-            "runs; its temperatures are fitted on the validation split, every number is on the "
-            "test split; with fewer than 2 seeds it is not evaluated.")
+            " An ensemble claim is tested on seed sets instead: the loss's ensemble (the mean "
+            "of the probabilities of the seeds pooled) against those seeds' runs, on every "
+            "subset of 3 seeds when there are more than 3 (the subsets overlap, so their count "
+            "is not one of independent replications); its temperatures are fitted by NLL on the "
+            "validation split (the grid-ECE ones are shown beside, labelled), every number is on "
+            "the test split; with fewer than 2 seeds it is not evaluated.")
     by_key: dict[tuple[str, str], list[ClaimResult]] = {}
     for r in results:
         by_key.setdefault((r.dataset, r.model), []).append(r)
     for (ds, model), rs in by_key.items():
         if len(by_key) > 1:
             blocks.append(f"### {ds} / {model}")
-        for r in rs:
-            label = f" ({verdict_label})" if verdict_label else ""
+        label = f" ({verdict_label})" if verdict_label else ""
+        for r in (r for r in rs if not r.missing):
             blocks.append(f"**{r.claim.source}:** {r.claim.text} "
                           f"**Verdict{label}: {r.verdict}.**")
             if r.n:
                 blocks.append(claim_table(r))
+        blocks += _needs_full(rs)
         gs = [g for g in groups if (g.dataset, g.model) == (ds, model)]
         blocks.append(direction_table(gs))
     return blocks
+
+
+#: The heading of the claims a run cannot test because it trained none of a loss they compare.
+NEEDS_FULL = "Needs `--full`"
+
+
+def _needs_full(results: Sequence[ClaimResult]) -> list[str]:
+    """The claims of ``results`` that name a loss without any run, under their own heading
+    (:data:`NEEDS_FULL`), not among the verdicts."""
+    missing = [r for r in results if r.missing]
+    if not missing:
+        return []
+    out = [f"#### {NEEDS_FULL}",
+           "These claims compare a loss this run did not train, so they have no verdict here: "
+           "`torchcal demo --full` trains every loss (or add the loss with `--losses`)."]
+    out += [f"- **{r.claim.source}:** {r.claim.text} *(no run of "
+            f"{', '.join(loss_label(x) for x in r.missing)})*" for r in missing]
+    return [out[0], out[1], "\n".join(out[2:])]
 
 
 def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[str]:
@@ -582,11 +716,16 @@ def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -
     []
     """
     results = check_claims(groups, claims)
-    if not any(r.n or r.at_chance for r in results):
+    if not any(r.n or r.at_chance or r.lacking for r in results):
         return []
     where = len({(r.dataset, r.model) for r in results}) > 1
+    tested = [r for r in results if not r.missing]
     return [f"{_paper(r.claim)}, {r.claim.short or r.claim.text.rstrip('.')}"
-            f"{f' ({r.dataset} / {r.model})' if where else ''}: {r.verdict}" for r in results]
+            f"{f' ({r.dataset} / {r.model})' if where else ''}: {r.verdict}" for r in tested] + [
+        f"{NEEDS_FULL.replace('`', '')}: {_paper(r.claim)}, "
+        f"{r.claim.short or r.claim.text.rstrip('.')}"
+        f"{f' ({r.dataset} / {r.model})' if where else ''} (no run of "
+        f"{', '.join(loss_label(x) for x in r.missing)})" for r in results if r.missing]
 
 
 def _paper(claim: Claim) -> str:

@@ -64,6 +64,10 @@ def front_table(csv_text: str) -> str:
         groups.setdefault((row["loss"], row["loss_kwargs"], predictor), []).append(row)
     if not groups:
         raise ValueError("Expected `csv_text` to hold at least one run, got none")
+    for k, rows in groups.items():  # seed-subset ensembles (the claims') are not the loss's row
+        sets = [frozenset((r.get("members") or "").split()) for r in rows]
+        groups[k] = [r for r, m in zip(rows, sets, strict=True)
+                     if not (m and any(m < t for t in sets))]
     header = ["Loss"] + [h for h, *_ in _COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * len(_COLUMNS)]
     for (loss, kw, predictor), rows in sorted(groups.items(), key=lambda kv: (

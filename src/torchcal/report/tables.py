@@ -267,7 +267,8 @@ def temperature_table(groups: Sequence[Group]) -> Table:
              "NLL continuously (Guo et al. 2017). T > 1: over-confident, T < 1: under-confident."]
     if "calibrate_then_pool" in methods:
         notes.append("calibrate_then_pool (ensembles): the mean of the members' own grid-ECE "
-                     "temperatures, each fitted on the member's validation logits before pooling.")
+                     "temperatures, each fitted on the member's validation logits before "
+                     "pooling; calibrate_then_pool_nll: the same with NLL-fitted temperatures.")
     return Table(_title(groups, "Temperatures"), header, rows, notes)
 
 
@@ -276,7 +277,7 @@ OOD_COLUMNS = (
     ("AUROC entropy pre T", "auroc_entropy", 100.0, 2, True),
     ("AUROC entropy post T", "post_auroc_entropy", 100.0, 2, True),
     ("AUROC max-prob", "auroc_max_prob", 100.0, 2, True),
-    ("FPR@95 entropy", "fpr95_entropy", 100.0, 2, False),
+    ("FPR@95 entropy (FPR on OOD at 95% TPR of ID)", "fpr95_entropy", 100.0, 2, False),
     ("AUPR entropy", "aupr_entropy", 100.0, 2, True),
 )
 
@@ -295,8 +296,11 @@ def ood_tables(groups: Sequence[Group]) -> list[Table]:
         rows = [[Cell(g.label)] + [_cell(g, f"ood.{name}.{key}", sc, d) for _c, key, sc, d, _h in OOD_COLUMNS]
                 for g in groups if any(k.startswith(f"ood.{name}.") for k in g.mean)]
         _mark_best(rows, [c[4] for c in OOD_COLUMNS])
-        notes = [f"Out-of-distribution detection, in-distribution test set vs {name!r} (the positive "
-                 "class), in %. Scores: softmax entropy, or minus the maximum probability; "
+        notes = [f"Out-of-distribution detection, in-distribution (ID) test set vs {name!r}, in "
+                 f"%: AUROC and AUPR with {name!r} as the positive class; FPR@95 in the "
+                 "literature's convention (Hendrycks & Gimpel 2017, Liu et al. 2020): the share "
+                 f"of {name!r} accepted at the threshold that keeps 95% of the ID samples (ID the "
+                 "positive class). Scores: softmax entropy, or minus the maximum probability; "
                  "post T uses the grid-ECE temperature. " + _seeds_note(groups), _BEST_NOTE]
         tables.append(Table(_title(groups, f"OOD detection ({name})"), header, rows, notes))
     return tables
@@ -328,8 +332,11 @@ ENSEMBLE_COLUMNS = (("ECE %", "ece", 100.0, 2), ("AdaECE %", "adaptive_ece", 100
                     ("NLL", "nll", 1.0, 3), ("Error %", "error", 100.0, 2))
 #: (row, results section of its metrics, temperature key or None) of :func:`ensemble_table`.
 _ENSEMBLE_ROWS = (("ensemble, no T", "test.pre", None),
-                  ("pool then calibrate", "test.post.grid_ece", "temperature.grid_ece"),
-                  ("calibrate then pool", "test.post.calibrate_then_pool",
+                  ("pool then calibrate (NLL T)", "test.post.nll", "temperature.nll"),
+                  ("calibrate then pool (NLL T)", "test.post.calibrate_then_pool_nll",
+                   "temperature.calibrate_then_pool_nll"),
+                  ("pool then calibrate (grid-ECE T)", "test.post.grid_ece", "temperature.grid_ece"),
+                  ("calibrate then pool (grid-ECE T)", "test.post.calibrate_then_pool",
                    "temperature.calibrate_then_pool"))
 
 
@@ -361,6 +368,8 @@ def ensemble_table(groups: Sequence[Group]) -> Table | None:
             if members:
                 rows.append(_members_row(label, seed_text, members))
             for name, section, tkey in _ENSEMBLE_ROWS:
+                if tkey and tkey not in r.flat:
+                    continue  # results written before this fit was measured
                 t = r.flat.get(tkey, math.nan) if tkey else math.nan
                 rows.append([Cell(label), Cell(seed_text), Cell(name)]
                             + [Cell(fmt_mean_std(r.flat.get(f"{section}.{k}", math.nan) * sc,
@@ -370,10 +379,12 @@ def ensemble_table(groups: Sequence[Group]) -> Table | None:
         return None
     notes = ["Each loss's ensemble: the mean of the probabilities of the seeds pooled (Seeds "
              "pooled). Temperatures are fitted on the validation split, every number is on the "
-             "test split. Pool then calibrate: one T chosen by grid-search ECE on the "
-             "ensemble's validation log-probabilities. Calibrate then pool: each member divided "
-             "by its own grid-ECE T (fitted on its validation logits), then pooled; T is the "
-             "members' mean. AdaECE after T uses the ECE's T. Members: mean ± std over the "
+             "test split. Pool then calibrate: one T for the ensemble's validation "
+             "log-probabilities, fitted by NLL (the ensemble papers' fit, and the claims') or "
+             "chosen by grid-search ECE (noisy on a small validation split). Calibrate then "
+             "pool: each member divided by its own T of the same fit (on its validation "
+             "logits), then pooled; T is the members' mean. A row whose fit the results lack "
+             "(written before it was measured) is left out. Members: mean ± std over the "
              "seeds pooled, T their grid-ECE temperature."]
     return Table(_title(groups, "Ensembles"), header, rows, notes)
 
@@ -434,14 +445,16 @@ def relative_run_dir(run_dir: str | os.PathLike, base: str | os.PathLike | None)
 def runs_csv(groups: Sequence[Group], base: str | os.PathLike | None = None) -> str:
     """One row per run with every number (fractions; empty cell = NaN/missing); ``run_dir``
     relative to ``base`` (the report's directory, see :func:`relative_run_dir`); ``members``:
-    the seeds a pooled record (an ensemble) pooled, space-separated (empty for a seed's run)."""
-    runs = [r for g in groups for r in g.runs]
+    the seeds a pooled record (an ensemble) pooled, space-separated (empty for a seed's run).
+    An ensemble group's seed-subset ensembles (:attr:`Group.subsets`) follow its own rows, so
+    that the file holds every record the claims were tested on."""
+    runs = [r for g in groups for r in (*g.runs, *g.subsets)]
     keys = _all_keys([r.flat for r in runs])
     header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "seed", "run_dir",
               "members"] + keys
     rows = []
     for g in groups:
-        for r in g.runs:
+        for r in (*g.runs, *g.subsets):
             members = r.meta.get("members")
             rows.append([g.dataset, g.model, g.loss, r.key[3], g.predictor, r.seed,
                          relative_run_dir(r.run_dir, base),
