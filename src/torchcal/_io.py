@@ -52,7 +52,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from .errors import ChecksumError, InUseError
+from .errors import ChecksumError, InUseError, UnsafePathError
 
 try:  # POSIX; on Windows there is no fcntl and exclusive_lock does not lock (see there)
     import fcntl
@@ -88,11 +88,14 @@ __all__ = [
     "MAX_JSON_INT_DIGITS",
     "is_within",
     "find_files",
+    "file_kind",
+    "check_own_path",
+    "TEMP_RE",
 ]
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # ".NAME.PID-HEX.tmp" (this module) or ".NAME.XXXXXXXX.tmp" (tempfile.mkstemp, older versions)
-_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?:(?P<pid>\d+)-[0-9a-f]+|[a-z0-9_]{8})\.tmp$")
+TEMP_RE = _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?:(?P<pid>\d+)-[0-9a-f]+|[a-z0-9_]{8})\.tmp$")
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -123,6 +126,52 @@ def write_error(exc: OSError, path: str | os.PathLike) -> OSError:
     if exc.filename is not None:
         return exc
     return OSError(exc.errno, f"{exc.strerror or exc}: cannot write {path!r}")
+
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISREG, "a regular file"))
+
+
+def file_kind(st: os.stat_result) -> str:
+    """What an ``lstat`` result describes, in words (``"a FIFO (named pipe)"``, ...)."""
+    return next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
+
+
+def check_own_path(path: str | os.PathLike, what: str = "File", *,
+                   directory: bool = False) -> None:
+    """Refuse a path torchcal is about to write, lock or delete when it is not what torchcal
+    writes there: a symbolic link (never followed: writing through it would change the link's
+    target, a user's file), or something other than a regular file (``directory=False``) or a
+    directory (``directory=True``).  Nothing there is fine.
+
+    Raises:
+        UnsafePathError: one line naming ``path`` and what it is.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "l").symlink_to(d / "x")
+    >>> check_own_path(d / "l", "Lock file")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    torchcal.errors.UnsafePathError: Lock file '.../l' is a symbolic link (to '.../x'): ...
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:  # pragma: no cover - replaced meanwhile
+            target = "?"
+        raise UnsafePathError(f"{what} {str(path)!r} is a symbolic link (to {target!r}): "
+                              "torchcal does not write, lock or delete through links; remove "
+                              "the link or give the real path")
+    ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not ok:
+        expected = "a directory" if directory else "a regular file"
+        raise UnsafePathError(f"{what} {str(path)!r} is {file_kind(st)}, not {expected}: "
+                              "refused; remove it or give another path")
 
 
 def _new_temp_file(path: Path) -> tuple[int, Path]:
@@ -156,6 +205,7 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_own_path(path, "Output file")
     try:
         fd, tmp = _new_temp_file(path)
     except OSError as exc:
@@ -202,8 +252,11 @@ def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> No
 
     An :class:`OSError` names ``path`` (:func:`write_error`).
     """
+    check_own_path(path, "Output file")
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
     try:
-        with open(path, "a", encoding="utf-8") as f:
+        with os.fdopen(os.open(path, flags, 0o666), "a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             if fsync:
@@ -302,8 +355,8 @@ _HELD_GUARD = threading.Lock()
 
 def _lock_holder(lock_file: Path) -> str:
     """``"process 1234 (torchcal train ...)"`` from a lock file, or ``"another process"``."""
-    try:
-        info = json.loads(lock_file.read_text(encoding="utf-8"))
+    try:  # bounded: a lock file replaced by /dev/zero is not read forever
+        info = json.loads(read_bytes_bounded(lock_file, max_bytes=1 << 16).decode("utf-8"))
         pid, cmd = int(info["pid"]), str(info.get("command") or "").strip()
     except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError):
         return "another process"  # written this instant, or by something else
@@ -313,8 +366,9 @@ def _lock_holder(lock_file: Path) -> str:
 def read_lock_command(directory: str | os.PathLike) -> str | None:
     """The command line recorded in ``directory``'s lock file (also a stale one a killed process
     left), or None."""
-    try:
-        info = json.loads((Path(directory) / LOCK_NAME).read_text(encoding="utf-8"))
+    try:  # bounded, as _lock_holder
+        info = json.loads(read_bytes_bounded(Path(directory) / LOCK_NAME,
+                                             max_bytes=1 << 16).decode("utf-8"))
         cmd = info.get("command")
     except (OSError, ValueError, AttributeError, UnicodeDecodeError):
         return None
@@ -330,15 +384,31 @@ def _command_line() -> str:
 
 
 def _open_locked(lock_file: Path, what: str) -> int:
-    """Open and ``flock`` ``lock_file`` (non-blocking); raise :class:`InUseError` if held."""
+    """Open and ``flock`` ``lock_file`` (non-blocking); raise :class:`InUseError` if held.
+
+    The lock file is never followed (``O_NOFOLLOW``) nor opened when it is not a regular file:
+    a link to a user's file would be truncated, a FIFO would block, ``/dev/zero`` cannot be
+    locked (:class:`~torchcal.errors.UnsafePathError` naming it)."""
+    flags = (os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NONBLOCK", 0))
     while True:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        check_own_path(lock_file, "Lock file")
+        try:
+            fd = os.open(lock_file, flags, 0o666)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO, errno.EISDIR):
+                check_own_path(lock_file, "Lock file")  # swapped meanwhile: names it
+            raise write_error(exc, lock_file) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # pragma: no cover - swapped meanwhile
+            os.close(fd)
+            check_own_path(lock_file, "Lock file")
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise InUseError(
-                errno.EWOULDBLOCK, f"{what} {str(lock_file.parent)!r} is in use by "
+            raise InUseError(  # no errno: the message is the one line the user reads
+                f"{what} {str(lock_file.parent)!r} is in use by "
                 f"{_lock_holder(lock_file)}; wait for it to end (or stop it), or use another "
                 "directory") from None
         except OSError:  # pragma: no cover - a file system without flock: do not lock
@@ -367,6 +437,10 @@ def exclusive_lock(directory: str | os.PathLike, *, what: str = "Run directory")
     lock file is removed, and so is ``directory`` when this call created it and it is empty
     (a run that failed its checks leaves nothing behind).
 
+    Nothing is followed: ``directory`` or its lock file being a symbolic link (or the lock file
+    a FIFO or a device) is refused with :class:`~torchcal.errors.UnsafePathError` naming it,
+    before anything is written (a link's target is a user's, never the run's).
+
     On Windows (no ``fcntl``) nothing is locked: the block runs as without the lock.
 
     >>> import tempfile, pathlib
@@ -378,6 +452,8 @@ def exclusive_lock(directory: str | os.PathLike, *, what: str = "Run directory")
     False
     """
     directory = Path(directory)
+    if directory.is_symlink():  # never a link: its target is not ours
+        check_own_path(directory, what, directory=True)
     created = not directory.exists()
     if fcntl is None:  # pragma: no cover - Windows: no advisory lock, run unlocked
         yield directory

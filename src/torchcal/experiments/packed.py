@@ -38,6 +38,7 @@ from .training import (
     is_finished,
     is_stale,
     resolve_spec,
+    retrain_reason,
     run_meta,
     train_config,
     train_job,
@@ -106,7 +107,7 @@ def _train_members(runs: list[Mapping[str, Any]], todo: list[int],
     res = train_packed([train_config(runs[i]) for i in todo])
     retry = [i for i, r in zip(todo, res, strict=True) if isinstance(r, CheckpointError)]
     for i in retry:
-        clear_run_dir(Path(runs[i]["run_dir"]))
+        clear_run_dir(Path(runs[i]["run_dir"]), retrain_reason(res[todo.index(i)]))
     if retry:
         again = dict(zip(retry, train_packed([train_config(runs[i]) for i in retry]),
                          strict=True))

@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._io import LOCK_NAME, exclusive_lock, read_json
+from .._io import check_own_path, exclusive_lock, read_json
 from ..errors import CheckpointError
 from ..evaluate import evaluate_saved_logits, meta_from_config
 from ..runs import RunDir
@@ -42,7 +42,7 @@ from ..train.config import changed_fields
 from .runner import Job, Resources, set_threads
 
 __all__ = ["train_config", "resolve_spec", "train_job", "run_job", "is_stale", "is_finished",
-           "clear_run_dir", "run_meta"]
+           "clear_run_dir", "retrain_reason", "run_meta"]
 
 
 def train_config(spec: Mapping[str, Any]) -> TrainConfig:
@@ -169,15 +169,32 @@ def is_finished(run_dir: str | Path, config: TrainConfig) -> bool:
         return False
 
 
-def clear_run_dir(run_dir: Path) -> None:
-    """Remove what a run directory holds except the lock file of its owner (this process)."""
-    for p in run_dir.iterdir():
-        if p.name == LOCK_NAME:
-            continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+_OTHER_SETTINGS = "holds a run of other settings"
+
+
+def clear_run_dir(run_dir: Path, why: str = _OTHER_SETTINGS) -> list[Path]:
+    """Remove the files torchcal wrote in a run directory (:meth:`torchcal.runs.RunDir.clear`:
+    the names of :data:`torchcal.runs.OWN_NAMES`), keeping the lock file of its owner (this
+    process) and everything torchcal did not write, which a warning names ("kept 2 files
+    torchcal did not write: ...").  ``why`` says in that warning why the run was cleared.
+
+    A run directory that is a symbolic link is refused
+    (:class:`~torchcal.errors.UnsafePathError`): its target is not the run's.
+
+    Returns:
+        The paths kept.
+    """
+    run_dir = Path(run_dir)
+    check_own_path(run_dir, "Run directory", directory=True)
+    kept = RunDir(run_dir).clear()
+    if kept or why != _OTHER_SETTINGS:  # a refused checkpoint is always said
+        names = ", ".join(repr(p.name + ("/" if p.is_dir() and not p.is_symlink() else ""))
+                          for p in kept[:5]) + (", ..." if len(kept) > 5 else "")
+        keep = (f"; kept {len(kept)} file{'s' if len(kept) != 1 else ''} torchcal did not "
+                f"write ({names})") if kept else ""
+        warnings.warn(f"Run directory {str(run_dir)!r} {why}: torchcal's files removed{keep}",
+                      UserWarning, stacklevel=2)
+    return kept
 
 
 def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,10 +223,10 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
                 return out
             try:
                 train(config)
-            except CheckpointError:
+            except CheckpointError as exc:
                 # the run directory holds a run of other settings or a broken checkpoint:
                 # never report it under these settings, train afresh
-                clear_run_dir(run_dir)
+                clear_run_dir(run_dir, retrain_reason(exc))
                 train(train_config(spec))
             if not RunDir(run_dir).results().is_file():
                 evaluate_saved_logits(run_dir, n_bins=spec["n_bins"], meta=run_meta(spec))
@@ -218,6 +235,13 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["traceback"] = traceback.format_exc()
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def retrain_reason(exc: BaseException) -> str:
+    """The clause of :func:`clear_run_dir`'s warning for a run whose checkpoint was refused:
+    the refusal, and that the run is retrained from epoch 0."""
+    text = " ".join(str(exc).split())
+    return f"cannot be resumed ({text[:300]}): the run is retrained from epoch 0"
 
 
 def run_meta(spec: Mapping[str, Any]) -> dict[str, Any]:

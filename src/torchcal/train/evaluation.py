@@ -57,23 +57,24 @@ def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_d
                       write: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Save ``RUN_DIR/logits/<name>.npz`` and ``RUN_DIR/results.json`` (for ``checkpoint="best"``:
     ``logits-best/`` and ``results-best.json``, leaving the last epoch's files); return the results.
+    The results are computed (and the logits checked: finite, of matching classes) before
+    anything is written, so logits that are refused never replace the run's files.
     ``extra``: blocks added to the results (a multi-task run's ``multitask``).
 
     Run it in one process (under DDP: rank 0, after the process group is gone, since the
     metrics would otherwise try to sync across ranks).
     """
     run = RunDir(run_dir)
-    if write:  # "best" never replaces the last epoch's files
-        for name, (z, y) in preds.items():
-            save_logits(run.logits(name, checkpoint), z, y)
-    results = evaluate_logits(
+    results = evaluate_logits(  # computed and checked before anything is written
         val_logits=preds["val"][0], val_labels=preds["val"][1],
         test_logits=preds["test"][0], test_labels=preds["test"][1],
         ood_logits={k[len("ood_"):]: v[0] for k, v in preds.items() if k.startswith("ood_")},
         n_bins=config.n_bins, meta=_meta(config, epoch, checkpoint))
     if extra:
         results.update(extra)
-    if write:
+    if write:  # "best" never replaces the last epoch's files
+        for name, (z, y) in preds.items():
+            save_logits(run.logits(name, checkpoint), z, y)
         write_results(run.results(checkpoint), results)
     return results
 

@@ -1,0 +1,243 @@
+"""Reliability under attack (issue 42): nothing of the user's lost, nothing edited believed.
+
+The file-system attacks run in a temporary tree: a lock file or a run directory that is a
+symbolic link, stale run directories holding a user's files, FIFOs, directories and /dev/zero
+where torchcal expects its files, checkpoints carrying pickled code, NaN weights, edited or
+moved results and logits, over-large ``.npz`` archives.  One tiny run (2 epochs of the
+digits MLP, a few seconds) is trained once and copied for each test."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from torchcal._io import LOCK_NAME, exclusive_lock
+from torchcal.cli import main
+from torchcal import errors
+from torchcal.errors import CheckpointError, InUseError
+from torchcal.experiments.training import run_job
+from torchcal.train.checkpoint import load_checkpoint, save_checkpoint
+
+pytestmark = [pytest.mark.filterwarnings("ignore:OOD set"),
+              pytest.mark.skipif(os.name != "posix", reason="POSIX links, FIFOs and devices")]
+
+
+def _spec(run_dir, loss="ce", seed=0, epochs=2):
+    return {"recipe": "digits-mlp", "loss": loss, "loss_kwargs": {}, "seed": seed,
+            "epochs": epochs, "n_bins": 15, "run_dir": str(run_dir), "overrides": {}}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Finished 2-epoch runs of ce and focal (seed 0), as the demo's sweep writes them."""
+    root = tmp_path_factory.mktemp("reliability")
+    n = torch.get_num_threads()
+    try:
+        for loss in ("ce", "focal"):
+            r = run_job(_spec(root / loss, loss))
+            assert r["error"] is None, r.get("traceback")
+    finally:
+        torch.set_num_threads(n)
+    return root
+
+
+@pytest.fixture()
+def runs(trained, tmp_path):
+    dst = tmp_path / "runs"
+    shutil.copytree(trained, dst)
+    return dst
+
+
+def _one_line_error(capsys, argv, *match):
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for m in match:
+        assert m in err, err
+    return err
+
+
+# --- 1. a lock file that is a link: its target is never truncated -------------------------
+def test_a_linked_lock_file_is_refused_and_its_target_kept(runs, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    (runs / "ce" / LOCK_NAME).symlink_to(notes)
+    _one_line_error(capsys, ["eval", str(runs / "ce")], "symbolic link", LOCK_NAME)
+    assert notes.read_text() == "my notes\n"
+    with pytest.raises(errors.UnsafePathError, match="symbolic link"):
+        with exclusive_lock(runs / "ce"):
+            pass
+    assert notes.read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "directory"])
+def test_a_lock_file_that_is_no_file_is_named(tmp_path, kind):
+    d = tmp_path / "run"
+    d.mkdir()
+    lock = d / LOCK_NAME
+    if kind == "fifo":
+        os.mkfifo(lock)
+    elif kind == "dev_zero":
+        lock.symlink_to("/dev/zero")
+    else:
+        lock.mkdir()
+    expected = {"fifo": "FIFO", "dev_zero": "symbolic link", "directory": "a directory"}[kind]
+    with pytest.raises(errors.UnsafePathError, match=expected) as info:
+        with exclusive_lock(d):
+            pass
+    assert "Errno" not in str(info.value) and LOCK_NAME in str(info.value)
+
+
+def test_a_busy_lock_names_the_holder_without_errno(tmp_path):
+    import subprocess
+    import sys
+    d = tmp_path / "run"
+    code = ("import sys, time; from torchcal._io import exclusive_lock\n"
+            "with exclusive_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(30)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(InUseError) as info:
+            with exclusive_lock(d, what="Demo directory"):
+                pass
+        msg = str(info.value)
+        assert "Errno" not in msg and f"process {p.pid} (-c " in msg, msg
+    finally:
+        p.kill()
+        p.wait()
+
+
+# --- 2. a run directory that is a link: its target is not emptied -------------------------
+def test_a_linked_run_directory_is_refused_and_its_target_kept(runs, tmp_path):
+    user = tmp_path / "mine"
+    (user / "checkpoints").mkdir(parents=True)
+    (user / "precious.txt").write_text("keep me")
+    (user / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint")
+    shutil.rmtree(runs / "ce")
+    (runs / "ce").symlink_to(user, target_is_directory=True)
+    res = run_job(_spec(runs / "ce"))
+    assert res["error"] is not None and "symbolic link" in res["error"], res
+    assert sorted(p.name for p in user.rglob("*")) == ["checkpoints", "last.pt", "precious.txt"]
+    assert (user / "precious.txt").read_text() == "keep me"
+
+
+# --- 3. a stale run directory keeps the files torchcal did not write ----------------------
+def test_a_stale_run_keeps_the_users_files_and_names_them(runs):
+    run = runs / "ce"
+    (run / "notes.txt").write_text("mine")
+    (run / "analysis").mkdir()
+    (run / "analysis" / "plot.py").write_text("print(1)")
+    (run / "logits" / "mine.csv").write_text("a,b")
+    with pytest.warns(UserWarning, match=r"kept 3 files torchcal did not write") as rec:
+        res = run_job(_spec(run, epochs=3))  # other settings: stale, trained afresh
+    assert res["error"] is None, res.get("traceback")
+    assert not res["skipped"]
+    assert "notes.txt" in str(rec[0].message) and "analysis/" in str(rec[0].message)
+    assert (run / "notes.txt").read_text() == "mine"
+    assert (run / "analysis" / "plot.py").read_text() == "print(1)"
+    assert (run / "logits" / "mine.csv").read_text() == "a,b"
+    assert json.loads((run / "results.json").read_text())["meta"]["epoch"] == 3
+
+
+def test_a_corrupt_checkpoint_of_an_unfinished_run_says_it_is_retrained(runs):
+    run = runs / "ce"
+    (run / "results.json").unlink()  # unfinished
+    (run / "notes.txt").write_text("mine")
+    ckpt = run / "checkpoints" / "last.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    (run / "checkpoints" / "last.pt.sha256").unlink()
+    with pytest.warns(UserWarning, match=r"retrained from epoch 0.*kept 1 file torchcal"):
+        res = run_job(_spec(run))
+    assert res["error"] is None, res.get("traceback")
+    assert (run / "notes.txt").read_text() == "mine"
+    assert load_checkpoint(ckpt)["epoch"] == 2
+
+
+def test_clearing_a_run_never_follows_links_inside_it(runs, tmp_path):
+    from torchcal.experiments.training import clear_run_dir
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "last.pt").write_bytes(b"user's")
+    run = runs / "ce"
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(outside, target_is_directory=True)
+    (run / "results.json").unlink()
+    (run / "results.json").symlink_to(outside / "last.pt")
+    with pytest.warns(UserWarning, match="kept 2 files"):
+        clear_run_dir(run)
+    assert (outside / "last.pt").read_bytes() == b"user's"
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "results.json"]
+
+
+# --- 4. eval of NaN weights replaces nothing -----------------------------------------------
+def test_eval_of_nan_weights_leaves_the_run_as_it_was(runs, capsys):
+    run = runs / "ce"
+    ckpt = run / "checkpoints" / "last.pt"
+    state = load_checkpoint(ckpt)
+    state["model"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                      for k, v in state["model"].items()}
+    state.pop("format")
+    save_checkpoint(ckpt, state)  # a matching .sha256: only the numbers are wrong
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()
+              and not p.name.endswith(".pt") and not p.name.endswith(".pt.sha256")}
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 2
+    after = {p: p.read_bytes() for p in before}
+    assert after == before
+    assert not [p for p in run.rglob("*.tmp")]
+
+
+# --- 15/16. a checkpoint that is no file, or carries code, is named for what it is ---------
+@pytest.mark.parametrize("kind,expected", [
+    ("fifo", "is a FIFO"), ("directory", "is a directory"),
+    ("dev_zero", "is a character device (through a symbolic link to '/dev/zero')"),
+    ("missing", "does not exist"),
+])
+def test_a_checkpoint_that_is_no_file_is_named(runs, capsys, kind, expected):
+    ckpt = runs / "ce" / "checkpoints" / "last.pt"
+    ckpt.unlink()
+    if kind == "fifo":
+        os.mkfifo(ckpt)
+    elif kind == "directory":
+        ckpt.mkdir()
+    elif kind == "dev_zero":
+        ckpt.symlink_to("/dev/zero")
+    _one_line_error(capsys, ["eval", str(runs / "ce")], expected)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_a_checkpoint_holding_code_is_refused_without_unsafe_advice(runs, capsys):
+    ckpt = runs / "ce" / "checkpoints" / "last.pt"
+    (runs / "ce" / "checkpoints" / "last.pt.sha256").unlink()
+    buf = io.BytesIO()
+    torch.save({"format": "torchcal.checkpoint/1", "model": _Payload()}, buf)
+    ckpt.write_bytes(buf.getvalue())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        err = _one_line_error(capsys, ["eval", str(runs / "ce")], "holds Python code",
+                              "posix.system")
+    assert "weights_only" not in err and "corrupt" not in err, err
+
+
+def test_a_checkpoint_past_its_epochs_is_refused(runs):
+    ckpt = runs / "ce" / "checkpoints" / "last.pt"
+    state = load_checkpoint(ckpt)
+    state.pop("format")
+    state["epoch"] = 10 ** 12
+    save_checkpoint(ckpt, state)
+    with pytest.raises(CheckpointError, match=r"invalid 'epoch': expected at most the config's 2"):
+        load_checkpoint(ckpt)
