@@ -13,15 +13,13 @@ import json
 import os
 import shutil
 import warnings
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
+from torchcal import errors
 from torchcal._io import LOCK_NAME, exclusive_lock
 from torchcal.cli import main
-from torchcal import errors
 from torchcal.errors import CheckpointError, InUseError
 from torchcal.experiments.training import run_job
 from torchcal.train.checkpoint import load_checkpoint, save_checkpoint
@@ -241,3 +239,86 @@ def test_a_checkpoint_past_its_epochs_is_refused(runs):
     save_checkpoint(ckpt, state)
     with pytest.raises(CheckpointError, match=r"invalid 'epoch': expected at most the config's 2"):
         load_checkpoint(ckpt)
+
+
+# --- 5/6. an edited or moved results.json or logits file is refused, or recomputed ---------
+def _edit_json(path, fn):
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def test_results_and_logits_carry_sha256_sidecars(runs):
+    from torchcal.evaluate import read_results
+    run = runs / "ce"
+    assert (run / "results.json.sha256").is_file()
+    assert sorted(p.name for p in (run / "logits").glob("*.sha256")) == [
+        "ood_digits_ood.npz.sha256", "test.npz.sha256", "val.npz.sha256"]
+    res = read_results(run)
+    assert set(res["logits_sha256"]) == {"val", "test", "ood_digits_ood"}
+
+
+def test_an_edited_results_file_is_refused_then_recomputed_by_the_sweep(runs):
+    from torchcal.evaluate import read_results
+    run = runs / "ce"
+    original = (run / "results.json").read_bytes()
+    _edit_json(run / "results.json", lambda d: d["test"]["pre"].update(ece=0.0005, error=0.01))
+    with pytest.raises(errors.ResultsFileError, match=r"edited after torchcal wrote it; refused"):
+        read_results(run)
+    with pytest.warns(UserWarning, match=r"edited after torchcal wrote it: recomputed"):
+        res = run_job(_spec(run))
+    assert res["error"] is None and not res["skipped"], res
+    assert (run / "results.json").read_bytes() == original  # bit for bit
+
+
+def test_a_results_file_copied_from_another_run_is_refused_then_recomputed(runs):
+    from torchcal.evaluate import read_results
+    ce, focal = runs / "ce", runs / "focal"
+    original = (ce / "results.json").read_bytes()
+    for name in ("results.json", "results.json.sha256"):
+        shutil.copy(focal / name, ce / name)
+    with pytest.raises(errors.ResultsFileError, match=r"says loss 'focal' .* another run"):
+        read_results(ce)
+    with pytest.warns(UserWarning, match=r"another run: recomputed"):
+        assert run_job(_spec(ce))["error"] is None
+    assert (ce / "results.json").read_bytes() == original
+
+
+@pytest.mark.parametrize("with_sidecar", [False, True])
+def test_logits_copied_from_another_run_are_refused(runs, with_sidecar):
+    from torchcal.evaluate import load_logits, read_results
+    ce, focal = runs / "ce", runs / "focal"
+    shutil.copy(focal / "logits" / "test.npz", ce / "logits" / "test.npz")
+    if with_sidecar:
+        shutil.copy(focal / "logits" / "test.npz.sha256", ce / "logits" / "test.npz.sha256")
+        load_logits(ce / "logits" / "test.npz")  # consistent with its sidecar ...
+        with pytest.raises(errors.ResultsFileError, match=r"computed from other logits"):
+            read_results(ce)  # ... but not with the results beside it
+    else:
+        with pytest.raises(errors.ResultsFileError, match=r"test.npz' does not match its SHA-256"):
+            load_logits(ce / "logits" / "test.npz")
+
+
+def test_old_runs_without_sidecars_still_read(runs):
+    from torchcal.evaluate import load_logits, read_results
+    run = runs / "ce"
+    for p in run.rglob("*.sha256"):
+        if not p.name.endswith(".pt.sha256"):
+            p.unlink()
+    _edit_json(run / "results.json", lambda d: d.pop("logits_sha256"))
+    assert read_results(run)["n"]["test"] > 0
+    assert load_logits(run / "logits" / "test.npz")[0].ndim == 2
+
+
+# --- 10. impossible metadata is refused ------------------------------------------------------
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: d["temperatures"].update(grid_ece=1e30), r"temperatures\['grid_ece'\]"),
+    (lambda d: d["n"].update(test=-5), r"n\['test'\] .* non-negative integer, got -5"),
+])
+def test_impossible_results_metadata_is_refused(runs, edit, match):
+    from torchcal.evaluate import read_results
+    run = runs / "ce"
+    (run / "results.json.sha256").unlink()  # reach the range checks
+    _edit_json(run / "results.json", edit)
+    with pytest.raises(errors.ResultsFileError, match=match):
+        read_results(run)

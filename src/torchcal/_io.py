@@ -80,6 +80,8 @@ __all__ = [
     "replace_verified",
     "read_verified",
     "check_sha256",
+    "check_listed",
+    "read_digests",
     "read_bytes_bounded",
     "parse_json",
     "read_json",
@@ -665,6 +667,32 @@ def read_verified(path: str | os.PathLike, *, what: str = "File",
     if got not in digests:
         raise _mismatch(path, what, side.name, digests[0], got, hint, error)
     return data
+
+
+def read_digests(path: str | os.PathLike, what: str = "File",
+                 error: type[Exception] = ChecksumError) -> list[str]:
+    """The digests listed in ``path``'s SHA-256 file, newest first (``error`` if it is
+    unreadable or malformed; ``FileNotFoundError`` if absent)."""
+    path = Path(path)
+    if not checksum_path(path).exists():
+        raise FileNotFoundError(errno.ENOENT, "No SHA-256 file", str(checksum_path(path)))
+    return _read_digests(path, what, error)
+
+
+def check_listed(path: str | os.PathLike, *, what: str = "File",
+                 error: type[Exception] = ChecksumError, hint: str = "do not use it") -> str:
+    """Check a (large) file against the digests of its SHA-256 file (written by
+    :func:`write_verified`), streaming; the same message as :func:`read_verified`.
+
+    Returns:
+        The file's digest.
+    """
+    path = Path(path)
+    digests = _read_digests(path, what, error)
+    got = sha256_file(path)
+    if got not in digests:
+        raise _mismatch(path, what, checksum_path(path).name, digests[0], got, hint, error)
+    return got
 
 
 def check_sha256(path: str | os.PathLike, expected: str, *, what: str = "File",

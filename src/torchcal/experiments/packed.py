@@ -42,6 +42,7 @@ from .training import (
     run_meta,
     train_config,
     train_job,
+    warn_untrusted_results,
 )
 
 __all__ = ["CPU_PACK_SIZE", "pack_jobs", "run_packed_job", "expand_results"]
@@ -145,6 +146,8 @@ def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
                 elif is_finished(run_dir, config):
                     out[i]["skipped"] = True
                     continue
+                else:
+                    warn_untrusted_results(run_dir)
                 todo.append(i)
             except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
                 _error(out[i], exc)

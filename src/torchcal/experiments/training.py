@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 import traceback
 import warnings
@@ -33,16 +34,17 @@ from typing import Any
 
 import torch
 
-from .._io import check_own_path, exclusive_lock, read_json
-from ..errors import CheckpointError
-from ..evaluate import evaluate_saved_logits, meta_from_config
+from .._io import check_own_path, exclusive_lock
+from ..errors import CheckpointError, ResultsFileError
+from ..evaluate import evaluate_saved_logits, meta_from_config, read_results
 from ..runs import RunDir
 from ..train import TrainConfig, get_recipe, train
 from ..train.config import changed_fields
 from .runner import Job, Resources, set_threads
 
 __all__ = ["train_config", "resolve_spec", "train_job", "run_job", "is_stale", "is_finished",
-           "clear_run_dir", "retrain_reason", "run_meta"]
+           "warn_untrusted_results",
+           "clear_run_dir", "retrain_reason", "run_meta", "untrusted_results"]
 
 
 def train_config(spec: Mapping[str, Any]) -> TrainConfig:
@@ -159,14 +161,29 @@ def is_stale(run_dir: str | Path, config: TrainConfig) -> bool:
 
 def is_finished(run_dir: str | Path, config: TrainConfig) -> bool:
     """Whether ``run_dir`` holds this run's evaluated last epoch (a rerun skips it)."""
-    try:
-        res = read_json(RunDir(run_dir).results(), what="Results file")
+    try:  # verified: its SHA-256, the run it belongs to, the logits it was computed from
+        res = read_results(RunDir(run_dir).results())
         meta = res["meta"]
         return (int(meta["epoch"]) == config.epochs and meta.get("checkpoint") == "last"
                 and int(res["n_bins"]) == config.n_bins
+                and meta.get("loss") == config.loss and meta.get("seed") == config.seed
                 and RunDir(run_dir).has_checkpoint("last"))
     except (OSError, ValueError, TypeError, KeyError):
         return False
+
+
+def untrusted_results(run_dir: str | Path) -> str:
+    """Why a run's ``results.json`` cannot be trusted (edited after it was written, copied
+    from another run, computed from other logits; :func:`torchcal.evaluate.read_results`),
+    '' when it can or there is none."""
+    p = RunDir(run_dir).results()
+    if not os.path.lexists(p):
+        return ""
+    try:
+        read_results(p)
+    except ResultsFileError as exc:
+        return str(getattr(exc, "reason", exc))
+    return ""
 
 
 _OTHER_SETTINGS = "holds a run of other settings"
@@ -221,6 +238,8 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
                 out["skipped"] = True
                 out["seconds"] = time.perf_counter() - t0
                 return out
+            else:
+                warn_untrusted_results(run_dir)
             try:
                 train(config)
             except CheckpointError as exc:
@@ -235,6 +254,15 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["traceback"] = traceback.format_exc()
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def warn_untrusted_results(run_dir: Path) -> None:
+    """Warn (one line) when an untrusted ``results.json`` is about to be recomputed: the run's
+    last checkpoint is evaluated again (its logits rewritten from the model)."""
+    problem = untrusted_results(run_dir)
+    if problem:
+        warnings.warn(f"{problem}: recomputed from the run's checkpoint", UserWarning,
+                      stacklevel=2)
 
 
 def retrain_reason(exc: BaseException) -> str:
