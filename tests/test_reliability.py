@@ -13,7 +13,9 @@ import json
 import os
 import shutil
 import warnings
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -322,3 +324,78 @@ def test_impossible_results_metadata_is_refused(runs, edit, match):
     _edit_json(run / "results.json", edit)
     with pytest.raises(errors.ResultsFileError, match=match):
         read_results(run)
+
+
+# --- 9. calibrate refuses test logits of another classifier ---------------------------------
+def test_calibrate_refuses_test_logits_of_other_classes(tmp_path, capsys):
+    from torchcal.evaluate import save_logits
+    rng = np.random.default_rng(0)
+    save_logits(tmp_path / "val.npz", rng.normal(size=(40, 5)), rng.integers(0, 5, 40))
+    save_logits(tmp_path / "test.npz", rng.normal(size=(40, 10)), rng.integers(0, 10, 40))
+    out = tmp_path / "calib.json"
+    _one_line_error(capsys, ["calibrate", str(tmp_path / "val.npz"), "--test",
+                             str(tmp_path / "test.npz"), "--out", str(out)],
+                    "the 5 classes", "got 10")
+    assert not out.exists()
+
+
+# --- 11. bounded .npz reads ------------------------------------------------------------------
+def _bomb(path, n):
+    """A deflated .npz whose logits member declares ``n`` float32 zeros (n * 4 bytes)."""
+    import zipfile
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (n // 4, 4)})
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("logits.npy", "w", force_zip64=True) as f:
+            f.write(header.getvalue())
+            chunk = bytes(1 << 20)
+            for _ in range(n * 4 // len(chunk)):
+                f.write(chunk)
+        buf = io.BytesIO()
+        np.save(buf, np.zeros(n // 4, dtype=np.int64))
+        zf.writestr("labels.npy", buf.getvalue())
+
+
+def test_a_deflated_npz_bomb_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    from torchcal import evaluate
+    from torchcal.evaluate import load_logits
+    monkeypatch.setattr(evaluate, "NPZ_RATIO_FROM", 1 << 20)  # the campaign's was 8 GB
+    bomb = tmp_path / "bomb.npz"
+    _bomb(bomb, 4 << 20)  # 16 MiB of zeros in ~16 KiB
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(errors.ResultsFileError, match=r"bomb.npz' member 'logits.npy' expands"):
+        load_logits(bomb)
+    _one_line_error(capsys, ["calibrate", str(bomb)], "bomb.npz", "expands")
+
+
+def test_an_npz_header_declaring_more_than_it_holds_is_refused(tmp_path):
+    import zipfile
+    from torchcal.evaluate import load_logits
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (10 ** 9, 1000)})
+    p = tmp_path / "liar.npz"
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("logits.npy", header.getvalue() + bytes(16))
+        zf.writestr("labels.npy", header.getvalue())
+    with pytest.raises(errors.ResultsFileError,
+                       match=r"liar.npz' member 'logits.npy' declares .*4,000,000,000,000 bytes"):
+        load_logits(p)
+
+
+# --- 8. report: a copied run is no second seed; runs of other n_bins are named ---------------
+def test_report_skips_a_copied_run_and_a_run_of_other_n_bins(runs):
+    from torchcal.evaluate import evaluate_saved_logits
+    from torchcal.report.aggregate import group_runs, load_runs
+    shutil.copytree(runs / "ce", runs / "ce_copy")
+    shutil.copytree(runs / "focal", runs / "focal10")
+    (runs / "focal10" / "config.json").write_text(
+        (runs / "focal10" / "config.json").read_text().replace('"seed": 0', '"seed": 1'))
+    evaluate_saved_logits(runs / "focal10", n_bins=10)
+    rep = load_runs([runs])
+    msgs = {Path(p).parent.name: m for p, m in rep.errors}
+    assert set(msgs) == {"ce_copy", "focal10"}, rep.errors
+    assert "claims the run ce seed 0" in msgs["ce_copy"] and "copied" in msgs["ce_copy"]
+    assert "n_bins 10 while the other runs have 15" in msgs["focal10"]
+    assert [(g.loss, g.seeds) for g in group_runs(rep.runs)] == [("ce", [0]), ("focal", [0])]

@@ -40,7 +40,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -185,6 +187,51 @@ def _check_npz_file(path: Path) -> None:
                                "save_logits")
 
 
+#: Largest array a logits ``.npz`` member may declare (50,000 samples x 21,841 classes of
+#: ImageNet-21k in float32 are 4.4 GB).
+MAX_LOGITS_BYTES = 16 << 30
+#: Largest uncompressed-to-compressed ratio of a deflated ``.npz`` member declaring more than
+#: :data:`NPZ_RATIO_FROM` bytes (float logits deflate by at most ~1.2x; a member of zeros
+#: deflates ~1000x: a "zip bomb"; small members, e.g. sorted labels, may deflate more).
+MAX_NPZ_RATIO = 100
+NPZ_RATIO_FROM = 64 << 20
+
+
+def _check_npz_members(path: Path) -> None:
+    """Refuse an ``.npz`` whose members would make NumPy allocate more than they hold, before
+    anything is loaded: each member's declared array (shape x dtype, read from its ``.npy``
+    header) must fit in the member (a header may declare 10^12 elements over 10 bytes), be
+    at most :data:`MAX_LOGITS_BYTES`, and a compressed member may expand at most
+    :data:`MAX_NPZ_RATIO` times."""
+    name = f"Logits file {str(path)!r}"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                ratio = info.file_size / max(info.compress_size, 1)
+                if (info.compress_type != zipfile.ZIP_STORED and ratio > MAX_NPZ_RATIO
+                        and info.file_size > NPZ_RATIO_FROM):
+                    raise ResultsFileError(
+                        f"{name} member {info.filename!r} expands {info.compress_size:,} bytes "
+                        f"to {info.file_size:,} ({ratio:,.0f}x, at most {MAX_NPZ_RATIO}x "
+                        "allowed): refused")
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                            else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read(f)
+                    header = f.tell()
+                size = math.prod(shape) * dtype.itemsize
+                if size > MAX_LOGITS_BYTES or size > info.file_size - header:
+                    raise ResultsFileError(
+                        f"{name} member {info.filename!r} declares an array of shape "
+                        f"{tuple(shape)} {dtype} ({size:,} bytes) in {info.file_size:,} bytes "
+                        f"(at most {MAX_LOGITS_BYTES:,} allowed): refused")
+    except ResultsFileError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError):
+        return  # not a readable npz of .npy members: load_logits names what it is
+
+
 def logits_digest(path: str | os.PathLike) -> str | None:
     """The SHA-256 recorded beside a logits file (the first digest of ``NAME.npz.sha256``), or
     None when it has none (or it cannot be read)."""
@@ -215,6 +262,7 @@ def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
     _check_npz_file(path)
     _check_logits_digest(path)
+    _check_npz_members(path)
     try:
         with np.load(path, allow_pickle=False) as f:
             keys = set(f.files)
