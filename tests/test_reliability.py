@@ -399,3 +399,45 @@ def test_report_skips_a_copied_run_and_a_run_of_other_n_bins(runs):
     assert "claims the run ce seed 0" in msgs["ce_copy"] and "copied" in msgs["ce_copy"]
     assert "n_bins 10 while the other runs have 15" in msgs["focal10"]
     assert [(g.loss, g.seeds) for g in group_runs(rep.runs)] == [("ce", [0]), ("focal", [0])]
+
+
+# --- 7. uncertainty eval refuses a head fitted on another backbone --------------------------
+def test_uncertainty_eval_refuses_a_head_of_another_backbone(runs, tmp_path, capsys):
+    head = tmp_path / "head.pt"
+    common = ["--no-progress", "--device", "cpu", "--cache-dir", str(tmp_path / "caches")]
+    capsys.readouterr()
+    assert main(["uncertainty", "fit", str(runs / "ce"), "--epochs", "1", "--width", "16",
+                 "--out", str(head), *common]) == 0, capsys.readouterr().err
+    out = tmp_path / "r.json"
+    _one_line_error(capsys, ["uncertainty", "eval", str(runs / "focal"), "--head", str(head),
+                             "--no-ood", "--splits", "val", "--out", str(out),
+                             "--cache-dir", str(tmp_path / "caches2"), "--no-progress",
+                             "--device", "cpu"], "fitted on another backbone", str(head))
+    assert not out.exists()
+
+
+# --- 17. temporary files of a killed writer are removed on the next run ----------------------
+_DEAD = 99_999_999  # above any pid_max: no such process
+
+
+def test_a_killed_writers_temp_files_go_on_the_next_run(runs, tmp_path):
+    from torchcal._io import remove_stale_temp_dirs
+    run = runs / "ce"
+    temps = [run / "logits" / f".val.npz.{_DEAD}-abcd1234.tmp",
+             run / "logits" / f".val.npz.sha256.{_DEAD}-abcd1234.tmp",
+             run / f".results.json.{_DEAD}-abcd1234.tmp",
+             run / f".results.json.sha256.{_DEAD}-abcd1234.tmp"]
+    for t in temps:
+        t.write_bytes(b"half")
+    mine = run / "logits" / ".val.npz.mine.tmp"  # not torchcal's naming: kept
+    mine.write_bytes(b"mine")
+    res = run_job(_spec(run))
+    assert res["skipped"], res
+    assert [t for t in temps if t.exists()] == [] and mine.exists()
+    cache = tmp_path / "caches"
+    (cache / f".val.tmp-{_DEAD}-abcd1234").mkdir(parents=True)
+    (cache / f".val.tmp-{_DEAD}-abcd1234" / "logits.npy").write_bytes(b"half")
+    (cache / f".val.tmp-{os.getppid()}-abcd1234").mkdir()  # a live writer's: kept
+    assert [p.name for p in remove_stale_temp_dirs(cache, ["val"])] == [
+        f".val.tmp-{_DEAD}-abcd1234"]
+    assert sorted(p.name for p in cache.iterdir()) == [f".val.tmp-{os.getppid()}-abcd1234"]

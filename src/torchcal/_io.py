@@ -41,6 +41,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import stat
 import sys
 import threading
@@ -69,6 +70,7 @@ __all__ = [
     "fsync_file",
     "make_temp_dir",
     "remove_stale_temp_files",
+    "remove_stale_temp_dirs",
     "exclusive_lock",
     "read_lock_command",
     "LOCK_NAME",
@@ -343,6 +345,37 @@ def remove_stale_temp_files(directory: str | os.PathLike,
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
             removed.append(p)
+    return removed
+
+
+_TEMP_DIR_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def remove_stale_temp_dirs(directory: str | os.PathLike,
+                           names: Iterable[str] = ("*",)) -> list[Path]:
+    """Remove the temporary folders of :func:`make_temp_dir` (``.NAME.tmp-PID-RANDOM``, e.g. an
+    embedding cache being built) that a killed process left in ``directory``: only those whose
+    ``NAME`` matches one of ``names`` and whose process ``PID`` is gone; never a link.  Not
+    recursive.
+
+    Returns:
+        The removed paths.
+    """
+    directory = Path(directory)
+    patterns = list(names)
+    removed: list[Path] = []
+    try:
+        entries = sorted(directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for p in entries:
+        m = _TEMP_DIR_RE.match(p.name)
+        if m is None or not any(fnmatch.fnmatchcase(m["name"], pat) for pat in patterns):
+            continue
+        if _pid_alive(int(m["pid"])) or p.is_symlink() or not p.is_dir():
+            continue
+        shutil.rmtree(p, ignore_errors=True)  # rmtree never follows links inside
+        removed.append(p)
     return removed
 
 

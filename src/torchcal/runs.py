@@ -238,9 +238,11 @@ class RunDir:
 
     def stale_temp_patterns(self) -> list[tuple[Path, tuple[str, ...]]]:
         """(directory, file patterns) whose temporary files a killed run may have left."""
-        return [(self.path, (CONFIG_FILE, _RESULTS_FILE, results_filename("best"), LOG_FILE)),
+        return [(self.path, (CONFIG_FILE, _RESULTS_FILE, results_filename("best"), LOG_FILE,
+                             "results*.json.sha256")),
                 (self.checkpoint_dir, (f"*{_CHECKPOINT_SUFFIX}", f"*{_CHECKPOINT_SUFFIX}.sha256")),
-                (self.logits_dir(), ("*.npz",)), (self.logits_dir("best"), ("*.npz",))]
+                (self.logits_dir(), ("*.npz", "*.npz.sha256")),
+                (self.logits_dir("best"), ("*.npz", "*.npz.sha256"))]
 
     def clear(self) -> list[Path]:
         """Remove the files torchcal wrote here (:data:`OWN_NAMES`, and the temporary files of

@@ -31,6 +31,7 @@ from .._io import exclusive_lock
 from ..errors import CheckpointError
 from ..evaluate import evaluate_saved_logits
 from ..runs import RunDir
+from ..train.checkpoint import remove_stale_run_temp_files
 from ..train.packed import pack_groups, train_packed
 from .runner import Job, Resources, set_threads
 from .training import (
@@ -141,6 +142,7 @@ def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
             try:
                 run_dir, config = Path(s["run_dir"]), train_config(s)
                 stack.enter_context(exclusive_lock(run_dir))  # held until evaluated
+                remove_stale_run_temp_files(run_dir)
                 if is_stale(run_dir, config):
                     clear_run_dir(run_dir)
                 elif is_finished(run_dir, config):

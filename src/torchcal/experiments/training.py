@@ -39,6 +39,7 @@ from ..errors import CheckpointError, ResultsFileError
 from ..evaluate import evaluate_saved_logits, meta_from_config, read_results
 from ..runs import RunDir
 from ..train import TrainConfig, get_recipe, train
+from ..train.checkpoint import remove_stale_run_temp_files
 from ..train.config import changed_fields
 from .runner import Job, Resources, set_threads
 
@@ -232,6 +233,7 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
         run_dir = Path(spec["run_dir"])
         config = train_config(spec)
         with exclusive_lock(run_dir):  # this process owns the run until it is evaluated
+            remove_stale_run_temp_files(run_dir)  # a killed writer's, also of a finished run
             if is_stale(run_dir, config):
                 clear_run_dir(run_dir)  # this sweep's directory, from a run with other settings
             elif is_finished(run_dir, config):

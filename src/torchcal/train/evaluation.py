@@ -16,6 +16,7 @@ from ..errors import CheckpointError, TorchcalError
 from ..evaluate import evaluate_logits, save_logits, write_results
 from ..runs import RunDir
 from .build import build_data, load_ood_sets, load_run_checkpoint, model_from_checkpoint
+from .checkpoint import remove_stale_run_temp_files
 from .config import TrainConfig
 from .device import resolve_device
 from .distributed import DistEnv
@@ -103,6 +104,7 @@ def evaluate_checkpoint(run_dir: str | Path, checkpoint: str = "last", *,
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"Run directory {str(run_dir)!r} does not exist")
     with exclusive_lock(run_dir):  # the run's owner for as long as this writes into it
+        remove_stale_run_temp_files(run_dir)  # a killed writer's
         return _evaluate_checkpoint(run_dir, checkpoint, data_root, device, batch_size)
 
 
