@@ -441,3 +441,46 @@ def test_a_killed_writers_temp_files_go_on_the_next_run(runs, tmp_path):
     assert [p.name for p in remove_stale_temp_dirs(cache, ["val"])] == [
         f".val.tmp-{_DEAD}-abcd1234"]
     assert sorted(p.name for p in cache.iterdir()) == [f".val.tmp-{os.getppid()}-abcd1234"]
+
+
+# --- 12. a Ray address where something else answers fails at once ---------------------------
+def test_a_ray_address_answered_by_a_web_server_fails_at_once(tmp_path, capsys):
+    import http.server
+    import threading
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):  # the server's log is not the command's stderr
+            pass
+
+    web = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{web.server_address[1]}"
+        _one_line_error(capsys, ["demo", "--executor", "ray", "--ray-address", address,
+                                 "--dataset", "digits", "--quick", "--no-progress",
+                                 "--out", str(tmp_path / "out")],
+                        "is not a Ray cluster", "not HTTP/2")
+    finally:
+        web.shutdown()
+        web.server_close()
+
+
+def test_the_ray_check_waits_a_bounded_time_and_passes_a_grpc_server():
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+    from torchcal.experiments.ray_executor import check_ray_address
+    grpc = pytest.importorskip("grpc")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    try:
+        with pytest.raises(errors.TorchcalError, match=r"did not answer .* within 0.5 s"):
+            check_ray_address(f"127.0.0.1:{silent.getsockname()[1]}", timeout=0.5)
+    finally:
+        silent.close()
+    server = grpc.server(ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        check_ray_address(f"127.0.0.1:{port}")  # Ray's GCS and Ray Client are gRPC servers
+    finally:
+        server.stop(None)
