@@ -484,3 +484,51 @@ def test_the_ray_check_waits_a_bounded_time_and_passes_a_grpc_server():
         check_ray_address(f"127.0.0.1:{port}")  # Ray's GCS and Ray Client are gRPC servers
     finally:
         server.stop(None)
+
+
+# --- 13/14. a failed run is one line; SIGTERM at any phase prints the command that continues --
+def test_a_run_failing_inside_the_demo_is_one_line_without_debug(tmp_path, capsys):
+    out = tmp_path / "demo"
+    lock = out / "runs" / "focal" / "seed0" / LOCK_NAME
+    lock.parent.mkdir(parents=True)
+    os.mkfifo(lock)
+    argv = ["demo", "--dataset", "digits", "--losses", "ce,focal", "--seeds", "1", "--epochs",
+            "2", "--workers", "1", "--no-progress", "--no-figures", "--out", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    failed = [ln for ln in err.splitlines() if "failed" in ln]
+    assert len(failed) == 2, err
+    assert "run " in failed[0] and "is a FIFO (named pipe)" in failed[0], err
+    assert failed[1].endswith(f"--out {out}") and "the same command runs them again" in failed[1]
+    assert main([*argv, "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_sigterm_during_start_up_prints_the_command_that_continues(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "demo"
+    argv = ["demo", "--dataset", "digits", "--losses", "ce", "--seeds", "1", "--epochs", "150",
+            "--workers", "1", "--no-progress", "--no-figures", "--out", str(out)]
+    src = str(Path(errors.__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "torchcal", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / LOCK_NAME).exists() and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)  # the demo owns its directory: start-up, no run yet
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "interrupted" in err and err.strip().endswith(f"--out {out}"), err
