@@ -371,6 +371,7 @@ def test_a_deflated_npz_bomb_is_refused_before_loading(tmp_path, capsys, monkeyp
 
 def test_an_npz_header_declaring_more_than_it_holds_is_refused(tmp_path):
     import zipfile
+
     from torchcal.evaluate import load_logits
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
@@ -467,6 +468,7 @@ def test_a_ray_address_answered_by_a_web_server_fails_at_once(tmp_path, capsys):
 def test_the_ray_check_waits_a_bounded_time_and_passes_a_grpc_server():
     import socket
     from concurrent.futures import ThreadPoolExecutor
+
     from torchcal.experiments.ray_executor import check_ray_address
     grpc = pytest.importorskip("grpc")
     silent = socket.socket()

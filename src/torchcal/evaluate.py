@@ -74,7 +74,6 @@ from ._validation import (
 from .errors import ResultsFileError
 from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
 from .posthoc import calibrator_from_dict, fit_temperatures
-from .posthoc._common import MAX_PARAMETER
 from .runs import (
     CHECKPOINTS,
     RunDir,
@@ -187,6 +186,9 @@ def _check_npz_file(path: Path) -> None:
                                "save_logits")
 
 
+#: Largest temperature a results file may hold (and 1 / it the smallest): the calibrators'
+#: bound on a parameter (a fitted temperature lies in [0.01, 100]).
+MAX_TEMPERATURE = 1e6
 #: Largest array a logits ``.npz`` member may declare (50,000 samples x 21,841 classes of
 #: ImageNet-21k in float32 are 4.4 GB).
 MAX_LOGITS_BYTES = 16 << 30
@@ -642,9 +644,9 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
             raise bad(f"expected test.pre[{k!r}] to be a number, got {v!r}")
     for k, v in (res.get("temperatures") or {}).items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
-                1 / MAX_PARAMETER <= v <= MAX_PARAMETER):
+                1 / MAX_TEMPERATURE <= v <= MAX_TEMPERATURE):
             raise bad(f"expected temperatures[{k!r}] to be a positive number in "
-                      f"[{1 / MAX_PARAMETER:g}, {MAX_PARAMETER:g}], got {v!r}")
+                      f"[{1 / MAX_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {v!r}")
     for k, v in (res.get("n") or {}).items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise bad(f"expected n[{k!r}] (a number of samples) to be a non-negative integer, "
