@@ -534,3 +534,16 @@ def test_sigterm_during_start_up_prints_the_command_that_continues(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "interrupted" in err and err.strip().endswith(f"--out {out}"), err
+
+
+def test_a_checkpoint_relabelled_to_another_loss_is_refused_by_eval(runs, capsys):
+    run = runs / "ce"
+    ckpt = run / "checkpoints" / "last.pt"
+    state = load_checkpoint(ckpt)
+    state.pop("format")
+    state["config"]["loss"] = "focal"
+    save_checkpoint(ckpt, state)  # a matching .sha256
+    before = (run / "results.json").read_bytes()
+    _one_line_error(capsys, ["eval", str(run)], "was trained as loss='focal'",
+                    "config.json says loss='ce'")
+    assert (run / "results.json").read_bytes() == before

@@ -17,7 +17,7 @@ from ..evaluate import evaluate_logits, save_logits, write_results
 from ..runs import RunDir
 from .build import build_data, load_ood_sets, load_run_checkpoint, model_from_checkpoint
 from .checkpoint import remove_stale_run_temp_files
-from .config import TrainConfig
+from .config import TrainConfig, changed_fields, describe_fields
 from .device import resolve_device
 from .distributed import DistEnv
 from .inference import predict_logits
@@ -112,6 +112,7 @@ def _evaluate_checkpoint(run_dir, checkpoint, data_root, device, batch_size) -> 
     state = load_run_checkpoint(run_dir, checkpoint)
     dev = resolve_device(device)
     model, config = model_from_checkpoint(state, run_dir, dev)
+    _check_same_run(run_dir, checkpoint, config)
     if data_root is not None:
         config.data_root = str(data_root)
     splits = build_data(config)
@@ -120,6 +121,23 @@ def _evaluate_checkpoint(run_dir, checkpoint, data_root, device, batch_size) -> 
     return write_predictions(preds, run_dir, config, epoch=int(state["epoch"]),
                              checkpoint=checkpoint, extra=_task_results(model, config, splits,
                                                                         state, dev))
+
+
+def _check_same_run(run_dir: str | Path, checkpoint: str, config: TrainConfig) -> None:
+    """Refuse a checkpoint whose config names another run than the run directory's
+    ``config.json`` (an *identity* field differs, e.g. its ``loss`` was edited): evaluating it
+    would relabel the run.  A run directory without a readable ``config.json`` is not checked."""
+    try:
+        own = read_config(run_dir)
+    except TorchcalError:
+        return
+    changed = changed_fields(own, config)["identity"]
+    if changed:
+        raise CheckpointError(
+            f"Checkpoint {str(RunDir(run_dir).checkpoint(checkpoint))!r} was trained as "
+            f"{describe_fields(config, changed)} but its run directory's config.json says "
+            f"{describe_fields(own, changed)}: it belongs to another run; refused (nothing "
+            "written)")
 
 
 def _task_results(model: nn.Module, config: TrainConfig, splits: Any, state: dict[str, Any],
