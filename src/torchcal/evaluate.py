@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _io
 from ._io import (
-    MAX_JSON_BYTES,
     atomic_write_bytes,
     atomic_write_text,
     check_listed,
@@ -615,7 +615,7 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     if path.is_dir():
         path = RunDir(path).results()
     try:  # bounded: a regular file of at most 16 MiB, no NaN/Infinity, bounded nesting
-        raw = read_bytes_bounded(path, max_bytes=MAX_JSON_BYTES, what="Results file",
+        raw = read_bytes_bounded(path, max_bytes=_io.MAX_JSON_BYTES, what="Results file",
                                  error=ResultsFileError)
     except FileNotFoundError as exc:
         raise ResultsFileError(f"Results file {str(path)!r} does not exist") from exc

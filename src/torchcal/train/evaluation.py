@@ -135,7 +135,8 @@ def _check_same_run(run_dir: str | Path, checkpoint: str, config: TrainConfig) -
     if changed:
         raise CheckpointError(
             f"Checkpoint {str(RunDir(run_dir).checkpoint(checkpoint))!r} was trained as "
-            f"{describe_fields(config, changed)} but its run directory's config.json says "
+            f"{describe_fields(config, changed)} but its run directory's "
+            f"{RunDir(run_dir).config.name} says "
             f"{describe_fields(own, changed)}: it belongs to another run; refused (nothing "
             "written)")
 
