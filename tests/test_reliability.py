@@ -547,3 +547,15 @@ def test_a_checkpoint_relabelled_to_another_loss_is_refused_by_eval(runs, capsys
     _one_line_error(capsys, ["eval", str(run)], "was trained as loss='focal'",
                     "config.json says loss='ce'")
     assert (run / "results.json").read_bytes() == before
+
+
+def test_a_packed_sweep_keeps_the_users_files_of_a_stale_run(runs):
+    from torchcal.experiments.packed import run_packed_job
+    (runs / "ce" / "notes.txt").write_text("mine")
+    (runs / "focal" / "notes.txt").write_text("mine too")
+    with pytest.warns(UserWarning, match=r"kept 1 file torchcal did not write \('notes.txt'\)"):
+        res = run_packed_job({"runs": [_spec(runs / "ce", epochs=3),
+                                       _spec(runs / "focal", "focal", epochs=3)]})
+    assert [m["error"] for m in res["members"]] == [None, None], res
+    assert (runs / "ce" / "notes.txt").read_text() == "mine"
+    assert (runs / "focal" / "notes.txt").read_text() == "mine too"
