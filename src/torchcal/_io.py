@@ -41,6 +41,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import stat
 import sys
 import threading
@@ -52,7 +53,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from .errors import ChecksumError, InUseError
+from .errors import ChecksumError, InUseError, UnsafePathError
 
 try:  # POSIX; on Windows there is no fcntl and exclusive_lock does not lock (see there)
     import fcntl
@@ -69,6 +70,7 @@ __all__ = [
     "fsync_file",
     "make_temp_dir",
     "remove_stale_temp_files",
+    "remove_stale_temp_dirs",
     "exclusive_lock",
     "read_lock_command",
     "LOCK_NAME",
@@ -80,6 +82,8 @@ __all__ = [
     "replace_verified",
     "read_verified",
     "check_sha256",
+    "check_listed",
+    "read_digests",
     "read_bytes_bounded",
     "parse_json",
     "read_json",
@@ -88,11 +92,14 @@ __all__ = [
     "MAX_JSON_INT_DIGITS",
     "is_within",
     "find_files",
+    "file_kind",
+    "check_own_path",
+    "TEMP_RE",
 ]
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # ".NAME.PID-HEX.tmp" (this module) or ".NAME.XXXXXXXX.tmp" (tempfile.mkstemp, older versions)
-_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?:(?P<pid>\d+)-[0-9a-f]+|[a-z0-9_]{8})\.tmp$")
+TEMP_RE = _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?:(?P<pid>\d+)-[0-9a-f]+|[a-z0-9_]{8})\.tmp$")
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -123,6 +130,52 @@ def write_error(exc: OSError, path: str | os.PathLike) -> OSError:
     if exc.filename is not None:
         return exc
     return OSError(exc.errno, f"{exc.strerror or exc}: cannot write {path!r}")
+
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISREG, "a regular file"))
+
+
+def file_kind(st: os.stat_result) -> str:
+    """What an ``lstat`` result describes, in words (``"a FIFO (named pipe)"``, ...)."""
+    return next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
+
+
+def check_own_path(path: str | os.PathLike, what: str = "File", *,
+                   directory: bool = False) -> None:
+    """Refuse a path torchcal is about to write, lock or delete when it is not what torchcal
+    writes there: a symbolic link (never followed: writing through it would change the link's
+    target, a user's file), or something other than a regular file (``directory=False``) or a
+    directory (``directory=True``).  Nothing there is fine.
+
+    Raises:
+        UnsafePathError: one line naming ``path`` and what it is.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "l").symlink_to(d / "x")
+    >>> check_own_path(d / "l", "Lock file")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    torchcal.errors.UnsafePathError: Lock file '.../l' is a symbolic link (to '.../x'): ...
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:  # pragma: no cover - replaced meanwhile
+            target = "?"
+        raise UnsafePathError(f"{what} {str(path)!r} is a symbolic link (to {target!r}): "
+                              "torchcal does not write, lock or delete through links; remove "
+                              "the link or give the real path")
+    ok = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not ok:
+        expected = "a directory" if directory else "a regular file"
+        raise UnsafePathError(f"{what} {str(path)!r} is {file_kind(st)}, not {expected}: "
+                              "refused; remove it or give another path")
 
 
 def _new_temp_file(path: Path) -> tuple[int, Path]:
@@ -156,6 +209,7 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_own_path(path, "Output file")
     try:
         fd, tmp = _new_temp_file(path)
     except OSError as exc:
@@ -202,8 +256,11 @@ def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> No
 
     An :class:`OSError` names ``path`` (:func:`write_error`).
     """
+    check_own_path(path, "Output file")
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
     try:
-        with open(path, "a", encoding="utf-8") as f:
+        with os.fdopen(os.open(path, flags, 0o666), "a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             if fsync:
@@ -291,6 +348,37 @@ def remove_stale_temp_files(directory: str | os.PathLike,
     return removed
 
 
+_TEMP_DIR_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")
+
+
+def remove_stale_temp_dirs(directory: str | os.PathLike,
+                           names: Iterable[str] = ("*",)) -> list[Path]:
+    """Remove the temporary folders of :func:`make_temp_dir` (``.NAME.tmp-PID-RANDOM``, e.g. an
+    embedding cache being built) that a killed process left in ``directory``: only those whose
+    ``NAME`` matches one of ``names`` and whose process ``PID`` is gone; never a link.  Not
+    recursive.
+
+    Returns:
+        The removed paths.
+    """
+    directory = Path(directory)
+    patterns = list(names)
+    removed: list[Path] = []
+    try:
+        entries = sorted(directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for p in entries:
+        m = _TEMP_DIR_RE.match(p.name)
+        if m is None or not any(fnmatch.fnmatchcase(m["name"], pat) for pat in patterns):
+            continue
+        if _pid_alive(int(m["pid"])) or p.is_symlink() or not p.is_dir():
+            continue
+        shutil.rmtree(p, ignore_errors=True)  # rmtree never follows links inside
+        removed.append(p)
+    return removed
+
+
 #: The lock file :func:`exclusive_lock` keeps in a directory while a process owns it.
 LOCK_NAME = ".torchcal.lock"
 
@@ -302,8 +390,8 @@ _HELD_GUARD = threading.Lock()
 
 def _lock_holder(lock_file: Path) -> str:
     """``"process 1234 (torchcal train ...)"`` from a lock file, or ``"another process"``."""
-    try:
-        info = json.loads(lock_file.read_text(encoding="utf-8"))
+    try:  # bounded: a lock file replaced by /dev/zero is not read forever
+        info = json.loads(read_bytes_bounded(lock_file, max_bytes=1 << 16).decode("utf-8"))
         pid, cmd = int(info["pid"]), str(info.get("command") or "").strip()
     except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError):
         return "another process"  # written this instant, or by something else
@@ -313,8 +401,9 @@ def _lock_holder(lock_file: Path) -> str:
 def read_lock_command(directory: str | os.PathLike) -> str | None:
     """The command line recorded in ``directory``'s lock file (also a stale one a killed process
     left), or None."""
-    try:
-        info = json.loads((Path(directory) / LOCK_NAME).read_text(encoding="utf-8"))
+    try:  # bounded, as _lock_holder
+        info = json.loads(read_bytes_bounded(Path(directory) / LOCK_NAME,
+                                             max_bytes=1 << 16).decode("utf-8"))
         cmd = info.get("command")
     except (OSError, ValueError, AttributeError, UnicodeDecodeError):
         return None
@@ -330,15 +419,31 @@ def _command_line() -> str:
 
 
 def _open_locked(lock_file: Path, what: str) -> int:
-    """Open and ``flock`` ``lock_file`` (non-blocking); raise :class:`InUseError` if held."""
+    """Open and ``flock`` ``lock_file`` (non-blocking); raise :class:`InUseError` if held.
+
+    The lock file is never followed (``O_NOFOLLOW``) nor opened when it is not a regular file:
+    a link to a user's file would be truncated, a FIFO would block, ``/dev/zero`` cannot be
+    locked (:class:`~torchcal.errors.UnsafePathError` naming it)."""
+    flags = (os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NONBLOCK", 0))
     while True:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        check_own_path(lock_file, "Lock file")
+        try:
+            fd = os.open(lock_file, flags, 0o666)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO, errno.EISDIR):
+                check_own_path(lock_file, "Lock file")  # swapped meanwhile: names it
+            raise write_error(exc, lock_file) from exc
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # pragma: no cover - swapped meanwhile
+            os.close(fd)
+            check_own_path(lock_file, "Lock file")
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise InUseError(
-                errno.EWOULDBLOCK, f"{what} {str(lock_file.parent)!r} is in use by "
+            raise InUseError(  # no errno: the message is the one line the user reads
+                f"{what} {str(lock_file.parent)!r} is in use by "
                 f"{_lock_holder(lock_file)}; wait for it to end (or stop it), or use another "
                 "directory") from None
         except OSError:  # pragma: no cover - a file system without flock: do not lock
@@ -367,6 +472,10 @@ def exclusive_lock(directory: str | os.PathLike, *, what: str = "Run directory")
     lock file is removed, and so is ``directory`` when this call created it and it is empty
     (a run that failed its checks leaves nothing behind).
 
+    Nothing is followed: ``directory`` or its lock file being a symbolic link (or the lock file
+    a FIFO or a device) is refused with :class:`~torchcal.errors.UnsafePathError` naming it,
+    before anything is written (a link's target is a user's, never the run's).
+
     On Windows (no ``fcntl``) nothing is locked: the block runs as without the lock.
 
     >>> import tempfile, pathlib
@@ -378,6 +487,8 @@ def exclusive_lock(directory: str | os.PathLike, *, what: str = "Run directory")
     False
     """
     directory = Path(directory)
+    if directory.is_symlink():  # never a link: its target is not ours
+        check_own_path(directory, what, directory=True)
     created = not directory.exists()
     if fcntl is None:  # pragma: no cover - Windows: no advisory lock, run unlocked
         yield directory
@@ -589,6 +700,32 @@ def read_verified(path: str | os.PathLike, *, what: str = "File",
     if got not in digests:
         raise _mismatch(path, what, side.name, digests[0], got, hint, error)
     return data
+
+
+def read_digests(path: str | os.PathLike, what: str = "File",
+                 error: type[Exception] = ChecksumError) -> list[str]:
+    """The digests listed in ``path``'s SHA-256 file, newest first (``error`` if it is
+    unreadable or malformed; ``FileNotFoundError`` if absent)."""
+    path = Path(path)
+    if not checksum_path(path).exists():
+        raise FileNotFoundError(errno.ENOENT, "No SHA-256 file", str(checksum_path(path)))
+    return _read_digests(path, what, error)
+
+
+def check_listed(path: str | os.PathLike, *, what: str = "File",
+                 error: type[Exception] = ChecksumError, hint: str = "do not use it") -> str:
+    """Check a (large) file against the digests of its SHA-256 file (written by
+    :func:`write_verified`), streaming; the same message as :func:`read_verified`.
+
+    Returns:
+        The file's digest.
+    """
+    path = Path(path)
+    digests = _read_digests(path, what, error)
+    got = sha256_file(path)
+    if got not in digests:
+        raise _mismatch(path, what, checksum_path(path).name, digests[0], got, hint, error)
+    return got
 
 
 def check_sha256(path: str | os.PathLike, expected: str, *, what: str = "File",

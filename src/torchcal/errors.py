@@ -18,6 +18,7 @@ __all__ = [
     "ResultsFileError",
     "InUseError",
     "DivergedError",
+    "UnsafePathError",
     "one_line_warnings",
 ]
 
@@ -55,6 +56,12 @@ class ResultsFileError(TorchcalError, ValueError):
 
 class InUseError(TorchcalError, BlockingIOError):
     """A run (or output) directory is locked by another live process (:func:`torchcal._io.exclusive_lock`)."""
+
+
+class UnsafePathError(TorchcalError, OSError):
+    """A path torchcal would write, lock or delete is a symbolic link, a FIFO, a device or a
+    directory where a regular file (or a real directory) was expected: refused, so that nothing
+    outside the run is written through it (:func:`torchcal._io.check_own_path`)."""
 
 
 class DivergedError(TorchcalError, RuntimeError):

@@ -39,10 +39,12 @@ the logits divided by the ``grid_ece`` temperature.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
 import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,11 +52,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _io
 from ._io import (
     atomic_write_bytes,
-    atomic_write_json,
     atomic_write_text,
+    check_listed,
+    checksum_path,
+    parse_json,
+    read_bytes_bounded,
+    read_digests,
     read_json,
+    sha256_file,
     to_jsonable,
     write_verified,
 )
@@ -68,7 +76,14 @@ from ._validation import (
 from .errors import ResultsFileError
 from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
 from .posthoc import calibrator_from_dict, fit_temperatures
-from .runs import CHECKPOINTS, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
+from .runs import (
+    CHECKPOINTS,
+    RunDir,
+    checkpoint_of_results_file,
+    logits_dirname,
+    logits_filename,
+    results_filename,
+)
 
 __all__ = [
     "SCHEMA",
@@ -115,7 +130,9 @@ TEMPERATURE_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll")
 # logits files
 # --------------------------------------------------------------------------------------------
 def save_logits(path: str | os.PathLike, logits: Any, labels: Any) -> Path:
-    """Save ``logits`` (N, C) as float32 and ``labels`` (N,) as int64 to an ``.npz`` file, atomically.
+    """Save ``logits`` (N, C) as float32 and ``labels`` (N,) as int64 to an ``.npz`` file, atomically,
+    with its SHA-256 in ``path + ".sha256"`` (:func:`torchcal._io.write_verified`), which
+    :func:`load_logits` checks.
 
     OOD sets may use label -1 (unknown).  Returns the path written.
 
@@ -140,7 +157,7 @@ def save_logits(path: str | os.PathLike, logits: Any, labels: Any) -> Path:
 
     buf = io.BytesIO()
     np.savez(buf, logits=z.float().numpy(), labels=y.long().numpy())
-    return atomic_write_bytes(path, buf.getvalue())
+    return write_verified(path, buf.getvalue())  # with its SHA-256 beside it
 
 
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -171,14 +188,85 @@ def _check_npz_file(path: Path) -> None:
                                "save_logits")
 
 
+#: Largest temperature a results file may hold (and 1 / it the smallest): the calibrators'
+#: bound on a parameter (a fitted temperature lies in [0.01, 100]).
+MAX_TEMPERATURE = 1e6
+#: Largest array a logits ``.npz`` member may declare (50,000 samples x 21,841 classes of
+#: ImageNet-21k in float32 are 4.4 GB).
+MAX_LOGITS_BYTES = 16 << 30
+#: Largest uncompressed-to-compressed ratio of a deflated ``.npz`` member declaring more than
+#: :data:`NPZ_RATIO_FROM` bytes (float logits deflate by at most ~1.2x; a member of zeros
+#: deflates ~1000x: a "zip bomb"; small members, e.g. sorted labels, may deflate more).
+MAX_NPZ_RATIO = 100
+NPZ_RATIO_FROM = 64 << 20
+
+
+def _check_npz_members(path: Path) -> None:
+    """Refuse an ``.npz`` whose members would make NumPy allocate more than they hold, before
+    anything is loaded: each member's declared array (shape x dtype, read from its ``.npy``
+    header) must fit in the member (a header may declare 10^12 elements over 10 bytes), be
+    at most :data:`MAX_LOGITS_BYTES`, and a compressed member may expand at most
+    :data:`MAX_NPZ_RATIO` times."""
+    name = f"Logits file {str(path)!r}"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                ratio = info.file_size / max(info.compress_size, 1)
+                if (info.compress_type != zipfile.ZIP_STORED and ratio > MAX_NPZ_RATIO
+                        and info.file_size > NPZ_RATIO_FROM):
+                    raise ResultsFileError(
+                        f"{name} member {info.filename!r} expands {info.compress_size:,} bytes "
+                        f"to {info.file_size:,} ({ratio:,.0f}x, at most {MAX_NPZ_RATIO}x "
+                        "allowed): refused")
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                            else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read(f)
+                    header = f.tell()
+                size = math.prod(shape) * dtype.itemsize
+                if size > MAX_LOGITS_BYTES or size > info.file_size - header:
+                    raise ResultsFileError(
+                        f"{name} member {info.filename!r} declares an array of shape "
+                        f"{tuple(shape)} {dtype} ({size:,} bytes) in {info.file_size:,} bytes "
+                        f"(at most {MAX_LOGITS_BYTES:,} allowed): refused")
+    except ResultsFileError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError):
+        return  # not a readable npz of .npy members: load_logits names what it is
+
+
+def logits_digest(path: str | os.PathLike) -> str | None:
+    """The SHA-256 recorded beside a logits file (the first digest of ``NAME.npz.sha256``), or
+    None when it has none (or it cannot be read)."""
+    try:
+        return read_digests(Path(path), "Logits file", ResultsFileError)[0]
+    except (OSError, ResultsFileError):
+        return None
+
+
+def _check_logits_digest(path: Path) -> None:
+    """ResultsFileError when ``path`` has a SHA-256 file and matches none of its digests (a
+    file copied over it, edited, or corrupted); nothing to check without one."""
+    if not checksum_path(path).exists():
+        return
+    check_listed(path, what="Logits file", error=ResultsFileError,
+                 hint="it was replaced or edited after torchcal wrote it; evaluate the run "
+                      "again (torchcal eval RUN_DIR) to rewrite it")
+
+
 def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """Load ``(logits float32 (N, C), labels int64 (N,))`` saved by :func:`save_logits`.
 
     Raises :class:`~torchcal.errors.ResultsFileError` naming the file when it is missing,
-    unreadable or does not hold a 2-D floating ``logits`` and matching 1-D integer ``labels``.
+    unreadable, does not match the SHA-256 beside it (``NAME.npz.sha256``; a file without one,
+    written by hand or by a torchcal before 0.x verified logits, is read unchecked) or does not
+    hold a 2-D floating ``logits`` and matching 1-D integer ``labels``.
     """
     path = Path(path)
     _check_npz_file(path)
+    _check_logits_digest(path)
+    _check_npz_members(path)
     try:
         with np.load(path, allow_pickle=False) as f:
             keys = set(f.files)
@@ -406,12 +494,85 @@ def predictor_of(meta: Mapping[str, Any]) -> str:
 # results.json
 # --------------------------------------------------------------------------------------------
 def write_results(run_dir: str | os.PathLike, results: Mapping[str, Any]) -> Path:
-    """Write ``results`` to ``RUN_DIR/results.json`` atomically (NaN written as ``null``).
+    """Write ``results`` to ``RUN_DIR/results.json`` atomically (NaN written as ``null``), with
+    its SHA-256 beside it (``results.json.sha256``, :func:`torchcal._io.write_verified`) and,
+    under ``logits_sha256``, the SHA-256 of each logits file it was computed from (the
+    ``logits/`` or ``logits-best/`` folder beside it), which :func:`read_results` checks.
 
     ``run_dir`` may also be a path ending in ``.json``, written as is.
     """
     p = Path(run_dir)
-    return atomic_write_json(p if p.suffix == ".json" else RunDir(p).results(), results)
+    path = p if p.suffix == ".json" else RunDir(p).results()
+    doc = dict(results)
+    digests = _logits_digests(path)
+    if digests:
+        doc["logits_sha256"] = digests
+    text = json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n"
+    return write_verified(path, text.encode("utf-8"))
+
+
+_RESULTS_NAMES = tuple(results_filename(c) for c in CHECKPOINTS)
+_HEX64 = frozenset("0123456789abcdef")
+
+
+def _logits_dir_of(results_path: Path) -> Path | None:
+    """The logits folder a run's results file describes (None for a file of another name)."""
+    if results_path.name not in _RESULTS_NAMES:
+        return None
+    return results_path.parent / logits_dirname(checkpoint_of_results_file(results_path))
+
+
+def _logits_digests(results_path: Path) -> dict[str, str]:
+    """``{split: SHA-256}`` of the verified logits files beside a results file."""
+    d = _logits_dir_of(results_path)
+    if d is None or not d.is_dir():
+        return {}
+    out = {}
+    for f in sorted(d.glob("*.npz")):
+        digest = logits_digest(f)
+        if digest is not None:
+            out[f.stem] = digest
+    return out
+
+
+def _digest_problem(path: Path, raw: bytes) -> str:
+    """Why the bytes of a results file do not match its SHA-256 file ('' if they do, or
+    there is none: a file of a torchcal before 0.x, read unchecked)."""
+    if not checksum_path(path).exists():
+        return ""
+    digests = read_digests(path, "Results file", ResultsFileError)
+    if hashlib.sha256(raw).hexdigest() in digests:
+        return ""
+    return (f"does not match its SHA-256 in {checksum_path(path).name}: it was edited after "
+            "torchcal wrote it")
+
+
+def _identity_problem(path: Path, res: Mapping[str, Any]) -> str:
+    """Why a run's results file does not belong where it sits ('' if it does): its loss or
+    seed differ from the ``config.json`` beside it, or the logits beside it are not those it
+    was computed from (``logits_sha256``)."""
+    meta = res.get("meta") or {}
+    cfg_path = path.parent / RunDir(path.parent).config.name
+    if predictor_of(meta) == DEFAULT_PREDICTOR and path.name in _RESULTS_NAMES \
+            and cfg_path.is_file():
+        cfg = meta_from_config(cfg_path)
+        for key in ("loss", "seed"):
+            if key in meta and key in cfg and meta[key] != cfg[key]:
+                return (f"says {key} {meta[key]!r} but the run directory it sits in was trained "
+                        f"with {key} {cfg[key]!r} ({cfg_path.name}): it belongs to another run")
+    recorded = res.get("logits_sha256")
+    if recorded is None:
+        return ""
+    if not isinstance(recorded, dict) or not all(
+            isinstance(v, str) and len(v) == 64 and set(v) <= _HEX64 for v in recorded.values()):
+        return "is malformed: expected logits_sha256 to map splits to SHA-256 hex digests"
+    d = _logits_dir_of(path)
+    for split, digest in recorded.items() if d is not None else ():
+        f = d / logits_filename(str(split))
+        if f.is_file() and (logits_digest(f) or sha256_file(f)) != digest:
+            return (f"was computed from other logits than {str(f)!r} (their SHA-256 differ): "
+                    "one of them was replaced or edited")
+    return ""
 
 
 def _impossible_metric(res: Mapping[str, Any]) -> str:
@@ -428,6 +589,18 @@ def _impossible_metric(res: Mapping[str, Any]) -> str:
             if problem:
                 return f"{where}: {problem}"
     return ""
+
+
+_REDO = ("torchcal eval RUN_DIR, or the sweep run again, recomputes it; a sweep recomputes it "
+         "by itself")
+
+
+def _untrusted(path: Path, problem: str) -> ResultsFileError:
+    """The refusal of a results file that was edited or moved; its ``reason`` attribute is
+    the sentence without the advice (a sweep that recomputes the file says so instead)."""
+    exc = ResultsFileError(f"Results file {str(path)!r} {problem}; refused ({_REDO})")
+    exc.reason = f"Results file {str(path)!r} {problem}"  # type: ignore[attr-defined]
+    return exc
 
 
 def _nan_for_none(x: Any) -> Any:
@@ -447,9 +620,16 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     if path.is_dir():
         path = RunDir(path).results()
     try:  # bounded: a regular file of at most 16 MiB, no NaN/Infinity, bounded nesting
-        res = read_json(path, what="Results file", error=ResultsFileError)
+        raw = read_bytes_bounded(path, max_bytes=_io.MAX_JSON_BYTES, what="Results file",
+                                 error=ResultsFileError)
     except FileNotFoundError as exc:
         raise ResultsFileError(f"Results file {str(path)!r} does not exist") from exc
+    except OSError as exc:
+        raise ResultsFileError(f"Results file {str(path)!r} cannot be read: {exc}") from exc
+    problem = _digest_problem(path, raw)
+    if problem:
+        raise _untrusted(path, problem)
+    res = parse_json(raw, what="Results file", path=path, error=ResultsFileError)
 
     def bad(msg: str) -> ResultsFileError:
         return ResultsFileError(f"Results file {str(path)!r} is malformed: {msg}")
@@ -468,14 +648,23 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
         if v is not None and not isinstance(v, (int, float)):
             raise bad(f"expected test.pre[{k!r}] to be a number, got {v!r}")
     for k, v in (res.get("temperatures") or {}).items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < math.inf):
-            raise bad(f"expected temperatures[{k!r}] to be a positive number, finite, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                1 / MAX_TEMPERATURE <= v <= MAX_TEMPERATURE):
+            raise bad(f"expected temperatures[{k!r}] to be a positive number in "
+                      f"[{1 / MAX_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {v!r}")
+    for k, v in (res.get("n") or {}).items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad(f"expected n[{k!r}] (a number of samples) to be a non-negative integer, "
+                      f"got {v!r}")
     post = test.get("post", {})
     if not isinstance(post, dict) or not all(isinstance(v, dict) for v in post.values()):
         raise bad("expected 'test' -> 'post' to map methods to metric objects")
     problem = _impossible_metric(res)
     if problem:
         raise bad(problem)
+    problem = _identity_problem(path, res)
+    if problem:
+        raise _untrusted(path, problem)
     res.setdefault("meta", {})
     res.setdefault("temperatures", {})
     res.setdefault("ood", {})

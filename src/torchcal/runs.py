@@ -26,6 +26,7 @@ layout is written down here once.  The epoch log's γ history of a stateful loss
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from collections.abc import Mapping
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from ._io import (
+    LOCK_NAME,
+    TEMP_RE,
     append_text,
     atomic_write_json,
     atomic_write_text,
@@ -58,6 +61,7 @@ __all__ = [
     "checkpoint_of_results_file",
     "read_log",
     "logits_filename",
+    "OWN_NAMES",
 ]
 
 #: The checkpoints a run can be evaluated from: the last epoch's (what the papers report, and
@@ -84,6 +88,19 @@ REPORT_RESULTS_FILE = _RESULTS_FILE
 #: The key of a log line holding the loss's inspectable state (γ history of AdaFocal & co.).
 LOSS_STATE_KEY = "loss_state"
 _OOD_PREFIX = "ood_"
+_CACHE_NAMES = ("manifest.json", "manifest.json.sha256", "*.npy")
+#: torchcal's own file names in a run directory, by folder (relative, ``""`` the run directory
+#: itself): what clearing a stale or broken run removes (:meth:`RunDir.clear`).  Anything else
+#: (a user's notes, an analysis folder, any symbolic link: torchcal never writes one) stays.
+OWN_NAMES: dict[str, tuple[str, ...]] = {
+    "": ("config.json", "log.jsonl", "results.json", "results-best.json", "results*.json.sha256"),
+    "checkpoints": ("last.pt", "best.pt", "last.pt.sha256", "best.pt.sha256"),
+    "logits": ("*.npz", "*.npz.sha256"),
+    "logits-best": ("*.npz", "*.npz.sha256"),
+    "tensorboard": ("events.out.tfevents.*",),
+    "uncertainty": ("head.pt", "head.pt.sha256", "results.json", "results.json.sha256"),
+    "uncertainty/cache": _CACHE_NAMES,
+}
 
 
 def _check_checkpoint(checkpoint: str) -> str:
@@ -221,9 +238,24 @@ class RunDir:
 
     def stale_temp_patterns(self) -> list[tuple[Path, tuple[str, ...]]]:
         """(directory, file patterns) whose temporary files a killed run may have left."""
-        return [(self.path, (CONFIG_FILE, _RESULTS_FILE, results_filename("best"), LOG_FILE)),
+        return [(self.path, (CONFIG_FILE, _RESULTS_FILE, results_filename("best"), LOG_FILE,
+                             "results*.json.sha256")),
                 (self.checkpoint_dir, (f"*{_CHECKPOINT_SUFFIX}", f"*{_CHECKPOINT_SUFFIX}.sha256")),
-                (self.logits_dir(), ("*.npz",)), (self.logits_dir("best"), ("*.npz",))]
+                (self.logits_dir(), ("*.npz", "*.npz.sha256")),
+                (self.logits_dir("best"), ("*.npz", "*.npz.sha256"))]
+
+    def clear(self) -> list[Path]:
+        """Remove the files torchcal wrote here (:data:`OWN_NAMES`, and the temporary files of
+        its atomic writes to them), keeping the lock file of the directory's owner; folders
+        left empty go.  Nothing is followed: a symbolic link stays, as does every file or
+        folder of another name (a user's).
+
+        Returns:
+            The paths kept (a kept folder counts once, its content is not listed).
+        """
+        kept: list[Path] = []
+        _clear(self.path, "", kept)
+        return sorted(kept)
 
     # --- config.json and log.jsonl -------------------------------------------------------
     def read_config(self) -> dict[str, Any]:
@@ -257,6 +289,46 @@ class RunDir:
             return
         kept = [line for line, rec in _log_lines(self.log) if int(rec.get("epoch", 0)) <= keep_epochs]
         atomic_write_text(self.log, "".join(line + "\n" for line in kept))
+
+
+def _own_name(rel: str, name: str) -> bool:
+    """Whether ``name`` in the run folder ``rel`` is a file torchcal writes (or the temporary
+    file of one of its atomic writes)."""
+    patterns = OWN_NAMES.get(rel, _CACHE_NAMES if rel.startswith("uncertainty/") else ())
+    m = TEMP_RE.match(name)
+    base = m["name"] if m else name
+    return any(fnmatch.fnmatchcase(base, pat) for pat in patterns)
+
+
+def _own_dir(rel: str) -> bool:
+    """Whether the folder ``rel`` of a run directory is one torchcal makes (its caches' temporary
+    folders ``uncertainty/.cache.tmp-*`` included)."""
+    head, _, name = rel.rpartition("/")
+    return rel in OWN_NAMES or (head.startswith("uncertainty") and ".tmp-" in name) or (
+        head == "uncertainty/cache")
+
+
+def _clear(directory: Path, rel: str, kept: list[Path]) -> None:
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        p = Path(entry.path)
+        sub = f"{rel}/{entry.name}" if rel else entry.name
+        if sub == LOCK_NAME:
+            continue
+        if entry.is_symlink():
+            kept.append(p)
+        elif entry.is_dir(follow_symlinks=False):
+            if not _own_dir(sub):
+                kept.append(p)
+                continue
+            _clear(p, sub, kept)
+            try:
+                p.rmdir()
+            except OSError:  # a kept file inside
+                pass
+        elif entry.is_file(follow_symlinks=False) and _own_name(rel, entry.name):
+            p.unlink(missing_ok=True)
+        else:
+            kept.append(p)
 
 
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -50,9 +50,19 @@ def test_report_names_the_checkpoint_and_refuses_to_mix(run, tmp_path):
     assert "| best |" in (tmp_path / "r2" / "report.md").read_text().split("## Runs", 1)[1]
     # a second run whose results.json came from its best checkpoint (as `eval --checkpoint
     # best` wrote before this change): one table would mix them -> refused, unless told to
+    # (older torchcal: no SHA-256 files, no logits digests; another seed, not a copy of `run`,
+    # which the report would skip as a second claim of one run's identity)
     other = tmp_path / "other"
     shutil.copytree(run, other)
-    shutil.copy(other / "results-best.json", other / "results.json")
+    for p in other.rglob("*.sha256"):
+        if not p.name.endswith(".pt.sha256"):
+            p.unlink()
+    res = json.loads((other / "results-best.json").read_text())
+    res.pop("logits_sha256", None)
+    res["meta"]["seed"] = 1
+    (other / "results.json").write_text(json.dumps(res))
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "seed": 1}))
     with pytest.raises(ResultsFileError, match="different checkpoints"):
         check_checkpoints(load_runs([run, other]).runs)
     assert main(["report", str(run), str(other), "--out", str(tmp_path / "r3"),

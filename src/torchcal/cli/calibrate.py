@@ -25,6 +25,7 @@ from sklearn.base import clone
 from .. import posthoc
 from .._io import exclusive_lock
 from ..evaluate import load_logits, write_calibration
+from ..errors import ResultsFileError
 from ..metrics import adaptive_ece, ece, error, nll
 from ..runs import RunDir
 from ..posthoc import CalibrationError
@@ -103,6 +104,18 @@ def _run_dir_of(path: Path) -> Path | None:
     return None
 
 
+def _load_test(test: str, val: str, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``--test`` logits, refused (before anything is fitted or written) when they have
+    another number of classes than the validation logits: a calibrator fitted on one
+    classifier means nothing on another's outputs."""
+    zt, yt = load_logits(test)
+    if zt.shape[1] != num_classes:
+        raise ResultsFileError(f"Expected the --test logits {test!r} to have the {num_classes} "
+                               f"classes (columns) of the validation logits {val!r}, got "
+                               f"{zt.shape[1]}: they come from another classifier")
+    return zt, yt
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     src = Path(args.logits)
     if src.is_dir():  # a run directory: fit on its validation logits, test on its test logits
@@ -111,6 +124,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             args.test = str(run.logits("test"))
         args.logits = str(run.logits("val"))
     zv, yv = load_logits(args.logits)
+    held = _load_test(args.test, args.logits, zv.shape[1]) if args.test else None
     cal = _make_calibrator(args.method, args.n_bins, args.lam, args.mu).fit(zv, yv)
     _check_calibrator(cal)  # before anything is computed with it, printed or written
     report = {"method": args.method, "fit_on": str(args.logits),
@@ -118,8 +132,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
               "val": {"pre": _calib_metrics(None, zv, yv, args.n_bins),
                       "in_sample": _calib_metrics(cal, zv, yv, args.n_bins)}}
     lines = [_headline(args, cal, len(yv))]
-    if args.test:
-        zt, yt = load_logits(args.test)
+    if held is not None:
+        zt, yt = held
         cal.score(zt, yt)  # held-out data: warns (one line) when worse than no calibration
         report["test"] = {"pre": _calib_metrics(None, zt, yt, args.n_bins),
                           "post": _calib_metrics(cal, zt, yt, args.n_bins)}

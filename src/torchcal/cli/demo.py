@@ -13,6 +13,8 @@ Ctrl-C stops the runs at once (worker processes or Ray tasks); the same command 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -20,8 +22,8 @@ from pathlib import Path
 
 from ..data import DATASETS
 from ..experiments import DemoConfig, DemoResult, get_benchmark, list_benchmarks, run_demo
-from ..experiments.demo import applicable_losses, default_out
-from ..experiments.runner import EXECUTORS, make_executor
+from ..experiments.demo import DEBUG_ENV, applicable_losses, default_out
+from ..experiments.runner import EXECUTORS, make_executor, sigterm_interrupts
 from ..train import get_recipe
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss
 from ._args import nonneg_float as _nonneg_float
@@ -119,12 +121,38 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``torchcal demo``: SIGTERM at any phase (start-up, the sweep, the report, the figures)
+    stops it as Ctrl-C does, printing the command that continues; a failed run is one line,
+    its traceback only with ``--debug``."""
+    with sigterm_interrupts(), _debug_env(getattr(args, "debug", False)):
+        return _cmd_demo(args)
+
+
+@contextlib.contextmanager
+def _debug_env(debug: bool):
+    """``TORCHCAL_DEBUG=1`` for the block with ``--debug``: the demo then prints each failed
+    run's traceback (:data:`torchcal.experiments.demo.DEBUG_ENV`)."""
+    if not debug:
+        yield
+        return
+    old = os.environ.get(DEBUG_ENV)
+    os.environ[DEBUG_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = old
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
     suite = getattr(args, "suite", "calibration")
     dataset = args.dataset if suite == "calibration" else suite
     losses = tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None
-    executor = _executor(args)
-    # the output directory is fixed here, so that the hint after Ctrl-C can name it
+    # the output directory is fixed first, so that the hint after Ctrl-C or SIGTERM names it
     args.demo_out = Path(args.out) if args.out else default_out()
+    executor = _executor(args)
     cfg = DemoConfig(
         dataset=dataset, full=args.full, seeds=args.seeds, epochs=args.epochs,
         losses=losses, workers=args.workers, out=args.demo_out,
@@ -147,8 +175,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(kind.summary(res))
     if res.failed:
         unit = kind.unit if kind is not None else "run"
-        print(f"torchcal demo: {len(res.failed)} {unit}(s) failed, see the report",
-              file=sys.stderr)
+        print(f"torchcal demo: {len(res.failed)} {unit}(s) failed, see the report; once "
+              "fixed, the same command runs them again (finished runs are skipped): "
+              f"{_command(args)}", file=sys.stderr)
         return 1
     return 0
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json, exclusive_lock
+from .._io import atomic_write_json, exclusive_lock, remove_stale_temp_dirs
 from ..data import load_splits
 from ..data.augment import normalize, random_crop_flip
 from ..errors import CheckpointError, DivergedError, TorchcalError
@@ -110,6 +110,7 @@ def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
                "seed": config.seed, "mean": splits.mean, "std": splits.std,
                "data_kwargs": dict(config.data_kwargs)}
     label = name if n_passes == 1 else f"{name}_x{n_passes}"
+    remove_stale_temp_dirs(_cache_root(args), [label])  # a killed build's half-written cache
     return EmbeddingCache.build(
         _cache_root(args) / label, model, data, transform=_prep_inputs(splits.mean, splits.std),
         augment=augment, n_passes=n_passes, batch_size=args.embed_batch_size, device=device,
@@ -260,7 +261,24 @@ def _eval_head(args: argparse.Namespace, model: Any):
     if head.in_features != int(model.num_features):
         raise TorchcalError(
             f"The head reads {head.in_features}-d embeddings, the model gives {model.num_features}")
+    _check_backbone(head_path, head_meta, model)
     return head, head_path, head_meta
+
+
+def _check_backbone(head_path: Path | None, head_meta: dict[str, Any], model: Any) -> None:
+    """Refuse a head fitted on another backbone: the SHA-256 of the backbone's state that
+    ``uncertainty fit`` recorded (``backbone.state_sha256``) against this run's model (a head
+    of an older torchcal, without the record, is used as is)."""
+    recorded = (head_meta.get("backbone") or {}).get("state_sha256") if isinstance(
+        head_meta.get("backbone"), dict) else None
+    if head_path is None or recorded is None:
+        return
+    got = model_identity(model)["state_sha256"]
+    if got != recorded:
+        raise TorchcalError(
+            f"Uncertainty head {str(head_path)!r} was fitted on another backbone (its weights' "
+            f"SHA-256 {str(recorded)[:16]}..., this run's {got[:16]}...): its uncertainties "
+            "mean nothing on this model; fit it again with `torchcal uncertainty fit`")
 
 
 def _results_skeleton(args: argparse.Namespace, config: Any, head_path: Path | None,

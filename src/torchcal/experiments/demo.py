@@ -146,6 +146,10 @@ def _loss_kwargs(cfg: DemoConfig, bench: Benchmark, loss: str) -> dict[str, Any]
     return kw
 
 
+#: Set to ``1`` (``torchcal demo --debug``): a failed run's traceback is printed, not one line.
+DEBUG_ENV = "TORCHCAL_DEBUG"
+
+
 def default_out() -> Path:
     """A fresh directory ``./torchcal-demo/YYYYmmdd-HHMMSS[-k]`` (not created)."""
     base = Path.cwd() / "torchcal-demo"
@@ -294,10 +298,12 @@ class _TrainingRuns(BenchmarkKind):
     def report(self, cfg: DemoConfig, bench: Benchmark, out: Path, specs: list[dict[str, Any]],
                results: list[dict[str, Any]], seconds: float) -> tuple[Any, list[tuple[str, str]]]:
         failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
+        debug = os.environ.get(DEBUG_ENV) == "1"  # the traceback only with --debug
         for r in results:
             if r["error"]:
-                print(f"torchcal demo: run {r['run_dir']} failed:\n"
-                      f"{r.get('traceback', r['error'])}", file=sys.stderr)
+                print(f"torchcal demo: run {r['run_dir']} failed: "
+                      + (f"\n{r.get('traceback', r['error'])}" if debug else
+                         " ".join(str(r["error"]).split())), file=sys.stderr)
         intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
                            skipped=sum(bool(r.get("skipped")) for r in results), bench=bench)
         pooled = {x for c in bench.claims if c.per == "seed_set" for x in c.losses}

@@ -31,6 +31,7 @@ from .._io import exclusive_lock
 from ..errors import CheckpointError
 from ..evaluate import evaluate_saved_logits
 from ..runs import RunDir
+from ..train.checkpoint import remove_stale_run_temp_files
 from ..train.packed import pack_groups, train_packed
 from .runner import Job, Resources, set_threads
 from .training import (
@@ -38,9 +39,11 @@ from .training import (
     is_finished,
     is_stale,
     resolve_spec,
+    retrain_reason,
     run_meta,
     train_config,
     train_job,
+    warn_untrusted_results,
 )
 
 __all__ = ["CPU_PACK_SIZE", "pack_jobs", "run_packed_job", "expand_results"]
@@ -106,7 +109,7 @@ def _train_members(runs: list[Mapping[str, Any]], todo: list[int],
     res = train_packed([train_config(runs[i]) for i in todo])
     retry = [i for i, r in zip(todo, res, strict=True) if isinstance(r, CheckpointError)]
     for i in retry:
-        clear_run_dir(Path(runs[i]["run_dir"]))
+        clear_run_dir(Path(runs[i]["run_dir"]), retrain_reason(res[todo.index(i)]))
     if retry:
         again = dict(zip(retry, train_packed([train_config(runs[i]) for i in retry]),
                          strict=True))
@@ -139,11 +142,14 @@ def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
             try:
                 run_dir, config = Path(s["run_dir"]), train_config(s)
                 stack.enter_context(exclusive_lock(run_dir))  # held until evaluated
+                remove_stale_run_temp_files(run_dir)
                 if is_stale(run_dir, config):
                     clear_run_dir(run_dir)
                 elif is_finished(run_dir, config):
                     out[i]["skipped"] = True
                     continue
+                else:
+                    warn_untrusted_results(run_dir)
                 todo.append(i)
             except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
                 _error(out[i], exc)

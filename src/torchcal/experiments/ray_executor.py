@@ -70,9 +70,11 @@ def check_ray_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
     """Raise a one-line error when the Ray address ``HOST:PORT`` cannot be reached.
 
     ``"auto"`` and ``"local"`` are Ray's to resolve; ``"ray://HOST:PORT"`` (Ray Client) is
-    checked as ``HOST:PORT``.  The check is one TCP connection, so an address with nothing
-    listening, an unknown host or a port out of range fails at once (a host that does not
-    answer: after ``timeout`` seconds), where ``ray.init`` would retry for minutes.
+    checked as ``HOST:PORT``.  The check is one TCP connection that speaks the first step of
+    Ray's protocol (the HTTP/2 greeting of gRPC), so an address with nothing listening, an
+    unknown host or a port out of range fails at once, and a server that is not Ray (a web
+    server) or does not answer within ``timeout`` seconds fails within ``2 * timeout`` (20 s),
+    where ``ray.init`` would retry for many minutes.
 
     >>> check_ray_address("localhost:99999")
     Traceback (most recent call last):
@@ -81,7 +83,8 @@ def check_ray_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
 
     Raises:
         ValueError: ``address`` is not of the form ``HOST:PORT``.
-        TorchcalError: nothing accepts a connection at ``HOST:PORT`` (the reason in the message).
+        TorchcalError: nothing accepts a connection at ``HOST:PORT``, or what does is not a
+            gRPC server (the reason in the message).
     """
     if address in ("auto", "local"):
         return
@@ -91,13 +94,50 @@ def check_ray_address(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
         raise ValueError("Expected the Ray address (--ray-address) to be auto or HOST:PORT with "
                          f"a port in 1..65535, got {address!r}")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            pass
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            problem = _grpc_problem(sock, timeout)
     except OSError as exc:  # refused, unknown host, unreachable, timed out
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise TorchcalError(f"Cannot reach the Ray cluster at {address!r}: {reason} (is its "
                             "head node running, `ray start --head`? Without --ray-address a "
                             "local Ray instance is started)") from None
+    if problem:
+        raise TorchcalError(f"The server at {address!r} is not a Ray cluster: {problem} (Ray's "
+                            "head node answers gRPC, on port 6379 by default, 10001 for "
+                            "ray://); check --ray-address")
+
+
+# HTTP/2's client connection preface and an empty SETTINGS frame: a gRPC server (Ray's GCS and
+# Ray Client) answers with its own SETTINGS frame; anything else answers otherwise or not at all
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_H2_SETTINGS = 0x04
+
+
+def _grpc_problem(sock: socket.socket, timeout: float) -> str:
+    """Speak the first step of Ray's protocol (gRPC over HTTP/2) on a connected socket: ''
+    when the server answers with an HTTP/2 SETTINGS frame, else what it did instead, within
+    ``timeout`` seconds (so the whole check ends within ``2 * timeout``, where ``ray.init``
+    would retry for many minutes)."""
+    sock.settimeout(timeout)
+    try:
+        sock.sendall(_H2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except TimeoutError:
+        return f"it did not answer an HTTP/2 (gRPC) greeting within {timeout:g} s"
+    except OSError as exc:
+        return f"it broke the connection ({exc.strerror or exc})"
+    if len(head) == 9 and head[3] == _H2_SETTINGS:
+        return ""
+    if not head:
+        return "it closed the connection on an HTTP/2 (gRPC) greeting"
+    text = head.split(b"\r\n")[0].decode("ascii", "replace")
+    return f"it answered {text!r}, not HTTP/2 (gRPC)" + (
+        " (a web server?)" if head.startswith(b"HTTP/") else "")
 
 
 def _ray_task(fn, spec: Mapping[str, Any], name: str, warning_prefix: str) -> dict[str, Any]:

@@ -24,25 +24,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+import os
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._io import LOCK_NAME, exclusive_lock, read_json
-from ..errors import CheckpointError
-from ..evaluate import evaluate_saved_logits, meta_from_config
+from .._io import check_own_path, exclusive_lock
+from ..errors import CheckpointError, ResultsFileError
+from ..evaluate import evaluate_saved_logits, meta_from_config, read_results
 from ..runs import RunDir
 from ..train import TrainConfig, get_recipe, train
+from ..train.checkpoint import remove_stale_run_temp_files
 from ..train.config import changed_fields
 from .runner import Job, Resources, set_threads
 
 __all__ = ["train_config", "resolve_spec", "train_job", "run_job", "is_stale", "is_finished",
-           "clear_run_dir", "run_meta"]
+           "warn_untrusted_results",
+           "clear_run_dir", "retrain_reason", "run_meta", "untrusted_results"]
 
 
 def train_config(spec: Mapping[str, Any]) -> TrainConfig:
@@ -159,25 +162,57 @@ def is_stale(run_dir: str | Path, config: TrainConfig) -> bool:
 
 def is_finished(run_dir: str | Path, config: TrainConfig) -> bool:
     """Whether ``run_dir`` holds this run's evaluated last epoch (a rerun skips it)."""
-    try:
-        res = read_json(RunDir(run_dir).results(), what="Results file")
+    try:  # verified: its SHA-256, the run it belongs to, the logits it was computed from
+        res = read_results(RunDir(run_dir).results())
         meta = res["meta"]
         return (int(meta["epoch"]) == config.epochs and meta.get("checkpoint") == "last"
                 and int(res["n_bins"]) == config.n_bins
+                and meta.get("loss") == config.loss and meta.get("seed") == config.seed
                 and RunDir(run_dir).has_checkpoint("last"))
     except (OSError, ValueError, TypeError, KeyError):
         return False
 
 
-def clear_run_dir(run_dir: Path) -> None:
-    """Remove what a run directory holds except the lock file of its owner (this process)."""
-    for p in run_dir.iterdir():
-        if p.name == LOCK_NAME:
-            continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+def untrusted_results(run_dir: str | Path) -> str:
+    """Why a run's ``results.json`` cannot be trusted (edited after it was written, copied
+    from another run, computed from other logits; :func:`torchcal.evaluate.read_results`),
+    '' when it can or there is none."""
+    p = RunDir(run_dir).results()
+    if not os.path.lexists(p):
+        return ""
+    try:
+        read_results(p)
+    except ResultsFileError as exc:
+        return str(getattr(exc, "reason", exc))
+    return ""
+
+
+_OTHER_SETTINGS = "holds a run of other settings"
+
+
+def clear_run_dir(run_dir: Path, why: str = _OTHER_SETTINGS) -> list[Path]:
+    """Remove the files torchcal wrote in a run directory (:meth:`torchcal.runs.RunDir.clear`:
+    the names of :data:`torchcal.runs.OWN_NAMES`), keeping the lock file of its owner (this
+    process) and everything torchcal did not write, which a warning names ("kept 2 files
+    torchcal did not write: ...").  ``why`` says in that warning why the run was cleared.
+
+    A run directory that is a symbolic link is refused
+    (:class:`~torchcal.errors.UnsafePathError`): its target is not the run's.
+
+    Returns:
+        The paths kept.
+    """
+    run_dir = Path(run_dir)
+    check_own_path(run_dir, "Run directory", directory=True)
+    kept = RunDir(run_dir).clear()
+    if kept or why != _OTHER_SETTINGS:  # a refused checkpoint is always said
+        names = ", ".join(repr(p.name + ("/" if p.is_dir() and not p.is_symlink() else ""))
+                          for p in kept[:5]) + (", ..." if len(kept) > 5 else "")
+        keep = (f"; kept {len(kept)} file{'s' if len(kept) != 1 else ''} torchcal did not "
+                f"write ({names})") if kept else ""
+        warnings.warn(f"Run directory {str(run_dir)!r} {why}: torchcal's files removed{keep}",
+                      UserWarning, stacklevel=2)
+    return kept
 
 
 def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,18 +233,21 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
         run_dir = Path(spec["run_dir"])
         config = train_config(spec)
         with exclusive_lock(run_dir):  # this process owns the run until it is evaluated
+            remove_stale_run_temp_files(run_dir)  # a killed writer's, also of a finished run
             if is_stale(run_dir, config):
                 clear_run_dir(run_dir)  # this sweep's directory, from a run with other settings
             elif is_finished(run_dir, config):
                 out["skipped"] = True
                 out["seconds"] = time.perf_counter() - t0
                 return out
+            else:
+                warn_untrusted_results(run_dir)
             try:
                 train(config)
-            except CheckpointError:
+            except CheckpointError as exc:
                 # the run directory holds a run of other settings or a broken checkpoint:
                 # never report it under these settings, train afresh
-                clear_run_dir(run_dir)
+                clear_run_dir(run_dir, retrain_reason(exc))
                 train(train_config(spec))
             if not RunDir(run_dir).results().is_file():
                 evaluate_saved_logits(run_dir, n_bins=spec["n_bins"], meta=run_meta(spec))
@@ -218,6 +256,22 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["traceback"] = traceback.format_exc()
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def warn_untrusted_results(run_dir: Path) -> None:
+    """Warn (one line) when an untrusted ``results.json`` is about to be recomputed: the run's
+    last checkpoint is evaluated again (its logits rewritten from the model)."""
+    problem = untrusted_results(run_dir)
+    if problem:
+        warnings.warn(f"{problem}: recomputed from the run's checkpoint", UserWarning,
+                      stacklevel=2)
+
+
+def retrain_reason(exc: BaseException) -> str:
+    """The clause of :func:`clear_run_dir`'s warning for a run whose checkpoint was refused:
+    the refusal, and that the run is retrained from epoch 0."""
+    text = " ".join(str(exc).split())
+    return f"cannot be resumed ({text[:300]}): the run is retrained from epoch 0"
 
 
 def run_meta(spec: Mapping[str, Any]) -> dict[str, Any]:

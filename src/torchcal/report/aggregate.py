@@ -384,7 +384,35 @@ def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last") -> L
             if _is_report_file(f):  # the results.json of a report (e.g. a demo's top level)
                 continue  # or of `torchcal uncertainty eval` (RUN_DIR/uncertainty/)
             errors.append((str(f), str(exc)))
+    runs = _one_per_identity(runs, errors)
     return LoadReport(runs=runs, errors=errors)
+
+
+def _one_per_identity(runs: list[RunRecord], errors: list[tuple[str, str]]) -> list[RunRecord]:
+    """Skip (as ``errors``) a seed's run claiming the identity (dataset, model, loss, loss
+    arguments, seed) of one read before it (a copied run directory is no second seed), and a
+    run whose ``n_bins`` differs from most runs' (its binned metrics are not comparable and
+    the report states one number of bins)."""
+    seen: dict[tuple[Any, ...], Path] = {}
+    kept: list[RunRecord] = []
+    for r in runs:
+        ident = (*r.key, r.seed)
+        if r.predictor == DEFAULT_PREDICTOR and ident in seen:
+            errors.append((str(r.results_path), f"claims the run {r.key[2]} seed {r.seed} that "
+                           f"{str(seen[ident])!r} already is (a copied run directory?): skipped"))
+            continue
+        seen.setdefault(ident, r.results_path)
+        kept.append(r)
+    bins = [r.results.get("n_bins") for r in kept]
+    common = max(bins, key=bins.count) if bins else None
+    out = []
+    for r, b in zip(kept, bins, strict=True):
+        if b != common:
+            errors.append((str(r.results_path), f"has n_bins {b} while the other runs have "
+                           f"{common}: its binned metrics are not comparable: skipped"))
+        else:
+            out.append(r)
+    return out
 
 
 def runs_from_results_csv(csv_text: str) -> list[RunRecord]:

@@ -35,14 +35,17 @@ import io
 import math
 import numbers
 import os
+import pickle
 import random
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._io import checksum_path, read_verified, write_verified
+from .._io import checksum_path, file_kind, read_verified, write_verified
 from .._io import remove_stale_temp_files as _remove_stale
 from ..errors import CheckpointError
 from ..runs import RunDir
@@ -94,13 +97,17 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
             is not a torchcal checkpoint, or a field is invalid (the message names it).
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"Checkpoint {str(path)!r} does not exist")
+    _check_is_file(path)
     data = read_verified(path, what="Checkpoint", error=CheckpointError)
     try:
         state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-    except Exception as exc:  # RuntimeError/EOFError/UnpicklingError/zip errors
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except pickle.UnpicklingError as exc:
+        if _GLOBAL_RE.search(str(exc)):
+            raise _refused_code(path, exc) from None
+        raise CheckpointError(f"Checkpoint {str(path)!r} is corrupt or truncated "
+                              f"(UnpicklingError: {_torch_reason(exc)[:200]})") from None
+    except Exception as exc:  # RuntimeError/EOFError/zip errors
+        msg = _torch_reason(exc)
         raise CheckpointError(
             f"Checkpoint {str(path)!r} is corrupt or truncated ({type(exc).__name__}: {msg[:200]})"
         ) from exc
@@ -111,6 +118,46 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
             raise CheckpointError(f"Checkpoint {str(path)!r} is incomplete: no {key!r} entry")
     _check_fields(state, path)
     return state
+
+
+def _check_is_file(path: Path) -> None:
+    """CheckpointError naming what ``path`` is when it is not a regular file: missing, a broken
+    link, a FIFO, a directory, a device (also through a link, e.g. to ``/dev/zero``)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise CheckpointError(f"Checkpoint {str(path)!r} is a broken symbolic link (to "
+                                  f"{os.readlink(path)!r})") from None
+        raise CheckpointError(f"Checkpoint {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise CheckpointError(f"Checkpoint {str(path)!r} cannot be read: {exc}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        link = f" (through a symbolic link to {os.readlink(path)!r})" if path.is_symlink() else ""
+        raise CheckpointError(f"Checkpoint {str(path)!r} is {file_kind(st)}{link}, not a "
+                              "regular file: refused")
+
+
+_GLOBAL_RE = re.compile(r"GLOBAL (\S+)")
+
+
+def _torch_reason(exc: BaseException) -> str:
+    """The line of a ``torch.load`` error that says what is wrong: not torch's paragraph about
+    ``weights_only`` (whose advice to load the file unsafely torchcal never repeats)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if "weights_only" not in ln and "Weights only" not in ln
+             and not ln.startswith("Check the documentation")]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _refused_code(path: Path, exc: BaseException) -> CheckpointError:
+    """The refusal of a checkpoint holding pickled code (what torch's ``weights_only`` loader
+    stopped at), without torch's advice to load it unsafely."""
+    m = _GLOBAL_RE.search(str(exc))
+    what = f" ({m.group(1)})" if m else ""
+    return CheckpointError(f"Checkpoint {str(path)!r} holds Python code{what}, not only weights "
+                           "and plain data: refused (torchcal never runs code from a "
+                           "checkpoint); it was not written by torchcal, do not load it")
 
 
 def _is_int(v: Any) -> bool:
@@ -130,6 +177,9 @@ def _check_fields(state: dict[str, Any], path: Path) -> None:
         raise bad("config", "a dict", type(state["config"]).__name__)
     if not _is_int(state["epoch"]) or state["epoch"] < 0:
         raise bad("epoch", "a non-negative integer", state["epoch"])
+    total = state["config"].get("epochs")
+    if _is_int(total) and state["epoch"] > total:  # a run never goes past its epochs
+        raise bad("epoch", f"at most the config's {total} epochs", state["epoch"])
     if "num_classes" in state:
         k = state["num_classes"]
         if not _is_int(k) or not 1 <= k <= MAX_CLASSES:

@@ -16,7 +16,8 @@ from ..errors import CheckpointError, TorchcalError
 from ..evaluate import evaluate_logits, save_logits, write_results
 from ..runs import RunDir
 from .build import build_data, load_ood_sets, load_run_checkpoint, model_from_checkpoint
-from .config import TrainConfig
+from .checkpoint import remove_stale_run_temp_files
+from .config import TrainConfig, changed_fields, describe_fields
 from .device import resolve_device
 from .distributed import DistEnv
 from .inference import predict_logits
@@ -57,23 +58,24 @@ def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_d
                       write: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Save ``RUN_DIR/logits/<name>.npz`` and ``RUN_DIR/results.json`` (for ``checkpoint="best"``:
     ``logits-best/`` and ``results-best.json``, leaving the last epoch's files); return the results.
+    The results are computed (and the logits checked: finite, of matching classes) before
+    anything is written, so logits that are refused never replace the run's files.
     ``extra``: blocks added to the results (a multi-task run's ``multitask``).
 
     Run it in one process (under DDP: rank 0, after the process group is gone, since the
     metrics would otherwise try to sync across ranks).
     """
     run = RunDir(run_dir)
-    if write:  # "best" never replaces the last epoch's files
-        for name, (z, y) in preds.items():
-            save_logits(run.logits(name, checkpoint), z, y)
-    results = evaluate_logits(
+    results = evaluate_logits(  # computed and checked before anything is written
         val_logits=preds["val"][0], val_labels=preds["val"][1],
         test_logits=preds["test"][0], test_labels=preds["test"][1],
         ood_logits={k[len("ood_"):]: v[0] for k, v in preds.items() if k.startswith("ood_")},
         n_bins=config.n_bins, meta=_meta(config, epoch, checkpoint))
     if extra:
         results.update(extra)
-    if write:
+    if write:  # "best" never replaces the last epoch's files
+        for name, (z, y) in preds.items():
+            save_logits(run.logits(name, checkpoint), z, y)
         write_results(run.results(checkpoint), results)
     return results
 
@@ -102,6 +104,7 @@ def evaluate_checkpoint(run_dir: str | Path, checkpoint: str = "last", *,
     if not Path(run_dir).is_dir():
         raise CheckpointError(f"Run directory {str(run_dir)!r} does not exist")
     with exclusive_lock(run_dir):  # the run's owner for as long as this writes into it
+        remove_stale_run_temp_files(run_dir)  # a killed writer's
         return _evaluate_checkpoint(run_dir, checkpoint, data_root, device, batch_size)
 
 
@@ -109,6 +112,7 @@ def _evaluate_checkpoint(run_dir, checkpoint, data_root, device, batch_size) -> 
     state = load_run_checkpoint(run_dir, checkpoint)
     dev = resolve_device(device)
     model, config = model_from_checkpoint(state, run_dir, dev)
+    _check_same_run(run_dir, checkpoint, config)
     if data_root is not None:
         config.data_root = str(data_root)
     splits = build_data(config)
@@ -117,6 +121,24 @@ def _evaluate_checkpoint(run_dir, checkpoint, data_root, device, batch_size) -> 
     return write_predictions(preds, run_dir, config, epoch=int(state["epoch"]),
                              checkpoint=checkpoint, extra=_task_results(model, config, splits,
                                                                         state, dev))
+
+
+def _check_same_run(run_dir: str | Path, checkpoint: str, config: TrainConfig) -> None:
+    """Refuse a checkpoint whose config names another run than the run directory's
+    ``config.json`` (an *identity* field differs, e.g. its ``loss`` was edited): evaluating it
+    would relabel the run.  A run directory without a readable ``config.json`` is not checked."""
+    try:
+        own = read_config(run_dir)
+    except TorchcalError:
+        return
+    changed = changed_fields(own, config)["identity"]
+    if changed:
+        raise CheckpointError(
+            f"Checkpoint {str(RunDir(run_dir).checkpoint(checkpoint))!r} was trained as "
+            f"{describe_fields(config, changed)} but its run directory's "
+            f"{RunDir(run_dir).config.name} says "
+            f"{describe_fields(own, changed)}: it belongs to another run; refused (nothing "
+            "written)")
 
 
 def _task_results(model: nn.Module, config: TrainConfig, splits: Any, state: dict[str, Any],
