@@ -518,7 +518,8 @@ class AdaFocalLoss(CalibrationLoss):
     def get_extra_state(self) -> dict[str, Any]:
         """``{"history": (updates, 4B + 1) float64 tensor}``: one tensor, whatever the number
         of updates (a copy: later updates do not change it)."""
-        return {"history": self.history_tensor.detach().clone()}
+        h = self._hist  # never requires grad: one slice and one copy
+        return {"history": h[:self._n].clone() if h is not None else self.history_tensor}
 
     def set_extra_state(self, state: Any) -> None:
         """Restore the history: the one tensor :meth:`get_extra_state` saves, or the list of

@@ -86,7 +86,9 @@ class StateRows:
         copied as :func:`~torchcal.train.steps.snapshot` copies it)."""
         if isinstance(obj, torch.Tensor):
             row = self.row(obj) if self._by_storage else None
-            return row if row is not None else obj.detach().clone()
+            if row is not None:
+                return row
+            return (obj.detach() if obj.requires_grad else obj).clone()
         if isinstance(obj, dict):
             c = {k: self.capture(v) for k, v in obj.items()}
             return c if type(obj) is dict else type(obj)(c)  # keep Counter/OrderedDict
