@@ -16,11 +16,15 @@ through :func:`run_stack`.  The steps, in the order of an epoch:
   validation pass, extra passes every ``update_every`` batches) driven per member;
 * **statistics** (:class:`PackedStats`): the training loss, NLL, error and ECE of every member,
   accumulated on the device (no host synchronisation in a step);
-* **end of epoch** (:func:`end_epoch`): the schedules, the loss hooks on the validation logits,
-  every member's validation (and, when due, test) metrics and loss, the divergence check and the
-  ``fc`` norm from the stacked tensors with one device-to-host copy; then for each member its
-  log line, best epoch and staged checkpoint, committed together
-  (:mod:`torchcal.train.pack_commit`), so a stack's epoch commits as one;
+* **end of epoch** (:func:`end_epoch`, its state kept in :class:`EpochEnd`): the schedules,
+  the loss hooks on the validation logits (one evaluation forward per split for the whole
+  stack), every member's validation (and, when due, test) metrics and loss, the divergence
+  check, the ``fc`` norm and whether it improved on its best, from the stacked tensors with one
+  device-to-host copy; the best-epoch weights kept on the device as stacked tensors (one
+  ``where`` per stacked tensor, :mod:`torchcal.train.epoch_end`); then every member's log line,
+  ``best.pt`` and staged checkpoint, committed together (:mod:`torchcal.train.pack_commit`),
+  written from one host copy per stacked tensor by the writer thread
+  (:class:`~torchcal.train.pack_commit.EpochWriter`) while the next epoch trains;
 * **final evaluation** (:func:`final_results`): one packed pass over the validation, test and
   OOD sets, or a run's own (:func:`~torchcal.train.steps.final_evaluation`).
 
