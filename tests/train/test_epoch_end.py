@@ -180,3 +180,20 @@ def test_the_end_of_an_epoch_does_not_grow_with_the_members(tmp_path, monkeypatc
     against 7 on MNIST-1D."""
     ops = {m: _end_ops(tmp_path, m, monkeypatch, NO_HOOK) for m in (6, 30)}
     assert ops[30] <= 1.05 * ops[6], ops
+
+
+def test_a_failed_write_of_a_run_alone_raises(tmp_path, monkeypatch):
+    """``train``: a checkpoint that cannot be written raises its error (from the writer
+    thread, at the next epoch's end), and the run keeps its last committed checkpoint."""
+    orig = E.stage_checkpoint
+
+    def failing(run_dir, state):
+        if state["epoch"] == 2:
+            raise OSError("disk full (test)")
+        return orig(run_dir, state)
+
+    monkeypatch.setattr(E, "stage_checkpoint", failing)
+    with pytest.raises(OSError, match="disk full"):
+        train(cfg(tmp_path, "alone", epochs=3, checkpoint_every=1))
+    assert load_checkpoint(tmp_path / "alone" / "checkpoints" / "last.pt")["epoch"] == 1
+    assert not [t for t in threading.enumerate() if t.name == "torchcal-epoch-writer"]
