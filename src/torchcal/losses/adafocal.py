@@ -225,7 +225,11 @@ class AdaFocalLoss(CalibrationLoss):
         gammas: float64 buffer (B,), the current γ per bin.
         bin_edges: float64 buffer (B+1,), ``0 = e_0 <= ... <= e_B = 1``.
         history: list with one dict per update: ``gammas`` and ``bin_edges`` after the update,
-            the validation ``gaps`` (d_b) and ``counts`` per bin (CPU tensors).
+            the validation ``gaps`` (d_b) and ``counts`` per bin (CPU tensors, copied from
+            the device when read).  It is kept as one preallocated float64 tensor of
+            ``4B + 1`` columns per update on the state's device (:attr:`history_tensor`),
+            written in place by an update (no host copy) and saved as that one tensor, so a
+            snapshot and save cost about the same at 0 or 3,500 updates.
 
     Shapes: ``input`` (N, C) or (N, C, d1, ...) logits, ``target`` (N,) or (N, d1, ...) class
     indices; the output is a scalar, or of ``target``'s shape for ``reduction="none"``.
@@ -245,6 +249,8 @@ class AdaFocalLoss(CalibrationLoss):
 
     wants_validation = True
     validation_call = "update"
+    #: the history tensor is state ``forward`` never reads (not stacked by a pack)
+    unread_state = ("_hist",)
     missing_validation_effect = "AdaFocal stays focal loss with γ = gamma_init in every bin"
     n_bins: int
     lam: float
@@ -291,7 +297,8 @@ class AdaFocalLoss(CalibrationLoss):
             "gammas", torch.full((self.n_bins,), self.gamma_init, dtype=torch.float64)
         )
         self.register_buffer("bin_edges", equal_width_edges(self.n_bins, dtype=torch.float64))
-        self.history: list[dict[str, torch.Tensor]] = []
+        self._hist: torch.Tensor | None = None  # (capacity, 4B + 1): rows [:_n] are the history
+        self._n = 0
 
     # ------------------------------------------------------------------ loss
     def bin_of(self, p_y: torch.Tensor) -> torch.Tensor:
@@ -445,42 +452,111 @@ class AdaFocalLoss(CalibrationLoss):
             torch.ones(1, dtype=torch.float64, device=dev),
         ])
         self.bin_edges.copy_(edges)
-        self.history.append({
-            "gammas": self.gammas.detach().cpu().clone(),
-            "bin_edges": self.bin_edges.detach().cpu().clone(),
-            "gaps": gaps.detach().cpu().clone(),
-            "counts": counts.detach().cpu().to(torch.int64),
-        })
+        self._append(torch.cat([self.gammas, self.bin_edges,
+                                gaps.to(device=dev, dtype=torch.float64),
+                                counts.to(device=dev, dtype=torch.float64)]))
+
+    # --------------------------------------------------------------- history
+    _WIDTHS = ("gammas", "bin_edges", "gaps", "counts")
+
+    def _columns(self) -> dict[str, slice]:
+        b = self.n_bins
+        return {"gammas": slice(0, b), "bin_edges": slice(b, 2 * b + 1),
+                "gaps": slice(2 * b + 1, 3 * b + 1), "counts": slice(3 * b + 1, 4 * b + 1)}
+
+    def _append(self, row: torch.Tensor) -> None:
+        """Write one history row in place (the capacity doubles when full: O(1) amortised,
+        on the device, no host copy)."""
+        h = self._hist
+        if h is None or h.device != row.device or self._n == h.shape[0]:
+            cap = 64 if h is None else max(64, 2 * h.shape[0] if self._n == h.shape[0]
+                                           else h.shape[0])
+            new = torch.empty(cap, row.shape[0], dtype=torch.float64, device=row.device)
+            if self._n:
+                new[:self._n].copy_(h[:self._n])
+            self._hist = h = new
+        h[self._n].copy_(row)
+        self._n += 1
+
+    @property
+    def history_tensor(self) -> torch.Tensor:
+        """The history as one (updates, 4B + 1) float64 tensor on the state's device (a view:
+        columns ``gammas`` [0, B), ``bin_edges`` [B, 2B+1), ``gaps`` [2B+1, 3B+1), ``counts``
+        [3B+1, 4B+1))."""
+        if self._hist is None:
+            return torch.zeros(0, 4 * self.n_bins + 1, dtype=torch.float64,
+                               device=self.gammas.device)
+        return self._hist[:self._n]
+
+    @property
+    def history(self) -> list[dict[str, torch.Tensor]]:
+        """One dict per update (``gammas``, ``bin_edges``, ``gaps`` float64, ``counts``
+        int64, CPU tensors), read from :attr:`history_tensor` with one host copy."""
+        h = self.history_tensor.detach().cpu()
+        cols = self._columns()
+        return [{k: (row[c].to(torch.int64) if k == "counts" else row[c])
+                 for k, c in cols.items()} for row in h]
 
     def on_validation(self, *, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Trainer hook: :meth:`update` with this rank's validation outputs."""
         self.update(logits=logits, labels=labels)
 
     def log_state(self) -> dict[str, Any]:
-        """The per-bin γ and the bin edges (as float32 lists) for the run's log."""
-        return {"gammas": self.gammas.detach().float().cpu().tolist(),
-                "bin_edges": self.bin_edges.detach().float().cpu().tolist()}
+        """The per-bin γ and the bin edges (as float32 lists) for the run's log (one host
+        copy)."""
+        both = torch.cat([self.gammas.detach(), self.bin_edges.detach()]).float().cpu().tolist()
+        return {"gammas": both[:self.n_bins], "bin_edges": both[self.n_bins:]}
 
     def reset(self) -> None:
         """Back to the initial state (equal-width edges, ``gamma_init`` everywhere, no history)."""
         self.gammas.fill_(self.gamma_init)
         self.bin_edges.copy_(equal_width_edges(self.n_bins, dtype=torch.float64,
                                                device=self.bin_edges.device))
-        self.history = []
+        self._hist, self._n = None, 0
 
     # ----------------------------------------------------------------- state
     def get_extra_state(self) -> dict[str, Any]:
-        return {"history": [{k: v.clone() for k, v in h.items()} for h in self.history]}
+        """``{"history": (updates, 4B + 1) float64 tensor}``: one tensor, whatever the number
+        of updates (a copy: later updates do not change it)."""
+        h = self._hist  # never requires grad: one slice and one copy
+        return {"history": h[:self._n].clone() if h is not None else self.history_tensor}
 
     def set_extra_state(self, state: Any) -> None:
-        if not isinstance(state, dict) or not isinstance(state.get("history"), list):
+        """Restore the history: the one tensor :meth:`get_extra_state` saves, or the list of
+        per-update dicts that torchcal saved before it."""
+        h = state.get("history") if isinstance(state, dict) else None
+        if isinstance(h, list):
+            h = self._from_entries(h)
+        width = 4 * self.n_bins + 1
+        if isinstance(h, torch.Tensor) and h.ndim == 2 and h.shape[1] != width:
+            # as load_state_dict words a buffer's mismatch (a state of another n_bins)
+            raise RuntimeError(f"size mismatch for the AdaFocal history: copying rows of "
+                               f"{h.shape[1]} values, the {self.n_bins} bins' rows have {width}")
+        if not (isinstance(h, torch.Tensor) and h.ndim == 2):
             raise ValueError(
-                "Expected the AdaFocal extra state to be a dict with a 'history' list, "
-                f"got {type(state).__name__}"
-            )
-        history = []
-        for h in state["history"]:
-            if not isinstance(h, dict) or not all(isinstance(v, torch.Tensor) for v in h.values()):
-                raise ValueError("Expected every AdaFocal history entry to be a dict of tensors")
-            history.append({k: v.detach().cpu().clone() for k, v in h.items()})
-        self.history = history
+                "Expected the AdaFocal extra state to be a dict with a 'history' tensor of "
+                f"shape (updates, {width}) (or a list of per-update dicts), got "
+                f"{type(state).__name__ if not isinstance(state, dict) else type(h).__name__}"
+                + (f" of shape {tuple(h.shape)}" if isinstance(h, torch.Tensor) else ""))
+        if not (h.is_floating_point() and bool(torch.isfinite(h[:, :3 * self.n_bins + 1]).all())):
+            raise ValueError("Expected the AdaFocal history to hold finite floating-point values")
+        h = h.detach().to(device=self.gammas.device, dtype=torch.float64)
+        self._hist, self._n = None, 0
+        if h.shape[0]:
+            self._hist = torch.empty(max(64, h.shape[0]), width, dtype=torch.float64,
+                                     device=h.device)
+            self._hist[:h.shape[0]].copy_(h)
+            self._n = int(h.shape[0])
+
+    def _from_entries(self, entries: list[Any]) -> torch.Tensor:
+        """The rows of the older per-update dicts."""
+        rows = []
+        for h in entries:
+            if (not isinstance(h, dict) or set(h) != set(self._WIDTHS)
+                    or not all(isinstance(v, torch.Tensor) for v in h.values())):
+                raise ValueError("Expected every AdaFocal history entry to be a dict of tensors "
+                                 f"{self._WIDTHS}")
+            rows.append(torch.cat([h[k].detach().cpu().reshape(-1).to(torch.float64)
+                                   for k in self._WIDTHS]))
+        return (torch.stack(rows) if rows
+                else torch.zeros(0, 4 * self.n_bins + 1, dtype=torch.float64))

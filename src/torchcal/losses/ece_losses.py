@@ -199,7 +199,8 @@ class ECEGapLoss(CalibrationLoss):
         self.update(logits=logits, labels=labels)
 
     def get_extra_state(self) -> dict[str, Any]:
-        cw = None if self.classwise is None else self.classwise.detach().cpu().clone()
+        # a copy on the state's device (no host copy per checkpoint: the save moves it)
+        cw = None if self.classwise is None else self.classwise.detach().clone()
         return {"epoch": self.epoch, "classwise": cw}
 
     def set_extra_state(self, state: Any) -> None:
@@ -207,7 +208,8 @@ class ECEGapLoss(CalibrationLoss):
             raise ValueError("Expected the ECE-loss extra state to be a dict with 'epoch'")
         self.epoch = check_scalar(int(state["epoch"]), "epoch", int, min_val=0)
         cw = state.get("classwise")
-        self.classwise = None if cw is None else torch.as_tensor(cw, dtype=torch.float64)
+        self.classwise = None if cw is None else torch.as_tensor(
+            cw, dtype=torch.float64, device=self.width_gaps.device)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         c = input.shape[1]

@@ -16,11 +16,15 @@ through :func:`run_stack`.  The steps, in the order of an epoch:
   validation pass, extra passes every ``update_every`` batches) driven per member;
 * **statistics** (:class:`PackedStats`): the training loss, NLL, error and ECE of every member,
   accumulated on the device (no host synchronisation in a step);
-* **end of epoch** (:func:`end_epoch`): the schedules, the loss hooks on the validation logits,
-  every member's validation (and, when due, test) metrics and loss, the divergence check and the
-  ``fc`` norm from the stacked tensors with one device-to-host copy; then for each member its
-  log line, best epoch and staged checkpoint, committed together
-  (:mod:`torchcal.train.pack_commit`), so a stack's epoch commits as one;
+* **end of epoch** (:func:`end_epoch`, its state kept in :class:`EpochEnd`): the schedules,
+  the loss hooks on the validation logits (one evaluation forward per split for the whole
+  stack), every member's validation (and, when due, test) metrics and loss, the divergence
+  check, the ``fc`` norm and whether it improved on its best, from the stacked tensors with one
+  device-to-host copy; the best-epoch weights kept on the device as stacked tensors (one
+  ``where`` per stacked tensor, :mod:`torchcal.train.epoch_end`); then every member's log line,
+  ``best.pt`` and staged checkpoint, committed together (:mod:`torchcal.train.pack_commit`),
+  written from one host copy per stacked tensor by the writer thread
+  (:class:`~torchcal.train.pack_commit.EpochWriter`) while the next epoch trains;
 * **final evaluation** (:func:`final_results`): one packed pass over the validation, test and
   OOD sets, or a run's own (:func:`~torchcal.train.steps.final_evaluation`).
 
@@ -54,10 +58,11 @@ from .build import load_ood_sets
 from .checkpoint import rng_state_tensors, save_checkpoint
 from .device import autocast
 from .distributed import epoch_permutation, epoch_seed
+from .epoch_end import DeviceBest, StateRows, mean_rows, resolve, rows_of
 from .evaluation import write_predictions
 from .inference import predict_logits
 from .loss_groups import LossGroups
-from .pack_commit import commit_staged, stage_checkpoint
+from .pack_commit import EpochJob, EpochWriter, commit_staged, stage_checkpoint
 from .stacks import PackedModel, SharedInput, SoloModel
 from .steps import (
     Run,
@@ -68,12 +73,11 @@ from .steps import (
     snapshot,
     tensorboard_logger,
     train_batches,
-    update_best,
     update_every,
 )
 
 __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
-           "end_epoch", "fit_stack", "final_results", "run_stack"]
+           "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter"]
 
 Stack = PackedModel | SoloModel
 
@@ -189,7 +193,7 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
     torch.manual_seed(epoch_seed(r0.config.seed, epoch, stream=3 + r0.env.rank))
     stack.start_epoch(slots[0].r.optimizer.param_groups[0]["lr"])
     stats = PackedStats(len(members), r0.config.n_bins, r0.device)
-    mean_rows = torch.tensor([red == "mean" for red in groups.reductions()], device=r0.device)
+    rows = mean_rows(groups)  # built once per pack
     stateful = [mb for mb in slots if mb.every]  # losses with extra validation passes
     for step, (x, y, index) in enumerate(batches.epoch(members, epoch)):
         with autocast(r0.device, r0.amp):
@@ -197,7 +201,7 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
         logits = logits.float()
         loss = groups(logits, y)
         sums = loss.detach()
-        stats.update(logits, y, torch.where(mean_rows, sums * y.shape[1], sums))
+        stats.update(logits, y, torch.where(rows, sums * y.shape[1], sums))
         stack.step(loss, logits, y, r0.config.grad_clip, index)
         if bar is not None:
             bar.update(1)
@@ -257,6 +261,25 @@ def _split_numbers(groups: LossGroups, split: tuple[torch.Tensor, torch.Tensor],
 _TRAIN_KEYS = ("loss", "nll", "error", "ece")
 
 
+class EpochEnd:
+    """What the end of a stack's epochs keeps from one epoch to the next: the constants built
+    once per stack (:func:`~torchcal.train.epoch_end.mean_rows`, the stacked tensors of
+    :class:`~torchcal.train.epoch_end.StateRows`), the best values and best-epoch weights on
+    the device (:class:`~torchcal.train.epoch_end.DeviceBest`), and the
+    :class:`~torchcal.train.pack_commit.EpochWriter` that writes the files."""
+
+    def __init__(self, stack: Stack, members: list[Member], groups: LossGroups,
+                 writer: EpochWriter | None = None) -> None:
+        r0 = members[0].r
+        self.mean_rows = mean_rows(groups)
+        self.writer = writer if writer is not None else EpochWriter(threaded=False)
+        self.metric = r0.config.select_best_by
+        self.rows = StateRows(stack)
+        self.best = None if self.metric == "none" else DeviceBest(
+            self.rows, [mb.r.best for mb in members], r0.device)
+        self.failed: set[str] = set()  # run directories whose files failed (writer thread)
+
+
 def _epoch_keys(test: bool) -> list[str]:
     keys = [f"train_{k}" for k in _TRAIN_KEYS] + [f"val_{k}" for k in (*EPOCH_KEYS, "loss")]
     if test:
@@ -265,29 +288,39 @@ def _epoch_keys(test: bool) -> list[str]:
 
 
 def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats: PackedStats,
-                 epoch: int) -> tuple[list[str], Any, bool]:
+                 epoch: int, ctx: EpochEnd) -> tuple[list[str], Any, dict[str, int], Any]:
     """The epoch's numbers of every slot as one host array (M, K): training statistics,
     validation metrics and loss (after the loss hooks ran on the validation logits), the test
-    split's when due, then "all parameters finite" and the ``fc`` weight norm."""
+    split's when due, then "all parameters finite", the ``fc`` weight norm and "improved on
+    its best" (the columns named in the returned dict); and that flag and the validation metric
+    on the device."""
     r0 = members[0].r
     val = _drive_validation(stack, members, [mb for mb in live(members)
                                              if loss_wants_validation(mb.r.loss_fn)])
     groups.refresh()
-    mean_rows = torch.tensor([red == "mean" for red in groups.reductions()], device=r0.device)
     chunk = max(r0.local_bs, 1024)  # chunks of the logged loss (MMCE is O(chunk^2))
     every = r0.config.eval_test_every
     test = bool(every and ((epoch + 1) % every == 0 or epoch + 1 == r0.config.epochs))
+    keys = _epoch_keys(test)
     cols = [stats.numbers(sync=r0.env.enabled),
-            _split_numbers(groups, val, r0.config.n_bins, chunk, mean_rows, False)]
+            _split_numbers(groups, val, r0.config.n_bins, chunk, ctx.mean_rows, False)]
     if test:
         cols.append(_split_numbers(groups, stack.split_logits("test")[0], r0.config.n_bins,
-                                   chunk, mean_rows, True))
+                                   chunk, ctx.mean_rows, True))
+    extra = {"finite": len(keys)}
     cols.append(stack.finite().double()[:, None])
     fc = stack.fc_norms()
     if fc is not None:
+        extra["fc"] = len(keys) + len(extra)
         cols.append(fc.double()[:, None])
+    best = None
+    if ctx.best is not None:
+        extra["improved"] = len(keys) + len(extra)
+        v = cols[1][:, keys.index(f"val_{ctx.metric}") - len(_TRAIN_KEYS)]
+        best = (ctx.best.improved(v), v)
+        cols.append(best[0].double()[:, None])
     host = torch.cat(cols, 1).cpu().numpy()  # the epoch's one device-to-host copy
-    return _epoch_keys(test), host, fc is not None
+    return keys, host, extra, best
 
 
 def _stop_error(mb: Member, epoch: int, rec: dict[str, Any], finite: bool
@@ -307,8 +340,8 @@ def _stop_error(mb: Member, epoch: int, rec: dict[str, Any], finite: bool
         "checkpoint, the other packed runs go on")
 
 
-def _records(stack: Stack, members: list[Member], keys: list[str], host: Any, has_fc: bool,
-             epoch: int, lr: float) -> dict[int, dict[str, Any]]:
+def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
+             extra: dict[str, int], epoch: int, lr: float) -> dict[int, dict[str, Any]]:
     """Each live slot's log record from the epoch's host table (a diverged member stops)."""
     k = len(keys)
     recs: dict[int, dict[str, Any]] = {}
@@ -316,11 +349,11 @@ def _records(stack: Stack, members: list[Member], keys: list[str], host: Any, ha
         if mb.ghost:
             continue
         rec = {"epoch": epoch + 1, "lr": lr, **dict(zip(keys, host[m, :k].tolist(), strict=True))}
-        error = _stop_error(mb, epoch, rec, host[m, k] == 1.0)
+        error = _stop_error(mb, epoch, rec, host[m, extra["finite"]] == 1.0)
         if error is not None:
             mb.stop(error)
             continue
-        rec["fc_weight_norm"] = float(host[m, k + 1]) if has_fc else None
+        rec["fc_weight_norm"] = float(host[m, extra["fc"]]) if "fc" in extra else None
         stack.annotate(rec)
         state = loss_log_state(mb.r.loss_fn)
         if state:
@@ -329,34 +362,65 @@ def _records(stack: Stack, members: list[Member], keys: list[str], host: Any, ha
     return recs
 
 
+def _state(r: Run, full: bool) -> dict[str, Any]:
+    """The entries :func:`~torchcal.train.steps.snapshot` copies, not yet copied (no tensor
+    operation: :meth:`StateRows.capture` copies them)."""
+    return {"model": r.model.state_dict(keep_vars=True),
+            "loss": r.loss_fn.state_dict(keep_vars=True),
+            "optimizer": r.optimizer.state_dict() if full else None,
+            "scheduler": r.scheduler.state_dict() if full else None,
+            "scaler": r.scaler.state_dict() if full and r.scaler.is_enabled() else None,
+            **r.head.state(full)}
+
+
+def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str, Any]],
+                 host: Any, extra: dict[str, int], best: Any, epoch: int) -> None:
+    """Each live member's best epoch from the device's "improved" flag; rank 0 keeps the
+    improved members' loss and head state (their weights stay in the device stacks, updated
+    with one ``where`` per stacked tensor)."""
+    if ctx.best is None:
+        return
+    better = [m for m in recs if host[m, extra["improved"]] == 1.0]
+    if not better:
+        return
+    ctx.best.update(*best)
+    for m in better:
+        r = members[m].r
+        r.best = {"metric": ctx.metric, "value": float(recs[m][f"val_{ctx.metric}"]),
+                  "epoch": epoch + 1}
+        if r.env.is_main:
+            snap = ctx.rows.capture(_state(r, full=False))
+            for row in rows_of(snap):
+                row.src = "best"
+            r.best_snapshot = snap
+
+
 def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: PackedStats,
-              epoch: int, lr: float, t0: float, bar: Any = None) -> None:
+              epoch: int, lr: float, t0: float, bar: Any = None, ctx: EpochEnd | None = None
+              ) -> None:
     """The end of an epoch for every slot at once: schedules, the loss hooks, the numbers (one
-    host copy), then for each live member its divergence check, log line, best epoch and
-    staged checkpoint; the staged checkpoints are committed together."""
+    host copy), each live member's divergence check, best epoch and log record; then the
+    epoch's files (log lines, ``best.pt``, staged checkpoints and their commit) handed to
+    ``ctx``'s writer with the epoch's host copy of the stacked weights.  A member whose files
+    failed in an earlier epoch stops first."""
+    ctx = ctx if ctx is not None else EpochEnd(stack, members, groups)
+    _stop_failed(ctx, members)
     for mb in members:
         if not mb.r.head.per_step_schedule:
             mb.r.scheduler.step()
-    keys, host, has_fc = _epoch_table(stack, members, groups, stats, epoch)
-    recs = _records(stack, members, keys, host, has_fc, epoch, lr)
+    keys, host, extra, best = _epoch_table(stack, members, groups, stats, epoch, ctx)
+    recs = _records(stack, members, keys, host, extra, epoch, lr)
+    _update_best(ctx, members, recs, host, extra, best, epoch)
     share = (time.perf_counter() - t0) / max(len(recs), 1)
-    writers = [str(members[m].r.config.out_dir) for m in recs]
-    layout = [str(mb.r.config.out_dir) for mb in members]
-    staged = []
     for m, rec in recs.items():
         mb = members[m]
         rec["seconds"] = share
-        meta = None if mb.alone else {"slots": layout, "slot": m, "writers": writers}
-        try:
-            if _record_member(mb, rec, epoch, meta):
-                staged.append(mb)
-        except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
-            mb.stop(exc)
-    for mb in staged:
-        try:
-            commit_staged([mb.r.config.out_dir])
-        except Exception as exc:  # noqa: BLE001
-            mb.stop(exc)
+        mb.final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
+        if mb.tb is not None and mb.r.env.is_main:
+            mb.tb.log_epoch(rec)
+    job = _epoch_job(ctx, stack, members, recs, epoch)
+    if job is not None:
+        ctx.writer.submit(job)
     if bar is not None and len(recs) == 1 and len(members) == 1:
         # percent, as every number the command line prints (the log keeps fractions)
         rec = next(iter(recs.values()))
@@ -364,43 +428,107 @@ def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: Pa
                         val_err=f"{100 * rec['val_error']:.2f}%", refresh=False)
 
 
-def _record_member(mb: Member, rec: dict[str, Any], epoch: int,
-                   pack_meta: dict[str, Any] | None) -> bool:
-    """One live member's best epoch, log line and (when due) staged checkpoint, written by
-    rank 0 (``pack_meta``: the pack's layout, recorded in a packed member's checkpoints).  True
-    when a checkpoint was staged."""
-    r = mb.r
-    update_best(r, rec, epoch)
-    mb.final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
-    if not r.env.is_main:
-        return False
-    r.run.append_log(rec, fsync=False)  # fsynced with the next checkpoint
-    if mb.tb is not None:
-        mb.tb.log_epoch(rec)
-    if (epoch + 1) % r.config.checkpoint_every and epoch + 1 != r.config.epochs:
-        return False
-    extra = {"num_classes": r.num_classes, "input_shape": r.input_shape,
-             "config": r.config.to_dict(), "best": dict(r.best)}
-    if pack_meta is not None:
-        extra["pack"] = pack_meta
-    if r.best_snapshot is not None:
-        save_checkpoint(r.run.checkpoint("best"), {**r.best_snapshot, **extra,
-                                                   "epoch": int(r.best["epoch"]),
-                                                   "rng": rng_state_tensors()})
-        r.best_snapshot = None  # written: the next best.pt waits for a better epoch
-    stage_checkpoint(r.run.path, {**snapshot(r, full=True), **extra, "epoch": epoch + 1,
-                                  "rng": rng_state_tensors()})
-    return True
+def _stop_failed(ctx: EpochEnd, members: list[Member]) -> None:
+    """Stop the members whose files failed in the writer (an error of a member alone is
+    raised)."""
+    for mb, exc in ctx.writer.failures():
+        if not mb.ghost:
+            mb.stop(exc)
+
+
+class _Files:
+    """One member's files of an epoch: its log record, ``best.pt`` and staged checkpoint
+    (None: not written this epoch), the states' tensors as rows of the host copy."""
+
+    def __init__(self, mb: Member, rec: dict[str, Any]) -> None:
+        self.mb, self.rec = mb, rec
+        self.best: dict[str, Any] | None = None
+        self.last: dict[str, Any] | None = None
+
+
+def _epoch_job(ctx: EpochEnd, stack: Stack, members: list[Member],
+               recs: dict[int, dict[str, Any]], epoch: int) -> EpochJob | None:
+    """The epoch's files of every live member (rank 0), with the host copy they need: one
+    copy per stacked tensor (this epoch's, and the best stacks' when a ``best.pt`` of an
+    earlier epoch is due), taken here, before the next epoch's steps change them."""
+    files = [_Files(members[m], rec) for m, rec in recs.items() if members[m].r.env.is_main]
+    if not files:
+        return None
+    rows = ctx.rows
+    writers = [str(members[m].r.config.out_dir) for m in recs]
+    layout = [str(mb.r.config.out_dir) for mb in members]
+    rng = None
+    for f in files:
+        r = f.mb.r
+        if (epoch + 1) % r.config.checkpoint_every and epoch + 1 != r.config.epochs:
+            continue
+        rng = rng if rng is not None else rng_state_tensors()
+        meta = {"num_classes": r.num_classes, "input_shape": r.input_shape,
+                "config": r.config.to_dict(), "best": dict(r.best)}
+        if not f.mb.alone:
+            meta["pack"] = {"slots": layout, "slot": members.index(f.mb), "writers": writers}
+        if r.best_snapshot is not None:
+            if int(r.best["epoch"]) == epoch + 1:  # this epoch's weights: the current rows
+                for row in rows_of(r.best_snapshot):
+                    row.src = "cur"
+            f.best = {**r.best_snapshot, **meta, "epoch": int(r.best["epoch"]), "rng": rng}
+            r.best_snapshot = None  # handed over: the next best.pt waits for a better epoch
+        f.last = {**rows.capture(_state(r, full=True)), **meta, "epoch": epoch + 1, "rng": rng}
+    used = [row for f in files for st in (f.best, f.last) for row in rows_of(st)]
+    host = {"cur": rows.host(rows.stacks, {row.key for row in used if row.src == "cur"}),
+            "best": rows.host(ctx.best.stacks or {} if ctx.best is not None else {},
+                              {row.key for row in used if row.src == "best"})}
+    event = None
+    if any(t.is_cuda for t in rows.stacks.values()):
+        event = torch.cuda.Event()
+        event.record()
+    return EpochJob(epoch, lambda: _write_files(ctx, files, host, event))
+
+
+def _write_files(ctx: EpochEnd, files: list[_Files], host: dict[str, Any], event: Any
+                 ) -> list[tuple[Member, BaseException]]:
+    """Write an epoch's files (the writer thread): each member's log line, ``best.pt`` and
+    staged checkpoint, then the staged checkpoints committed together (a member whose files
+    fail is returned with its error; the others go on)."""
+    if event is not None:
+        event.synchronize()  # the host copy has arrived
+    failed: list[tuple[Member, BaseException]] = []
+    staged = []
+    for f in files:
+        r = f.mb.r
+        if str(r.config.out_dir) in ctx.failed:
+            continue
+        try:
+            r.run.append_log(f.rec, fsync=False)  # fsynced with the next checkpoint
+            if f.best is not None:
+                save_checkpoint(r.run.checkpoint("best"), resolve(f.best, host))
+            if f.last is not None:
+                stage_checkpoint(r.run.path, resolve(f.last, host))
+                staged.append(f)
+        except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
+            ctx.failed.add(str(r.config.out_dir))
+            failed.append((f.mb, exc))
+    for f in staged:
+        try:
+            commit_staged([f.mb.r.config.out_dir])
+        except Exception as exc:  # noqa: BLE001
+            ctx.failed.add(str(f.mb.r.config.out_dir))
+            failed.append((f.mb, exc))
+    return failed
 
 
 # ------------------------------------------------------------------------------------------
 # a stack: train, then evaluate
 # ------------------------------------------------------------------------------------------
-def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None) -> None:
+def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
+              writer: EpochWriter | None = None) -> None:
     """Train the slots (members at the same epoch; in a pack, ghosts in the slots of absent
-    runs) to ``epochs``; a packed member that stops becomes a ghost, the pack keeps its size."""
+    runs) to ``epochs``; a packed member that stops becomes a ghost, the pack keeps its size.
+    The epochs' files go to ``writer`` (None: written at the end of each epoch); the caller
+    closes it, and stops the members whose files failed in its last epochs."""
     groups = LossGroups([mb.r.loss_fn for mb in members], members[0].r.device)
     batches = Batches(members)
+    ctx = EpochEnd(stack, members, groups, writer)
     for epoch in range(members[0].r.start_epoch, epochs):
         slots = live(members)
         if not slots:
@@ -408,7 +536,7 @@ def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None)
         t0 = time.perf_counter()
         lr = slots[0].r.optimizer.param_groups[0]["lr"]
         stats = train_epoch(stack, members, groups, batches, epoch, bar)
-        end_epoch(stack, members, groups, stats, epoch, lr, t0, bar)
+        end_epoch(stack, members, groups, stats, epoch, lr, t0, bar, ctx)
 
 
 def _evaluate_pack(stack: PackedModel, members: list[Member], ood_sets: dict[str, Any]
@@ -477,6 +605,24 @@ def _summary(mb: Member, results: dict[str, Any] | None) -> dict[str, Any]:
             "results": results, "world_size": r.env.world_size}
 
 
+@contextlib.contextmanager
+def _writing():
+    """An :class:`EpochWriter` thread, drained and joined on the way out: at the end, and on
+    an exception (Ctrl-C included: the epochs already handed over are written, so a run stops
+    at its last finished epoch's checkpoint).  The writer's own error is raised; one that
+    comes while another exception is on its way is added to that exception's notes."""
+    writer = EpochWriter()
+    try:
+        yield writer
+    except BaseException as exc:
+        try:
+            writer.close()
+        except BaseException as late:  # noqa: BLE001 - the first error goes on, this one noted
+            exc.add_note(f"and the epoch writer failed: {type(late).__name__}: {late}")
+        raise
+    writer.close()
+
+
 def run_stack(stack: Stack, members: list[Member], results: list[Any]) -> None:
     """Train one stack to its epochs (when it has any left), evaluate it, fill ``results``
     (each member's summary, or the error that stopped it; a member ``alone`` raises it)."""
@@ -487,7 +633,11 @@ def run_stack(stack: Stack, members: list[Member], results: list[Any]) -> None:
             mb.tb = ctx.enter_context(tensorboard_logger(mb.r))
         if r0.start_epoch < r0.config.epochs:
             bar = ctx.enter_context(progress_bar(r0, len(members)))
-            fit_stack(stack, members, r0.config.epochs, bar)
+            with _writing() as writer:
+                fit_stack(stack, members, r0.config.epochs, bar, writer)
+            for mb, exc in writer.failures():  # the last epochs' files
+                if not mb.ghost:
+                    mb.stop(exc)
     evaluated = [mb for mb in live(members) if mb.index >= 0]
     try:
         done = final_results(stack, members, oods)

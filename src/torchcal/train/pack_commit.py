@@ -18,6 +18,11 @@ it trained in, at the epoch its companions resume from:
   as a *ghost* until the pack ends - it is computed but never logged or checkpointed - so its
   companions keep their pack size; a resume puts a ghost back into every slot whose run does
   not resume with the pack (:func:`ghost_run`).
+* **Writer.**  The files of an epoch (every member's log line, ``best.pt``, staged checkpoint
+  and the commit) are written by :class:`EpochWriter`, one background thread that takes the
+  epoch's host copy and writes the jobs in the order they came, so that the next epoch's steps
+  run meanwhile.  The order of the writes, their fsyncs and the commit are those above, so a
+  kill leaves what it left before: a job not yet written is an epoch not yet committed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +47,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 
 __all__ = ["STAGED", "staged_path", "stage_checkpoint", "commit_staged", "reconcile_staged",
-           "pack_layout", "ghost_run"]
+           "pack_layout", "ghost_run", "EpochJob", "EpochWriter"]
 
 #: The file name of a staged checkpoint (beside ``last.pt``).
 STAGED = "next.pt"
@@ -141,3 +150,95 @@ def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
     r.run = RunDir(config.out_dir)
     r.best, r.best_snapshot = {}, None
     return r
+
+
+# ------------------------------------------------------------------------------------------
+# the writer: an epoch's files written off the training thread
+# ------------------------------------------------------------------------------------------
+@dataclass
+class EpochJob:
+    """One epoch's writing: ``write()`` writes every member's files from the epoch's host copy
+    and returns ``[(member, error)]`` for the members whose files failed (they stop, the
+    others go on); any other exception it raises stops the training."""
+
+    epoch: int
+    write: Callable[[], list[tuple[Any, BaseException]]]
+
+
+class EpochWriter:
+    """Writes the epochs' jobs in order on one background thread (``threaded=False``: in the
+    caller's thread, at :meth:`submit`).
+
+    A member's failed write is handed back by :meth:`failures` (the engine stops that
+    member); an exception that escapes a job (a bug, ``KeyboardInterrupt`` raised in it) stops
+    the writer, whose pending jobs are dropped, and is raised again in the training thread by
+    the next :meth:`submit`, :meth:`drain` or :meth:`close`.  At most ``depth`` jobs wait
+    (their host copies are the memory a writer holds): :meth:`submit` blocks beyond.
+    """
+
+    def __init__(self, threaded: bool = True, depth: int = 2) -> None:
+        self.threaded = threaded
+        self._jobs: queue.Queue[EpochJob | None] = queue.Queue(maxsize=depth)
+        self._failures: list[tuple[Any, BaseException]] = []
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._stopped = False  # a job raised: the thread drops what is still queued
+        self._thread: threading.Thread | None = None
+
+    def _write(self, job: EpochJob) -> None:
+        failed = job.write()
+        with self._lock:
+            self._failures.extend(failed)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if not self._stopped:  # after an error, the pending jobs are dropped
+                    self._write(job)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the training thread
+                self._error, self._stopped = exc, True
+            finally:
+                self._jobs.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def submit(self, job: EpochJob) -> None:
+        """Queue ``job`` (raising first an error of an earlier job)."""
+        self._raise()
+        if not self.threaded or self._stopped:  # (stopped: a later job is written here)
+            self._write(job)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="torchcal-epoch-writer",
+                                            daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def failures(self) -> list[tuple[Any, BaseException]]:
+        """The members whose files failed since the last call, with their errors."""
+        with self._lock:
+            out, self._failures = self._failures, []
+        return out
+
+    def drain(self) -> None:
+        """Wait until every submitted job is written; raise an error of one of them."""
+        if self._thread is not None:
+            self._jobs.join()
+        self._raise()
+
+    def close(self) -> None:
+        """Drain, then end the thread (:meth:`drain`'s error raised after the thread ended)."""
+        try:
+            if self._thread is not None and self._thread.is_alive():
+                self._jobs.join()
+                self._jobs.put(None)
+                self._thread.join()
+        finally:
+            self._thread = None
+            self._raise()
