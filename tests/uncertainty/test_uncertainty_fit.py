@@ -231,3 +231,22 @@ def test_fit_bad_arguments(digits_caches):
         fit_head((z, torch.randn(6, 2), torch.tensor([0, 1, 2, 0, 1, 0])))
     with pytest.raises(TypeError, match="EmbeddingCache"):
         fit_head(z)
+
+
+def test_max_prob_baseline_never_ties_on_confident_rows():
+    """The max-prob baseline ranks confident rows apart (issue 39): ``1 - softmax.amax`` in
+    float64 is exactly 0 from a margin of about 37, so rows with margins 40, 45 and 50 tied;
+    the score is ``-log max p`` from the logits, in the same order as ``1 - max p``."""
+    from torchcal.uncertainty.fit import _baseline_scores
+
+    z = torch.zeros(5, 3, dtype=torch.float64)
+    z[:, 0] = torch.tensor([40.0, 45.0, 50.0, 5.0, 2.0])
+    s = _baseline_scores(torch.ones(5, 2), z, torch.device("cpu"))["max_prob"]
+    assert s.dtype == torch.float64 and s.shape == (5,)
+    assert len(set(s.tolist())) == 5  # no ties
+    # the same order as 1 - max p (margins 2 and 5, where float64 resolves it)
+    ref = 1 - torch.softmax(z, 1).amax(1)
+    assert torch.argsort(s)[-2:].tolist() == torch.argsort(ref)[-2:].tolist()
+    # -log max p = log(1 + 2 exp(-m)) by hand for a top logit m over two zeros
+    hand = [math.log1p(2 * math.exp(-m)) for m in (40.0, 45.0, 50.0, 5.0, 2.0)]
+    assert s.tolist() == pytest.approx(hand, rel=1e-12, abs=0)

@@ -26,7 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .._validation import check_nonneg_finite, check_positive_int
-from ..metrics import entropy, r_auroc
+from ..metrics import entropy, ood_scores, r_auroc
 from .cache import EmbeddingCache
 from .head import UncertaintyHead, per_sample_cross_entropy
 from .objectives import HEAD_OBJECTIVES, head_loss
@@ -376,12 +376,17 @@ def evaluate_head(
 
 def _baseline_scores(emb: torch.Tensor, logits: torch.Tensor | None,
                      device: torch.device) -> dict[str, torch.Tensor]:
-    """The baselines' uncertainties: the classifier's ``1 - max_prob`` and entropy (when
-    there are logits) and the url code's embedding norm ``1 / ||z||``."""
+    """The baselines' uncertainties: the classifier's max-prob score and entropy (when
+    there are logits) and the url code's embedding norm ``1 / ||z||``.
+
+    The max-prob score is ``-log max_c p_c`` in float64 from the logits (the ranking of
+    ``1 - max_prob``, which only ranks here): ``1 - softmax(z).amax()`` ties every row whose
+    margin exceeds about 37 in float64 (issue 39)."""
     out: dict[str, torch.Tensor] = {}
     if logits is not None:
         lg = logits.to(device)
-        out["max_prob"] = 1 - torch.softmax(lg.double(), 1).amax(1)
+        # ood_scores needs a non-empty OOD set: the same rows, whose scores are dropped
+        out["max_prob"] = ood_scores(id_logits=lg, ood_logits=lg[:1], score="max_prob")[0][:-1]
         out["entropy"] = entropy(logits=lg.float(), validate_args=False).double()
     out["embedding_norm"] = 1 / emb.to(device).double().norm(dim=1).clamp_min(1e-300)
     return out
