@@ -1,18 +1,22 @@
 """The packed step as one graph (:mod:`torchcal.train.compiled`, issue 38).
 
-* ``torch._dynamo.explain`` finds no graph break in the step for any registry loss, in a pack
-  (every loss, two members each, in one pack) and alone (a pack of one member per loss);
-* the compiled step equals the eager step (``PackedModel.forward``, ``LossGroups``,
+* Dynamo captures the step in one graph (``fullgraph=True``, and ``torch._dynamo.explain`` on
+  the demo's pack) for every registry loss, in a pack (every loss, two members each, in one
+  pack) and alone (a pack of one member);
+* the captured step equals the eager step (``PackedModel.forward``, ``LossGroups``,
   ``PackedStats.update``, ``PackedModel.step``: autograd and ``torch.optim.SGD``) to float
-  rounding for every registry loss, packed and alone, over three steps with clipping, momentum,
-  weight decay and (in one case) Nesterov.
+  rounding, over three steps with clipping, momentum, weight decay and (in one case) Nesterov.
 
-Cost: inductor needs minutes of CPU per graph here, so the exhaustive equality sweep compiles
-with ``backend="aot_eager"`` (Dynamo's capture, AOTAutograd's functionalisation and the
-decompositions: every transformation of the step but inductor's code generation), all losses in
-one compiled function per sweep; inductor's own kernels are checked on every registry loss by
-``tests/losses/test_losses_compile.py``, and a whole inductor step by
-``TORCHCAL_TEST_INDUCTOR=1`` (the last test here) and ``benchmarks/bench_compiled_ops.py``.
+Cost (the suite runs on 2 cores): inductor needs minutes of CPU per graph here, and AOTAutograd
+about a minute for every registry loss.  So the exhaustive sweeps run Dynamo's capture with
+the ``eager`` backend (the traced graph, run as traced: what a graph break, a stale Python
+constant or a wrong functional gradient would break), all losses in one compiled function per
+sweep; the demo's pack also goes through ``aot_eager`` (AOTAutograd's functionalisation and
+decompositions).  Every registry loss alone: ``TORCHCAL_TEST_ALL=1`` (a representative set
+otherwise).  Inductor's kernels: every registry loss in ``tests/losses/test_losses_compile.py``,
+a whole inductor step with ``TORCHCAL_TEST_INDUCTOR=1`` (the last test here) and
+``benchmarks/bench_compiled_ops.py`` (whose inductor run at 35 members equals nothing but
+counts).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import warnings
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.testing import CompileCounter
 
 import torchcal.train.engine as engine
 from torchcal.losses import AdaFocalLoss, create_loss, list_losses
@@ -90,10 +95,10 @@ def _eager(pack: PackedModel, groups: LossGroups, src: _Source, stats: PackedSta
     pack.step(loss, logits, y, 2.0, index)
 
 
-def _steppers(packs, src):
+def _steppers(packs, src, backend="aot_eager"):
     steps = []
     for pack, groups in packs:
-        cs = CompiledStep(pack, groups, src, 2.0, backend="aot_eager")
+        cs = CompiledStep(pack, groups, src, 2.0, backend=backend)
         cs.lr.fill_(pack.opt.param_groups[0]["lr"])
         steps.append(cs)
     return steps
@@ -109,35 +114,25 @@ def _together(steps):
     return run
 
 
-def _sweeps():
-    """(name, list of member-name lists): every loss twice in one pack; each loss alone."""
-    return [("packed", [[n for n in NAMES for _ in range(2)]]),
-            ("alone", [[n] for n in NAMES])]
+CLAIMS = ["ce", "focal", "flsd53", "dual_focal", "adafocal", "bsce", "bsce_gra"]
+#: the losses checked alone in the normal suite (every registry loss with TORCHCAL_TEST_ALL=1):
+#: one of each kind of state and computation (per-bin γ, a scheduled γ, a temperature, MMCE's
+#: kernel, binned and KDE ECE terms, a consistency term)
+ALONE = NAMES if os.environ.get("TORCHCAL_TEST_ALL") else [
+    "ce", "adafocal", "flsc531", "mmce", "dece", "ece_kde", "temperature_focal", "consistency",
+    "dual_focal_gra"]
+SWEEPS = {"packed": [[n for n in NAMES for _ in range(2)]],  # every loss, two members each
+          "alone": [[n] for n in ALONE],  # packs of one
+          "claims": [CLAIMS]}  # the demo's pack, through AOTAutograd too
 
 
-@pytest.mark.parametrize("sweep", ["packed", "alone"])
-def test_no_graph_break_for_any_registry_loss(sweep):
-    packs_names = dict(_sweeps())[sweep]
-    src = _Source()
-    packs = [_pack(names) for names in packs_names]
-    steps = _steppers(packs, src)
-    stats = [PackedStats(len(n), 15, torch.device("cpu")) for n in packs_names]
-    index = [_indices(len(n), 0) for n in packs_names]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = torch._dynamo.explain(_together(steps))(index, stats)
-    assert out.graph_break_count == 0, out.break_reasons
-    assert out.graph_count == 1
-
-
-@pytest.mark.parametrize("sweep", ["packed", "alone"])
-def test_compiled_step_equals_eager_for_every_registry_loss(sweep):
-    packs_names = dict(_sweeps())[sweep]
+def _compare(packs_names, backend):
+    """Eager and compiled steps (``fullgraph=True``: a graph break fails) over ``STEPS``."""
     src = _Source()
     eager = [_pack(names) for names in packs_names]
     comp = [_pack(names) for names in packs_names]
     steps = _steppers(comp, src)
-    fn = torch.compile(_together(steps), backend="aot_eager", fullgraph=True, dynamic=False)
+    fn = torch.compile(_together(steps), backend=backend, fullgraph=True, dynamic=False)
     dev = torch.device("cpu")
     st_e = [PackedStats(len(n), 15, dev) for n in packs_names]
     st_c = [PackedStats(len(n), 15, dev) for n in packs_names]
@@ -154,6 +149,28 @@ def test_compiled_step_equals_eager_for_every_registry_loss(sweep):
             assert not bad, f"{k}: {bad} differ by {float(diff.max()):.2e}"
         torch.testing.assert_close(sc.scalars, se.scalars, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(sc.bins[0], se.bins[0])  # the same samples in each bin
+
+
+@pytest.mark.parametrize(("sweep", "backend"), [("packed", "eager"), ("alone", "eager"),
+                                                ("claims", "aot_eager")])
+def test_compiled_step_is_one_graph_and_equals_eager(sweep, backend):
+    """Dynamo captures the step of every registry loss in one graph (``fullgraph=True``
+    raises at a graph break) and the captured step equals the eager step to float rounding:
+    every registry loss in one pack, each (of :data:`ALONE`) alone; the claim losses' pack also
+    through AOTAutograd (``aot_eager``: functionalisation and decompositions)."""
+    _compare(SWEEPS[sweep], backend)
+
+
+def test_explain_finds_no_graph_break_in_the_demo_pack():
+    src = _Source()
+    packs = [_pack(CLAIMS + CLAIMS)]
+    steps = _steppers(packs, src)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch._dynamo.explain(_together(steps))(
+            [_indices(14, 0)], [PackedStats(14, 15, torch.device("cpu"))])
+    assert out.graph_break_count == 0, out.break_reasons
+    assert out.graph_count == 1
 
 
 def test_compiled_sgd_nesterov_and_no_clipping_equal_eager():
@@ -183,7 +200,7 @@ def test_compiled_sgd_nesterov_and_no_clipping_equal_eager():
 def test_learning_rate_change_does_not_recompile():
     src = _Source()
     pack, groups = _pack(["ce", "adafocal"])
-    backend = torch._dynamo.testing.CompileCounter()
+    backend = CompileCounter()
     cs = CompiledStep(pack, groups, src, 2.0, backend=backend)
     stats = PackedStats(2, 15, torch.device("cpu"))
     for step in range(4):
@@ -224,7 +241,7 @@ def _configs(root, mode: str, epochs: int = 2):
     return [dataclasses.replace(base, loss=loss, seed=i, epochs=epochs,
                                 out_dir=f"{root}/{mode}/r{i}", evaluate=False, progress=False,
                                 device="cpu", num_threads=1, compile_step=mode,
-                                data_kwargs={"n_samples": 600})
+                                data_kwargs={"n_train": 600, "n_val": 200, "n_test": 200})
             for i, loss in enumerate(losses)]
 
 
@@ -260,7 +277,7 @@ def test_engine_trains_a_pack_through_the_compiled_step(tmp_path, monkeypatch):
     rounding, and the step compiles once per batch shape (full and last batch)."""
     from torchcal.train.checkpoint import load_checkpoint  # noqa: PLC0415
     from torchcal.train.packed import train_packed  # noqa: PLC0415
-    backend = torch._dynamo.testing.CompileCounter()
+    backend = CompileCounter()
     monkeypatch.setattr(engine, "make_compiled_step",
                         functools.partial(compiled_mod.make_compiled_step, backend=backend))
     with warnings.catch_warnings():
