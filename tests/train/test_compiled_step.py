@@ -308,3 +308,42 @@ def test_inductor_step_equals_eager():
         assert cs(ix, sc), cs.failed
     for k, p in pe.params.items():
         torch.testing.assert_close(pc.params[k], p, rtol=1e-5, atol=1e-6)
+
+
+def test_mnist1d_packed_forward_equals_vmap_without_layout_changes():
+    """Issue 38 item 3: the MNIST-1D CNN's packed forward keeps the members' channels side by
+    side from the first convolution to the last (no ``permute`` between the layers, one
+    contiguous copy of the input); values and gradients equal ``vmap`` over the model's
+    forward to float rounding."""
+    import collections  # noqa: PLC0415 - this test only
+
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
+
+    from torchcal.models.mnist1d import MNIST1DCNN  # noqa: PLC0415
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c: collections.Counter[str] = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.c[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    models = [MNIST1DCNN(10, width=8) for _ in range(5)]
+    pack = PackedModel(models, [torch.optim.SGD(m.parameters(), lr=0.1) for m in models], "vmap")
+    x = torch.randn(5, 32, 40)
+    with Ops() as ops:
+        z = pack.forward(x)
+        z.square().sum().backward()
+    assert ops.c["permute"] == 0 and ops.c["clone"] + ops.c["copy_"] <= 3, ops.c
+    got = {k: p.grad.clone() for k, p in pack.params.items()}
+    params = {k: p.detach().requires_grad_() for k, p in pack.params.items()}
+    ref = torch.func.vmap(pack._call)(params, pack.buffers, x)
+    ref.square().sum().backward()
+    torch.testing.assert_close(z, ref, rtol=1e-5, atol=1e-6)
+    for k, p in params.items():
+        torch.testing.assert_close(got[k], p.grad, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="Expected input of shape"):
+        models[0].forward_packed(pack.params, torch.randn(5, 32, 39))

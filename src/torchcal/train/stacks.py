@@ -125,6 +125,9 @@ class PackedModel:
         :func:`torch.func.grad` passes its own)."""
         if self.mode == "loop":
             return torch.stack(self._members(x.unbind(0), params))
+        packed = getattr(self.base, "forward_packed", None)
+        if packed is not None and not self.buffers:  # the model's own layout for a pack
+            return packed(params, x)
         return vmap(self._call, randomness="error")(params, self.buffers, x)
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
