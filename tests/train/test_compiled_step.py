@@ -280,12 +280,16 @@ def test_engine_trains_a_pack_through_the_compiled_step(tmp_path, monkeypatch):
     backend = CompileCounter()
     monkeypatch.setattr(engine, "make_compiled_step",
                         functools.partial(compiled_mod.make_compiled_step, backend=backend))
+    res = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error", CompiledStepWarning)
         for mode in ("off", "on"):
-            res = train_packed(_configs(tmp_path, mode), forward="vmap")
-            assert not any(isinstance(r, BaseException) for r in res), res
+            res[mode] = train_packed(_configs(tmp_path, mode), forward="vmap")
+            assert not any(isinstance(r, BaseException) for r in res[mode]), res[mode]
     assert backend.frame_count == 2
+    for a, b in zip(res["off"], res["on"], strict=True):  # the last epoch's statistics
+        for key in ("train_loss", "train_nll", "train_error", "train_ece", "val_ece"):
+            assert b["final"][key] == pytest.approx(a["final"][key], rel=1e-4, abs=1e-6), key
     for i in range(3):
         a = load_checkpoint(tmp_path / f"off/r{i}/checkpoints/last.pt")["model"]
         b = load_checkpoint(tmp_path / f"on/r{i}/checkpoints/last.pt")["model"]

@@ -125,16 +125,30 @@ class CompiledStep:
         self._fn = torch.compile(self._step, backend=backend, mode=mode, fullgraph=True,
                                  dynamic=False)
         self.failed: str | None = None
+        self._stats: Any = None
+        self._scalars: torch.Tensor | None = None
+        self._bins: torch.Tensor | None = None
 
     def _static(self, stats: Any) -> None:
-        """CUDA graphs replay on fixed addresses: every tensor the step reads or mutates in
-        place is marked static (they are updated in place between replays)."""
+        """The epoch's statistics accumulate in this step's own buffers (zeroed when a new
+        epoch's ``stats`` arrives, then lent to it), so that the tensors the step mutates keep
+        their addresses; on CUDA they, the parameters, momenta, learning rate, data and the
+        stacked loss state are marked static (CUDA graphs replay on fixed addresses; a loss
+        buffer a hook replaced is copied in)."""
+        if stats is not self._stats:
+            if self._scalars is None:
+                self._scalars, self._bins = stats.scalars, stats.bins
+            else:
+                self._scalars.zero_()
+                self._bins.zero_()
+                stats.scalars, stats.bins = self._scalars, self._bins
+            self._stats = stats
         if not self.cudagraphs:
             return
         mark = torch._dynamo.mark_static_address
-        for t in [*self.pack.params.values(), *self.momenta, self.lr, stats.scalars,
-                  stats.bins, self.source.data, self.source.labels, self.mean_rows,
-                  *self.groups.state_tensors()]:
+        state = [t for g in self.groups.groups for t in g.state.values()]
+        for t in [*self.pack.params.values(), *self.momenta, self.lr, self._scalars,
+                  self._bins, self.source.data, self.source.labels, self.mean_rows, *state]:
             mark(t)
 
     def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor):

@@ -181,10 +181,6 @@ class LossGroups:
                   for m in sorted(self.unbatched)]
         return torch.cat([p.reshape(-1) for p in parts]).index_select(0, self._inverse)
 
-    def state_tensors(self) -> list[torch.Tensor]:
-        """The groups' stacked and shared loss state (what a compiled step reads)."""
-        return [t for g in self.groups for t in (*g.state.values(), *g.shared.values())]
-
     def reductions(self) -> list[str]:
         """Each member's reduction (``"mean"`` unless the loss says otherwise)."""
         return [str(getattr(ls, "reduction", "mean")) for ls in self.losses]
