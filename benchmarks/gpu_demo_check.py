@@ -7,10 +7,10 @@ whole script is sized for one device call of at most 8 minutes):
    MNIST-1D, 2 epochs) trained packed on CUDA (TF32 off; the compiled step, as the demo trains)
    and packed on the CPU (eager); prints each member's largest parameter difference and
    validation ECEs.
-2. ``syncs``: one packed epoch of the demo's 7 claim losses with
-   ``torch.cuda.set_sync_debug_mode("warn")`` inside **each step** (the eager step or the
-   compiled step's call, after its first calls, which compile and capture): prints the steps
-   checked, the steps that synchronised and the first sources.  The end of the epoch (one host
+2. ``syncs``: the third packed epoch of the demo's 7 claim losses (the first two compile and
+   capture the step's graphs) with ``torch.cuda.set_sync_debug_mode("warn")`` inside **each
+   step** (the eager step or the compiled step's call): prints the steps checked, the steps
+   that synchronised and the first sources.  The end of the epoch (one host
    copy by design) and a loss hook's validation pass are outside the steps.
 3. ``gpu``: ``torchcal demo --full --device cuda`` end to end (start-up and report included),
    with ``nvidia-smi`` sampling the GPU's utilisation every 0.5 s.
@@ -113,12 +113,14 @@ def equivalence(device: str, dry: bool) -> None:
 
 
 class _StepWatch:
-    """Wraps the engine's eager step and the compiled step's call: each step (after ``skip``
-    compiled calls that compile and capture) runs with the sync debug mode at ``warn``; the
-    synchronising calls' warnings are recorded per step."""
+    """Wraps the engine's eager step and the compiled step's call: each step (once ``active``:
+    the engine's third epoch, after the compiled step's graphs were compiled, warmed up and
+    captured for both batch shapes; after ``skip`` compiled calls) runs with the sync debug
+    mode at ``warn``; the synchronising calls' warnings are recorded per step."""
 
-    def __init__(self, cuda: bool, skip: int = 3) -> None:
+    def __init__(self, cuda: bool, skip: int = 0) -> None:
         self.cuda, self.skip = cuda, skip
+        self.active = True
         self.steps = self.synced = 0
         self.sources: list[str] = []
 
@@ -127,7 +129,7 @@ class _StepWatch:
 
         def step(*a, **kw):
             seen[0] += 1
-            if compiled and seen[0] <= self.skip:
+            if not self.active or (compiled and seen[0] <= self.skip):
                 return fn(*a, **kw)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -153,15 +155,21 @@ def syncs(device: str, dry: bool) -> None:
     import torchcal.train.packed as P  # noqa: PLC0415
     from torchcal.experiments.calibration import CLAIM_LOSSES  # noqa: PLC0415
     watch = _StepWatch(device.startswith("cuda"))
-    eager, call = E._eager_step, C.CompiledStep.__call__
-    E._eager_step = watch.wrap(eager, False)
+    eager, call, epoch_fn = E._eager_step, C.CompiledStep.__call__, E.train_epoch
+    checked = 0 if dry else 2
+
+    def train_epoch(*a, **kw):
+        watch.active = a[4] >= checked  # (stack, members, groups, batches, epoch, ...)
+        return epoch_fn(*a, **kw)
+
+    E._eager_step, E.train_epoch = watch.wrap(eager, False), train_epoch
     C.CompiledStep.__call__ = watch.wrap(call, True)
     losses = CLAIM_LOSSES[:2] if dry else CLAIM_LOSSES
     try:
         with tempfile.TemporaryDirectory() as root:
-            res = P.train_packed(_configs(root, device, losses, 2 if not dry else 1))
+            res = P.train_packed(_configs(root, device, losses, checked + 1))
     finally:
-        E._eager_step, C.CompiledStep.__call__ = eager, call
+        E._eager_step, C.CompiledStep.__call__, E.train_epoch = eager, call, epoch_fn
     bad = [r for r in res if isinstance(r, BaseException)]
     if bad:
         print(f"FAILED: {bad[0]!r}")

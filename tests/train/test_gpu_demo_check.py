@@ -28,6 +28,7 @@ def gdc():
 
 def test_step_watch_counts_each_step_and_names_a_sync(gdc):
     watch = gdc._StepWatch(cuda=False, skip=2)
+    watch.active = True
 
     def step(sync: bool) -> int:
         if sync:
