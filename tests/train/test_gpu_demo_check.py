@@ -32,7 +32,7 @@ def test_step_watch_counts_each_step_and_names_a_sync(gdc):
 
     def step(sync: bool) -> int:
         if sync:
-            warnings.warn("called a synchronizing CUDA operation", UserWarning)
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=2)
         return 1
 
     eager, compiled = watch.wrap(step, False), watch.wrap(step, True)
