@@ -351,3 +351,25 @@ def test_mnist1d_packed_forward_equals_vmap_without_layout_changes():
         torch.testing.assert_close(got[k], p.grad, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="Expected input of shape"):
         models[0].forward_packed(pack.params, torch.randn(5, 32, 39))
+
+
+def test_a_step_that_does_not_compile_trains_eagerly_with_one_warning(tmp_path, monkeypatch):
+    """A compilation failure: one CompiledStepWarning naming it, then the eager step, so the
+    pack's numbers are the eager pack's bit for bit."""
+    from torchcal.train.checkpoint import load_checkpoint  # noqa: PLC0415
+    from torchcal.train.packed import train_packed  # noqa: PLC0415
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no kernel for this")
+
+    monkeypatch.setattr(engine, "make_compiled_step",
+                        functools.partial(compiled_mod.make_compiled_step, backend=broken))
+    train_packed(_configs(tmp_path, "off", epochs=1), forward="vmap")
+    with pytest.warns(CompiledStepWarning, match="did not compile.*no kernel for this") as rec:
+        res = train_packed(_configs(tmp_path, "on", epochs=1), forward="vmap")
+    assert not any(isinstance(r, BaseException) for r in res), res
+    assert len([w for w in rec if w.category is CompiledStepWarning]) == 1
+    for i in range(3):
+        a = load_checkpoint(tmp_path / f"off/r{i}/checkpoints/last.pt")["model"]
+        b = load_checkpoint(tmp_path / f"on/r{i}/checkpoints/last.pt")["model"]
+        assert all(torch.equal(a[k], b[k]) for k in a)

@@ -199,11 +199,19 @@ class CompiledStep:
                     contextlib.nullcontext():
                 self._fn(index, stats)
         except Exception as exc:  # noqa: BLE001 - compilation failed: eager, said once
-            self.failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+            self.failed = _reason(exc)
             warnings.warn(f"the packed step trains eagerly: it did not compile ({self.failed})",
                           CompiledStepWarning, stacklevel=2)
             return False
         return True
+
+
+def _reason(exc: BaseException) -> str:
+    """One line naming why compilation failed (the backend's own error, when it wraps one)."""
+    cause = getattr(exc, "inner_exception", None) or exc.__cause__ or exc
+    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+    what = type(exc).__name__ if cause is exc else f"{type(exc).__name__}, {type(cause).__name__}"
+    return f"{what}: {lines[0][:200] if lines else ''}"
 
 
 def _wanted(setting: str, device: torch.device) -> bool:
