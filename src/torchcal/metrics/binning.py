@@ -203,9 +203,10 @@ def binned_sums(
     On CPU two ``bincount`` s (3x faster than ``index_add_`` for a million samples); on other
     devices one ``index_add_``, which needs no host synchronisation (CUDA's ``bincount`` reads
     the largest index back to the host), so the trainer can call it every batch.  Both give the
-    same sums (sequential float64 accumulation on CPU).
+    same sums (sequential float64 accumulation on CPU).  Inside ``torch.compile`` it is the
+    ``index_add_`` (``bincount``'s output shape depends on the data: a graph break).
     """
-    if conf.device.type == "cpu":
+    if conf.device.type == "cpu" and not torch.compiler.is_compiling():
         return _binned_sums_bincount(idx, conf, correct, n_bins)
     return _binned_sums_index_add(idx, conf, correct, n_bins)
 

@@ -68,6 +68,34 @@ class MNIST1DCNN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.forward_features(x))
 
+    def forward_packed(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        """Logits (M, B, C) of M stacked copies of this network (``params``: every parameter
+        with a leading member dimension) on inputs (M, B, in_length): the packed engine's
+        vmapped forward (:class:`torchcal.train.stacks.PackedModel`) in the layout the
+        convolutions want.
+
+        The members' channels stay side by side in one (B, M * width, L) tensor from the first
+        convolution to the last, each convolution one grouped call (``groups = M``) on a
+        contiguous input, so that no layout change runs between the layers (``vmap`` moves the
+        member dimension in front of the batch after every layer and back before the next);
+        the classifier is one batched matrix product on a strided view.  Equal to ``vmap`` over
+        :meth:`forward` to float rounding.
+        """
+        m, b = x.shape[0], x.shape[1]
+        if x.dim() not in (3, 4) or x.shape[-1] != self.in_length or (
+                x.dim() == 4 and x.shape[2] != 1):
+            raise ValueError(f"Expected input of shape (M, N, {self.in_length}), got "
+                             f"{tuple(x.shape)}")
+        h = x.reshape(m, b, self.in_length).transpose(0, 1).contiguous()  # (B, M, L)
+        for name in ("conv1", "conv2", "conv3"):
+            w = params[f"{name}.weight"]
+            h = torch.relu(torch.nn.functional.conv1d(
+                h, w.reshape(-1, *w.shape[2:]), params[f"{name}.bias"].reshape(-1),
+                stride=2, padding=1, groups=m))
+        f = h.reshape(b, m, -1).transpose(0, 1)  # (M, B, F), a strided view
+        return torch.baddbmm(params["fc.bias"].unsqueeze(1), f,
+                             params["fc.weight"].transpose(1, 2))
+
 
 @register_model("mnist1d_cnn")
 def mnist1d_cnn(num_classes: int = 10, **kw) -> MNIST1DCNN:

@@ -177,6 +177,9 @@ class TrainConfig:
         amp: mixed precision on CUDA: ``"off"``, ``"bf16"`` or ``"fp16"`` (with a gradient scaler).
         channels_last: use the channels-last memory format for image models on CUDA.
         compile: wrap the model in :func:`torch.compile` for training.
+        compile_step: a pack's training step as one compiled graph
+            (:mod:`torchcal.train.compiled`): ``"auto"`` (on CUDA; eager on the CPU, where
+            compiling costs more than it saves), ``"on"`` or ``"off"`` (eager).
         reduction: ``"published"`` sets ``loss.reduction = loss.published_reduction`` (how the
             papers' code reduced each loss over a batch), or ``"mean"`` / ``"sum"``.
         select_best_by: validation metric choosing ``checkpoints/best.pt`` (``"ece"``,
@@ -241,6 +244,7 @@ class TrainConfig:
     amp: str = identity("off")
     channels_last: bool = identity(False)
     compile: bool = identity(False)
+    compile_step: str = runtime("auto")
     reduction: str = identity("published")
     select_best_by: str = runtime("ece")
     checkpoint_every: int = runtime(1)
@@ -325,6 +329,7 @@ class TrainConfig:
                 f"Expected `milestone_fractions` to be None or a sorted list of numbers in [0, 1], got {mf!r}"
             )
         choice("amp", AMP_MODES)
+        choice("compile_step", ("auto", "off", "on"))
         choice("reduction", REDUCTIONS)
         choice("select_best_by", SELECT_BEST_BY)
         if not isinstance(self.device, str) or not self.device:

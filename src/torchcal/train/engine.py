@@ -56,6 +56,7 @@ from ..metrics.epoch import (
 from ..runs import LOSS_STATE_KEY
 from .build import load_ood_sets
 from .checkpoint import rng_state_tensors, save_checkpoint
+from .compiled import CompiledStep, make_compiled_step
 from .device import autocast
 from .distributed import epoch_permutation, epoch_seed
 from .epoch_end import DeviceBest, StateRows, mean_rows, resolve, rows_of
@@ -162,6 +163,7 @@ class Batches:
         self.shared = (self.src.array and not augment and not r0.env.enabled
                        and all(mb.r.src["train"] is self.src for mb in members))
         self.bs = r0.local_bs
+        self.gather = True  # False: a compiled step gathers its batch itself (index only)
 
     def epoch(self, members: list[Member], epoch: int):
         """The epoch's steps: ``(x (M, B, ...), y (M, B), index (M, B))``, ``index`` the
@@ -176,15 +178,16 @@ class Batches:
         stop = n - 1 if (n % self.bs == 1 and n > 1) else n  # a lone last sample is dropped
         for s in range(0, stop, self.bs):
             index = perms[:, s:min(s + self.bs, stop)]
-            yield (*self.src.take(index), index)
+            yield (*self.src.take(index), index) if self.gather else (None, None, index)
 
 
 # ------------------------------------------------------------------------------------------
 # one epoch
 # ------------------------------------------------------------------------------------------
 def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches: Batches,
-                epoch: int, bar: Any) -> PackedStats:
-    """One epoch of every member's batches (each member its own data order), stepped as one."""
+                epoch: int, bar: Any, compiled: CompiledStep | None = None) -> PackedStats:
+    """One epoch of every member's batches (each member its own data order), stepped as one
+    (``compiled``: each step one compiled graph, :mod:`torchcal.train.compiled`)."""
     r0, slots = members[0].r, live(members)
     for mb in members:
         loss_set_epoch(mb.r.loss_fn, epoch)
@@ -193,16 +196,15 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
     torch.manual_seed(epoch_seed(r0.config.seed, epoch, stream=3 + r0.env.rank))
     stack.start_epoch(slots[0].r.optimizer.param_groups[0]["lr"])
     stats = PackedStats(len(members), r0.config.n_bins, r0.device)
-    rows = mean_rows(groups)  # built once per pack
+    mean_rows = groups.mean_rows  # built once per pack (a host list would sync every epoch)
     stateful = [mb for mb in slots if mb.every]  # losses with extra validation passes
+    batches.gather = compiled is None or compiled.failed is not None
     for step, (x, y, index) in enumerate(batches.epoch(members, epoch)):
-        with autocast(r0.device, r0.amp):
-            logits = stack.forward(x)
-        logits = logits.float()
-        loss = groups(logits, y)
-        sums = loss.detach()
-        stats.update(logits, y, torch.where(rows, sums * y.shape[1], sums))
-        stack.step(loss, logits, y, r0.config.grad_clip, index)
+        if not batches.gather and not compiled(index, stats):
+            batches.gather = True  # it did not compile: this step and the next ones eager
+            x, y = batches.src.take(index)
+        if batches.gather:
+            _eager_step(stack, groups, stats, x, y, index, mean_rows, r0)
         if bar is not None:
             bar.update(1)
         extra = [mb for mb in stateful if (step + 1) % mb.every == 0] if stateful else None
@@ -211,6 +213,18 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
             groups.refresh()
             stack.train()
     return stats
+
+
+def _eager_step(stack: Stack, groups: LossGroups, stats: PackedStats, x: torch.Tensor,
+                y: torch.Tensor, index: torch.Tensor, mean_rows: torch.Tensor, r0: Run) -> None:
+    """One step of every member, operation by operation."""
+    with autocast(r0.device, r0.amp):
+        logits = stack.forward(x)
+    logits = logits.float()
+    loss = groups(logits, y)
+    sums = loss.detach()
+    stats.update(logits, y, torch.where(mean_rows, sums * y.shape[1], sums))
+    stack.step(loss, logits, y, r0.config.grad_clip, index)
 
 
 def _drive_validation(stack: Stack, members: list[Member], which: list[Member]
@@ -526,8 +540,11 @@ def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
     runs) to ``epochs``; a packed member that stops becomes a ghost, the pack keeps its size.
     The epochs' files go to ``writer`` (None: written at the end of each epoch); the caller
     closes it, and stops the members whose files failed in its last epochs."""
-    groups = LossGroups([mb.r.loss_fn for mb in members], members[0].r.device)
+    r0 = members[0].r
+    groups = LossGroups([mb.r.loss_fn for mb in members], r0.device)
     batches = Batches(members)
+    compiled = make_compiled_step(stack, groups, batches, r0.config.compile_step,
+                                  r0.config.grad_clip, r0.amp)
     ctx = EpochEnd(stack, members, groups, writer)
     for epoch in range(members[0].r.start_epoch, epochs):
         slots = live(members)
@@ -535,7 +552,7 @@ def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
             return
         t0 = time.perf_counter()
         lr = slots[0].r.optimizer.param_groups[0]["lr"]
-        stats = train_epoch(stack, members, groups, batches, epoch, bar)
+        stats = train_epoch(stack, members, groups, batches, epoch, bar, compiled)
         end_epoch(stack, members, groups, stats, epoch, lr, t0, bar, ctx)
 
 

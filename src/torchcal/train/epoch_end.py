@@ -30,13 +30,10 @@ __all__ = ["mean_rows", "Row", "StateRows", "DeviceBest", "resolve"]
 
 
 def mean_rows(groups: LossGroups) -> torch.Tensor:
-    """(M,) bool on the device: the members whose loss reduces by its mean (built on the
-    first call, then kept with ``groups``: the reductions never change)."""
-    rows = getattr(groups, "_torchcal_mean_rows", None)
-    if rows is None:
-        rows = torch.tensor([red == "mean" for red in groups.reductions()], device=groups.device)
-        groups._torchcal_mean_rows = rows
-    return rows
+    """(M,) bool on the device: the members whose loss reduces by its mean
+    (:attr:`LossGroups.mean_rows <torchcal.train.loss_groups.LossGroups>`, built once with
+    ``groups``: the reductions never change)."""
+    return groups.mean_rows
 
 
 class Row:

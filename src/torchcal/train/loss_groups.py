@@ -84,13 +84,19 @@ class _Group:
         first = self.losses[0]
         self.template = copy.deepcopy(first)
         self.template.validate_args = False  # the labels were checked when the data loaded
+        old = getattr(self, "state", {})
         self.state, self.shared = {}, {}
         for n, b in _buffers(first).items():
             each = [_buffers(ls)[n] for ls in self.losses]
             if all(torch.equal(b, e) for e in each[1:]):
                 self.shared[n] = b
-            else:
-                self.state[n] = torch.stack(each)
+                continue
+            stacked = torch.stack(each)
+            kept = old.get(n)
+            if kept is not None and kept.shape == stacked.shape and kept.dtype == stacked.dtype:
+                # the same tensor, updated in place: a compiled step's static buffer
+                stacked = kept.copy_(stacked)
+            self.state[n] = stacked
 
     def _one(self, state: dict[str, torch.Tensor], shared: dict[str, torch.Tensor],
              z: torch.Tensor, y: torch.Tensor):
@@ -119,6 +125,10 @@ class LossGroups:
         self.losses = list(losses)
         self.device = torch.device(device)
         self.unbatched: dict[int, str] = {}
+        #: (M,) bool on the device: the members whose loss is a mean over the batch (built
+        #: once: a tensor from a host list is a synchronising copy on an accelerator)
+        self.mean_rows = torch.tensor([r == "mean" for r in self.reductions()],
+                                      device=self.device)
         self._build()
         if self.unbatched:  # slower, not wrong: said once, with the reason
             why = "; ".join(sorted(set(self.unbatched.values())))

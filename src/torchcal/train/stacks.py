@@ -103,21 +103,32 @@ class PackedModel:
     def _call(self, params, buffers, x):
         return functional_call(self.base, (params, buffers), (x,))
 
-    def _members(self, xs) -> list[torch.Tensor]:
-        """Each member's forward on its slices of the stacked tensors, with the very kernels of
-        a separate run.  The slices come from one ``unbind`` per tensor, whose backward stacks
-        the members' gradients in one operation (indexing each member would add a zero-filled
-        full-size gradient per member and tensor)."""
-        params = {k: v.unbind(0) for k, v in self.params.items()}
+    def _members(self, xs, stacked: dict[str, torch.Tensor] | None = None
+                 ) -> list[torch.Tensor]:
+        """Each member's forward on its slices of the stacked tensors (``stacked``: these
+        parameters instead of the pack's), with the very kernels of a separate run.  The slices
+        come from one ``unbind`` per tensor, whose backward stacks the members' gradients in one
+        operation (indexing each member would add a zero-filled full-size gradient per member
+        and tensor)."""
+        stacked = self.params if stacked is None else stacked
+        params = {k: v.unbind(0) for k, v in stacked.items()}
         buffers = {k: v.unbind(0) for k, v in self.buffers.items()}
         return [self._call({k: v[m] for k, v in params.items()},
                            {k: v[m] for k, v in buffers.items()}, x) for m, x in enumerate(xs)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
+        return self.forward_with(self.params, x)
+
+    def forward_with(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` with the stacked parameters ``params`` (the compiled step's
+        :func:`torch.func.grad` passes its own)."""
         if self.mode == "loop":
-            return torch.stack(self._members(x.unbind(0)))
-        return vmap(self._call, randomness="error")(self.params, self.buffers, x)
+            return torch.stack(self._members(x.unbind(0), params))
+        packed = getattr(self.base, "forward_packed", None)
+        if packed is not None and not self.buffers:  # the model's own layout for a pack
+            return packed(params, x)
+        return vmap(self._call, randomness="error")(params, self.buffers, x)
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (B, M, C) of every member on the same inputs (B, ...)."""
