@@ -34,6 +34,7 @@ from typing import Any
 
 from ._common import (
     CalibrationError,
+    EstimatorNotFittedError,
     Calibrator,
     Estimator,
     MemorizedValidationWarning,
@@ -59,6 +60,7 @@ from .vector import VectorScaling
 __all__ = [
     "Calibrator",
     "CalibrationError",
+    "EstimatorNotFittedError",
     "MemorizedValidationWarning",
     "WorseThanIdentityWarning",
     "TemperatureScaling",

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError as SklearnNotFittedError
 
 from .._validation import check_labels, check_logits, check_scalar
 from ..errors import NotFittedError, TorchcalError
@@ -18,6 +19,7 @@ from ..metrics import warn_if_probabilities
 __all__ = [
     "Calibrator",
     "CalibrationError",
+    "EstimatorNotFittedError",
     "WorseThanIdentityWarning",
     "Estimator",
     "default_grid",
@@ -169,6 +171,14 @@ PARAMETER_BOUNDS = (-MAX_PARAMETER, MAX_PARAMETER)
 class CalibrationError(TorchcalError, RuntimeError):
     """A calibrator could not be fitted (an optimiser ran out of budget, a non-finite
     objective); the message gives the reason.  The command line reports it as one line."""
+
+
+class EstimatorNotFittedError(NotFittedError, SklearnNotFittedError):
+    """An estimator of this layer was used before ``fit``: torchcal's
+    :class:`~torchcal.errors.NotFittedError` and scikit-learn's ``NotFittedError`` at once (so
+    ``except sklearn.exceptions.NotFittedError`` catches it too).  Defined here, the lowest
+    layer that imports scikit-learn, so that ``torchcal.errors`` imports no third-party
+    package."""
 
 
 class WorseThanIdentityWarning(RuntimeWarning):
@@ -366,11 +376,11 @@ class Estimator(BaseEstimator):
         if not self.is_fitted:
             name = type(self).__name__
             if self.__dict__.get("_refit_needed"):
-                raise NotFittedError(
+                raise EstimatorNotFittedError(
                     f"This {name} instance's settings were changed by `set_params` after "
                     "`fit`, so its fitted state was dropped; call `fit(logits, labels)` again"
                 )
-            raise NotFittedError(
+            raise EstimatorNotFittedError(
                 f"This {name} instance is not fitted yet; call `fit(logits, labels)` before "
                 "using it"
             )

@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .._registry import unknown_name
-from ..errors import CheckpointError, DivergedError, TorchcalError
+from ..errors import CheckpointError, DivergedError, TorchcalError, diverged_message
 from ..losses import create_loss
 from ..losses.base import loss_wants_validation, published_reduction
 from ..models import list_models
@@ -362,10 +362,10 @@ def divergence_error(r: Run, epoch: int, finite_loss: bool, finite_params: bool
             else f"gradients are clipped at {r.config.grad_clip:g}")
     last = (f"the last good checkpoint ({r.run.checkpoint('last').name}, from before this "
             "epoch) is kept" if r.run.has_checkpoint("last") else "no checkpoint was written yet")
-    return DivergedError(
-        f"Training diverged in epoch {epoch + 1}: {what} became NaN/Inf; the learning rate "
-        f"(lr={r.config.lr:g}) is likely too high ({clip}): lower --lr or clip gradients "
-        f"(--grad-clip). Stopped; {last} in {str(r.run.path)!r}")
+    return DivergedError(diverged_message(
+        epoch, f"{what} became NaN/Inf", f"the learning rate (lr={r.config.lr:g}) is likely too "
+        f"high ({clip}): lower --lr or clip gradients (--grad-clip). Stopped; {last} in "
+        f"{str(r.run.path)!r}"))
 
 
 def update_every(loss_fn: nn.Module) -> int:
