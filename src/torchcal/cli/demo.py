@@ -272,6 +272,6 @@ def register(subparsers) -> None:
     d.add_argument("--figures", choices=("default", "all", "none"), default="default",
                    help="which figures: default: every loss at once (reliability overview, confidence, OOD ROC, "
                         "AdaFocal's γ); all: also each loss's reliability diagrams before and after "
-                        "temperature scaling (about 3x the drawing time); none: as --no-figures")
+                        "temperature scaling (about twice the drawing CPU); none: as --no-figures")
     d.add_argument("--debug", action="store_true", help="show tracebacks")
     d.set_defaults(func=cmd_demo, interrupt_hint=_interrupt_hint)

@@ -62,7 +62,7 @@ def register(subparsers) -> None:
     p.add_argument("--figures", choices=("default", "all", "none"), default="default",
                    help="which figures: default: every loss at once (reliability overview, confidence, OOD ROC, "
                         "AdaFocal's γ); all: also each loss's reliability diagrams before and after "
-                        "temperature scaling (about 3x the drawing time); none: as --no-figures")
+                        "temperature scaling (about twice the drawing CPU); none: as --no-figures")
     p.add_argument("--checkpoint", choices=("last", "best"), default="last",
                    help="which evaluation of each run: the last epoch's results.json (default) "
                         "or results-best.json (`torchcal eval RUN --checkpoint best`)")
