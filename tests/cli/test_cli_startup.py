@@ -87,3 +87,29 @@ def test_version_output(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"torchcal {torchcal.__version__}"
+
+
+def test_a_worker_starts_without_sklearn_or_dynamo():
+    """Issue 43 item 2: what a demo worker imports before its first job, and its first SGD step
+    and checkpoint of the optimiser, import neither scikit-learn nor ``torch._dynamo``; a
+    calibrator used before ``fit`` still raises scikit-learn's ``NotFittedError`` too."""
+    code = (
+        "import sys, torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
+        "import torchcal.evaluate, torchcal.posthoc\n"
+        "from torchcal.train.steps import SGD\n"
+        "m = torch.nn.Linear(3, 2)\n"
+        "opt = SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)\n"
+        "s = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[1])\n"
+        "opt.zero_grad(); m(torch.ones(1, 3)).sum().backward(); opt.step(); s.step()\n"
+        "opt.load_state_dict(opt.state_dict())\n"
+        "print(sorted(m for m in ('sklearn', 'torch._dynamo', 'matplotlib') if m in sys.modules))\n"
+        "try:\n"
+        "    torchcal.posthoc.TemperatureScaling().transform(torch.zeros(2, 3))\n"
+        "except Exception as e:\n"
+        "    import sklearn.exceptions, torchcal.errors\n"
+        "    print(isinstance(e, sklearn.exceptions.NotFittedError),\n"
+        "          isinstance(e, torchcal.errors.NotFittedError))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split("\n")
+    assert out[0] == "[]", out
+    assert out[1] == "True True", out

@@ -34,7 +34,6 @@ from typing import Any
 
 from ._common import (
     CalibrationError,
-    EstimatorNotFittedError,
     Calibrator,
     Estimator,
     MemorizedValidationWarning,
@@ -60,7 +59,6 @@ from .vector import VectorScaling
 __all__ = [
     "Calibrator",
     "CalibrationError",
-    "EstimatorNotFittedError",
     "MemorizedValidationWarning",
     "WorseThanIdentityWarning",
     "TemperatureScaling",
