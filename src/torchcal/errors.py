@@ -43,12 +43,12 @@ class CheckpointError(TorchcalError, RuntimeError):
 class NotFittedError(TorchcalError, RuntimeError, ValueError, AttributeError):
     """A calibrator or head was used before ``fit``.
 
-    A ``ValueError`` and an ``AttributeError`` as scikit-learn's ``NotFittedError`` is (its
-    estimator checks expect one of them).  The post-hoc calibrators raise
-    :class:`torchcal.posthoc.EstimatorNotFittedError`, which is also scikit-learn's
-    ``NotFittedError`` (for ``except sklearn.exceptions.NotFittedError``); it is defined in the
-    posthoc layer, the lowest that imports scikit-learn, so that this module imports no
-    third-party package (``tools/check_architecture.py`` checks it)."""
+    A ``ValueError`` and an ``AttributeError`` as scikit-learn's ``NotFittedError`` is.  The
+    post-hoc calibrators raise a subclass that is also scikit-learn's ``NotFittedError`` (its
+    estimator checks and ``except sklearn.exceptions.NotFittedError`` recognise it), made by
+    the posthoc layer on first use, so that this module imports no third-party package
+    (``tools/check_architecture.py`` checks it) and importing the calibrators no
+    scikit-learn."""
 
 
 class ResultsFileError(TorchcalError, ValueError):
