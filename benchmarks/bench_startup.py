@@ -72,7 +72,7 @@ def measure(repeats: int, baseline_src: str | None) -> dict[str, tuple[float, fl
         if baseline_src:
             jobs[f"{name} (baseline)"] = (argv, baseline_src)
     samples: dict[str, list[tuple[float, float]]] = {k: [] for k in jobs}
-    for name, (argv, src) in jobs.items():  # warm the file cache once
+    for argv, src in jobs.values():  # warm the file cache once
         run_once(argv, src)
     for _ in range(repeats):
         for name, (argv, src) in jobs.items():

@@ -15,6 +15,10 @@ __all__ = [
     "ChecksumError",
     "CheckpointError",
     "NotFittedError",
+    "CalibrationError",
+    "UnknownRecipeError",
+    "CacheError",
+    "StaleCacheError",
     "ResultsFileError",
     "InUseError",
     "DivergedError",
@@ -49,6 +53,23 @@ class NotFittedError(TorchcalError, RuntimeError, ValueError, AttributeError):
     the posthoc layer on first use, so that this module imports no third-party package
     (``tools/check_architecture.py`` checks it) and importing the calibrators no
     scikit-learn."""
+
+
+class CalibrationError(TorchcalError, RuntimeError):
+    """A post-hoc calibrator could not be fitted (an optimiser ran out of budget, a non-finite
+    objective); the message gives the reason.  The command line reports it as one line."""
+
+
+class UnknownRecipeError(TorchcalError, ValueError):
+    """The recipe name is not registered."""
+
+
+class CacheError(TorchcalError, ValueError):
+    """An embedding cache is missing, truncated, corrupt or not a cache."""
+
+
+class StaleCacheError(CacheError):
+    """An embedding cache was built from another backbone, other data or other settings."""
 
 
 class ResultsFileError(TorchcalError, ValueError):

@@ -12,7 +12,6 @@ from torchcal.evaluate import save_logits, write_results
 from torchcal.report import build_report
 from torchcal.report.build import FIGURE_SETS, figure_set
 
-
 LOSSES = ("ce", "focal")
 
 

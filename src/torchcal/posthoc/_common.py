@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .._validation import check_labels, check_logits, check_scalar
-from ..errors import NotFittedError, TorchcalError
+from ..errors import CalibrationError, NotFittedError
 from ..metrics import warn_if_probabilities
 
 __all__ = [
@@ -164,11 +164,6 @@ def float_list(value: Any, name: str, *, length: int | None = None,
 
 #: ``bounds`` of :func:`float_list` for fitted weights, biases and coefficients.
 PARAMETER_BOUNDS = (-MAX_PARAMETER, MAX_PARAMETER)
-
-
-class CalibrationError(TorchcalError, RuntimeError):
-    """A calibrator could not be fitted (an optimiser ran out of budget, a non-finite
-    objective); the message gives the reason.  The command line reports it as one line."""
 
 
 _NOT_FITTED: list[type] = []  # the class of not_fitted_error, made on first use

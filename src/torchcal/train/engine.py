@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import MemberDivergedError, TorchcalError, diverged_message
+from ..errors import MemberDivergedError, diverged_message
 from ..losses.base import loss_log_state, loss_on_validation, loss_set_epoch, loss_wants_validation
 from ..metrics.binning import calibration_from_sums
 from ..metrics.epoch import (
