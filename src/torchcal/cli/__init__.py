@@ -46,7 +46,6 @@ COMMAND_HELP = {
     "data": "list, check and download the data sets",
     "readme": "regenerate a README's generated blocks from committed results",
 }
-_TOP_OPTIONS = {"-h", "--help", "--version"}  # the top-level options (none takes a value)
 
 
 def command_module(name: str):
@@ -55,18 +54,14 @@ def command_module(name: str):
 
 
 def chosen_command(argv: list[str]) -> str | None:
-    """The sub-command an argument list runs (its first word), None for none or an unknown one.
+    """The sub-command an argument list runs: its first word when that names a command (the
+    top-level options ``-h`` / ``--version`` take no value, so a command is always first);
+    None otherwise (no command, an option, a misspelled command: argparse reports those).
 
     >>> chosen_command(["demo", "--quick"]), chosen_command(["--version"]), chosen_command(["trian"])
     ('demo', None, None)
     """
-    for token in argv:
-        if token in _TOP_OPTIONS or token == "--":
-            return None
-        if not token.startswith("-"):
-            return token if token in COMMAND_HELP else None
-        return None  # an unknown top-level option: argparse reports it
-    return None
+    return argv[0] if argv and argv[0] in COMMAND_HELP else None
 
 
 _ALLOC = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGTP]?i?B)")
