@@ -144,7 +144,7 @@ RunLogits = list[tuple[np.ndarray, np.ndarray, float]]
 
 #: The figure sets of :func:`build_report` (``--figures``): ``none``; ``default``: the figures
 #: that show every loss at once (the reliability overview, the confidence histograms, the OOD
-#: ROC curves, AdaFocal's γ), ~1/3 of the drawing's CPU; ``all``: also each loss's reliability
+#: ROC curves, AdaFocal's γ), about half of the drawing's CPU; ``all``: also each loss's reliability
 #: diagrams before and after temperature scaling (one figure per loss, the rest of the cost).
 FIGURE_SETS = ("none", "default", "all")
 
