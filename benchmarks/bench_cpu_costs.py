@@ -1,7 +1,8 @@
 """The CPU costs every user pays (issue 43): each item's before/after CPU-time ratio, measured
 side by side in one run.
 
-Run: ``python benchmarks/bench_cpu_costs.py [--repeats 3] [--baseline-src OLD/src] [--demo]``
+Run: ``python benchmarks/bench_cpu_costs.py [--repeats 3] [--baseline-src OLD/src] [--demo]
+[--no-startup]``
 
 CPU time (user + system, of this process or of its children), not wall time: the ratios hold on
 a loaded machine.  Items:
@@ -45,6 +46,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
+sys.path.insert(0, str(SRC))  # this checkout's torchcal (not another installed one)
 SIBLINGS = ("bench_lbfgs_tolerance.py", "bench_adafocal_history.py", "bench_meter_state.py")
 RATIO = re.compile(r"^RATIO (?P<item>[^:]+): before/after = (?P<x>[0-9.]+|inf|nan)\s*$")
 LOSSES = ("ce", "focal", "flsd53", "dual_focal", "adafocal", "bsce", "bsce_gra")
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline-src", default=None,
                     help="src/ of a checkout before issue 43 (for the start-up's before)")
+    ap.add_argument("--no-startup", action="store_true",
+                    help="skip bench_startup.py (a minute or more on a loaded machine)")
     ap.add_argument("--demo", action="store_true",
                     help="also run `torchcal demo --quick --figures none` for the figures' share")
     args = ap.parse_args(argv)
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     startup = ["--repeats", str(args.repeats)]
     if args.baseline_src:
         startup += ["--baseline-src", args.baseline_src]
-    ratios += run_script("bench_startup.py", startup)
+    if not args.no_startup:
+        ratios += run_script("bench_startup.py", startup)
     b, a, nb, na = figures_ratio(args.repeats)
     print(f"--- figures: before {b:.2f} s CPU ({nb} figures, tight boxes), after {a:.2f} s CPU "
           f"({na} figures, default set)")
