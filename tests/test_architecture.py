@@ -3,7 +3,10 @@ only; its docstring has the layer diagram), so that they stay true: imports only
 layers, ``argparse`` only under ``cli/``, no function body over 80 lines, each run-directory file
 name in ``torchcal/runs.py`` only, every import inside a function says why, no private module or
 name of another unit is imported, no package's modules import one another in a circle, and no
-module imports a private name of another module of its package.  Each checker is also shown to
+module imports a private name of another module of its package; ``errors.py`` and
+``_registry.py`` import the standard library only, the command line's entry modules import no
+command, torch, scikit-learn or matplotlib to start, scikit-learn is imported at module level only
+by the command line and matplotlib only inside functions.  Each checker is also shown to
 fail on a small package written here.
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
@@ -187,3 +190,42 @@ def test_checker_catches_violations(tmp_path, where, source, rule, expected):
         assert not found, found
     else:
         assert list(found) == [rule] and len(found[rule]) == 1 and expected in found[rule][0], found
+
+
+def test_standard_library_only_start_up_and_heavy_imports_are_found(tmp_path):
+    """Rules 9-11 can fail: a third-party import in errors.py (even deferred), a sub-command
+    imported by the CLI's entry module at module level, scikit-learn at module level outside
+    cli/, matplotlib at module level; deferred imports of a sub-command, of
+    scikit-learn's data sets (with a reason) and of matplotlib pass."""
+    root = _package(tmp_path, "metrics", "")
+    pkg = root / "torchcal"
+
+    def found(rel: str, source: str) -> dict[str, list[str]]:
+        (pkg / rel).write_text(source)
+        try:
+            return {k: v for k, v in arch.check(root).items() if v}
+        finally:
+            (pkg / rel).write_text("")
+
+    got = found("errors.py", "def f():\n    from sklearn.exceptions import E  # compat\n")
+    assert list(got) == ["standard library only"] and "errors.py:2 imports sklearn" in \
+        got["standard library only"][0], got
+    assert found("errors.py", "import os\nfrom . import _registry\n") == {}
+    (pkg / "cli" / "train.py").write_text("")
+    got = found("cli/__init__.py", "import argparse\nfrom . import train\n")
+    assert list(got) == ["start-up imports"] and "imports torchcal.cli.train on start" in \
+        got["start-up imports"][0], got
+    got = found("cli/__init__.py", "import torch\n")
+    assert list(got) == ["start-up imports"], got
+    assert found("cli/__init__.py", "from .. import errors\n"
+                 "def f():\n    from . import train  # the command that runs\n") == {}
+    got = found("metrics/x.py", "from sklearn.base import BaseEstimator\n")
+    assert list(got) == ["heavy imports"] and "only cli/ may" in \
+        got["heavy imports"][0], got
+    assert found("metrics/x.py", "def f():\n    import sklearn  # its data sets\n") == {}
+    got = found("report/x.py", "from sklearn.base import BaseEstimator\n")
+    assert list(got) == ["heavy imports"], got
+    assert found("cli/x.py", "from sklearn.base import clone\n") == {}
+    got = found("report/x.py", "try:\n    import matplotlib\nexcept ImportError:\n    pass\n")
+    assert list(got) == ["heavy imports"] and "matplotlib" in got["heavy imports"][0], got
+    assert found("report/x.py", "def f():\n    import matplotlib  # drawing only\n") == {}

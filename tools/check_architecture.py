@@ -22,7 +22,8 @@ It prints one line per rule with its count, then every violation:
    ``results.json``, ``checkpoints/last.pt``, ...) appears in one module only,
    ``torchcal/runs.py``.  Counted: every string literal (f-string parts included) that holds a
    file name, and every directory name joined with ``/`` or ``joinpath``; not counted:
-   docstrings and the ``help=`` / ``description=`` / ``epilog=`` text of the command line.
+   docstrings and the ``help=`` / ``description=`` / ``epilog=`` text of the command line
+   (and the help lines of ``torchcal --help``, ``cli.COMMAND_HELP``).
 5. **deferred imports**: an import inside a function says why it is not at the top of the
    module (an optional dependency, start-up time, a platform) in a comment on its line or
    above it (one comment may head a block of adjacent imports).
@@ -46,6 +47,19 @@ It prints one line per rule with its count, then every violation:
    *module* (``functional/_loss_utils.py``, ``data/_base.py``) is its package's shared
    internals: its siblings import it (``from . import _loss_utils``) and its public names
    (``from ._base import split_indices``), never its underscore names.
+
+9. **standard library only**: ``torchcal/errors.py`` and ``torchcal/_registry.py`` import
+   nothing but the standard library and each other, anywhere in the module (the exception
+   types and the registries are read by every process, ``torchcal --version`` included).
+10. **start-up imports**: the modules ``torchcal --version`` / ``--help`` load
+    (``torchcal/__init__.py``, ``__main__.py``, ``cli/__init__.py``, ``cli/__main__.py``,
+    ``cli/_args.py``) import at module level only the standard library, one another and the
+    modules of rule 9: a sub-command's module, a benchmark, a data set, torch, scikit-learn or
+    matplotlib is imported when a command runs, never to start.
+11. **heavy imports**: scikit-learn is imported at module level only under ``cli/`` (the
+    library imports it inside the functions that use it, so that a worker that trains and
+    evaluates a run never pays its 2 s: isotonic regression, the digits data set); matplotlib
+    only inside the functions that draw (never at module level).
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -93,8 +107,18 @@ RUN_FILES = ("config.json", "log.jsonl", "results.json", "results-best.json", "l
 RUN_DIRS = ("checkpoints", "logits", "logits-best", "tensorboard", "uncertainty")
 RUN_DIR_OWNER = "torchcal.runs"
 HELP_KEYWORDS = {"help", "description", "epilog", "usage"}
+# Module-level names whose strings are command-line help too (the lines of `torchcal --help`).
+HELP_NAMES = {"COMMAND_HELP"}
 # Private by name, shared by every unit: the layer-1 modules.
 SHARED_PRIVATE = {"_validation", "_io", "_registry"}
+# Rule 9: modules that import the standard library only (and one another).
+STDLIB_ONLY = {"torchcal.errors", "torchcal._registry"}
+# Rule 10: the modules `torchcal --version` loads; at module level they import the standard
+# library, one another and STDLIB_ONLY only.
+STARTUP = {"torchcal", "torchcal.__main__", "torchcal.cli", "torchcal.cli.__main__",
+           "torchcal.cli._args"}
+# Rule 11: scikit-learn at module level only from this layer up (cli/); matplotlib never.
+SKLEARN_MIN_LAYER = 7
 
 
 def modules(src: Path) -> list[tuple[str, Path]]:
@@ -271,6 +295,11 @@ def _strings(tree: ast.AST) -> Iterator[tuple[ast.Constant, ast.AST | None]]:
             for kw in node.keywords:
                 if kw.arg in HELP_KEYWORDS:
                     skip.update(id(n) for n in ast.walk(kw.value))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            names = [t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
+                     if isinstance(t, ast.Name)]
+            if set(names) & HELP_NAMES:
+                skip.update(id(n) for n in ast.walk(node.value))
     for parent in ast.walk(tree):
         for child in ast.iter_child_nodes(parent):
             if (isinstance(child, ast.Constant) and isinstance(child.value, str)
@@ -299,6 +328,57 @@ def _is_path_join(const: ast.Constant, parent: ast.AST | None) -> bool:
     return (isinstance(parent, ast.Call) and const in parent.args
             and getattr(parent.func, "attr", getattr(parent.func, "id", None))
             in {"joinpath", "join", "Path"})
+
+
+def _stdlib(name: str) -> bool:
+    return name.split(".")[0] in sys.stdlib_module_names
+
+
+def _module_level(tree: ast.AST) -> Iterator[ast.stmt]:
+    """The statements run on import: the module's, also inside its ``if`` / ``try`` / ``with``
+    blocks, not inside functions or classes."""
+    todo = list(getattr(tree, "body", []))
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            todo += [n for n in getattr(node, field, []) if isinstance(n, ast.AST)]
+
+
+def import_rules(module: str, path: Path, tree: ast.AST, rel: Path, mods: Collection[str]
+                 ) -> dict[str, list[str]]:
+    """Rules 9-11 for one module (``mods``: every module name): ``{rule: violations}``."""
+    out: dict[str, list[str]] = {"standard library only": [], "start-up imports": [],
+                                 "heavy imports": []}
+    if module in STDLIB_ONLY:
+        for lineno, target in imports(module, path, tree):
+            if not (_stdlib(target) or target in STDLIB_ONLY):
+                out["standard library only"].append(f"{rel}:{lineno} imports {target}")
+    top = {id(n) for n in _module_level(tree)}
+    u = unit(module)
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        targets = [t for _l, t in imports(module, path, ast.Module(body=[node], type_ignores=[]))]
+        if isinstance(node, ast.ImportFrom):
+            # ``from . import train`` imports the module torchcal.cli.train
+            base = from_target(module, path, node)
+            targets += [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods]
+        for target in targets:
+            if id(node) in top and module in STARTUP and not (
+                    _stdlib(target) or target in STARTUP or target in STDLIB_ONLY):
+                out["start-up imports"].append(f"{rel}:{node.lineno} imports {target} on start")
+            root = target.split(".")[0]
+            if id(node) in top and root == "matplotlib":
+                out["heavy imports"].append(f"{rel}:{node.lineno} imports {target} at module "
+                                            "level (only inside the functions that draw)")
+            if (id(node) in top and root == "sklearn" and u is not None
+                    and layer(u) < SKLEARN_MIN_LAYER):
+                out["heavy imports"].append(f"{rel}:{node.lineno} ({u}, L{layer(u)}) imports "
+                                            f"{target} at module level (only cli/ may)")
+    return out
 
 
 def _has_reason(lines: list[str], lineno: int) -> bool:
@@ -386,7 +466,9 @@ def check(src: Path) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
                                  "run-directory names": [], "deferred imports": [],
                                  "private imports": [], "circular imports": [],
-                                 "private names inside a package": []}
+                                 "private names inside a package": [],
+                                 "standard library only": [], "start-up imports": [],
+                                 "heavy imports": []}
     spelled: dict[str, list[str]] = {}
     mods = dict(modules(src))
     for module, path in mods.items():
@@ -398,6 +480,8 @@ def check(src: Path) -> dict[str, list[str]]:
         out["layers"] += upward
         out["argparse"] += uses
         out["function length"] += long_functions(tree, rel)
+        for rule, found in import_rules(module, path, tree, rel, mods).items():
+            out[rule] += found
         out["private imports"] += private_imports(module, path, tree, rel)
         out["private names inside a package"] += private_names_across_modules(
             module, path, tree, rel, mods)

@@ -15,10 +15,16 @@ __all__ = [
     "ChecksumError",
     "CheckpointError",
     "NotFittedError",
+    "CalibrationError",
+    "UnknownRecipeError",
+    "CacheError",
+    "StaleCacheError",
     "ResultsFileError",
     "InUseError",
     "DivergedError",
     "UnsafePathError",
+    "MemberDivergedError",
+    "diverged_message",
     "one_line_warnings",
 ]
 
@@ -39,15 +45,32 @@ class CheckpointError(TorchcalError, RuntimeError):
     """A checkpoint is missing, truncated or was written by an incompatible configuration."""
 
 
-try:  # scikit-learn (a required dependency) checks for its own NotFittedError
-    from sklearn.exceptions import NotFittedError as _SklearnNotFitted
-except ImportError:  # pragma: no cover - scikit-learn is installed with torchcal
-    _SklearnNotFitted = RuntimeError  # type: ignore[misc,assignment]
+class NotFittedError(TorchcalError, RuntimeError, ValueError, AttributeError):
+    """A calibrator or head was used before ``fit``.
+
+    A ``ValueError`` and an ``AttributeError`` as scikit-learn's ``NotFittedError`` is.  The
+    post-hoc calibrators raise a subclass that is also scikit-learn's ``NotFittedError`` (its
+    estimator checks and ``except sklearn.exceptions.NotFittedError`` recognise it), made by
+    the posthoc layer on first use, so that this module imports no third-party package
+    (``tools/check_architecture.py`` checks it) and importing the calibrators no
+    scikit-learn."""
 
 
-class NotFittedError(TorchcalError, RuntimeError, _SklearnNotFitted):
-    """A calibrator or head was used before ``fit`` (also scikit-learn's ``NotFittedError``,
-    so its estimator checks and ``check_is_fitted`` users recognise it)."""
+class CalibrationError(TorchcalError, RuntimeError):
+    """A post-hoc calibrator could not be fitted (an optimiser ran out of budget, a non-finite
+    objective); the message gives the reason.  The command line reports it as one line."""
+
+
+class UnknownRecipeError(TorchcalError, ValueError):
+    """The recipe name is not registered."""
+
+
+class CacheError(TorchcalError, ValueError):
+    """An embedding cache is missing, truncated, corrupt or not a cache."""
+
+
+class StaleCacheError(CacheError):
+    """An embedding cache was built from another backbone, other data or other settings."""
 
 
 class ResultsFileError(TorchcalError, ValueError):
@@ -66,7 +89,29 @@ class UnsafePathError(TorchcalError, OSError):
 
 class DivergedError(TorchcalError, RuntimeError):
     """Training diverged: the loss or the parameters became NaN/Inf (the run stops at that epoch;
-    its directory keeps the last good checkpoint)."""
+    its directory keeps the last good checkpoint).  Its message comes from
+    :func:`diverged_message`."""
+
+
+class MemberDivergedError(DivergedError, FloatingPointError):
+    """A packed run's training loss or parameters became non-finite: that run stopped, the other
+    runs of its pack go on.  Its message comes from :func:`diverged_message`."""
+
+
+def diverged_message(epoch: int, what: str, then: str, run: str | None = None) -> str:
+    """The message of :class:`DivergedError` and :class:`MemberDivergedError`: who diverged
+    (``run``'s path, else "Training"), in which epoch (``epoch`` counts from 0, shown from 1),
+    what became non-finite and what happens next or what to do.
+
+    >>> diverged_message(1, "the training loss became NaN/Inf", "lower --lr")
+    'Training diverged in epoch 2: the training loss became NaN/Inf; lower --lr'
+    >>> diverged_message(0, "training loss nan", "the others go on", run="runs/a")
+    "Run 'runs/a' diverged in epoch 1: training loss nan; the others go on"
+    """
+    who = "Training" if run is None else f"Run {run!r}"
+    return f"{who} diverged in epoch {epoch + 1}: {what}; {then}"
+
+
 def one_line_warnings(command: str):
     """A ``warnings.formatwarning`` giving ``torchcal COMMAND: warning: MESSAGE`` on one line
     (no file name, no source line).  Set by the command line while a command runs, never at

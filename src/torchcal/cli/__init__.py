@@ -5,7 +5,9 @@ every other layer (``train``, ``report``, ...).  Each sub-command is a module he
 (:mod:`torchcal.cli.train`, ``eval``, ``calibrate``, ``report``, ``demo``, ``uncertainty``,
 ``data``) that exposes ``register(subparsers)``, which adds its parser and sets ``func`` (a
 callable taking the parsed ``argparse.Namespace`` and returning an exit code); argument types
-shared between them are in :mod:`torchcal.cli._args`.  User mistakes raise :class:`torchcal.errors.TorchcalError` (or a
+shared between them are in :mod:`torchcal.cli._args`.  Only the module of the command that runs
+is imported (:data:`COMMAND_HELP` holds the names and help lines of ``torchcal --help``), so
+``torchcal --version`` and ``--help`` start at once.  User mistakes raise :class:`torchcal.errors.TorchcalError` (or a
 ValueError/OSError from argument checks or unusable paths) and are printed as one line, exit status 2;
 any other exception too (:func:`describe_failure`: memory exhaustion with the size asked, anything
 else as an unexpected error); ``--debug`` shows the traceback instead.
@@ -17,20 +19,49 @@ status 130 and one line saying how to continue (a sub-command sets ``interrupt_h
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
 import warnings
 
 from .. import __version__
 from ..errors import TorchcalError
-from . import calibrate, data, demo, readme, report, train, uncertainty
-from . import eval as eval_
 from ._args import Parser, one_line_warnings
 
-__all__ = ["main", "build_parser", "describe_failure"]
+__all__ = ["main", "build_parser", "describe_failure", "COMMAND_HELP"]
 
-# the sub-commands, in the order of `torchcal --help`
-_SUBCOMMANDS = (train, eval_, calibrate, report, demo, uncertainty, data, readme)
+#: The sub-commands, in the order of ``torchcal --help``: name -> the line ``torchcal --help``
+#: shows (each module's ``register`` gives the same, checked by tests/cli/test_cli_startup.py).
+#: A command's module (``torchcal.cli.NAME``) is imported only when that command runs or its
+#: help is shown, so ``torchcal --version`` / ``--help`` import no benchmark, data set,
+#: scikit-learn or matplotlib, and the demo's help is built from the registries only then.
+COMMAND_HELP = {
+    "train": "train a classifier with a calibration loss",
+    "eval": "evaluate a run's checkpoint into logits and results.json",
+    "calibrate": "fit a post-hoc calibrator on saved logits",
+    "report": "aggregate evaluated runs into tables and figures",
+    "demo": "train the calibration losses on MNIST-1D (or noisy digits), test the papers' "
+            "claims and report (CPU, no download)",
+    "uncertainty": "pretrained uncertainty heads on a trained classifier (fit | eval)",
+    "data": "list, check and download the data sets",
+    "readme": "regenerate a README's generated blocks from committed results",
+}
+
+
+def command_module(name: str):
+    """The module of sub-command ``name`` (``torchcal.cli.train``), imported now."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The sub-command an argument list runs: its first word when that names a command (the
+    top-level options ``-h`` / ``--version`` take no value, so a command is always first);
+    None otherwise (no command, an option, a misspelled command: argparse reports those).
+
+    >>> chosen_command(["demo", "--quick"]), chosen_command(["--version"]), chosen_command(["trian"])
+    ('demo', None, None)
+    """
+    return argv[0] if argv and argv[0] in COMMAND_HELP else None
 
 
 _ALLOC = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGTP]?i?B)")
@@ -71,21 +102,30 @@ def describe_failure(exc: BaseException) -> str:
             "--debug for the traceback and report it)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: str | tuple[str, ...] | None = tuple(COMMAND_HELP)
+                 ) -> argparse.ArgumentParser:
+    """The ``torchcal`` parser.  ``commands``: the sub-commands whose parsers are built in full
+    (their modules imported, their options added; default: all of them); each other one is a
+    stub that only lists its name and help line (enough for ``--help``, ``--version`` and
+    "did you mean" for a misspelled command)."""
+    full = (commands,) if isinstance(commands, str) else tuple(commands or ())
     parser = Parser(
         prog="torchcal",
         description="Train calibrated classifiers, measure calibration, calibrate post hoc.",
     )
     parser.add_argument("--version", action="version", version=f"torchcal {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in _SUBCOMMANDS:
-        mod.register(sub)
+    for name, line in COMMAND_HELP.items():
+        if name in full:
+            command_module(name).register(sub)
+        else:
+            sub.add_parser(name, help=line, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(chosen_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

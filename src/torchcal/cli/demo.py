@@ -160,7 +160,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         loss_kwargs=parse_demo_loss_args(args.loss_arg, losses or applicable_losses()),
         data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
         overrides=_overrides(args),
-        progress=not args.no_progress, quick=args.quick, figures=not args.no_figures,
+        progress=not args.no_progress, quick=args.quick, figures="none" if args.no_figures else args.figures,
         pack=not args.no_pack, command=_command(args),
     )
     res = run_demo(cfg, executor)
@@ -298,5 +298,9 @@ def register(subparsers) -> None:
                         "see the guide's packed training page)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.add_argument("--no-figures", action="store_true", help="tables only")
+    d.add_argument("--figures", choices=("default", "all", "none"), default="default",
+                   help="which figures: default: every loss at once (reliability overview, confidence, OOD ROC, "
+                        "AdaFocal's γ); all: also each loss's reliability diagrams before and after "
+                        "temperature scaling (about twice the drawing CPU); none: as --no-figures")
     d.add_argument("--debug", action="store_true", help="show tracebacks")
     d.set_defaults(func=cmd_demo, interrupt_hint=_interrupt_hint)

@@ -37,7 +37,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     with exclusive_lock(out, what="Output directory"):  # one report writer at a time
         prepare_report_dir(out)
         rep = build_report(args.run_dirs, out, title=args.title, n_bins=args.n_bins,
-                           figures=not args.no_figures, checkpoint=args.checkpoint,
+                           figures="none" if args.no_figures else args.figures, checkpoint=args.checkpoint,
                            mix_checkpoints=args.mix_checkpoints)
     for _path, msg in rep.errors:
         print(f"torchcal report: error: {msg}", file=sys.stderr)
@@ -59,6 +59,10 @@ def register(subparsers) -> None:
     p.add_argument("--title", default="torchcal report")
     p.add_argument("--n-bins", type=_positive_int, default=15, help="bins of the figures (default 15)")
     p.add_argument("--no-figures", action="store_true", help="tables only")
+    p.add_argument("--figures", choices=("default", "all", "none"), default="default",
+                   help="which figures: default: every loss at once (reliability overview, confidence, OOD ROC, "
+                        "AdaFocal's γ); all: also each loss's reliability diagrams before and after "
+                        "temperature scaling (about twice the drawing CPU); none: as --no-figures")
     p.add_argument("--checkpoint", choices=("last", "best"), default="last",
                    help="which evaluation of each run: the last epoch's results.json (default) "
                         "or results-best.json (`torchcal eval RUN --checkpoint best`)")

@@ -76,7 +76,7 @@ class DemoConfig:
     data_kwargs: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     quick: bool = False
-    figures: bool = True
+    figures: bool | str = True
     recipe: str | None = None  # None: the benchmark's
     dataset: str = "mnist1d"  # a registered benchmark (torchcal.experiments.list_benchmarks)
     full: bool = False  # every tagged loss, the recipe's schedule, 5 seeds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import warnings
@@ -9,10 +10,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator
 
 from .._validation import check_labels, check_logits, check_scalar
-from ..errors import NotFittedError, TorchcalError
+from ..errors import CalibrationError, NotFittedError
 from ..metrics import warn_if_probabilities
 
 __all__ = [
@@ -166,9 +166,22 @@ def float_list(value: Any, name: str, *, length: int | None = None,
 PARAMETER_BOUNDS = (-MAX_PARAMETER, MAX_PARAMETER)
 
 
-class CalibrationError(TorchcalError, RuntimeError):
-    """A calibrator could not be fitted (an optimiser ran out of budget, a non-finite
-    objective); the message gives the reason.  The command line reports it as one line."""
+_NOT_FITTED: list[type] = []  # the class of not_fitted_error, made on first use
+
+
+def not_fitted_error(message: str) -> NotFittedError:
+    """The error an unfitted estimator raises: a :class:`torchcal.errors.NotFittedError` that
+    is also scikit-learn's ``NotFittedError`` (its estimator checks and ``except
+    sklearn.exceptions.NotFittedError`` recognise it).  Its class is made on the first call,
+    which imports scikit-learn: importing the calibrators does not (issue 43)."""
+    if not _NOT_FITTED:
+        # deferred: scikit-learn's import (2 s of CPU) only once an unfitted estimator is used
+        from sklearn.exceptions import NotFittedError as SklearnNotFittedError
+
+        _NOT_FITTED.append(type("NotFittedError", (NotFittedError, SklearnNotFittedError), {
+            "__module__": NotFittedError.__module__, "__doc__": NotFittedError.__doc__,
+            "__reduce__": lambda self: (not_fitted_error, (str(self),))}))
+    return _NOT_FITTED[0](message)
 
 
 class WorseThanIdentityWarning(RuntimeWarning):
@@ -336,23 +349,75 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-class Estimator(BaseEstimator):
+class Estimator:
     """scikit-learn's estimator contract shared by the calibrators and the conformal predictor.
 
-    ``get_params`` / ``set_params`` come from :class:`sklearn.base.BaseEstimator` (so
+    ``get_params`` / ``set_params`` as :class:`sklearn.base.BaseEstimator`'s (so
     ``sklearn.base.clone``, ``Pipeline`` and ``GridSearchCV`` work): every constructor stores
     its arguments unchanged under their own names, after checking them, and ``fit`` checks
     them again (``set_params`` does not).  Learned attributes end in ``_``; using an unfitted
-    estimator raises :class:`torchcal.errors.NotFittedError`.
+    estimator raises :class:`torchcal.errors.NotFittedError` (a ``ValueError`` and an
+    ``AttributeError``, as scikit-learn's own).  Written here rather than inherited from
+    ``BaseEstimator`` so that importing the calibrators imports no scikit-learn (2 s of CPU in
+    every process that evaluates a run, issue 43); scikit-learn is imported only by the
+    methods that only scikit-learn calls (``__sklearn_tags__``) and by the calibrators that
+    use it (isotonic regression, the conformal predictor's random state).
     """
 
     _fitted_attr: str = ""
 
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        """The constructor's argument names, sorted (scikit-learn's rule: no ``*args``)."""
+        init = cls.__init__
+        if init is object.__init__:
+            return []
+        params = [p for p in inspect.signature(init).parameters.values()
+                  if p.name != "self" and p.kind != p.VAR_KEYWORD]
+        if any(p.kind == p.VAR_POSITIONAL for p in params):
+            raise RuntimeError(f"{cls.__name__}'s constructor takes *args: scikit-learn's "
+                               "estimators must name every setting")
+        return sorted(p.name for p in params)
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The settings by name (scikit-learn's ``get_params``; ``deep``: also those of nested
+        estimators, as ``name__setting``)."""
+        out: dict[str, Any] = {}
+        for key in self._get_param_names():
+            value = getattr(self, key)
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                out.update((f"{key}__{k}", v) for k, v in value.get_params().items())
+            out[key] = value
+        return out
+
+    def _set_params(self, **params: Any) -> Estimator:
+        """scikit-learn's ``set_params``: names checked, nested ``name__setting`` passed on."""
+        if not params:
+            return self
+        valid = self.get_params(deep=True)
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in params.items():
+            key, delim, sub_key = key.partition("__")
+            if key not in valid:
+                raise ValueError(f"Invalid parameter {key!r} for estimator {self}. "
+                                 f"Valid parameters are: {self._get_param_names()!r}.")
+            if delim:
+                nested.setdefault(key, {})[sub_key] = value
+            else:
+                setattr(self, key, value)
+                valid[key] = value
+        for key, sub_params in nested.items():
+            valid[key].set_params(**sub_params)
+        return self
+
     def __sklearn_tags__(self) -> Any:
-        """scikit-learn's tags: ``fit`` needs the labels (``target_tags.required``)."""
-        tags = super().__sklearn_tags__()
-        tags.target_tags.required = True
-        return tags
+        """scikit-learn's tags (``BaseEstimator``'s defaults): ``fit`` needs the labels
+        (``target_tags.required``)."""
+        # deferred: only scikit-learn calls this, and scikit-learn's import costs 2 s of CPU
+        from sklearn.utils import Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=True),
+                    transformer_tags=None, regressor_tags=None, classifier_tags=None)
 
     def __sklearn_is_fitted__(self) -> bool:
         return self.is_fitted
@@ -366,11 +431,11 @@ class Estimator(BaseEstimator):
         if not self.is_fitted:
             name = type(self).__name__
             if self.__dict__.get("_refit_needed"):
-                raise NotFittedError(
+                raise not_fitted_error(
                     f"This {name} instance's settings were changed by `set_params` after "
                     "`fit`, so its fitted state was dropped; call `fit(logits, labels)` again"
                 )
-            raise NotFittedError(
+            raise not_fitted_error(
                 f"This {name} instance is not fitted yet; call `fit(logits, labels)` before "
                 "using it"
             )
@@ -382,10 +447,10 @@ class Estimator(BaseEstimator):
         again (a fitted threshold or map never silently serves other settings)."""
         current = self.get_params(deep=False)
         if not params or any(k not in current for k in params):
-            return super().set_params(**params)  # scikit-learn's error for unknown names
+            return self._set_params(**params)  # scikit-learn's error for unknown names
         type(self)(**{**current, **params})  # raises on a bad value; nothing changed yet
         changed = [k for k, v in params.items() if not _same(current[k], v)]
-        super().set_params(**params)
+        self._set_params(**params)
         if changed and self.is_fitted:
             setattr(self, self._fitted_attr, None)
             self.__dict__["_refit_needed"] = True

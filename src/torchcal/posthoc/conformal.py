@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.utils import check_random_state
 
 from .._validation import check_labels, check_nonneg_finite, check_positive_int
 from ._common import (
@@ -186,6 +185,9 @@ class ConformalClassifier(Estimator):
         if isinstance(rs, numbers.Integral) and not isinstance(rs, bool):
             return np.random.RandomState(np.random.SeedSequence([int(rs), stream])
                                          .generate_state(1)[0])
+        # deferred: scikit-learn's import (2 s of CPU) only for a conformal predictor's seed
+        from sklearn.utils import check_random_state
+
         return check_random_state(rs)
 
     def _uniform(self, n: int, device: torch.device, stream: int) -> torch.Tensor | None:

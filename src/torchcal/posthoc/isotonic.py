@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.isotonic import IsotonicRegression
 
 from ._common import (
     Calibrator,
@@ -91,6 +90,9 @@ class IsotonicCalibration(Calibrator):
         yn = y.cpu().numpy()
         c = p.shape[1]
         knots_x, knots_y = [], []
+        # deferred: scikit-learn's import (2 s of CPU) only where isotonic regression is fitted
+        from sklearn.isotonic import IsotonicRegression
+
         for k in range(c):  # one scikit-learn fit per class (not per sample)
             if c == 2 and k == 0:
                 knots_x.append(torch.zeros(0, dtype=torch.float64))

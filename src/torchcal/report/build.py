@@ -7,8 +7,10 @@ Output directory layout::
     OUT/results.json     every number: per group mean/std over seeds, per run, skipped files
     OUT/results.csv      one row per run, every number (fractions)
     OUT/summary.csv      one row per group, mean and std of every number
-    OUT/figures/*.png    reliability diagrams per loss (pre/post T, test logits pooled over seeds),
-                         confidence histograms, OOD ROC curves, AdaFocal's γ per bin over epochs
+    OUT/figures/*.png    every loss's reliability diagram (pre T) in one figure, confidence
+                         histograms, OOD ROC curves, AdaFocal's γ per bin over epochs; with
+                         ``figures="all"`` also each loss's reliability diagrams pre/post T
+                         (test logits pooled over seeds)
 
 A run whose ``results.json`` is missing or malformed is listed (with the file and the reason)
 in the report and in ``results.json["errors"]``; the other runs are still reported.
@@ -58,7 +60,7 @@ from .claims import (
 )
 
 __all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir",
-           "write_report_pages", "markdown_page"]
+           "write_report_pages", "markdown_page", "FIGURE_SETS", "figure_set"]
 
 REPORT_SCHEMA = "torchcal.report/1"
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -140,6 +142,27 @@ _SPARSE_NOTE = (f"Below each diagram: samples per bin (log scale; blue line: acc
 
 RunLogits = list[tuple[np.ndarray, np.ndarray, float]]
 
+#: The figure sets of :func:`build_report` (``--figures``): ``none``; ``default``: the figures
+#: that show every loss at once (the reliability overview, the confidence histograms, the OOD
+#: ROC curves, AdaFocal's γ), about half of the drawing's CPU; ``all``: also each loss's reliability
+#: diagrams before and after temperature scaling (one figure per loss, the rest of the cost).
+FIGURE_SETS = ("none", "default", "all")
+
+
+def figure_set(figures: bool | str) -> str:
+    """The figure set a ``figures`` argument names (``True``: ``"default"``, ``False``:
+    ``"none"``).
+
+    >>> figure_set(True), figure_set(False), figure_set("all")
+    ('default', 'none', 'all')
+    """
+    if figures is True or figures is False:
+        return "default" if figures else "none"
+    if figures not in FIGURE_SETS:
+        raise ValueError(f"Expected `figures` to be a bool or one of {FIGURE_SETS}, got "
+                         f"{figures!r}")
+    return str(figures)
+
 
 def _run_test_logits(g: Group) -> RunLogits:
     """``(test logits, labels, grid-ECE temperature)`` of every run of ``g`` that saved them."""
@@ -192,7 +215,10 @@ def _entropy(z: np.ndarray) -> np.ndarray:
 
 
 def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int, notes: list[str],
-                  logits: dict[str, RunLogits]) -> dict[tuple[str, str], list[Figure]]:
+                  logits: dict[str, RunLogits], every: bool = False
+                  ) -> dict[tuple[str, str], list[Figure]]:
+    """The report's figures per (data set, model); ``every``: also each loss' reliability pair
+    (figure set ``all``)."""
     out: dict[tuple[str, str], list[Figure]] = {}
     by_dm: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
@@ -200,7 +226,7 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int, notes: li
     for (ds, model), gs in by_dm.items():
         figs: list[Figure] = []
         try:
-            _figures_for(ds, model, gs, figs, fig_dir, n_bins, notes, logits)
+            _figures_for(ds, model, gs, figs, fig_dir, n_bins, notes, logits, every)
         except (ValueError, TypeError, OSError) as exc:  # e.g. seeds with different class counts
             notes.append(f"{ds}/{model}: figures stopped early: {type(exc).__name__}: {exc}")
         out[(ds, model)] = figs
@@ -208,9 +234,10 @@ def _make_figures(groups: Sequence[Group], fig_dir: Path, n_bins: int, notes: li
 
 
 def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], fig_dir: Path,
-                 n_bins: int, notes: list[str], logits: dict[str, RunLogits]) -> None:
+                 n_bins: int, notes: list[str], logits: dict[str, RunLogits],
+                 every: bool = False) -> None:
     pooled, conf, acc = _reliability_figures(ds, model, gs, figs, fig_dir, n_bins, notes,
-                                             logits)
+                                             logits, every)
     if pooled:
         fig = F.reliability_overview({k: (v[0], v[2]) for k, v in pooled.items()}, n_bins=n_bins,
                                      title=f"Reliability before temperature scaling, {ds}/{model} test")
@@ -233,8 +260,9 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
 
 def _reliability_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
                          fig_dir: Path, n_bins: int, notes: list[str],
-                         logits: dict[str, RunLogits]):
-    """Draw each group's pre/post-T reliability pair; return its pooled logits, conf and acc."""
+                         logits: dict[str, RunLogits], every: bool = False):
+    """Each group's pooled logits, confidences and accuracy; ``every``: also draw its pre/post-T
+    reliability pair."""
     conf: dict[str, np.ndarray] = {}
     acc: dict[str, float] = {}
     pooled: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, float]] = {}
@@ -245,6 +273,10 @@ def _reliability_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Fi
             continue
         pooled[g.label] = pt
         pre, post, y, t = pt
+        conf[g.label] = _top1_confidence(pre)
+        acc[g.label] = float((pre.argmax(1) == y).mean())
+        if not every:
+            continue
         seeds = f"{len(g.runs)} seed(s) pooled" if len(g.runs) > 1 else "1 run"
         members = g.runs[0].meta.get("members") if len(g.runs) == 1 else None
         if g.predictor != DEFAULT_PREDICTOR and members:
@@ -256,8 +288,6 @@ def _reliability_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Fi
                            f"Reliability diagram of {g.label} on the {ds} test set ({seeds}), "
                            f"before and after temperature scaling (each run's grid-ECE T, mean {t:.2f}); "
                            "the ECE in the panels is that of the pooled logits. " + _SPARSE_NOTE))
-        conf[g.label] = _top1_confidence(pre)
-        acc[g.label] = float((pre.argmax(1) == y).mean())
     return pooled, conf, acc
 
 
@@ -402,7 +432,7 @@ def build_report(
     verdict_label: str = "",
     preface: str = "",
     n_bins: int = 15,
-    figures: bool = True,
+    figures: bool | str = True,
     claims: bool | Sequence[Claim] = False,
     checkpoint: str = "last",
     mix_checkpoints: bool = False,
@@ -421,7 +451,10 @@ def build_report(
         preface: Markdown shown in a box of its own at the head of the claims section (the
             demo: the committed full run's verdicts, labelled as such).
         n_bins: bins of the reliability diagrams and histograms.
-        figures: draw the figures (needs the runs' saved logits).
+        figures: the figures to draw (they need the runs' saved logits): a set of
+            :data:`FIGURE_SETS`: ``"default"`` (or ``True``) the figures of every loss at once,
+            ``"all"`` also each loss's reliability diagrams before and after temperature
+            scaling, ``"none"`` (or ``False``) none.
         claims: add the section "The papers' claims on this benchmark"
             (:func:`torchcal.report.claims.claims_markdown`) and each run's mean confidence
             minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits): ``True``
@@ -435,6 +468,7 @@ def build_report(
     Raises:
         ResultsFileError: when no run could be read at all (the message lists every bad file).
     """
+    drawn = figure_set(figures)
     runs, errors = _readable_runs(paths, runs, checkpoint, mix_checkpoints)
     if claims:
         add_confidence_gaps(runs.runs)
@@ -445,7 +479,8 @@ def build_report(
     notes: list[str] = []
     logits = {g.label: _run_test_logits(g) for g in groups}
     floors = _noise_floors(groups, logits, n_bins)
-    figs = _make_figures(groups, fig_dir, n_bins, notes, logits) if figures else {}
+    figs = (_make_figures(groups, fig_dir, n_bins, notes, logits, every=drawn == "all")
+            if drawn != "none" else {})
     table_sets = T.tables_for(groups, floors)
     runs_table = _runs_table(groups, out)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import TorchcalError
+from ..errors import MemberDivergedError, diverged_message
 from ..losses.base import loss_log_state, loss_on_validation, loss_set_epoch, loss_wants_validation
 from ..metrics.binning import calibration_from_sums
 from ..metrics.epoch import (
@@ -81,10 +81,6 @@ __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epo
            "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter"]
 
 Stack = PackedModel | SoloModel
-
-
-class MemberDivergedError(TorchcalError, FloatingPointError):
-    """A packed member's training loss became non-finite; the member stopped, the others go on."""
 
 
 class PackedStats:
@@ -348,10 +344,9 @@ def _stop_error(mb: Member, epoch: int, rec: dict[str, Any], finite: bool
         return None
     what = " and ".join(w for w, bad in (("training loss", not finite_loss),
                                          ("parameters", not finite)) if bad)
-    return MemberDivergedError(
-        f"Run {str(mb.r.run.path)!r} diverged in epoch {epoch + 1}: {what} "
-        f"{rec['train_loss'] if 'loss' in what else 'not finite'}; it stops at its last "
-        "checkpoint, the other packed runs go on")
+    return MemberDivergedError(diverged_message(
+        epoch, f"{what} {rec['train_loss'] if 'loss' in what else 'not finite'}",
+        "it stops at its last checkpoint, the other packed runs go on", run=str(mb.r.run.path)))
 
 
 def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,

@@ -45,6 +45,7 @@ from ..errors import CheckpointError, TorchcalError
 from ..runs import RunDir
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
+from .steps import SGD
 
 __all__ = ["STAGED", "staged_path", "stage_checkpoint", "commit_staged", "reconcile_staged",
            "pack_layout", "ghost_run", "EpochJob", "EpochWriter"]
@@ -143,8 +144,8 @@ def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
     r.model = copy.deepcopy(template.model)
     r.loss_fn = build_loss(config, template.num_classes).to(template.device)
     g = template.optimizer.param_groups[0]
-    r.optimizer = torch.optim.SGD(r.model.parameters(), lr=g["lr"], momentum=g["momentum"],
-                                  weight_decay=g["weight_decay"], nesterov=g["nesterov"])
+    r.optimizer = SGD(r.model.parameters(), lr=g["lr"], momentum=g["momentum"],
+                      weight_decay=g["weight_decay"], nesterov=g["nesterov"])
     r.scheduler = torch.optim.lr_scheduler.MultiStepLR(
         r.optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma)
     r.run = RunDir(config.out_dir)

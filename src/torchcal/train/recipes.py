@@ -36,14 +36,10 @@ from collections.abc import Callable
 
 from .._registry import Registry
 from ..data.mnist1d import MNIST1D_SEED
-from ..errors import TorchcalError
+from ..errors import UnknownRecipeError
 from .config import TrainConfig
 
 __all__ = ["get_recipe", "list_recipes", "register_recipe", "UnknownRecipeError", "RECIPES"]
-
-
-class UnknownRecipeError(TorchcalError, ValueError):
-    """The recipe name is not registered."""
 
 
 #: The recipe table (a :class:`torchcal._registry.Registry` of zero-argument factories).

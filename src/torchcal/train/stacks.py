@@ -29,7 +29,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from .inference import predict_logits
-from .steps import Run
+from .steps import SGD, Run
 
 __all__ = ["PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
 
@@ -76,9 +76,9 @@ class PackedModel:
         params, buffers = stack_module_state(models)
         self.params, self.buffers = params, buffers
         group = optimizers[0].param_groups[0]
-        self.opt = torch.optim.SGD(list(params.values()), lr=group["lr"],
-                                   momentum=group["momentum"], dampening=group["dampening"],
-                                   weight_decay=group["weight_decay"], nesterov=group["nesterov"])
+        self.opt = SGD(list(params.values()), lr=group["lr"],
+                       momentum=group["momentum"], dampening=group["dampening"],
+                       weight_decay=group["weight_decay"], nesterov=group["nesterov"])
         for m, (model, opt) in enumerate(zip(models, optimizers, strict=True)):
             _bind(model, params, buffers, m)
             opt._opt_called = True  # stepped through the pack (no scheduler warning)

@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from .._registry import unknown_name
-from ..errors import CheckpointError, DivergedError, TorchcalError
+from ..errors import CheckpointError, DivergedError, TorchcalError, diverged_message
 from ..losses import create_loss
 from ..losses.base import loss_wants_validation, published_reduction
 from ..models import list_models
@@ -55,7 +55,46 @@ from .tracking import TensorBoardLogger, tensorboard_available
 __all__ = ["Run", "build_loss", "build_run", "build_sources", "device_and_amp", "resume_state",
            "finished_run_numbers", "train_batches", "update_every", "update_best", "snapshot",
            "divergence_error", "final_evaluation", "n_batches", "progress_bar",
-           "tensorboard_logger"]
+           "tensorboard_logger", "SGD"]
+
+
+
+def _undecorated(fn: Any) -> Any:
+    """The function under ``torch._disable_dynamo``'s wrapper (``functools.wraps`` keeps it)."""
+    return getattr(fn, "__wrapped__", fn)
+
+
+_SGD_STEP = _undecorated(torch.optim.SGD.step)
+
+
+class SGD(torch.optim.SGD):
+    """:class:`torch.optim.SGD` that never imports ``torch._dynamo``.
+
+    ``torch.optim`` wraps ``add_param_group``, ``zero_grad``, ``state_dict`` and
+    ``load_state_dict`` in ``torch._disable_dynamo``, and ``step`` in a wrapper that sets the
+    grad mode and marks TorchDynamo graph breaks: both import ``torch._dynamo`` on their first
+    call in a process (2.4-2.6 s of CPU, issue 43), only for the case where TorchDynamo traces
+    the optimiser.  torchcal never compiles an optimiser, so these methods are called
+    unwrapped, and ``step`` sets the grad mode as torch's wrapper does.  The update itself
+    (``torch.optim.SGD.step`` and the functional ``sgd``) and the state are torch's own: training
+    is bit for bit that of ``torch.optim.SGD`` and a checkpoint's optimiser state is the same
+    dict.  Every SGD of a run, a pack or a ghost is one of these (one plain ``torch.optim.SGD``
+    in a process would pay the import again).
+    """
+
+    add_param_group = _undecorated(torch.optim.Optimizer.add_param_group)
+    zero_grad = _undecorated(torch.optim.Optimizer.zero_grad)
+    state_dict = _undecorated(torch.optim.Optimizer.state_dict)
+    load_state_dict = _undecorated(torch.optim.Optimizer.load_state_dict)
+
+    def step(self, closure: Any = None) -> Any:
+        """One SGD update (torch's), with autograd off unless ``differentiable``."""
+        previous = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults["differentiable"])
+            return _SGD_STEP(self, closure)
+        finally:
+            torch.set_grad_enabled(previous)
 
 
 def build_loss(config: TrainConfig, num_classes: int | None = None) -> nn.Module:
@@ -212,7 +251,7 @@ def build_run(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
         model = model.to(memory_format=torch.channels_last)
     head = _head(model, config, splits, device)
     local_bs = config.batch_size // env.world_size
-    optimizer = head.make_optimizer(model, config) or torch.optim.SGD(
+    optimizer = head.make_optimizer(model, config) or SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum,
         weight_decay=config.weight_decay, nesterov=config.nesterov)
     steps = config.epochs * n_batches(src["train"].n, env.world_size, local_bs)
@@ -362,10 +401,10 @@ def divergence_error(r: Run, epoch: int, finite_loss: bool, finite_params: bool
             else f"gradients are clipped at {r.config.grad_clip:g}")
     last = (f"the last good checkpoint ({r.run.checkpoint('last').name}, from before this "
             "epoch) is kept" if r.run.has_checkpoint("last") else "no checkpoint was written yet")
-    return DivergedError(
-        f"Training diverged in epoch {epoch + 1}: {what} became NaN/Inf; the learning rate "
-        f"(lr={r.config.lr:g}) is likely too high ({clip}): lower --lr or clip gradients "
-        f"(--grad-clip). Stopped; {last} in {str(r.run.path)!r}")
+    return DivergedError(diverged_message(
+        epoch, f"{what} became NaN/Inf", f"the learning rate (lr={r.config.lr:g}) is likely too "
+        f"high ({clip}): lower --lr or clip gradients (--grad-clip). Stopped; {last} in "
+        f"{str(r.run.path)!r}"))
 
 
 def update_every(loss_fn: nn.Module) -> int:

@@ -49,7 +49,7 @@ from .._io import (
     write_verified,
 )
 from .._validation import check_positive_int
-from ..errors import TorchcalError
+from ..errors import CacheError, StaleCacheError
 
 __all__ = [
     "CacheError",
@@ -62,14 +62,6 @@ __all__ = [
 
 CACHE_SCHEMA = "torchcal.embedding_cache/1"
 _ARRAYS = {"embeddings": np.float32, "logits": np.float32, "labels": np.int64}
-
-
-class CacheError(TorchcalError, ValueError):
-    """An embedding cache is missing, truncated, corrupt or not a cache."""
-
-
-class StaleCacheError(CacheError):
-    """An embedding cache was built from another backbone, other data or other settings."""
 
 
 # ------------------------------------------------------------------------------------------

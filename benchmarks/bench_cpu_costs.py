@@ -1,0 +1,193 @@
+"""The CPU costs every user pays (issue 43): each item's before/after CPU-time ratio, measured
+side by side in one run.
+
+Run: ``python benchmarks/bench_cpu_costs.py [--repeats 3] [--baseline-src OLD/src] [--demo]
+[--no-startup]``
+
+CPU time (user + system, of this process or of its children), not wall time: the ratios hold on
+a loaded machine.  Items:
+
+- **figures** (item 1), measured here: the report of 7 losses (synthetic test and OOD logits
+  of MNIST-1D's size, an AdaFocal γ history) drawn as before (every figure: the overview, the
+  confidence histograms, the OOD ROC, the γ history and each loss's pre/post-T reliability
+  pair, each saved with ``bbox_inches="tight"``) and as now (``figures="default"``: the figures
+  of every loss at once, saved at the figure's size), alternating, median of ``--repeats``.
+  With ``--demo`` also ``torchcal demo --quick --figures none`` once (a few minutes of CPU) to
+  give the figures' share of the demo's CPU (target <= 5%).
+- **start-up** (item 2): ``benchmarks/bench_startup.py`` (``torchcal --version`` and a demo
+  worker's start-up against ``import torch``; before/after needs ``--baseline-src``).
+- **sibling scripts**, each run by subprocess when it exists in ``benchmarks/``:
+  ``bench_lbfgs_tolerance.py`` (item 3), ``bench_adafocal_history.py`` (item 4),
+  ``bench_meter_state.py`` (item 5).
+
+Convention: every script ends its output with one line per item of the form::
+
+    RATIO <item>: before/after = X.XX
+
+(before and after measured in the same run; > 1 means the item got cheaper).  This script
+collects those lines and prints them together at the end, followed by its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+sys.path.insert(0, str(SRC))  # this checkout's torchcal (not another installed one)
+SIBLINGS = ("bench_lbfgs_tolerance.py", "bench_adafocal_history.py", "bench_meter_state.py")
+RATIO = re.compile(r"^RATIO (?P<item>[^:]+): before/after = (?P<x>[0-9.]+|inf|nan)\s*$")
+LOSSES = ("ce", "focal", "flsd53", "dual_focal", "adafocal", "bsce", "bsce_gra")
+
+
+def _write_runs(root: Path, n_test: int = 4000, n_classes: int = 10) -> None:
+    """Seven losses' evaluated runs (as the demo's: test and OOD logits; AdaFocal's γ per bin
+    in its log)."""
+    from torchcal.evaluate import SCHEMA, save_logits, write_results
+    from torchcal.runs import LOSS_STATE_KEY, RunDir
+
+    rng = np.random.default_rng(0)
+    for i, loss in enumerate(LOSSES):
+        d = root / loss / "seed0"
+        pre = {"ece": 0.05 + 0.01 * i, "adaptive_ece": 0.05, "error": 0.25, "nll": 0.7}
+        post = dict(pre, ece=0.02)
+        write_results(d, {
+            "schema": SCHEMA,
+            "meta": {"dataset": "mnist1d", "model": "mnist1d_cnn", "loss": loss,
+                     "loss_kwargs": {}, "seed": 0},
+            "temperatures": {"grid_ece": 1.2, "grid_adaece": 1.2, "grid_nll": 1.2, "nll": 1.2},
+            "test": {"pre": pre, "post": {m: post for m in ("grid_ece", "grid_adaece",
+                                                              "grid_nll", "nll")}},
+            "val": {"pre": pre},
+            "ood": {"shuffled": {"auroc_entropy": 0.55}},
+            "n": {"val": 1000, "test": n_test}, "n_bins": 15})
+        y = rng.integers(0, n_classes, n_test)
+        z = rng.normal(size=(n_test, n_classes)).astype(np.float32) * 2
+        z[np.arange(n_test), y] += 1.5
+        save_logits(d / "logits" / "test.npz", z, y)
+        save_logits(d / "logits" / "ood_shuffled.npz",
+                    rng.normal(size=(n_test, n_classes)).astype(np.float32), y)
+        if loss == "adafocal":
+            run = RunDir(d)
+            for e in range(15):
+                run.append_log({"epoch": e, LOSS_STATE_KEY: {"gammas": list(rng.random(15) + 1)}},
+                                fsync=False)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _tight_save(fig, path, *, dpi: int = 100) -> Path:
+    """The report's figure saving before issue 43 (a second layout pass for the tight box)."""
+    from torchcal._io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def figures_ratio(repeats: int) -> tuple[float, float, int, int]:
+    """(median CPU s before, after, figures before, after) of drawing the report's figures."""
+    from torchcal.report import build as B
+    from torchcal.report import figures as F
+
+    current_save = F.save_figure
+    before, after, counts = [], [], [0, 0]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        _write_runs(root)
+        B.build_report([root], Path(tmp) / "warm", figures="default")  # imports, font cache
+        base = _measure(B, root, Path(tmp) / "none", "none")
+        for k in range(repeats):
+            F.save_figure = _tight_save
+            try:
+                cpu, counts[0] = _measure(B, root, Path(tmp) / f"b{k}", "all")
+            finally:
+                F.save_figure = current_save
+            before.append(cpu - base[0])
+            cpu, counts[1] = _measure(B, root, Path(tmp) / f"a{k}", "default")
+            after.append(cpu - base[0])
+    return statistics.median(before), statistics.median(after), counts[0], counts[1]
+
+
+def _measure(B, root: Path, out: Path, figures: str) -> tuple[float, int]:
+    t = _cpu()
+    rep = B.build_report([root], out, figures=figures)
+    return _cpu() - t, len(rep.figures)
+
+
+def demo_cpu() -> float:
+    """CPU s (this process's children) of ``torchcal demo --quick --figures none``."""
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    with tempfile.TemporaryDirectory() as tmp:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-m", "torchcal", "demo", "--quick", "--figures", "none",
+                        "--no-progress", "--out", str(Path(tmp) / "demo")], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def run_script(name: str, extra: list[str]) -> list[str]:
+    """The ``RATIO`` lines of ``benchmarks/NAME`` (run by subprocess; [] when it is absent)."""
+    path = HERE / name
+    if not path.is_file():
+        print(f"{name}: not in benchmarks/ (skipped)")
+        return []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(HERE)]))
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(path), *extra], env=env, capture_output=True,
+                          text=True)
+    print(f"--- {name} ({time.perf_counter() - t:.0f} s, exit {proc.returncode})")
+    print(proc.stdout.rstrip())
+    if proc.returncode:
+        print(proc.stderr.rstrip()[-2000:])
+    return [line.strip() for line in proc.stdout.splitlines() if RATIO.match(line.strip())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--baseline-src", default=None,
+                    help="src/ of a checkout before issue 43 (for the start-up's before)")
+    ap.add_argument("--no-startup", action="store_true",
+                    help="skip bench_startup.py (a minute or more on a loaded machine)")
+    ap.add_argument("--demo", action="store_true",
+                    help="also run `torchcal demo --quick --figures none` for the figures' share")
+    args = ap.parse_args(argv)
+    ratios: list[str] = []
+    for name in SIBLINGS:
+        ratios += run_script(name, [])
+    startup = ["--repeats", str(args.repeats)]
+    if args.baseline_src:
+        startup += ["--baseline-src", args.baseline_src]
+    if not args.no_startup:
+        ratios += run_script("bench_startup.py", startup)
+    b, a, nb, na = figures_ratio(args.repeats)
+    print(f"--- figures: before {b:.2f} s CPU ({nb} figures, tight boxes), after {a:.2f} s CPU "
+          f"({na} figures, default set)")
+    if args.demo:
+        demo = demo_cpu()
+        print(f"demo --quick --figures none: {demo:.1f} s CPU; figures' share: before "
+              f"{100 * b / (demo + b):.1f}%, after {100 * a / (demo + a):.1f}% (target <= 5%)")
+    ratios.append(f"RATIO figures: before/after = {b / a:.2f}")
+    print("\n" + "\n".join(ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
