@@ -92,16 +92,21 @@ def prepare_logits(logits: Any, name: str = "logits") -> torch.Tensor:
 
 
 #: Elements (rows x classes) of one chunk of the fits' float64 passes and of the dense
-#: predictions (2 MiB of float64): a (8, 21, 512, 512) segmentation batch is never copied to
+#: predictions (512 KiB of float64): a (8, 21, 512, 512) segmentation batch is never copied to
 #: float64 as a whole, every pass over its rows holds one chunk at a time.
-CHUNK_ELEMENTS = 1 << 18
+CHUNK_ELEMENTS = 1 << 16
+#: Inputs of at most this many elements (2 MiB of float64) are one chunk: the unchunked
+#: arithmetic of small inputs (and of every committed result) is unchanged.
+SINGLE_CHUNK_ELEMENTS = 1 << 18
 
 
 def row_chunks(n: int, c: int) -> list[slice]:
-    """Slices of ``range(n)`` of at most ``CHUNK_ELEMENTS // c`` rows each (one slice when the
-    (n, c) block fits in a chunk, so small inputs take the unchunked arithmetic)."""
+    """Slices of ``range(n)``: one when ``n * c <= SINGLE_CHUNK_ELEMENTS`` (small inputs take
+    the unchunked arithmetic), else of ``CHUNK_ELEMENTS // c`` rows each."""
+    if n * c <= SINGLE_CHUNK_ELEMENTS:
+        return [slice(0, n)]
     step = max(1, CHUNK_ELEMENTS // max(c, 1))
-    return [slice(a, min(a + step, n)) for a in range(0, n, step)] or [slice(0, 0)]
+    return [slice(a, min(a + step, n)) for a in range(0, n, step)]
 
 
 def resolve_class_axis(shape: tuple[int, ...], class_axis: Any = None,
@@ -151,6 +156,9 @@ def _check_sample_weight(sample_weight: Any, labels_shape: tuple[int, ...],
     check_finite(w, "sample_weight")
     if w.numel() and bool((w < 0).any()):
         raise ValueError("Expected `sample_weight` to be >= 0, got negative weight(s)")
+    if w.numel() and not bool((w > 0).any()):
+        raise ValueError("Expected `sample_weight` to have a positive weight, but every "
+                         "weight is zero")
     return w
 
 
@@ -200,16 +208,20 @@ def fit_rows(logits: Any, labels: Any, *, ignore_index: Any = IGNORE_INDEX,
     return rows, yr, w, axis
 
 
-def apply_rows(fn: Any, z: torch.Tensor, axis: int) -> torch.Tensor:
+def apply_rows(fn: Any, z: torch.Tensor, axis: int, *, with_offset: bool = False
+               ) -> torch.Tensor:
     """``fn`` (rows (m, C) -> (m, C)) applied to the rows of (N, C, d1, ...) (``axis=1``) or
     (..., C) (``axis=-1``) scores, chunk by chunk (``CHUNK_ELEMENTS``), into an output of the
-    input's shape; 2-D input: ``fn(z)``."""
+    input's shape; 2-D input: ``fn(z)``.  The rows are visited in the order of
+    ``z.movedim(axis, -1).reshape(-1, C)``; with ``with_offset`` ``fn(rows, start)`` also gets
+    the index of the chunk's first row in that order."""
+    call = fn if with_offset else (lambda rows, _start: fn(rows))
     if z.ndim <= 2:
-        return fn(z)
+        return call(z, 0)
     if axis == -1:
         c = z.shape[-1]
         rows = z.reshape(-1, c)
-        parts = [fn(rows[sl]) for sl in row_chunks(rows.shape[0], c)]
+        parts = [call(rows[sl], sl.start) for sl in row_chunks(rows.shape[0], c)]
         return torch.cat(parts).reshape(z.shape) if len(parts) > 1 else parts[0].reshape(z.shape)
     n, c = z.shape[0], z.shape[1]
     z3 = z.reshape(n, c, -1)
@@ -221,7 +233,7 @@ def apply_rows(fn: Any, z: torch.Tensor, axis: int) -> torch.Tensor:
         nb = block.shape[0]
         for sl in (row_chunks(s, c) if nb == 1 else [slice(0, s)]):
             rows = block[:, :, sl].transpose(1, 2).reshape(-1, c)
-            res = fn(rows)
+            res = call(rows, a * s + sl.start)
             if out is None:
                 out = torch.empty((n, c, s), dtype=res.dtype, device=res.device)
             out[a:a + nb, :, sl] = res.reshape(nb, -1, c).transpose(1, 2)
@@ -281,6 +293,10 @@ def prepare_fit_weighted(logits: Any, labels: Any, *, one_class_ok: bool = False
     """
     rows, yr, w, axis = fit_rows(logits, labels, ignore_index=ignore_index,
                                  sample_weight=sample_weight, class_axis=class_axis)
+    if rows.ndim == 2 and rows.shape[0] < 2 and as_tensor(labels, "labels").numel() >= 2:
+        raise ValueError(
+            f"Expected at least 2 validation samples (rows of `logits` with a label other than "
+            f"ignore_index={ignore_index} and a positive weight), got {rows.shape[0]}")
     z = prepare_logits(rows).detach()
     warn_if_probabilities(z, what="the calibrator",  # as the metrics do (fit(probs, y))
                           instead="Pass logits (or log-probabilities: log(probs)) instead.")

@@ -91,7 +91,7 @@ def logistic_fit(x: torch.Tensor, y: torch.Tensor, *, max_iter: int, name: str,
             "logistic fit has no finite optimum; the coefficients grew until the NLL gradient "
             f"fell below {GRAD_TOL:g} and the calibrated probabilities are nearly 0 and 1",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     return theta, f
 

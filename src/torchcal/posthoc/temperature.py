@@ -224,7 +224,8 @@ def _argmin_smallest(scores: torch.Tensor, temps: Sequence[float], what: str) ->
     return min(t for t, v in zip(temps, vals, strict=True) if v == best)
 
 
-def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str) -> None:
+def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str,
+                         stacklevel: int = 3) -> None:
     """``RuntimeWarning`` when a grid search chose the smallest or largest temperature of a
     grid of more than one: the criterion may keep falling beyond it."""
     lo, hi = min(temps), max(temps)
@@ -235,11 +236,12 @@ def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str) -> None:
             f"{side} entry of the grid [{lo:g}, {hi:g}], so the best temperature may lie "
             "outside it; pass a wider `grid`.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
 
-def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None) -> float:
+def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None,
+            stacklevel: int = 3) -> float:
     """Minimise the float64 validation NLL over T (safeguarded Newton on ``beta = 1/T``).
 
     ``f(beta) = (1/N) sum_i [logsumexp(beta z_i) - beta z_{i,y_i}]`` is convex in ``beta``
@@ -274,7 +276,7 @@ def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None) -> 
             f"Every validation prediction is correct, so the validation NLL decreases towards "
             f"T -> 0; returning the search bound T = {NLL_BOUNDS[0]}.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         return NLL_BOUNDS[0]
     z2_single = z64_single * z64_single if z64_single is not None else None
@@ -329,7 +331,7 @@ def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None) -> 
         warnings.warn(
             f"The validation NLL is minimised at the search bound T = {NLL_BOUNDS[0]}.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         t = NLL_BOUNDS[0]
     elif t > NLL_BOUNDS[1] * (1 - 1e-9):
@@ -337,7 +339,7 @@ def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None) -> 
             f"The validation NLL is minimised at the search bound T = {NLL_BOUNDS[1]}: the "
             "logits carry almost no (or inverted) information about the labels.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         t = NLL_BOUNDS[1]
     return t
@@ -405,14 +407,14 @@ class TemperatureScaling(Calibrator):
         n_bins = check_positive_int(self.n_bins, "n_bins")
         if method == "nll":
             self.grid_scores_ = None
-            self.temperature_ = fit_nll(z, y, w)
+            self.temperature_ = fit_nll(z, y, w, stacklevel=4)
             return
         temps = check_grid(self.grid)
         crit = _METHOD_CRITERION[method]
         scores = _grid_scores(z, y, temps, n_bins, (crit,), w)[crit]
         self.grid_scores_ = scores.tolist()
         self.temperature_ = _argmin_smallest(scores, temps, crit)
-        warn_if_on_grid_edge(self.temperature_, temps, method)
+        warn_if_on_grid_edge(self.temperature_, temps, method, stacklevel=4)
 
     def _transform(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated logits ``z / T`` (same dtype and device)."""

@@ -118,7 +118,7 @@ class VectorScaling(Calibrator):
                 RuntimeWarning,
                 stacklevel=3,
             )
-        t0 = fit_nll(z, y, w)
+        t0 = fit_nll(z, y, w, stacklevel=4)
         w0 = torch.full((c,), 1.0 / t0, dtype=torch.float64, device=z.device)
         b0 = torch.zeros(c, dtype=torch.float64, device=z.device)
         scale = w0.clone().requires_grad_(True)
