@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .._validation import check_nonneg_finite, check_positive_int
 from ._common import (
+    CHUNK_ELEMENTS,
     GRAD_TOL,
     PARAMETER_BOUNDS,
     CalibrationError,
@@ -21,7 +22,6 @@ from ._common import (
     backtrack,
     check_choice,
     check_n_classes,
-    CHUNK_ELEMENTS,
     cv_folds,
     float_list,
     row_chunks,

@@ -240,19 +240,11 @@ def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str,
         )
 
 
-def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None,
-            stacklevel: int = 3) -> float:
-    """Minimise the float64 validation NLL over T (safeguarded Newton on ``beta = 1/T``).
-
-    ``f(beta) = (1/N) sum_i [logsumexp(beta z_i) - beta z_{i,y_i}]`` is convex in ``beta``
-    with ``f' = (1/N) sum_i (E_{p_i}[z_i] - z_{i,y_i})`` and ``f'' = (1/N) sum_i Var_{p_i}[z_i]``
-    (``p_i = softmax(beta z_i)``), so its minimiser is the root of the increasing ``f'``.
-    Newton steps are kept inside a bracket ``[1/100, 1/0.01]`` that shrinks with the sign of
-    ``f'``; a step leaving it is replaced by geometric bisection (rtsafe).  Each iteration is
-    one float64 pass over the logits, chunk by chunk (``CHUNK_ELEMENTS``: a large input is
-    never copied to float64 as a whole); a few iterations reach machine precision.  ``w``:
-    optional sample weights (the means become weighted means).
-    """
+def _nll_derivatives(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None
+                     ) -> tuple[bool, Any]:
+    """``(every label is the strict arg-max, grad_hess)`` of :func:`fit_nll`: ``grad_hess(beta)``
+    gives ``f'(beta)`` and ``f''(beta)`` of the (weighted) mean NLL, one float64 pass over the
+    rows chunk by chunk (one chunk, the float64 copy kept, for small inputs)."""
     n, c = z.shape
     chunks = row_chunks(n, c)
     single = len(chunks) == 1
@@ -269,16 +261,6 @@ def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None,
         zy_sum += float(zy.sum() if w is None else (zy.squeeze(1) * w[sl]).sum())
         all_correct = all_correct and bool((zy > zc.scatter(1, yc, -math.inf)).all())
     zy_mean = zy_sum / total
-    if all_correct:
-        # Every label is the strict arg-max: the NLL decreases all the way to T -> 0 (and
-        # underflows to a flat 0 in float64 before the bound), so the bound is the answer.
-        warnings.warn(
-            f"Every validation prediction is correct, so the validation NLL decreases towards "
-            f"T -> 0; returning the search bound T = {NLL_BOUNDS[0]}.",
-            RuntimeWarning,
-            stacklevel=stacklevel,
-        )
-        return NLL_BOUNDS[0]
     z2_single = z64_single * z64_single if z64_single is not None else None
 
     def grad_hess(beta: float) -> tuple[float, float]:
@@ -298,6 +280,33 @@ def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None,
                 h_sum += float((var * w[sl]).sum())
         return g_sum / total - zy_mean, h_sum / total
 
+    return all_correct, grad_hess
+
+
+def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None,
+            stacklevel: int = 3) -> float:
+    """Minimise the float64 validation NLL over T (safeguarded Newton on ``beta = 1/T``).
+
+    ``f(beta) = (1/N) sum_i [logsumexp(beta z_i) - beta z_{i,y_i}]`` is convex in ``beta``
+    with ``f' = (1/N) sum_i (E_{p_i}[z_i] - z_{i,y_i})`` and ``f'' = (1/N) sum_i Var_{p_i}[z_i]``
+    (``p_i = softmax(beta z_i)``), so its minimiser is the root of the increasing ``f'``.
+    Newton steps are kept inside a bracket ``[1/100, 1/0.01]`` that shrinks with the sign of
+    ``f'``; a step leaving it is replaced by geometric bisection (rtsafe).  Each iteration is
+    one float64 pass over the logits, chunk by chunk (``CHUNK_ELEMENTS``: a large input is
+    never copied to float64 as a whole); a few iterations reach machine precision.  ``w``:
+    optional sample weights (the means become weighted means).
+    """
+    all_correct, grad_hess = _nll_derivatives(z, y, w)
+    if all_correct:
+        # Every label is the strict arg-max: the NLL decreases all the way to T -> 0 (and
+        # underflows to a flat 0 in float64 before the bound), so the bound is the answer.
+        warnings.warn(
+            f"Every validation prediction is correct, so the validation NLL decreases towards "
+            f"T -> 0; returning the search bound T = {NLL_BOUNDS[0]}.",
+            RuntimeWarning,
+            stacklevel=stacklevel,
+        )
+        return NLL_BOUNDS[0]
     b_lo, b_hi = 1.0 / NLL_BOUNDS[1], 1.0 / NLL_BOUNDS[0]
     beta, g = 1.0, math.nan
     for _ in range(_NLL_MAX_ITER):
