@@ -68,7 +68,11 @@ class VectorScaling(Calibrator):
 
     The weights start at temperature scaling's solution (``w = 1 / T_nll``, ``b = 0``) and are
     refined by L-BFGS (strong Wolfe line search) on the float64 validation NLL
-    ``-(1/N) sum_i log softmax(w * z_i + b)_{y_i}``, which is convex in ``(w, b)``.  Temperature
+    ``-(1/N) sum_i log softmax(w * z_i + b)_{y_i}``, which is convex in ``(w, b)``, until the
+    largest |gradient| is 1e-6, the tolerance the fit is accepted at (before issue 43 it ran on
+    towards 1e-10, to its evaluation budget: 5x the CPU time for a validation NLL within 1e-9,
+    ``benchmarks/bench_lbfgs_tolerance.py``).  With ``sample_weight`` the means are weighted;
+    dense input is summed and differentiated over chunks of rows.  Temperature
     scaling is the special case ``w_c = 1/T, b_c = 0`` and the fit never ends above its
     starting point, so the validation NLL is at most temperature scaling's.  Unlike temperature
     scaling, the bias can change the arg-max (and so the accuracy).
