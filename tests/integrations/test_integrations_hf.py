@@ -203,6 +203,30 @@ def test_compute_metrics_flattens_token_logits_and_drops_ignored_labels():
         compute_metrics(n_bins=0)
 
 
+def test_callback_predict_takes_token_logits_n_t_c():
+    """Issue 39: the callback's evaluation path on (N, T, C) logits (a causal LM's) with
+    (N, T) labels was a shape error; it flattens by position and drops -100 labels."""
+
+    class TokenModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 7)
+
+        def forward(self, input_ids):
+            return {"logits": self.emb(input_ids)}  # (N, T, 7)
+
+    g = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": torch.randint(0, 10, (3, 5), generator=g),
+                "labels": torch.randint(0, 7, (3, 5), generator=g)} for _ in range(2)]
+    batches[0]["labels"][:, -2:] = -100
+    model = TokenModel()
+    z, y = CalibrationCallback.predict(model, batches)
+    zs = torch.cat([model(b["input_ids"])["logits"].reshape(-1, 7) for b in batches]).detach()
+    ys = torch.cat([b["labels"].reshape(-1) for b in batches])
+    keep = ys != -100
+    assert torch.equal(z, zs[keep]) and torch.equal(y, ys[keep])
+
+
 def _fit_warnings(tmp_path, callbacks, loss, **kw):
     train, val = TokenTask(64, seed=1), TokenTask(50, seed=2)
     trainer = transformers.Trainer(

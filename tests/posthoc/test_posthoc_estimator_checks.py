@@ -43,6 +43,14 @@ REASONS = {
     "check_fit2d_1sample": LOGITS.format(what="1 sample (other wording)"),
     "check_fit2d_1feature": LOGITS.format(what="1 column (other wording)"),
     "check_fit2d_predict1d": LOGITS.format(what="1-D input (other wording)"),
+    # sample_weight (issue 39): tested in test_posthoc_dense_weights.py on logits and labels
+    "check_sample_weights_pandas_series": LOGITS.format(what="pandas objects"),
+    "check_sample_weights_not_an_array": LOGITS.format(what="array-likes that are neither "
+                                                       "tensors nor NumPy arrays"),
+    "check_sample_weights_shape": LOGITS.format(what="integer logits"),
+    "check_sample_weights_not_overwritten": LOGITS.format(what="labels up to 2 for 2 columns"),
+    "check_sample_weight_equivalence_on_dense_data": NAMES + " (fit(X, y=...) is called by "
+                                                     "keyword)",
 }
 BINARY_REASONS = {name: LOGITS.format(what="3 columns to a binary (2-column) calibrator")
           for name in ("check_dont_overwrite_parameters", "check_positive_only_tag_during_fit",
@@ -50,7 +58,8 @@ BINARY_REASONS = {name: LOGITS.format(what="3 columns to a binary (2-column) cal
                        "check_f_contiguous_array_estimator",
                        "check_transformer_preserve_dtypes",
                        "check_methods_sample_order_invariance",
-                       "check_methods_subset_invariance", "check_dict_unchanged")}
+                       "check_methods_subset_invariance", "check_dict_unchanged",
+                       "check_sample_weights_list")}
 
 
 @pytest.mark.parametrize("cls", ALL + [ConformalClassifier])

@@ -251,7 +251,9 @@ class CalibrationCallback(TrainerCallback):
     def predict(model: nn.Module, dataloader: Any,
                 label_name: str = "labels") -> tuple[torch.Tensor, torch.Tensor]:
         """(M, C) logits and (M,) labels of every batch of ``dataloader`` (mappings of tensors
-        with a ``label_name`` entry), -100 labels dropped; the model's mode is restored."""
+        with a ``label_name`` entry), -100 labels dropped; the model's mode is restored.
+        Token logits (N, T, C) with (N, T) labels (a causal LM's) are flattened by position,
+        as :func:`compute_metrics` does (before issue 39 they raised a shape error)."""
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
@@ -267,7 +269,10 @@ class CalibrationCallback(TrainerCallback):
                 inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                           for k, v in batch.items() if k != label_name}
                 z = _logits_of(model(**inputs)).detach()
-                z, y = flatten_valid(z, batch[label_name].to(z.device))
+                y = batch[label_name].to(z.device)
+                if z.ndim > 2 and tuple(y.shape) == tuple(z.shape[:-1]):
+                    z = z.movedim(-1, 1)  # (N, T, C) -> (N, C, T), flatten_valid's convention
+                z, y = flatten_valid(z, y)
                 zs.append(z.float() if z.dtype != torch.float64 else z)
                 ys.append(y)
         finally:

@@ -22,6 +22,14 @@ stay there) or NumPy arrays (results are NumPy arrays).
 * :func:`cv_folds`: the fixed folds of their cross-validation; :func:`identity_check`: the
   warning when calibrated probabilities are worse than none.
 
+Every calibrator's ``fit`` also takes dense ``(N, C, d1, ...)`` logits with ``(N, d1, ...)``
+labels and token logits ``(N, T, C)`` with ``(N, T)`` labels, ``ignore_index`` (default -100)
+and ``sample_weight`` (scikit-learn's convention); the fit equals the fit on the flattened kept
+rows, and ``predict_proba`` / ``transform`` return the input's shape (the conformal predictor's
+sets are per position).  ``changes_argmax`` says whether a calibrator may change the predicted
+class: the top-label ones (temperature, histogram binning, ``top_label=True`` isotonic, Platt
+and beta) never do.
+
 Every calibrator is a scikit-learn estimator (``get_params`` / ``set_params``, so ``clone``,
 ``Pipeline`` and ``GridSearchCV`` work; :meth:`Calibrator.score` is the mean log-likelihood).
 A failed fit raises :class:`CalibrationError` (a :class:`torchcal.errors.TorchcalError`) with

@@ -13,15 +13,21 @@ import numpy as np
 import torch
 
 from .._validation import check_labels, check_nonneg_finite, check_positive_int
+from ..metrics import IGNORE_INDEX
 from ._common import (
     Estimator,
+    apply_rows,
     check_choice,
+    check_dense_logits,
     check_n_classes,
+    dense_axis,
     finite_float,
+    fit_rows,
     float_list,
     like_input,
     prepare_fit,
     prepare_logits,
+    row_chunks,
 )
 
 __all__ = ["ConformalClassifier", "RAPS_LAMBDAS", "RAPS_TUNE_FRACTION"]
@@ -46,6 +52,11 @@ def _check_bool(value: Any, name: str, allow_none: bool = False) -> Any:
         raise ValueError(f"Expected `{name}` to be a bool{' or None' if allow_none else ''}, "
                          f"got {value!r}")
     return value
+
+
+def as_ndim(x: Any) -> int:
+    """The number of dimensions of a tensor or array (0 for anything else)."""
+    return int(getattr(x, "ndim", 0))
 
 
 def conformal_rank(n: int, alpha: float) -> int:
@@ -212,9 +223,14 @@ class ConformalClassifier(Estimator):
         return torch.empty_like(cum).scatter_(1, order, cum)
 
     def _label_scores(self, z: torch.Tensor, y: torch.Tensor, stream: int) -> torch.Tensor:
+        """(N,) float64 score of each sample's label (chunk by chunk: the (N, C) scores of a
+        dense input are never held at once)."""
         u = self._uniform(z.shape[0], z.device, stream)
-        s = self._scores(z, u, self._lam(), self._k_reg())
-        return s.gather(1, y.unsqueeze(1)).squeeze(1)
+        parts = []
+        for sl in row_chunks(z.shape[0], z.shape[1]):
+            s = self._scores(z[sl], None if u is None else u[sl], self._lam(), self._k_reg())
+            parts.append(s.gather(1, y[sl].unsqueeze(1)).squeeze(1))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _lam(self) -> float:
         return float(getattr(self, "lam_", 0.0) or 0.0)
@@ -222,11 +238,22 @@ class ConformalClassifier(Estimator):
     def _k_reg(self) -> int:
         return int(getattr(self, "k_reg_", 1) or 1)
 
-    def fit(self, logits: Any, labels: Any) -> ConformalClassifier:
-        """Calibrate the threshold(s) on held-out ``logits`` (N, C) and ``labels`` (N,) (and
-        choose RAPS's missing ``k_reg`` / ``lam`` first); returns ``self``."""
+    def fit(self, logits: Any, labels: Any, *, ignore_index: Any = IGNORE_INDEX,
+            class_axis: Any = None) -> ConformalClassifier:
+        """Calibrate the threshold(s) on held-out ``logits`` and ``labels`` (and choose RAPS's
+        missing ``k_reg`` / ``lam`` first); returns ``self``.
+
+        ``logits`` (N, C) with labels (N,), dense (N, C, d1, ...) with labels (N, d1, ...),
+        or token logits (N, T, C) with labels (N, T): every position whose label is not
+        ``ignore_index`` (default -100) is one calibration sample, and the sets are then
+        per position (:meth:`predict_sets` of the same layout).  Positions of one image are
+        not exchangeable with each other's neighbours in general: the guarantee is the
+        marginal one over positions drawn like the calibration positions."""
         method, alpha = self._settings()
-        z, y = prepare_fit(logits, labels, one_class_ok=True)
+        z, y = prepare_fit(logits, labels, one_class_ok=True, ignore_index=ignore_index,
+                           class_axis=class_axis)
+        self.class_axis_ = None if as_ndim(logits) <= 2 else dense_axis(
+            check_dense_logits(logits), class_axis, n_classes=z.shape[1])
         self.__dict__.pop("_refit_needed", None)
         if method == "raps":
             z, y = self._tune_raps(z, y, alpha)
@@ -286,10 +313,13 @@ class ConformalClassifier(Estimator):
             self.lam_ = RAPS_LAMBDAS[int(np.argmin(sizes))]
         return z[perm[n_tune:]], y[perm[n_tune:]]
 
-    def _sets_at(self, z: torch.Tensor, q: Any, stream: int = 1) -> torch.Tensor:
-        """Boolean (N, C) sets of validated logits for threshold(s) ``q``."""
-        s = self._scores(z, self._uniform(z.shape[0], z.device, stream), self._lam(),
-                         self._k_reg())
+    def _sets_at(self, z: torch.Tensor, q: Any, stream: int = 1,
+                 u: torch.Tensor | None = None) -> torch.Tensor:
+        """Boolean (N, C) sets of validated logits for threshold(s) ``q`` (``u``: the uniform
+        draws of these rows when the caller took them)."""
+        if u is None:
+            u = self._uniform(z.shape[0], z.device, stream)
+        s = self._scores(z, u, self._lam(), self._k_reg())
         qq = q.to(s.device).unsqueeze(0) if isinstance(q, torch.Tensor) else q
         sets = s <= qq
         if self._top:
@@ -303,24 +333,59 @@ class ConformalClassifier(Estimator):
         check_n_classes(z, self.n_classes_)
         return z
 
-    def predict_sets(self, logits: Any) -> Any:
-        """Boolean (N, C) mask of the prediction sets (NumPy for NumPy input)."""
-        return like_input(self._sets_at(self._valid(logits), self.quantile_), logits)
+    def _dense_sets(self, logits: Any, class_axis: Any = None) -> torch.Tensor:
+        """Sets of the input's shape: (N, C), or per position for (N, C, d1, ...) /
+        (N, T, C) logits, chunk by chunk (one uniform draw per position for the
+        randomised scores, taken once in the rows' order)."""
+        self._check_fitted()
+        z = check_dense_logits(logits)
+        if z.ndim <= 2:
+            return self._sets_at(self._valid(z), self.quantile_)
+        axis = dense_axis(z, class_axis, fitted_axis=self.__dict__.get("class_axis_"),
+                          n_classes=self.n_classes_)
+        c = z.shape[axis]
+        if c != self.n_classes_:
+            raise ValueError(f"Expected `logits` to have {self.n_classes_} classes on axis "
+                             f"{axis} as in fit, got shape {tuple(z.shape)}")
+        u = self._uniform(z.numel() // c, z.device, 1)
 
-    def mean_set_size(self, logits: Any) -> float:
-        """Average number of classes in the prediction sets of ``logits``."""
-        sets = self._sets_at(self._valid(logits), self.quantile_)
-        return float(sets.sum(dim=1, dtype=torch.float64).mean())
+        def sets(rows: torch.Tensor, start: int) -> torch.Tensor:
+            uu = None if u is None else u[start:start + rows.shape[0]]
+            return self._sets_at(rows, self.quantile_, u=uu)
 
-    def coverage(self, logits: Any, labels: Any) -> float:
-        """Share of samples whose prediction set (the one :meth:`predict_sets` gives for these
-        logits) contains the label: the empirical coverage."""
-        z = self._valid(logits)
-        y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+        return apply_rows(sets, z, axis, with_offset=True)
+
+    def predict_sets(self, logits: Any, *, class_axis: Any = None) -> Any:
+        """Boolean mask of the prediction sets of the logits' shape: (N, C), or one set per
+        position of dense (N, C, d1, ...) / token (N, T, C) logits (NumPy for NumPy input)."""
+        return like_input(self._dense_sets(logits, class_axis), logits)
+
+    def mean_set_size(self, logits: Any, *, class_axis: Any = None) -> float:
+        """Average number of classes in the prediction sets of ``logits`` (over every
+        position of a dense input)."""
+        sets = self._dense_sets(logits, class_axis)
+        axis = 1 if sets.ndim <= 2 else dense_axis(
+            sets, class_axis, fitted_axis=self.__dict__.get("class_axis_"),
+            n_classes=self.n_classes_)
+        return float(sets.sum(dim=axis, dtype=torch.float64).mean())
+
+    def _rows(self, logits: Any, labels: Any, ignore_index: Any
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validated kept rows (M, C) and labels (M,) of any layout."""
+        self._check_fitted()
+        rows, yr, _, _ = fit_rows(logits, labels, ignore_index=ignore_index)
+        z = self._valid(rows)
+        return z, check_labels(yr, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+
+    def coverage(self, logits: Any, labels: Any, *, ignore_index: Any = IGNORE_INDEX) -> float:
+        """Share of samples (positions whose label is not ``ignore_index``, for dense input)
+        whose prediction set (the one :meth:`predict_sets` gives for these logits' rows)
+        contains the label: the empirical coverage."""
+        z, y = self._rows(logits, labels, ignore_index)
         sets = self._sets_at(z, self.quantile_)
         return float(sets.gather(1, y.unsqueeze(1)).to(torch.float64).mean())
 
-    def score(self, logits: Any, labels: Any) -> float:
+    def score(self, logits: Any, labels: Any, *, ignore_index: Any = IGNORE_INDEX) -> float:
         r"""``-(mean set size) / C - |coverage - (1 - alpha)|`` on ``logits``/``labels``
         (higher is better; at most 0).
 
@@ -329,8 +394,7 @@ class ConformalClassifier(Estimator):
         with the smallest sets among those that cover as asked (a full-set predictor scores
         about ``-1 - alpha``, an empty-set one ``-(1 - alpha)``).
         """
-        z = self._valid(logits)
-        y = check_labels(labels, n=z.shape[0], num_classes=z.shape[1], device=z.device)
+        z, y = self._rows(logits, labels, ignore_index)
         sets = self._sets_at(z, self.quantile_)
         size = float(sets.sum(dim=1, dtype=torch.float64).mean()) / z.shape[1]
         cover = float(sets.gather(1, y.unsqueeze(1)).to(torch.float64).mean())

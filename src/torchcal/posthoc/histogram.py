@@ -14,7 +14,15 @@ from ..metrics.binning import (
     equal_width_bin_index,
     equal_width_edges,
 )
-from ._common import Calibrator, float_list, log_proba, prepare_fit, work_dtype
+from ._common import (
+    Calibrator,
+    float_list,
+    keep_top_label,
+    log_proba,
+    row_chunks,
+    weighted_equal_mass_edges,
+    work_dtype,
+)
 
 __all__ = ["HistogramBinning"]
 
@@ -32,13 +40,18 @@ class HistogramBinning(Calibrator):
 
     Fit: bin the validation top-1 confidences ``conf_i = max_c softmax(z_i)_c`` into
     ``n_bins`` bins (``"equal_mass"``, default, or ``"equal_width"``; the conventions of
-    :mod:`torchcal.metrics.binning`) and store each bin's accuracy ``h_b``.  Predict: the
-    predicted class (arg-max of the logits) gets probability ``h_b`` of its bin; the other
-    classes share ``1 - h_b`` in proportion to their original probabilities (equally if those
-    are all 0).  A bin that was empty at fit time leaves the confidence unchanged.  The
-    calibrated confidence is the bin's validation accuracy, so the top-label ECE on the
-    validation set (same bins) is 0; as a histogram method it is not monotone, and a class other
-    than the original arg-max can end up with the largest probability when ``h_b`` is small.
+    :mod:`torchcal.metrics.binning`; with ``sample_weight``, weighted counts and weighted
+    equal-mass edges) and store each bin's accuracy ``h_b``.  Predict: the predicted class
+    (arg-max of the logits) gets probability ``h_b`` of its bin, and **the prediction never
+    changes**: the other classes share ``1 - h_b`` in proportion to their original
+    probabilities, mixed with an equal share just enough that none reaches ``h_b``
+    (``keep_top_label``; a bin accuracy below about ``1 / C``, which no top-1 probability can
+    be, is raised to that bound).  Before issue 39 the other classes shared ``1 - h_b`` in
+    proportion alone, so a small ``h_b`` handed the arg-max to another class: at 36 %
+    accuracy 52-55 % of the predictions changed.  A bin that was empty at fit time leaves the
+    confidence unchanged.  The calibrated confidence is the bin's validation accuracy, so the
+    top-label ECE on the validation set (same bins) is 0; as a histogram method it is not
+    monotone in the confidence.
 
     Args:
         n_bins: number of bins B.
@@ -53,11 +66,13 @@ class HistogramBinning(Calibrator):
         >>> hb = HistogramBinning(n_bins=2).fit(z, torch.tensor([0, 0, 0, 1]))
         >>> hb.bin_values_
         tensor([0.5000, 1.0000], dtype=torch.float64)
-        >>> hb.predict_proba(z)
+        >>> hb.predict_proba(z)  # the arg-max kept (0.5 + 1e-6 against 0.5 - 1e-6)
         tensor([[0.5000, 0.5000],
                 [0.5000, 0.5000],
                 [1.0000, 0.0000],
                 [0.0000, 1.0000]])
+        >>> hb.predict_proba(z).argmax(dim=1)
+        tensor([0, 1, 0, 1])
     """
 
     _fitted_attr = "bin_values_"
@@ -74,44 +89,43 @@ class HistogramBinning(Calibrator):
         conf, pred = p.max(dim=1)
         return p, conf, pred
 
-    def fit(self, logits: Any, labels: Any) -> HistogramBinning:
-        """Fit the bin accuracies on validation ``logits`` (N, C) and ``labels`` (N,)."""
+    def _fit(self, z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None) -> None:
+        """Fit the bin accuracies on validated rows ``z`` (M, C), ``y`` (M,), weights or None
+        (the top-1 confidences computed chunk by chunk)."""
         n_bins = check_positive_int(self.n_bins, "n_bins")
         binning = _check_binning(self.binning)
-        z, y = prepare_fit(logits, labels)
-        _, conf, pred = self._top1(z)
+        parts = [self._top1(z[sl])[1:] for sl in row_chunks(z.shape[0], z.shape[1])]
+        conf = torch.cat([c for c, _ in parts]) if len(parts) > 1 else parts[0][0]
+        pred = torch.cat([p for _, p in parts]) if len(parts) > 1 else parts[0][1]
         if binning == "equal_mass":
-            idx, edges = equal_mass_bin_index(conf, n_bins)
+            if w is None:
+                idx, edges = equal_mass_bin_index(conf, n_bins)
+            else:
+                edges = weighted_equal_mass_edges(conf, w, n_bins)
+                idx = bin_index(conf, edges)
         else:
             idx = equal_width_bin_index(conf, n_bins)
             edges = equal_width_edges(n_bins, dtype=conf.dtype, device=conf.device)[1:-1]
-        counts = torch.bincount(idx, minlength=n_bins).to(torch.float64)
-        hits = torch.bincount(idx, weights=pred.eq(y).to(torch.float64), minlength=n_bins)
-        values = torch.where(counts > 0, hits / counts.clamp(min=1), float("nan"))
+        correct = pred.eq(y).to(torch.float64)
+        counts = torch.bincount(idx, weights=w, minlength=n_bins).to(torch.float64)
+        hits = torch.bincount(idx, weights=correct if w is None else correct * w,
+                              minlength=n_bins)
+        values = torch.where(counts > 0, hits / counts.clamp(min=1e-300), float("nan"))
         self.edges_ = edges.to(torch.float64).cpu()
         self.bin_values_ = values.cpu()
         self.n_classes_ = z.shape[1]
-        return self
 
     def _predict_proba(self, z: torch.Tensor) -> torch.Tensor:
-        """Calibrated probabilities (N, C) in the logits' dtype (at least float32 inside)."""
+        """Calibrated probabilities (N, C) in the logits' dtype (at least float32 inside); the
+        arg-max of the logits is kept (:func:`keep_top_label`)."""
         p, conf, pred = self._top1(z)
         if self.binning == "equal_mass":
             idx = bin_index(conf, self.edges_)
         else:
             idx = equal_width_bin_index(conf, self.edges_.shape[0] + 1)
         h = self.bin_values_.to(conf.device)[idx]
-        c64 = conf.to(torch.float64)
-        h = torch.where(torch.isnan(h), c64, h)
-        p64 = p.to(torch.float64).scatter(1, pred.unsqueeze(1), 0.0)
-        rest = p64.sum(dim=1, keepdim=True)
-        share = (1.0 - h).unsqueeze(1)
-        others = torch.where(
-            rest > 0, p64 * (share / rest.clamp(min=torch.finfo(torch.float64).tiny)),
-            share / (z.shape[1] - 1),
-        )
-        q = others.scatter(1, pred.unsqueeze(1), h.unsqueeze(1))
-        return q.to(z.dtype)
+        h = torch.where(torch.isnan(h), conf.to(torch.float64), h)
+        return keep_top_label(p, pred, h, z.dtype)
 
     def _transform(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated "logits" ``log q`` (``q`` = :meth:`predict_proba`, clamped at the dtype's

@@ -11,12 +11,20 @@ from ._common import (
     Calibrator,
     check_n_classes,
     float_list,
+    keep_top_label,
     log_proba,
-    prepare_fit,
+    row_chunks,
+    top_label_rows,
     work_dtype,
 )
 
 __all__ = ["IsotonicCalibration"]
+
+
+def _check_top_label(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"Expected `top_label` to be a bool, got {value!r}")
+    return value
 
 
 def _interp_rows(x: torch.Tensor, knots_x: torch.Tensor, knots_y: torch.Tensor,
@@ -57,9 +65,18 @@ class IsotonicCalibration(Calibrator):
     same numbers (to float rounding); the maps are kept as their knots and evaluated by one
     batched interpolation over all classes.
 
-    Isotonic regression is non-parametric: it needs a large validation set, it can change
-    the arg-max (and the accuracy), and its steps give ties among the calibrated
-    probabilities.
+    Isotonic regression is non-parametric: it needs a large validation set, and its steps give
+    ties among the calibrated probabilities.  The one-vs-rest form renormalises C separate
+    maps, so by design it can change the arg-max (and the accuracy; ``changes_argmax``).
+
+    ``top_label=True`` is the top-label form instead: one isotonic map ``g`` from the top-1
+    confidence to whether the prediction is right; the predicted class gets ``g(p_top)`` and
+    keeps its arg-max (the other classes share the rest,
+    :func:`~torchcal.posthoc._common.keep_top_label`), for any number of classes.  Its knots
+    are ``knots_x_[0]`` / ``knots_y_[0]``.  ``sample_weight`` goes to scikit-learn's fit.
+
+    Args:
+        top_label: False (default, one-vs-rest) or True (top label).
 
     Attributes:
         knots_x_ (list[torch.Tensor]): per class, the increasing float64 abscissae of ``g_k``
@@ -76,19 +93,57 @@ class IsotonicCalibration(Calibrator):
 
     _fitted_attr = "knots_x_"
 
-    def __init__(self) -> None:
-        pass
+    def __init__(self, top_label: bool = False) -> None:
+        _check_top_label(top_label)
+        self.top_label = top_label
+
+    @property
+    def changes_argmax(self) -> bool:  # type: ignore[override]
+        """One-vs-rest renormalisation may change the arg-max; the top-label form never."""
+        return not self.top_label
 
     @staticmethod
     def _probs(z: torch.Tensor) -> torch.Tensor:
         return torch.softmax(z.to(torch.float64), dim=1)
 
-    def fit(self, logits: Any, labels: Any) -> IsotonicCalibration:
-        """Fit one isotonic map per class on validation ``logits`` (N, C) and ``labels``."""
-        z, y = prepare_fit(logits, labels)
-        p = self._probs(z).cpu().numpy()
+    @staticmethod
+    def _columns(z: torch.Tensor) -> np.ndarray:
+        """Float64 probabilities (M, C) as NumPy (the map's abscissae), softmax computed
+        chunk by chunk (float64 only one chunk at a time)."""
+        chunks = row_chunks(z.shape[0], z.shape[1])
+        if len(chunks) == 1:
+            return torch.softmax(z.to(torch.float64), dim=1).cpu().numpy()
+        out = np.empty(tuple(z.shape), dtype=np.float64)
+        for sl in chunks:
+            out[sl] = torch.softmax(z[sl].to(torch.float64), dim=1).cpu().numpy()
+        return out
+
+    def _fit_top(self, z: torch.Tensor, y: torch.Tensor, w: Any) -> None:
+        confs, hits = [], []
+        for sl in row_chunks(z.shape[0], z.shape[1]):
+            lp, pred, _ = top_label_rows(z[sl])
+            confs.append(lp.gather(1, pred.unsqueeze(1)).squeeze(1).exp())
+            hits.append(pred.eq(y[sl]).to(torch.float64))
+        # deferred: scikit-learn's import (2 s of CPU) only where isotonic regression is fitted
+        from sklearn.isotonic import IsotonicRegression
+
+        iso = IsotonicRegression(out_of_bounds="clip").fit(
+            torch.cat(confs).cpu().numpy(), torch.cat(hits).cpu().numpy(), sample_weight=w)
+        self.knots_x_ = [torch.from_numpy(np.asarray(iso.X_thresholds_, dtype=np.float64))]
+        self.knots_y_ = [torch.from_numpy(np.asarray(iso.y_thresholds_, dtype=np.float64))]
+        self.n_classes_ = None
+
+    def _fit(self, z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None) -> None:
+        """Fit one isotonic map per class (or, top-label, one map) on validated rows."""
+        wn = None if w is None else w.cpu().numpy()
+        if _check_top_label(self.top_label):
+            self._fit_top(z, y, wn)
+            return
         yn = y.cpu().numpy()
-        c = p.shape[1]
+        c = z.shape[1]
+        # one class's column at a time: a dense input is never a float64 (M, C) array
+        chunks = row_chunks(z.shape[0], c)
+        p = self._columns(z) if len(chunks) == 1 else None
         knots_x, knots_y = [], []
         # deferred: scikit-learn's import (2 s of CPU) only where isotonic regression is fitted
         from sklearn.isotonic import IsotonicRegression
@@ -98,13 +153,16 @@ class IsotonicCalibration(Calibrator):
                 knots_x.append(torch.zeros(0, dtype=torch.float64))
                 knots_y.append(torch.zeros(0, dtype=torch.float64))
                 continue
-            iso = IsotonicRegression(out_of_bounds="clip").fit(p[:, k], (yn == k).astype(float))
+            col = p[:, k] if p is not None else np.concatenate([
+                torch.softmax(z[sl].to(torch.float64), dim=1)[:, k].cpu().numpy()
+                for sl in chunks])
+            iso = IsotonicRegression(out_of_bounds="clip").fit(col, (yn == k).astype(float),
+                                                               sample_weight=wn)
             knots_x.append(torch.from_numpy(np.asarray(iso.X_thresholds_, dtype=np.float64)))
             knots_y.append(torch.from_numpy(np.asarray(iso.y_thresholds_, dtype=np.float64)))
         self.knots_x_ = knots_x
         self.knots_y_ = knots_y
         self.n_classes_ = c
-        return self
 
     def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         fitted = [k for k in range(self.n_classes_) if self.knots_x_[k].numel()]
@@ -119,6 +177,13 @@ class IsotonicCalibration(Calibrator):
 
     def _predict_proba(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated probabilities (N, C) in the logits' dtype (float64 inside)."""
+        if self.top_label:
+            lp, pred, _ = top_label_rows(z)
+            p = lp.exp()
+            kx, ky = self.knots_x_[0].to(z.device), self.knots_y_[0].to(z.device)
+            sizes = torch.tensor([kx.numel()], device=z.device)
+            h = _interp_rows(p.gather(1, pred.unsqueeze(1)), kx[None], ky[None], sizes)[:, 0]
+            return keep_top_label(p, pred, h, z.dtype)
         check_n_classes(z, self.n_classes_)
         p = self._probs(z)
         kx, ky, sizes = self._tables(z.device)
@@ -150,10 +215,14 @@ class IsotonicCalibration(Calibrator):
         """Rebuild a fitted calibrator from :meth:`to_dict`'s output."""
         cls._check_dict(d, ("knots_x", "knots_y"))
         kx, ky = d["knots_x"], d["knots_y"]
-        if not (isinstance(kx, list) and isinstance(ky, list) and len(kx) == len(ky) >= 2):
+        top = d.get("top_label", False)
+        if top is True and isinstance(kx, list) and isinstance(ky, list) and len(kx) == len(ky) == 1:
+            pass
+        elif not (isinstance(kx, list) and isinstance(ky, list) and len(kx) == len(ky) >= 2):
             raise ValueError("Expected `d['knots_x']` and `d['knots_y']` to be lists of one "
                              "list of knots per class (at least 2 classes)")
-        obj = cls()
+        top = d.get("top_label", False)
+        obj = cls(top_label=top)
         xs, ys = [], []
         for k, (a, b) in enumerate(zip(kx, ky, strict=True)):
             xa = float_list(a, f"d['knots_x'][{k}]", bounds=(0.0, 1.0))  # probabilities
@@ -162,7 +231,7 @@ class IsotonicCalibration(Calibrator):
                 raise ValueError(f"Expected `d['knots_x'][{k}]` to be sorted")
             xs.append(torch.tensor(xa, dtype=torch.float64))
             ys.append(torch.tensor(yb, dtype=torch.float64))
-        obj.knots_x_, obj.knots_y_, obj.n_classes_ = xs, ys, len(xs)
+        obj.knots_x_, obj.knots_y_, obj.n_classes_ = xs, ys, (None if top else len(xs))
         empty = [k for k in range(len(xs)) if not xs[k].numel()]
         if empty != ([0] if len(xs) == 2 else []):
             raise ValueError("Expected knots for every class (for 2 classes: class 1 only)")

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .._validation import check_nonneg_finite, check_positive_int
 from ._common import (
+    CHUNK_ELEMENTS,
     GRAD_TOL,
     PARAMETER_BOUNDS,
     CalibrationError,
@@ -23,7 +24,7 @@ from ._common import (
     check_n_classes,
     cv_folds,
     float_list,
-    prepare_fit,
+    row_chunks,
 )
 from .temperature import fit_nll
 from .vector import absent_hint
@@ -46,40 +47,163 @@ MEMORIZED_NLL_FRACTION = 0.5
 BLOCK_PRECONDITIONER_MAX = 50_000_000
 
 
-def _objective(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor, pen: torch.Tensor
-               ) -> float:
-    return float(F.cross_entropy(x @ theta.T, y) + (pen * theta * theta).sum())
+class _Rows:
+    """The rows of a linear fit: features ``x_i = [phi(z_i), 1]`` (float64, D = C + 1),
+    labels and optional weights, visited chunk by chunk (``CHUNK_ELEMENTS`` numbers of x):
+    a dense input is never turned into a float64 copy as a whole.  One chunk (small inputs)
+    keeps x in memory and uses the unchunked arithmetic."""
+
+    def __init__(self, z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None,
+                 log_probs: bool) -> None:
+        self.z, self.y, self.w, self.log_probs = z, y, w, log_probs
+        self.n, self.d = z.shape[0], z.shape[1] + 1
+        self.chunks = row_chunks(self.n, self.d)
+        self.total = float(self.n) if w is None else float(w.sum())
+        self._x = self._features(z) if len(self.chunks) == 1 else None
+
+    def _features(self, z: torch.Tensor) -> torch.Tensor:
+        z64 = z.to(torch.float64)
+        f = torch.log_softmax(z64, dim=1) if self.log_probs else z64
+        return torch.cat([f, f.new_ones(f.shape[0], 1)], 1)
+
+    @property
+    def single(self) -> bool:
+        return self._x is not None and self.w is None
+
+    def subset(self, idx: torch.Tensor) -> _Rows:
+        return _Rows(self.z[idx], self.y[idx], None if self.w is None else self.w[idx],
+                     self.log_probs)
+
+    def parts(self) -> Any:
+        """``(x, y, w or None)`` per chunk."""
+        for sl in self.chunks:
+            x = self._x if self._x is not None else self._features(self.z[sl])
+            yield x, self.y[sl], None if self.w is None else self.w[sl]
+
+    def x_all(self) -> torch.Tensor:
+        """Every row's features (one chunk: kept in memory)."""
+        return self._x if self._x is not None else self._features(self.z)
+
+    def ce_sum(self, theta: torch.Tensor) -> float:
+        """``sum_i w_i CE(x_i theta^T, y_i)`` (weights 1 when None)."""
+        tot = 0.0
+        for x, y, w in self.parts():
+            ce = F.cross_entropy(x @ theta.T, y, reduction="none")
+            tot += float(ce.sum() if w is None else (ce * w).sum())
+        return tot
+
+    def objective(self, theta: torch.Tensor, pen: torch.Tensor) -> float:
+        if self.single:
+            assert self._x is not None
+            return float(F.cross_entropy(self._x @ theta.T, self.y) + (pen * theta * theta).sum())
+        return self.ce_sum(theta) / self.total + float((pen * theta * theta).sum())
+
+    def grad(self, theta: torch.Tensor, pen: torch.Tensor) -> torch.Tensor:
+        """The gradient (K, D) of the penalised (weighted) mean cross-entropy."""
+        k = theta.shape[0]
+        acc = torch.zeros_like(theta)
+        for x, y, w in self.parts():
+            r = torch.softmax(x @ theta.T, dim=1) - F.one_hot(y, k).to(torch.float64)
+            if w is not None:
+                r = r * w.unsqueeze(1)
+            if self.single:
+                return r.T @ x / self.n + 2 * pen * theta
+            acc += r.T @ x
+        return acc / self.total + 2 * pen * theta
+
+    def hessian(self, theta: torch.Tensor) -> torch.Tensor:
+        """The cross-entropy's Hessian (K D, K D) ``(1/W) sum_i w_i (diag q_i - q_i q_i^T) (x)
+        x_i x_i^T`` (rows of ``m = q (x) x`` in chunks of about ``CHUNK_ELEMENTS``)."""
+        k, d = theta.shape
+        if self.single:  # the unchunked arithmetic of small inputs
+            assert self._x is not None
+            x, n = self._x, self.n
+            q = torch.softmax(x @ theta.T, dim=1)
+            m = (q.unsqueeze(2) * x.unsqueeze(1)).reshape(n, k * d)
+            hess = -(m.T @ m) / n
+            blocks = (q.T.unsqueeze(2) * x).transpose(1, 2) @ x / n
+        else:
+            hess = torch.zeros(k * d, k * d, dtype=torch.float64, device=theta.device)
+            blocks = torch.zeros(k, d, d, dtype=torch.float64, device=theta.device)
+            step = max(1, CHUNK_ELEMENTS // (k * d))
+            for x, _, w in self.parts():
+                for a in range(0, x.shape[0], step):
+                    xs = x[a:a + step]
+                    q = torch.softmax(xs @ theta.T, dim=1)
+                    q_w = q if w is None else q * w[a:a + step].unsqueeze(1)
+                    m = (q.unsqueeze(2) * xs.unsqueeze(1)).reshape(xs.shape[0], k * d)
+                    mw = (q_w.unsqueeze(2) * xs.unsqueeze(1)).reshape(xs.shape[0], k * d)
+                    hess -= mw.T @ m
+                    blocks += (q_w.T.unsqueeze(2) * xs).transpose(1, 2) @ xs
+            hess /= self.total
+            blocks /= self.total
+        hv = hess.view(k, d, k, d)
+        idx = torch.arange(k, device=theta.device)
+        hv[idx, :, idx, :] += blocks
+        return hess
+
+    def hvp(self, theta: torch.Tensor, q_single: torch.Tensor | None, v: torch.Tensor
+            ) -> torch.Tensor:
+        """``H[V] = (1/W) sum_i w_i (q_i * s_i - q_i (q_i . s_i)) x_i^T`` (``s = x V^T``); q
+        recomputed per chunk unless ``q_single`` (one chunk) is given."""
+        acc = torch.zeros_like(v)
+        for x, _, w in self.parts():
+            q = q_single if q_single is not None else torch.softmax(x @ theta.T, dim=1)
+            s = x @ v.T
+            r = q * (s - (q * s).sum(1, keepdim=True))
+            if w is not None:
+                r = r * w.unsqueeze(1)
+            if self.single:
+                return r.T @ x / self.n
+            acc += r.T @ x
+        return acc / self.total
+
+    def curvature(self, theta: torch.Tensor, kd2_max: int) -> tuple[str, torch.Tensor]:
+        """The Hessian's (K, D, D) diagonal blocks ``(1/W) sum_i w_i q_ik (1 - q_ik) x_i
+        x_i^T`` (``("blocks", ...)``), or its (K, D) diagonal when ``K D^2 > kd2_max``."""
+        k, d = theta.shape
+        diag = k * d * d > kd2_max
+        acc = torch.zeros((k, d) if diag else (k, d, d), dtype=torch.float64,
+                          device=theta.device)
+        for x, _, w in self.parts():
+            q = torch.softmax(x @ theta.T, dim=1)
+            wq = q * (1 - q)
+            if w is not None:
+                wq = wq * w.unsqueeze(1)
+            if diag:
+                acc += wq.T @ (x * x)
+                continue
+            n = x.shape[0]
+            chunk = max(1, (1 << 24) // (n * d)) if self.single else max(
+                1, CHUNK_ELEMENTS // (n * d))
+            acc += torch.cat([(wq.T[a:a + chunk].unsqueeze(2) * x).transpose(1, 2) @ x
+                              for a in range(0, k, chunk)])
+        return ("diag" if diag else "blocks"), acc / (self.n if self.single else self.total)
 
 
-def newton_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
+def newton_softmax_fit(rows: _Rows, theta: torch.Tensor,
                        pen: torch.Tensor, *, max_iter: int, name: str, hint: str = "",
                        grad_stop: float = NEWTON_GRAD_STOP) -> torch.Tensor:
     """Minimise ``CE(x theta^T, y) + sum(pen * theta^2)`` over theta (K, D) by damped Newton.
 
-    The Hessian of the mean cross-entropy is ``(1/N) sum_i (diag q_i - q_i q_i^T) (x) x_i
-    x_i^T``; the step solves it by an eigen-decomposition that drops the directions the
-    objective is flat along (adding one vector to every row of theta changes no softmax), and
-    a backtracking line search keeps every step a descent.  Stops at a gradient of
-    ``grad_stop`` (default 1e-10; the cross-validation's fits stop at ``GRAD_TOL``), or
-    when no step decreases the objective any more (machine precision); raises
-    :class:`CalibrationError` if ``max_iter`` steps leave the gradient above ``GRAD_TOL``.
+    The Hessian of the (weighted) mean cross-entropy is ``(1/W) sum_i w_i (diag q_i - q_i
+    q_i^T) (x) x_i x_i^T`` (:meth:`_Rows.hessian`); the step solves it by an
+    eigen-decomposition that drops the directions the objective is flat along (adding one
+    vector to every row of theta changes no softmax), and a backtracking line search keeps
+    every step a descent.  Stops at a gradient of ``grad_stop`` (default 1e-10; the
+    cross-validation's fits stop at ``GRAD_TOL``), or when no step decreases the objective
+    any more (machine precision); raises :class:`CalibrationError` if ``max_iter`` steps
+    leave the gradient above ``GRAD_TOL``.  (The stop at 1e-10 is below the acceptance
+    ``GRAD_TOL``, unlike L-BFGS's before issue 43: Newton converges quadratically, so the
+    last decades cost one or two steps.)
     """
-    n, d = x.shape
-    k = theta.shape[0]
-    onehot = F.one_hot(y, k).to(torch.float64)
-    f = _objective(x, y, theta, pen)
+    f = rows.objective(theta, pen)
     grad = torch.full_like(theta, math.inf)
     for _ in range(max_iter):
-        q = torch.softmax(x @ theta.T, dim=1)
-        grad = (q - onehot).T @ x / n + 2 * pen * theta
+        grad = rows.grad(theta, pen)
         if float(grad.abs().max()) <= grad_stop:
             break
-        m = (q.unsqueeze(2) * x.unsqueeze(1)).reshape(n, k * d)
-        hess = -(m.T @ m) / n
-        blocks = (q.T.unsqueeze(2) * x).transpose(1, 2) @ x / n  # (K, D, D), K N D memory
-        hv = hess.view(k, d, k, d)
-        idx = torch.arange(k, device=x.device)
-        hv[idx, :, idx, :] += blocks
+        hess = rows.hessian(theta)
         # flat: relative to the cross-entropy's curvature (its largest diagonal entry), not to
         # the penalised Hessian's: a large penalty (lam = 1e8) would drop real directions
         flat = float(hess.diagonal().max()) * 1e-12
@@ -87,42 +211,29 @@ def newton_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
         evals, evecs = torch.linalg.eigh(hess)
         keep = evals > flat
         g = grad.reshape(-1)
-        step = (evecs[:, keep] @ ((evecs[:, keep].T @ g) / evals[keep])).view(k, d)
-        moved = backtrack(lambda th: _objective(x, y, th, pen), theta, f, step,
+        step = (evecs[:, keep] @ ((evecs[:, keep].T @ g) / evals[keep])).view(theta.shape)
+        moved = backtrack(lambda th: rows.objective(th, pen), theta, f, step,
                           float(g @ step.reshape(-1)))
         if moved is None:
             break
         theta, f = moved
     else:
-        q = torch.softmax(x @ theta.T, dim=1)
-        grad = (q - onehot).T @ x / n + 2 * pen * theta
+        grad = rows.grad(theta, pen)
     _check_newton_result(f, float(grad.abs().max()), max_iter, name, hint)
     return theta
 
 
-def _softmax_grad(x: torch.Tensor, onehot: torch.Tensor, theta: torch.Tensor,
-                  pen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Probabilities (N, K) and the gradient (K, D) of the penalised mean cross-entropy."""
-    q = torch.softmax(x @ theta.T, dim=1)
-    return q, (q - onehot).T @ x / x.shape[0] + 2 * pen * theta
-
-
-def _block_preconditioner(x: torch.Tensor, q: torch.Tensor, pen: torch.Tensor) -> Any:
+def _block_preconditioner(rows: _Rows, theta: torch.Tensor, pen: torch.Tensor) -> Any:
     """``r -> M^{-1} r`` with M the Hessian's K diagonal (D, D) blocks
-    ``(1/N) sum_i q_ik (1 - q_ik) x_i x_i^T + 2 diag(pen_k)`` (Cholesky factors, K D^2
-    memory, built class by class in chunks of about 2^24 numbers); the Hessian's diagonal
-    alone when K D^2 exceeds ``BLOCK_PRECONDITIONER_MAX``."""
-    n, d = x.shape
-    k = q.shape[1]
-    w = q * (1 - q)
-    if k * d * d > BLOCK_PRECONDITIONER_MAX:
-        diag = (w.T @ (x * x)) / n + 2 * pen + 1e-12
+    ``(1/W) sum_i w_i q_ik (1 - q_ik) x_i x_i^T + 2 diag(pen_k)`` (Cholesky factors, K D^2
+    memory, built in chunks); the Hessian's diagonal alone when K D^2 exceeds
+    ``BLOCK_PRECONDITIONER_MAX``."""
+    kind, acc = rows.curvature(theta, BLOCK_PRECONDITIONER_MAX)
+    if kind == "diag":
+        diag = acc + 2 * pen + 1e-12
         return lambda r: r / diag
-    chunk = max(1, (1 << 24) // (n * d))
-    blocks = torch.cat([(w.T[a:a + chunk].unsqueeze(2) * x).transpose(1, 2) @ x / n
-                        for a in range(0, k, chunk)])
-    blocks.diagonal(dim1=1, dim2=2).add_(2 * pen + 1e-10)
-    factor = torch.linalg.cholesky(blocks)
+    acc.diagonal(dim1=1, dim2=2).add_(2 * pen + 1e-10)
+    factor = torch.linalg.cholesky(acc)
     return lambda r: torch.cholesky_solve(r.unsqueeze(2), factor).squeeze(2)
 
 
@@ -153,17 +264,18 @@ def _pcg(hvp: Any, g: torch.Tensor, precond: Any, tol: float, max_steps: int
     return p if bool(p.abs().sum() > 0) else precond(g)
 
 
-def newton_cg_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
+def newton_cg_softmax_fit(rows: _Rows, theta: torch.Tensor,
                           pen: torch.Tensor, *, max_iter: int, name: str, hint: str = "",
                           memorised_below: float = -math.inf,
                           grad_stop: float = NEWTON_GRAD_STOP) -> torch.Tensor:
     """:func:`newton_softmax_fit` without the Hessian: truncated Newton.
 
     Each step solves ``H p = g`` by conjugate gradients with Hessian-vector products
-    ``H[V] = (1/N) ((q * s - q (q . s))^T x) + 2 pen * V`` (``s = x V^T``; ``N K D`` each)
-    and the Hessian's diagonal blocks as preconditioner, to a residual ``min(0.5, sqrt|g|) |g|``
-    (super-linear convergence), then the same backtracking line search.  Stops at a gradient
-    of ``NEWTON_GRAD_STOP`` or when no step decreases the objective; raises
+    ``H[V] = (1/N) ((q * s - q (q . s))^T x) + 2 pen * V`` (``s = x V^T``; ``N K D`` each;
+    chunk by chunk for a large input, q recomputed per chunk) and the Hessian's diagonal
+    blocks as preconditioner, to a residual ``min(0.5, sqrt|g|) |g|`` (super-linear
+    convergence), then the same backtracking line search.  Stops at a gradient of
+    ``NEWTON_GRAD_STOP`` or when no step decreases the objective; raises
     :class:`CalibrationError` if ``max_iter`` steps leave the gradient above ``GRAD_TOL``.
 
     A fit that memorises its labels (the objective below ``memorised_below``, which the caller
@@ -172,29 +284,28 @@ def newton_cg_softmax_fit(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor,
     further decade of the gradient costs more Newton steps than the last (C = 1,000, N = 5,000:
     minutes each), and the result is useless anyway (the caller warns).
     """
-    n = x.shape[0]
-    onehot = F.one_hot(y, theta.shape[0]).to(torch.float64)
-    f = _objective(x, y, theta, pen)
+    f = rows.objective(theta, pen)
     for _ in range(max_iter):
-        q, grad = _softmax_grad(x, onehot, theta, pen)
+        grad = rows.grad(theta, pen)
         g_max = float(grad.abs().max())
         if g_max <= grad_stop or (f < memorised_below and g_max <= GRAD_TOL):
             break
+        q1 = torch.softmax(rows.x_all() @ theta.T, dim=1) if rows.single else None
 
-        def hvp(v: torch.Tensor, q: torch.Tensor = q) -> torch.Tensor:
-            s = x @ v.T
-            return (q * (s - (q * s).sum(1, keepdim=True))).T @ x / n + 2 * pen * v
+        def hvp(v: torch.Tensor, theta: torch.Tensor = theta,
+                q1: torch.Tensor | None = q1) -> torch.Tensor:
+            return rows.hvp(theta, q1, v) + 2 * pen * v
 
-        precond = _block_preconditioner(x, q, pen)
+        precond = _block_preconditioner(rows, theta, pen)
         g_norm = float(grad.norm())
         step = _pcg(hvp, grad, precond, min(0.5, math.sqrt(g_norm)) * g_norm,
                     max_steps=max(50, min(500, grad.numel())))
-        moved = backtrack(lambda th: _objective(x, y, th, pen), theta, f, step,
+        moved = backtrack(lambda th: rows.objective(th, pen), theta, f, step,
                           float((grad * step).sum()))
         if moved is None:
             break
         theta, f = moved
-    _, grad = _softmax_grad(x, onehot, theta, pen)
+    grad = rows.grad(theta, pen)
     _check_newton_result(f, float(grad.abs().max()), max_iter, name, hint)
     return theta
 
@@ -232,31 +343,34 @@ def _penalty(c: int, reg: str, lam: float, mu: float, device: Any) -> torch.Tens
     return pen
 
 
-def _solve(x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor, pen: torch.Tensor, *,
+def _solve(rows: _Rows, theta: torch.Tensor, pen: torch.Tensor, *,
            max_iter: int, name: str, hint: str, memorised_below: float,
            grad_stop: float = NEWTON_GRAD_STOP) -> torch.Tensor:
     """The penalised softmax fit from ``theta``: exact Newton up to ``NEWTON_MAX_CLASSES``
     classes, truncated Newton above."""
     if theta.shape[0] <= NEWTON_MAX_CLASSES:
-        return newton_softmax_fit(x, y, theta, pen, max_iter=max_iter, name=name, hint=hint,
+        return newton_softmax_fit(rows, theta, pen, max_iter=max_iter, name=name, hint=hint,
                                   grad_stop=grad_stop)
-    return newton_cg_softmax_fit(x, y, theta, pen, max_iter=max_iter, name=name, hint=hint,
+    return newton_cg_softmax_fit(rows, theta, pen, max_iter=max_iter, name=name, hint=hint,
                                  memorised_below=memorised_below, grad_stop=grad_stop)
 
 
-def _ts_start(x: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
+def _ts_start(rows: _Rows) -> tuple[torch.Tensor, float]:
     """Temperature scaling's solution ``W = I / T``, ``b = 0`` (softmax(log p / T) =
     softmax(z / T), so the same T serves both maps; no ODIR penalty there) and its NLL."""
+    z = rows.z
     c = z.shape[1]
     theta = torch.zeros(c, c + 1, dtype=torch.float64, device=z.device)
-    theta[:, :c] = torch.eye(c, dtype=torch.float64, device=z.device) / fit_nll(z, y)
-    return theta, float(F.cross_entropy(x @ theta.T, y))
+    theta[:, :c] = torch.eye(c, dtype=torch.float64, device=z.device) / fit_nll(z, rows.y,
+                                                                                rows.w)
+    return theta, rows.objective(theta, torch.zeros_like(theta))
 
 
 class _LinearCalibrator(Calibrator):
     """``q = softmax(W phi(z) + b)`` with W (C, C) and b (C,) fitted by regularised NLL."""
 
     _fitted_attr = "weight_"
+    changes_argmax = True  # a full linear map (and its bias) moves the decision boundaries
     _log_probs: bool = False  # phi = log_softmax (Dirichlet) or the identity (matrix scaling)
 
     def __init__(self, reg: str, lam: float | str, mu: float | str, max_iter: int,
@@ -278,39 +392,34 @@ class _LinearCalibrator(Calibrator):
         return (check_choice(self.reg, "reg", _REGS), penalty(self.lam, "lam"),
                 penalty(self.mu, "mu"), check_positive_int(self.max_iter, "max_iter"), cv)
 
-    def _features(self, z: torch.Tensor) -> torch.Tensor:
-        z64 = z.to(torch.float64)
-        return torch.log_softmax(z64, dim=1) if self._log_probs else z64
-
-    def fit(self, logits: Any, labels: Any) -> _LinearCalibrator:
-        """Fit W and b on validation ``logits`` (N, C) and ``labels`` (N,); returns ``self``.
+    def _fit(self, z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None) -> None:
+        """Fit W and b on validated rows ``z`` (M, C), ``y`` (M,) and weights (or None).
 
         ``lam="cv"`` / ``mu="cv"`` are first chosen by ``cv``-fold cross-validation
         (see the class docstring); the chosen values are ``lam_`` / ``mu_``."""
         reg, lam, mu, max_iter, cv = self._settings()
-        z, y = prepare_fit(logits, labels)
         c = z.shape[1]
         # features with a column of ones: theta = [W | b], shape (C, C + 1)
-        x = torch.cat([self._features(z), z.new_ones(z.shape[0], 1, dtype=torch.float64)], 1)
+        rows = _Rows(z, y, w, self._log_probs)
         self.cv_scores_ = None
         if reg == "odir" and "cv" in (lam, mu):
             with warnings.catch_warnings():  # the folds' fits: the final fit warns for them
                 warnings.simplefilter("ignore")
-                lam, mu = self._cross_validate(x, z, y, lam, mu, cv, max_iter)
+                lam, mu = self._cross_validate(rows, lam, mu, cv, max_iter)
         lam, mu = (0.0, 0.0) if reg == "none" else (float(lam), float(mu))
-        theta, nll_ts = _ts_start(x, z, y)
+        theta, nll_ts = _ts_start(rows)
         name = type(self).__name__
         hint = absent_hint(absent_classes(y, c)) if (reg == "none" or mu == 0) else ""
         n_params = c * (c + 1)
         memorised = n_params > z.shape[0]
-        theta = _solve(x, y, theta, _penalty(c, reg, lam, mu, z.device), max_iter=max_iter,
+        theta = _solve(rows, theta, _penalty(c, reg, lam, mu, z.device), max_iter=max_iter,
                        name=name, hint=hint,
                        memorised_below=MEMORIZED_NLL_FRACTION * nll_ts if memorised else -math.inf)
         self.weight_ = theta[:, :c].cpu()
         self.bias_ = theta[:, c].cpu()
         self.n_classes_ = c
         self.lam_, self.mu_ = lam, mu
-        nll = self._nll_vs_identity(z, y, "validation")
+        nll = self._nll_vs_identity(z, y, "validation", w)
         if memorised and nll < MEMORIZED_NLL_FRACTION * nll_ts:
             warnings.warn(
                 f"{name}: {n_params:,} parameters fitted on {z.shape[0]:,} validation samples "
@@ -320,12 +429,10 @@ class _LinearCalibrator(Calibrator):
                 f"{lam / (c * (c - 1)):.2g} here), and on other data it will likely be "
                 "worse than no calibration; choose `lam` and `mu` by cross-validation "
                 "(lam='cv', mu='cv', the default), fit on more samples, or use "
-                "TemperatureScaling / VectorScaling", MemorizedValidationWarning, stacklevel=2)
-        return self
+                "TemperatureScaling / VectorScaling", MemorizedValidationWarning, stacklevel=3)
 
-    def _cross_validate(self, x: torch.Tensor, z: torch.Tensor, y: torch.Tensor,
-                        lam: float | str, mu: float | str, cv: int, max_iter: int
-                        ) -> tuple[float, float]:
+    def _cross_validate(self, rows: _Rows, lam: float | str, mu: float | str, cv: int,
+                        max_iter: int) -> tuple[float, float]:
         """Choose the ``"cv"`` penalties by ``cv``-fold cross-validation of the NLL.
 
         The folds are :func:`~torchcal.posthoc.cv_folds`'s.  Each value of ``CV_GRID`` is
@@ -335,6 +442,7 @@ class _LinearCalibrator(Calibrator):
         than the best.  With both ``"cv"``, ``lam = mu`` is searched first, then ``mu`` with
         that ``lam``.  Sets ``cv_scores_`` (``{(lam, mu): held-out NLL}``); returns the best
         ``(lam, mu)`` (ties: the larger penalty)."""
+        z = rows.z
         n = z.shape[0]
         if n < 2 * cv:
             raise ValueError(f"Expected at least 2 * cv = {2 * cv} validation samples to choose "
@@ -342,7 +450,7 @@ class _LinearCalibrator(Calibrator):
                              "values (e.g. lam=0.01, mu=0.01)")
         folds = cv_folds(n, cv, z.device)
         trains = [torch.cat(folds[:i] + folds[i + 1:]) for i in range(cv)]
-        thetas = [_ts_start(x[t], z[t], y[t])[0] for t in trains]
+        thetas = [_ts_start(rows.subset(t))[0] for t in trains]
         scores: dict[tuple[float, float], float] = {}
         name = f"{type(self).__name__} (cross-validation)"
 
@@ -350,13 +458,13 @@ class _LinearCalibrator(Calibrator):
             total = 0.0
             for i, (tr, te) in enumerate(zip(trains, folds, strict=True)):
                 try:
-                    thetas[i] = _solve(x[tr], y[tr], thetas[i], _penalty(
+                    thetas[i] = _solve(rows.subset(tr), thetas[i], _penalty(
                         z.shape[1], "odir", *pair, z.device), max_iter=max_iter, name=name,
                         hint="", memorised_below=-math.inf, grad_stop=GRAD_TOL)
                 except CalibrationError:
                     return math.inf
-                total += float(F.cross_entropy(x[te] @ thetas[i].T, y[te], reduction="sum"))
-            return total / n
+                total += rows.subset(te).ce_sum(thetas[i])
+            return total / rows.total
 
         def sweep(pairs: list[tuple[float, float]]) -> tuple[float, float]:
             """Score ``pairs`` in order until ``CV_PATIENCE`` in a row are worse than the best
@@ -378,7 +486,7 @@ class _LinearCalibrator(Calibrator):
         grid = sorted(CV_GRID, reverse=True)
         if lam == "cv" and mu == "cv":
             lam, _ = sweep([(g, g) for g in grid])
-            self._restart(thetas, trains, x, z, y)
+            self._restart(thetas, trains, rows)
             sweep([(lam, g) for g in grid])
         elif lam == "cv":
             sweep([(g, float(mu)) for g in grid])
@@ -389,18 +497,19 @@ class _LinearCalibrator(Calibrator):
         return min(scores, key=lambda p: (scores[p], -p[0], -p[1]))
 
     @staticmethod
-    def _restart(thetas: list[torch.Tensor], trains: list[torch.Tensor], x: torch.Tensor,
-                 z: torch.Tensor, y: torch.Tensor) -> None:
+    def _restart(thetas: list[torch.Tensor], trains: list[torch.Tensor], rows: _Rows) -> None:
         """Every fold's start back at temperature scaling (a new sweep from a large penalty)."""
         for i, t in enumerate(trains):
-            thetas[i] = _ts_start(x[t], z[t], y[t])[0]
+            thetas[i] = _ts_start(rows.subset(t))[0]
 
     def _transform(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated logits ``phi(z) W^T + b`` (float64 inside, the logits' dtype out)."""
         check_n_classes(z, self.n_classes_)
         w = self.weight_.to(z.device)
         b = self.bias_.to(z.device)
-        return (self._features(z) @ w.T + b).to(z.dtype)
+        z64 = z.to(torch.float64)
+        phi = torch.log_softmax(z64, dim=1) if self._log_probs else z64
+        return (phi @ w.T + b).to(z.dtype)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe description (settings, the penalties used, W and b)."""

@@ -36,13 +36,16 @@ from typing import Any
 import torch
 
 from .._validation import check_positive_int
+from ..metrics import IGNORE_INDEX
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_bin_index
 from ._common import (
     MAX_PARAMETER,
     Calibrator,
     check_grid,
     finite_float,
-    prepare_fit,
+    prepare_fit_weighted,
+    row_chunks,
+    weighted_equal_mass_edges,
     work_dtype,
 )
 
@@ -61,8 +64,12 @@ METHODS = ("nll", "grid_ece", "grid_adaece", "grid_nll")
 CRITERIA = ("ece", "adaptive_ece", "nll")
 _METHOD_CRITERION = {"grid_ece": "ece", "grid_adaece": "adaptive_ece", "grid_nll": "nll"}
 
-# Elements of one (n_T, N, C) block of scaled logits (and of its softmax): 64 MiB in float32.
-_CHUNK_ELEMENTS = 1 << 24
+# Elements of one (n_T, N, C) block of scaled logits (and of its softmax): 2 MiB in float32
+# (all 100 temperatures at once up to N C = 5,242); above it fewer temperatures per block, and
+# one at a time from N C = 2^18 (two (N, C) buffers in the logits' dtype: the grid search of a
+# segmentation batch never holds more than twice its kept rows).  The chunking changes no
+# result (each temperature's row is computed alone).
+_CHUNK_ELEMENTS = 1 << 19
 # Bounds of the NLL search (temperatures) and its iteration limit.
 NLL_BOUNDS = (1e-2, 1e2)
 _NLL_MAX_ITER = 200
@@ -79,7 +86,7 @@ def _check_scaled_finite(z: torch.Tensor, t_min: float, dtype: torch.dtype) -> N
 
 
 def _binned_ece_rows(
-    idx: torch.Tensor, conf64: torch.Tensor, corr64: torch.Tensor, n_bins: int, n: int
+    idx: torch.Tensor, conf64: torch.Tensor, corr64: torch.Tensor, n_bins: int, n: float
 ) -> torch.Tensor:
     """ECE of each row of (k, N) bin indices / confidences / correctness, float64 (k,).
 
@@ -107,15 +114,17 @@ def _softmax_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 def _grid_scores(
     z: torch.Tensor, y: torch.Tensor, temps: Sequence[float], n_bins: int,
-    criteria: Sequence[str],
+    criteria: Sequence[str], w: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Validated inputs -> ``{criterion: float64 tensor (n_T,)}`` on ``z``'s device."""
+    """Validated inputs -> ``{criterion: float64 tensor (n_T,)}`` on ``z``'s device
+    (``w``: optional float64 sample weights, each criterion their weighted mean)."""
     wd = work_dtype(z.dtype)
     zw = z.to(wd)
     _check_scaled_finite(zw, min(temps), wd)
     n, c = zw.shape
     device = zw.device
     n_t = len(temps)
+    total = float(n) if w is None else float(w.sum())
     temps_t = torch.tensor(temps, dtype=wd, device=device)
     out = {name: torch.empty(n_t, dtype=torch.float64, device=device) for name in criteria}
     want_ece = "ece" in criteria
@@ -138,13 +147,17 @@ def _grid_scores(
             conf, pred = p.max(dim=-1)
             conf64 = conf.to(torch.float64)
             corr64 = pred.eq(y).to(torch.float64)
+            if w is not None:
+                conf64, corr64 = conf64 * w, corr64 * w
             if want_ece:
                 idx = equal_width_bin_index(conf, n_bins)
-                out["ece"][sl] = _binned_ece_rows(idx, conf64, corr64, n_bins, n)
+                out["ece"][sl] = _binned_ece_rows(idx, conf64, corr64, n_bins, total)
             if want_ada:
                 # One set of equal-mass edges per temperature (row), batched.
-                idx = bin_index(conf, equal_mass_edges(conf, n_bins))
-                out["adaptive_ece"][sl] = _binned_ece_rows(idx, conf64, corr64, n_bins, n)
+                edges = (equal_mass_edges(conf, n_bins) if w is None
+                         else weighted_equal_mass_edges(conf, w, n_bins))
+                idx = bin_index(conf, edges)
+                out["adaptive_ece"][sl] = _binned_ece_rows(idx, conf64, corr64, n_bins, total)
         if want_nll:
             p_y = p.gather(-1, y.view(1, -1, 1).expand(k, -1, 1)).squeeze(-1)
             nll = -torch.log(p_y.to(torch.float64))
@@ -154,7 +167,7 @@ def _grid_scores(
                 tb, ib = bad.nonzero(as_tuple=True)
                 ls = torch.log_softmax(scaled[tb, ib], dim=-1)
                 nll[tb, ib] = -ls.gather(1, y[ib].unsqueeze(1)).squeeze(1).to(torch.float64)
-            out["nll"][sl] = nll.sum(dim=1) / n
+            out["nll"][sl] = (nll.sum(dim=1) if w is None else (nll * w).sum(dim=1)) / total
     return out
 
 
@@ -188,7 +201,7 @@ def temperature_grid_scores(
         >>> [round(v, 4) for v in s["ece"].tolist()]
         [0.1308, 0.0189]
     """
-    z, y = prepare_fit(logits, labels, one_class_ok=True)  # scores, not a fit
+    z, y, _, _ = prepare_fit_weighted(logits, labels, one_class_ok=True)  # scores, not a fit
     temps = check_grid(grid)
     n_bins = check_positive_int(n_bins, "n_bins")
     if isinstance(criteria, str):
@@ -211,7 +224,8 @@ def _argmin_smallest(scores: torch.Tensor, temps: Sequence[float], what: str) ->
     return min(t for t, v in zip(temps, vals, strict=True) if v == best)
 
 
-def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str) -> None:
+def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str,
+                         stacklevel: int = 3) -> None:
     """``RuntimeWarning`` when a grid search chose the smallest or largest temperature of a
     grid of more than one: the criterion may keep falling beyond it."""
     lo, hi = min(temps), max(temps)
@@ -222,11 +236,55 @@ def warn_if_on_grid_edge(t: float, temps: Sequence[float], method: str) -> None:
             f"{side} entry of the grid [{lo:g}, {hi:g}], so the best temperature may lie "
             "outside it; pass a wider `grid`.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
 
-def fit_nll(z: torch.Tensor, y: torch.Tensor) -> float:
+def _nll_derivatives(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None
+                     ) -> tuple[bool, Any]:
+    """``(every label is the strict arg-max, grad_hess)`` of :func:`fit_nll`: ``grad_hess(beta)``
+    gives ``f'(beta)`` and ``f''(beta)`` of the (weighted) mean NLL, one float64 pass over the
+    rows chunk by chunk (one chunk, the float64 copy kept, for small inputs)."""
+    n, c = z.shape
+    chunks = row_chunks(n, c)
+    single = len(chunks) == 1
+    z64_single = z.to(torch.float64) if single else None
+
+    def rows64(sl: slice) -> torch.Tensor:
+        return z64_single if z64_single is not None else z[sl].to(torch.float64)
+
+    total = float(n) if w is None else float(w.sum())
+    zy_sum, all_correct = 0.0, True
+    for sl in chunks:
+        zc, yc = rows64(sl), y[sl].unsqueeze(1)
+        zy = zc.gather(1, yc)
+        zy_sum += float(zy.sum() if w is None else (zy.squeeze(1) * w[sl]).sum())
+        all_correct = all_correct and bool((zy > zc.scatter(1, yc, -math.inf)).all())
+    zy_mean = zy_sum / total
+    z2_single = z64_single * z64_single if z64_single is not None else None
+
+    def grad_hess(beta: float) -> tuple[float, float]:
+        g_sum = h_sum = 0.0
+        for sl in chunks:
+            zc = rows64(sl)
+            z2 = z2_single if z2_single is not None else zc * zc
+            p = torch.softmax(zc * beta, dim=1)
+            ez = (p * zc).sum(dim=1)
+            ez2 = (p * z2).sum(dim=1)
+            var = (ez2 - ez * ez).clamp(min=0)
+            if w is None:
+                g_sum += float(ez.sum())
+                h_sum += float(var.sum())
+            else:
+                g_sum += float((ez * w[sl]).sum())
+                h_sum += float((var * w[sl]).sum())
+        return g_sum / total - zy_mean, h_sum / total
+
+    return all_correct, grad_hess
+
+
+def fit_nll(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None = None,
+            stacklevel: int = 3) -> float:
     """Minimise the float64 validation NLL over T (safeguarded Newton on ``beta = 1/T``).
 
     ``f(beta) = (1/N) sum_i [logsumexp(beta z_i) - beta z_{i,y_i}]`` is convex in ``beta``
@@ -234,32 +292,21 @@ def fit_nll(z: torch.Tensor, y: torch.Tensor) -> float:
     (``p_i = softmax(beta z_i)``), so its minimiser is the root of the increasing ``f'``.
     Newton steps are kept inside a bracket ``[1/100, 1/0.01]`` that shrinks with the sign of
     ``f'``; a step leaving it is replaced by geometric bisection (rtsafe).  Each iteration is
-    one float64 pass over the logits; a few iterations reach machine precision.
+    one float64 pass over the logits, chunk by chunk (``CHUNK_ELEMENTS``: a large input is
+    never copied to float64 as a whole); a few iterations reach machine precision.  ``w``:
+    optional sample weights (the means become weighted means).
     """
-    z64 = z.to(torch.float64)
-    n = z64.shape[0]
-    zy = z64.gather(1, y.unsqueeze(1))
-    zy_mean = float(zy.sum()) / n
-    if bool((zy > z64.scatter(1, y.unsqueeze(1), -math.inf)).all()):
+    all_correct, grad_hess = _nll_derivatives(z, y, w)
+    if all_correct:
         # Every label is the strict arg-max: the NLL decreases all the way to T -> 0 (and
         # underflows to a flat 0 in float64 before the bound), so the bound is the answer.
         warnings.warn(
             f"Every validation prediction is correct, so the validation NLL decreases towards "
             f"T -> 0; returning the search bound T = {NLL_BOUNDS[0]}.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         return NLL_BOUNDS[0]
-    z2 = z64 * z64
-
-    def grad_hess(beta: float) -> tuple[float, float]:
-        p = torch.softmax(z64 * beta, dim=1)
-        ez = (p * z64).sum(dim=1)
-        ez2 = (p * z2).sum(dim=1)
-        g = float(ez.sum()) / n - zy_mean
-        h = float((ez2 - ez * ez).clamp(min=0).sum()) / n
-        return g, h
-
     b_lo, b_hi = 1.0 / NLL_BOUNDS[1], 1.0 / NLL_BOUNDS[0]
     beta, g = 1.0, math.nan
     for _ in range(_NLL_MAX_ITER):
@@ -293,7 +340,7 @@ def fit_nll(z: torch.Tensor, y: torch.Tensor) -> float:
         warnings.warn(
             f"The validation NLL is minimised at the search bound T = {NLL_BOUNDS[0]}.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         t = NLL_BOUNDS[0]
     elif t > NLL_BOUNDS[1] * (1 - 1e-9):
@@ -301,7 +348,7 @@ def fit_nll(z: torch.Tensor, y: torch.Tensor) -> float:
             f"The validation NLL is minimised at the search bound T = {NLL_BOUNDS[1]}: the "
             "logits carry almost no (or inverted) information about the labels.",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         t = NLL_BOUNDS[1]
     return t
@@ -363,22 +410,20 @@ class TemperatureScaling(Calibrator):
         self.grid = grid
         self.n_bins = n_bins
 
-    def fit(self, logits: Any, labels: Any) -> TemperatureScaling:
-        """Fit T on validation ``logits`` (N, C) and ``labels`` (N,); returns ``self``."""
+    def _fit(self, z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None) -> None:
+        """Fit T on validated rows ``z`` (M, C), ``y`` (M,) and weights ``w`` (or None)."""
         method = _check_method(self.method)
         n_bins = check_positive_int(self.n_bins, "n_bins")
-        z, y = prepare_fit(logits, labels)
         if method == "nll":
             self.grid_scores_ = None
-            self.temperature_ = fit_nll(z, y)
-            return self
+            self.temperature_ = fit_nll(z, y, w, stacklevel=4)
+            return
         temps = check_grid(self.grid)
         crit = _METHOD_CRITERION[method]
-        scores = _grid_scores(z, y, temps, n_bins, (crit,))[crit]
+        scores = _grid_scores(z, y, temps, n_bins, (crit,), w)[crit]
         self.grid_scores_ = scores.tolist()
         self.temperature_ = _argmin_smallest(scores, temps, crit)
-        warn_if_on_grid_edge(self.temperature_, temps, method)
-        return self
+        warn_if_on_grid_edge(self.temperature_, temps, method, stacklevel=4)
 
     def _transform(self, z: torch.Tensor) -> torch.Tensor:
         """Calibrated logits ``z / T`` (same dtype and device)."""
@@ -412,7 +457,8 @@ class TemperatureScaling(Calibrator):
 
 
 def fit_temperatures(
-    logits: Any, labels: Any, n_bins: int = 15, *, grid: Sequence[float] | None = None
+    logits: Any, labels: Any, n_bins: int = 15, *, grid: Sequence[float] | None = None,
+    sample_weight: Any = None, ignore_index: Any = IGNORE_INDEX,
 ) -> dict[str, float]:
     """Every method's temperature on the same validation logits, sharing the grid pass.
 
@@ -428,12 +474,13 @@ def fit_temperatures(
     """
     n_bins = check_positive_int(n_bins, "n_bins")
     temps = check_grid(grid)
-    z, y = prepare_fit(logits, labels)
-    scores = _grid_scores(z, y, temps, n_bins, CRITERIA)
+    z, y, w, _ = prepare_fit_weighted(logits, labels, ignore_index=ignore_index,
+                                      sample_weight=sample_weight)
+    scores = _grid_scores(z, y, temps, n_bins, CRITERIA, w)
     out = {
         m: _argmin_smallest(scores[c], temps, c) for m, c in _METHOD_CRITERION.items()
     }
     for m, t in out.items():
         warn_if_on_grid_edge(t, temps, m)
-    out["nll"] = fit_nll(z, y)
+    out["nll"] = fit_nll(z, y, w)
     return {m: out[m] for m in METHODS[1:] + METHODS[:1]}
