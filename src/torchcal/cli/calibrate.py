@@ -24,11 +24,11 @@ from sklearn.base import clone
 
 from .. import posthoc
 from .._io import exclusive_lock
-from ..evaluate import load_logits, write_calibration
 from ..errors import ResultsFileError
+from ..evaluate import load_logits, write_calibration
 from ..metrics import adaptive_ece, ece, error, nll
-from ..runs import RunDir
 from ..posthoc import CalibrationError
+from ..runs import RunDir
 from ._args import PERCENT_NOTE, nonneg_float, pct
 from ._args import fmt as _fmt
 

@@ -71,7 +71,6 @@ from .steps import (
     final_evaluation,
     finished_run_numbers,
     progress_bar,
-    snapshot,
     tensorboard_logger,
     train_batches,
     update_every,

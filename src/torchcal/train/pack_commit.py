@@ -32,9 +32,8 @@ import copy
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
