@@ -559,3 +559,106 @@ def test_a_packed_sweep_keeps_the_users_files_of_a_stale_run(runs):
     assert [m["error"] for m in res["members"]] == [None, None], res
     assert (runs / "ce" / "notes.txt").read_text() == "mine"
     assert (runs / "focal" / "notes.txt").read_text() == "mine too"
+
+
+# --- 17. report pages are committed together; a killed report / ensemble writer's temp files go
+def _results_tree(root):
+    """Two seeds of ce evaluated from random logits (no training): what a report reads."""
+    from torchcal.evaluate import evaluate_logits, save_logits, write_results
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(60) % 5
+    for seed in (0, 1):
+        d = root / "ce" / f"seed{seed}"
+        z = {s: 3 * torch.randn(60, 5, generator=g) for s in ("val", "test")}
+        for split, logits in z.items():
+            save_logits(d / "logits" / f"{split}.npz", logits, y)
+        write_results(d, evaluate_logits(
+            val_logits=z["val"], val_labels=y, test_logits=z["test"], test_labels=y, n_bins=15,
+            meta={"dataset": "digits", "model": "mlp", "loss": "ce", "loss_kwargs": {},
+                  "seed": seed}))
+    return root
+
+
+_PAGES = ("report.md", "report.html", "results.json", "results.csv", "summary.csv")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full simulates a full disk")
+@pytest.mark.parametrize("full_at", ["report.html", "summary.csv"])
+def test_a_full_disk_during_report_leaves_every_old_page(tmp_path, monkeypatch, full_at):
+    import torchcal._io as io_mod
+    from torchcal.report.build import build_report
+    runs, out = _results_tree(tmp_path / "runs"), tmp_path / "rep"
+    build_report([runs], out, title="Old report", figures=False)
+    old = {name: (out / name).read_bytes() for name in _PAGES}
+    real = io_mod._new_temp_file
+
+    def disk_full_at(path):  # the temp file of `full_at` writes to /dev/full: ENOSPC
+        fd, tmp = real(path)
+        if path.name == full_at:
+            dev = os.open("/dev/full", os.O_WRONLY)
+            os.dup2(dev, fd)
+            os.close(dev)
+        return fd, tmp
+
+    monkeypatch.setattr(io_mod, "_new_temp_file", disk_full_at)
+    with pytest.raises(OSError, match=f"disk is full, cannot write .*{full_at}"):
+        build_report([runs], out, title="New report", figures=False)
+    assert {name: (out / name).read_bytes() for name in _PAGES} == old  # all old pages
+    assert sorted(p.name for p in out.iterdir()) == sorted(_PAGES)  # and no temp file
+    monkeypatch.undo()
+    build_report([runs], out, title="New report", figures=False)
+    assert all(b"New report" in (out / n).read_bytes() for n in ("report.md", "report.html"))
+
+
+def test_a_killed_report_writers_temp_files_go_on_the_next_report(tmp_path):
+    from torchcal.report.build import build_report
+    runs, out = _results_tree(tmp_path / "runs"), tmp_path / "rep"
+    (out / "figures").mkdir(parents=True)
+    stale = [out / f".report.md.{_DEAD}-abcd1234.tmp", out / f".results.json.{_DEAD}-abcd1234.tmp",
+             out / f".summary.csv.{_DEAD}-abcd1234.tmp",
+             out / "figures" / f".reliability.png.{_DEAD}-abcd1234.tmp"]
+    live = out / f".report.html.{os.getppid()}-abcd1234.tmp"  # a live writer's
+    users = [out / "notes.tmp", out / ".report.md.mine.tmp", out / f".notes.txt.{_DEAD}-ab.tmp",
+             live]
+    for p in stale + users:
+        p.write_bytes(b"half")
+    precious = tmp_path / "precious.txt"
+    precious.write_bytes(b"mine")
+    link = out / f".report.md.{_DEAD}-abcd0000.tmp"  # torchcal's name, but a link: kept
+    link.symlink_to(precious)
+    build_report([runs], out, figures=False)
+    assert [p for p in stale if p.exists()] == []
+    assert all(p.read_bytes() == b"half" for p in users)
+    assert link.is_symlink() and precious.read_bytes() == b"mine"
+
+
+def test_a_killed_ensemble_writers_temp_files_go_on_the_next_ensemble(tmp_path):
+    from torchcal.ensemble import evaluate_ensemble
+    runs = _results_tree(tmp_path / "runs")
+    ens = tmp_path / "ensembles" / "ce"
+    (ens / "logits").mkdir(parents=True)
+    stale = [ens / f".results.json.{_DEAD}-abcd1234.tmp",
+             ens / f".results.json.sha256.{_DEAD}-abcd1234.tmp",
+             ens / "logits" / f".test.npz.{_DEAD}-abcd1234.tmp"]
+    users = [ens / "logits" / ".test.npz.mine.tmp", ens / "notes.tmp"]
+    for p in stale + users:
+        p.write_bytes(b"half")
+    evaluate_ensemble([runs / "ce" / "seed0", runs / "ce" / "seed1"], ens,
+                      meta={"members": [0, 1]})
+    assert [p for p in stale if p.exists()] == [] and all(p.exists() for p in users)
+    assert (ens / "results.json").is_file()
+
+
+def test_a_linked_figures_folder_is_never_followed(tmp_path, capsys):
+    from torchcal.report.build import remove_stale_report_temp_files
+    runs, out, mine = _results_tree(tmp_path / "runs"), tmp_path / "rep", tmp_path / "photos"
+    mine.mkdir()
+    keep = [mine / "holiday.png", mine / f".holiday.png.{_DEAD}-abcd1234.tmp"]
+    for p in keep:
+        p.write_bytes(b"mine")
+    out.mkdir()
+    (out / "figures").symlink_to(mine)
+    assert remove_stale_report_temp_files(out) == []
+    _one_line_error(capsys, ["report", str(runs), "--out", str(out), "--no-figures"],
+                    "Figures directory", "symbolic link")
+    assert all(p.read_bytes() == b"mine" for p in keep)

@@ -66,6 +66,8 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
+    "atomic_write_files",
+    "json_text",
     "append_text",
     "fsync_file",
     "make_temp_dir",
@@ -249,6 +251,53 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str]) -> list[Path]:
+    """Write several files (``{path: content}``, text as UTF-8) so that they are replaced
+    together, the pages of one report: every file is written to its temporary file
+    (``.NAME.PID-RANDOM.tmp``, fsync'ed) first, and only when all are written is each moved
+    into place.  A failure while writing any of them (a full disk) removes the temporary files
+    and leaves every old file as it was: never a new file beside an old one of the set.  (The
+    moves themselves are renames in the same directory, which allocate nothing.)
+
+    Returns:
+        The paths, in the order given.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> [p.name for p in atomic_write_files({d / "a.md": "# a", d / "a.html": b"<p>a</p>"})]
+    ['a.md', 'a.html']
+    """
+    items = [(Path(p), data.encode("utf-8") if isinstance(data, str) else bytes(data))
+             for p, data in files.items()]
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, data in items:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            check_own_path(path, "Output file")
+            try:
+                fd, tmp = _new_temp_file(path)
+                staged.append((path, tmp))
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                raise write_error(exc, path) from exc
+        for path, tmp in staged:  # every file is written: commit them together
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise write_error(exc, path) from exc
+    except BaseException:
+        for _path, tmp in staged:  # those not yet moved into place
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    for directory in dict.fromkeys(path.parent for path, _tmp in staged):
+        fsync_dir(directory)
+    return [path for path, _data in items]
+
+
 def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
     """Append UTF-8 ``text`` to ``path`` (created if absent), flushed and (with ``fsync``)
     fsync'ed; without it the line reaches the OS (a killed process loses nothing) and a later
@@ -316,7 +365,8 @@ def remove_stale_temp_files(directory: str | os.PathLike,
     Only files named like this module's (or :func:`tempfile.mkstemp`'s, of older versions)
     temporary files ``.NAME.PID-RANDOM.tmp`` whose ``NAME`` matches one of the glob patterns
     ``names`` are candidates, and one is removed only when the process ``PID`` that wrote it is
-    gone (a live writer's file is kept).  Not recursive.
+    gone (a live writer's file is kept); never a link, nor a ``directory`` that is one.  Not
+    recursive.
 
     Returns:
         The removed paths.
@@ -330,6 +380,8 @@ def remove_stale_temp_files(directory: str | os.PathLike,
     directory = Path(directory)
     patterns = list(names)
     removed: list[Path] = []
+    if directory.is_symlink():
+        return removed  # never followed: the link's target is not torchcal's
     try:
         entries = sorted(directory.iterdir())
     except (FileNotFoundError, NotADirectoryError):
@@ -355,8 +407,8 @@ def remove_stale_temp_dirs(directory: str | os.PathLike,
                            names: Iterable[str] = ("*",)) -> list[Path]:
     """Remove the temporary folders of :func:`make_temp_dir` (``.NAME.tmp-PID-RANDOM``, e.g. an
     embedding cache being built) that a killed process left in ``directory``: only those whose
-    ``NAME`` matches one of ``names`` and whose process ``PID`` is gone; never a link.  Not
-    recursive.
+    ``NAME`` matches one of ``names`` and whose process ``PID`` is gone; never a link, nor a
+    ``directory`` that is one.  Not recursive.
 
     Returns:
         The removed paths.
@@ -364,6 +416,8 @@ def remove_stale_temp_dirs(directory: str | os.PathLike,
     directory = Path(directory)
     patterns = list(names)
     removed: list[Path] = []
+    if directory.is_symlink():
+        return removed  # never followed: the link's target is not torchcal's
     try:
         entries = sorted(directory.iterdir())
     except (FileNotFoundError, NotADirectoryError):
@@ -550,10 +604,15 @@ def to_jsonable(x: Any) -> Any:
     return x
 
 
+def json_text(obj: Any, *, indent: int | None = 2) -> str:
+    """``to_jsonable(obj)`` as strict JSON (no NaN tokens) and a final newline: the text
+    :func:`atomic_write_json` writes."""
+    return json.dumps(to_jsonable(obj), indent=indent, allow_nan=False) + "\n"
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> Path:
     """Write ``to_jsonable(obj)`` as strict JSON (no NaN tokens) atomically."""
-    text = json.dumps(to_jsonable(obj), indent=indent, allow_nan=False)
-    return atomic_write_text(path, text + "\n")
+    return atomic_write_text(path, json_text(obj, indent=indent))
 
 
 # ------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ._io import remove_stale_temp_files
 from ._validation import as_tensor, check_labels, check_positive_int
 from .evaluate import compute_metrics, evaluate_logits, load_logits, save_logits, write_results
 from .metrics import members as scores
@@ -209,7 +210,9 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
     ``members`` (when not given: the member runs' directories' names are not seeds, so give
     the seeds).  With ``out_dir`` the document is written to ``OUT_DIR/results.json`` and the
     ensemble's logits (``log pbar``, float32) to ``OUT_DIR/logits/``, so that ``torchcal report``
-    reads the ensemble as a run (its own row, never averaged with the seeds).
+    reads the ensemble as a run (its own row, never averaged with the seeds); the temporary
+    files that a killed writer left there (``.results.json.PID-RANDOM.tmp``, ...) are removed
+    first (:func:`torchcal._io.remove_stale_temp_files`).
 
     Raises ValueError when the runs hold other samples, or the splits have no class labels.
     """
@@ -236,6 +239,8 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
         res["temperatures"][key] = float(np.mean(temps[method]))
     if out_dir is not None:
         run = RunDir(out_dir)
+        for directory, patterns in run.stale_temp_patterns():  # a killed writer's temp files
+            remove_stale_temp_files(directory, patterns)
         for split, ens in (("val", val), ("test", test), *((f"ood_{n}", e) for n, e in ood.items())):
             labels = ens.labels if ens.labels is not None else torch.full(
                 (ens.logits.shape[0],), -1, dtype=torch.int64)

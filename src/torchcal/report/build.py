@@ -33,7 +33,13 @@ import numpy as np
 import torch
 from markdown_it import MarkdownIt
 
-from .._io import atomic_write_json, atomic_write_text, read_json
+from .._io import (
+    atomic_write_files,
+    check_own_path,
+    json_text,
+    read_json,
+    remove_stale_temp_files,
+)
 from ..errors import ResultsFileError, TorchcalError
 from ..evaluate import DEFAULT_PREDICTOR, load_logits
 from ..metrics import entropy
@@ -60,7 +66,8 @@ from .claims import (
 )
 
 __all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir",
-           "write_report_pages", "markdown_page", "FIGURE_SETS", "figure_set"]
+           "write_report_pages", "remove_stale_report_temp_files", "markdown_page",
+           "FIGURE_SETS", "figure_set", "REPORT_PAGES"]
 
 REPORT_SCHEMA = "torchcal.report/1"
 _MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -408,17 +415,41 @@ def markdown_page(title: str, markdown: str, base: str | os.PathLike) -> str:
             f"{body}\n</body></html>\n")
 
 
+#: A report's pages (:func:`write_report_pages`); :func:`build_report` writes its data files
+#: (``results.json``, ``results.csv``, ``summary.csv``) with them.
+REPORT_PAGES = ("report.md", "report.html")
+_DATA_FILES = (REPORT_RESULTS_FILE, "results.csv", "summary.csv")
+
+
 def write_report_pages(out: str | os.PathLike, title: str, markdown: str,
-                       html_text: str | None = None) -> tuple[Path, Path]:
+                       html_text: str | None = None, *,
+                       others: dict[str, str] | None = None) -> tuple[Path, Path]:
     """Write a report's two pages into ``out``: ``report.md`` (``markdown``) and
     ``report.html`` (``html_text``; None: :func:`markdown_page` of the Markdown, its figures
-    embedded).  Every report of the demo is written by this function (:func:`build_report`'s,
-    the uncertainty suite's).  Returns the two paths."""
+    embedded), and the files ``others`` (``{name: text}``, e.g. ``results.json``), all
+    together (:func:`torchcal._io.atomic_write_files`): each is written to a temporary file
+    first and only when all are written are they moved into place, so a failure (a full disk)
+    leaves every old page, never a new ``report.md`` beside an old ``report.html``.  Every
+    report of the demo is written by this function (:func:`build_report`'s, the uncertainty
+    suite's).  Returns the two pages' paths."""
     out = Path(out)
     if html_text is None:
         html_text = markdown_page(title, markdown, out)
-    return (atomic_write_text(out / "report.md", markdown),
-            atomic_write_text(out / "report.html", html_text))
+    texts = {**dict(zip(REPORT_PAGES, (markdown, html_text), strict=True)), **(others or {})}
+    remove_stale_temp_files(out, texts)  # a killed writer's, before this one writes
+    md, page = atomic_write_files({out / name: text for name, text in texts.items()})[:2]
+    return md, page
+
+
+def remove_stale_report_temp_files(out: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files that a killed report writer left in ``out``: those of its
+    pages, data files and figures (``.report.md.PID-RANDOM.tmp``,
+    ``figures/.NAME.png.PID-RANDOM.tmp``), of torchcal's naming only and only when their
+    writer is gone (:func:`torchcal._io.remove_stale_temp_files`; no link is followed).
+    Returns the removed paths."""
+    out = Path(out)
+    return (remove_stale_temp_files(out, (*REPORT_PAGES, *_DATA_FILES))
+            + remove_stale_temp_files(out / "figures", ("*.png",)))
 
 
 def build_report(
@@ -475,6 +506,7 @@ def build_report(
     groups = group_runs(runs.runs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_report_temp_files(out)  # a killed writer's, before this one writes
     fig_dir = out / "figures"
     notes: list[str] = []
     logits = {g.label: _run_test_logits(g) for g in groups}
@@ -495,13 +527,13 @@ def build_report(
     html_text = _report_html(title, prose, stamp, len(runs.runs), groups, table_sets,
                              figs, claims_blocks, runs_table, notes, errors)
     doc = _results_doc(stamp, groups, floors, errors, out)
-    report_md, report_html = write_report_pages(out, title, md_text, html_text)
-    paths_out = dict(
-        report_md=report_md, report_html=report_html,
-        results_json=atomic_write_json(out / REPORT_RESULTS_FILE, doc, indent=1),
-        results_csv=atomic_write_text(out / "results.csv", T.runs_csv(groups, out)),
-        summary_csv=atomic_write_text(out / "summary.csv", T.groups_csv(groups)),
-    )
+    data = dict(zip(_DATA_FILES, (json_text(doc, indent=1), T.runs_csv(groups, out),
+                                  T.groups_csv(groups)), strict=True))
+    report_md, report_html = write_report_pages(out, title, md_text, html_text, others=data)
+    paths_out = dict(report_md=report_md, report_html=report_html,
+                     **{key: out / name for key, name in zip(
+                         ("results_json", "results_csv", "summary_csv"), _DATA_FILES,
+                         strict=True)})
     all_figs = [f.path for fs in figs.values() for f in fs]
     text_parts = [tabs[0].to_text() for _key, tabs in table_sets]
     md_tables = [tabs[0].to_markdown() for _key, tabs in table_sets]
@@ -671,6 +703,7 @@ def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
 
     Raises:
         TorchcalError: ``out`` is a file, or holds a training run.
+        UnsafePathError: ``out/figures`` is a symbolic link (its target is not the report's).
     """
     out = Path(out)
     if not out.exists():
@@ -686,6 +719,7 @@ def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
             f"Expected `{option}` to be a new directory or an earlier report's, but "
             f"{str(out)!r} holds a training run ({', '.join(held)}), which the report's files "
             "would replace: choose another directory")
+    check_own_path(out / "figures", "Figures directory", directory=True)  # never followed
     removed = []
     for png in sorted((out / "figures").glob("*.png")):
         png.unlink()
