@@ -79,7 +79,7 @@ class _MeterMetric(Metric):
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Move the state with the module (``.to(device)``, ``.cuda()``) but keep it float64
-        under every cast: ``.to(torch.float32)``, :meth:`set_dtype`, a parent module's
+        under every cast: ``.to(torch.float32)``, ``set_dtype``, a parent module's
         ``.to(torch.bfloat16)`` and Lightning's ``"bf16-true"`` / ``"16-true"`` precision
         plugins.  The state holds float64 sums (a count of 2**24 samples is not exact in
         float32, and bfloat16 loses counts from 256); casting it would lose them, and the
