@@ -358,6 +358,27 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _temp_entries(directory: str | os.PathLike, pattern: re.Pattern,
+                  names: Iterable[str]) -> list[tuple[Path, re.Match]]:
+    """The entries of ``directory`` whose name matches ``pattern`` with a ``NAME`` group that
+    matches one of ``names`` (sorted); none when ``directory`` is a link (never followed: its
+    target is not torchcal's) or is missing."""
+    directory = Path(directory)
+    patterns = list(names)
+    if directory.is_symlink():
+        return []
+    try:
+        entries = sorted(directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for p in entries:
+        m = pattern.match(p.name)
+        if m is not None and any(fnmatch.fnmatchcase(m["name"], pat) for pat in patterns):
+            out.append((p, m))
+    return out
+
+
 def remove_stale_temp_files(directory: str | os.PathLike,
                             names: Iterable[str] = ("*",)) -> list[Path]:
     """Remove the temporary files of atomic writes that a killed process left in ``directory``.
@@ -377,19 +398,8 @@ def remove_stale_temp_files(directory: str | os.PathLike,
     >>> [p.name for p in remove_stale_temp_files(d, ["last.pt"])], sorted(p.name for p in d.iterdir())
     (['.last.pt.abcd1234.tmp'], ['keep.tmp'])
     """
-    directory = Path(directory)
-    patterns = list(names)
     removed: list[Path] = []
-    if directory.is_symlink():
-        return removed  # never followed: the link's target is not torchcal's
-    try:
-        entries = sorted(directory.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return removed
-    for p in entries:
-        m = _TEMP_RE.match(p.name)
-        if m is None or not any(fnmatch.fnmatchcase(m["name"], pat) for pat in patterns):
-            continue
+    for p, m in _temp_entries(directory, _TEMP_RE, names):
         if m["pid"] is not None and _pid_alive(int(m["pid"])):
             continue
         if not p.is_file() or p.is_symlink():
@@ -413,19 +423,8 @@ def remove_stale_temp_dirs(directory: str | os.PathLike,
     Returns:
         The removed paths.
     """
-    directory = Path(directory)
-    patterns = list(names)
     removed: list[Path] = []
-    if directory.is_symlink():
-        return removed  # never followed: the link's target is not torchcal's
-    try:
-        entries = sorted(directory.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
-        return removed
-    for p in entries:
-        m = _TEMP_DIR_RE.match(p.name)
-        if m is None or not any(fnmatch.fnmatchcase(m["name"], pat) for pat in patterns):
-            continue
+    for p, m in _temp_entries(directory, _TEMP_DIR_RE, names):
         if _pid_alive(int(m["pid"])) or p.is_symlink() or not p.is_dir():
             continue
         shutil.rmtree(p, ignore_errors=True)  # rmtree never follows links inside
