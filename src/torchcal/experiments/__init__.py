@@ -53,23 +53,20 @@ The **runner** executes units of work.  The API other work builds on:
 """
 
 # the public surface: what a user calls (the rest is public in its module: demo, training,
-# runner, packed, calibration, uncertainty, uncertainty_report)
-from . import (
-    calibration,  # noqa: F401 - registers the calibration benchmarks
-    uncertainty,  # noqa: F401 - registers the uncertainty benchmark
-)
-from .benchmark import (
-    Benchmark,
-    BenchmarkKind,
-    Profile,
-    get_benchmark,
-    list_benchmarks,
-    register_benchmark,
-)
-from .demo import DemoConfig, DemoResult, run_demo
-from .ray_executor import RayExecutor
-from .runner import ExecutorType, Job, LocalExecutor, Resources, register_executor, run_sweep
-from .training import train_job
+# runner, packed, calibration, uncertainty, uncertainty_report).  Each name is imported from its
+# module on first use (module __getattr__), not with the package: a demo worker imports
+# torchcal.experiments.runner and .packed, and none of the benchmarks, the demo or the report
+# (issue 43: its start-up).  The built-in benchmarks register on the first lookup of the table
+# (torchcal.experiments.benchmark.BUILTIN_MODULES).
+_PUBLIC = {
+    "run_demo": "demo", "DemoConfig": "demo", "DemoResult": "demo",
+    "Benchmark": "benchmark", "BenchmarkKind": "benchmark", "Profile": "benchmark",
+    "register_benchmark": "benchmark", "get_benchmark": "benchmark",
+    "list_benchmarks": "benchmark",
+    "Job": "runner", "Resources": "runner", "run_sweep": "runner", "LocalExecutor": "runner",
+    "ExecutorType": "runner", "register_executor": "runner",
+    "train_job": "training", "RayExecutor": "ray_executor",
+}
 
 __all__ = [
     "run_demo", "DemoConfig", "DemoResult", "Benchmark", "BenchmarkKind", "Profile",
@@ -77,3 +74,21 @@ __all__ = [
     "Job", "Resources", "run_sweep", "train_job", "LocalExecutor", "RayExecutor",
     "ExecutorType", "register_executor",
 ]
+
+
+def __getattr__(name: str):
+    """A public name, imported from its module on first use (then kept in the package)."""
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # deferred: start-up time (a worker imports none of the benchmarks); importlib, not an
+    # import statement: the module is named by the table above
+    from importlib import import_module
+
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
