@@ -161,3 +161,50 @@ def test_the_legend_covers_no_bar(kind):
     sparse = [c for a in fig.axes for c in a.containers if c.get_label().startswith("< ")]
     assert sparse and any(r.get_height() == 1.0 for c in sparse for r in c)  # the bar is there
     assert not [(b, r) for b in boxes for r in bars if b.overlaps(r)]
+
+
+def _text_boxes(fig):
+    """Every visible non-empty text of ``fig`` as drawn, with its (tick, title, label...)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    from matplotlib.text import Text
+
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+
+
+@pytest.mark.parametrize("kind", ["overview1", "overview7", "pair", "hist", "roc1", "roc7",
+                                  "gamma1", "gamma4"])
+def test_figures_laid_out_by_hand_keep_every_text_inside(kind):
+    """Issue 43: the report's figures have no layout engine (no measuring pass before each
+    save, half of their CPU): their fixed margins must still hold every title, label, tick
+    label and legend inside the canvas, without a text over another panel's axes."""
+    rng = np.random.default_rng(5)
+    z, y = _logits(rng)
+    fpr, tpr = F.roc_curve(rng.normal(size=80), rng.integers(0, 2, 80))
+    long = "A title long enough to be wrapped onto a second line of a narrow figure: " * 2
+    n = int(kind[-1]) if kind[-1].isdigit() else 7
+    names = [f"Loss name {i}" for i in range(n)]
+    fig = {
+        "overview": lambda: F.reliability_overview({k: (z, y) for k in names}, title=long),
+        "pair": lambda: F.reliability_pair(z, z / 2, y, title=long, temperature=2.0),
+        "hist": lambda: F.confidence_histograms({k: rng.beta(4, 1, 300) for k in names},
+                                                title=long, accuracies=dict.fromkeys(names, .8)),
+        "roc": lambda: F.roc_figure({k: (fpr, tpr, 0.6, 0.01) for k in names}, title=long),
+        "gamma": lambda: F.gamma_history_figure({k: rng.normal(size=(9, 15)) for k in names},
+                                                title=long, gamma_max=20.0),
+    }[kind.rstrip("0123456789")]()
+    assert fig.get_layout_engine() is None
+    assert all(a.get_visible() for a in fig.axes)  # only the panels drawn are created
+    w, h = fig.canvas.get_width_height()
+    boxes = _text_boxes(fig)
+    assert boxes
+    outside = [t for t, b in boxes if b.x0 < -0.5 or b.y0 < -0.5 or b.x1 > w + 0.5
+               or b.y1 > h + 0.5]
+    assert not outside
+    # the figure's title and legend cover no panel nor a panel's title
+    renderer = fig.canvas.get_renderer()
+    panels = [a.get_window_extent(renderer) for a in fig.axes]
+    panels += [a.title.get_window_extent(renderer) for a in fig.axes if a.get_title()]
+    outer = [fig._suptitle] + fig.legends if fig._suptitle is not None else fig.legends
+    assert not [(o, p) for o in outer for p in panels if o.get_window_extent(renderer).overlaps(p)]
