@@ -2,18 +2,20 @@
 side by side in one run.
 
 Run: ``python benchmarks/bench_cpu_costs.py [--repeats 3] [--baseline-src OLD/src] [--demo]
-[--no-startup]``
+[--no-startup] [--no-siblings]``
 
 CPU time (user + system, of this process or of its children), not wall time: the ratios hold on
 a loaded machine.  Items:
 
-- **figures** (item 1), measured here: the report of 7 losses (synthetic test and OOD logits
-  of MNIST-1D's size, an AdaFocal γ history) drawn as before (every figure: the overview, the
-  confidence histograms, the OOD ROC, the γ history and each loss's pre/post-T reliability
-  pair, each saved with ``bbox_inches="tight"``) and as now (``figures="default"``: the figures
-  of every loss at once, saved at the figure's size), alternating, median of ``--repeats``.
-  With ``--demo`` also ``torchcal demo --quick --figures none`` once (a few minutes of CPU) to
-  give the figures' share of the demo's CPU (target <= 5%).
+- **figures** (item 1), measured here on the report of 7 losses (synthetic test and OOD logits
+  of MNIST-1D's size, an AdaFocal γ history).  With ``--baseline-src``: the figures' CPU as a
+  demo pays it, in a fresh process each (``build_report(figures="default")`` less
+  ``figures="none"``: matplotlib's import, the drawing, the PNGs), of the baseline's source and
+  of this one, alternating, median of ``--repeats``.  Without it: in this process, the figures
+  drawn as before issue 43 (every figure, each saved with ``bbox_inches="tight"``) and as now
+  (``figures="default"``).  With ``--demo`` also ``torchcal demo --quick`` with ``--figures
+  none`` and ``default``, side by side, ``--repeats`` each (a few minutes of CPU): the
+  figures' share of the demo's CPU (target <= 5%).
 - **start-up** (item 2): ``benchmarks/bench_startup.py`` (``torchcal --version`` and a demo
   worker's start-up against ``import torch``; before/after needs ``--baseline-src``).
 - **sibling scripts**, each run by subprocess when it exists in ``benchmarks/``:
@@ -130,16 +132,73 @@ def _measure(B, root: Path, out: Path, figures: str) -> tuple[float, int]:
     return _cpu() - t, len(rep.figures)
 
 
-def demo_cpu() -> float:
-    """CPU s (this process's children) of ``torchcal demo --quick --figures none``."""
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    with tempfile.TemporaryDirectory() as tmp:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-m", "torchcal", "demo", "--quick", "--figures", "none",
-                        "--no-progress", "--out", str(Path(tmp) / "demo")], env=env, check=True,
-                       stdout=subprocess.DEVNULL)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+def _child_cpu(argv: list[str], src: Path | str) -> float:
+    """CPU s (user + system) of one fresh process running ``argv`` with ``src`` first on the
+    path, one thread, the bytecode read as installed (``bench_startup.py``)."""
+    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+_REPORT = ("import sys\nfrom torchcal.report import build_report\n"
+           "build_report([sys.argv[1]], sys.argv[2], figures=sys.argv[3])\n")
+
+
+def figures_fresh(srcs: dict[str, str], repeats: int) -> dict[str, float]:
+    """``{name: median CPU s of the default figures}`` of each source in ``srcs``, each
+    report built in a fresh process (``figures="default"`` less ``"none"``), alternating."""
+    import compileall
+
+    out: dict[str, list[float]] = {k: [] for k in srcs}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        _write_runs(root)
+        for src in srcs.values():
+            compileall.compile_dir(src, quiet=1)
+            _child_cpu([sys.executable, "-c", _REPORT, str(root), f"{tmp}/w", "default"], src)
+        for k in range(repeats):
+            for name, src in srcs.items():
+                cpu = {f: _child_cpu([sys.executable, "-c", _REPORT, str(root),
+                                      f"{tmp}/{name}{k}{f}", f], src) for f in ("none", "default")}
+                out[name].append(cpu["default"] - cpu["none"])
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def demo_cpu(repeats: int) -> dict[str, float]:
+    """``{figures: median CPU s}`` of ``torchcal demo --quick --figures none`` and
+    ``default`` (this process's children), alternating."""
+    out: dict[str, list[float]] = {"none": [], "default": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(repeats):
+            for figures in out:
+                out[figures].append(_child_cpu(
+                    [sys.executable, "-m", "torchcal", "demo", "--quick", "--figures", figures,
+                     "--no-progress", "--out", f"{tmp}/demo{k}{figures}"], SRC))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def figures_item(args: argparse.Namespace) -> str:
+    """Print the figures' measurements; returns their ``RATIO`` line."""
+    if args.baseline_src:
+        res = figures_fresh({"baseline": args.baseline_src, "this": str(SRC)}, args.repeats)
+        b, a = res["baseline"], res["this"]
+        print(f"--- figures (default set, fresh process each, matplotlib's import included): "
+              f"baseline {b:.2f} s CPU, this source {a:.2f} s CPU")
+    else:
+        b, a, nb, na = figures_ratio(args.repeats)
+        print(f"--- figures (in this process): before {b:.2f} s CPU ({nb} figures, tight "
+              f"boxes), after {a:.2f} s CPU ({na} figures, default set)")
+    if args.demo:
+        d = demo_cpu(args.repeats)
+        share = (d["default"] - d["none"]) / d["default"]
+        print(f"demo --quick: {d['default']:.1f} s CPU with the figures, {d['none']:.1f} s with "
+              f"--figures none: the figures' share {100 * share:.1f}% (target <= 5%); with the "
+              f"figures' CPU above: before {100 * b / (d['none'] + b):.1f}%, after "
+              f"{100 * a / (d['none'] + a):.1f}%")
+    return f"RATIO figures: before/after = {b / a:.2f}"
 
 
 def run_script(name: str, extra: list[str]) -> list[str]:
@@ -163,28 +222,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--baseline-src", default=None,
-                    help="src/ of a checkout before issue 43 (for the start-up's before)")
+                    help="src/ of a checkout before issue 43 (the start-up's and the figures' "
+                         "before)")
     ap.add_argument("--no-startup", action="store_true",
                     help="skip bench_startup.py (a minute or more on a loaded machine)")
+    ap.add_argument("--no-siblings", action="store_true",
+                    help="skip the sibling scripts (items 3-5)")
     ap.add_argument("--demo", action="store_true",
-                    help="also run `torchcal demo --quick --figures none` for the figures' share")
+                    help="also run `torchcal demo --quick` with --figures none and default (their "
+                         "share of its CPU)")
     args = ap.parse_args(argv)
     ratios: list[str] = []
-    for name in SIBLINGS:
+    for name in () if args.no_siblings else SIBLINGS:
         ratios += run_script(name, [])
     startup = ["--repeats", str(args.repeats)]
     if args.baseline_src:
         startup += ["--baseline-src", args.baseline_src]
     if not args.no_startup:
         ratios += run_script("bench_startup.py", startup)
-    b, a, nb, na = figures_ratio(args.repeats)
-    print(f"--- figures: before {b:.2f} s CPU ({nb} figures, tight boxes), after {a:.2f} s CPU "
-          f"({na} figures, default set)")
-    if args.demo:
-        demo = demo_cpu()
-        print(f"demo --quick --figures none: {demo:.1f} s CPU; figures' share: before "
-              f"{100 * b / (demo + b):.1f}%, after {100 * a / (demo + a):.1f}% (target <= 5%)")
-    ratios.append(f"RATIO figures: before/after = {b / a:.2f}")
+    ratios.append(figures_item(args))
     print("\n" + "\n".join(ratios))
     return 0
 

@@ -16,6 +16,12 @@ the two).  Commands:
    (``torchcal.experiments.runner`` and ``.packed``) and its first SGD optimiser
    (``torchcal.train.steps.SGD``).  Target: <= 1.2x the reference.
 
+Every source is measured with its bytecode compiled (``compileall`` first, and
+``PYTHONDONTWRITEBYTECODE`` unset in the children), as pip installs a package: with that
+variable set, as on some development machines, each process compiles every torchcal module it
+imports, 0.2-0.3 s of CPU that an installed torchcal never pays (issue 43: half of a worker's
+measured start-up over ``import torch`` was that compilation).
+
 With ``--baseline-src`` (e.g. the ``src`` of a checkout of main a8765c0), commands 2 and 3 also
 run against that source (its worker builds ``torch.optim.SGD``), and the last lines are
 ``RATIO <item>: before/after = X.XX`` (CPU time), the convention of
@@ -25,6 +31,7 @@ run against that source (its worker builds ``torch.optim.SGD``), and the last li
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import resource
 import statistics
@@ -52,6 +59,7 @@ def commands(src: str) -> dict[str, list[str]]:
 def run_once(argv: list[str], src: str | None) -> tuple[float, float]:
     """(wall s, CPU s) of one fresh process."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: the bytecode is read, not compiled
     if src is not None:
         env["PYTHONPATH"] = src
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -72,6 +80,8 @@ def measure(repeats: int, baseline_src: str | None) -> dict[str, tuple[float, fl
         if baseline_src:
             jobs[f"{name} (baseline)"] = (argv, baseline_src)
     samples: dict[str, list[tuple[float, float]]] = {k: [] for k in jobs}
+    for src in {SRC, baseline_src} - {None}:  # the bytecode, as pip writes it on install
+        compileall.compile_dir(src, quiet=1)
     for argv, src in jobs.values():  # warm the file cache once
         run_once(argv, src)
     for _ in range(repeats):
