@@ -58,6 +58,22 @@ The **runner** executes units of work.  The API other work builds on:
 # torchcal.experiments.runner and .packed, and none of the benchmarks, the demo or the report
 # (issue 43: its start-up).  The built-in benchmarks register on the first lookup of the table
 # (torchcal.experiments.benchmark.BUILTIN_MODULES).
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the same names for static readers: type checkers, the API reference
+    from .benchmark import (
+        Benchmark,
+        BenchmarkKind,
+        Profile,
+        get_benchmark,
+        list_benchmarks,
+        register_benchmark,
+    )
+    from .demo import DemoConfig, DemoResult, run_demo
+    from .ray_executor import RayExecutor
+    from .runner import ExecutorType, Job, LocalExecutor, Resources, register_executor, run_sweep
+    from .training import train_job
+
 _PUBLIC = {
     "run_demo": "demo", "DemoConfig": "demo", "DemoResult": "demo",
     "Benchmark": "benchmark", "BenchmarkKind": "benchmark", "Profile": "benchmark",
