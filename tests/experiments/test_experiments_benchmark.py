@@ -157,3 +157,51 @@ def test_a_benchmark_of_another_kind_runs_through_run_demo(tmp_path, monkeypatch
         assert not (tmp_path / "no").exists()
     finally:
         BENCHMARKS.unregister("toy-kind")
+
+
+def _fresh(code: str) -> str:
+    """The stdout of ``code`` run in a fresh interpreter with this checkout's torchcal."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                         text=True)
+    return out.stdout.strip()
+
+
+def test_a_worker_imports_no_benchmark_demo_or_report_module():
+    """Issue 43 (2): a demo worker's start-up imports the runner and the packed job, not the
+    benchmarks (their losses' tables, the report's claims), the demo or the report; its SGD
+    does not import torch._dynamo."""
+    out = _fresh(
+        "import sys, torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
+        "from torchcal.train.steps import SGD\n"
+        "SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1, momentum=0.9)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('torchcal.experiments.',\n"
+        "      'torchcal.report', 'torch._dynamo', 'matplotlib', 'sklearn'))))\n")
+    assert out == str(["torchcal.experiments.packed", "torchcal.experiments.runner",
+                       "torchcal.experiments.training"])
+
+
+@pytest.mark.parametrize("first", ["torchcal.experiments.calibration",
+                                   "torchcal.experiments.uncertainty",
+                                   "torchcal.experiments.benchmark", "torchcal.experiments"])
+def test_the_benchmarks_register_in_one_order_whatever_is_imported_first(first):
+    """The built-in benchmarks register on the table's first lookup (the package imports none of
+    them), in the order of BUILTIN_MODULES whichever module a program imports first."""
+    out = _fresh(f"import {first}\nfrom torchcal.experiments import list_benchmarks\n"
+                 "print(list_benchmarks())")
+    assert out == str(["mnist1d", "digits", "uncertainty"])
+
+
+def test_every_public_name_imports_from_the_lazy_package():
+    import torchcal.experiments as ex
+
+    for name in ex.__all__:
+        assert getattr(ex, name) is not None
+    assert set(ex.__all__) <= set(dir(ex))
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        ex.not_a_name  # noqa: B018
