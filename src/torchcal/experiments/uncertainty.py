@@ -52,8 +52,7 @@ from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
 from ..train.device import resolve_device
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
-# calibration first: its benchmarks (mnist1d, digits) are registered before this one
-from . import calibration  # noqa: F401
+from . import calibration  # noqa: F401 - its benchmarks registered first (their order)
 from . import uncertainty_report as rep
 from .benchmark import Benchmark, BenchmarkKind, register_benchmark
 from .demo import DemoConfig
