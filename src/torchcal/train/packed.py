@@ -179,7 +179,8 @@ def _packs(opened: list[tuple[Member, tuple[str, ...] | None]], configs: Sequenc
 
 def _packed_model(members: list[Member], forward: str) -> PackedModel:
     runs = [mb.r for mb in members]
-    return PackedModel([r.model for r in runs], [r.optimizer for r in runs], forward, runs=runs)
+    return PackedModel([r.model for r in runs], [r.optimizer for r in runs], forward,
+                       amp=runs[0].amp)
 
 
 def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = None,
