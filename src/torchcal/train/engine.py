@@ -1,4 +1,4 @@
-"""The training engine: one set of steps that train a stack of M runs.
+"""The training engine: one set of steps that train a stack of M members (each a run).
 
 :func:`~torchcal.train.train` is the case M = 1 and :func:`~torchcal.train.train_packed` the
 case of M runs that share a model and a recipe (the seeds of a loss, several losses); both go

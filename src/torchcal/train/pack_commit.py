@@ -126,10 +126,10 @@ def pack_layout(state: dict[str, Any] | None) -> tuple[str, ...] | None:
     """The members' run directories recorded in a checkpoint (its ``"slots"``; None: a new
     run, or one written before layouts)."""
     record = (state or {}).get("pack") or {}
-    slots = record.get("slots") if isinstance(record, dict) else None
-    if not (isinstance(slots, (list, tuple)) and slots and all(isinstance(s, str) for s in slots)):
+    dirs = record.get("slots") if isinstance(record, dict) else None
+    if not (isinstance(dirs, (list, tuple)) and dirs and all(isinstance(d, str) for d in dirs)):
         return None  # no layout (or not one this reader can trust): the pack of the configs given
-    return tuple(slots)
+    return tuple(dirs)
 
 
 def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:

@@ -27,6 +27,7 @@ and sets a pack's learning rate (:meth:`Stack.start_epoch`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -99,6 +100,12 @@ class Stack(Protocol):
         from, by name; empty when the stack holds no stacked tensor."""
 
 
+def _check_sources(sources: Any) -> None:
+    if isinstance(sources, str):
+        raise TypeError(f"Expected `sources` to be the members' batch sources of a split (one "
+                        f"per member), got the split name {sources!r}: a stack holds no run")
+
+
 def _bind(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
           m: int) -> None:
     """Make ``model``'s parameters and buffers views of slice ``m`` of the stacked tensors."""
@@ -124,7 +131,12 @@ class PackedModel:
     packed = True
 
     def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD],
-                 forward: str = "vmap", amp: str = "off") -> None:
+                 forward: str = "vmap", amp: str = "off", runs: Sequence[Run] | None = None
+                 ) -> None:
+        if runs is not None:
+            warnings.warn("PackedModel(runs=...) is deprecated and ignored: a stack holds no "
+                          "run (split_logits takes the members' sources)", DeprecationWarning,
+                          stacklevel=2)
         if forward not in FORWARDS:
             raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
         if forward == "auto":
@@ -217,6 +229,7 @@ class PackedModel:
         source of it, in ``batch_size`` batches) and the labels ((N,) or, when the members'
         sources differ, (N, M)), twice: all of them, and this process' share (the same here: a
         pack runs in one process)."""
+        _check_sources(sources)
         if len(sources) != len(self.models):
             raise ValueError(f"Expected `sources` to hold one source per member "
                              f"({len(self.models)}), got {len(sources)}")
@@ -341,6 +354,7 @@ class SoloModel:
         """The logits (N, 1, C) and labels of a split (``sources``: the run's one source of
         it) gathered from every rank, and this rank's share (what a stateful loss' hook
         sees)."""
+        _check_sources(sources)
         if len(sources) != 1:
             raise ValueError(f"Expected `sources` to hold one source (a run alone), got "
                              f"{len(sources)}")
