@@ -86,7 +86,7 @@ from .steps import (
 
 __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
            "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter",
-           "Stack", "step_schedules"]
+           "Stack", "step_schedules", "split_logits"]
 
 
 class PackedStats:
