@@ -341,9 +341,9 @@ def test_a_run_diverging_later_keeps_its_last_good_checkpoint(tmp_path, monkeypa
     def poisoned(self, *a, **kw):  # the weights blow up in the 2nd epoch (after a good 1st)
         real(self, *a, **kw)
         calls.append(1)
-        if len(calls) == self.r.n_batches + 3:
+        if len(calls) == self.n_batches + 3:
             with torch.no_grad():
-                next(self.r.model.parameters()).fill_(float("inf"))
+                next(self.model.parameters()).fill_(float("inf"))
 
     monkeypatch.setattr(SoloModel, "step", poisoned)
     cfg = dataclasses.replace(get_recipe("digits-mlp"), out_dir=str(tmp_path / "run"),

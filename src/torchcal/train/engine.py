@@ -1,4 +1,4 @@
-"""The training engine: one set of steps that train a stack of M runs.
+"""The training engine: one set of steps that train a stack of M members (each a run).
 
 :func:`~torchcal.train.train` is the case M = 1 and :func:`~torchcal.train.train_packed` the
 case of M runs that share a model and a recipe (the seeds of a loss, several losses); both go
@@ -30,15 +30,23 @@ through :func:`run_stack`.  The steps, in the order of an epoch:
 
 A member whose training loss or parameters become non-finite stops: alone in a stack of one
 with :class:`~torchcal.errors.DivergedError` (``train`` raises it), and in a pack with
-:class:`MemberDivergedError` while it stays in its slot as a *ghost* (computed, never written),
+:class:`MemberDivergedError` while it stays in its place as a *ghost* (computed, never written),
 so its companions keep their pack and their numbers.
+
+Ownership: the engine works with a stack only through the
+:class:`~torchcal.train.stacks.Stack` protocol; it owns the members (:class:`Member`: each
+member's run), steps every schedule (:func:`step_schedules`) and sets a pack's learning rate
+(``Stack.start_epoch``); a stack holds modules, optimisers and settings, no run, and computes
+a split's logits from the sources the engine gives it (:func:`split_logits`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -64,7 +72,7 @@ from .evaluation import write_predictions
 from .inference import predict_logits
 from .loss_groups import LossGroups
 from .pack_commit import EpochJob, EpochWriter, commit_staged, stage_checkpoint
-from .stacks import PackedModel, SharedInput, SoloModel
+from .stacks import SharedInput, Stack
 from .steps import (
     Run,
     divergence_error,
@@ -77,9 +85,8 @@ from .steps import (
 )
 
 __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
-           "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter"]
-
-Stack = PackedModel | SoloModel
+           "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter",
+           "Stack", "step_schedules", "split_logits"]
 
 
 class PackedStats:
@@ -121,10 +128,12 @@ class PackedStats:
 # members, data
 # ------------------------------------------------------------------------------------------
 class Member:
-    """One slot of a stack: its :class:`~torchcal.train.steps.Run`, its last epoch's numbers
-    and, once it stopped, its error.  A *ghost* (a packed member that stopped, or a slot whose
-    run does not resume with this pack) is computed with the others but writes nothing; an
-    ``alone`` member (the run of :func:`~torchcal.train.train`) raises what stops it."""
+    """One member of a stack (its position ``index`` in the caller's results; -1 for a
+    ghost): its :class:`~torchcal.train.steps.Run`, its last epoch's numbers and, once it
+    stopped, its error.  A *ghost* (a packed member that stopped, or a member whose run does
+    not resume with this pack) is computed with the others but writes nothing; an ``alone``
+    member (the run of :func:`~torchcal.train.train`) raises what stops it.  The engine owns
+    the members' runs: a stack holds none."""
 
     def __init__(self, index: int, r: Run, ghost: bool = False, alone: bool = False) -> None:
         self.index, self.r, self.ghost, self.alone = index, r, ghost, alone
@@ -134,7 +143,7 @@ class Member:
         self.tb: Any = None  # its TensorBoard logger (rank 0 with ``tensorboard``)
 
     def stop(self, error: BaseException) -> None:
-        """Stop this member: a packed member stays in its slot as a ghost; a member alone
+        """Stop this member: a packed member stays in its place as a ghost; a member alone
         raises ``error``."""
         if self.alone:
             raise error
@@ -144,6 +153,36 @@ class Member:
 def live(members: list[Member]) -> list[Member]:
     """The members that train and write (no ghosts)."""
     return [mb for mb in members if not mb.ghost]
+
+
+def split_logits(stack: Stack, members: list[Member], split: str
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+    """:meth:`Stack.split_logits <torchcal.train.stacks.Stack.split_logits>` of ``split``
+    (``"val"``, ``"test"``) from the members' batch sources of it."""
+    return stack.split_logits([mb.r.src[split] for mb in members], members[0].r.eval_bs)
+
+
+# torch's check that a schedule steps after its optimiser (PyTorch issue 20124)
+_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`")
+
+
+def step_schedules(stack: Stack, members: list[Member], per_step: bool) -> None:
+    """Step the members' learning-rate schedules after the stack's optimiser step: those of
+    a head stepped at every optimiser step (``per_step``), or the others, at the end of an
+    epoch.  The engine alone steps them (a stack never does).
+
+    A packed stack's members' optimisers are never stepped themselves (the stacked SGD steps
+    for them, :class:`~torchcal.train.stacks.PackedModel`), which torch's check of the order
+    cannot see: its "``lr_scheduler.step()`` before ``optimizer.step()``" warning is ignored
+    for these calls only (the order is the right one)."""
+    schedules = [mb.r.scheduler for mb in members if mb.r.head.per_step_schedule == per_step]
+    if not schedules:
+        return
+    with warnings.catch_warnings() if stack.packed else contextlib.nullcontext():
+        if stack.packed:
+            warnings.filterwarnings("ignore", message=_ORDER_WARNING, category=UserWarning)
+        for schedule in schedules:
+            schedule.step()
 
 
 class Batches:
@@ -182,17 +221,19 @@ class Batches:
 def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches: Batches,
                 epoch: int, bar: Any, compiled: CompiledStep | None = None) -> PackedStats:
     """One epoch of every member's batches (each member its own data order), stepped as one
-    (``compiled``: each step one compiled graph, :mod:`torchcal.train.compiled`)."""
-    r0, slots = members[0].r, live(members)
+    (``compiled``: each step one compiled graph, :mod:`torchcal.train.compiled`); the
+    learning rate is the first live member's (its schedule's), set by the engine."""
+    r0, running = members[0].r, live(members)
     for mb in members:
         loss_set_epoch(mb.r.loss_fn, epoch)
     groups.refresh()
-    # the global stream (dropout of a run alone; nothing of a pack) follows the first slot
+    # the global stream (dropout of a run alone; nothing of a pack) follows the first member
     torch.manual_seed(epoch_seed(r0.config.seed, epoch, stream=3 + r0.env.rank))
-    stack.start_epoch(slots[0].r.optimizer.param_groups[0]["lr"])
+    stack.start_epoch(running[0].r.optimizer.param_groups[0]["lr"])
     stats = PackedStats(len(members), r0.config.n_bins, r0.device)
     mean_rows = groups.mean_rows  # built once per pack (a host list would sync every epoch)
-    stateful = [mb for mb in slots if mb.every]  # losses with extra validation passes
+    stateful = [mb for mb in running if mb.every]  # losses with extra validation passes
+    per_step = any(mb.r.head.per_step_schedule for mb in members)  # a head's schedule
     batches.gather = compiled is None or compiled.failed is not None
     for step, (x, y, index) in enumerate(batches.epoch(members, epoch)):
         if not batches.gather and not compiled(index, stats):
@@ -200,6 +241,8 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
             x, y = batches.src.take(index)
         if batches.gather:
             _eager_step(stack, groups, stats, x, y, index, mean_rows, r0)
+        if per_step:
+            step_schedules(stack, members, per_step=True)
         if bar is not None:
             bar.update(1)
         extra = [mb for mb in stateful if (step + 1) % mb.every == 0] if stateful else None
@@ -226,7 +269,7 @@ def _drive_validation(stack: Stack, members: list[Member], which: list[Member]
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validation logits (N, M, C) and labels of every member; the loss hooks of ``which``
     driven with their own columns of this process' share (an error stops that member)."""
-    val, (lz, ly) = stack.split_logits("val")
+    val, (lz, ly) = split_logits(stack, members, "val")
     for mb in which:
         m = members.index(mb)
         y = ly if ly.ndim == 1 else ly[:, m]
@@ -298,7 +341,7 @@ def _epoch_keys(test: bool) -> list[str]:
 
 def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats: PackedStats,
                  epoch: int, ctx: EpochEnd) -> tuple[list[str], Any, dict[str, int], Any]:
-    """The epoch's numbers of every slot as one host array (M, K): training statistics,
+    """The epoch's numbers of every member as one host array (M, K): training statistics,
     validation metrics and loss (after the loss hooks ran on the validation logits), the test
     split's when due, then "all parameters finite", the ``fc`` weight norm and "improved on
     its best" (the columns named in the returned dict); and that flag and the validation metric
@@ -314,8 +357,8 @@ def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats:
     cols = [stats.numbers(sync=r0.env.enabled),
             _split_numbers(groups, val, r0.config.n_bins, chunk, ctx.mean_rows, False)]
     if test:
-        cols.append(_split_numbers(groups, stack.split_logits("test")[0], r0.config.n_bins,
-                                   chunk, ctx.mean_rows, True))
+        cols.append(_split_numbers(groups, split_logits(stack, members, "test")[0],
+                                   r0.config.n_bins, chunk, ctx.mean_rows, True))
     extra = {"finite": len(keys)}
     cols.append(stack.finite().double()[:, None])
     fc = stack.fc_norms()
@@ -350,7 +393,7 @@ def _stop_error(mb: Member, epoch: int, rec: dict[str, Any], finite: bool
 
 def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
              extra: dict[str, int], epoch: int, lr: float) -> dict[int, dict[str, Any]]:
-    """Each live slot's log record from the epoch's host table (a diverged member stops)."""
+    """Each live member's log record from the epoch's host table (a diverged member stops)."""
     k = len(keys)
     recs: dict[int, dict[str, Any]] = {}
     for m, mb in enumerate(members):
@@ -406,16 +449,14 @@ def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str,
 def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: PackedStats,
               epoch: int, lr: float, t0: float, bar: Any = None, ctx: EpochEnd | None = None
               ) -> None:
-    """The end of an epoch for every slot at once: schedules, the loss hooks, the numbers (one
+    """The end of an epoch for every member at once: schedules (:func:`step_schedules`), the loss hooks, the numbers (one
     host copy), each live member's divergence check, best epoch and log record; then the
     epoch's files (log lines, ``best.pt``, staged checkpoints and their commit) handed to
     ``ctx``'s writer with the epoch's host copy of the stacked weights.  A member whose files
     failed in an earlier epoch stops first."""
     ctx = ctx if ctx is not None else EpochEnd(stack, members, groups)
     _stop_failed(ctx, members)
-    for mb in members:
-        if not mb.r.head.per_step_schedule:
-            mb.r.scheduler.step()
+    step_schedules(stack, members, per_step=False)
     keys, host, extra, best = _epoch_table(stack, members, groups, stats, epoch, ctx)
     recs = _records(stack, members, keys, host, extra, epoch, lr)
     _update_best(ctx, members, recs, host, extra, best, epoch)
@@ -474,6 +515,7 @@ def _epoch_job(ctx: EpochEnd, stack: Stack, members: list[Member],
         meta = {"num_classes": r.num_classes, "input_shape": r.input_shape,
                 "config": r.config.to_dict(), "best": dict(r.best)}
         if not f.mb.alone:
+            # the checkpoint's keys (a file format: "slots" are the members' run directories)
             meta["pack"] = {"slots": layout, "slot": members.index(f.mb), "writers": writers}
         if r.best_snapshot is not None:
             if int(r.best["epoch"]) == epoch + 1:  # this epoch's weights: the current rows
@@ -530,8 +572,8 @@ def _write_files(ctx: EpochEnd, files: list[_Files], host: dict[str, Any], event
 # ------------------------------------------------------------------------------------------
 def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
               writer: EpochWriter | None = None) -> None:
-    """Train the slots (members at the same epoch; in a pack, ghosts in the slots of absent
-    runs) to ``epochs``; a packed member that stops becomes a ghost, the pack keeps its size.
+    """Train the members (at the same epoch; in a pack, ghosts in the places of absent runs)
+    to ``epochs``; a packed member that stops becomes a ghost, the pack keeps its size.
     The epochs' files go to ``writer`` (None: written at the end of each epoch); the caller
     closes it, and stops the members whose files failed in its last epochs."""
     r0 = members[0].r
@@ -541,16 +583,16 @@ def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
                                   r0.config.grad_clip, r0.amp)
     ctx = EpochEnd(stack, members, groups, writer)
     for epoch in range(members[0].r.start_epoch, epochs):
-        slots = live(members)
-        if not slots:
+        running = live(members)
+        if not running:
             return
         t0 = time.perf_counter()
-        lr = slots[0].r.optimizer.param_groups[0]["lr"]
+        lr = running[0].r.optimizer.param_groups[0]["lr"]
         stats = train_epoch(stack, members, groups, batches, epoch, bar, compiled)
         end_epoch(stack, members, groups, stats, epoch, lr, t0, bar, ctx)
 
 
-def _evaluate_pack(stack: PackedModel, members: list[Member], ood_sets: dict[str, Any]
+def _evaluate_pack(stack: Stack, members: list[Member], ood_sets: dict[str, Any]
                    ) -> dict[int, dict[str, Any]]:
     """The final evaluation of every live member with ``evaluate``: one packed forward over
     the validation, test and OOD sets; each member's logits and results written as a run's."""
@@ -558,7 +600,7 @@ def _evaluate_pack(stack: PackedModel, members: list[Member], ood_sets: dict[str
     if not evaluated:
         return {}
     r0 = members[0].r
-    preds = {s: stack.split_logits(s)[0] for s in ("val", "test")}
+    preds = {s: split_logits(stack, members, s)[0] for s in ("val", "test")}
     mean, std = getattr(r0.splits, "mean", None), getattr(r0.splits, "std", None)
     for name, ds in ood_sets.items():
         preds[f"ood_{name}"] = predict_logits(SharedInput(stack), ds, r0.device, r0.eval_bs,
@@ -579,7 +621,7 @@ def _shares_data(members: list[Member]) -> bool:
 
 
 def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
-    """Each slot's OOD sets (loaded before training, so that a missing set fails at once; one
+    """Each member's OOD sets (loaded before training, so that a missing set fails at once; one
     load for members that share their data)."""
     shared: dict[str, Any] | None = None
     one_data = _shares_data(members)
@@ -598,9 +640,9 @@ def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
 
 def final_results(stack: Stack, members: list[Member], oods: list[dict[str, Any]]
                   ) -> dict[int, dict[str, Any] | None]:
-    """Each live member's final evaluation (``oods``: each slot's OOD sets): packed when the
+    """Each live member's final evaluation (``oods``: each member's OOD sets): packed when the
     members of a pack share their data, else each run's own."""
-    if isinstance(stack, PackedModel) and _shares_data(members):
+    if stack.packed and _shares_data(members):
         return _evaluate_pack(stack, members, next((o for o in oods if o), {}))
     out = {}
     for m, mb in enumerate(members):

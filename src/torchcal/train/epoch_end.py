@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .loss_groups import LossGroups
-from .stacks import PackedModel, SoloModel
+from .stacks import Stack
 
 __all__ = ["mean_rows", "Row", "StateRows", "DeviceBest", "resolve"]
 
@@ -47,17 +47,11 @@ class Row:
 
 
 class StateRows:
-    """The stacked tensors of ``stack`` by storage (none for a :class:`SoloModel`)."""
+    """The stacked tensors of ``stack`` (its :meth:`~torchcal.train.stacks.Stack.stacked_state`:
+    none for a :class:`~torchcal.train.stacks.SoloModel`) by storage."""
 
-    def __init__(self, stack: PackedModel | SoloModel) -> None:
-        self.stacks: dict[str, torch.Tensor] = {}
-        if isinstance(stack, PackedModel):
-            self.stacks.update({f"p.{k}": v for k, v in stack.params.items()})
-            self.stacks.update({f"b.{k}": v for k, v in stack.buffers.items()})
-            for j, p in enumerate(stack.params.values()):
-                buf = stack.opt.state.get(p, {}).get("momentum_buffer")
-                if isinstance(buf, torch.Tensor):
-                    self.stacks[f"m.{j}"] = buf
+    def __init__(self, stack: Stack) -> None:
+        self.stacks: dict[str, torch.Tensor] = dict(stack.stacked_state())
         self._by_storage = {v.untyped_storage().data_ptr(): k for k, v in self.stacks.items()}
 
     def model_keys(self) -> list[str]:

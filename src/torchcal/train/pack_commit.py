@@ -1,5 +1,5 @@
 """A pack's epoch commits as one: staged checkpoints, their reconciliation on resume, and the
-pack's layout (which run sits in which slot) that a resume rebuilds.
+pack's layout (which run is which member) that a resume rebuilds.
 
 Why: a packed member's numbers depend on the pack it trains in (a batched convolution over M
 members may round differently from one over M - 1), so a member must resume in the very pack
@@ -13,11 +13,13 @@ it trained in, at the epoch its companions resume from:
   ``next.pt`` complete.  :func:`reconcile_staged` (run when a pack is opened again) finishes
   the move when every writer of that epoch has its new checkpoint in one of the two places,
   and otherwise drops the staged files: the members resume from one common epoch.
-* **Layout.**  Each checkpoint records the pack's slots (the members' run directories in pack
-  order) and the writers of that epoch.  A member that diverged (or failed) stays in its slot
-  as a *ghost* until the pack ends - it is computed but never logged or checkpointed - so its
-  companions keep their pack size; a resume puts a ghost back into every slot whose run does
-  not resume with the pack (:func:`ghost_run`).
+* **Layout.**  Each checkpoint records the pack's members (their run directories in pack
+  order, under the checkpoint's ``"slots"`` key) and the writers of that epoch.  A member that
+  diverged (or failed) stays in its place as a *ghost* until the pack ends - it is computed but
+  never logged or checkpointed - so its companions keep their pack size; a resume puts a ghost
+  back in the place of every member whose run does not resume with the pack
+  (:func:`ghost_run`); a ghost that cannot be built stops the pack with an error, never a
+  pack of another size.
 * **Writer.**  The files of an epoch (every member's log line, ``best.pt``, staged checkpoint
   and the commit) are written by :class:`EpochWriter`, one background thread that takes the
   epoch's host copy and writes the jobs in the order they came, so that the next epoch's steps
@@ -37,14 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .._io import replace_verified
 from ..errors import CheckpointError, TorchcalError
 from ..runs import RunDir
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .steps import SGD
+from .steps import build_optimizer
 
 __all__ = ["STAGED", "staged_path", "stage_checkpoint", "commit_staged", "reconcile_staged",
            "pack_layout", "ghost_run", "EpochJob", "EpochWriter"]
@@ -123,30 +123,29 @@ def _remove_staged(run_dir: str | os.PathLike) -> None:
 
 
 def pack_layout(state: dict[str, Any] | None) -> tuple[str, ...] | None:
-    """The slots recorded in a checkpoint (None: a new run, or one written before layouts)."""
+    """The members' run directories recorded in a checkpoint (its ``"slots"``; None: a new
+    run, or one written before layouts)."""
     record = (state or {}).get("pack") or {}
-    slots = record.get("slots") if isinstance(record, dict) else None
-    if not (isinstance(slots, (list, tuple)) and slots and all(isinstance(s, str) for s in slots)):
+    dirs = record.get("slots") if isinstance(record, dict) else None
+    if not (isinstance(dirs, (list, tuple)) and dirs and all(isinstance(d, str) for d in dirs)):
         return None  # no layout (or not one this reader can trust): the pack of the configs given
-    return tuple(slots)
+    return tuple(dirs)
 
 
 def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
-    """A ghost for a slot whose run is not trained here: ``template``'s run (a live member of
-    the same pack: same model, data and schedule) with ``config``'s loss and seed, its own copy
-    of the model, a fresh optimiser and schedule.  It writes nothing."""
+    """A ghost for a member whose run is not trained here: ``template``'s run (a live member
+    of the same pack: same model, data and schedule) with ``config``'s loss and seed, its own
+    copy of the model, a fresh optimiser and schedule
+    (:func:`~torchcal.train.steps.build_optimizer`, as a run's).  It writes nothing."""
     if config.model != template.config.model:
-        raise TorchcalError(f"Slot {config.out_dir!r} trained model {config.model!r}, "
+        raise TorchcalError(f"Member {config.out_dir!r} trained model {config.model!r}, "
                             f"not {template.config.model!r}")
     r = copy.copy(template)
     r.config = config
     r.model = copy.deepcopy(template.model)
     r.loss_fn = build_loss(config, template.num_classes).to(template.device)
-    g = template.optimizer.param_groups[0]
-    r.optimizer = SGD(r.model.parameters(), lr=g["lr"], momentum=g["momentum"],
-                      weight_decay=g["weight_decay"], nesterov=g["nesterov"])
-    r.scheduler = torch.optim.lr_scheduler.MultiStepLR(
-        r.optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma)
+    r.optimizer, r.scheduler = build_optimizer(r.model, config, template.head,
+                                               config.epochs * template.n_batches)
     r.run = RunDir(config.out_dir)
     r.best, r.best_snapshot = {}, None
     return r

@@ -47,7 +47,8 @@ import torch
 from torch import nn
 
 from .._io import exclusive_lock
-from ..runs import RunDir
+from ..errors import CheckpointError
+from ..runs import CONFIG_FILE, RunDir
 from .build import data_seed
 from .config import TrainConfig
 from .distributed import DistEnv
@@ -141,45 +142,65 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
     return opened
 
 
-def _slot_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig | None:
-    """The config of the run in slot ``out_dir``: the one passed, else its ``config.json``."""
+def _member_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig:
+    """The config of the pack's member in ``out_dir``: the one passed, else its
+    :data:`~torchcal.runs.CONFIG_FILE` (CheckpointError when neither can be had)."""
     for c in configs:
         if str(c.out_dir) == out_dir:
             return c
     try:
         return TrainConfig.from_dict(RunDir(out_dir).read_config())
-    except (OSError, ValueError, TypeError):
-        return None
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"its config was not passed and {out_dir!r} has no readable "
+                              f"{CONFIG_FILE} ({type(exc).__name__}: {exc})") from exc
+
+
+def _pack_members(layout: tuple[str, ...], mbs: list[Member], configs: Sequence[TrainConfig]
+                  ) -> list[Member]:
+    """The members of the pack recorded as ``layout``: ``mbs`` in their places, a ghost in the
+    place of every run that does not resume here (CheckpointError naming it when its ghost
+    cannot be built: a pack resumes at its recorded size or not at all)."""
+    own = {str(mb.r.config.out_dir): mb for mb in mbs}
+    members: list[Member] = []
+    for d in layout:
+        if d in own:
+            members.append(own.pop(d))
+            continue
+        try:
+            ghost = ghost_run(mbs[0].r, _member_config(d, configs), build_loss)
+        except Exception as exc:  # noqa: BLE001 - raised again, naming the pack
+            raise CheckpointError(
+                f"Cannot resume the pack of {sorted(str(mb.r.config.out_dir) for mb in mbs)}: "
+                f"its member {d!r} (recorded in their checkpoints' pack layout) does not resume "
+                f"with it and cannot be rebuilt as a ghost, so the pack would train at another "
+                f"size: {exc}") from exc
+        members.append(Member(-1, ghost, ghost=True))
+    return members + list(own.values())
 
 
 def _packs(opened: list[tuple[Member, tuple[str, ...] | None]], configs: Sequence[TrainConfig],
-           group: list[int]) -> list[list[Member]]:
-    """The packs to train: members at the same epoch with the same recorded layout, in their
-    slots; a slot whose run does not resume here holds a ghost (a slot whose config cannot be
-    read is left out)."""
+           group: list[int], results: list[Any]) -> list[list[Member]]:
+    """The packs to train: members at the same epoch with the same recorded layout, each in
+    its place; a run of the layout that does not resume here is a ghost.  A pack whose ghost
+    cannot be built is not trained: each of its members gets the error in ``results``."""
     default = tuple(str(configs[i].out_dir) for i in group)
     by_key: dict[tuple[int, tuple[str, ...]], list[Member]] = {}
     for mb, layout in opened:
         by_key.setdefault((mb.r.start_epoch, layout or default), []).append(mb)
     packs = []
     for (_, layout), mbs in sorted(by_key.items(), key=lambda kv: kv[0][0]):
-        own = {str(mb.r.config.out_dir): mb for mb in mbs}
-        slots: list[Member] = []
-        for d in layout:
-            if d in own:
-                slots.append(own.pop(d))
-                continue
-            cfg = _slot_config(d, configs)
-            with contextlib.suppress(Exception):
-                if cfg is not None:
-                    slots.append(Member(-1, ghost_run(mbs[0].r, cfg, build_loss), ghost=True))
-        packs.append(slots + list(own.values()))
+        try:
+            packs.append(_pack_members(layout, mbs, configs))
+        except CheckpointError as exc:
+            for mb in mbs:
+                results[mb.index] = exc
     return packs
 
 
 def _packed_model(members: list[Member], forward: str) -> PackedModel:
     runs = [mb.r for mb in members]
-    return PackedModel([r.model for r in runs], [r.optimizer for r in runs], forward, runs=runs)
+    return PackedModel([r.model for r in runs], [r.optimizer for r in runs], forward,
+                       amp=runs[0].amp)
 
 
 def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = None,
@@ -230,7 +251,7 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
             torch.set_num_threads(int(configs[group[0]].num_threads))
         with contextlib.ExitStack() as stack:
             opened = _open_members(configs, group, stack, results)
-            for members in _packs(opened, configs, group):
+            for members in _packs(opened, configs, group, results):
                 run_stack(_packed_model(members, forward), members, results)
         for i in group:
             if isinstance(results[i], dict):

@@ -14,24 +14,31 @@ optimisers are one of two *stacks* with the same methods:
   optimiser and AMP scaler: what a stack cannot hold (a head's optimiser, fp16's loss scaler,
   DDP's gradient hooks, a compiled graph, dropout's per-member random streams).
 
-Both take inputs (M, B, ...) and give logits (M, B, C); ``step(losses, logits, y, max_norm)``
-runs the backward pass and the optimiser; ``split_logits`` gives every member's logits on a
-split; ``finite`` and ``fc_norms`` give the end of epoch's per-member checks on the device.
+Both implement :class:`Stack`, the protocol the engine (:func:`~torchcal.train.engine.run_stack`)
+relies on and the only members of a stack it uses: they take inputs (M, B, ...) and give logits
+(M, B, C); ``step(losses, logits, y, max_norm)`` runs the backward pass and the optimiser;
+``split_logits(sources, batch_size)`` gives every member's logits on a split from the members'
+batch sources; ``finite`` and ``fc_norms`` give the end of epoch's per-member checks on the
+device; ``stacked_state`` the stacked tensors a checkpoint's rows are cut from.  A stack holds
+the modules, optimisers and settings it computes with, never a run
+(:class:`~torchcal.train.steps.Run`): the engine owns the members' runs, steps their schedules
+and sets a pack's learning rate (:meth:`Stack.start_epoch`).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from .inference import predict_logits
+from .inference import BatchSource, predict_logits
 from .steps import SGD, Run
 
-__all__ = ["PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
+__all__ = ["Stack", "PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
 
 #: How a pack runs its members' model: ``"vmap"`` (one batched forward and backward: a GPU's
 #: way, whose kernel launches do not grow with the members), ``"loop"`` (each member's forward on
@@ -39,6 +46,64 @@ __all__ = ["PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
 #: whose grouped convolutions are slow), ``"auto"`` (``"loop"`` on the CPU, else ``"vmap"``).
 #: Losses, statistics, clipping and SGD are shared either way.
 FORWARDS = ("auto", "vmap", "loop")
+
+
+@runtime_checkable
+class Stack(Protocol):
+    """What the engine (:mod:`torchcal.train.engine`) relies on in a stack of M members, and
+    all it uses of one.
+
+    Attributes:
+        packed: True when one stacked optimiser steps for the members (their own optimisers
+            hold views of its state and are never stepped themselves) and their final
+            evaluation is one pass of the stack (:meth:`forward_shared`); False for a run's
+            own module and optimiser.
+        amp: the members' ``amp`` (``"off"``, ``"bf16"``, ``"fp16"``).
+    """
+
+    packed: bool
+    amp: str
+
+    def train(self, mode: bool = True) -> None:
+        """Train (or evaluation) mode of every member."""
+
+    def start_epoch(self, lr: float) -> None:
+        """Train mode and the epoch's learning rate ``lr`` (the engine's, from the members'
+        schedule)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
+
+    def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (B, M, C) of every member on the same inputs (B, ...)."""
+
+    def step(self, losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
+             max_norm: float | None, index: torch.Tensor | None = None) -> None:
+        """Backward of the members' losses (M,), clipping and one optimiser step."""
+
+    def annotate(self, rec: dict[str, Any]) -> None:
+        """Add what the stack knows to a member's log record."""
+
+    def split_logits(self, sources: Sequence[BatchSource], batch_size: int
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Every member's logits (N, M, C) and labels on a split (``sources[m]``: member
+        ``m``'s batch source of it), twice: all of them, and this process' share."""
+
+    def finite(self) -> torch.Tensor:
+        """(M,) bool: every parameter of member ``m`` is finite."""
+
+    def fc_norms(self) -> torch.Tensor | None:
+        """(M,) norms of each member's ``fc.weight``, None without one."""
+
+    def stacked_state(self) -> dict[str, torch.Tensor]:
+        """The stacked tensors (leading member dimension) a member's checkpoint rows are cut
+        from, by name; empty when the stack holds no stacked tensor."""
+
+
+def _check_sources(sources: Any) -> None:
+    if isinstance(sources, str):
+        raise TypeError(f"Expected `sources` to be the members' batch sources of a split (one "
+                        f"per member), got the split name {sources!r}: a stack holds no run")
 
 
 def _bind(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
@@ -58,19 +123,28 @@ class PackedModel:
 
     ``models[m]`` and ``optimizers[m]`` (an SGD over ``models[m]``'s parameters, never stepped
     itself) hold views of slice ``m`` afterwards, so checkpoints, evaluation and the schedules
-    see the packed values without copies; ``runs`` (the members' runs, whose models and
-    optimisers these are) give :meth:`split_logits` its data.
+    see the packed values without copies.  The members' schedules set ``optimizers[m]``'s
+    learning rate; the engine hands it to the stacked SGD (:meth:`start_epoch`).  ``amp``: the
+    members' (their evaluation passes' autocast).
     """
 
+    packed = True
+
     def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD],
-                 forward: str = "vmap", runs: Sequence[Run] = ()) -> None:
+                 forward: str = "vmap", amp: str = "off", runs: Sequence[Run] | None = None
+                 ) -> None:
+        if runs is not None:
+            warnings.warn("PackedModel(runs=...) is deprecated and ignored: a stack holds no "
+                          "run (split_logits takes the members' sources)", DeprecationWarning,
+                          stacklevel=2)
         if forward not in FORWARDS:
             raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
         if forward == "auto":
             cpu = next(models[0].parameters()).device.type == "cpu"
             forward = "loop" if cpu else "vmap"
-        self.runs = list(runs)  # the members' runs (their evaluation splits)
+        self.amp = amp
         self.models, self.optimizers = models, optimizers
+        self.device = next(models[0].parameters()).device
         self.base = models[0]
         self.mode = forward
         params, buffers = stack_module_state(models)
@@ -79,9 +153,8 @@ class PackedModel:
         self.opt = SGD(list(params.values()), lr=group["lr"],
                        momentum=group["momentum"], dampening=group["dampening"],
                        weight_decay=group["weight_decay"], nesterov=group["nesterov"])
-        for m, (model, opt) in enumerate(zip(models, optimizers, strict=True)):
+        for m, model in enumerate(models):
             _bind(model, params, buffers, m)
-            opt._opt_called = True  # stepped through the pack (no scheduler warning)
         if group["momentum"]:
             self._stack_momentum()
 
@@ -150,17 +223,22 @@ class PackedModel:
     def annotate(self, rec: dict[str, Any]) -> None:
         """Nothing to add to a member's log record."""
 
-    def split_logits(self, split: str) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """Every member's logits (N, M, C) on ``split`` and the labels ((N,) or, when the
-        members' data differ, (N, M)), twice: all of them, and this process' share (the same
-        here: a pack runs in one process)."""
-        r0 = self.runs[0]
-        if all(r.src[split] is r0.src[split] for r in self.runs):
-            out = predict_logits(SharedInput(self), None, r0.device, r0.eval_bs,
-                                 source=r0.src[split], amp=r0.amp)
+    def split_logits(self, sources: Sequence[BatchSource], batch_size: int
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Every member's logits (N, M, C) on a split (``sources[m]``: member ``m``'s batch
+        source of it, in ``batch_size`` batches) and the labels ((N,) or, when the members'
+        sources differ, (N, M)), twice: all of them, and this process' share (the same here: a
+        pack runs in one process)."""
+        _check_sources(sources)
+        if len(sources) != len(self.models):
+            raise ValueError(f"Expected `sources` to hold one source per member "
+                             f"({len(self.models)}), got {len(sources)}")
+        if all(s is sources[0] for s in sources):
+            out = predict_logits(SharedInput(self), None, self.device, batch_size,
+                                 source=sources[0], amp=self.amp)
         else:  # a split that follows the seed: one pass per member
-            outs = [predict_logits(r.model, None, r.device, r.eval_bs, source=r.src[split],
-                                   amp=r.amp) for r in self.runs]
+            outs = [predict_logits(model, None, self.device, batch_size, source=s, amp=self.amp)
+                    for model, s in zip(self.models, sources, strict=True)]
             out = torch.stack([o[0] for o in outs], 1), torch.stack([o[1] for o in outs], 1)
         return out, out
 
@@ -201,12 +279,23 @@ class PackedModel:
         w = self.params.get("fc.weight")
         return None if w is None else w.float().reshape(len(self.models), -1).norm(dim=1)
 
+    def stacked_state(self) -> dict[str, torch.Tensor]:
+        """The stacked parameters (``p.NAME``), buffers (``b.NAME``) and SGD momentum buffers
+        (``m.J``, J the parameter's position)."""
+        out = {f"p.{k}": v for k, v in self.params.items()}
+        out.update({f"b.{k}": v for k, v in self.buffers.items()})
+        for j, p in enumerate(self.params.values()):
+            buf = self.opt.state.get(p, {}).get("momentum_buffer")
+            if isinstance(buf, torch.Tensor):
+                out[f"m.{j}"] = buf
+        return out
+
 
 class SharedInput(nn.Module):
-    """A pack as a module for :func:`~torchcal.train.inference.predict_logits`: ``forward(x)``
+    """A stack as a module for :func:`~torchcal.train.inference.predict_logits`: ``forward(x)``
     gives every member's logits (B, M, C) on the same batch; ``eval()`` reaches the members."""
 
-    def __init__(self, pack: PackedModel) -> None:
+    def __init__(self, pack: Stack) -> None:
         super().__init__()
         self.pack = pack
 
@@ -219,17 +308,20 @@ class SharedInput(nn.Module):
         return self.pack.forward_shared(x)
 
 
-
-
 class SoloModel:
     """One run as a stack of one: its own module (wrapped by
     :func:`~torchcal.train.steps.build_run` for the joint head, DDP and ``torch.compile``), its
-    own optimiser, AMP scaler and head.  Under ``torchrun`` each rank holds its shard of the
-    batches and of the evaluation splits; DDP averages the gradients."""
+    own optimiser, AMP scaler and head, taken from ``run`` (the stack keeps these parts, not
+    the run).  Under ``torchrun`` each rank holds its shard of the batches and of the
+    evaluation splits; DDP averages the gradients."""
+
+    packed = False
 
     def __init__(self, run: Run) -> None:
-        self.runs = [run]
-        self.r = run
+        self.fwd, self.model, self.head = run.fwd, run.model, run.head
+        self.optimizer, self.scaler = run.optimizer, run.scaler
+        self.env, self.device, self.amp = run.env, run.device, run.amp
+        self.n_batches = run.n_batches  # the batches of an epoch (the head's log numbers)
         self.feats: Any = None
         world = run.env.world_size if run.env.enabled else 1
         # DDP averages the ranks' gradients: a summed loss must be scaled back to a sum
@@ -237,62 +329,72 @@ class SoloModel:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (1, B, C) of inputs (1, B, ...); the head's features are kept for ``step``."""
-        logits, self.feats = self.r.head.split(self.r.fwd(x[0]))
+        logits, self.feats = self.head.split(self.fwd(x[0]))
         return logits.unsqueeze(0)
 
+    def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (B, 1, C) of the bare model (no head, DDP or compile wrapper) on ``x``."""
+        return self.model(x).unsqueeze(1)
+
     def train(self, mode: bool = True) -> None:
-        self.r.fwd.train(mode)
+        self.fwd.train(mode)
 
     def start_epoch(self, lr: float) -> None:
-        """Train mode and a fresh epoch of the head (the optimiser's schedule sets ``lr``)."""
+        """Train mode and a fresh epoch of the head (``lr`` is the optimiser's already: its
+        schedule set it)."""
         self.train()
-        self.r.head.start_epoch()
+        self.head.start_epoch()
 
     def annotate(self, rec: dict[str, Any]) -> None:
         """The head's epoch numbers in the run's log record."""
-        self.r.head.log(rec, self.r.n_batches)
+        self.head.log(rec, self.n_batches)
 
-    def split_logits(self, split: str) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """The logits (N, 1, C) and labels of ``split`` gathered from every rank, and this
-        rank's share (what a stateful loss' hook sees)."""
-        r = self.r
-        z, y, (lz, ly) = predict_logits(r.model, None, r.device, r.eval_bs, env=r.env,
-                                        source=r.src[split], amp=r.amp, return_local=True)
+    def split_logits(self, sources: Sequence[BatchSource], batch_size: int
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """The logits (N, 1, C) and labels of a split (``sources``: the run's one source of
+        it) gathered from every rank, and this rank's share (what a stateful loss' hook
+        sees)."""
+        _check_sources(sources)
+        if len(sources) != 1:
+            raise ValueError(f"Expected `sources` to hold one source (a run alone), got "
+                             f"{len(sources)}")
+        z, y, (lz, ly) = predict_logits(self.model, None, self.device, batch_size, env=self.env,
+                                        source=sources[0], amp=self.amp, return_local=True)
         return (z.unsqueeze(1), y), (lz.unsqueeze(1), ly)
 
     def step(self, losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
              max_norm: float | None, index: torch.Tensor | None = None) -> None:
         """One backward pass and optimiser step (with the head's loss and step; the scaler is
-        a no-op unless AMP is fp16; a per-step schedule steps after it).  ``index``: the
-        batch's sample indices (1, B), for a head that needs them."""
-        r = self.r
+        a no-op unless AMP is fp16; the engine steps a per-step schedule after it).  ``index``:
+        the batch's sample indices (1, B), for a head that needs them."""
         loss = losses[0] * self.scale if self.scale != 1 else losses[0]
-        total = r.head.add_loss(loss, logits[0], self.feats, y[0],
-                                index=None if index is None else index[0])
-        r.optimizer.zero_grad(set_to_none=True)
-        r.head.zero_grad()
-        r.scaler.scale(total).backward()
+        total = self.head.add_loss(loss, logits[0], self.feats, y[0],
+                                   index=None if index is None else index[0])
+        self.optimizer.zero_grad(set_to_none=True)
+        self.head.zero_grad()
+        self.scaler.scale(total).backward()
         if max_norm is not None:
-            r.scaler.unscale_(r.optimizer)
-            torch.nn.utils.clip_grad_norm_(r.model.parameters(), max_norm)
-        r.scaler.step(r.optimizer)
-        r.head.step(r.scaler)
-        r.scaler.update()
-        if r.head.per_step_schedule:
-            r.scheduler.step()
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.scaler.step(self.optimizer)
+        self.head.step(self.scaler)
+        self.scaler.update()
 
     @torch.no_grad()
     def finite(self) -> torch.Tensor:
         """(1,) bool: every parameter of the model and the head is finite."""
-        r = self.r
-        params = [p.detach() for p in r.model.parameters()]
-        params += [p.detach() for p in getattr(r.head, "head", nn.Module()).parameters()]
+        params = [p.detach() for p in self.model.parameters()]
+        params += [p.detach() for p in getattr(self.head, "head", nn.Module()).parameters()]
         if not params:
-            return torch.ones(1, dtype=torch.bool, device=r.device)
+            return torch.ones(1, dtype=torch.bool, device=self.device)
         return torch.stack([torch.isfinite(p).all() for p in params]).all().reshape(1)
 
     @torch.no_grad()
     def fc_norms(self) -> torch.Tensor | None:
         """(1,) norm of the model's ``fc.weight``, None without one."""
-        fc = getattr(self.r.model, "fc", None)
+        fc = getattr(self.model, "fc", None)
         return None if fc is None else fc.weight.detach().float().norm().reshape(1)
+
+    def stacked_state(self) -> dict[str, torch.Tensor]:
+        """None: a run's own tensors are its checkpoint's."""
+        return {}

@@ -7,7 +7,8 @@ stack is a :class:`Run` built here the same way whatever M:
 * :func:`resume_state` reads and checks the checkpoint to continue (refusing one whose
   identity fields differ from the config, warning on changed runtime settings);
 * :func:`build_run` builds the data (or shares another run's), the model (initialised from the
-  seed), the loss (:func:`build_loss`), the SGD optimiser, the multistep schedule, the AMP
+  seed), the loss (:func:`build_loss`), the SGD optimiser and the multistep schedule
+  (:func:`build_optimizer`, which a pack's ghost shares), the AMP
   scaler and the joint uncertainty head, restores the checkpoint, wraps the model for the head,
   DDP and ``torch.compile``, and prepares the run directory (``config.json``, the log truncated
   to the resumed epoch);
@@ -52,7 +53,8 @@ from .joint_head import JointHead, NoHead
 from .multitask import TaskHead
 from .tracking import TensorBoardLogger, tensorboard_available
 
-__all__ = ["Run", "build_loss", "build_run", "build_sources", "device_and_amp", "resume_state",
+__all__ = ["Run", "build_loss", "build_optimizer", "build_run", "build_sources", "device_and_amp",
+           "resume_state",
            "finished_run_numbers", "train_batches", "update_every", "update_best", "snapshot",
            "divergence_error", "final_evaluation", "n_batches", "progress_bar",
            "tensorboard_logger", "SGD"]
@@ -251,12 +253,8 @@ def build_run(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
         model = model.to(memory_format=torch.channels_last)
     head = _head(model, config, splits, device)
     local_bs = config.batch_size // env.world_size
-    optimizer = head.make_optimizer(model, config) or SGD(
-        model.parameters(), lr=config.lr, momentum=config.momentum,
-        weight_decay=config.weight_decay, nesterov=config.nesterov)
     steps = config.epochs * n_batches(src["train"].n, env.world_size, local_bs)
-    scheduler = head.make_schedule(optimizer, steps) or torch.optim.lr_scheduler.MultiStepLR(
-        optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma)
+    optimizer, scheduler = build_optimizer(model, config, head, steps)
     r = Run(config=config, env=env, device=device, amp=amp, run=RunDir(config.out_dir),
             local_bs=local_bs, splits=splits, src=src,
             num_classes=num_classes, input_shape=input_shape, model=model,
@@ -269,6 +267,23 @@ def build_run(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
     if env.is_main:
         _prepare_run_dir(r)
     return r
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig, head: NoHead, steps: int
+                    ) -> tuple[torch.optim.Optimizer, Any]:
+    """A run's optimiser and learning-rate schedule (the one builder of both, for a run and a
+    pack's ghost): ``head``'s own when it makes them, else :class:`SGD` over ``model``'s
+    parameters (``config``'s ``lr``, ``momentum``, ``weight_decay``, ``nesterov``) and a
+    ``MultiStepLR`` at ``config``'s effective milestones with ``lr_gamma``.  ``steps``: the
+    run's optimiser steps in all (a per-step schedule's length)."""
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"Expected `steps` to be a non-negative integer, got {steps!r}")
+    optimizer = head.make_optimizer(model, config) or SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum,
+        weight_decay=config.weight_decay, nesterov=config.nesterov)
+    scheduler = head.make_schedule(optimizer, steps) or torch.optim.lr_scheduler.MultiStepLR(
+        optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma)
+    return optimizer, scheduler
 
 
 def _head(model: nn.Module, config: TrainConfig, splits: Any, device: torch.device) -> NoHead:
