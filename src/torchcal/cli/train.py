@@ -62,7 +62,7 @@ def _declared_flags(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any
     (a plug-in's group is ``cfg``'s with the given fields replaced)."""
     upd: dict[str, Any] = {}
     groups: dict[str, dict[str, Any]] = {}
-    for path, flag in cli_fields(TrainConfig):
+    for path, flag in cli_fields(type(cfg)):
         v = getattr(args, flag.dest, None)
         if flag.switch:
             if not v:
@@ -243,11 +243,11 @@ def _print_multitask(cfg, summary: dict[str, Any]) -> None:
           f"{RunDir(cfg.out_dir).results()}")
 
 
-def _add_declared_flags(p: argparse.ArgumentParser) -> None:
-    """The options that TrainConfig's fields declare (``cli=``), in field order, a group's under
-    its title: one declaration per option (docs/guide/architecture.md)."""
+def _add_declared_flags(p: argparse.ArgumentParser, cls: type = TrainConfig) -> None:
+    """The options that the fields of ``cls`` declare (``cli=``), in field order, a group's
+    under its title: one declaration per option (docs/guide/architecture.md)."""
     groups: dict[str, Any] = {}
-    for _, flag in cli_fields(TrainConfig):
+    for _, flag in cli_fields(cls):
         where = p if flag.group is None else groups.get(flag.group)
         if where is None:
             where = groups[flag.group] = p.add_argument_group(flag.group)
