@@ -510,13 +510,13 @@ class TrainConfig:
         "--reduction", "loss reduction over a batch: 'published' = as the papers' code (sum for "
         "most losses, mean for Brier)", choices=REDUCTIONS))
     select_best_by: str = runtime("ece", check=Options(SELECT_BEST_BY), cli=Flag(
-        "--select-best-by", "validation metric selecting checkpoints/best.pt",
+        "--select-best-by", help="validation metric selecting checkpoints/best.pt",
         choices=SELECT_BEST_BY))
     checkpoint_every: int = runtime(1, check=POSITIVE_INT, cli=Flag(
-        "--checkpoint-every", "write last.pt every N epochs", type=int))
+        "--checkpoint-every", help="write last.pt every N epochs", type=int))
     eval_test_every: int = runtime(1, check=NON_NEGATIVE_INT)
     evaluate: bool = runtime(True, check=UNCHECKED, cli=Flag(
-        "--no-eval", "skip writing logits/ and results.json after training", const=False))
+        "--no-eval", help="skip writing logits/ and results.json after training", const=False))
     n_bins: int = runtime(15, check=POSITIVE_INT)
     num_threads: int | None = runtime(None, check=Interval(int, 1, None, allow_none=True),
                                       cli=Flag("--num-threads", "torch CPU threads of this process",
@@ -526,7 +526,7 @@ class TrainConfig:
     progress: bool = runtime(True, check=UNCHECKED, warn=False, cli=Flag(
         "--no-progress", "no progress bar", const=False))
     tensorboard: bool = runtime(False, check=UNCHECKED, cli=Flag(
-        "--tensorboard", "also write each epoch's scalars and AdaFocal's γ per bin to "
+        "--tensorboard", help="also write each epoch's scalars and AdaFocal's γ per bin to "
         "TensorBoard under OUT/tensorboard (needs the tensorboard package; log.jsonl stays the "
         "record): tensorboard --logdir OUT", const=True))
     joint_head: JointHeadConfig = plugin(JointHeadConfig)
