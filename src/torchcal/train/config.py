@@ -4,9 +4,16 @@ A run is fully described by a :class:`TrainConfig`.  Named recipes
 (:func:`torchcal.train.get_recipe`) return one with the papers' settings; the CLI's options and
 :func:`dataclasses.replace` override single fields.
 
-Each field declares its **role** beside its default (field metadata, in the spirit of
-scikit-learn's ``_parameter_constraints``), and every rule that asks "does this field change
-training?" reads it (:func:`changed_fields`); there is no second list:
+Each field is declared once, beside its default (field metadata, as a loss's
+``_parameter_constraints``): its constraint (``check=``, a callable ``check(value, name)``: the
+shared :class:`~torchcal._validation.Interval` and :class:`~torchcal._validation.Options`, a
+function of this module, or :data:`UNCHECKED`), which :meth:`TrainConfig.validate` calls in a
+loop (:func:`check_fields`); its ``torchcal train`` options (``cli=``, :class:`Flag`), which the
+command line adds and reads in a loop (:func:`cli_fields`); and its **role**, which every rule
+that asks "does this field change training?" reads (:func:`changed_fields`).  There is no second
+list.  The plug-ins' fields are groups of their own (:class:`JointHeadConfig`,
+:class:`MultitaskConfig`); earlier versions' flat names of them are read by
+:meth:`TrainConfig.from_dict` (:func:`flat_keys`).  The roles:
 
 * ``identity``: what is trained (data, model, loss and its arguments, seed, optimiser,
   reduction, clipping, precision, ...).  Resuming a run with a changed identity field is
