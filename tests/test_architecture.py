@@ -6,8 +6,9 @@ name of another unit is imported, no package's modules import one another in a c
 module imports a private name of another module of its package; ``errors.py`` and
 ``_registry.py`` import the standard library only, the command line's entry modules import no
 command, torch, scikit-learn or matplotlib to start, scikit-learn is imported at module level only
-by the command line and matplotlib only inside functions.  Each checker is also shown to
-fail on a small package written here.
+by the command line and matplotlib only inside functions; every TrainConfig field declares its
+constraint, ``validate`` checks no field by hand and the command line lists no field names.
+Each checker is also shown to fail on a small package written here.
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
 another checkout).
@@ -74,6 +75,64 @@ def test_no_private_name_across_the_modules_of_a_package(result):
 
 def test_no_circular_imports_inside_a_package(result):
     assert not result["circular imports"], "\n".join(result["circular imports"])
+
+
+def test_train_config_is_declared_in_one_place(result):
+    assert result["config declarations"] == []
+
+
+_CONFIG_OK = """\
+class Group:
+    lr: float = identity(0.1, check=POSITIVE)
+
+
+class TrainConfig:
+    epochs: int = schedule(3, check=POSITIVE_INT, cli=Flag("--epochs", "n", type=int))
+    group: Group = plugin(Group)
+
+    def validate(self):
+        check_fields(self)
+        if self.group.lr > self.epochs:  # a cross-field check
+            raise ValueError("...")
+        return self
+"""
+
+
+@pytest.mark.parametrize("config, cli, expected", [
+    (_CONFIG_OK, 'OPTIONS = ("--epochs", "--lr")\nmeta = {"epochs": n, "lr": x, "seed": s}\n',
+     None),
+    (_CONFIG_OK.replace("identity(0.1, check=POSITIVE)", "identity(0.1)"), "",
+     "Group.lr declares no constraint"),
+    (_CONFIG_OK.replace("schedule(3, check=POSITIVE_INT, ", "field(default=3, "), "",
+     "TrainConfig.epochs declares no constraint"),
+    (_CONFIG_OK.replace("        check_fields(self)\n",
+                        "        check_fields(self)\n        check_scalar(self.epochs, 'e', int)\n"),
+     "", "validate checks fields by hand (check_scalar)"),
+    (_CONFIG_OK.replace("        check_fields(self)\n",
+                        "        check_fields(self)\n        POSITIVE(self.group.lr, 'lr')\n"),
+     "", "validate checks fields by hand (POSITIVE)"),
+    (_CONFIG_OK.replace("        check_fields(self)\n", ""), "",
+     "validate does not call check_fields"),
+    (_CONFIG_OK, '_OVERRIDES = {"epochs": "epochs", "lr": "lr", "group": "group"}\n',
+     "cli/x.py:1 lists TrainConfig fields by hand (epochs, group, lr)"),
+    (_CONFIG_OK, 'for flag, f in (("a", "epochs"), ("b", "lr"), ("c", "group")):\n    pass\n',
+     "cli/x.py:1 lists TrainConfig fields by hand"),
+])
+def test_config_declarations_are_found(tmp_path, config, cli, expected):
+    """Rule 12 can fail: a field of TrainConfig or of a plug-in group without check=, a check
+    written in validate (a shared constraint or one the fields declare), a validate that does
+    not loop over the declarations, a dict or nested tuples of field names under cli/; a
+    record keyed by field names and cross-field checks pass."""
+    root = _package(tmp_path, "train", "")
+    (root / "torchcal" / "train" / "config.py").write_text(config)
+    (root / "torchcal" / "cli" / "x.py").write_text(cli)
+    found = {k: v for k, v in arch.check(root).items() if v}
+    if expected is None:
+        assert found == {}, found
+    else:
+        assert list(found) == ["config declarations"], found
+        assert len(found["config declarations"]) == 1, found
+        assert expected in found["config declarations"][0], found
 
 
 def test_circular_imports_are_found(tmp_path):

@@ -61,6 +61,17 @@ It prints one line per rule with its count, then every violation:
     evaluates a run never pays its 2 s: isotonic regression, the digits data set); matplotlib
     only inside the functions that draw (never at module level).
 
+12. **config declarations**: the training configuration is declared in one place
+    (``torchcal/train/config.py``).  Every field of ``TrainConfig`` and of its plug-in groups
+    (the classes it holds with ``plugin(Group)``) is declared with a role helper
+    (``identity``/``schedule``/``runtime``) that names its constraint, ``check=``, or is
+    ``plugin(...)``; ``TrainConfig.validate`` checks no field by hand (it calls ``check_fields``
+    and none of ``check_scalar``, ``Interval``, ``Options``, ``SequenceOf``, ``isinstance`` or
+    the constraints the fields declare); and no module under ``cli/`` holds a hand-written
+    list of field names (a list, tuple or set literal, or a dict of string-to-string entries,
+    nested ones included, whose strings name 3 or more TrainConfig fields): the command line
+    reads the fields' ``cli=`` declarations.
+
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
 
@@ -119,6 +130,14 @@ STARTUP = {"torchcal", "torchcal.__main__", "torchcal.cli", "torchcal.cli.__main
            "torchcal.cli._args"}
 # Rule 11: scikit-learn at module level only from this layer up (cli/); matplotlib never.
 SKLEARN_MIN_LAYER = 7
+# Rule 12: the module declaring the training configuration, its class, the helpers that
+# declare a field, and what validate() must not call (a check written by hand).
+CONFIG_MODULE = "torchcal.train.config"
+CONFIG_CLASS = "TrainConfig"
+ROLE_HELPERS = {"identity", "schedule", "runtime"}
+PLUGIN_HELPER = "plugin"
+HAND_CHECKS = {"check_scalar", "Interval", "Options", "SequenceOf", "isinstance"}
+MAX_FIELD_NAMES_IN_CLI = 2
 
 
 def modules(src: Path) -> list[tuple[str, Path]]:
@@ -461,6 +480,84 @@ def import_circles(mods: dict[str, Path]) -> list[str]:
     return out
 
 
+def _call_name(node: ast.AST) -> str | None:
+    """``f`` of a call ``f(...)`` or ``m.f(...)`` (None: not a call of a name)."""
+    if isinstance(node, ast.Call):
+        f = node.func
+        return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    return None
+
+
+def _config_classes(tree: ast.AST) -> dict[str, ast.ClassDef]:
+    """TrainConfig and the plug-in group classes it holds (``plugin(Group)``), by name."""
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    if CONFIG_CLASS not in classes:
+        return {}
+    out = {CONFIG_CLASS: classes[CONFIG_CLASS]}
+    for stmt in classes[CONFIG_CLASS].body:
+        v = stmt.value if isinstance(stmt, ast.AnnAssign) else None
+        if _call_name(v) == PLUGIN_HELPER and v.args and isinstance(v.args[0], ast.Name) \
+                and v.args[0].id in classes:
+            out[v.args[0].id] = classes[v.args[0].id]
+    return out
+
+
+def config_declarations(tree: ast.AST, rel: Path) -> tuple[list[str], set[str]]:
+    """Rule 12 in the config module: the fields declared without ``check=`` and the hand-made
+    checks of ``validate``; and every field name (of TrainConfig and its groups)."""
+    problems, names, constraints = [], set(), set()
+    for cls_name, cls in _config_classes(tree).items():
+        for stmt in cls.body:
+            if not isinstance(stmt, ast.AnnAssign) or not isinstance(stmt.target, ast.Name):
+                continue
+            names.add(stmt.target.id)
+            helper = _call_name(stmt.value)
+            check = [k.value for k in (stmt.value.keywords if helper else []) if k.arg == "check"]
+            constraints |= {n.id for c in check for n in ast.walk(c) if isinstance(n, ast.Name)}
+            if helper != PLUGIN_HELPER and not (helper in ROLE_HELPERS and check):
+                problems.append(f"{rel}:{stmt.lineno} {cls_name}.{stmt.target.id} declares no "
+                                "constraint (a role helper with check=)")
+    validate = next((f for cls in _config_classes(tree).values() for f in cls.body
+                     if isinstance(f, ast.FunctionDef) and f.name == "validate"), None)
+    if validate is not None:
+        called = {_call_name(n) for n in ast.walk(validate)} - {None}
+        hand = sorted(called & (HAND_CHECKS | (constraints - {"UNCHECKED"})))
+        if hand:
+            problems.append(f"{rel}:{validate.lineno} validate checks fields by hand "
+                            f"({', '.join(hand)}): declare the constraint with the field")
+        if "check_fields" not in called:
+            problems.append(f"{rel}:{validate.lineno} validate does not call check_fields")
+    return problems, names
+
+
+def _listed(node: ast.AST) -> list[str]:
+    """The strings a literal lists: the string items of a list, tuple or set, and the keys and
+    values of a dict's string-to-string entries (``{"lr": "lr"}``); not a record's keys
+    (``{"dataset": config.dataset}``)."""
+    if isinstance(node, ast.Dict):
+        pairs = [(k, v) for k, v in zip(node.keys, node.values, strict=True)
+                 if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)]
+        return [c.value for kv in pairs for c in kv if isinstance(c.value, str)]
+    return [e.value for e in getattr(node, "elts", [])
+            if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
+
+def field_name_lists(tree: ast.AST, rel: Path, names: Collection[str]) -> list[str]:
+    """Rule 12 under cli/: collection literals naming more than MAX_FIELD_NAMES_IN_CLI
+    TrainConfig fields (the outermost such literal, once)."""
+    out, inside = [], set()
+    kinds = (ast.Dict, ast.List, ast.Tuple, ast.Set)
+    for node in ast.walk(tree):  # breadth first: an outer literal before its inner ones
+        if not isinstance(node, kinds) or id(node) in inside:
+            continue
+        found = {v for n in ast.walk(node) if isinstance(n, kinds) for v in _listed(n)} & set(names)
+        if len(found) > MAX_FIELD_NAMES_IN_CLI:
+            out.append(f"{rel}:{node.lineno} lists TrainConfig fields by hand "
+                       f"({', '.join(sorted(found))}): declare cli= with the fields")
+            inside |= {id(n) for n in ast.walk(node)}
+    return out
+
+
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
@@ -468,7 +565,7 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "private imports": [], "circular imports": [],
                                  "private names inside a package": [],
                                  "standard library only": [], "start-up imports": [],
-                                 "heavy imports": []}
+                                 "heavy imports": [], "config declarations": []}
     spelled: dict[str, list[str]] = {}
     mods = dict(modules(src))
     for module, path in mods.items():
@@ -489,9 +586,24 @@ def check(src: Path) -> dict[str, list[str]]:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")
     out["circular imports"] = import_circles(mods)
+    out["config declarations"] = _config_rule(src, mods)
     for name, where in sorted(spelled.items()):
         out["run-directory names"].append(f"{name!r} outside {RUN_DIR_OWNER}: {'; '.join(where)}")
     return out
+
+
+def _config_rule(src: Path, mods: dict[str, Path]) -> list[str]:
+    """Rule 12: the config module's declarations, then the field-name lists under cli/."""
+    path = mods.get(CONFIG_MODULE)
+    if path is None:
+        return []
+    problems, names = config_declarations(ast.parse(path.read_text(encoding="utf-8")),
+                                          path.relative_to(src))
+    for module, p in mods.items():
+        if module.startswith("torchcal.cli.") or module == "torchcal.cli":
+            problems += field_name_lists(ast.parse(p.read_text(encoding="utf-8")), names=names,
+                                         rel=p.relative_to(src))
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:

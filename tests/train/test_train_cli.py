@@ -337,7 +337,8 @@ def test_train_uncertainty_head_flag(tmp_path):
         assert torch.equal(v, sh["model"][k]), k
     rec = json.loads((tmp_path / "head" / "log.jsonl").read_text().splitlines()[-1])
     assert rec["head_ranking_loss"] > 0
-    assert json.loads((tmp_path / "head" / "config.json").read_text())["uncertainty_head"] is True
+    written = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert written["joint_head"]["enabled"] is True and "uncertainty_head" not in written
 
 
 def test_train_a_multitask_run_and_resume_it(tmp_path, capsys):

@@ -97,7 +97,7 @@ def test_register_recipe():
     ("milestones", [250, 150], "`milestones` to be a sorted list"),
     ("milestone_fractions", [0.5, 1.5], "`milestone_fractions`"),
     ("grad_clip", -1.0, "`grad_clip`"),
-    ("val_fraction", 1.0, "`val_fraction` to be in"),
+    ("val_fraction", 1.0, r"`val_fraction` to be a number in \(0, 1\), got 1.0"),
     ("seed", -1, "`seed`"),
     ("checkpoint_every", 0, "`checkpoint_every`"),
     ("loss_kwargs", [1], "`loss_kwargs` to be a dict"),

@@ -51,7 +51,9 @@ def _splits():
 
 
 def test_log_variances_have_their_own_group():
-    cfg = dataclasses.replace(get_recipe("mnist1d-multitask"), log_var_lr=0.07)
+    recipe = get_recipe("mnist1d-multitask")
+    cfg = dataclasses.replace(recipe, multitask=dataclasses.replace(recipe.multitask,
+                                                                    log_var_lr=0.07))
     model = create_model("mnist1d_cnn", 10, width=4)
     head = TaskHead(model, cfg, _splits(), torch.device("cpu"))
     opt = head.make_optimizer(model, cfg)
@@ -62,7 +64,8 @@ def test_log_variances_have_their_own_group():
     assert opt.param_groups[0]["lr"] == cfg.lr
     trained = list(model.parameters()) + list(head.reg.parameters())
     assert opt.param_groups[0]["params"] == trained  # the trunk, fc and the regression head
-    equal = dataclasses.replace(cfg, task_weighting="equal")
+    equal = dataclasses.replace(cfg, multitask=dataclasses.replace(cfg.multitask,
+                                                                   task_weighting="equal"))
     assert len(TaskHead(model, equal, _splits(), torch.device("cpu"))
                .make_optimizer(model, equal).param_groups) == 1
 
@@ -90,7 +93,8 @@ def test_why_the_log_variances_need_their_own_learning_rate():
 
 def _tiny(tmp_path, name, **kw):
     cfg = get_recipe("mnist1d-multitask")
-    kw = {"epochs": 2, **kw}
+    mt = {k: kw.pop(k) for k in [f.name for f in dataclasses.fields(cfg.multitask)] if k in kw}
+    kw = {"epochs": 2, "multitask": dataclasses.replace(cfg.multitask, **mt), **kw}
     return dataclasses.replace(
         cfg, out_dir=str(tmp_path / name), data_root=str(tmp_path / "data"),
         model_kwargs={"width": 8}, progress=False,
@@ -152,8 +156,10 @@ def test_noise_only_on_training_targets(tmp_path):
 
 
 def test_bad_task_and_missing_params(tmp_path):
-    with pytest.raises(ValueError, match="tasks"):
-        dataclasses.replace(get_recipe("mnist1d-multitask"), tasks=["translation"]).validate()
+    recipe = get_recipe("mnist1d-multitask")
+    with pytest.raises(ValueError, match=r"`multitask.tasks` to be \[\] or \['class', PARAM\]"):
+        dataclasses.replace(recipe, multitask=dataclasses.replace(
+            recipe.multitask, tasks=["translation"])).validate()
     cfg = _tiny(tmp_path, "x", tasks=["class", "nope"])
     with pytest.raises(Exception, match="nope"):
         train(cfg)

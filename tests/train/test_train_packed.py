@@ -13,7 +13,7 @@ import torchcal.train.packed as P
 from torchcal.losses import register_loss
 from torchcal.losses._registry import LOSSES
 from torchcal.losses.cross_entropy import CrossEntropyLoss
-from torchcal.train import TrainConfig, get_recipe, train
+from torchcal.train import JointHeadConfig, TrainConfig, get_recipe, train
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.packed import MemberDivergedError, pack_groups, train_packed
 from torchcal.train.stacks import PackedModel
@@ -219,7 +219,7 @@ def test_pack_groups():
     c = TrainConfig()
     a = dataclasses.replace(c, seed=1, loss="focal", out_dir="x")
     other = dataclasses.replace(c, lr=0.5)
-    head = dataclasses.replace(c, uncertainty_head=True)
+    head = dataclasses.replace(c, joint_head=JointHeadConfig(enabled=True))
     assert pack_groups([c, a, other, a, head, c]) == [[0, 1, 3, 5], [2], [4]]
     assert pack_groups([c, a, c, a, c], max_members=2) == [[0, 1], [2, 3], [4]]
     assert P.pack_problem(head) is not None and P.pack_problem(c) is None

@@ -12,7 +12,7 @@ import torch
 
 from torchcal.errors import CheckpointError, TorchcalError
 from torchcal.losses.base import CalibrationLoss
-from torchcal.train import TrainConfig, get_recipe, train
+from torchcal.train import JointHeadConfig, TrainConfig, get_recipe, train
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.steps import n_batches as _steps_n_batches
 
@@ -349,7 +349,8 @@ def test_adafocal_through_the_protocol(tmp_path):
 def test_uncertainty_head_leaves_the_classifier_unchanged(tmp_path):
     pytest.importorskip("torchcal.uncertainty")
     a = train(digits_config(tmp_path, "plain", epochs=1, evaluate=False))
-    b = train(digits_config(tmp_path, "head", epochs=1, evaluate=False, uncertainty_head=True))
+    b = train(digits_config(tmp_path, "head", epochs=1, evaluate=False,
+                                joint_head=JointHeadConfig(enabled=True)))
     sa = load_checkpoint(tmp_path / "plain" / "checkpoints" / "last.pt")
     sb = load_checkpoint(tmp_path / "head" / "checkpoints" / "last.pt")
     assert sa["head"] is None and sb["head"] is not None

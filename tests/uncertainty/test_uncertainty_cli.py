@@ -15,14 +15,14 @@ from torchcal.uncertainty import EmbeddingCache, evaluate_head, load_head
 
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
-    from torchcal.train import get_recipe, train
+    from torchcal.train import JointHeadConfig, get_recipe, train
 
     run = tmp_path_factory.mktemp("unc") / "run"
     n = torch.get_num_threads()
     try:
         cfg = dataclasses.replace(get_recipe("digits-mlp"), out_dir=str(run), epochs=2,
                                   progress=False, num_threads=1, device="cpu",
-                                  uncertainty_head=True)
+                                  joint_head=JointHeadConfig(enabled=True))
         train(cfg)
     finally:
         torch.set_num_threads(n)

@@ -31,7 +31,7 @@ from ..errors import TorchcalError
 from ..losses import list_losses
 from ..models import list_models
 from ..runs import RunDir
-from ..train.config import TrainConfig, changed_fields
+from ..train.config import TrainConfig, changed_fields, cli_fields
 from ..train.evaluation import read_config
 from ..train.recipes import get_recipe, list_recipes
 from ..train.trainer import train
@@ -56,16 +56,29 @@ def _model_help() -> str:
     return ", ".join(list_models())
 
 
-# CLI option -> TrainConfig field
-_OVERRIDES = {
-    "epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "seed": "seed",
-    "device": "device", "amp": "amp", "select_best_by": "select_best_by",
-    "checkpoint_every": "checkpoint_every", "num_threads": "num_threads",
-    "data_root": "data_root", "weight_decay": "weight_decay", "grad_clip": "grad_clip",
-    "reduction": "reduction", "num_workers": "num_workers", "val_fraction": "val_fraction",
-    "task_weighting": "task_weighting", "log_var_lr": "log_var_lr",
-    "log_var_init": "log_var_init", "target_noise": "target_noise",
-}
+def _declared_flags(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
+    """The fields of ``cfg`` that the declared flags of the command line set
+    (:func:`~torchcal.train.config.cli_fields`): ``{"epochs": 3, "multitask": MultitaskConfig(...)}``
+    (a plug-in's group is ``cfg``'s with the given fields replaced)."""
+    upd: dict[str, Any] = {}
+    groups: dict[str, dict[str, Any]] = {}
+    for path, flag in cli_fields(type(cfg)):
+        v = getattr(args, flag.dest, None)
+        if flag.switch:
+            if not v:
+                continue
+            v = flag.const
+        elif v is None:
+            continue
+        elif flag.convert is not None:
+            v = flag.convert(v)
+        if len(path) == 1:
+            upd[path[0]] = v
+        else:  # a plug-in group's field (cli_fields goes one level deep)
+            groups.setdefault(path[0], {})[path[1]] = v
+    for name, kw in groups.items():
+        upd[name] = dataclasses.replace(getattr(cfg, name), **kw)
+    return upd
 
 
 def config_from_args(args: argparse.Namespace):
@@ -100,25 +113,7 @@ def config_from_args(args: argparse.Namespace):
                                **parse_loss_args(args.model_arg, "--model-arg")}
     if args.data_arg:
         upd["data_kwargs"] = {**cfg.data_kwargs, **parse_loss_args(args.data_arg, "--data-arg")}
-    for opt, fld in _OVERRIDES.items():
-        v = getattr(args, opt, None)
-        if v is not None:
-            upd[fld] = v
-    if args.no_grad_clip:
-        upd["grad_clip"] = None
-    if args.task is not None:
-        upd["tasks"] = ["class", args.task]
-    if args.raw_targets:
-        upd["standardize_targets"] = False
-    for flag, fld in (("download", "download"), ("compile", "compile"),
-                      ("channels_last", "channels_last"), ("uncertainty_head", "uncertainty_head"),
-                      ("tensorboard", "tensorboard")):
-        if getattr(args, flag):
-            upd[fld] = True
-    if args.no_progress:
-        upd["progress"] = False
-    if args.no_eval:
-        upd["evaluate"] = False
+    upd.update(_declared_flags(args, cfg))
     cfg = dataclasses.replace(cfg, **upd)
     if not isinstance(cfg, TrainConfig):  # pragma: no cover
         raise TypeError("internal: recipe did not give a TrainConfig")
@@ -216,7 +211,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
     if not rank0:
         return
-    if cfg.tasks:
+    if cfg.multitask.tasks:
         _print_multitask(cfg, summary)
         return
     f = summary["final"]
@@ -240,30 +235,27 @@ def _print_summary(cfg, summary: dict[str, Any], rank0: bool) -> None:
 def _print_multitask(cfg, summary: dict[str, Any]) -> None:
     res = summary["results"]["multitask"]  # the block of the run's common results.json
     w = ", ".join(f"{v:.3g}" for v in res["weights"])
-    print(f"trained {cfg.recipe or cfg.dataset} ({cfg.tasks[0]} + {cfg.tasks[1]}, "
-          f"{cfg.task_weighting}) for {cfg.epochs} epochs in {summary['seconds']:.1f}s: test "
-          f"accuracy {pct(res['test']['accuracy'])}, {cfg.tasks[1]} RMSE "
+    mt = cfg.multitask
+    print(f"trained {cfg.recipe or cfg.dataset} ({mt.tasks[0]} + {mt.tasks[1]}, "
+          f"{mt.task_weighting}) for {cfg.epochs} epochs in {summary['seconds']:.1f}s: test "
+          f"accuracy {pct(res['test']['accuracy'])}, {mt.tasks[1]} RMSE "
           f"{res['test']['rmse']:.3f}; task weights ({w}); results: "
           f"{RunDir(cfg.out_dir).results()}")
 
 
-def _add_multitask_args(p: argparse.ArgumentParser) -> None:
-    """The options of two-task runs (:mod:`torchcal.train.multitask`)."""
-    mt = p.add_argument_group("two tasks (recipe mnist1d-multitask)")
-    mt.add_argument("--task", metavar="PARAM", help="the regression task: a generator parameter "
-                    "of the data (MNIST-1D: translation, scale, shear, padding, ...); the recipe's "
-                    "otherwise")
-    mt.add_argument("--task-weighting", metavar="kendall|equal|fixed:W1,W2",
-                    help="combine the class and regression losses with Kendall et al.'s learned "
-                         "weights, equally, or with fixed weights (default: kendall)")
-    mt.add_argument("--log-var-lr", type=float, help="learning rate of Kendall's log-variances "
-                    "(their own parameter group; default 0.05: Adam moves them about this much "
-                    "per step, and their optimum log(2cL) can lie several units from 0)")
-    mt.add_argument("--log-var-init", type=float, help="initial log-variances (default 0)")
-    mt.add_argument("--target-noise", type=float,
-                    help="Gaussian noise (std, standardised units) added to the training targets")
-    mt.add_argument("--raw-targets", action="store_true",
-                    help="do not standardise the regression target")
+def _add_declared_flags(p: argparse.ArgumentParser, cls: type = TrainConfig) -> None:
+    """The options that the fields of ``cls`` declare (``cli=``), in field order, a group's
+    under its title: one declaration per option (docs/guide/architecture.md)."""
+    groups: dict[str, Any] = {}
+    for _, flag in cli_fields(cls):
+        where = p if flag.group is None else groups.get(flag.group)
+        if where is None:
+            where = groups[flag.group] = p.add_argument_group(flag.group)
+        if flag.switch:
+            where.add_argument(flag.option, dest=flag.dest, action="store_true", help=flag.help)
+        else:
+            where.add_argument(flag.option, dest=flag.dest, type=flag.type, choices=flag.choices,
+                               metavar=flag.metavar, help=flag.help)
 
 
 def register(subparsers: Any) -> None:
@@ -296,49 +288,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model-arg", action="append", metavar="KEY=VALUE",
                    help="model constructor argument, repeatable (e.g. --model-arg width=8 for "
                         "small_cnn); values are parsed as JSON when possible")
-    p.add_argument("--data-root", help="directory holding (or receiving) the data set files")
     p.add_argument("--data-arg", action="append", metavar="KEY=VALUE",
                    help="data set option, repeatable (e.g. --data-arg noise_std=0.3 for digits, "
                         "--data-arg verify=false to skip the MD5 check of present archives)")
-    p.add_argument("--val-fraction", type=float,
-                   help="share of the training set held out for validation (default 0.1)")
-    p.add_argument("--download", action="store_true",
-                   help="download missing data set files (checksums verified)")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory to write")
     p.add_argument("--resume", action="store_true",
                    help="continue RUN_DIR from checkpoints/last.pt (its config.json is reused; "
                         "options given here override it)")
-    p.add_argument("--epochs", type=int, help="number of epochs (recipe default otherwise)")
-    p.add_argument("--batch-size", type=int, help="global batch size (split across processes)")
-    p.add_argument("--lr", type=float, help="initial SGD learning rate")
-    p.add_argument("--weight-decay", type=float, help="SGD weight decay")
-    p.add_argument("--grad-clip", type=float, help="maximum gradient 2-norm")
-    p.add_argument("--no-grad-clip", action="store_true", help="disable gradient clipping")
-    p.add_argument("--reduction", choices=("published", "mean", "sum"),
-                   help="loss reduction over a batch: 'published' = as the papers' code "
-                        "(sum for most losses, mean for Brier)")
-    p.add_argument("--seed", type=int, help="seed of initialisation, data order, augmentation")
-    p.add_argument("--device", help="'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:N'")
-    p.add_argument("--amp", choices=("off", "bf16", "fp16"),
-                   help="mixed precision on CUDA (fp16 uses a gradient scaler)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--channels-last", action="store_true",
-                   help="channels-last memory format (CUDA image models)")
-    p.add_argument("--select-best-by", choices=("ece", "nll", "error", "none"),
-                   help="validation metric selecting checkpoints/best.pt")
-    p.add_argument("--checkpoint-every", type=int, help="write last.pt every N epochs")
-    p.add_argument("--uncertainty-head", action="store_true",
-                   help="jointly train an uncertainty head on the detached features "
-                        "(ranking loss, own AdamW)")
-    _add_multitask_args(p)
-    p.add_argument("--num-threads", type=int, help="torch CPU threads of this process")
-    p.add_argument("--num-workers", type=int, help="DataLoader workers (folder data sets)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--tensorboard", action="store_true",
-                   help="also write each epoch's scalars and AdaFocal's γ per bin to "
-                        "TensorBoard under OUT/tensorboard (needs the tensorboard package; "
-                        "log.jsonl stays the record): tensorboard --logdir OUT")
-    p.add_argument("--no-eval", action="store_true",
-                   help="skip writing logits/ and results.json after training")
+    _add_declared_flags(p)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_train, interrupt_hint=_interrupt_hint)

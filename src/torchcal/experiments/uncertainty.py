@@ -50,6 +50,7 @@ from ..report.build import write_report_pages
 from ..runs import RunDir
 from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
+from ..train.config import JointHeadConfig, TrainConfig
 from ..train.device import resolve_device
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import calibration  # noqa: F401 - its benchmarks registered first (their order)
@@ -174,14 +175,16 @@ def kendall_unit(spec: dict[str, Any]) -> dict[str, Any]:
     """One two-task run (:mod:`torchcal.train.multitask`); a finished run is read back."""
     p = spec["profile"]
     n_train, n_val, n_test = p["mt_sizes"]
-    cfg = dataclasses.replace(
-        get_recipe("mnist1d-multitask"), out_dir=spec["dir"], seed=int(spec["seed"]),
-        data_root=spec["data_root"], epochs=int(p["mt_epochs"]), progress=False,
-        model_kwargs={"width": int(p["mt_width"])}, task_weighting=spec["weighting"],
-        target_noise=float(spec.get("target_noise", 0.0)),
-        data_kwargs={"with_params": True, "n_train": n_train, "n_val": n_val, "n_test": n_test})
+    recipe = get_recipe("mnist1d-multitask")
+    mt = dataclasses.replace(recipe.multitask, task_weighting=spec["weighting"],
+                             target_noise=float(spec.get("target_noise", 0.0)))
     if "log_var_lr" in spec:
-        cfg = dataclasses.replace(cfg, log_var_lr=float(spec["log_var_lr"]))
+        mt = dataclasses.replace(mt, log_var_lr=float(spec["log_var_lr"]))
+    cfg = dataclasses.replace(
+        recipe, out_dir=spec["dir"], seed=int(spec["seed"]),
+        data_root=spec["data_root"], epochs=int(p["mt_epochs"]), progress=False,
+        model_kwargs={"width": int(p["mt_width"])}, multitask=mt,
+        data_kwargs={"with_params": True, "n_train": n_train, "n_val": n_val, "n_test": n_test})
     if spec.get("device", "cpu") != "cpu":  # a CPU run keeps the recipe's config (reused)
         cfg = dataclasses.replace(cfg, device=spec["device"])
     run = RunDir(cfg.out_dir)
@@ -197,10 +200,15 @@ def kendall_unit(spec: dict[str, Any]) -> dict[str, Any]:
 def _same_config(run: RunDir, cfg) -> bool:
     """Whether the run directory's ``config.json`` was written for ``cfg`` (every field of the
     config, the loss arguments resolved as the run writes them; the run adds its data set's
-    shape)."""
+    shape).  Both go through :meth:`TrainConfig.from_dict`, so that a directory written by an
+    earlier version (the plug-in fields flat) is the same config as today's."""
     written = json.loads(run.config.read_text())
+    try:
+        got = TrainConfig.from_dict(written).to_dict()
+    except (TypeError, ValueError):
+        return False
     want = {**cfg.to_dict(), "loss_kwargs": cfg.effective_loss_kwargs()}
-    return all(written.get(k) == v for k, v in json.loads(json.dumps(want)).items())
+    return json.loads(json.dumps(got)) == json.loads(json.dumps(want))
 
 
 def _backbone_config(spec: dict[str, Any], out: Path, joint: bool):
@@ -212,7 +220,8 @@ def _backbone_config(spec: dict[str, Any], out: Path, joint: bool):
         milestone_fractions=list(_MILESTONE_FRACTIONS), data_root=spec["data_root"],
         model_kwargs={"width": int(p["width"])}, eval_test_every=0, evaluate=False,
         select_best_by="none", checkpoint_every=max(epochs // 10, 1), progress=False,
-        num_threads=1, device=spec.get("device", "cpu"), resume=True, uncertainty_head=joint,
+        num_threads=1, device=spec.get("device", "cpu"), resume=True,
+        joint_head=JointHeadConfig(enabled=joint),
         data_kwargs={"classes": UPSTREAM, "n_train": n_train, "n_val": n_val,
                      "n_test": n_test})
 

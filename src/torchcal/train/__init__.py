@@ -19,7 +19,7 @@ layout belongs to :mod:`torchcal.runs`.
 
 from .build import build_data, build_model, load_model_from_run
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import TrainConfig
+from .config import JointHeadConfig, MultitaskConfig, TrainConfig
 from .evaluation import evaluate_checkpoint
 from .inference import predict_logits
 from .packed import train_packed
@@ -29,6 +29,8 @@ from .trainer import build_loss, train
 
 __all__ = [
     "TrainConfig",
+    "JointHeadConfig",
+    "MultitaskConfig",
     "get_recipe",
     "list_recipes",
     "register_recipe",

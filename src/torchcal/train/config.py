@@ -4,9 +4,16 @@ A run is fully described by a :class:`TrainConfig`.  Named recipes
 (:func:`torchcal.train.get_recipe`) return one with the papers' settings; the CLI's options and
 :func:`dataclasses.replace` override single fields.
 
-Each field declares its **role** beside its default (field metadata, in the spirit of
-scikit-learn's ``_parameter_constraints``), and every rule that asks "does this field change
-training?" reads it (:func:`changed_fields`); there is no second list:
+Each field is declared once, beside its default (field metadata, as a loss's
+``_parameter_constraints``): its constraint (``check=``, a callable ``check(value, name)``: the
+shared :class:`~torchcal._validation.Interval` and :class:`~torchcal._validation.Options`, a
+function of this module, or :data:`UNCHECKED`), which :meth:`TrainConfig.validate` calls in a
+loop (:func:`check_fields`); its ``torchcal train`` options (``cli=``, :class:`Flag`), which the
+command line adds and reads in a loop (:func:`cli_fields`); and its **role**, which every rule
+that asks "does this field change training?" reads (:func:`changed_fields`).  There is no second
+list.  The plug-ins' fields are groups of their own (:class:`JointHeadConfig`,
+:class:`MultitaskConfig`); earlier versions' flat names of them are read by
+:meth:`TrainConfig.from_dict` (:func:`flat_keys`).  The roles:
 
 * ``identity``: what is trained (data, model, loss and its arguments, seed, optimiser,
   reduction, clipping, precision, ...).  Resuming a run with a changed identity field is
@@ -35,27 +42,86 @@ import dataclasses
 import json
 import math
 import numbers
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._validation import check_scalar
+from .._validation import Interval, Options
 
-__all__ = ["TrainConfig", "AMP_MODES", "SELECT_BEST_BY", "REDUCTIONS", "ROLES", "field_role",
-           "changed_fields", "describe_fields"]
+__all__ = ["TrainConfig", "JointHeadConfig", "MultitaskConfig", "Flag", "UNCHECKED", "AMP_MODES",
+           "SELECT_BEST_BY", "REDUCTIONS", "COMPILE_STEPS", "ROLES", "field_role",
+           "changed_fields", "describe_fields", "check_fields", "cli_fields", "flat_keys"]
 
 AMP_MODES = ("off", "bf16", "fp16")
 SELECT_BEST_BY = ("ece", "nll", "error", "none")
 REDUCTIONS = ("published", "mean", "sum")
+COMPILE_STEPS = ("auto", "off", "on")
 #: The roles a TrainConfig field may have (module docstring).
 ROLES = ("identity", "schedule", "runtime")
 #: Data options that do not change the data (``verify`` only skips a checksum).
 _DATA_KWARGS_IGNORED = ("verify",)
 
 
-def _role(role: str, default: Any = dataclasses.MISSING, *, value: str | None = None,
-          warn: bool = True, **kw: Any) -> Any:
-    """A dataclass field with its role (and comparison method, warning flag) as metadata."""
-    meta = {"role": role, "value": value, "warn": warn}
+class _Unchecked:
+    """The constraint of a field that any value passes (declared, so that no field's check is
+    forgotten: :data:`UNCHECKED`)."""
+
+    def __call__(self, value: Any, name: str) -> Any:
+        return value
+
+    def __repr__(self) -> str:
+        return "UNCHECKED"
+
+
+#: The declared constraint of a field whose value is not checked (flags, free text).
+UNCHECKED = _Unchecked()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A ``torchcal train`` option that sets one TrainConfig field, declared in the field's
+    metadata (``cli=``); the command line adds every declared flag and reads it back.
+
+    Args:
+        option: the option, e.g. ``"--batch-size"``.
+        help: its ``--help`` text.
+        type: argparse's ``type`` of an option taking a value (``int``, ``float``, ``str``).
+        const: for a switch (no value): the field's value when the switch is given (``True``
+            for ``--compile``, ``False`` for ``--no-progress``, ``None`` for ``--no-grad-clip``).
+        choices, metavar: argparse's.
+        convert: the field's value from the option's (``--task PARAM`` -> ``["class", PARAM]``).
+        group: the title of the ``--help`` group it is shown in (None: the command's options).
+    """
+
+    option: str
+    help: str
+    type: Callable[[str], Any] | None = str
+    const: Any = "<no const>"
+    choices: tuple[Any, ...] | None = None
+    metavar: str | None = None
+    convert: Callable[[Any], Any] | None = None
+    group: str | None = None
+
+    @property
+    def switch(self) -> bool:
+        """Whether the option takes no value (a ``store_true`` setting :attr:`const`)."""
+        return self.const != "<no const>"
+
+    @property
+    def dest(self) -> str:
+        """argparse's attribute for the option (``--no-grad-clip`` -> ``no_grad_clip``)."""
+        return self.option.lstrip("-").replace("-", "_")
+
+
+def _role(role: str, default: Any = dataclasses.MISSING, *, check: Callable[[Any, str], Any],
+          cli: Flag | tuple[Flag, ...] = (), value: str | None = None, warn: bool = True,
+          flat: str | None = None, **kw: Any) -> Any:
+    """A dataclass field with its declaration as metadata: its role (and comparison method,
+    warning flag), its constraint ``check(value, name) -> value``, its command-line flags, and
+    (for a field of a plug-in group) its name in the flat configs of earlier versions."""
+    meta = {"role": role, "value": value, "warn": warn, "check": check,
+            "cli": (cli,) if isinstance(cli, Flag) else tuple(cli), "flat": flat}
     return field(default=default, metadata=meta, **kw)
 
 
@@ -84,6 +150,8 @@ def _compared(config: Any, f: dataclasses.Field) -> Any:
     (tuples and lists alike, as in ``config.json``)."""
     method = f.metadata.get("value")
     v = getattr(config, method)() if method else getattr(config, f.name)
+    if dataclasses.is_dataclass(v):  # a plug-in group: compared as its dict
+        v = dataclasses.asdict(v)
     return json.loads(json.dumps(v, default=str))
 
 
@@ -139,6 +207,191 @@ def parse_task_weighting(text: str) -> tuple[str, tuple[float, float] | None]:
                      f"two finite weights >= 0, not both 0, got {text!r}")
 
 
+# ---------------------------------------------------------------------------------------------
+# The constraints of the fields that the shared ones (Interval, Options) do not express; each is
+# ``check(value, name) -> value`` as a loss' ``_parameter_constraints``.
+POSITIVE_INT = Interval(int, 1, None)
+NON_NEGATIVE_INT = Interval(int, 0, None)
+POSITIVE = Interval(float, 0, None, closed="neither")
+NON_NEGATIVE = Interval(float, 0, None, closed="left")
+
+
+def non_empty_str(value: Any, name: str) -> str:
+    """A non-empty string (a registry name, a path)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"Expected `{name}` to be a non-empty string, got {value!r}")
+    return value
+
+
+def a_dict(value: Any, name: str) -> dict:
+    """A dict (keyword arguments)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"Expected `{name}` to be a dict, got {value!r}")
+    return value
+
+
+def device_string(value: Any, name: str) -> str:
+    """A device string (``"auto"``, ``"cpu"``, ``"cuda:1"``...)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"Expected `{name}` to be a device string, got {value!r}")
+    return value
+
+
+def sorted_epochs(value: Any, name: str) -> Any:
+    """A sorted list of non-negative integers (learning-rate milestones)."""
+    if not isinstance(value, (list, tuple)) or any(
+        isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0 for m in value
+    ) or list(value) != sorted(value):
+        raise ValueError(f"Expected `{name}` to be a sorted list of non-negative integers, "
+                         f"got {value!r}")
+    return value
+
+
+def sorted_fractions(value: Any, name: str) -> Any:
+    """None or a sorted list of numbers in [0, 1] (milestones as fractions of the epochs)."""
+    if value is not None and (not isinstance(value, (list, tuple)) or any(
+        isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.0 <= float(f) <= 1.0
+        for f in value
+    ) or list(value) != sorted(value)):
+        raise ValueError(f"Expected `{name}` to be None or a sorted list of numbers in [0, 1], "
+                         f"got {value!r}")
+    return value
+
+
+def task_list(value: Any, name: str) -> Any:
+    """``[]`` (a classifier) or ``["class", PARAM]`` (two tasks)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value) \
+            or (value and (len(value) != 2 or value[0] != "class")):
+        raise ValueError(f"Expected `{name}` to be [] or ['class', PARAM], got {value!r}")
+    return value
+
+
+def _task_of(param: str) -> list[str]:
+    """``--task PARAM``: the two tasks ``["class", PARAM]``."""
+    return ["class", param]
+
+
+_MULTITASK = "two tasks (recipe mnist1d-multitask)"
+
+
+@dataclass(frozen=True)
+class JointHeadConfig:
+    """The joint uncertainty head (:mod:`torchcal.train.joint_head`), a plug-in of the trainer:
+    ``TrainConfig.joint_head``.
+
+    Attributes:
+        enabled: train a :class:`torchcal.uncertainty.UncertaintyHead` jointly on the detached
+            pre-logit features with the ranking loss (REFERENCE §5).  Earlier versions'
+            ``uncertainty_head``.
+        lr, weight_decay: AdamW settings of the head (earlier ``head_lr``, ``head_weight_decay``).
+    """
+
+    enabled: bool = identity(False, check=UNCHECKED, flat="uncertainty_head", cli=Flag(
+        "--uncertainty-head", "jointly train an uncertainty head on the detached features "
+        "(ranking loss, own AdamW)", const=True))
+    lr: float = identity(1e-3, check=POSITIVE, flat="head_lr")
+    weight_decay: float = identity(1e-4, check=NON_NEGATIVE, flat="head_weight_decay")
+
+
+@dataclass(frozen=True)
+class MultitaskConfig:
+    """The two-task strategy (:mod:`torchcal.train.multitask`), a plug-in of the trainer:
+    ``TrainConfig.multitask``.  Its fields kept their names of earlier versions' flat configs.
+
+    Attributes:
+        tasks: ``[]`` for a classifier (every recipe but ``mnist1d-multitask``), or
+            ``["class", PARAM]``: one trunk with a classification head and a regression head
+            predicting the data set's generator parameter ``PARAM`` (MNIST-1D with
+            ``with_params``).
+        task_weighting: how the two task losses are combined: ``"kendall"`` (learned
+            log-variances, Kendall et al. 2018), ``"equal"`` or ``"fixed:W1,W2"`` (checked
+            when ``tasks`` is set).
+        log_var_lr: learning rate of Kendall's log-variances (their own AdamW parameter group,
+            no weight decay; the reason is in :mod:`torchcal.train.multitask`).
+        log_var_init: initial value of every log-variance.
+        standardize_targets: standardise the regression target with the training split's mean
+            and standard deviation.
+        target_noise: standard deviation of Gaussian noise added to the (standardised)
+            training targets of the regression task (a noisier task; 0 = none).
+    """
+
+    tasks: list[str] = identity(default_factory=list, check=task_list, flat="tasks", cli=Flag(
+        "--task", "the regression task: a generator parameter of the data (MNIST-1D: "
+        "translation, scale, shear, padding, ...); the recipe's otherwise", metavar="PARAM",
+        convert=_task_of, group=_MULTITASK))
+    task_weighting: str = identity("kendall", check=UNCHECKED, flat="task_weighting", cli=Flag(
+        "--task-weighting", "combine the class and regression losses with Kendall et al.'s "
+        "learned weights, equally, or with fixed weights (default: kendall)",
+        metavar="kendall|equal|fixed:W1,W2", group=_MULTITASK))
+    log_var_lr: float = identity(0.05, check=POSITIVE, flat="log_var_lr", cli=Flag(
+        "--log-var-lr", "learning rate of Kendall's log-variances (their own parameter group; "
+        "default 0.05: Adam moves them about this much per step, and their optimum log(2cL) can "
+        "lie several units from 0)", type=float, group=_MULTITASK))
+    log_var_init: float = identity(0.0, check=Interval(float, None, None), flat="log_var_init",
+                                   cli=Flag("--log-var-init", "initial log-variances (default 0)",
+                                            type=float, group=_MULTITASK))
+    standardize_targets: bool = identity(True, check=UNCHECKED, flat="standardize_targets",
+                                         cli=Flag("--raw-targets", "do not standardise the "
+                                                  "regression target", const=False,
+                                                  group=_MULTITASK))
+    target_noise: float = identity(0.0, check=NON_NEGATIVE, flat="target_noise", cli=Flag(
+        "--target-noise", "Gaussian noise (std, standardised units) added to the training "
+        "targets", type=float, group=_MULTITASK))
+
+
+def _check_group(cls: type) -> Callable[[Any, str], Any]:
+    """The constraint of a plug-in group field: an instance of ``cls`` whose fields pass theirs."""
+    def check(value: Any, name: str) -> Any:
+        if not isinstance(value, cls):
+            raise ValueError(f"Expected `{name}` to be a {cls.__name__}, got {value!r}")
+        check_fields(value, prefix=f"{name}.")
+        return value
+    check.__qualname__ = f"group({cls.__name__})"
+    return check
+
+
+def plugin(cls: type) -> Any:
+    """A TrainConfig field holding a plug-in's group of fields (a frozen dataclass ``cls``)."""
+    return identity(default_factory=cls, check=_check_group(cls))
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Check every field of the dataclass ``obj`` with the constraint its metadata declares;
+    raise ``ValueError`` naming the first bad one (``prefix`` + its name)."""
+    for f in dataclasses.fields(obj):
+        f.metadata["check"](getattr(obj, f.name), prefix + f.name)
+
+
+def cli_fields(cls: type) -> list[tuple[tuple[str, ...], Flag]]:
+    """Every command-line flag the fields of ``cls`` declare, with the field's path (``("epochs",)``,
+    ``("multitask", "tasks")``), in field order (a plug-in's after the others)."""
+    out, groups = [], []
+    for f in dataclasses.fields(cls):
+        if _group_class(f) is not None:
+            groups.append(f)
+        out += [((f.name,), flag) for flag in f.metadata.get("cli", ())]
+    for g in groups:
+        out += [((g.name, *path), flag) for path, flag in cli_fields(_group_class(g))]
+    return out
+
+
+def _group_class(f: dataclasses.Field) -> type | None:
+    """The plug-in group class a field holds (None: a plain field)."""
+    factory = f.default_factory
+    return factory if isinstance(factory, type) and dataclasses.is_dataclass(factory) else None
+
+
+def flat_keys(cls: type) -> dict[str, tuple[str, str]]:
+    """Earlier versions' flat keys of the plug-in fields: ``{"head_lr": ("joint_head", "lr")}``."""
+    out = {}
+    for g in dataclasses.fields(cls):
+        sub = _group_class(g)
+        for f in dataclasses.fields(sub) if sub else ():
+            if f.metadata.get("flat"):
+                out[f.metadata["flat"]] = (g.name, f.name)
+    return out
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines a training run.
@@ -192,160 +445,113 @@ class TrainConfig:
         n_bins: bins of the logged and evaluated calibration metrics.
         num_threads: ``torch.set_num_threads`` for this process (``None``: leave as is).
         num_workers: DataLoader workers for file-backed data sets (ImageNet folders).
-        uncertainty_head: train a :class:`torchcal.uncertainty.UncertaintyHead` jointly on the
-            detached pre-logit features with the ranking loss (REFERENCE §5).
-        head_lr, head_weight_decay: AdamW settings of the head.
         progress: show a tqdm progress bar.
-        tasks: ``[]`` for a classifier (every recipe but ``mnist1d-multitask``), or
-            ``["class", PARAM]``: one trunk with a classification head and a regression head
-            predicting the data set's generator parameter ``PARAM`` (MNIST-1D with
-            ``with_params``), trained with the multi-task strategy of :mod:`torchcal.train.multitask`.
-        task_weighting: how the two task losses are combined: ``"kendall"`` (learned
-            log-variances, Kendall et al. 2018), ``"equal"`` or ``"fixed:W1,W2"``.
-        log_var_lr: learning rate of Kendall's log-variances (their own AdamW parameter group,
-            no weight decay; the reason is in :mod:`torchcal.train.multitask`).
-        log_var_init: initial value of every log-variance.
-        standardize_targets: standardise the regression target with the training split's mean
-            and standard deviation.
-        target_noise: standard deviation of Gaussian noise added to the (standardised)
-            training targets of the regression task (a noisier task; 0 = none).
         tensorboard: also write each epoch's log line (the scalars and AdaFocal's γ per bin) to
             TensorBoard event files under ``out_dir/tensorboard`` (needs the ``tensorboard``
             package); ``log.jsonl`` stays the record.
+        joint_head: the joint uncertainty head's settings (:class:`JointHeadConfig`: whether,
+            its AdamW learning rate and weight decay).
+        multitask: the two-task strategy's settings (:class:`MultitaskConfig`: the tasks, their
+            weighting, the log-variances' learning rate and initial value, the targets'
+            standardisation and noise).
+
+    Each field declares its role, its constraint (``check``, called as
+    ``check(value, name)`` by :meth:`validate`) and its ``torchcal train`` flags (``cli``) where
+    it is defined; adding a field is a change in this one place (docs/guide/architecture.md).
     """
 
-    recipe: str = runtime("", warn=False)
-    dataset: str = identity("digits")
-    model: str = identity("mlp")
-    model_kwargs: dict[str, Any] = identity(default_factory=dict)
-    loss: str = identity("ce")
-    loss_kwargs: dict[str, Any] = identity(default_factory=dict, value="effective_loss_kwargs")
-    loss_defaults: dict[str, dict[str, Any]] = identity(default_factory=dict, value="effective_loss_kwargs")
-    data_root: str | None = runtime(None)
-    download: bool = runtime(False)
-    data_kwargs: dict[str, Any] = identity(default_factory=dict, value="data_identity")
-    ood_kwargs: dict[str, dict[str, Any]] = identity(default_factory=dict, value="ood_identity")
-    val_fraction: float = identity(0.1)
-    data_seed: int | None = identity(1)
-    out_dir: str = runtime("runs/run", warn=False)
-    resume: bool = runtime(False, warn=False)
-    epochs: int = schedule(350)
-    batch_size: int = identity(128)
-    lr: float = identity(0.1)
-    momentum: float = identity(0.9)
-    weight_decay: float = identity(5e-4)
-    nesterov: bool = identity(False)
-    milestones: list[int] = schedule(default_factory=lambda: [150, 250], value="effective_milestones")
-    milestone_fractions: list[float] | None = schedule(None, value="effective_milestones")
-    lr_gamma: float = identity(0.1)
-    grad_clip: float | None = identity(2.0)
-    seed: int = identity(0)
-    device: str = runtime("auto")
-    amp: str = identity("off")
-    channels_last: bool = identity(False)
-    compile: bool = identity(False)
-    compile_step: str = runtime("auto")
-    reduction: str = identity("published")
-    select_best_by: str = runtime("ece")
-    checkpoint_every: int = runtime(1)
-    eval_test_every: int = runtime(1)
-    evaluate: bool = runtime(True)
-    n_bins: int = runtime(15)
-    num_threads: int | None = runtime(None)
-    num_workers: int = runtime(4)
-    uncertainty_head: bool = identity(False)
-    head_lr: float = identity(1e-3)
-    head_weight_decay: float = identity(1e-4)
-    progress: bool = runtime(True, warn=False)
-    tensorboard: bool = runtime(False)
-    tasks: list[str] = identity(default_factory=list)
-    task_weighting: str = identity("kendall")
-    log_var_lr: float = identity(0.05)
-    log_var_init: float = identity(0.0)
-    standardize_targets: bool = identity(True)
-    target_noise: float = identity(0.0)
+    recipe: str = runtime("", check=UNCHECKED, warn=False)
+    dataset: str = identity("digits", check=non_empty_str)
+    model: str = identity("mlp", check=non_empty_str)
+    model_kwargs: dict[str, Any] = identity(default_factory=dict, check=a_dict)
+    loss: str = identity("ce", check=non_empty_str)
+    loss_kwargs: dict[str, Any] = identity(default_factory=dict, check=a_dict,
+                                           value="effective_loss_kwargs")
+    loss_defaults: dict[str, dict[str, Any]] = identity(default_factory=dict, check=a_dict,
+                                                        value="effective_loss_kwargs")
+    data_root: str | None = runtime(None, check=UNCHECKED, cli=Flag(
+        "--data-root", "directory holding (or receiving) the data set files"))
+    download: bool = runtime(False, check=UNCHECKED, cli=Flag(
+        "--download", "download missing data set files (checksums verified)", const=True))
+    data_kwargs: dict[str, Any] = identity(default_factory=dict, check=a_dict,
+                                           value="data_identity")
+    ood_kwargs: dict[str, dict[str, Any]] = identity(default_factory=dict, check=a_dict,
+                                                     value="ood_identity")
+    val_fraction: float = identity(0.1, check=Interval(float, 0, 1, closed="neither"), cli=Flag(
+        "--val-fraction", "share of the training set held out for validation (default 0.1)",
+        type=float))
+    data_seed: int | None = identity(1, check=Interval(int, None, None, allow_none=True))
+    out_dir: str = runtime("runs/run", check=non_empty_str, warn=False)
+    resume: bool = runtime(False, check=UNCHECKED, warn=False)
+    epochs: int = schedule(350, check=POSITIVE_INT, cli=Flag(
+        "--epochs", "number of epochs (recipe default otherwise)", type=int))
+    batch_size: int = identity(128, check=POSITIVE_INT, cli=Flag(
+        "--batch-size", "global batch size (split across processes)", type=int))
+    lr: float = identity(0.1, check=POSITIVE, cli=Flag(
+        "--lr", "initial SGD learning rate", type=float))
+    momentum: float = identity(0.9, check=NON_NEGATIVE)
+    weight_decay: float = identity(5e-4, check=NON_NEGATIVE, cli=Flag(
+        "--weight-decay", "SGD weight decay", type=float))
+    nesterov: bool = identity(False, check=UNCHECKED)
+    milestones: list[int] = schedule(default_factory=lambda: [150, 250], check=sorted_epochs,
+                                     value="effective_milestones")
+    milestone_fractions: list[float] | None = schedule(None, check=sorted_fractions,
+                                                       value="effective_milestones")
+    lr_gamma: float = identity(0.1, check=POSITIVE)
+    grad_clip: float | None = identity(
+        2.0, check=Interval(float, 0, None, closed="neither", allow_none=True),
+        cli=(Flag("--grad-clip", "maximum gradient 2-norm", type=float),
+             Flag("--no-grad-clip", "disable gradient clipping", const=None)))
+    seed: int = identity(0, check=NON_NEGATIVE_INT, cli=Flag(
+        "--seed", "seed of initialisation, data order, augmentation", type=int))
+    device: str = runtime("auto", check=device_string, cli=Flag(
+        "--device", "'auto' (CUDA if available), 'cpu', 'cuda', 'cuda:N'"))
+    amp: str = identity("off", check=Options(AMP_MODES), cli=Flag(
+        "--amp", "mixed precision on CUDA (fp16 uses a gradient scaler)", choices=AMP_MODES))
+    channels_last: bool = identity(False, check=UNCHECKED, cli=Flag(
+        "--channels-last", "channels-last memory format (CUDA image models)", const=True))
+    compile: bool = identity(False, check=UNCHECKED, cli=Flag(
+        "--compile", "torch.compile the model", const=True))
+    compile_step: str = runtime("auto", check=Options(COMPILE_STEPS))
+    reduction: str = identity("published", check=Options(REDUCTIONS), cli=Flag(
+        "--reduction", "loss reduction over a batch: 'published' = as the papers' code (sum for "
+        "most losses, mean for Brier)", choices=REDUCTIONS))
+    select_best_by: str = runtime("ece", check=Options(SELECT_BEST_BY), cli=Flag(
+        "--select-best-by", help="validation metric selecting checkpoints/best.pt",
+        choices=SELECT_BEST_BY))
+    checkpoint_every: int = runtime(1, check=POSITIVE_INT, cli=Flag(
+        "--checkpoint-every", help="write last.pt every N epochs", type=int))
+    eval_test_every: int = runtime(1, check=NON_NEGATIVE_INT)
+    evaluate: bool = runtime(True, check=UNCHECKED, cli=Flag(
+        "--no-eval", help="skip writing logits/ and results.json after training", const=False))
+    n_bins: int = runtime(15, check=POSITIVE_INT)
+    num_threads: int | None = runtime(None, check=Interval(int, 1, None, allow_none=True),
+                                      cli=Flag("--num-threads", "torch CPU threads of this process",
+                                               type=int))
+    num_workers: int = runtime(4, check=NON_NEGATIVE_INT, cli=Flag(
+        "--num-workers", "DataLoader workers (folder data sets)", type=int))
+    progress: bool = runtime(True, check=UNCHECKED, warn=False, cli=Flag(
+        "--no-progress", "no progress bar", const=False))
+    tensorboard: bool = runtime(False, check=UNCHECKED, cli=Flag(
+        "--tensorboard", help="also write each epoch's scalars and AdaFocal's γ per bin to "
+        "TensorBoard under OUT/tensorboard (needs the tensorboard package; log.jsonl stays the "
+        "record): tensorboard --logdir OUT", const=True))
+    joint_head: JointHeadConfig = plugin(JointHeadConfig)
+    multitask: MultitaskConfig = plugin(MultitaskConfig)
 
     # ------------------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
-        """Check every field; raise ``ValueError`` naming the first bad one.  Returns self."""
-
-        def pos_int(name: str, allow_zero: bool = False) -> None:
-            check_scalar(getattr(self, name), name, int, min_val=0 if allow_zero else 1)
-
-        def finite(name: str, strict: bool = False) -> None:
-            check_scalar(getattr(self, name), name, float, min_val=0.0,
-                         include_boundaries="neither" if strict else "left",
-                         expected=f"a finite number {'>' if strict else '>='} 0")
-
-        def choice(name: str, options: tuple[str, ...]) -> None:
-            v = getattr(self, name)
-            if v not in options:
-                raise ValueError(f"Expected `{name}` to be one of {options}, got {v!r}")
-
-        for name in ("dataset", "model", "loss", "out_dir"):
-            v = getattr(self, name)
-            if not isinstance(v, str) or not v:
-                raise ValueError(f"Expected `{name}` to be a non-empty string, got {v!r}")
-        for name in ("model_kwargs", "loss_kwargs", "loss_defaults", "data_kwargs", "ood_kwargs"):
-            if not isinstance(getattr(self, name), dict):
-                raise ValueError(f"Expected `{name}` to be a dict, got {getattr(self, name)!r}")
-        pos_int("epochs")
-        pos_int("batch_size")
-        pos_int("checkpoint_every")
-        pos_int("eval_test_every", allow_zero=True)
-        pos_int("n_bins")
-        pos_int("num_workers", allow_zero=True)
-        if self.num_threads is not None:
-            pos_int("num_threads")
-        check_scalar(self.seed, "seed", int, min_val=0)
-        check_scalar(self.data_seed, "data_seed", int, allow_none=True)
-        finite("lr", strict=True)
-        finite("momentum")
-        finite("weight_decay")
-        finite("lr_gamma", strict=True)
-        finite("head_lr", strict=True)
-        finite("head_weight_decay")
-        finite("log_var_lr", strict=True)
-        finite("target_noise")
-        check_scalar(self.log_var_init, "log_var_init", float)
-        self._validate_tasks()
-        check_scalar(self.val_fraction, "val_fraction", float, min_val=0.0, max_val=1.0,
-                     include_boundaries="neither", expected="in (0, 1)")
-        if self.grad_clip is not None:
-            finite("grad_clip", strict=True)
-        ms = self.milestones
-        if not isinstance(ms, (list, tuple)) or any(
-            isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 0 for m in ms
-        ) or list(ms) != sorted(ms):
-            raise ValueError(
-                f"Expected `milestones` to be a sorted list of non-negative integers, got {ms!r}"
-            )
-        mf = self.milestone_fractions
-        if mf is not None and (not isinstance(mf, (list, tuple)) or any(
-            isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.0 <= float(f) <= 1.0
-            for f in mf
-        ) or list(mf) != sorted(mf)):
-            raise ValueError(
-                f"Expected `milestone_fractions` to be None or a sorted list of numbers in [0, 1], got {mf!r}"
-            )
-        choice("amp", AMP_MODES)
-        choice("compile_step", ("auto", "off", "on"))
-        choice("reduction", REDUCTIONS)
-        choice("select_best_by", SELECT_BEST_BY)
-        if not isinstance(self.device, str) or not self.device:
-            raise ValueError(f"Expected `device` to be a device string, got {self.device!r}")
+        """Check every field by the constraint it declares, then the settings that depend on
+        each other; raise ``ValueError`` naming the first bad one.  Returns self."""
+        check_fields(self)
+        mt = self.multitask
+        if mt.tasks:
+            parse_task_weighting(mt.task_weighting)
+            if self.joint_head.enabled:
+                raise ValueError(f"Expected `joint_head.enabled` to be False for a multi-task "
+                                 f"run (multitask.tasks={list(mt.tasks)!r}): the two heads are "
+                                 "plug-ins of one slot")
         return self
-
-    def _validate_tasks(self) -> None:
-        t = self.tasks
-        if not isinstance(t, (list, tuple)) or not all(isinstance(v, str) and v for v in t) \
-                or (t and (len(t) != 2 or t[0] != "class")):
-            raise ValueError(f"Expected `tasks` to be [] or ['class', PARAM], got {t!r}")
-        if t:
-            parse_task_weighting(self.task_weighting)
-            if self.uncertainty_head:
-                raise ValueError(f"Expected `uncertainty_head` to be False for a multi-task run "
-                                 f"(tasks={list(t)!r}): the two heads are plug-ins of one slot")
 
     def effective_milestones(self) -> list[int]:
         """The learning-rate milestones in epochs (from ``milestone_fractions`` when set).
@@ -381,7 +587,7 @@ class TrainConfig:
         return {**dict(self.loss_defaults.get(self.loss, {})), **dict(self.loss_kwargs)}
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict of every field (lists for tuples)."""
+        """A JSON-able dict of every field (lists for tuples; a plug-in group as a dict)."""
         d = dataclasses.asdict(self)
         d["milestones"] = [int(m) for m in self.milestones]
         if self.milestone_fractions is not None:
@@ -393,12 +599,98 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility)."""
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility), and the
+        flat keys of earlier versions' plug-in fields (``uncertainty_head``, ``head_lr``,
+        ``tasks``, ...: :func:`flat_keys`) are read into their groups, so that an old run
+        directory's ``config.json`` gives the config that the same settings give today.
+
+        >>> old = TrainConfig.from_dict({"uncertainty_head": True, "head_lr": 0.01})
+        >>> old == TrainConfig(joint_head=JointHeadConfig(enabled=True, lr=0.01))
+        True
+        """
         if not isinstance(d, dict):
             raise ValueError(f"Expected a config dict, got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name: f for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        for k in ("milestones", "milestone_fractions", "tasks"):
+        for k in ("milestones", "milestone_fractions"):
             if kw.get(k) is not None:
                 kw[k] = list(kw[k])
-        return cls(**kw)
+        groups = _regroup(d, {k: v for k, v in kw.items() if _group_class(names[k])}, cls)
+        return cls(**{**kw, **groups})
+
+
+
+
+def _regroup(d: dict[str, Any], given: dict[str, Any], cls: type) -> dict[str, Any]:
+    """The plug-in groups of ``cls`` from ``given`` (a group as a dict or instance) and the
+    flat keys of ``d`` (earlier versions' names, :func:`flat_keys`); a flat key that
+    contradicts its group's entry is refused (``ValueError`` naming both)."""
+    parts: dict[str, dict[str, Any]] = {}
+    for name, v in given.items():
+        sub = _group_class(next(f for f in dataclasses.fields(cls) if f.name == name))
+        if isinstance(v, sub):
+            v = {f.name: getattr(v, f.name) for f in dataclasses.fields(sub)}
+        if not isinstance(v, dict):
+            raise ValueError(f"Expected `{name}` to be a dict or a {sub.__name__}, got {v!r}")
+        parts[name] = {k: x for k, x in v.items() if k in {f.name for f in dataclasses.fields(sub)}}
+    for old, (group, name) in flat_keys(cls).items():
+        if old not in d:
+            continue
+        have = parts.setdefault(group, {})
+        if name in have and json.dumps(have[name]) != json.dumps(d[old]):
+            raise ValueError(f"Expected the config's `{old}` (an earlier version's name of "
+                             f"`{group}.{name}`) to agree with `{group}.{name}`, got "
+                             f"{d[old]!r} and {have[name]!r}")
+        have[name] = d[old]
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in parts:
+            kw = parts[f.name]
+            if "tasks" in kw and kw["tasks"] is not None:
+                kw["tasks"] = list(kw["tasks"])
+            out[f.name] = _group_class(f)(**kw)
+    return out
+
+
+def _with_flat_keys(init: Callable[..., None]) -> Callable[..., None]:
+    """``TrainConfig.__init__`` that also takes the plug-in fields' flat names of earlier
+    versions (``TrainConfig(uncertainty_head=True)``, ``dataclasses.replace(c, head_lr=0.01)``)
+    with a ``DeprecationWarning`` naming the new place."""
+    def __init__(self: Any, *args: Any, **kw: Any) -> None:
+        old = {k: kw.pop(k) for k in list(kw) if k in flat_keys(type(self))}
+        if old:
+            moved = ", ".join(f"{k} -> {'.'.join(flat_keys(type(self))[k])}" for k in old)
+            warnings.warn(f"TrainConfig's plug-in fields are grouped: {moved}; the flat "
+                          "names are deprecated", DeprecationWarning, stacklevel=3)
+            given = {g: kw[g] for g, _ in flat_keys(type(self)).values() if g in kw}
+            kw.update(_regroup_over(given, old, type(self)))
+        init(self, *args, **kw)
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+def _regroup_over(given: dict[str, Any], old: dict[str, Any], cls: type) -> dict[str, Any]:
+    """The groups ``given`` (or their defaults) with the flat values ``old`` set in them."""
+    out = dict(given)
+    for k, v in old.items():
+        group, name = flat_keys(cls)[k]
+        base = out.get(group)
+        if base is None:
+            base = _group_class(next(f for f in dataclasses.fields(cls) if f.name == group))()
+        out[group] = dataclasses.replace(base, **{name: v})
+    return out
+
+
+def _deprecated_attribute(old: str, group: str, name: str) -> property:
+    """A read-only property ``config.<old>`` for ``config.<group>.<name>`` that warns."""
+    def get(self: Any) -> Any:
+        warnings.warn(f"TrainConfig.{old} is deprecated; use TrainConfig.{group}.{name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(getattr(self, group), name)
+    return property(get, doc=f"Deprecated: ``{group}.{name}``.")
+
+
+TrainConfig.__init__ = _with_flat_keys(TrainConfig.__init__)  # type: ignore[method-assign]
+for _old, (_group, _name) in flat_keys(TrainConfig).items():
+    setattr(TrainConfig, _old, _deprecated_attribute(_old, _group, _name))
+del _old, _group, _name

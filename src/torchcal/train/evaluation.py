@@ -146,7 +146,7 @@ def _task_results(model: nn.Module, config: TrainConfig, splits: Any, state: dic
     """A multi-task run's ``multitask`` block, recomputed from the checkpoint's regression head
     and weighting (as training wrote it), so that evaluating the run keeps it; None for a
     classifier."""
-    if not config.tasks:
+    if not config.multitask.tasks:
         return None
     head = TaskHead(model, config, splits, device)
     try:

@@ -1,4 +1,4 @@
-"""The trainer's plug-in for the optional joint uncertainty head (``uncertainty_head``):
+"""The trainer's plug-in for the optional joint uncertainty head (``joint_head``):
 :class:`JointHead` trains a :class:`~torchcal.uncertainty.UncertaintyHead` on the model's
 features beside the classifier; :class:`NoHead` is the same hooks doing nothing, so the training
 loop calls them unconditionally."""
@@ -85,8 +85,8 @@ class JointHead(NoHead):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(epoch_seed(config.seed, 0, stream=7))
             self.head: nn.Module = UncertaintyHead(int(model.num_features)).to(device)
-        self.opt = torch.optim.AdamW(self.head.parameters(), lr=config.head_lr,
-                                     weight_decay=config.head_weight_decay)
+        self.opt = torch.optim.AdamW(self.head.parameters(), lr=config.joint_head.lr,
+                                     weight_decay=config.joint_head.weight_decay)
         self.loss_sum = torch.zeros((), device=device)
 
     def wrap(self, model: nn.Module) -> nn.Module:

@@ -1,7 +1,8 @@
 """Two-task training: a class and a generator parameter, weighted fixed or as Kendall et al.
 
-A run whose :class:`~torchcal.train.TrainConfig` names ``tasks = ["class", PARAM]`` is trained
-by :func:`~torchcal.train.train` with the one engine (:mod:`torchcal.train.engine`) like any
+A run whose :class:`~torchcal.train.TrainConfig` names ``multitask.tasks = ["class", PARAM]``
+(its :class:`~torchcal.train.config.MultitaskConfig`) is trained by
+:func:`~torchcal.train.train` with the one engine (:mod:`torchcal.train.engine`) like any
 run; this module is its *strategy*, :class:`TaskHead`, a plug-in with the hooks of the joint
 uncertainty head (:class:`~torchcal.train.joint_head.NoHead`).  It trains one trunk (the
 config's model without its classifier: ``forward_features``) with two heads: the model's ``fc``
@@ -96,7 +97,8 @@ class TaskWeighting(nn.Module):
 
 def _targets(config: TrainConfig, splits: Any) -> tuple[dict[str, torch.Tensor], float, float]:
     """Per split the (standardised) regression targets, and the training mean and std."""
-    param = config.tasks[1]
+    mt = config.multitask
+    param = mt.tasks[1]
     if not hasattr(splits.train, "params") or param not in splits.train.params:
         have = sorted(getattr(splits.train, "params", {}))
         raise TorchcalError(
@@ -104,14 +106,14 @@ def _targets(config: TrainConfig, splits: Any) -> tuple[dict[str, torch.Tensor],
             f"{', '.join(have) or 'none'}; MNIST-1D needs the data arg with_params=true)")
     raw = {k: getattr(splits, k).params[param].float() for k in ("train", "val", "test")}
     mean, std = float(raw["train"].mean()), float(raw["train"].std())
-    if not config.standardize_targets:
+    if not mt.standardize_targets:
         mean, std = 0.0, 1.0
     if not std > 0:
         raise TorchcalError(f"Task {param!r} is constant on the training split")
     out = {k: (v - mean) / std for k, v in raw.items()}
-    if config.target_noise > 0:
+    if mt.target_noise > 0:
         g = torch.Generator().manual_seed(epoch_seed(config.seed, 0, stream=77))
-        out["train"] = out["train"] + config.target_noise * torch.randn(
+        out["train"] = out["train"] + mt.target_noise * torch.randn(
             out["train"].shape, generator=g)
     return out, mean, std
 
@@ -131,7 +133,8 @@ class TaskHead(NoHead):
                                 "forward_features, num_features and fc")
         self.model, self.config = model, config
         self.reg = nn.Linear(int(model.num_features), 1).to(device)
-        self.weighting = TaskWeighting(config.task_weighting, config.log_var_init).to(device)
+        self.weighting = TaskWeighting(config.multitask.task_weighting,
+                                       config.multitask.log_var_init).to(device)
         targets, self.mean, self.std = _targets(config, splits)
         self.targets = {k: v.to(device) for k, v in targets.items()}
         self.splits, self.device = splits, device
@@ -144,7 +147,7 @@ class TaskHead(NoHead):
         groups = [{"params": list(model.parameters()) + list(self.reg.parameters()),
                    "lr": config.lr, "weight_decay": config.weight_decay}]
         if self.weighting.kendall is not None:
-            groups.append({"params": [self.weighting.kendall.log_vars], "lr": config.log_var_lr,
+            groups.append({"params": [self.weighting.kendall.log_vars], "lr": config.multitask.log_var_lr,
                            "weight_decay": 0.0})
         return torch.optim.AdamW(groups)
 
@@ -218,7 +221,7 @@ class TaskHead(NoHead):
 
     def results(self) -> dict[str, Any]:
         """``{"multitask": block}`` for the run's ``results.json``."""
-        c = self.config
+        c = self.config.multitask
         out: dict[str, Any] = {"schema": MULTITASK_SCHEMA, "tasks": list(c.tasks),
                                "task_weighting": c.task_weighting, "target_noise": c.target_noise,
                                "target_mean": self.mean, "target_std": self.std,

@@ -67,9 +67,9 @@ MEMBER_FIELDS = frozenset({"seed", "loss", "loss_kwargs", "loss_defaults", "redu
 
 def pack_problem(config: TrainConfig) -> str | None:
     """Why ``config`` cannot train in a pack (None: it can)."""
-    if config.uncertainty_head:
+    if config.joint_head.enabled:
         return "the joint uncertainty head is not packed"
-    if config.tasks:
+    if config.multitask.tasks:
         return "a multi-task run is not packed"
     if config.compile:
         return "compile=True is not packed"

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from .._registry import Registry
 from ..data.mnist1d import MNIST1D_SEED
 from ..errors import UnknownRecipeError
-from .config import TrainConfig
+from .config import MultitaskConfig, TrainConfig
 
 __all__ = ["get_recipe", "list_recipes", "register_recipe", "UnknownRecipeError", "RECIPES"]
 
@@ -182,5 +182,6 @@ def _mnist1d_multitask() -> TrainConfig:
         weight_decay=1e-4, milestones=[], grad_clip=None, reduction="mean",
         data_seed=MNIST1D_SEED, select_best_by="none", evaluate=False, num_threads=1,
         data_kwargs={"with_params": True, "n_train": 4000, "n_val": 1000, "n_test": 4000},
-        tasks=["class", "translation"], task_weighting="kendall", device="cpu",
+        multitask=MultitaskConfig(tasks=["class", "translation"], task_weighting="kendall"),
+        device="cpu",
     )

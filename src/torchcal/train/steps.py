@@ -288,9 +288,9 @@ def build_optimizer(model: nn.Module, config: TrainConfig, head: NoHead, steps: 
 
 def _head(model: nn.Module, config: TrainConfig, splits: Any, device: torch.device) -> NoHead:
     """The run's plug-in: the joint uncertainty head, the multi-task strategy, or none."""
-    if config.uncertainty_head:
+    if config.joint_head.enabled:
         return JointHead(model, config, device)
-    if config.tasks:
+    if config.multitask.tasks:
         return TaskHead(model, config, splits, device)
     return NoHead()
 

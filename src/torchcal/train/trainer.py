@@ -23,8 +23,8 @@ training engine (:mod:`torchcal.train.engine`) as a stack of one run
   ``RUN_DIR/results.json`` (``evaluate=True``).
 
 Two plug-ins with the same hooks (:class:`~torchcal.train.joint_head.NoHead`) change what a run
-trains without a loop of their own: the joint uncertainty head (``uncertainty_head``,
-:class:`~torchcal.train.joint_head.JointHead`) and the multi-task strategy (``tasks``: a class
+trains without a loop of their own: the joint uncertainty head (``joint_head``,
+:class:`~torchcal.train.joint_head.JointHead`) and the multi-task strategy (``multitask``: a class
 and a regression target weighted as Kendall et al., :class:`~torchcal.train.multitask.TaskHead`).
 
 Under ``torchrun`` (WORLD_SIZE > 1) the model is wrapped in DistributedDataParallel (gloo on CPU,
