@@ -33,7 +33,8 @@ from ..report.aggregate import loss_label
 from ..report.claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from ..train import TrainConfig, get_recipe
 from ..train.build import build_data, build_model
-from .benchmark import Benchmark, Profile, register_benchmark
+from .benchmark import Benchmark, IntroContext, Profile, register_benchmark
+from .demo import TRAINING_RUNS
 
 __all__ = ["ADAFOCAL_LAM", "ADAFOCAL_NOTE", "adafocal_note", "DEMO_LOSS_KWARGS", "CLAIM_LOSSES",
            "IntroContext", "calibration_intro", "calibration_appendix", "MNIST1D",
@@ -115,31 +116,6 @@ def adafocal_note(lam: float, dataset: str = "digits") -> str:
         lead = (f"AdaFocal uses λ={lam:g} (set by the user; the paper's λ is 1, the demo's default "
                 f"λ={ADAFOCAL_LAM:g}). Why the default differs from the paper: ")
     return lead + ADAFOCAL_NOTE
-
-
-@dataclass
-class IntroContext:
-    """What a benchmark's report prose is written from.
-
-    Attributes:
-        benchmark: the benchmark.
-        config: the demo's resolved settings (a :class:`~torchcal.experiments.demo.DemoConfig`).
-        train_config: the TrainConfig of the first run (the effective recipe).
-        losses: the losses trained.
-        loss_kwargs: ``{loss: hyperparameters the benchmark or the user set}``.
-        n_jobs: runs of this invocation; ``skipped``: of them already finished before it.
-        seconds: wall time up to the report; ``failed``: ``(run_dir, error)`` of failed runs.
-    """
-
-    benchmark: Benchmark
-    config: Any
-    train_config: TrainConfig
-    losses: Sequence[str]
-    loss_kwargs: Mapping[str, Mapping[str, Any]]
-    n_jobs: int = 0
-    seconds: float = 0.0
-    failed: Sequence[tuple[str, str]] = ()
-    skipped: int = 0
 
 
 def _hyper_text(loss: str, kwargs: Mapping[str, Any]) -> str:
@@ -385,7 +361,7 @@ MNIST1D = register_benchmark(Benchmark(
         "wen_label_smoothing": "label-smoothing ensemble more under-confident than its members "
                                "and CE's, repaired by pool-then-calibrate (NLL T)",
     },
-    excluded=_EXCLUDED,
+    excluded=_EXCLUDED, kind=TRAINING_RUNS,
     intro=functools.partial(
         calibration_intro, data_text=_mnist1d_data_text, model_text=_mnist1d_model_text,
         ood_text=_MNIST1D_OOD),
@@ -405,7 +381,7 @@ DIGITS = register_benchmark(Benchmark(
     },
     loss_kwargs={**DEMO_LOSS_KWARGS, "adafocal": {"lam": ADAFOCAL_LAM}},
     data_kwargs={"noise_std": 0.5},  # a declared option of the digits data set
-    claims=(*CLAIMS, *ENSEMBLE_CLAIMS), excluded=_EXCLUDED,
+    claims=(*CLAIMS, *ENSEMBLE_CLAIMS), excluded=_EXCLUDED, kind=TRAINING_RUNS,
     intro=functools.partial(calibration_intro, data_text=_digits_data_text, ood_text=_DIGITS_OOD),
     appendix=functools.partial(
         calibration_appendix, data_text=_digits_data_text,
