@@ -18,7 +18,6 @@ report.md and report.html written by the report engine (:mod:`torchcal.report.bu
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,7 +139,7 @@ class Benchmark:
         job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
         kind: how its jobs are made and its report written (:class:`BenchmarkKind`; the
             calibration benchmarks' training runs: :data:`torchcal.experiments.demo.
-            TRAINING_RUNS`).  Leaving it out is deprecated: it means ``TRAINING_RUNS``.
+            TRAINING_RUNS`); required.
     """
 
     name: str
@@ -160,21 +159,16 @@ class Benchmark:
     appendix: Callable[[Any], str] | None = None
     prebuild_data: bool = True
     job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_job
-    kind: BenchmarkKind = None  # type: ignore[assignment] - None: deprecated, TRAINING_RUNS
+    kind: BenchmarkKind = None  # type: ignore[assignment] - required: __post_init__ says so
 
     def __post_init__(self) -> None:
         missing = [p for p in PROFILE_NAMES if p not in self.profiles]
         if missing:
             raise ValueError(f"Expected `profiles` to define {PROFILE_NAMES}, missing {missing}")
-        if self.kind is None:  # the one place a missing kind is read: deprecated
-            warnings.warn("Benchmark without `kind` is deprecated: pass kind=torchcal."
-                          "experiments.demo.TRAINING_RUNS for training runs per loss and seed",
-                          DeprecationWarning, stacklevel=3)
-            from .demo import TRAINING_RUNS  # demo imports this module: looked up when needed
-            object.__setattr__(self, "kind", TRAINING_RUNS)
         if not isinstance(self.kind, BenchmarkKind):
-            raise TypeError(f"Expected `kind` to be a BenchmarkKind, got "
-                            f"{type(self.kind).__name__}")
+            raise TypeError("Expected `kind` to be a BenchmarkKind (the calibration benchmarks' "
+                            "training runs per loss and seed: torchcal.experiments.demo."
+                            f"TRAINING_RUNS), got {type(self.kind).__name__}")
 
     @property
     def suite(self) -> str:

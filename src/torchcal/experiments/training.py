@@ -40,12 +40,13 @@ from typing import Any
 import torch
 
 from .._io import check_own_path, exclusive_lock
-from ..errors import CheckpointError, ResultsFileError
+from ..errors import CheckpointError, ResultsFileError, TorchcalError
 from ..evaluate import read_results
 from ..runs import RunDir
 from ..train import TrainConfig, get_recipe
 from ..train.checkpoint import remove_stale_run_temp_files
 from ..train.config import changed_fields
+from ..train.evaluation import read_config
 from ..train.packed import train_pack
 from .runner import Job, Resources, set_threads
 
@@ -83,7 +84,7 @@ class RunSpec:
                             f"{type(self.config).__name__}")
         if not getattr(self.config, "evaluate", True):
             raise ValueError("Expected the run's `overrides` not to set evaluate=False: a "
-                             "benchmark run is evaluated at its last epoch (its results.json "
+                             "benchmark run is evaluated at its last epoch (its results file "
                              f"is what the report reads), got it for {self.run_dir!r}")
 
     @property
@@ -236,8 +237,8 @@ def is_stale(run_dir: str | Path, config: TrainConfig) -> bool:
     if not p.is_file():
         return False
     try:
-        old = TrainConfig.from_dict(RunDir(run_dir).read_config())
-    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+        old = read_config(run_dir)
+    except (OSError, TorchcalError):  # unreadable or malformed: not this run's
         return True
     changed = changed_fields(old, config)
     return bool(changed["identity"] or changed["schedule"])
@@ -386,7 +387,7 @@ def train_runs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
                     raise r
                 if not RunDir(specs[i].run_dir).results().is_file():
                     raise ResultsFileError(f"Run {specs[i].run_dir!r} finished without writing "
-                                           "its results.json")
+                                           "its results file")
             except Exception as exc:  # noqa: BLE001 - this run failed, the others are reported
                 _error(out[i], exc)
     for o in out:
