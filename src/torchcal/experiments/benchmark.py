@@ -137,9 +137,9 @@ class Benchmark:
         prebuild_data: build the data once before the runs (cheap or generated data: the
             data options are checked, and generated data is cached once, not by every worker).
         job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
-        kind: how its jobs are made and its report written (:class:`BenchmarkKind`; the
-            calibration benchmarks' training runs: :data:`torchcal.experiments.demo.
-            TRAINING_RUNS`); required.
+        kind: how its jobs are made and its report written (:class:`BenchmarkKind`, required;
+            the calibration benchmarks' training runs:
+            :data:`~torchcal.experiments.demo.TRAINING_RUNS`).
     """
 
     name: str

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..train.packed import pack_groups
-from .runner import Job, Resources
+from .runner import Job, Resources, set_threads
 from .training import RunSpec, is_cuda, run_spec, train_job, train_runs
 
 __all__ = ["CPU_PACK_SIZE", "pack_jobs", "run_packed_job", "expand_results"]
@@ -83,6 +83,7 @@ def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
         pack itself only when no member could be reported).
     """
     t0 = time.perf_counter()
+    set_threads(1)
     runs = list(spec["runs"])
     out: list[dict[str, Any]] = [None] * len(runs)  # type: ignore[list-item]
     resolved: list[RunSpec] = []

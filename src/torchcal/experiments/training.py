@@ -1,5 +1,5 @@
-"""The job function of a benchmark run: train one :class:`~torchcal.train.TrainConfig` run and
-evaluate its saved logits, skipping finished work and resuming unfinished work.
+"""The job functions of benchmark runs: train one :class:`~torchcal.train.TrainConfig` run, or
+one pack of runs, and check its evaluation, skipping finished work and resuming unfinished work.
 
 A run's *spec* is a JSON-able dict: ``recipe``, ``loss``, ``loss_kwargs``, ``seed``, ``epochs``
 (None: the recipe's), ``n_bins``, ``data_kwargs`` (declared options of the data set, e.g.
@@ -314,6 +314,7 @@ def run_job(spec: RunSpec | Mapping[str, Any]) -> dict[str, Any]:
     out = {"run_dir": spec["run_dir"], "loss": spec["loss"], "seed": spec["seed"],
            "error": None, "skipped": False}
     try:
+        set_threads(1)
         (res,) = train_runs([run_spec(spec)])
         out.update({k: v for k, v in res.items() if k in ("error", "traceback", "skipped")})
     except Exception as exc:  # reported, the other runs go on
@@ -358,10 +359,14 @@ def _train_and_retry(specs: Sequence[RunSpec]) -> list[Any]:
 
 
 def train_runs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
-    """Train the runs ``specs`` (one pack, formed by the caller: :func:`~torchcal.experiments.
-    packed.pack_jobs`; a run alone is a pack of one) and evaluate them: each run directory is
-    locked once for the whole sequence, a finished run skipped, an unfinished one resumed, one
-    of other settings trained afresh, one whose checkpoint is refused retrained from epoch 0.
+    """Train the runs ``specs`` (one pack, formed by the caller:
+    :func:`~torchcal.experiments.packed.pack_jobs`; a run alone is a pack of one) and evaluate
+    them: each run directory is locked once for the whole sequence, a finished run skipped,
+    an unfinished one resumed, one of other settings trained afresh, one whose checkpoint is
+    refused retrained from epoch 0.  The runs must form one pack
+    (:func:`~torchcal.train.packed.train_pack`); they train on this process's threads (the job
+    functions, :func:`run_job` and :func:`~torchcal.experiments.packed.run_packed_job`, set
+    one).
 
     Returns:
         One result per spec, in order: ``{"run_dir", "loss", "seed", "error", "skipped",
@@ -370,7 +375,6 @@ def train_runs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     """
     specs = list(specs)
     out = [{**s.labels, "error": None, "skipped": False} for s in specs]
-    set_threads(1)
     todo: list[int] = []
     with contextlib.ExitStack() as stack:
         for i, s in enumerate(specs):
