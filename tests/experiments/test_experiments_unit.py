@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import torchcal.train.packed as train_packed_module
 from torchcal.experiments import Benchmark, DemoConfig, LocalExecutor, Profile, run_demo
 from torchcal.experiments import calibration, demo
 from torchcal.experiments import training as training_module
+from torchcal.evaluate import config_meta
 from torchcal.experiments.training import RunSpec, run_job, run_spec, train_runs
 from torchcal.train import TrainConfig
 from torchcal.train.packed import train_pack
@@ -78,7 +80,9 @@ def _spec(run_dir: Path, loss: str = "ce", **overrides) -> RunSpec:
 def test_train_runs_treats_a_run_alone_as_a_pack_of_one(tmp_path):
     (res,) = train_runs([_spec(tmp_path / "r")])
     assert res["error"] is None and res["skipped"] is False and res["packed"] == 1
-    assert (tmp_path / "r" / "results.json").is_file()
+    meta = json.loads((tmp_path / "r" / "results.json").read_text())["meta"]
+    spec = _spec(tmp_path / "r")  # the one builder of a result's meta: config_meta
+    assert meta == {**config_meta(spec.config.to_dict()), "epoch": 1, "checkpoint": "last"}
     (again,) = train_runs([_spec(tmp_path / "r")])
     assert again["skipped"] is True and again["packed"] == 0
 
