@@ -16,10 +16,17 @@ import torchcal.experiments.packed as exp_packed
 import torchcal.report.build as report_build
 import torchcal.report.claims as report_claims
 import torchcal.train.packed as train_packed_module
-from torchcal.experiments import Benchmark, DemoConfig, LocalExecutor, Profile, run_demo
-from torchcal.experiments import calibration, demo
-from torchcal.experiments import training as training_module
 from torchcal.evaluate import config_meta
+from torchcal.experiments import (
+    Benchmark,
+    DemoConfig,
+    LocalExecutor,
+    Profile,
+    calibration,
+    demo,
+    run_demo,
+)
+from torchcal.experiments import training as training_module
 from torchcal.experiments.training import RunSpec, run_job, run_spec, train_runs
 from torchcal.train import TrainConfig
 from torchcal.train.packed import train_pack

@@ -23,15 +23,14 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..losses import LOSSES, list_losses
+from ..models.small import MLP
 from ..report.aggregate import loss_label
 from ..report.claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from ..train import TrainConfig, get_recipe
-from ..models.small import MLP
 from ..train.build import build_data
 from .benchmark import Benchmark, IntroContext, Profile, register_benchmark
 from .demo import TRAINING_RUNS
