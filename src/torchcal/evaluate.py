@@ -98,6 +98,7 @@ __all__ = [
     "ood_metrics",
     "evaluate_logits",
     "evaluate_saved_logits",
+    "config_meta",
     "write_results",
     "read_results",
     "write_calibration",
@@ -470,7 +471,18 @@ def meta_from_config(path: str | os.PathLike) -> dict[str, Any]:
         raise ResultsFileError(f"Config file {str(path)!r} does not exist") from exc
     if not isinstance(cfg, dict):
         raise ResultsFileError(f"Config file {str(path)!r} is malformed: expected a JSON object")
-    return {k: cfg[k] for k in _META_FIELDS if k in cfg}
+    return config_meta(cfg)
+
+
+def config_meta(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-describing fields of a config dict (a ``config.json``'s, or
+    ``TrainConfig.to_dict()``), in the order a results file's ``meta`` holds them: the one
+    builder of a result's ``meta`` (the trainer adds the evaluated epoch and checkpoint).
+
+    >>> config_meta({"seed": 1, "loss": "ce", "lr": 0.1})
+    {'loss': 'ce', 'seed': 1}
+    """
+    return {k: config[k] for k in _META_FIELDS if k in config}
 
 
 def predictor_of(meta: Mapping[str, Any]) -> str:

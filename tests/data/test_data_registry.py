@@ -40,6 +40,7 @@ from torchcal.experiments import (
     register_executor,
 )
 from torchcal.experiments.benchmark import BENCHMARKS
+from torchcal.experiments.demo import TRAINING_RUNS
 from torchcal.experiments.runner import EXECUTORS
 from torchcal.train import get_recipe, register_recipe
 from torchcal.train.recipes import RECIPES
@@ -88,7 +89,7 @@ def toy():
         name="zz_toy", title="calibration on toy blobs", recipe="zz-toy-mlp",
         profiles={p: Profile(seeds=(0,), epochs=2, losses=("ce",))
                   for p in ("default", "quick", "full")},
-        data_kwargs={"shift": 1.5}, prebuild_data=True))
+        data_kwargs={"shift": 1.5}, prebuild_data=True, kind=TRAINING_RUNS))
 
     def make(*, workers, address=None):
         SEEN["executor"].append(workers)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..data import DATASETS
 from ..experiments import DemoConfig, DemoResult, get_benchmark, list_benchmarks, run_demo
-from ..experiments.demo import DEBUG_ENV, applicable_losses, default_out
+from ..experiments.demo import DEBUG_ENV, TRAINING_RUNS, applicable_losses, default_out
 from ..experiments.runner import EXECUTORS, make_executor, sigterm_interrupts
 from ..train import get_recipe
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss
@@ -165,7 +165,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
     res = run_demo(cfg, executor)
     kind = get_benchmark(dataset).kind
-    if kind is None:  # the calibration benchmarks: the report's tail, the wall time, the claims
+    if kind is TRAINING_RUNS:  # the calibration benchmarks: the report's tail, wall time, claims
         print_tail(res.report, res.out_dir)
         print(f"Wall time: {res.seconds:.0f} s (start-up and report writing included) for "
               f"{sum(g.predictor == 'run' for g in res.report.groups)} loss(es) x "
@@ -174,8 +174,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     else:
         print(kind.summary(res))
     if res.failed:
-        unit = kind.unit if kind is not None else "run"
-        print(f"torchcal demo: {len(res.failed)} {unit}(s) failed, see the report; once "
+        print(f"torchcal demo: {len(res.failed)} {kind.unit}(s) failed, see the report; once "
               "fixed, the same command runs them again (finished runs are skipped): "
               f"{_command(args)}", file=sys.stderr)
         return 1

@@ -152,8 +152,8 @@ def _finished(cfg) -> bool:
     try:
         meta = read_json(run.results(), what="Results file").get("meta", {})
         done = int(meta.get("epoch")) == cfg.epochs and meta.get("checkpoint") == "last"
-        old = TrainConfig.from_dict(run.read_config())
-    except (OSError, ValueError, TypeError, AttributeError):
+        old = read_config(cfg.out_dir)
+    except (OSError, ValueError, TypeError, AttributeError, TorchcalError):
         return False
     return done and not changed_fields(old, cfg)["identity"]
 

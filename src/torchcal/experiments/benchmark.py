@@ -28,9 +28,10 @@ from .._registry import Registry
 from ..losses import LOSSES, list_losses
 from ..report.aggregate import group_runs, runs_from_results_csv
 from ..report.claims import Claim, check_claims
+from ..train import TrainConfig
 from .training import run_job
 
-__all__ = ["Profile", "Benchmark", "BenchmarkKind", "BENCHMARKS", "register_benchmark", "get_benchmark",
+__all__ = ["Profile", "Benchmark", "BenchmarkKind", "IntroContext", "BENCHMARKS", "register_benchmark", "get_benchmark",
            "list_benchmarks", "tagged_losses", "committed_verdicts", "committed_note",
            "PROFILE_NAMES"]
 
@@ -64,14 +65,22 @@ class BenchmarkKind:
     benchmark's settings, its jobs and its report.  ``run_demo`` does the rest for every kind:
     the lock on the output directory, a fresh directory by default, the executor and the runner
     (skipping or resuming finished work belongs to the job functions, as for training runs).
-    The calibration benchmarks' kind (``kind=None``: one training run per loss and seed, the
-    report of :func:`torchcal.report.build_report`) is :mod:`torchcal.experiments.demo`'s.
+    The calibration benchmarks' kind (one training run per loss and seed, the report of
+    :func:`torchcal.report.build_report`) is :data:`torchcal.experiments.demo.TRAINING_RUNS`.
 
     Attributes:
         unit: what one job is called in messages ("1 unit(s) failed").
     """
 
     unit = "unit"
+
+    def suite(self, bench: Benchmark) -> str:
+        """The ``torchcal demo --suite`` that runs ``bench`` (default: its own name)."""
+        return bench.name
+
+    def command(self, bench: Benchmark) -> str:
+        """The command that runs ``bench``, for the progress bar."""
+        return f"torchcal demo --suite {bench.suite}"
 
     def resolve(self, cfg: Any, bench: Benchmark) -> Any:
         """``cfg`` (a :class:`~torchcal.experiments.DemoConfig`) with its seeds (and whatever
@@ -123,14 +132,15 @@ class Benchmark:
         verdict_labels: ``{claim key: short label}`` of the verdicts the report quotes.
         excluded: ``{loss tag: why}``, the report's reason for a registered loss not trained.
         intro: ``intro(context) -> str``, the report's prose above its tables, a few lines
-            (context: a :class:`~torchcal.experiments.calibration.IntroContext`).
+            (context: an :class:`IntroContext`).
         appendix: ``appendix(context) -> str``, the report's appendix (Markdown, after the
             runs): the details the intro leaves out.
         prebuild_data: build the data once before the runs (cheap or generated data: the
             data options are checked, and generated data is cached once, not by every worker).
         job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
-        kind: how its jobs are made and its report written (:class:`BenchmarkKind`); None:
-            the calibration benchmarks' training runs.
+        kind: how its jobs are made and its report written (:class:`BenchmarkKind`, required;
+            the calibration benchmarks' training runs:
+            :data:`~torchcal.experiments.demo.TRAINING_RUNS`).
     """
 
     name: str
@@ -150,18 +160,22 @@ class Benchmark:
     appendix: Callable[[Any], str] | None = None
     prebuild_data: bool = True
     job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_job
-    kind: BenchmarkKind | None = None
+    kind: BenchmarkKind = None  # type: ignore[assignment] - required: __post_init__ says so
 
     def __post_init__(self) -> None:
         missing = [p for p in PROFILE_NAMES if p not in self.profiles]
         if missing:
             raise ValueError(f"Expected `profiles` to define {PROFILE_NAMES}, missing {missing}")
+        if not isinstance(self.kind, BenchmarkKind):
+            raise TypeError("Expected `kind` to be a BenchmarkKind (the calibration benchmarks' "
+                            "training runs per loss and seed: torchcal.experiments.demo."
+                            f"TRAINING_RUNS), got {type(self.kind).__name__}")
 
     @property
     def suite(self) -> str:
         """The ``torchcal demo --suite`` that runs it: ``calibration`` (chosen by ``--dataset``)
-        for a benchmark without a kind, else its own name."""
-        return "calibration" if self.kind is None else self.name
+        for the calibration benchmarks, else its own name (its kind's)."""
+        return self.kind.suite(self)
 
     def profile(self, name: str) -> Profile:
         """The profile ``name`` (``default``, ``quick`` or ``full``)."""
@@ -220,6 +234,31 @@ def committed_note(benchmark: Benchmark) -> str:
                "are more than 3, the subsets overlapping)"
                if any(c.per == "seed_set" and c.key in verdicts for c in benchmark.claims) else "")
             + f"{note}.")
+
+
+@dataclass
+class IntroContext:
+    """What a benchmark's report prose is written from.
+
+    Attributes:
+        benchmark: the benchmark.
+        config: the demo's resolved settings (a :class:`~torchcal.experiments.demo.DemoConfig`).
+        train_config: the TrainConfig of the first run (the effective recipe).
+        losses: the losses trained.
+        loss_kwargs: ``{loss: hyperparameters the benchmark or the user set}``.
+        n_jobs: runs of this invocation; ``skipped``: of them already finished before it.
+        seconds: wall time up to the report; ``failed``: ``(run_dir, error)`` of failed runs.
+    """
+
+    benchmark: Benchmark
+    config: Any
+    train_config: TrainConfig
+    losses: Sequence[str]
+    loss_kwargs: Mapping[str, Mapping[str, Any]]
+    n_jobs: int = 0
+    seconds: float = 0.0
+    failed: Sequence[tuple[str, str]] = ()
+    skipped: int = 0
 
 
 #: The modules that register the built-in benchmarks, in their registration order.

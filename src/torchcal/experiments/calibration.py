@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
-
 from ..losses import LOSSES, list_losses
+from ..models.small import MLP
 from ..report.aggregate import loss_label
 from ..report.claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from ..train import TrainConfig, get_recipe
-from ..train.build import build_data, build_model
-from .benchmark import Benchmark, Profile, register_benchmark
+from ..train.build import build_data
+from .benchmark import Benchmark, IntroContext, Profile, register_benchmark
+from .demo import TRAINING_RUNS
 
 __all__ = ["ADAFOCAL_LAM", "ADAFOCAL_NOTE", "adafocal_note", "DEMO_LOSS_KWARGS", "CLAIM_LOSSES",
            "IntroContext", "calibration_intro", "calibration_appendix", "MNIST1D",
@@ -117,31 +117,6 @@ def adafocal_note(lam: float, dataset: str = "digits") -> str:
     return lead + ADAFOCAL_NOTE
 
 
-@dataclass
-class IntroContext:
-    """What a benchmark's report prose is written from.
-
-    Attributes:
-        benchmark: the benchmark.
-        config: the demo's resolved settings (a :class:`~torchcal.experiments.demo.DemoConfig`).
-        train_config: the TrainConfig of the first run (the effective recipe).
-        losses: the losses trained.
-        loss_kwargs: ``{loss: hyperparameters the benchmark or the user set}``.
-        n_jobs: runs of this invocation; ``skipped``: of them already finished before it.
-        seconds: wall time up to the report; ``failed``: ``(run_dir, error)`` of failed runs.
-    """
-
-    benchmark: Benchmark
-    config: Any
-    train_config: TrainConfig
-    losses: Sequence[str]
-    loss_kwargs: Mapping[str, Mapping[str, Any]]
-    n_jobs: int = 0
-    seconds: float = 0.0
-    failed: Sequence[tuple[str, str]] = ()
-    skipped: int = 0
-
-
 def _hyper_text(loss: str, kwargs: Mapping[str, Any]) -> str:
     """``'Focal: gamma=3'`` from the registry entry's signature defaults and ``kwargs``."""
     try:
@@ -162,19 +137,40 @@ def _pct(f: float) -> str:
     return f"{round(100 * f, 1):g}%"
 
 
-def _model_and_info(tc: TrainConfig) -> tuple[str, dict[str, Any]]:
-    """The model's description and the data's ``info`` (built here; never fails the report)."""
-    model_txt = f"`{tc.model}`"
+#: What a failed data build raises (a missing file, a bad option): the prose then says less.
+_DESCRIBE_ERRORS = (OSError, ValueError, TypeError, ImportError, RuntimeError)
+
+
+def _data_info(tc: TrainConfig) -> tuple[dict[str, Any], int, tuple[int, ...]] | None:
+    """The data's ``info``, number of classes and input shape (the splits are built: their
+    sizes are the data set's own), None when they cannot be built here (the prose says less;
+    the runs report the error)."""
     try:
         splits = build_data(tc)
-        info = dict(getattr(splits, "info", {}) or {})
-        model = build_model(tc, int(splits.num_classes), splits.input_shape)
-        widths = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        if widths:
-            arch = "-".join([str(widths[0].in_features)] + [str(m.out_features) for m in widths])
-            model_txt = f"{'MLP' if tc.model == 'mlp' else tc.model} {arch}"
-    except Exception:  # noqa: BLE001 - the description must never cost the report
-        info = {}
+    except _DESCRIBE_ERRORS:
+        return None
+    shape = tuple(int(x) for x in (splits.input_shape or ()))
+    return dict(getattr(splits, "info", {}) or {}), int(splits.num_classes), shape
+
+
+def _mlp_text(tc: TrainConfig, num_classes: int, shape: tuple[int, ...]) -> str:
+    """``"MLP 64-256-256-10"``: the registered MLP's widths, read from the config and the MLP's
+    signature (nothing built)."""
+    kw = dict(tc.model_kwargs)
+    hidden = kw.get("hidden", inspect.signature(MLP).parameters["hidden"].default)
+    n_in = kw.get("in_features", math.prod(shape) if shape else
+                  inspect.signature(MLP).parameters["in_features"].default)
+    return "MLP " + "-".join(str(int(w)) for w in (n_in, *hidden, num_classes))
+
+
+def _model_and_info(tc: TrainConfig) -> tuple[str, dict[str, Any]]:
+    """The model's description and the data's ``info``, from the config, the model registry
+    and the data's splits (no model is built; the widths are the MLP's)."""
+    data = _data_info(tc)
+    if data is None:
+        return f"`{tc.model}`", {}
+    info, num_classes, shape = data
+    model_txt = _mlp_text(tc, num_classes, shape) if tc.model == "mlp" else f"`{tc.model}`"
     return model_txt, info
 
 
@@ -385,7 +381,7 @@ MNIST1D = register_benchmark(Benchmark(
         "wen_label_smoothing": "label-smoothing ensemble more under-confident than its members "
                                "and CE's, repaired by pool-then-calibrate (NLL T)",
     },
-    excluded=_EXCLUDED,
+    excluded=_EXCLUDED, kind=TRAINING_RUNS,
     intro=functools.partial(
         calibration_intro, data_text=_mnist1d_data_text, model_text=_mnist1d_model_text,
         ood_text=_MNIST1D_OOD),
@@ -405,7 +401,7 @@ DIGITS = register_benchmark(Benchmark(
     },
     loss_kwargs={**DEMO_LOSS_KWARGS, "adafocal": {"lam": ADAFOCAL_LAM}},
     data_kwargs={"noise_std": 0.5},  # a declared option of the digits data set
-    claims=(*CLAIMS, *ENSEMBLE_CLAIMS), excluded=_EXCLUDED,
+    claims=(*CLAIMS, *ENSEMBLE_CLAIMS), excluded=_EXCLUDED, kind=TRAINING_RUNS,
     intro=functools.partial(calibration_intro, data_text=_digits_data_text, ood_text=_DIGITS_OOD),
     appendix=functools.partial(
         calibration_appendix, data_text=_digits_data_text,

@@ -3,7 +3,8 @@
 Every benchmark runs through :func:`run_demo`: its kind (:class:`~torchcal.experiments.
 benchmark.BenchmarkKind`) makes its jobs and writes its report, ``run_demo`` owns the output
 directory (one run at a time, a fresh one by default) and runs the jobs.  The calibration
-benchmarks' kind (``Benchmark.kind`` None) is this module's: one training run per loss and seed.
+benchmarks' kind, :data:`TRAINING_RUNS`, is this module's: one training run per loss and seed,
+each resolved once here into a :class:`~torchcal.experiments.training.RunSpec`.
 Runs are trained by an executor (default: worker processes of this machine, spawn, one thread
 each; or a Ray cluster, :class:`~torchcal.experiments.ray_executor.RayExecutor`); each run is
 evaluated through the same path as real runs (saved logits -> temperatures -> metrics ->
@@ -44,15 +45,15 @@ from ..runs import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
-from . import calibration  # noqa: F401 - registers the calibration benchmarks
-from .benchmark import Benchmark, BenchmarkKind, committed_note, get_benchmark
-from .calibration import IntroContext
+from .benchmark import Benchmark, BenchmarkKind, IntroContext, committed_note, get_benchmark
 from .packed import expand_results, pack_jobs
 from .runner import Executor, LocalExecutor, run_sweep
-from .training import resolve_spec, train_config, train_job
+from .training import RunSpec, run_spec, spec_labels, train_job
 
-__all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve", "demo_loss_kwargs",
-           "demo_jobs", "sweep_jobs", "run_demo", "default_out", "intro_text", "appendix_text",
+# the calibration benchmarks (torchcal.experiments.calibration) name TRAINING_RUNS as their
+# kind; the package imports them before any benchmark is looked up
+__all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve",
+           "demo_jobs", "run_demo", "default_out", "intro_text", "appendix_text",
            "verdict_label", "seed_ensembles", "ENSEMBLES_DIR", "TRAINING_RUNS"]
 
 #: The demo's directory of the losses' ensembles (``OUT/ensembles/<loss>/``).
@@ -114,7 +115,7 @@ def applicable_losses(dataset: str = "mnist1d") -> list[str]:
 def resolve(cfg: DemoConfig) -> DemoConfig:
     """``cfg`` with every None filled from its benchmark's profile (default, quick or full)."""
     bench = get_benchmark(cfg.dataset)
-    return _resolve(cfg, bench) if bench.kind is None else bench.kind.resolve(cfg, bench)
+    return bench.kind.resolve(cfg, bench)
 
 
 def _resolve(cfg: DemoConfig, bench: Benchmark) -> DemoConfig:
@@ -130,12 +131,6 @@ def _resolve(cfg: DemoConfig, bench: Benchmark) -> DemoConfig:
         data_kwargs={**bench.data_kwargs, **cfg.data_kwargs},
         adafocal_lam=cfg.adafocal_lam if cfg.adafocal_lam is not None else lam,
     )
-
-
-def demo_loss_kwargs(cfg: DemoConfig, loss: str) -> dict[str, Any]:
-    """The hyperparameters the demo sets for ``loss``: the benchmark's, ``--adafocal-lam``,
-    then the user's ``--loss-arg`` (registry defaults for the rest)."""
-    return _loss_kwargs(cfg, get_benchmark(cfg.dataset), loss)
 
 
 def _loss_kwargs(cfg: DemoConfig, bench: Benchmark, loss: str) -> dict[str, Any]:
@@ -163,20 +158,22 @@ def default_out() -> Path:
 
 
 def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
-    """The run specs (:mod:`torchcal.experiments.training`), one per (loss, seed), seed-major
-    so that the progress estimate is representative early; each resolved here
-    (:func:`~torchcal.experiments.training.resolve_spec`: its TrainConfig as a dict), so that
-    workers train what this process resolved."""
+    """The run specs (:mod:`torchcal.experiments.training`) as JSON, one per (loss, seed),
+    seed-major so that the progress estimate is representative early; each resolved here
+    (its TrainConfig as a dict under ``config``), so that workers train what this process
+    resolved.  The demo itself keeps the typed :class:`~torchcal.experiments.training.RunSpec` s
+    and makes JSON of them only for its workers."""
     bench = get_benchmark(cfg.dataset)
-    return _demo_jobs(_resolve(cfg, bench), bench, out)
+    return [s.to_json() for s in _run_specs(_resolve(cfg, bench), bench, out)]
 
 
-def _demo_jobs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[dict[str, Any]]:
+def _run_specs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[RunSpec]:
+    """The demo's runs, each resolved once (:func:`~torchcal.experiments.training.run_spec`)."""
     kwargs = {loss: _loss_kwargs(cfg, bench, loss) for loss in cfg.losses}
     jobs = []
     for seed in cfg.seeds:
         for loss in cfg.losses:
-            jobs.append(resolve_spec({
+            jobs.append(run_spec({
                 "recipe": cfg.recipe,
                 "loss": loss,
                 "loss_kwargs": dict(kwargs[loss]),
@@ -190,31 +187,19 @@ def _demo_jobs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[dict[str, A
     return jobs
 
 
-def sweep_jobs(cfg: DemoConfig, out: Path) -> list:
-    """:func:`demo_jobs` as :class:`~torchcal.experiments.runner.Job` s of the benchmark's job
-    function, or with ``cfg.pack`` as packs (:func:`~torchcal.experiments.packed.pack_jobs`)."""
-    return _sweep_jobs(cfg, get_benchmark(cfg.dataset), demo_jobs(cfg, out))
-
-
-def _sweep_jobs(cfg: DemoConfig, bench: Benchmark, specs: list[dict[str, Any]]) -> list:
-    if cfg.pack:
-        return pack_jobs(specs, fn=bench.job_fn)
-    return [train_job(spec, fn=bench.job_fn) for spec in specs]
-
-
-def _context(cfg: DemoConfig, jobs: list[dict[str, Any]], bench: Benchmark | None = None,
-             **kw: Any) -> IntroContext:
+def _context(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]],
+             bench: Benchmark | None = None, **kw: Any) -> IntroContext:
     """The prose's context; ``bench`` given, ``cfg`` is already resolved against it."""
     if bench is None:
         bench = get_benchmark(cfg.dataset)
         cfg = _resolve(cfg, bench)
     return IntroContext(
-        benchmark=bench, config=cfg, train_config=train_config(jobs[0]),
+        benchmark=bench, config=cfg, train_config=run_spec(jobs[0]).config,
         losses=list(cfg.losses), loss_kwargs={n: _loss_kwargs(cfg, bench, n) for n in cfg.losses},
         n_jobs=len(jobs), **kw)
 
 
-def intro_text(cfg: DemoConfig, jobs: list[dict[str, Any]], *, seconds: float = 0.0,
+def intro_text(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]], *, seconds: float = 0.0,
                failed: list[tuple[str, str]] | None = None, skipped: int = 0,
                bench: Benchmark | None = None) -> str:
     """The benchmark's report prose for the run specs ``jobs`` of ``cfg`` (a few lines);
@@ -223,7 +208,7 @@ def intro_text(cfg: DemoConfig, jobs: list[dict[str, Any]], *, seconds: float = 
     return ctx.benchmark.intro(ctx) if ctx.benchmark.intro is not None else ""
 
 
-def appendix_text(cfg: DemoConfig, jobs: list[dict[str, Any]],
+def appendix_text(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]],
                   bench: Benchmark | None = None) -> str:
     """The benchmark's report appendix for the run specs ``jobs`` of ``cfg``: the setting in
     full and the registered losses not trained, with why."""
@@ -231,12 +216,13 @@ def appendix_text(cfg: DemoConfig, jobs: list[dict[str, Any]],
     return ctx.benchmark.appendix(ctx) if ctx.benchmark.appendix is not None else ""
 
 
-def verdict_label(cfg: DemoConfig, jobs: list[dict[str, Any]], resolved: bool = False) -> str:
+def verdict_label(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]],
+                  resolved: bool = False) -> str:
     """What every verdict line of a shortened run says beside "Verdict" ("" on the recipe's
     schedule): ``--quick`` is a smoke test whose verdicts are not evidence.  ``resolved``:
     ``cfg`` is already resolved (:func:`resolve`)."""
     cfg = cfg if resolved else resolve(cfg)
-    epochs, full = train_config(jobs[0]).epochs, int(get_recipe(cfg.recipe).epochs)
+    epochs, full = run_spec(jobs[0]).config.epochs, int(get_recipe(cfg.recipe).epochs)
     if epochs == full:
         return ""
     if cfg.quick:
@@ -244,16 +230,16 @@ def verdict_label(cfg: DemoConfig, jobs: list[dict[str, Any]], resolved: bool = 
     return f"shortened schedule, {epochs} of {full} epochs"
 
 
-def _check_settings(jobs: list[dict[str, Any]], bench: Benchmark) -> None:
+def _check_settings(specs: list[RunSpec], bench: Benchmark) -> None:
     """Raise ValueError for settings no run could train with (unknown TrainConfig fields, invalid
     values, data set options its registration does not declare or allow, bad loss arguments)."""
-    tc0 = train_config(jobs[0])
+    tc0 = specs[0].config
     DATASETS.get(tc0.dataset).check(tc0.data_kwargs)
     seen = set()
-    for job in jobs:
-        if job["loss"] not in seen:
-            seen.add(job["loss"])
-            tc = train_config(job)
+    for spec in specs:
+        if spec.loss not in seen:
+            seen.add(spec.loss)
+            tc = spec.config
             tc.validate()
             build_loss(tc)
     if bench.prebuild_data:  # checks the data options as the runs will use them; generated
@@ -290,12 +276,20 @@ class _TrainingRuns(BenchmarkKind):
         _check(cfg)
         return cfg
 
-    def plan(self, cfg: DemoConfig, bench: Benchmark, out: Path) -> tuple[list, list[dict]]:
-        specs = _demo_jobs(cfg, bench, out)
-        _check_settings(specs, bench)  # a bad knob is one error here, not the same failure in every run
-        return _sweep_jobs(cfg, bench, specs), specs
+    def command(self, bench: Benchmark) -> str:
+        return "torchcal demo"
 
-    def report(self, cfg: DemoConfig, bench: Benchmark, out: Path, specs: list[dict[str, Any]],
+    def suite(self, bench: Benchmark) -> str:
+        return "calibration"
+
+    def plan(self, cfg: DemoConfig, bench: Benchmark, out: Path) -> tuple[list, list[RunSpec]]:
+        specs = _run_specs(cfg, bench, out)  # each run resolved once, here
+        _check_settings(specs, bench)  # a bad knob is one error here, not the same failure in every run
+        if cfg.pack:  # the packs are formed here, once
+            return pack_jobs(specs, fn=bench.job_fn), specs
+        return [train_job(spec, fn=bench.job_fn) for spec in specs], specs
+
+    def report(self, cfg: DemoConfig, bench: Benchmark, out: Path, specs: list[RunSpec],
                results: list[dict[str, Any]], seconds: float) -> tuple[Any, list[tuple[str, str]]]:
         failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
         debug = os.environ.get(DEBUG_ENV) == "1"  # the traceback only with --debug
@@ -310,7 +304,7 @@ class _TrainingRuns(BenchmarkKind):
         ensembles = seed_ensembles(specs, out, n_bins=cfg.n_bins, failed=failed,
                                    subset_losses=pooled)
         label = verdict_label(cfg, specs, resolved=True)
-        rep = build_report([j["run_dir"] for j in specs] + ensembles, out,
+        rep = build_report([s.run_dir for s in specs] + ensembles, out,
                            title=f"torchcal demo: {bench.title}",
                            intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
                            figures=cfg.figures, claims=tuple(bench.claims) or False,
@@ -318,9 +312,9 @@ class _TrainingRuns(BenchmarkKind):
         return rep, failed
 
 
-#: The calibration benchmarks' kind (theirs when ``Benchmark.kind`` is None); what ``torchcal
-#: demo`` prints after their runs is the command line's (the report's tail, as ``torchcal
-#: report`` prints it), so it has no ``summary``.
+#: The calibration benchmarks' kind (:mod:`torchcal.experiments.calibration` names it); what
+#: ``torchcal demo`` prints after their runs is the command line's (the report's tail, as
+#: ``torchcal report`` prints it), so it has no ``summary``.
 TRAINING_RUNS: BenchmarkKind = _TrainingRuns()
 
 
@@ -328,7 +322,8 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
     """Run a registered benchmark (``cfg.dataset``) and write its report; returns where
     everything went.
 
-    Its kind (``Benchmark.kind``; None: :data:`TRAINING_RUNS`) resolves the settings, makes
+    Its kind (``Benchmark.kind``; the calibration benchmarks': :data:`TRAINING_RUNS`) resolves
+    the settings, makes
     the jobs and writes the report; the jobs run through the runner with ``executor`` (default
     ``LocalExecutor(workers=cfg.workers)``), in ``cfg.out`` (default: a fresh directory,
     :func:`default_out`), which this call owns while it runs (a second run into it is refused
@@ -337,7 +332,7 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
     t_start = time.perf_counter() - _process_age()
     cfg = cfg or DemoConfig()
     bench = get_benchmark(cfg.dataset)  # looked up once; the workers get resolved configs
-    kind = bench.kind or TRAINING_RUNS
+    kind = bench.kind
     cfg = kind.resolve(cfg, bench)
     out = Path(cfg.out) if cfg.out is not None else default_out()
     # one demo per out directory at a time; that of an earlier demo is continued (its finished
@@ -346,7 +341,7 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
         prepare_report_dir(out, "out")
         jobs, specs = kind.plan(cfg, bench, out)
         executor = executor if executor is not None else LocalExecutor(workers=cfg.workers)
-        desc = "torchcal demo" if bench.kind is None else f"torchcal demo --suite {bench.suite}"
+        desc = kind.command(bench)
         results = expand_results(jobs, run_sweep(jobs, executor, progress=cfg.progress,
                                                  desc=desc))
         rep, failed = kind.report(cfg, bench, out, specs, results,
@@ -355,7 +350,7 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
                       seconds=time.perf_counter() - t_start, config=cfg)
 
 
-def seed_ensembles(specs: list[dict[str, Any]], out: Path, *, n_bins: int = 15,
+def seed_ensembles(specs: list[RunSpec | dict[str, Any]], out: Path, *, n_bins: int = 15,
                    failed: list[tuple[str, str]] = (),
                    subset_losses: Collection[str] = ()) -> list[Path]:
     """Per loss with 2 or more evaluated seeds (runs of ``specs`` with a results file, not in
@@ -371,7 +366,7 @@ def seed_ensembles(specs: list[dict[str, Any]], out: Path, *, n_bins: int = 15,
     samples) is reported on stderr and left out."""
     bad = {str(d) for d, _e in failed}
     by_loss: dict[str, list[dict[str, Any]]] = {}
-    for spec in specs:
+    for spec in map(spec_labels, specs):
         if spec["run_dir"] not in bad and RunDir(spec["run_dir"]).results().is_file():
             by_loss.setdefault(spec["loss"], []).append(spec)
     dirs = []

@@ -1,13 +1,16 @@
-"""The job function of a benchmark run: train one :class:`~torchcal.train.TrainConfig` run and
-evaluate its saved logits, skipping finished work and resuming unfinished work.
+"""The job functions of benchmark runs: train one :class:`~torchcal.train.TrainConfig` run, or
+one pack of runs, and check its evaluation, skipping finished work and resuming unfinished work.
 
 A run's *spec* is a JSON-able dict: ``recipe``, ``loss``, ``loss_kwargs``, ``seed``, ``epochs``
 (None: the recipe's), ``n_bins``, ``data_kwargs`` (declared options of the data set, e.g.
 digits' ``noise_std``), ``run_dir`` and ``overrides``
-(other TrainConfig fields).  :func:`train_config` turns it into the run's TrainConfig,
-:func:`resolve_spec` adds that TrainConfig to it as a dict (``config``), and :func:`train_job`
-makes the resolved spec a :class:`~torchcal.experiments.runner.Job` whose function is
-:func:`run_job`.
+(other TrainConfig fields).  :func:`run_spec` resolves it once, in the parent, into a typed
+:class:`RunSpec` (its TrainConfig and the labels the report uses); :meth:`RunSpec.to_json` is
+the spec again with that TrainConfig as a dict (``config``), what crosses a process or Ray
+boundary, and :func:`train_job` makes it a :class:`~torchcal.experiments.runner.Job` whose
+function is :func:`run_job`.  :func:`train_runs` is the one sequence of a job (lock, skip or
+resume, train, retry a refused checkpoint, check the evaluation) for a pack and for a run alone
+(a pack of one).
 
 Workers receive resolved specs: a worker process or a Ray task trains the ``config`` it is
 given and never looks the recipe up, so a recipe registered only in the parent process (a
@@ -22,30 +25,109 @@ numbers), a changed *runtime* field does not.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._io import check_own_path, exclusive_lock
-from ..errors import CheckpointError, ResultsFileError
-from ..evaluate import evaluate_saved_logits, meta_from_config, read_results
+from ..errors import CheckpointError, ResultsFileError, TorchcalError
+from ..evaluate import read_results
 from ..runs import RunDir
-from ..train import TrainConfig, get_recipe, train
+from ..train import TrainConfig, get_recipe
 from ..train.checkpoint import remove_stale_run_temp_files
 from ..train.config import changed_fields
+from ..train.evaluation import read_config
+from ..train.packed import train_pack
 from .runner import Job, Resources, set_threads
 
-__all__ = ["train_config", "resolve_spec", "train_job", "run_job", "is_stale", "is_finished",
-           "warn_untrusted_results",
-           "clear_run_dir", "retrain_reason", "run_meta", "untrusted_results"]
+__all__ = ["RunSpec", "run_spec", "train_config", "resolve_spec", "train_job", "run_job",
+           "train_runs", "is_stale", "is_finished", "warn_untrusted_results", "clear_run_dir",
+           "retrain_reason", "untrusted_results", "is_cuda", "spec_labels"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep, resolved once in the parent: its TrainConfig and the spec's fields
+    the report and the job's labels use.  It becomes JSON (:meth:`to_json`) only where a job
+    crosses to a worker process or a Ray task, and is read back there by :func:`run_spec`.
+
+    Attributes:
+        config: the run's resolved TrainConfig (:func:`train_config`).
+        recipe, loss, loss_kwargs, seed, run_dir, n_bins: the spec's (labels of the report).
+        epochs, data_kwargs, overrides: the spec's as given (``epochs`` None: the recipe's).
+    """
+
+    config: TrainConfig
+    recipe: str
+    loss: str
+    loss_kwargs: Mapping[str, Any]
+    seed: int
+    run_dir: str
+    n_bins: int = 15
+    epochs: int | None = None
+    data_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, TrainConfig):
+            raise TypeError(f"Expected `config` to be a TrainConfig, got "
+                            f"{type(self.config).__name__}")
+        if not getattr(self.config, "evaluate", True):
+            raise ValueError("Expected the run's `overrides` not to set evaluate=False: a "
+                             "benchmark run is evaluated at its last epoch (its results file "
+                             f"is what the report reads), got it for {self.run_dir!r}")
+
+    @property
+    def labels(self) -> dict[str, Any]:
+        """``{"run_dir", "loss", "seed"}``: what names the run in a job's result."""
+        return {"run_dir": self.run_dir, "loss": self.loss, "seed": self.seed}
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-able spec a worker receives: the spec's fields and ``config`` (the
+        TrainConfig as a dict); :func:`run_spec` reads it back."""
+        return {"recipe": self.recipe, "loss": self.loss, "loss_kwargs": dict(self.loss_kwargs),
+                "seed": self.seed, "epochs": self.epochs, "n_bins": self.n_bins,
+                "data_kwargs": dict(self.data_kwargs), "run_dir": self.run_dir,
+                "overrides": dict(self.overrides), "config": self.config.to_dict()}
+
+
+def run_spec(spec: RunSpec | Mapping[str, Any]) -> RunSpec:
+    """``spec`` as a :class:`RunSpec`: one is returned as is, a JSON spec (resolved or not) is
+    resolved here once (:func:`train_config`)."""
+    if isinstance(spec, RunSpec):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"Expected `spec` to be a RunSpec or a mapping, got {type(spec).__name__}")
+    epochs = spec.get("epochs")
+    return RunSpec(config=train_config(spec), recipe=spec["recipe"], loss=spec["loss"],
+                   loss_kwargs=dict(spec["loss_kwargs"]), seed=spec["seed"],
+                   run_dir=spec["run_dir"], n_bins=int(spec.get("n_bins", 15)),
+                   epochs=None if epochs is None else int(epochs),
+                   data_kwargs=dict(spec.get("data_kwargs") or {}),
+                   overrides=dict(spec.get("overrides") or {}))
+
+
+def spec_labels(spec: RunSpec | Mapping[str, Any]) -> dict[str, Any]:
+    """``{"run_dir", "loss", "seed"}`` of a :class:`RunSpec` or a JSON spec (nothing resolved)."""
+    if isinstance(spec, RunSpec):
+        return spec.labels
+    return {"run_dir": spec["run_dir"], "loss": spec["loss"], "seed": spec["seed"]}
+
+
+def is_cuda(device: str) -> bool:
+    """Whether a run on ``device`` trains on a GPU (``"auto"`` where this process sees one)."""
+    device = str(device)
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def train_config(spec: Mapping[str, Any]) -> TrainConfig:
@@ -109,7 +191,7 @@ def _check_resolved(spec: Mapping[str, Any]) -> None:
                              "`config` to resolve the spec again)")
 
 
-def resolve_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_spec(spec: RunSpec | Mapping[str, Any]) -> dict[str, Any]:
     """``spec`` with its TrainConfig as a JSON-able dict under ``config`` (resolved here, in
     the calling process, where the recipe is registered); a resolved spec is returned as is.
 
@@ -119,26 +201,28 @@ def resolve_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     >>> cfg["recipe"], cfg["epochs"], train_config(resolve_spec(spec)) == train_config(spec)
     ('digits-mlp', 2, True)
     """
+    if isinstance(spec, RunSpec):
+        return spec.to_json()
     if spec.get("config") is not None:
         return dict(spec)
     return {**spec, "config": train_config(spec).to_dict()}
 
 
-def train_job(spec: Mapping[str, Any], *, fn: Callable[[Mapping[str, Any]], dict[str, Any]] | None
-              = None, gpus: float | None = None) -> Job:
-    """The :class:`~torchcal.experiments.runner.Job` of the run ``spec`` (resolved,
-    :func:`resolve_spec`): named ``"LOSS seed N"``, executed by ``fn`` (default
-    :func:`run_job`), asking for one CPU and ``gpus`` GPUs (None: one when the run's device is
-    CUDA, ``"auto"`` counting as CUDA where this process sees a GPU; the demo's runs are CPU
-    runs)."""
-    spec = resolve_spec(spec)
+def train_job(spec: RunSpec | Mapping[str, Any], *,
+              fn: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None,
+              gpus: float | None = None) -> Job:
+    """The :class:`~torchcal.experiments.runner.Job` of the run ``spec`` (a :class:`RunSpec`,
+    or a JSON spec resolved here, :func:`run_spec`): named ``"LOSS seed N"``, executed by
+    ``fn`` (default :func:`run_job`) on the spec as JSON (:meth:`RunSpec.to_json`), asking for
+    one CPU and ``gpus`` GPUs (None: one when the run's device is CUDA, :func:`is_cuda`; the
+    demo's runs are CPU runs)."""
+    rs = run_spec(spec)
     if gpus is None:
-        device = str(spec["config"].get("device", "cpu"))
-        cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-        gpus = 1.0 if cuda else 0.0
-    return Job(name=f"{spec['loss']} seed {spec['seed']}", fn=fn or run_job, spec=dict(spec),
-               labels={"run_dir": spec["run_dir"], "loss": spec["loss"], "seed": spec["seed"]},
-               resources=Resources(cpus=1.0, gpus=float(gpus)))
+        gpus = 1.0 if is_cuda(rs.config.device) else 0.0
+    # a JSON spec keeps its other keys (a custom job function's arguments)
+    js = rs.to_json() if spec is rs else {**spec, "config": rs.config.to_dict()}
+    return Job(name=f"{rs.loss} seed {rs.seed}", fn=fn or run_job, spec=js,
+               labels=rs.labels, resources=Resources(cpus=1.0, gpus=float(gpus)))
 
 
 def is_stale(run_dir: str | Path, config: TrainConfig) -> bool:
@@ -153,8 +237,8 @@ def is_stale(run_dir: str | Path, config: TrainConfig) -> bool:
     if not p.is_file():
         return False
     try:
-        old = TrainConfig.from_dict(RunDir(run_dir).read_config())
-    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+        old = read_config(run_dir)
+    except (OSError, TorchcalError):  # unreadable or malformed: not this run's
         return True
     changed = changed_fields(old, config)
     return bool(changed["identity"] or changed["schedule"])
@@ -215,8 +299,9 @@ def clear_run_dir(run_dir: Path, why: str = _OTHER_SETTINGS) -> list[Path]:
     return kept
 
 
-def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Train one (loss, seed) run and evaluate its saved logits (in a worker process or task).
+def run_job(spec: RunSpec | Mapping[str, Any]) -> dict[str, Any]:
+    """Train one (loss, seed) run and evaluate it (in a worker process or task): the run as a
+    pack of one (:func:`train_runs`).
 
     A run whose directory already holds its evaluated last epoch is skipped (``"skipped":
     True``); an unfinished one resumes from its last checkpoint; one of other settings
@@ -230,31 +315,87 @@ def run_job(spec: Mapping[str, Any]) -> dict[str, Any]:
            "error": None, "skipped": False}
     try:
         set_threads(1)
-        run_dir = Path(spec["run_dir"])
-        config = train_config(spec)
-        with exclusive_lock(run_dir):  # this process owns the run until it is evaluated
-            remove_stale_run_temp_files(run_dir)  # a killed writer's, also of a finished run
-            if is_stale(run_dir, config):
-                clear_run_dir(run_dir)  # this sweep's directory, from a run with other settings
-            elif is_finished(run_dir, config):
-                out["skipped"] = True
-                out["seconds"] = time.perf_counter() - t0
-                return out
-            else:
-                warn_untrusted_results(run_dir)
-            try:
-                train(config)
-            except CheckpointError as exc:
-                # the run directory holds a run of other settings or a broken checkpoint:
-                # never report it under these settings, train afresh
-                clear_run_dir(run_dir, retrain_reason(exc))
-                train(train_config(spec))
-            if not RunDir(run_dir).results().is_file():
-                evaluate_saved_logits(run_dir, n_bins=spec["n_bins"], meta=run_meta(spec))
+        (res,) = train_runs([run_spec(spec)])
+        out.update({k: v for k, v in res.items() if k in ("error", "traceback", "skipped")})
     except Exception as exc:  # reported, the other runs go on
-        out["error"] = f"{type(exc).__name__}: {exc}"
-        out["traceback"] = traceback.format_exc()
+        _error(out, exc)
     out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _error(out: dict[str, Any], exc: BaseException) -> None:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+    out["traceback"] = "".join(traceback.format_exception(exc))
+
+
+def _prepare(spec: RunSpec, out: dict[str, Any]) -> bool:
+    """Whether the locked run ``spec`` is left to train: a killed writer's temp files removed,
+    a run of other settings cleared, a finished one skipped (``out["skipped"]``)."""
+    run_dir = Path(spec.run_dir)
+    remove_stale_run_temp_files(run_dir)  # a killed writer's, also of a finished run
+    if is_stale(run_dir, spec.config):
+        clear_run_dir(run_dir)  # this sweep's directory, from a run with other settings
+    elif is_finished(run_dir, spec.config):
+        out["skipped"] = True
+        return False
+    else:
+        warn_untrusted_results(run_dir)
+    return True
+
+
+def _train_and_retry(specs: Sequence[RunSpec]) -> list[Any]:
+    """Train ``specs`` as one pack; a run whose directory holds a checkpoint of other settings
+    or a broken one (CheckpointError) is cleared and trained afresh, never reported under these
+    settings.  One result per spec: train()'s summary or the exception that stopped the run."""
+    res = train_pack([s.config for s in specs], locked=True)
+    retry = [i for i, r in enumerate(res) if isinstance(r, CheckpointError)]
+    for i in retry:
+        clear_run_dir(Path(specs[i].run_dir), retrain_reason(res[i]))
+    if retry:
+        again = train_pack([specs[i].config for i in retry], locked=True)
+        for i, r in zip(retry, again, strict=True):
+            res[i] = r
+    return res
+
+
+def train_runs(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """Train the runs ``specs`` (one pack, formed by the caller:
+    :func:`~torchcal.experiments.packed.pack_jobs`; a run alone is a pack of one) and evaluate
+    them: each run directory is locked once for the whole sequence, a finished run skipped,
+    an unfinished one resumed, one of other settings trained afresh, one whose checkpoint is
+    refused retrained from epoch 0.  The runs must form one pack
+    (:func:`~torchcal.train.packed.train_pack`); they train on this process's threads (the job
+    functions, :func:`run_job` and :func:`~torchcal.experiments.packed.run_packed_job`, set
+    one).
+
+    Returns:
+        One result per spec, in order: ``{"run_dir", "loss", "seed", "error", "skipped",
+        "packed"}`` (``error`` None on success, with ``"traceback"`` on failure; ``packed``:
+        the runs trained, not skipped).
+    """
+    specs = list(specs)
+    out = [{**s.labels, "error": None, "skipped": False} for s in specs]
+    todo: list[int] = []
+    with contextlib.ExitStack() as stack:
+        for i, s in enumerate(specs):
+            try:
+                stack.enter_context(exclusive_lock(s.run_dir))  # held until evaluated
+                if _prepare(s, out[i]):
+                    todo.append(i)
+            except Exception as exc:  # noqa: BLE001 - reported, the other runs go on
+                _error(out[i], exc)
+        res = _train_and_retry([specs[i] for i in todo]) if todo else []
+        for i, r in zip(todo, res, strict=True):
+            try:
+                if isinstance(r, BaseException):
+                    raise r
+                if not RunDir(specs[i].run_dir).results().is_file():
+                    raise ResultsFileError(f"Run {specs[i].run_dir!r} finished without writing "
+                                           "its results file")
+            except Exception as exc:  # noqa: BLE001 - this run failed, the others are reported
+                _error(out[i], exc)
+    for o in out:
+        o["packed"] = len(todo)
     return out
 
 
@@ -272,15 +413,3 @@ def retrain_reason(exc: BaseException) -> str:
     the refusal, and that the run is retrained from epoch 0."""
     text = " ".join(str(exc).split())
     return f"cannot be resumed ({text[:300]}): the run is retrained from epoch 0"
-
-
-def run_meta(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``meta`` of one run's results: its config's (dataset and model default to the
-    sweep's digits MLP) with the spec's loss, loss arguments, seed and recipe."""
-    p = RunDir(spec["run_dir"]).config
-    meta = meta_from_config(p) if p.is_file() else {}
-    meta.setdefault("dataset", "digits")
-    meta.setdefault("model", "mlp")
-    meta.update(loss=spec["loss"], loss_kwargs=spec["loss_kwargs"], seed=spec["seed"],
-                recipe=spec["recipe"])
-    return meta

@@ -50,7 +50,6 @@ from . import tables as T
 from .aggregate import (
     Group,
     LoadReport,
-    RunRecord,
     check_checkpoints,
     ece_noise_floor,
     group_runs,
@@ -60,9 +59,10 @@ from .claims import (
     CLAIMS,
     Claim,
     add_confidence_gaps,
-    claims_markdown,
+    check_claims,
     claims_section,
     claims_verdicts,
+    section_markdown,
 )
 
 __all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir",
@@ -518,9 +518,11 @@ def build_report(
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if claims is True:
         claims = CLAIMS
-    claims_md = claims_markdown(groups, claims, verdict_label=verdict_label) if claims else ""
-    claims_blocks = claims_section(groups, claims, verdict_label=verdict_label) if claims_md else []
-    verdicts = claims_verdicts(groups, claims) if claims_md else []
+    tested = check_claims(groups, claims) if claims else []  # computed once per report
+    claims_blocks = (claims_section(groups, claims, verdict_label=verdict_label, results=tested)
+                     if claims else [])
+    claims_md = section_markdown(claims_blocks)
+    verdicts = claims_verdicts(groups, claims, results=tested) if claims_blocks else []
     prose = (intro, appendix, preface)
     md_text = _report_markdown(title, prose, stamp, len(runs.runs), groups,
                                table_sets, figs, out, claims_md, runs_table, notes, errors)
@@ -682,11 +684,6 @@ def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list
                  for g in groups for r in g.runs],
         "errors": [{"path": p, "error": m} for p, m in errors],
     }
-
-
-def runs_from_records(records: Sequence[RunRecord]) -> LoadReport:
-    """Wrap already loaded runs for :func:`build_report`."""
-    return LoadReport(runs=list(records), errors=[])
 
 
 def _is_report_results(path: Path) -> bool:

@@ -76,6 +76,7 @@ from .tables import Cell, Table, fmt_mean_std
 
 __all__ = [
     "CLAIMS",
+    "section_markdown",
     "ENSEMBLE_CLAIMS",
     "Claim",
     "mukhoti_ood_claim",
@@ -649,12 +650,14 @@ def direction_table(groups: Sequence[Group]) -> Table:
 
 def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
                    heading: str = "## The papers' claims on this benchmark",
-                   verdict_label: str = "") -> list[str | Table]:
+                   verdict_label: str = "", *,
+                   results: Sequence[ClaimResult] | None = None) -> list[str | Table]:
     """The report section as blocks: Markdown paragraphs (str) and tables, in order; empty when
     no claim can be tested on ``groups``.  ``verdict_label`` goes on every verdict line
     ("**Verdict (LABEL): ...**"), e.g. that the run is a smoke test whose verdicts are not
-    evidence, so that a line read alone says so."""
-    results = check_claims(groups, claims)
+    evidence, so that a line read alone says so.  ``results``: ``check_claims(groups,
+    claims)`` when the caller has it already (a report computes the claims once)."""
+    results = check_claims(groups, claims) if results is None else results
     if not any(r.n or r.at_chance or r.lacking for r in results):
         return []
     blocks: list[str | Table] = [
@@ -707,15 +710,17 @@ def _needs_full(results: Sequence[ClaimResult]) -> list[str]:
     return [out[0], out[1], "\n".join(out[2:])]
 
 
-def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[str]:
+def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS, *,
+                    results: Sequence[ClaimResult] | None = None) -> list[str]:
     """One short line per claim and (data set, model), for a terminal: the paper, the claim's
     ``short`` name (else its text) and the verdict; [] when no claim can be tested.
+    ``results``: as for :func:`claims_section`.
 
     >>> from torchcal.report.aggregate import Group
     >>> claims_verdicts([Group("d", "m", "ce", {}, runs=[])])
     []
     """
-    results = check_claims(groups, claims)
+    results = check_claims(groups, claims) if results is None else results
     if not any(r.n or r.at_chance or r.lacking for r in results):
         return []
     where = len({(r.dataset, r.model) for r in results}) > 1
@@ -737,6 +742,10 @@ def claims_markdown(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
                     heading: str = "## The papers' claims on this benchmark",
                     verdict_label: str = "") -> str:
     """The report section in Markdown (:func:`claims_section`); "" when nothing is testable."""
-    blocks = claims_section(groups, claims, heading, verdict_label)
+    return section_markdown(claims_section(groups, claims, heading, verdict_label))
+
+
+def section_markdown(blocks: Sequence[str | Table]) -> str:
+    """:func:`claims_section`'s blocks in Markdown ("" for none)."""
     return "\n\n".join(b.to_markdown().rstrip() if isinstance(b, Table) else b
                        for b in blocks).rstrip() + ("\n" if blocks else "")

@@ -594,9 +594,6 @@ class TrainConfig:
             d["milestone_fractions"] = [float(f) for f in self.milestone_fractions]
         return d
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility), and the

@@ -13,7 +13,7 @@ from torch import nn
 
 from .._io import exclusive_lock
 from ..errors import CheckpointError, TorchcalError
-from ..evaluate import evaluate_logits, save_logits, write_results
+from ..evaluate import config_meta, evaluate_logits, save_logits, write_results
 from ..runs import RunDir
 from .build import build_data, load_ood_sets, load_run_checkpoint, model_from_checkpoint
 from .checkpoint import remove_stale_run_temp_files
@@ -27,10 +27,11 @@ __all__ = ["collect_predictions", "write_predictions", "evaluate_checkpoint", "r
 
 
 def _meta(config: TrainConfig, epoch: int, checkpoint: str) -> dict[str, Any]:
-    return {"dataset": config.dataset, "model": config.model, "loss": config.loss,
-            "loss_kwargs": config.effective_loss_kwargs(), "seed": config.seed,
-            "recipe": config.recipe, "epochs": config.epochs, "epoch": int(epoch),
-            "checkpoint": checkpoint}
+    """A trained run's ``meta`` (:func:`torchcal.evaluate.config_meta`), with its effective loss
+    arguments, the evaluated epoch and checkpoint."""
+    meta = config_meta(config.to_dict())
+    meta["loss_kwargs"] = config.effective_loss_kwargs()
+    return {**meta, "epoch": int(epoch), "checkpoint": checkpoint}
 
 
 def collect_predictions(model: nn.Module, splits: Any, ood_sets: dict[str, Any],

@@ -58,7 +58,7 @@ from .stacks import FORWARDS, PackedModel
 from .steps import build_loss, build_run, build_sources, device_and_amp, resume_state
 from .trainer import train
 
-__all__ = ["train_packed", "pack_groups", "pack_problem", "MemberDivergedError", "FORWARDS"]
+__all__ = ["train_packed", "train_pack", "pack_groups", "pack_problem", "MemberDivergedError", "FORWARDS"]
 
 #: TrainConfig fields in which the members of one pack may differ.
 MEMBER_FIELDS = frozenset({"seed", "loss", "loss_kwargs", "loss_defaults", "reduction", "out_dir",
@@ -110,16 +110,19 @@ def _has_dropout(model: nn.Module) -> bool:
 
 
 def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: contextlib.ExitStack,
-                  results: list[Any]) -> list[tuple[Member, tuple[str, ...] | None]]:
-    """Lock, check and build each member of ``group`` as :func:`~torchcal.train.train` does
-    (finishing or dropping a killed pack's staged checkpoints first, then resuming its
-    checkpoint), with the pack layout its checkpoint records; a member that fails here gets its
-    error in ``results``."""
+                  results: list[Any], locked_by_caller: bool = False
+                  ) -> list[tuple[Member, tuple[str, ...] | None]]:
+    """Lock (unless ``locked_by_caller``: the caller holds every run directory's lock), check
+    and build each member of ``group`` as :func:`~torchcal.train.train` does (finishing or
+    dropping a killed pack's staged checkpoints first, then resuming its checkpoint), with the
+    pack layout its checkpoint records; a member that fails here gets its error in
+    ``results``."""
     env, locked, opened, data = DistEnv(), [], [], {}
     for i in group:
         try:
             configs[i].validate()
-            stack.enter_context(exclusive_lock(configs[i].out_dir))
+            if not locked_by_caller:
+                stack.enter_context(exclusive_lock(configs[i].out_dir))
             locked.append(i)
         except Exception as exc:  # noqa: BLE001 - this member fails, the pack goes on
             results[i] = exc
@@ -240,20 +243,58 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
         raise ValueError("Packed training runs in one process; run torchrun with train()")
     results: list[Any] = [None] * len(configs)
     for group in pack_groups(configs, max_members):
-        if len(group) == 1:  # alone (or not packable): the trainer itself
-            try:
-                results[group[0]] = train(configs[group[0]])
-            except Exception as exc:  # noqa: BLE001 - reported in its place
-                results[group[0]] = exc
-            continue
-        t0 = time.perf_counter()
-        if configs[group[0]].num_threads is not None:
-            torch.set_num_threads(int(configs[group[0]].num_threads))
-        with contextlib.ExitStack() as stack:
-            opened = _open_members(configs, group, stack, results)
-            for members in _packs(opened, configs, group, results):
-                run_stack(_packed_model(members, forward), members, results)
-        for i in group:
-            if isinstance(results[i], dict):
-                results[i]["seconds"] = (time.perf_counter() - t0) / len(group)
+        _train_group(configs, group, results, forward)
     return results
+
+
+def train_pack(configs: Sequence[TrainConfig], *, forward: str = "auto", locked: bool = False
+               ) -> list[dict[str, Any] | BaseException]:
+    """Train ``configs`` as one pack, formed by the caller (:func:`pack_groups`; a pack of one
+    is trained by :func:`~torchcal.train.train`): one result per config, in order, as
+    :func:`train_packed` returns them.
+
+    Args:
+        configs: the pack's runs; they must differ only in :data:`MEMBER_FIELDS` and be
+            packable (:func:`pack_problem`), else ``ValueError`` naming ``configs``.
+        forward: how the members' model runs (:data:`FORWARDS`).
+        locked: the caller already holds each run directory's lock
+            (:func:`torchcal._io.exclusive_lock`), so the members are not locked again.
+    """
+    configs = list(configs)
+    if not configs:
+        raise ValueError("Expected `configs` to hold at least one TrainConfig, got none")
+    if forward not in FORWARDS:
+        raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
+    for c in configs:
+        if not isinstance(c, TrainConfig):
+            raise TypeError(f"Expected `configs` to hold TrainConfig, got {type(c).__name__}")
+    if len(configs) > 1:
+        problems = {pack_problem(c) for c in configs} - {None}
+        if problems or len({_pack_key(c) for c in configs}) > 1:
+            raise ValueError("Expected `configs` to form one pack (differing only in "
+                             f"{sorted(MEMBER_FIELDS)}, packable), got "
+                             + (", ".join(sorted(problems)) if problems else "other settings"))
+    results: list[Any] = [None] * len(configs)
+    _train_group(configs, list(range(len(configs))), results, forward, locked)
+    return results
+
+
+def _train_group(configs: Sequence[TrainConfig], group: list[int], results: list[Any],
+                 forward: str, locked: bool = False) -> None:
+    """Train the runs ``group`` of ``configs`` as one pack, their results in ``results``."""
+    if len(group) == 1:  # alone (or not packable): the trainer itself
+        try:
+            results[group[0]] = train(configs[group[0]])
+        except Exception as exc:  # noqa: BLE001 - reported in its place
+            results[group[0]] = exc
+        return
+    t0 = time.perf_counter()
+    if configs[group[0]].num_threads is not None:
+        torch.set_num_threads(int(configs[group[0]].num_threads))
+    with contextlib.ExitStack() as stack:
+        opened = _open_members(configs, group, stack, results, locked)
+        for members in _packs(opened, configs, group, results):
+            run_stack(_packed_model(members, forward), members, results)
+    for i in group:
+        if isinstance(results[i], dict):
+            results[i]["seconds"] = (time.perf_counter() - t0) / len(group)
