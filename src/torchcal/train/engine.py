@@ -47,6 +47,7 @@ import math
 import re
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -392,8 +393,11 @@ def _stop_error(mb: Member, epoch: int, rec: dict[str, Any], finite: bool
 
 
 def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
-             extra: dict[str, int], epoch: int, lr: float) -> dict[int, dict[str, Any]]:
-    """Each live member's log record from the epoch's host table (a diverged member stops)."""
+             extra: dict[str, int], epoch: int, lr: float,
+             drain: Callable[[], None] = lambda: None) -> dict[int, dict[str, Any]]:
+    """Each live member's log record from the epoch's host table (a diverged member stops).
+    ``drain`` waits for the earlier epochs' files before a member alone is stopped, so its
+    error says truly whether its last good checkpoint is on disk."""
     k = len(keys)
     recs: dict[int, dict[str, Any]] = {}
     for m, mb in enumerate(members):
@@ -401,6 +405,9 @@ def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
             continue
         rec = {"epoch": epoch + 1, "lr": lr, **dict(zip(keys, host[m, :k].tolist(), strict=True))}
         error = _stop_error(mb, epoch, rec, host[m, extra["finite"]] == 1.0)
+        if error is not None and mb.alone:  # worded once the earlier epochs' files are written
+            drain()
+            error = _stop_error(mb, epoch, rec, host[m, extra["finite"]] == 1.0)
         if error is not None:
             mb.stop(error)
             continue
@@ -458,7 +465,7 @@ def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: Pa
     _stop_failed(ctx, members)
     step_schedules(stack, members, per_step=False)
     keys, host, extra, best = _epoch_table(stack, members, groups, stats, epoch, ctx)
-    recs = _records(stack, members, keys, host, extra, epoch, lr)
+    recs = _records(stack, members, keys, host, extra, epoch, lr, ctx.writer.drain)
     _update_best(ctx, members, recs, host, extra, best, epoch)
     share = (time.perf_counter() - t0) / max(len(recs), 1)
     for m, rec in recs.items():
