@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from .._validation import Interval, Options, SequenceOf
+from ..errors import MissingValidationWarning
 from ..functional.blocks import REDUCTIONS
 
 __all__ = ["CalibrationLoss", "MissingValidationWarning", "HYPERPARAMETER_CHECKS", "Interval", "Options", "SequenceOf", "NON_NEGATIVE", "POSITIVE",
@@ -91,10 +92,6 @@ HYPERPARAMETER_CHECKS: Mapping[str, Callable[[Any, str], Any]] = MappingProxyTyp
     "n_bins": POSITIVE_INT,
     "total_epochs": POSITIVE_INT,
 })
-
-
-class MissingValidationWarning(UserWarning):
-    """A loss that needs validation statistics started an epoch without them."""
 
 
 class CalibrationLoss(nn.Module):

@@ -35,13 +35,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from ..errors import PackedLossWarning
 from ..losses.base import CalibrationLoss
 
 __all__ = ["LossGroups", "loss_pack_problem", "PackedLossWarning"]
-
-
-class PackedLossWarning(UserWarning):
-    """A packed run's loss cannot join its group's vmapped call and is called alone."""
 
 
 def loss_pack_problem(loss: nn.Module) -> str | None:
