@@ -7,8 +7,9 @@ module imports a private name of another module of its package; ``errors.py`` an
 ``_registry.py`` import the standard library only, the command line's entry modules import no
 command, torch, scikit-learn or matplotlib to start, scikit-learn is imported at module level only
 by the command line and matplotlib only inside functions; every TrainConfig field declares its
-constraint, ``validate`` checks no field by hand and the command line lists no field names.
-Each checker is also shown to fail on a small package written here.
+constraint, ``validate`` checks no field by hand and the command line lists no field names;
+every exception or warning class is defined in ``errors.py``.  Each checker is also shown to
+fail on a small package written here.
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
 another checkout).
@@ -233,6 +234,18 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
          "private names inside a package", "imports _build from torchcal.train.trainer"),
         ("train", "from .other import __all__\n", None, None),  # a dunder
         ("train", "from ..metrics import __version__\n", None, None),  # a dunder
+        # exception and warning classes live in errors.py only (rule 12)
+        ("metrics", "class Bad(ValueError):\n    pass\n", "exception classes",
+         "bad.py:1 defines the exception class Bad"),
+        ("train", "class Slow(UserWarning):\n    pass\n", "exception classes", "class Slow"),
+        ("train", "import pickle\nclass P(pickle.UnpicklingError):\n    pass\n",
+         "exception classes", "bad.py:2 defines the exception class P"),
+        ("train", "def f():\n    class Stop(StopIteration):\n        pass\n",
+         "exception classes", "class Stop"),  # a built-in exception, inside a function
+        ("report", "from ..errors import TorchcalError\nclass Mine(TorchcalError, KeyError):\n"
+         "    pass\n", "exception classes", "class Mine"),
+        ("metrics", "class CalibrationError(Metric):\n    pass\n", None, None),  # a metric
+        ("metrics", "class Meter(Generic[T], Base):\n    pass\n", None, None),
     ],
 )
 def test_checker_catches_violations(tmp_path, where, source, rule, expected):
@@ -249,6 +262,24 @@ def test_checker_catches_violations(tmp_path, where, source, rule, expected):
         assert not found, found
     else:
         assert list(found) == [rule] and len(found[rule]) == 1 and expected in found[rule][0], found
+
+
+def test_no_exception_class_outside_errors(result):
+    assert not result["exception classes"], "\n".join(result["exception classes"])
+
+
+def test_exception_classes_are_resolved_through_errors_and_the_module(tmp_path):
+    """A base named in errors.py (whatever its name) or an exception class of the same module
+    makes an exception class too; errors.py itself may define them."""
+    root = _package(tmp_path, "train", "from ..errors import Oops\nclass Mine(Oops):\n    pass\n"
+                    "class Base(KeyboardInterrupt):\n    pass\nclass Child(Base):\n    pass\n"
+                    "class Plain:\n    pass\n")
+    (root / "torchcal" / "errors.py").write_text("class Oops(Exception):\n    pass\n"
+                                                 "class Later(Oops):\n    pass\n")
+    found = {k: v for k, v in arch.check(root).items() if v}
+    assert list(found) == ["exception classes"], found
+    names = [v.split(" exception class ")[1].split()[0] for v in found["exception classes"]]
+    assert names == ["Mine", "Base", "Child"], found
 
 
 def test_standard_library_only_start_up_and_heavy_imports_are_found(tmp_path):

@@ -60,7 +60,6 @@ It prints one line per rule with its count, then every violation:
     library imports it inside the functions that use it, so that a worker that trains and
     evaluates a run never pays its 2 s: isotonic regression, the digits data set); matplotlib
     only inside the functions that draw (never at module level).
-
 12. **config declarations**: the training configuration is declared in one place
     (``torchcal/train/config.py``).  Every field of ``TrainConfig`` and of its plug-in groups
     (the classes it holds with ``plugin(Group)``) is declared with a role helper
@@ -71,6 +70,14 @@ It prints one line per rule with its count, then every violation:
     list of field names (a list, tuple or set literal, or a dict of string-to-string entries,
     nested ones included, whose strings name 3 or more TrainConfig fields): the command line
     reads the fields' ``cli=`` declarations.
+13. **exception classes**: every exception and warning class is defined in
+    ``torchcal/errors.py`` (and re-exported where it is raised).  A class is one when a base,
+    resolved by name, is: a name ending in ``Error``, ``Exception`` or ``Warning``
+    (``pickle.UnpicklingError`` too), a built-in exception (``StopIteration``,
+    ``KeyboardInterrupt``), a class defined in ``errors.py``, or such a class of the same
+    module.  Classes made at run time by ``type(...)`` are not seen: the one torchcal makes
+    (the post-hoc calibrators' ``NotFittedError`` that is also scikit-learn's) must, because
+    ``errors.py`` imports no scikit-learn.
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -78,6 +85,7 @@ It prints one line per rule with its count, then every violation:
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 import sys
 from collections.abc import Collection, Iterator
@@ -138,6 +146,12 @@ ROLE_HELPERS = {"identity", "schedule", "runtime"}
 PLUGIN_HELPER = "plugin"
 HAND_CHECKS = {"check_scalar", "Interval", "Options", "SequenceOf", "isinstance"}
 MAX_FIELD_NAMES_IN_CLI = 2
+
+# Rule 13: the one module that defines exception and warning classes.
+ERRORS_MODULE = "torchcal.errors"
+EXCEPTION_SUFFIXES = ("Error", "Exception", "Warning")
+BUILTIN_EXCEPTIONS = frozenset(name for name, obj in vars(builtins).items()
+                               if isinstance(obj, type) and issubclass(obj, BaseException))
 
 
 def modules(src: Path) -> list[tuple[str, Path]]:
@@ -558,6 +572,41 @@ def field_name_lists(tree: ast.AST, rel: Path, names: Collection[str]) -> list[s
     return out
 
 
+def _base_name(node: ast.expr) -> str | None:
+    """The name a class base is written with (``ValueError``, ``pickle.UnpicklingError`` ->
+    ``UnpicklingError``); None for anything else (``Generic[T]``, a call)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def class_names(tree: ast.AST) -> set[str]:
+    """The names of the classes a module defines (anywhere in it)."""
+    return {node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+
+def exception_classes(tree: ast.AST, rel: Path, known: Collection[str]) -> list[str]:
+    """Rule 13: the exception and warning classes one module defines: a base ends in
+    :data:`EXCEPTION_SUFFIXES`, is a built-in exception, is in ``known`` (the classes of
+    errors.py) or is such a class of this module (followed until nothing changes)."""
+    classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    found: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in classes:
+            names = {_base_name(b) for b in node.bases} - {None}
+            if node.name not in found and any(
+                    n.endswith(EXCEPTION_SUFFIXES) or n in BUILTIN_EXCEPTIONS or n in known
+                    or n in found for n in names):
+                found.add(node.name)
+                changed = True
+    return [f"{rel}:{node.lineno} defines the exception class {node.name} (define it in "
+            "torchcal/errors.py and import it here)" for node in classes if node.name in found]
+
+
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
@@ -565,9 +614,12 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "private imports": [], "circular imports": [],
                                  "private names inside a package": [],
                                  "standard library only": [], "start-up imports": [],
-                                 "heavy imports": [], "config declarations": []}
+                                 "heavy imports": [], "config declarations": [],
+                                 "exception classes": []}
     spelled: dict[str, list[str]] = {}
     mods = dict(modules(src))
+    errors_path = mods.get(ERRORS_MODULE)
+    known = class_names(ast.parse(errors_path.read_text(encoding="utf-8"))) if errors_path else ()
     for module, path in mods.items():
         rel = path.relative_to(src)
         text = path.read_text(encoding="utf-8")
@@ -582,6 +634,8 @@ def check(src: Path) -> dict[str, list[str]]:
         out["private imports"] += private_imports(module, path, tree, rel)
         out["private names inside a package"] += private_names_across_modules(
             module, path, tree, rel, mods)
+        if module != ERRORS_MODULE:
+            out["exception classes"] += exception_classes(tree, rel, known)
         if module != RUN_DIR_OWNER:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")

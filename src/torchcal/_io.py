@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from .errors import ChecksumError, InUseError, UnsafePathError
+from .errors import RefusedJSONValueError as _Refused
 
 try:  # POSIX; on Windows there is no fcntl and exclusive_lock does not lock (see there)
     import fcntl
@@ -843,10 +844,6 @@ def read_bytes_bounded(path: str | os.PathLike, *, max_bytes: int | None,
     if max_bytes is not None and len(data) > max_bytes:
         raise error(f"{what} {str(path)!r} grew past {max_bytes:,} bytes while read: refused")
     return data
-
-
-class _Refused(ValueError):
-    pass
 
 
 def _parse_int(text: str) -> int:

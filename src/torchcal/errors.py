@@ -5,9 +5,18 @@ data, corrupt files) derive from :class:`TorchcalError`.  Argument validation in
 functions raises plain :class:`ValueError` / :class:`TypeError`, as PyTorch does.
 Warnings are shown on one line by the command line and its worker processes
 (:func:`one_line_warnings`).
+
+Every exception and warning class of torchcal is defined here, and only here
+(``tools/check_architecture.py`` checks it); the modules that raise one re-export it under its
+old import path.  The one exception made elsewhere is the post-hoc calibrators' subclass of
+:class:`NotFittedError` that is also scikit-learn's, which needs scikit-learn at run time.
 """
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
 
 __all__ = [
     "TorchcalError",
@@ -15,7 +24,7 @@ __all__ = [
     "ChecksumError",
     "CheckpointError",
     "NotFittedError",
-    "CalibrationError",
+    "CalibrationFitError",
     "UnknownRecipeError",
     "CacheError",
     "StaleCacheError",
@@ -24,9 +33,18 @@ __all__ = [
     "DivergedError",
     "UnsafePathError",
     "MemberDivergedError",
+    "TwoColumnWarning",
+    "MissingValidationWarning",
+    "WorseThanIdentityWarning",
+    "MemorizedValidationWarning",
+    "CompiledStepWarning",
+    "PackedLossWarning",
     "diverged_message",
     "one_line_warnings",
+    "renamed_getattr",
 ]
+# Not in __all__ (internal signals, caught where they are raised): RefusedJSONValueError,
+# RefusedPickleError.
 
 
 class TorchcalError(Exception):
@@ -56,9 +74,13 @@ class NotFittedError(TorchcalError, RuntimeError, ValueError, AttributeError):
     scikit-learn."""
 
 
-class CalibrationError(TorchcalError, RuntimeError):
+class CalibrationFitError(TorchcalError, RuntimeError):
     """A post-hoc calibrator could not be fitted (an optimiser ran out of budget, a non-finite
-    objective); the message gives the reason.  The command line reports it as one line."""
+    objective); the message gives the reason.  The command line reports it as one line.
+
+    Formerly named ``CalibrationError``; that name still imports (deprecated) from here and
+    from :mod:`torchcal.posthoc`, and is this class (``except CalibrationError`` catches it).
+    :class:`torchcal.integrations.torchmetrics.CalibrationError` is a metric, not an error."""
 
 
 class UnknownRecipeError(TorchcalError, ValueError):
@@ -98,6 +120,50 @@ class MemberDivergedError(DivergedError, FloatingPointError):
     runs of its pack go on.  Its message comes from :func:`diverged_message`."""
 
 
+class RefusedJSONValueError(ValueError):
+    """Internal: a JSON document holds a value torchcal refuses to read back (a huge integer, a
+    number that overflows, NaN/Infinity); :func:`torchcal._io.parse_json` turns it into the
+    caller's error with the file's name."""
+
+
+class RefusedPickleError(ValueError):
+    """Internal: a CIFAR pickle asked for something the official files never contain;
+    :func:`torchcal.data.cifar.read_cifar_pickle` turns it into a ``ValueError`` naming the
+    file."""
+
+
+class TwoColumnWarning(UserWarning):
+    """A 2-column input measured with ``task="multiclass"``: the top label is binned
+    (:mod:`torchcal.metrics.tasks`)."""
+
+
+class MissingValidationWarning(UserWarning):
+    """A loss that needs validation statistics started an epoch without them
+    (:class:`torchcal.losses.base.CalibrationLoss`)."""
+
+
+class WorseThanIdentityWarning(RuntimeWarning):
+    """A fitted calibrator's NLL on some data is worse than the uncalibrated probabilities'
+    (the identity map, ``softmax(logits)``): it over-fits its validation set, or its
+    optimisation failed."""
+
+
+class MemorizedValidationWarning(WorseThanIdentityWarning):
+    """A calibrator with more parameters than validation samples (matrix or Dirichlet scaling at
+    many classes) fitted its validation labels far better than temperature scaling can: it has
+    memorised them, and on other data it will likely be worse than no calibration."""
+
+
+class CompiledStepWarning(UserWarning):
+    """A pack asked for the compiled step trains eagerly (the warning says why;
+    :mod:`torchcal.train.compiled`)."""
+
+
+class PackedLossWarning(UserWarning):
+    """A packed run's loss cannot join its group's vmapped call and is called alone
+    (:mod:`torchcal.train.loss_groups`)."""
+
+
 def diverged_message(epoch: int, what: str, then: str, run: str | None = None) -> str:
     """The message of :class:`DivergedError` and :class:`MemberDivergedError`: who diverged
     (``run``'s path, else "Training"), in which epoch (``epoch`` counts from 0, shown from 1),
@@ -127,3 +193,36 @@ def one_line_warnings(command: str):
         return f"torchcal {command}: {kind}: {text}\n"
 
     return format_warning
+
+
+def renamed_getattr(module: str, renamed: Mapping[str, tuple[str, Any]]
+                    ) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` that serves the old names of renamed objects: ``renamed``
+    maps each old name to ``(new name, object)``; reading an old name warns
+    (``DeprecationWarning``, at the caller's line) and returns the object itself, so that
+    ``except OldName`` keeps catching.  Any other name raises ``AttributeError`` as usual.
+
+    >>> import warnings
+    >>> get = renamed_getattr("pkg", {"Old": ("pkg.New", int)})
+    >>> with warnings.catch_warnings(record=True) as seen:
+    ...     warnings.simplefilter("always")
+    ...     get("Old") is int, str(seen[0].message)
+    (True, 'pkg.Old is deprecated: it was renamed pkg.New')
+    >>> get("Other")
+    Traceback (most recent call last):
+    AttributeError: module 'pkg' has no attribute 'Other'
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in renamed:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        new, obj = renamed[name]
+        warnings.warn(f"{module}.{name} is deprecated: it was renamed {new}", DeprecationWarning,
+                      stacklevel=2)
+        return obj
+
+    return __getattr__
+
+
+__getattr__ = renamed_getattr(__name__, {
+    "CalibrationError": ("torchcal.errors.CalibrationFitError", CalibrationFitError)})

@@ -19,7 +19,7 @@ from torchcal.errors import NotFittedError, TorchcalError
 from torchcal.evaluate import save_logits
 from torchcal.posthoc import (
     BetaCalibration,
-    CalibrationError,
+    CalibrationFitError,
     ConformalClassifier,
     DirichletCalibration,
     HistogramBinning,
@@ -181,7 +181,7 @@ def test_vector_scaling_out_of_budget_is_a_torchcal_error_naming_the_reason():
     z, y = absent_class_logits()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        with pytest.raises(CalibrationError, match=r"L-BFGS used its budget.*10 class\(es\) "
+        with pytest.raises(CalibrationFitError, match=r"L-BFGS used its budget.*10 class\(es\) "
                                                    r"never occur in the validation labels") as e:
             VectorScaling().fit(z, y)
     assert isinstance(e.value, TorchcalError) and isinstance(e.value, RuntimeError)

@@ -13,7 +13,7 @@ from posthoc_reference import draw, sklearn_isotonic
 
 from torchcal.posthoc import (
     BetaCalibration,
-    CalibrationError,
+    CalibrationFitError,
     IsotonicCalibration,
     PlattScaling,
     TemperatureScaling,
@@ -149,7 +149,7 @@ def test_binary_calibrators_reject_more_classes_and_separable_data():
         with pytest.raises(ValueError, match="2 columns \\(a binary problem\\)"):
             cls().fit(z3, torch.tensor([0, 1] * 5))
     z = torch.tensor([[0.0, -2.0], [0.0, -1.0], [0.0, 1.0], [0.0, 2.0]])
-    with pytest.raises(CalibrationError, match=r"at most 1 Newton steps.*separate the two "
+    with pytest.raises(CalibrationFitError, match=r"at most 1 Newton steps.*separate the two "
                                                "classes perfectly"):
         PlattScaling(max_iter=1).fit(z, torch.tensor([0, 0, 1, 1]))
     with pytest.warns(RuntimeWarning, match="separate the two classes perfectly"):

@@ -15,7 +15,7 @@ from scipy.optimize import minimize
 from scipy.special import log_softmax as np_log_softmax
 
 from torchcal.posthoc import (
-    CalibrationError,
+    CalibrationFitError,
     DirichletCalibration,
     MatrixScaling,
     TemperatureScaling,
@@ -138,11 +138,11 @@ def test_newton_cg_path_for_many_classes_agrees_with_newton(monkeypatch, block):
 
 def test_out_of_budget_raises_calibration_error_with_the_reason(monkeypatch):
     z, y = draw(300, 4, seed=7)
-    with pytest.raises(CalibrationError, match=r"DirichletCalibration failed: Newton's method "
+    with pytest.raises(CalibrationFitError, match=r"DirichletCalibration failed: Newton's method "
                                                r"stopped after at most 1 steps .*max_iter"):
         DirichletCalibration(max_iter=1).fit(z, y)
     monkeypatch.setattr(linear, "NEWTON_MAX_CLASSES", 2)
-    with pytest.raises(CalibrationError, match=r"MatrixScaling failed: Newton's method "
+    with pytest.raises(CalibrationFitError, match=r"MatrixScaling failed: Newton's method "
                                                r"stopped after at most 2 steps"):
         MatrixScaling(max_iter=2).fit(z, y)
 
@@ -150,7 +150,7 @@ def test_out_of_budget_raises_calibration_error_with_the_reason(monkeypatch):
 def test_absent_classes_are_named_when_the_fit_cannot_converge():
     z, y = draw(300, 4, seed=8)
     keep = y != 2
-    with pytest.raises(CalibrationError, match=r"class\(es\) never occur.*\(2\)"):
+    with pytest.raises(CalibrationFitError, match=r"class\(es\) never occur.*\(2\)"):
         MatrixScaling(reg="none", max_iter=3).fit(z[keep], y[keep])
 
 

@@ -27,7 +27,7 @@ from .._io import exclusive_lock
 from ..errors import ResultsFileError
 from ..evaluate import load_logits, write_calibration
 from ..metrics import adaptive_ece, ece, error, nll
-from ..posthoc import CalibrationError
+from ..posthoc import CalibrationFitError
 from ..runs import RunDir
 from ._args import PERCENT_NOTE, nonneg_float, pct
 from ._args import fmt as _fmt
@@ -184,7 +184,7 @@ def _check_calibrator(cal: Any) -> None:
         try:
             posthoc.calibrator_from_dict(cal.to_dict())
         except (TypeError, ValueError) as exc:
-            raise CalibrationError(f"the fitted {type(cal).__name__} is unusable ({exc}); "
+            raise CalibrationFitError(f"the fitted {type(cal).__name__} is unusable ({exc}); "
                                    "nothing written") from exc
 
 
@@ -195,7 +195,7 @@ def _check_metrics(cal: Any, report: dict[str, Any]) -> None:
         for stage, metrics in report.get(split, {}).items():
             bad = [k for k, v in metrics.items() if not math.isfinite(v) and k != "nll"]
             if bad:
-                raise CalibrationError(f"the fitted {type(cal).__name__} gives non-finite "
+                raise CalibrationFitError(f"the fitted {type(cal).__name__} gives non-finite "
                                        f"{split} {stage} {', '.join(bad)}; nothing written")
 
 

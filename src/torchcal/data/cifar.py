@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DataNotFoundError
+from ..errors import DataNotFoundError, RefusedPickleError
 from ._base import ArrayDataset
 from .download import RESOURCES, data_lock, extract_archive, fetch_resource
 
@@ -52,14 +52,10 @@ _ALLOWED = {
 }
 
 
-class _RefusedPickle(pickle.UnpicklingError):
-    """A CIFAR pickle asked for something the official files never contain."""
-
-
 class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in _ALLOWED:
-            raise _RefusedPickle(f"it asks for {module}.{name}")
+            raise RefusedPickleError(f"it asks for {module}.{name}")
         if module.startswith("numpy.core"):
             module = "numpy._core" + module[len("numpy.core"):]
             try:
@@ -82,7 +78,7 @@ def read_cifar_pickle(path: str | os.PathLike) -> dict:
     try:
         with open(path, "rb") as f:
             obj = _SafeUnpickler(io.BufferedReader(f), encoding="latin1").load()
-    except _RefusedPickle as exc:
+    except RefusedPickleError as exc:
         raise ValueError(f"CIFAR file {os.fspath(path)!r} refused: {exc}, which the official "
                          f"files never contain (a tampered file?); {again}") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,

@@ -363,11 +363,11 @@ class ConsistencyLoss(_ValidationTemperature, GradientWeightedLoss):
         self._validation_received()
         return float("nan")
 
-    def pack_problem(self) -> str | None:
+    def vmap_problem(self) -> str | None:
         if self.calibrator is not None:
             return ("ConsistencyLoss with a calibrator: the calibrator's fitted state is a Python "
                     "object, not a buffer")
-        return super().pack_problem()
+        return super().vmap_problem()
 
     def log_state(self) -> dict[str, Any]:
         """The fitted temperature when it is what ``q`` comes from (no calibrator)."""

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from .._validation import as_tensor, check_finite
+from ..errors import TwoColumnWarning
 from .binning import equal_width_bin_index
 from .layout import check_ignore_index
 
@@ -37,10 +38,6 @@ __all__ = ["TASKS", "TwoColumnWarning", "check_task", "binary_inputs", "multilab
 
 #: The tasks every calibration metric, the meter and the torchmetrics adapter take.
 TASKS = ("multiclass", "binary", "multilabel")
-
-
-class TwoColumnWarning(UserWarning):
-    """A 2-column input measured with ``task="multiclass"``: the top label is binned."""
 
 
 _warned_two_columns = False

@@ -12,14 +12,20 @@ import numpy as np
 import torch
 
 from .._validation import as_tensor, check_finite, check_labels, check_logits, check_scalar
-from ..errors import CalibrationError, NotFittedError
+from ..errors import (
+    CalibrationFitError,
+    MemorizedValidationWarning,
+    NotFittedError,
+    WorseThanIdentityWarning,
+)
 from ..metrics import IGNORE_INDEX, warn_if_probabilities
 from ..metrics.layout import check_ignore_index
 
 __all__ = [
     "Calibrator",
-    "CalibrationError",
+    "CalibrationFitError",
     "WorseThanIdentityWarning",
+    "MemorizedValidationWarning",
     "Estimator",
     "default_grid",
     "check_grid",
@@ -449,18 +455,6 @@ def not_fitted_error(message: str) -> NotFittedError:
     return _NOT_FITTED[0](message)
 
 
-class WorseThanIdentityWarning(RuntimeWarning):
-    """A fitted calibrator's NLL on some data is worse than the uncalibrated probabilities'
-    (the identity map, ``softmax(logits)``): it over-fits its validation set, or its
-    optimisation failed."""
-
-
-class MemorizedValidationWarning(WorseThanIdentityWarning):
-    """A calibrator with more parameters than validation samples (matrix or Dirichlet scaling at
-    many classes) fitted its validation labels far better than temperature scaling can: it has
-    memorised them, and on other data it will likely be worse than no calibration."""
-
-
 #: Relative margin of :class:`WorseThanIdentityWarning`: it is raised when the calibrated NLL
 #: exceeds the identity's by more than this fraction (noise on a held-out set of a calibrator
 #: that barely changes the probabilities stays quiet).
@@ -522,7 +516,7 @@ def lbfgs_fit(params: list[torch.Tensor], objective: Any, *, max_iter: int, name
     summed and differentiated chunk by chunk).  L-BFGS stops once the largest |gradient| is
     at most ``GRAD_TOL`` (the tolerance the result is accepted at: running on past it costs
     evaluations and changes the fit by rounding only; issue 43).  Raises
-    :class:`CalibrationError` with the reason if the objective becomes non-finite, or if
+    :class:`CalibrationFitError` with the reason if the objective becomes non-finite, or if
     L-BFGS uses up its budget (``max_iter`` iterations or ``1.25 * max_iter`` evaluations) with
     the gradient still above ``GRAD_TOL``; ``hint`` (e.g. why the objective may have no finite
     minimiser) is added to that message.
@@ -547,14 +541,14 @@ def lbfgs_fit(params: list[torch.Tensor], objective: Any, *, max_iter: int, name
         grads = [p.grad for p in params]
     end = float(loss.detach())
     if not math.isfinite(end):
-        raise CalibrationError(
+        raise CalibrationFitError(
             f"{name} failed: L-BFGS reached a non-finite validation objective ({end!r}) after "
             f"{n_iter} iterations"
         )
     grad = max(float(g.abs().max()) for g in grads)
     max_eval = opt.param_groups[0]["max_eval"]
     if (n_iter >= max_iter or n_eval >= max_eval) and not grad <= GRAD_TOL:
-        raise CalibrationError(
+        raise CalibrationFitError(
             f"{name} failed: L-BFGS used its budget ({n_iter} iterations, {n_eval} function "
             f"evaluations; max_iter={max_iter}) with the validation NLL gradient still "
             f"{grad:.3g} (> {GRAD_TOL:g}){hint}; increase `max_iter`"

@@ -12,7 +12,7 @@ from .._validation import check_positive_int
 from ._common import (
     GRAD_TOL,
     PARAMETER_BOUNDS,
-    CalibrationError,
+    CalibrationFitError,
     Calibrator,
     backtrack,
     float_list,
@@ -55,7 +55,7 @@ def logistic_fit(x: torch.Tensor, y: torch.Tensor, *, max_iter: int, name: str,
 
     ``x`` (N, D) float64 features (with a column of ones for the intercept), ``y`` (N,) float64
     in {0, 1}, ``w`` optional (N,) sample weights (weighted means).  Returns
-    ``(theta, mean NLL)``; raises :class:`CalibrationError` with the reason
+    ``(theta, mean NLL)``; raises :class:`CalibrationFitError` with the reason
     when ``max_iter`` steps leave the gradient above ``GRAD_TOL`` (e.g. scores that separate
     the classes perfectly, where the optimum is at infinity).
     """
@@ -80,7 +80,7 @@ def logistic_fit(x: torch.Tensor, y: torch.Tensor, *, max_iter: int, name: str,
     s = x @ theta
     g_max = float((xw.T @ (torch.sigmoid(s) - y) / total).abs().max())
     if not (math.isfinite(f) and g_max <= GRAD_TOL):
-        raise CalibrationError(
+        raise CalibrationFitError(
             f"{name} failed: the logistic fit stopped after at most {max_iter} Newton steps "
             f"with the NLL gradient still {g_max:.3g} (> {GRAD_TOL:g}); validation scores "
             "that separate the two classes perfectly have no finite optimum"
@@ -198,7 +198,7 @@ class PlattScaling(_BinaryCalibrator):
 
     Args:
         max_iter: Newton steps; running out (e.g. perfectly separated validation scores)
-            raises :class:`~torchcal.posthoc.CalibrationError` with the reason.
+            raises :class:`~torchcal.posthoc.CalibrationFitError` with the reason.
         top_label: False (default): the binary form above, which may change the predicted
             class by design (its bias moves the threshold of 1/2; ``changes_argmax``).  True:
             Platt scaling of the top label, for any number of classes:

@@ -15,7 +15,7 @@ from ._common import (
     CHUNK_ELEMENTS,
     GRAD_TOL,
     PARAMETER_BOUNDS,
-    CalibrationError,
+    CalibrationFitError,
     Calibrator,
     MemorizedValidationWarning,
     absent_classes,
@@ -192,7 +192,7 @@ def newton_softmax_fit(rows: _Rows, theta: torch.Tensor,
     vector to every row of theta changes no softmax), and a backtracking line search keeps
     every step a descent.  Stops at a gradient of ``grad_stop`` (default 1e-10; the
     cross-validation's fits stop at ``GRAD_TOL``), or when no step decreases the objective
-    any more (machine precision); raises :class:`CalibrationError` if ``max_iter`` steps
+    any more (machine precision); raises :class:`CalibrationFitError` if ``max_iter`` steps
     leave the gradient above ``GRAD_TOL``.  (The stop at 1e-10 is below the acceptance
     ``GRAD_TOL``, unlike L-BFGS's before issue 43: Newton converges quadratically, so the
     last decades cost one or two steps.)
@@ -276,7 +276,7 @@ def newton_cg_softmax_fit(rows: _Rows, theta: torch.Tensor,
     blocks as preconditioner, to a residual ``min(0.5, sqrt|g|) |g|`` (super-linear
     convergence), then the same backtracking line search.  Stops at a gradient of
     ``NEWTON_GRAD_STOP`` or when no step decreases the objective; raises
-    :class:`CalibrationError` if ``max_iter`` steps leave the gradient above ``GRAD_TOL``.
+    :class:`CalibrationFitError` if ``max_iter`` steps leave the gradient above ``GRAD_TOL``.
 
     A fit that memorises its labels (the objective below ``memorised_below``, which the caller
     sets when there are more parameters than samples) stops at ``GRAD_TOL``: its minimum lies
@@ -312,10 +312,10 @@ def newton_cg_softmax_fit(rows: _Rows, theta: torch.Tensor,
 
 def _check_newton_result(f: float, g_max: float, max_iter: int, name: str, hint: str) -> None:
     if not math.isfinite(f):
-        raise CalibrationError(f"{name} failed: Newton's method reached a non-finite "
+        raise CalibrationFitError(f"{name} failed: Newton's method reached a non-finite "
                                f"validation objective ({f!r})")
     if not g_max <= GRAD_TOL:
-        raise CalibrationError(
+        raise CalibrationFitError(
             f"{name} failed: Newton's method stopped after at most {max_iter} steps with the "
             f"validation objective's gradient still {g_max:.3g} (> {GRAD_TOL:g}){hint}; "
             "increase `max_iter` or regularise more (`reg='odir'`, larger `lam` / `mu`)"
@@ -461,7 +461,7 @@ class _LinearCalibrator(Calibrator):
                     thetas[i] = _solve(rows.subset(tr), thetas[i], _penalty(
                         z.shape[1], "odir", *pair, z.device), max_iter=max_iter, name=name,
                         hint="", memorised_below=-math.inf, grad_stop=GRAD_TOL)
-                except CalibrationError:
+                except CalibrationFitError:
                     return math.inf
                 total += rows.subset(te).ce_sum(thetas[i])
             return total / rows.total
@@ -622,7 +622,7 @@ class DirichletCalibration(_LinearCalibrator):
         lam: weight of the off-diagonal entries of W: ``"cv"`` (default) or a number >= 0.
         mu: weight of the bias: ``"cv"`` (default) or a number >= 0.
         max_iter: Newton steps; running out with the gradient above 1e-6 raises
-            :class:`~torchcal.posthoc.CalibrationError` with the reason.
+            :class:`~torchcal.posthoc.CalibrationFitError` with the reason.
         cv: folds of the cross-validation (>= 2; it needs at least ``2 * cv`` samples).
 
     Attributes:

@@ -81,7 +81,7 @@ class VectorScaling(Calibrator):
     falls towards ``-inf``): :meth:`fit` warns (``RuntimeWarning``) and names such classes.
     If L-BFGS uses up its budget (``max_iter`` iterations or ``1.25 * max_iter`` evaluations)
     with the NLL gradient still above ``1e-6``, :meth:`fit` raises
-    :class:`~torchcal.posthoc.CalibrationError` (a :class:`~torchcal.errors.TorchcalError`
+    :class:`~torchcal.posthoc.CalibrationFitError` (a :class:`~torchcal.errors.TorchcalError`
     and ``RuntimeError``) giving that reason and, when classes are absent, naming them.
 
     Args:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch.func import grad_and_value
 
+from ..errors import CompiledStepWarning
 from .device import autocast
 from .loss_groups import LossGroups
 from .stacks import PackedModel
@@ -46,10 +47,6 @@ __all__ = ["COMPILE_STEP", "CompiledStep", "CompiledStepWarning", "compile_probl
 
 #: Values of ``TrainConfig.compile_step``.
 COMPILE_STEP = ("auto", "off", "on")
-
-
-class CompiledStepWarning(UserWarning):
-    """A pack asked for the compiled step trains eagerly (the warning says why)."""
 
 
 def compile_problem(stack: Any, groups: LossGroups, gather: bool) -> str | None:

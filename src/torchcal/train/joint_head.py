@@ -1,7 +1,6 @@
-"""The trainer's plug-in for the optional joint uncertainty head (``joint_head``):
-:class:`JointHead` trains a :class:`~torchcal.uncertainty.UncertaintyHead` on the model's
-features beside the classifier; :class:`NoHead` is the same hooks doing nothing, so the training
-loop calls them unconditionally."""
+"""The trainer's plug-in (:class:`~torchcal.train.plugin.RunPlugin`) for the optional joint
+uncertainty head (``joint_head``): :class:`JointHead` trains a
+:class:`~torchcal.uncertainty.UncertaintyHead` on the model's features beside the classifier."""
 
 from __future__ import annotations
 
@@ -12,72 +11,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..errors import renamed_getattr
 from ..uncertainty import UncertaintyHead, ranking_loss
 from .config import TrainConfig
 from .distributed import epoch_seed
+from .plugin import RunPlugin
 
-__all__ = ["NoHead", "JointHead", "FeaturesAndLogits"]
-
-
-class NoHead:
-    """The trainer's hooks when no joint uncertainty head is trained: every hook does nothing.
-
-    :class:`JointHead` overrides them; the training loop calls the hooks unconditionally.
-    """
-
-    #: Whether the schedule steps after every batch (:meth:`make_schedule`'s) or every epoch.
-    per_step_schedule = False
-
-    def make_optimizer(self, model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer | None:
-        """The run's optimiser (None: the recipe's SGD over the model's parameters)."""
-        return None
-
-    def make_schedule(self, optimizer: torch.optim.Optimizer, steps: int) -> Any:
-        """The run's learning-rate schedule over ``steps`` batches (None: the multistep
-        schedule of the config's milestones)."""
-        return None
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """The module the loop calls: ``forward(x)`` -> logits (or logits and features)."""
-        return model
-
-    def split(self, out: Any) -> tuple[torch.Tensor, Any]:
-        """``(logits, features)`` of the wrapped module's output."""
-        return out, None
-
-    def distribute(self, device_ids: list[int] | None) -> None:
-        """Wrap the head's modules in DistributedDataParallel."""
-
-    def start_epoch(self) -> None:
-        """Train mode and a fresh epoch sum of the head's loss."""
-
-    def add_loss(self, total: torch.Tensor, logits: torch.Tensor, feats: Any,
-                 y: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
-        """``total`` plus the head's loss on this batch (``index``: its sample indices)."""
-        return total
-
-    def zero_grad(self) -> None:
-        """Clear the head's gradients."""
-
-    def step(self, scaler: torch.amp.GradScaler) -> None:
-        """Step the head's optimiser (through the loop's scaler)."""
-
-    def state(self, full: bool) -> dict[str, Any]:
-        """The checkpoint entries of the head (``full``: with the optimiser's state)."""
-        return {"head": None, "head_optimizer": None}
-
-    def load(self, state: dict[str, Any]) -> None:
-        """Restore the head from a checkpoint's entries."""
-
-    def log(self, rec: dict[str, Any], n_batches: int) -> None:
-        """Add the head's epoch numbers to a log record."""
-
-    def results(self) -> dict[str, Any] | None:
-        """What the head adds to the run's ``results.json`` (None: nothing)."""
-        return None
+__all__ = ["JointHead", "FeaturesAndLogits"]
 
 
-class JointHead(NoHead):
+class JointHead(RunPlugin):
     """A :class:`~torchcal.uncertainty.UncertaintyHead` trained jointly on the model's features
     with the ranking loss against the per-sample cross-entropy (AdamW, its own learning rate)."""
 
@@ -141,3 +84,8 @@ class FeaturesAndLogits(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         f = self.model.forward_features(x)
         return self.model.fc(f), f
+
+
+# The plug-in interface's former name ("head" also names the uncertainty head it may train).
+__getattr__ = renamed_getattr(__name__, {
+    "NoHead": ("torchcal.train.plugin.RunPlugin", RunPlugin)})

@@ -17,7 +17,7 @@ every pack, so that on the CPU every packed run equals its separate run bit for 
 The state stacks are refreshed from the members' own modules by :meth:`LossGroups.refresh`,
 which the engine calls after every hook that may change them (``set_epoch``, ``on_validation``,
 a checkpoint loaded): the members' modules stay the objects that checkpoints, logs and hooks
-see.  A loss that cannot be batched (:meth:`~torchcal.losses.base.CalibrationLoss.pack_problem`:
+see.  A loss that cannot be batched (:meth:`~torchcal.losses.base.CalibrationLoss.vmap_problem`:
 trainable parameters, state outside its buffers, a calibrator object; a loss that is not a
 ``CalibrationLoss``) is called on its own member's rows; :attr:`LossGroups.unbatched` says
 why, and a :class:`PackedLossWarning` says so once per pack.  With one member (M = 1, a run
@@ -35,20 +35,17 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from ..errors import PackedLossWarning, renamed_getattr
 from ..losses.base import CalibrationLoss
 
-__all__ = ["LossGroups", "loss_pack_problem", "PackedLossWarning"]
+__all__ = ["LossGroups", "loss_vmap_problem", "PackedLossWarning"]
 
 
-class PackedLossWarning(UserWarning):
-    """A packed run's loss cannot join its group's vmapped call and is called alone."""
-
-
-def loss_pack_problem(loss: nn.Module) -> str | None:
+def loss_vmap_problem(loss: nn.Module) -> str | None:
     """Why ``loss`` cannot join a vmapped group (None: it can)."""
     if not isinstance(loss, CalibrationLoss):
         return f"{type(loss).__name__} is not a torchcal CalibrationLoss (its state is unknown)"
-    return loss.pack_problem()
+    return loss.vmap_problem()
 
 
 def _buffers(loss: nn.Module) -> dict[str, torch.Tensor]:
@@ -143,7 +140,7 @@ class LossGroups:
             self.groups, self._whole = [], False
             return
         for m, loss in enumerate(self.losses):
-            why = loss_pack_problem(loss)
+            why = loss_vmap_problem(loss)
             if why is not None:
                 self.unbatched[m] = why
             else:
@@ -187,3 +184,8 @@ class LossGroups:
 
     def __len__(self) -> int:
         return 1 if self._single else len(self.groups) + len(self.unbatched)
+
+
+# Its name before "pack_problem" came to mean only "cannot join a pack" (train/packed.py).
+__getattr__ = renamed_getattr(__name__, {
+    "loss_pack_problem": ("torchcal.train.loss_groups.loss_vmap_problem", loss_vmap_problem)})

@@ -4,7 +4,7 @@ A run whose :class:`~torchcal.train.TrainConfig` names ``multitask.tasks = ["cla
 (its :class:`~torchcal.train.config.MultitaskConfig`) is trained by
 :func:`~torchcal.train.train` with the one engine (:mod:`torchcal.train.engine`) like any
 run; this module is its *strategy*, :class:`TaskHead`, a plug-in with the hooks of the joint
-uncertainty head (:class:`~torchcal.train.joint_head.NoHead`).  It trains one trunk (the
+uncertainty head (:class:`~torchcal.train.plugin.RunPlugin`).  It trains one trunk (the
 config's model without its classifier: ``forward_features``) with two heads: the model's ``fc``
 (classification, the run's loss: cross-entropy in the recipe) and a linear regression head on
 the same features
@@ -60,7 +60,8 @@ from ..errors import TorchcalError
 from ..losses.multitask import UncertaintyWeighting
 from .config import TrainConfig, parse_task_weighting
 from .distributed import epoch_seed
-from .joint_head import FeaturesAndLogits, NoHead
+from .joint_head import FeaturesAndLogits
+from .plugin import RunPlugin
 
 __all__ = ["parse_task_weighting", "TaskWeighting", "TaskHead", "MULTITASK_SCHEMA"]
 
@@ -118,7 +119,7 @@ def _targets(config: TrainConfig, splits: Any) -> tuple[dict[str, torch.Tensor],
     return out, mean, std
 
 
-class TaskHead(NoHead):
+class TaskHead(RunPlugin):
     """The multi-task strategy: a regression head on the model's features, the task weighting,
     AdamW with the log-variances' own group and a cosine schedule stepped every batch.
 

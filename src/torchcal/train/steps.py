@@ -49,8 +49,9 @@ from .device import resolve_device
 from .distributed import DistEnv, cleanup_distributed, epoch_permutation, epoch_seed, shard_indices
 from .evaluation import collect_predictions, write_predictions
 from .inference import BatchSource
-from .joint_head import JointHead, NoHead
+from .joint_head import JointHead
 from .multitask import TaskHead
+from .plugin import RunPlugin
 from .tracking import TensorBoardLogger, tensorboard_available
 
 __all__ = ["Run", "build_loss", "build_optimizer", "build_run", "build_sources", "device_and_amp",
@@ -131,7 +132,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     scaler: torch.amp.GradScaler
-    head: NoHead
+    head: RunPlugin
     fwd: nn.Module = field(init=False)  # what the loop calls (wrapped for the head, DDP, compile)
     start_epoch: int = 0
     best: dict[str, Any] = field(default_factory=dict)
@@ -269,7 +270,7 @@ def build_run(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
     return r
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, head: NoHead, steps: int
+def build_optimizer(model: nn.Module, config: TrainConfig, head: RunPlugin, steps: int
                     ) -> tuple[torch.optim.Optimizer, Any]:
     """A run's optimiser and learning-rate schedule (the one builder of both, for a run and a
     pack's ghost): ``head``'s own when it makes them, else :class:`SGD` over ``model``'s
@@ -286,13 +287,13 @@ def build_optimizer(model: nn.Module, config: TrainConfig, head: NoHead, steps: 
     return optimizer, scheduler
 
 
-def _head(model: nn.Module, config: TrainConfig, splits: Any, device: torch.device) -> NoHead:
+def _head(model: nn.Module, config: TrainConfig, splits: Any, device: torch.device) -> RunPlugin:
     """The run's plug-in: the joint uncertainty head, the multi-task strategy, or none."""
     if config.joint_head.enabled:
         return JointHead(model, config, device)
     if config.multitask.tasks:
         return TaskHead(model, config, splits, device)
-    return NoHead()
+    return RunPlugin()
 
 
 def _restore(r: Run, state: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ training engine (:mod:`torchcal.train.engine`) as a stack of one run
 * at the end, the last epoch's model is evaluated into ``RUN_DIR/logits/*.npz`` and
   ``RUN_DIR/results.json`` (``evaluate=True``).
 
-Two plug-ins with the same hooks (:class:`~torchcal.train.joint_head.NoHead`) change what a run
+Two plug-ins with the same hooks (:class:`~torchcal.train.plugin.RunPlugin`) change what a run
 trains without a loop of their own: the joint uncertainty head (``joint_head``,
 :class:`~torchcal.train.joint_head.JointHead`) and the multi-task strategy (``multitask``: a class
 and a regression target weighted as Kendall et al., :class:`~torchcal.train.multitask.TaskHead`).
