@@ -12,7 +12,7 @@ It prints one line per rule with its count, then every violation:
        L4  evaluate.py  runs.py  ensemble.py
        L3  losses/  posthoc/  uncertainty/  plot.py
        L2  metrics/  functional/  models/  data/
-       L1  errors.py  _validation.py  _io.py  _registry.py
+       L1  errors.py  _validation.py  _io/  _registry.py
 
    Every import counts, including those inside functions and ``if TYPE_CHECKING:`` blocks.
 2. **argparse** is imported only under ``cli/``.
@@ -60,6 +60,11 @@ It prints one line per rule with its count, then every violation:
     library imports it inside the functions that use it, so that a worker that trains and
     evaluates a run never pays its 2 s: isotonic regression, the digits data set); matplotlib
     only inside the functions that draw (never at module level).
+
+12. **parameters**: no function takes more than 10 parameters (``self`` / ``cls`` and
+    ``*args`` / ``**kwargs`` not counted); a function with more settings takes a frozen options
+    object (``build_report(..., options=ReportOptions(...))``, its fields also keywords).
+    ``MANY_PARAMETERS`` lists the few excepted, each with its reason.
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -119,6 +124,21 @@ STARTUP = {"torchcal", "torchcal.__main__", "torchcal.cli", "torchcal.cli.__main
            "torchcal.cli._args"}
 # Rule 11: scikit-learn at module level only from this layer up (cli/); matplotlib never.
 SKLEARN_MIN_LAYER = 7
+# Rule 12: the most parameters a function takes (self/cls, *args and **kwargs not counted),
+# and the functions excepted ((module, qualified name) -> why).
+MAX_PARAMETERS = 10
+MANY_PARAMETERS = {
+    ("torchcal.losses.adafocal", "AdaFocalLoss.__init__"):
+        "a loss's hyper-parameters are its constructor's keywords, as for every registered "
+        "loss: build_loss(name, **kwargs), --loss-kwargs and config.json's loss_kwargs build "
+        "it from one dict, checked by _parameter_constraints",
+    ("torchcal.metrics.meter", "CalibrationMeter.__init__"):
+        "a torchmetrics-style metric: num_classes, n_bins, adaptive and topk are positional "
+        "in its public signature, sync_dist/process_group the torchmetrics keywords",
+    ("torchcal.plot", "reliability_diagram"):
+        "public and keyword-only: logits, probs and labels are one input given two ways, "
+        "the rest matplotlib's usual drawing keywords (ax, title, path, legend)",
+}
 
 
 def modules(src: Path) -> list[tuple[str, Path]]:
@@ -273,6 +293,44 @@ def long_functions(tree: ast.AST, rel: Path, limit: int = MAX_FUNCTION_LINES) ->
             n = node.end_lineno - node.body[0].lineno + 1
             if n > limit:
                 out.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+    return out
+
+
+def _parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef, in_class: bool) -> int:
+    """The named parameters of ``fn``: ``*args`` and ``**kwargs`` not counted, nor a method's
+    first parameter (``self`` / ``cls``)."""
+    a = fn.args
+    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    static = any(getattr(d, "id", None) == "staticmethod" for d in fn.decorator_list)
+    if in_class and not static and names[:1] and a.posonlyargs + a.args:
+        names = names[1:]
+    return len(names)
+
+
+def many_parameters(module: str, tree: ast.AST, rel: Path, limit: int = MAX_PARAMETERS,
+                    allowed: Collection[tuple[str, str]] = MANY_PARAMETERS,
+                    excepted: set[tuple[str, str]] | None = None) -> list[str]:
+    """Rule 12: functions of one module with more than ``limit`` parameters (``allowed``:
+    ``(module, qualified name)`` of the excepted, added to ``excepted`` when found)."""
+    out = []
+
+    def visit(node: ast.AST, prefix: str, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.", True)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = _parameter_count(child, in_class)
+                name = f"{prefix}{child.name}"
+                if n > limit and (module, name) in allowed and excepted is not None:
+                    excepted.add((module, name))
+                elif n > limit and (module, name) not in allowed:
+                    out.append(f"{rel}:{child.lineno} {name}: {n} parameters (at most {limit}; "
+                               "an options object holds the rest)")
+                visit(child, f"{name}.<locals>.", False)
+            else:
+                visit(child, prefix, in_class)
+
+    visit(tree, "", False)
     return out
 
 
@@ -468,8 +526,9 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "private imports": [], "circular imports": [],
                                  "private names inside a package": [],
                                  "standard library only": [], "start-up imports": [],
-                                 "heavy imports": []}
+                                 "heavy imports": [], "parameters": []}
     spelled: dict[str, list[str]] = {}
+    excepted: set[tuple[str, str]] = set()  # the MANY_PARAMETERS entries that take > 10
     mods = dict(modules(src))
     for module, path in mods.items():
         rel = path.relative_to(src)
@@ -480,6 +539,8 @@ def check(src: Path) -> dict[str, list[str]]:
         out["layers"] += upward
         out["argparse"] += uses
         out["function length"] += long_functions(tree, rel)
+        out["parameters"] += many_parameters(module, tree, rel, allowed=MANY_PARAMETERS,
+                                             excepted=excepted)
         for rule, found in import_rules(module, path, tree, rel, mods).items():
             out[rule] += found
         out["private imports"] += private_imports(module, path, tree, rel)
@@ -489,6 +550,9 @@ def check(src: Path) -> dict[str, list[str]]:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")
     out["circular imports"] = import_circles(mods)
+    out["parameters"] += [f"{m}.{name} is excepted in MANY_PARAMETERS but is no function with "
+                          f"more than {MAX_PARAMETERS} parameters: remove the entry"
+                          for m, name in sorted(set(MANY_PARAMETERS) - excepted) if m in mods]
     for name, where in sorted(spelled.items()):
         out["run-directory names"].append(f"{name!r} outside {RUN_DIR_OWNER}: {'; '.join(where)}")
     return out
