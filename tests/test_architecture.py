@@ -4,10 +4,11 @@ layers, ``argparse`` only under ``cli/``, no function body over 80 lines, each r
 name in ``torchcal/runs.py`` only, every import inside a function says why, no private module or
 name of another unit is imported, no package's modules import one another in a circle, and no
 module imports a private name of another module of its package; ``errors.py`` and
-``_registry.py`` import the standard library only, the command line's entry modules import no
-command, torch, scikit-learn or matplotlib to start, scikit-learn is imported at module level only
-by the command line and matplotlib only inside functions, and no function takes more than 10
-parameters (but the few excepted, each with its reason).  Each checker is also shown to fail on
+``_registry.py`` import the standard library only (and so do the modules of ``_io/`` but
+``jsonio.py``), the command line's entry modules import no command, torch, scikit-learn or
+matplotlib to start, scikit-learn is imported at module level only by the command line and
+matplotlib only inside functions, and no function takes more than 10 parameters (but the few
+excepted, each with its reason).  Each checker is also shown to fail on
 a small package written here.
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
@@ -132,6 +133,24 @@ def test_an_excepted_function_passes_and_a_stale_exception_is_found(tmp_path, mo
                                                           "        pass\n")
     got = arch.check(root)["parameters"]
     assert len(got) == 1 and "torchcal.metrics.bad.C.m is excepted" in got[0], got
+
+
+def test_the_io_modules_but_jsonio_import_the_standard_library_only(tmp_path):
+    """Rule 9 for _io/: numpy in lock.py is found (also deferred), torch in jsonio.py, the
+    standard library, errors.py and a sibling module in lock.py pass."""
+    root = _package(tmp_path, "metrics", "")
+    io = root / "torchcal" / "_io"
+    io.mkdir()
+    for name in ("__init__", "atomic", "jsonio"):
+        (io / f"{name}.py").write_text("")
+    (io / "jsonio.py").write_text("import numpy\nimport torch\n")
+    (io / "lock.py").write_text("import os\nfrom ..errors import E\nfrom .atomic import w\n")
+    assert not any(arch.check(root).values())
+    (io / "lock.py").write_text("def f():\n    import numpy as np  # why\n")
+    got = {k: v for k, v in arch.check(root).items() if v}
+    assert list(got) == ["standard library only"] and "lock.py:2 imports numpy" in \
+        got["standard library only"][0], got
+    assert arch.IO_STDLIB_ONLY < {m for m, _p in arch.modules(SRC)}  # the real modules
 
 
 def test_script_exit_status(capsys):
