@@ -8,8 +8,10 @@ module imports a private name of another module of its package; ``errors.py`` an
 command, torch, scikit-learn or matplotlib to start, scikit-learn is imported at module level only
 by the command line and matplotlib only inside functions; every TrainConfig field declares its
 constraint, ``validate`` checks no field by hand and the command line lists no field names;
-every exception or warning class is defined in ``errors.py``.  Each checker is also shown to
-fail on a small package written here.
+every exception or warning class is defined in ``errors.py`` (and the modules of ``_io/`` but
+``jsonio.py`` import the standard library only); and no function takes more than 10
+parameters (but the few excepted, each with its reason).  Each checker is also shown to fail
+on a small package written here.
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
 another checkout).
@@ -150,6 +152,65 @@ def test_circular_imports_are_found(tmp_path):
                    "torchcal.train.b"], got
     (root / "torchcal" / "train" / "c.py").write_text("from .. import errors\n")
     assert arch.check(root)["circular imports"] == []
+
+
+def test_no_function_takes_more_than_10_parameters(result):
+    assert not result["parameters"], "\n".join(result["parameters"])
+    assert all(len(why) > 40 for why in arch.MANY_PARAMETERS.values())  # each says why
+
+
+_PARAMS = ", ".join(f"p{i}" for i in range(11))
+
+
+@pytest.mark.parametrize("source, expected", [
+    (f"def f({_PARAMS}):\n    pass\n", "bad.py:1 f: 11 parameters"),
+    (f"def f(*, {_PARAMS}):\n    pass\n", "f: 11 parameters"),  # keyword-only count
+    (f"class C:\n    def m(self, {_PARAMS}):\n        pass\n", "C.m: 11 parameters"),
+    (f"class C:\n    @staticmethod\n    def m({_PARAMS}):\n        pass\n", "C.m: 11"),
+    (f"def f():\n    def g({_PARAMS}):\n        pass\n", "f.<locals>.g: 11 parameters"),
+    (f"async def f(a, /, {_PARAMS[4:]}):\n    pass\n", "f: 11 parameters"),  # positional-only
+    ("def f(" + ", ".join(f"p{i}" for i in range(10)) + ", *args, **kw):\n    pass\n", None),
+    ("class C:\n    def m(self, " + ", ".join(f"p{i}" for i in range(10)) + "):\n"
+     "        pass\n", None),  # self is not counted
+])
+def test_many_parameters_are_found(tmp_path, source, expected):
+    """Rule 12 can fail: 11 parameters, positional, keyword-only or positional-only, in a
+    function, a method (self not counted), a static method or a nested function; 10 with
+    ``*args`` and ``**kwargs`` pass."""
+    found = {k: v for k, v in arch.check(_package(tmp_path, "metrics", source)).items() if v}
+    if expected is None:
+        assert not found, found
+    else:
+        assert list(found) == ["parameters"] and len(found["parameters"]) == 1, found
+        assert expected in found["parameters"][0], found
+
+
+def test_an_excepted_function_passes_and_a_stale_exception_is_found(tmp_path, monkeypatch):
+    root = _package(tmp_path, "metrics", f"class C:\n    def m(self, {_PARAMS}):\n        pass\n")
+    monkeypatch.setattr(arch, "MANY_PARAMETERS", {("torchcal.metrics.bad", "C.m"): "why"})
+    assert not arch.check(root)["parameters"]
+    (root / "torchcal" / "metrics" / "bad.py").write_text("class C:\n    def m(self):\n"
+                                                          "        pass\n")
+    got = arch.check(root)["parameters"]
+    assert len(got) == 1 and "torchcal.metrics.bad.C.m is excepted" in got[0], got
+
+
+def test_the_io_modules_but_jsonio_import_the_standard_library_only(tmp_path):
+    """Rule 9 for _io/: numpy in lock.py is found (also deferred), torch in jsonio.py, the
+    standard library, errors.py and a sibling module in lock.py pass."""
+    root = _package(tmp_path, "metrics", "")
+    io = root / "torchcal" / "_io"
+    io.mkdir()
+    for name in ("__init__", "atomic", "jsonio"):
+        (io / f"{name}.py").write_text("")
+    (io / "jsonio.py").write_text("import numpy\nimport torch\n")
+    (io / "lock.py").write_text("import os\nfrom ..errors import E\nfrom .atomic import w\n")
+    assert not any(arch.check(root).values())
+    (io / "lock.py").write_text("def f():\n    import numpy as np  # why\n")
+    got = {k: v for k, v in arch.check(root).items() if v}
+    assert list(got) == ["standard library only"] and "lock.py:2 imports numpy" in \
+        got["standard library only"][0], got
+    assert arch.IO_STDLIB_ONLY < {m for m, _p in arch.modules(SRC)}  # the real modules
 
 
 def test_script_exit_status(capsys):

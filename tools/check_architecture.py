@@ -12,7 +12,7 @@ It prints one line per rule with its count, then every violation:
        L4  evaluate.py  runs.py  ensemble.py
        L3  losses/  posthoc/  uncertainty/  plot.py
        L2  metrics/  functional/  models/  data/
-       L1  errors.py  _validation.py  _io.py  _registry.py
+       L1  errors.py  _validation.py  _io/  _registry.py
 
    Every import counts, including those inside functions and ``if TYPE_CHECKING:`` blocks.
 2. **argparse** is imported only under ``cli/``.
@@ -51,6 +51,10 @@ It prints one line per rule with its count, then every violation:
 9. **standard library only**: ``torchcal/errors.py`` and ``torchcal/_registry.py`` import
    nothing but the standard library and each other, anywhere in the module (the exception
    types and the registries are read by every process, ``torchcal --version`` included).
+   The modules of ``torchcal/_io/`` but ``jsonio.py`` (tensors and arrays to JSON: numpy,
+   torch) import nothing but the standard library, those two and one another: file handling
+   needs no third-party package.  (Importing one of them runs ``_io/__init__.py``, which
+   imports ``jsonio``: they are no start-up modules of rule 10.)
 10. **start-up imports**: the modules ``torchcal --version`` / ``--help`` load
     (``torchcal/__init__.py``, ``__main__.py``, ``cli/__init__.py``, ``cli/__main__.py``,
     ``cli/_args.py``) import at module level only the standard library, one another and the
@@ -78,6 +82,11 @@ It prints one line per rule with its count, then every violation:
     module.  Classes made at run time by ``type(...)`` are not seen: the one torchcal makes
     (the post-hoc calibrators' ``NotFittedError`` that is also scikit-learn's) must, because
     ``errors.py`` imports no scikit-learn.
+
+14. **parameters**: no function takes more than 10 parameters (``self`` / ``cls`` and
+    ``*args`` / ``**kwargs`` not counted); a function with more settings takes a frozen options
+    object (``build_report(..., options=ReportOptions(...))``, its fields also keywords).
+    ``MANY_PARAMETERS`` lists the few excepted, each with its reason.
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -132,6 +141,10 @@ HELP_NAMES = {"COMMAND_HELP"}
 SHARED_PRIVATE = {"_validation", "_io", "_registry"}
 # Rule 9: modules that import the standard library only (and one another).
 STDLIB_ONLY = {"torchcal.errors", "torchcal._registry"}
+# Rule 9 too: the modules of _io/ that import the standard library, STDLIB_ONLY and one another
+# only (jsonio imports numpy and torch).
+IO_STDLIB_ONLY = {f"torchcal._io.{m}" for m in ("atomic", "bounded", "links", "lock", "temp",
+                                                 "verified")}
 # Rule 10: the modules `torchcal --version` loads; at module level they import the standard
 # library, one another and STDLIB_ONLY only.
 STARTUP = {"torchcal", "torchcal.__main__", "torchcal.cli", "torchcal.cli.__main__",
@@ -152,6 +165,22 @@ ERRORS_MODULE = "torchcal.errors"
 EXCEPTION_SUFFIXES = ("Error", "Exception", "Warning")
 BUILTIN_EXCEPTIONS = frozenset(name for name, obj in vars(builtins).items()
                                if isinstance(obj, type) and issubclass(obj, BaseException))
+
+# Rule 14: the most parameters a function takes (self/cls, *args and **kwargs not counted),
+# and the functions excepted ((module, qualified name) -> why).
+MAX_PARAMETERS = 10
+MANY_PARAMETERS = {
+    ("torchcal.losses.adafocal", "AdaFocalLoss.__init__"):
+        "a loss's hyper-parameters are its constructor's keywords, as for every registered "
+        "loss: build_loss(name, **kwargs), --loss-kwargs and config.json's loss_kwargs build "
+        "it from one dict, checked by _parameter_constraints",
+    ("torchcal.metrics.meter", "CalibrationMeter.__init__"):
+        "a torchmetrics-style metric: num_classes, n_bins, adaptive and topk are positional "
+        "in its public signature, sync_dist/process_group the torchmetrics keywords",
+    ("torchcal.plot", "reliability_diagram"):
+        "public and keyword-only: logits, probs and labels are one input given two ways, "
+        "the rest matplotlib's usual drawing keywords (ax, title, path, legend)",
+}
 
 
 def modules(src: Path) -> list[tuple[str, Path]]:
@@ -309,6 +338,44 @@ def long_functions(tree: ast.AST, rel: Path, limit: int = MAX_FUNCTION_LINES) ->
     return out
 
 
+def _parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef, in_class: bool) -> int:
+    """The named parameters of ``fn``: ``*args`` and ``**kwargs`` not counted, nor a method's
+    first parameter (``self`` / ``cls``)."""
+    a = fn.args
+    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    static = any(getattr(d, "id", None) == "staticmethod" for d in fn.decorator_list)
+    if in_class and not static and names[:1] and a.posonlyargs + a.args:
+        names = names[1:]
+    return len(names)
+
+
+def many_parameters(module: str, tree: ast.AST, rel: Path, limit: int = MAX_PARAMETERS,
+                    allowed: Collection[tuple[str, str]] = MANY_PARAMETERS,
+                    excepted: set[tuple[str, str]] | None = None) -> list[str]:
+    """Rule 14: functions of one module with more than ``limit`` parameters (``allowed``:
+    ``(module, qualified name)`` of the excepted, added to ``excepted`` when found)."""
+    out = []
+
+    def visit(node: ast.AST, prefix: str, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.", True)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = _parameter_count(child, in_class)
+                name = f"{prefix}{child.name}"
+                if n > limit and (module, name) in allowed and excepted is not None:
+                    excepted.add((module, name))
+                elif n > limit and (module, name) not in allowed:
+                    out.append(f"{rel}:{child.lineno} {name}: {n} parameters (at most {limit}; "
+                               "an options object holds the rest)")
+                visit(child, f"{name}.<locals>.", False)
+            else:
+                visit(child, prefix, in_class)
+
+    visit(tree, "", False)
+    return out
+
+
 def _docstrings(tree: ast.AST) -> set[int]:
     ids = set()
     for node in ast.walk(tree):
@@ -385,9 +452,10 @@ def import_rules(module: str, path: Path, tree: ast.AST, rel: Path, mods: Collec
     """Rules 9-11 for one module (``mods``: every module name): ``{rule: violations}``."""
     out: dict[str, list[str]] = {"standard library only": [], "start-up imports": [],
                                  "heavy imports": []}
-    if module in STDLIB_ONLY:
+    if module in STDLIB_ONLY or module in IO_STDLIB_ONLY:
+        allowed = STDLIB_ONLY | (IO_STDLIB_ONLY if module in IO_STDLIB_ONLY else set())
         for lineno, target in imports(module, path, tree):
-            if not (_stdlib(target) or target in STDLIB_ONLY):
+            if not (_stdlib(target) or target in allowed):
                 out["standard library only"].append(f"{rel}:{lineno} imports {target}")
     top = {id(n) for n in _module_level(tree)}
     u = unit(module)
@@ -615,8 +683,10 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "private names inside a package": [],
                                  "standard library only": [], "start-up imports": [],
                                  "heavy imports": [], "config declarations": [],
-                                 "exception classes": []}
+                                 "exception classes": [],
+                                 "parameters": []}
     spelled: dict[str, list[str]] = {}
+    excepted: set[tuple[str, str]] = set()  # the MANY_PARAMETERS entries that take > 10
     mods = dict(modules(src))
     errors_path = mods.get(ERRORS_MODULE)
     known = class_names(ast.parse(errors_path.read_text(encoding="utf-8"))) if errors_path else ()
@@ -629,6 +699,8 @@ def check(src: Path) -> dict[str, list[str]]:
         out["layers"] += upward
         out["argparse"] += uses
         out["function length"] += long_functions(tree, rel)
+        out["parameters"] += many_parameters(module, tree, rel, allowed=MANY_PARAMETERS,
+                                             excepted=excepted)
         for rule, found in import_rules(module, path, tree, rel, mods).items():
             out[rule] += found
         out["private imports"] += private_imports(module, path, tree, rel)
@@ -641,6 +713,9 @@ def check(src: Path) -> dict[str, list[str]]:
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")
     out["circular imports"] = import_circles(mods)
     out["config declarations"] = _config_rule(src, mods)
+    out["parameters"] += [f"{m}.{name} is excepted in MANY_PARAMETERS but is no function with "
+                          f"more than {MAX_PARAMETERS} parameters: remove the entry"
+                          for m, name in sorted(set(MANY_PARAMETERS) - excepted) if m in mods]
     for name, where in sorted(spelled.items()):
         out["run-directory names"].append(f"{name!r} outside {RUN_DIR_OWNER}: {'; '.join(where)}")
     return out

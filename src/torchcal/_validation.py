@@ -7,6 +7,7 @@ check has already failed (the checks themselves reduce to one boolean per condit
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "resolve_probs",
     "METRIC_RANGES",
     "metric_value_problem",
+    "with_settings",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -389,3 +391,37 @@ def metric_value_problem(name: str, value: Any) -> str:
     if not lo <= value <= hi:
         return f"expected `{name}` to be a number {'in ' if math.isfinite(hi) else ''}{span}, got {value!r}"
     return ""
+
+
+def with_settings(options: Any, default: Any, settings: dict[str, Any], where: str) -> Any:
+    """``options`` (``None``: ``default``), a frozen dataclass, with the fields that the keyword
+    ``settings`` name replaced: how a function that takes an options object (``build_report(...,
+    options=ReportOptions(...))``) keeps its keyword form (``build_report(..., n_bins=10)``),
+    the keywords winning over ``options``.
+
+    Raises:
+        TypeError: ``options`` is not of ``default``'s type, or a keyword names no field (the
+            message Python gives an unexpected keyword argument of ``where``).
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class Opts:
+    ...     n: int = 1
+    ...     s: str = "a"
+    >>> with_settings(Opts(n=2), Opts(), {"s": "b"}, "f")
+    Opts(n=2, s='b')
+    >>> with_settings(None, Opts(), {"m": 3}, "f")
+    Traceback (most recent call last):
+    TypeError: f() got an unexpected keyword argument 'm'
+    """
+    kind = type(default)
+    if options is None:
+        options = default
+    elif not isinstance(options, kind):
+        raise TypeError(f"Expected `options` of {where}() to be a {kind.__name__}, got "
+                        f"{type(options).__name__}")
+    fields = {f.name for f in dataclasses.fields(kind)}
+    unknown = [name for name in settings if name not in fields]
+    if unknown:
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
+    return dataclasses.replace(options, **settings) if settings else options

@@ -45,7 +45,7 @@ from ..train import build_data, load_model_from_run
 from ..train.build import load_ood_sets
 from ..train.checkpoint import load_checkpoint
 from ..train.device import resolve_device
-from ..uncertainty.cache import EmbeddingCache, model_identity
+from ..uncertainty.cache import CacheOptions, EmbeddingCache, model_identity
 from ..uncertainty.fit import evaluate_head, fit_head, predict_uncertainty
 from ..uncertainty.head import UncertaintyHead, load_head, save_head
 from ._args import PERCENT_NOTE, parse_loss_args, plain_text
@@ -102,19 +102,21 @@ def _cache_root(args: argparse.Namespace) -> Path:
 
 
 def _build_cache(args, model, config, splits, device, name: str, data: Any, *,
-                 n_passes: int = 1, augment: Any = None, seed: int = 0,
-                 dataset: str | None = None):
-    """Cache ``data`` under ``CACHE_DIR/name``; inputs are normalised with the run's own
-    ``splits.mean/std`` (what the backbone was trained on), also for OOD and transfer sets."""
+                 options: CacheOptions | None = None, dataset: str | None = None):
+    """Cache ``data`` under ``CACHE_DIR/name`` (``options``: the passes, augmentation and
+    seed); inputs are normalised with the run's own ``splits.mean/std`` (what the backbone was
+    trained on), also for OOD and transfer sets."""
+    options = CacheOptions() if options is None else options
+    n_passes = options.n_passes
     data_id = {"dataset": dataset or config.dataset, "split": name, "data_seed": config.data_seed,
                "seed": config.seed, "mean": splits.mean, "std": splits.std,
                "data_kwargs": dict(config.data_kwargs)}
     label = name if n_passes == 1 else f"{name}_x{n_passes}"
     remove_stale_temp_dirs(_cache_root(args), [label])  # a killed build's half-written cache
     return EmbeddingCache.build(
-        _cache_root(args) / label, model, data, transform=_prep_inputs(splits.mean, splits.std),
-        augment=augment, n_passes=n_passes, batch_size=args.embed_batch_size, device=device,
-        data_id=data_id, on_stale=args.on_stale, seed=seed, progress=not args.no_progress)
+        _cache_root(args) / label, model, data, options=options,
+        transform=_prep_inputs(splits.mean, splits.std), batch_size=args.embed_batch_size,
+        device=device, data_id=data_id, on_stale=args.on_stale, progress=not args.no_progress)
 
 
 def _f(v: Any) -> str:
@@ -150,7 +152,8 @@ def _fit(args: argparse.Namespace) -> int:
             passes = 1
     fit_data = getattr(splits, args.fit_split)
     train_cache = _build_cache(args, model, config, splits, device, args.fit_split, fit_data,
-                               n_passes=passes, augment=augment, seed=args.seed)
+                               options=CacheOptions(n_passes=passes, augment=augment,
+                                                    seed=args.seed))
     fit = fit_head(train_cache, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                    weight_decay=args.weight_decay, width=args.width, depth=args.depth,
                    device=device, seed=args.seed, progress=not args.no_progress)

@@ -1,7 +1,8 @@
 """Reports from evaluated runs: tables in the papers' layout and figures.
 
 * :func:`build_report` - run directories -> report.md / report.html / figures / results.json+csv
-  (the engine of ``torchcal report`` and ``torchcal demo``).
+  (the engine of ``torchcal report`` and ``torchcal demo``); :class:`ReportOptions` - what it
+  reads and shows.
 * :func:`load_runs`, :func:`group_runs` - reading and averaging ``results.json`` files.
 * ``torchcal.report.figures`` - the report's figures (the reliability diagram is
   :func:`torchcal.plot.reliability_diagram`).
@@ -12,10 +13,11 @@ never imports ``torchcal.train`` or ``torchcal.cli``.
 """
 
 from .aggregate import Group, RunRecord, group_runs, load_runs, loss_label
-from .build import ReportOutput, build_report
+from .build import ReportOptions, ReportOutput, build_report
 
 __all__ = [
     "build_report",
+    "ReportOptions",
     "ReportOutput",
     "load_runs",
     "group_runs",

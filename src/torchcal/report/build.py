@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ from .._io import (
     read_json,
     remove_stale_temp_files,
 )
+from .._validation import with_settings
 from ..errors import ResultsFileError, TorchcalError
 from ..evaluate import DEFAULT_PREDICTOR, load_logits
 from ..metrics import entropy
@@ -65,7 +66,7 @@ from .claims import (
     section_markdown,
 )
 
-__all__ = ["ReportOutput", "build_report", "gamma_history", "prepare_report_dir",
+__all__ = ["ReportOutput", "ReportOptions", "build_report", "gamma_history", "prepare_report_dir",
            "write_report_pages", "remove_stale_report_temp_files", "markdown_page",
            "FIGURE_SETS", "figure_set", "REPORT_PAGES"]
 
@@ -452,28 +453,12 @@ def remove_stale_report_temp_files(out: str | os.PathLike) -> list[Path]:
             + remove_stale_temp_files(out / "figures", ("*.png",)))
 
 
-def build_report(
-    paths: Iterable[str | os.PathLike] | None = None,
-    out_dir: str | os.PathLike = "torchcal-report",
-    *,
-    runs: LoadReport | None = None,
-    title: str = "torchcal report",
-    intro: str = "",
-    appendix: str = "",
-    verdict_label: str = "",
-    preface: str = "",
-    n_bins: int = 15,
-    figures: bool | str = True,
-    claims: bool | Sequence[Claim] = False,
-    checkpoint: str = "last",
-    mix_checkpoints: bool = False,
-) -> ReportOutput:
-    """Aggregate the evaluated runs found under ``paths`` into ``out_dir``.
+@dataclass(frozen=True)
+class ReportOptions:
+    """What :func:`build_report` reads and shows (each field also a keyword of
+    :func:`build_report`, which wins over ``options``).
 
-    Args:
-        paths: run directories (searched recursively for ``results.json``) or results files.
-        out_dir: output directory (created).
-        runs: an already loaded :class:`LoadReport` instead of ``paths``.
+    Attributes:
         title: report title.
         intro: Markdown paragraphs placed under the title (the demo describes its setup here).
         appendix: Markdown placed after the runs table (the demo's setting in full).
@@ -495,10 +480,47 @@ def build_report(
             ``results.json``; ``"best"``: ``results-best.json``).
         mix_checkpoints: allow one table to hold runs evaluated from different checkpoints
             (refused otherwise; the Runs table states each group's checkpoint either way).
+    """
+
+    title: str = "torchcal report"
+    intro: str = ""
+    appendix: str = ""
+    verdict_label: str = ""
+    preface: str = ""
+    n_bins: int = 15
+    figures: bool | str = True
+    claims: bool | Sequence[Claim] = False
+    checkpoint: str = "last"
+    mix_checkpoints: bool = False
+
+
+def build_report(
+    paths: Iterable[str | os.PathLike] | None = None,
+    out_dir: str | os.PathLike = "torchcal-report",
+    *,
+    runs: LoadReport | None = None,
+    options: ReportOptions | None = None,
+    **settings: Any,
+) -> ReportOutput:
+    """Aggregate the evaluated runs found under ``paths`` into ``out_dir``.
+
+    Args:
+        paths: run directories (searched recursively for ``results.json``) or results files.
+        out_dir: output directory (created).
+        runs: an already loaded :class:`LoadReport` instead of ``paths``.
+        options: what the report reads and shows (:class:`ReportOptions`; default: its
+            defaults).
+        **settings: fields of :class:`ReportOptions` (``title="..."``, ``n_bins=10``, ...),
+            replacing those of ``options``.
 
     Raises:
         ResultsFileError: when no run could be read at all (the message lists every bad file).
+        TypeError: a keyword that is no field of :class:`ReportOptions`.
     """
+    o = with_settings(options, ReportOptions(), settings, "build_report")
+    title, n_bins, figures, claims = o.title, o.n_bins, o.figures, o.claims
+    intro, appendix, verdict_label, preface = o.intro, o.appendix, o.verdict_label, o.preface
+    checkpoint, mix_checkpoints = o.checkpoint, o.mix_checkpoints
     drawn = figure_set(figures)
     runs, errors = _readable_runs(paths, runs, checkpoint, mix_checkpoints)
     if claims:
@@ -523,11 +545,10 @@ def build_report(
                      if claims else [])
     claims_md = section_markdown(claims_blocks)
     verdicts = claims_verdicts(groups, claims, results=tested) if claims_blocks else []
-    prose = (intro, appendix, preface)
-    md_text = _report_markdown(title, prose, stamp, len(runs.runs), groups,
-                               table_sets, figs, out, claims_md, runs_table, notes, errors)
-    html_text = _report_html(title, prose, stamp, len(runs.runs), groups, table_sets,
-                             figs, claims_blocks, runs_table, notes, errors)
+    page = _Page(title, (intro, appendix, preface), stamp, len(runs.runs), groups, table_sets,
+                 figs, runs_table, notes, errors)
+    md_text = _report_markdown(page, out, claims_md)
+    html_text = _report_html(page, claims_blocks)
     doc = _results_doc(stamp, groups, floors, errors, out)
     data = dict(zip(_DATA_FILES, (json_text(doc, indent=1), T.runs_csv(groups, out),
                                   T.groups_csv(groups)), strict=True))
@@ -574,12 +595,26 @@ def _runs_table(groups: Sequence[Group], out: Path) -> T.Table:
 _SETTING = "This run"  # the heading of the intro, which follows the claims
 
 
-def _report_markdown(title: str, prose: tuple[str, str, str], stamp: str, n_runs: int,
-                     groups: Sequence[Group], table_sets,
-                     figs: dict[tuple[str, str], list[Figure]], out: Path, claims_md: str,
-                     runs_table: T.Table, notes: list[str], errors: list) -> str:
+class _Page(NamedTuple):
+    """What report.md and report.html both show; ``prose``: the intro, the appendix and the
+    preface (Markdown)."""
+
+    title: str
+    prose: tuple[str, str, str]
+    stamp: str
+    n_runs: int
+    groups: Sequence[Group]
+    table_sets: Any
+    figs: dict[tuple[str, str], list[Figure]]
+    runs_table: T.Table
+    notes: list[str]
+    errors: list
+
+
+def _report_markdown(page: _Page, out: Path, claims_md: str) -> str:
     """The text of report.md, in the order of report.html (the claims first, the figures
-    after); ``prose``: the intro, the appendix and the preface (Markdown)."""
+    after)."""
+    title, prose, stamp, n_runs, groups, table_sets, figs, runs_table, notes, errors = page
     intro, appendix, preface = prose
     md = [f"# {title}", "", f"Generated {stamp} from {n_runs} evaluated run(s) in "
           f"{len(groups)} group(s).", ""]
@@ -622,14 +657,11 @@ def _with_contents(body: list[str]) -> list[str]:
     return [f'<nav class="toc"><b>Contents</b><ol>{items}</ol></nav>', text] if entries else [text]
 
 
-def _report_html(title: str, prose: tuple[str, str, str], stamp: str, n_runs: int,
-                 groups: Sequence[Group], table_sets, figs: dict[tuple[str, str], list[Figure]],
-                 claims_blocks: list,
-                 runs_table: T.Table, notes: list[str], errors: list) -> str:
+def _report_html(page: _Page, claims_blocks: list) -> str:
     """The text of report.html (figures embedded as base64 PNG): a table of contents, the
-    claims (with the preface in its box), the intro, then the tables and figures; ``prose``:
-    the intro, the appendix and the preface (Markdown); ``claims_blocks``:
-    :func:`claims_section`'s blocks."""
+    claims (with the preface in its box), the intro, then the tables and figures;
+    ``claims_blocks``: :func:`claims_section`'s blocks."""
+    title, prose, stamp, n_runs, groups, table_sets, figs, runs_table, notes, errors = page
     intro, appendix, preface = prose
     head = ["<!DOCTYPE html><html><head><meta charset=\"utf-8\">",
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",

@@ -5,15 +5,24 @@
   :func:`loss_prediction_mse` and :func:`log_uncertainty_regularizer`: the published code's
   loss-prediction objective and log-uncertainty regulariser (:mod:`.objectives`).
 * :class:`EmbeddingCache`: the backbone's embeddings, logits and labels computed once and stored
-  on disk (memory-mapped, checksummed, atomically built, stale/corrupt caches detected).
-* :func:`fit_head` (AdamW + cosine from the cache), :func:`evaluate_head` (R-AUROC against
+  on disk (memory-mapped, checksummed, atomically built, stale/corrupt caches detected);
+  :class:`CacheOptions`: how :meth:`EmbeddingCache.build` embeds.
+* :func:`fit_head` (AdamW + cosine from the cache; :class:`HeadFitOptions`), :func:`evaluate_head` (R-AUROC against
   classifier correctness and recall@1 correctness), :func:`zero_shot_transfer`.
 * ``torchcal uncertainty fit | eval RUN_DIR`` (:mod:`torchcal.cli.uncertainty`).
 """
 
-from .cache import CacheError, EmbeddingCache, StaleCacheError, data_identity, model_identity
+from .cache import (
+    CacheError,
+    CacheOptions,
+    EmbeddingCache,
+    StaleCacheError,
+    data_identity,
+    model_identity,
+)
 from .fit import (
     HeadFit,
+    HeadFitOptions,
     evaluate_head,
     fit_head,
     predict_uncertainty,
@@ -34,11 +43,13 @@ __all__ = [
     "save_head",
     "load_head",
     "EmbeddingCache",
+    "CacheOptions",
     "CacheError",
     "StaleCacheError",
     "model_identity",
     "data_identity",
     "HeadFit",
+    "HeadFitOptions",
     "fit_head",
     "evaluate_head",
     "predict_uncertainty",

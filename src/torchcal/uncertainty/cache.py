@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,14 @@ from .._io import (
     sha256_file,
     write_verified,
 )
-from .._validation import check_positive_int
+from .._validation import check_positive_int, with_settings
 from ..errors import CacheError, StaleCacheError
 
 __all__ = [
     "CacheError",
     "StaleCacheError",
     "EmbeddingCache",
+    "CacheOptions",
     "model_identity",
     "data_identity",
     "CACHE_SCHEMA",
@@ -348,6 +350,35 @@ def _row_problem(manifest: dict[str, Any]) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class CacheOptions:
+    """How :meth:`EmbeddingCache.build` embeds its data (each field also a keyword of
+    :meth:`~EmbeddingCache.build`, which wins over ``options``).
+
+    Attributes:
+        transform: applied to every input batch on ``device`` after augmentation (e.g.
+            normalisation of uint8 images).
+        augment: ``augment(x, generator=g) -> x`` applied on every pass (e.g.
+            ``torchcal.data.augment.random_crop_flip``); ``None`` for clean inputs.
+        n_passes: number of passes over the data (several only make sense with ``augment``).
+        batch_size: backbone batch size.
+        data_id: extra JSON-serialisable identity of the data (recommended for data read
+            from disk, whose contents are not hashed).
+        embed: ``embed(model, x) -> (embeddings (B, D), logits (B, C))`` override.
+        on_stale: ``"rebuild"`` or ``"error"``.
+        seed: seed of the augmentation generator.
+    """
+
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    augment: Callable[..., torch.Tensor] | None = None
+    n_passes: int = 1
+    batch_size: int = 256
+    data_id: Any = None
+    embed: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    on_stale: str = "rebuild"
+    seed: int = 0
+
+
 # ------------------------------------------------------------------------------------------
 # the cache
 # ------------------------------------------------------------------------------------------
@@ -521,16 +552,10 @@ class EmbeddingCache:
         model: nn.Module,
         data: Any,
         *,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        augment: Callable[..., torch.Tensor] | None = None,
-        n_passes: int = 1,
-        batch_size: int = 256,
+        options: CacheOptions | None = None,
         device: torch.device | str | None = None,
-        data_id: Any = None,
-        embed: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
-        on_stale: str = "rebuild",
-        seed: int = 0,
         progress: bool = False,
+        **settings: Any,
     ) -> EmbeddingCache:
         """Run a frozen ``model`` over ``data`` once under ``no_grad`` and store the results.
 
@@ -545,21 +570,21 @@ class EmbeddingCache:
                 ``model.forward_features(x)`` and ``model.fc`` (torchcal models).
             data: an ``ArrayDataset`` (``.data``, ``.labels``), an ``(inputs, labels)`` pair,
                 a map-style ``Dataset`` of ``(x, y)`` or an in-order ``DataLoader``.
-            transform: applied to every input batch on ``device`` after augmentation (e.g.
-                normalisation of uint8 images).
-            augment: ``augment(x, generator=g) -> x`` applied on every pass (e.g.
-                ``torchcal.data.augment.random_crop_flip``); ``None`` for clean inputs.
-            n_passes: number of passes over the data (several only make sense with ``augment``).
-            batch_size: backbone batch size.
+            options: how to build it (:class:`CacheOptions`; default: its defaults).
             device: where the model runs (default: the model's device).
-            data_id: extra JSON-serialisable identity of the data (recommended for data read
-                from disk, whose contents are not hashed).
-            embed: ``embed(model, x) -> (embeddings (B, D), logits (B, C))`` override.
-            on_stale: ``"rebuild"`` or ``"error"``.
-            seed: seed of the augmentation generator.
             progress: show a tqdm progress bar.
+            **settings: fields of :class:`CacheOptions` (``n_passes=2``, ``seed=1``, ...),
+                replacing those of ``options``.
+
+        Raises:
+            TypeError: a keyword that is no field of :class:`CacheOptions`.
         """
-        n_passes, batch_size = _check_build_args(model, n_passes, batch_size, on_stale, augment)
+        o = with_settings(options, CacheOptions(), settings, "EmbeddingCache.build")
+        transform, augment, data_id, embed, seed = (o.transform, o.augment, o.data_id, o.embed,
+                                                    o.seed)
+        n_passes, batch_size = _check_build_args(model, o.n_passes, o.batch_size, o.on_stale,
+                                                 augment)
+        on_stale = o.on_stale
         path = Path(path)
         identity = cls.identity_of(model, data, data_id=data_id, n_passes=n_passes,
                                    augment=augment, transform=transform)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._validation import check_nonneg_finite, check_positive_int
+from .._validation import check_nonneg_finite, check_positive_int, with_settings
 from ..metrics import entropy, ood_scores, r_auroc
 from .cache import EmbeddingCache
 from .head import UncertaintyHead, per_sample_cross_entropy
@@ -33,6 +34,7 @@ from .objectives import HEAD_OBJECTIVES, head_loss
 
 __all__ = [
     "HeadFit",
+    "HeadFitOptions",
     "fit_head",
     "predict_uncertainty",
     "recall_at_1_correct",
@@ -89,23 +91,47 @@ def _unpack(data: Any, *, first_pass: bool = False,
     )
 
 
+@dataclass(frozen=True)
+class HeadFitOptions:
+    """How :func:`fit_head` trains (each field also a keyword of :func:`fit_head`, which wins
+    over ``options``).
+
+    Attributes:
+        epochs: passes over the cache.
+        batch_size: even batch size (pairs are consecutive samples).
+        lr: AdamW learning rate (default ``1e-3 * batch_size / 256``).
+        weight_decay: AdamW weight decay.
+        margin: ranking-loss margin.
+        objective: ``"ranking"`` (the paper's pairwise hinge) or ``"mse"`` (loss prediction,
+            :func:`~torchcal.uncertainty.objectives.loss_prediction_mse`).
+        leeway: the ranking loss' ρ: pairs whose losses differ by less count as equal.
+        unc_reg_lambda: λ of the log-uncertainty regulariser ``-λ·log(mean u)`` (0 = off).
+        width: hidden width of a new head.
+        depth: hidden layers of a new head.
+        seed: seed of the initialisation (new heads) and of the batch order.
+    """
+
+    epochs: int = 10
+    batch_size: int = 256
+    lr: float | None = None
+    weight_decay: float = 1e-4
+    margin: float = 0.1
+    objective: str = "ranking"
+    leeway: float = 0.0
+    unc_reg_lambda: float = 0.0
+    width: int = 512
+    depth: int = 2
+    seed: int = 0
+
+
 def fit_head(
     data: EmbeddingCache | tuple,
     *,
     head: UncertaintyHead | None = None,
-    epochs: int = 10,
-    batch_size: int = 256,
-    lr: float | None = None,
-    weight_decay: float = 1e-4,
-    margin: float = 0.1,
-    objective: str = "ranking",
-    leeway: float = 0.0,
-    unc_reg_lambda: float = 0.0,
-    width: int = 512,
-    depth: int = 2,
+    options: HeadFitOptions | None = None,
     device: torch.device | str | None = None,
-    seed: int = 0,
     progress: bool = True,
+    **settings: Any,
 ) -> HeadFit:
     """Train an :class:`UncertaintyHead` on cached embeddings with the ranking loss (default).
 
@@ -116,24 +142,23 @@ def fit_head(
     Args:
         data: an :class:`EmbeddingCache` or ``(embeddings (N, D), logits (N, C), labels (N,))``.
         head: a head to continue training (default: a new ``UncertaintyHead(D, width, depth)``).
-        epochs: passes over the cache.
-        batch_size: even batch size (pairs are consecutive samples).
-        lr: AdamW learning rate (default ``1e-3 * batch_size / 256``).
-        weight_decay: AdamW weight decay.
-        margin: ranking-loss margin.
-        objective: ``"ranking"`` (the paper's pairwise hinge) or ``"mse"`` (loss prediction,
-            :func:`~torchcal.uncertainty.objectives.loss_prediction_mse`).
-        leeway: the ranking loss' ρ: pairs whose losses differ by less count as equal.
-        unc_reg_lambda: λ of the log-uncertainty regulariser ``-λ·log(mean u)`` (0 = off).
+        options: how to train (:class:`HeadFitOptions`; default: its defaults).
         device: where to train (default: the head's device, else CPU).
-        seed: seed of the initialisation (new heads) and of the batch order.
         progress: show a tqdm progress bar.
+        **settings: fields of :class:`HeadFitOptions` (``epochs=3``, ``lr=1e-3``, ...),
+            replacing those of ``options``.
 
     Returns:
         :class:`HeadFit` ``(head in eval mode, mean loss per epoch)``.
+
+    Raises:
+        TypeError: a keyword that is no field of :class:`HeadFitOptions`.
     """
+    o = with_settings(options, HeadFitOptions(), settings, "fit_head")
+    width, depth, seed = o.width, o.depth, o.seed
     epochs, batch_size, lr, weight_decay, loss_kw = _check_fit_args(
-        epochs, batch_size, lr, weight_decay, objective, margin, leeway, unc_reg_lambda)
+        o.epochs, o.batch_size, o.lr, o.weight_decay, o.objective, o.margin, o.leeway,
+        o.unc_reg_lambda)
     if device is None:
         device = next(head.parameters()).device if head is not None else torch.device("cpu")
     device = torch.device(device)
