@@ -7,9 +7,10 @@ through :func:`run_stack`.  The steps, in the order of an epoch:
 * **batches** (:class:`Batches`): every member's batch of a step stacked (M, B, ...), one gather
   from the data on the device (each member its own order, from its seed; under ``torchrun``
   each rank its shard);
-* **forward and step**: the stack's (:mod:`torchcal.train.stacks`): a :class:`PackedModel`
-  (stacked parameters, one batched forward, per-member clipping, one SGD) or a
-  :class:`SoloModel` (one run's own module with its head, DDP, compile and AMP scaler);
+* **forward and step**: the stack's (:mod:`torchcal.train.stacks`): a
+  :class:`~torchcal.train.stacks.PackedModel` (stacked parameters, one batched forward,
+  per-member clipping, one SGD) or a :class:`~torchcal.train.stacks.SoloModel` (one run's own
+  module with its head, DDP, compile and AMP scaler);
 * **losses** (:class:`~torchcal.train.loss_groups.LossGroups`): one call per loss
   configuration, the members' loss state stacked; the losses' protocol
   (:mod:`torchcal.losses.base`: ``set_epoch`` before an epoch, ``on_validation`` after each
