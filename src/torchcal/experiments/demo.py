@@ -77,6 +77,7 @@ class DemoConfig:
     progress: bool = True
     quick: bool = False
     figures: bool | str = True
+    figure_format: str = "svg"  # the default figures' format: svg or png (torchcal.report)
     recipe: str | None = None  # None: the benchmark's
     dataset: str = "mnist1d"  # a registered benchmark (torchcal.experiments.list_benchmarks)
     full: bool = False  # every tagged loss, the recipe's schedule, 5 seeds
@@ -313,7 +314,8 @@ class _TrainingRuns(BenchmarkKind):
         rep = build_report([j["run_dir"] for j in specs] + ensembles, out,
                            title=f"torchcal demo: {bench.title}",
                            intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
-                           figures=cfg.figures, claims=tuple(bench.claims) or False,
+                           figures=cfg.figures, figure_format=cfg.figure_format,
+                           claims=tuple(bench.claims) or False,
                            verdict_label=label, preface=committed_note(bench) if label else "")
         return rep, failed
 

@@ -238,10 +238,12 @@ class Axes:
              cls: str = "bar") -> None:
         left, width = np.asarray(left, np.float64), np.asarray(width, np.float64)
         height = np.asarray(height, np.float64)
-        base = (np.full(height.shape, self.ylim[0]) if bottom is None
-                else np.asarray(bottom, np.float64))
+        base = np.zeros(height.shape) if bottom is None else np.asarray(bottom, np.float64)
+        top = base + height
+        if self.ylog:  # a bar from 0 starts at the axis' bottom
+            base = np.maximum(base, min(self.ylim))
         x0, x1 = self.X(left), self.X(left + width)
-        y0, y1 = self.Y(base), self.Y(base + height)
+        y0, y1 = self.Y(base), self.Y(top)
         op = f' fill-opacity="{opacity:g}"' if opacity is not None else ""
         st = _stroke(stroke, lw, ls) if stroke != "none" else 'stroke="none"'
         for a, b, c, d in zip(x0, x1, y0, y1, strict=True):
