@@ -181,7 +181,7 @@ DEMO_VARIANTS = {"none": ["--figures", "none"], "svg": ["--figures", "default"],
 
 def demo_cpu(repeats: int) -> dict[str, float]:
     """``{variant: median CPU s}`` of ``torchcal demo --quick`` with each of
-    :data:`DEMO_VARIANTS` (this process's children), alternating."""
+    :data:`DEMO_VARIANTS` (this process's children), alternating; prints every run's."""
     out: dict[str, list[float]] = {k: [] for k in DEMO_VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(repeats):
@@ -189,6 +189,8 @@ def demo_cpu(repeats: int) -> dict[str, float]:
                 out[name].append(_child_cpu(
                     [sys.executable, "-m", "torchcal", "demo", "--quick", *extra,
                      "--no-progress", "--out", f"{tmp}/demo{k}{name}"], SRC))
+    print("demo --quick, each run's CPU s: " + "; ".join(
+        f"{k}: {', '.join(f'{x:.1f}' for x in v)}" for k, v in out.items()))
     return {k: statistics.median(v) for k, v in out.items()}
 
 
@@ -213,7 +215,8 @@ def figures_item(args: argparse.Namespace) -> str:
               f"the default figures as SVG, {d['png']:.1f} s as PNG: the figures' share "
               f"{100 * share['svg']:.1f}% as SVG, {100 * share['png']:.1f}% as PNG (target "
               f"<= 5%); with the fresh-process figures' CPU above: SVG "
-              f"{100 * a / (d['none'] + a):.1f}%, PNG {100 * res['png'] / (d['none'] + res['png']):.1f}%")
+              f"{100 * a / (d['none'] + a):.1f}%, PNG {100 * res['png'] / (d['none'] + res['png']):.1f}% "
+              "(a difference of the demos smaller than their runs' spread above is noise)")
     return f"RATIO figures: before/after = {b / a:.2f}"
 
 
