@@ -186,7 +186,7 @@ class Svg:
     def suptitle(self, title: str, size: float = 12.0) -> None:
         """A title at the figure's top, wrapped to its width (:func:`title_height` tall)."""
         if title:
-            self.text(self.W / 2, _pt(0) + 0.06 * PX, wrap_title(self.width, title, size), size,
+            self.text(self.W / 2, 0.06 * PX, wrap_title(self.width, title, size), size,
                       va="top", cls="title")
 
     def supxlabel(self, s: str, size: float = 9.0) -> None:
