@@ -153,7 +153,7 @@ RunLogits = list[tuple[np.ndarray, np.ndarray, float]]
 
 #: The figure sets of :func:`build_report` (``--figures``): ``none``; ``default``: the figures
 #: that show every loss at once (the reliability overview, the confidence histograms, the OOD
-#: ROC curves, AdaFocal's γ), as SVG about 0.1 s of CPU (PNG: 2.4 s); ``all``: also each loss's
+#: ROC curves, AdaFocal's γ), as SVG about 0.1 s of CPU (PNG: 2.1-2.4 s); ``all``: also each loss's
 #: reliability diagrams before and after temperature scaling (one PNG per loss by matplotlib,
 #: most of the cost).
 FIGURE_SETS = ("none", "default", "all")
