@@ -212,3 +212,12 @@ def test_figure_format_png_and_a_bad_format(runs, tmp_path):
     assert "data:image/png;base64," in rep.report_html.read_text(encoding="utf-8")
     with pytest.raises(ValueError, match="`figure_format`"):
         build_report([runs], tmp_path / "x", figure_format="pdf")
+
+
+def test_a_missing_value_breaks_the_line():
+    h = np.array([[1.0, 2.0], [np.nan, 2.5], [1.5, 3.0], [1.2, 3.5]])
+    root = _parse(S.gamma_history_figure({"seed 0": h}))
+    (p,) = _panels(root)
+    lines = _lines(p, "bin")
+    assert [len(pts) for pts in lines] == [2, 4]  # bin 0: the epochs 3-4 after the gap
+    assert all(np.isfinite(pts).all() for pts in lines)

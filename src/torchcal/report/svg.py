@@ -257,6 +257,15 @@ class Axes:
         """A polyline through the data points; ``thin``: one point kept every ``thin`` px
         along the line (an ROC curve's thousands of steps)."""
         px, py = self.X(x), self.Y(y)
+        ok = np.isfinite(px) & np.isfinite(py)
+        if not ok.all():  # broken at a missing value (NaN), as matplotlib draws it
+            cuts = np.flatnonzero(np.diff(ok.astype(np.int8))) + 1
+            for seg, good in zip(np.split(np.arange(px.size), cuts),
+                                 np.split(ok, cuts), strict=True):
+                if good[0] and seg.size > 1:
+                    self.line(np.asarray(x, np.float64)[seg], np.asarray(y, np.float64)[seg],
+                              color=color, lw=lw, ls=ls, cls=cls, thin=thin)
+            return
         if thin and px.size > 2:
             # a point every `thin` px along the curve (L1 length): an ROC curve's thousands of
             # steps drawn within `thin` px of where they are
