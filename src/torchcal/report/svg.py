@@ -461,9 +461,23 @@ def _reliability_panels(svg: Svg, x: float, y: float, cell: tuple[float, ...], n
     return bool(sparse.any())
 
 
+#: The reliability legend's widest label, and its handle, gap and column spacing in em
+#: (matplotlib's legend defaults).
+_LEGEND_WIDEST, _HANDLE_EM, _GAP_EM, _COLSEP_EM = "gap: under-confident", 2.0, 0.8, 2.0
+
+
+def _legend_ncol(width: float, n: int = LEGEND_ENTRIES) -> int:
+    """The reliability legend's columns (at most :func:`~torchcal.report.figures.
+    legend_columns`') that fit side by side in a figure ``width`` inches wide."""
+    fs = _pt(8)
+    colw = (_HANDLE_EM + _GAP_EM) * fs + text_width(_LEGEND_WIDEST, 8)
+    fit = int((width * PX - 0.1 * PX + _COLSEP_EM * fs) // (colw + _COLSEP_EM * fs))
+    return max(1, min(n, legend_columns(width), fit))
+
+
 def _reliability_legend(svg: Svg, sparse: bool, min_count: int = MIN_COUNT) -> None:
     """The bar kinds' legend in rows under the panels (:func:`torchcal.plot.
-    reliability_legend_handles`' entries)."""
+    reliability_legend_handles`' entries), :func:`_legend_ncol` columns."""
     entries = [("accuracy", f'fill="{ACCURACY_COLOR}" stroke="#000"'),
                ("gap: over-confident", f'fill="url(#hatch-over)" stroke="{OVER_COLOR}"'),
                ("gap: under-confident", 'fill="url(#hatch-under)" stroke="#000"')]
@@ -471,9 +485,9 @@ def _reliability_legend(svg: Svg, sparse: bool, min_count: int = MIN_COUNT) -> N
         entries.append((f"< {min_count} samples", f'fill="{ACCURACY_COLOR}" fill-opacity="0.25" '
                         f'stroke="#595959"{_dash(":", 0.8)}'))
     entries.append(("perfect", None))
-    ncol = min(len(entries), legend_columns(svg.width))
+    ncol = min(len(entries), _legend_ncol(svg.width))
     fs = _pt(8)
-    handle, gap, colsep = 2.0 * fs, 0.8 * fs, 2.0 * fs
+    handle, gap, colsep = _HANDLE_EM * fs, _GAP_EM * fs, _COLSEP_EM * fs
     colw = handle + gap + max(text_width(e[0], 8) for e in entries)
     rows = -(-len(entries) // ncol)
     x0 = svg.W / 2 - (ncol * colw + (ncol - 1) * colsep) / 2
@@ -503,7 +517,7 @@ def reliability_overview(curves: Mapping[str, tuple[np.ndarray, np.ndarray]], *,
     nrows = max(1, -(-len(names) // ncols))
     cw, ch = OVERVIEW_CELL[:2]
     width = ncols * cw + 0.15
-    legend_rows = -(-LEGEND_ENTRIES // legend_columns(width))
+    legend_rows = -(-LEGEND_ENTRIES // _legend_ncol(width))
     top = title_height(width, title, 12.0)
     bottom = 0.15 + line_height(8.0) * 1.25 * legend_rows
     svg = Svg(width, top + nrows * ch + bottom)
