@@ -221,3 +221,20 @@ def test_a_missing_value_breaks_the_line():
     lines = _lines(p, "bin")
     assert [len(pts) for pts in lines] == [2, 4]  # bin 0: the epochs 3-4 after the gap
     assert all(np.isfinite(pts).all() for pts in lines)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_the_reliability_legend_fits_the_figure(n):
+    z, y = _logits(0, n=200, scale=3.0)
+    svg = S.reliability_overview({f"loss {k}": (z, y) for k in range(n)}, title="t")
+    root = _parse(svg)
+    entries = [t for t in root.iter("{http://www.w3.org/2000/svg}text")
+               if t.get("class") == "legend-entry"]
+    assert len(entries) == 5  # a sparse bin: every kind
+    frames = [float(r.get("y")) + float(r.get("height"))
+              for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("class") == "frame"]
+    for t in entries:
+        span = t.find("s:tspan", NS)
+        x, ty = float(span.get("x")), float(span.get("y"))
+        assert 0 < x and x + S.text_width(span.text, 8) < svg.W, span.text
+        assert max(frames) + 20 < ty < svg.H, span.text  # under the panels' x labels
