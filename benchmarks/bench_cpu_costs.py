@@ -8,14 +8,16 @@ CPU time (user + system, of this process or of its children), not wall time: the
 a loaded machine.  Items:
 
 - **figures** (item 1), measured here on the report of 7 losses (synthetic test and OOD logits
-  of MNIST-1D's size, an AdaFocal γ history).  With ``--baseline-src``: the figures' CPU as a
-  demo pays it, in a fresh process each (``build_report(figures="default")`` less
-  ``figures="none"``: matplotlib's import, the drawing, the PNGs), of the baseline's source and
-  of this one, alternating, median of ``--repeats``.  Without it: in this process, the figures
-  drawn as before issue 43 (every figure, each saved with ``bbox_inches="tight"``) and as now
-  (``figures="default"``).  With ``--demo`` also ``torchcal demo --quick`` with ``--figures
-  none`` and ``default``, side by side, ``--repeats`` each (a few minutes of CPU): the
-  figures' share of the demo's CPU (target <= 5%).
+  of MNIST-1D's size, an AdaFocal γ history).  Always: the default figures' CPU as a demo pays
+  it, in a fresh process each (``build_report(figures="default")`` less ``figures="none"``:
+  the imports, the drawing, the files), as SVG (``torchcal.report.svg``, the default) and as
+  PNG (``figure_format="png"``: matplotlib), alternating, median of ``--repeats``; with
+  ``--baseline-src`` also the baseline source's (its default, PNG).  Without
+  ``--baseline-src`` also in this process: the figures drawn as before issue 43 (every
+  figure, each PNG saved with ``bbox_inches="tight"``) and as now (``figures="default"``).
+  With ``--demo`` also ``torchcal demo --quick`` with ``--figures none``, ``default`` (SVG)
+  and ``default --figure-format png``, side by side, ``--repeats`` each (a few minutes of
+  CPU): the figures' share of the demo's CPU (target <= 5%).
 - **start-up** (item 2): ``benchmarks/bench_startup.py`` (``torchcal --version`` and a demo
   worker's start-up against ``import torch``; before/after needs ``--baseline-src``).
 - **sibling scripts**, each run by subprocess when it exists in ``benchmarks/``:
@@ -144,60 +146,77 @@ def _child_cpu(argv: list[str], src: Path | str) -> float:
 
 
 _REPORT = ("import sys\nfrom torchcal.report import build_report\n"
-           "build_report([sys.argv[1]], sys.argv[2], figures=sys.argv[3])\n")
+           "kw = {'figure_format': sys.argv[4]} if sys.argv[4:] else {}\n"
+           "build_report([sys.argv[1]], sys.argv[2], figures=sys.argv[3], **kw)\n")
 
 
-def figures_fresh(srcs: dict[str, str], repeats: int) -> dict[str, float]:
-    """``{name: median CPU s of the default figures}`` of each source in ``srcs``, each
-    report built in a fresh process (``figures="default"`` less ``"none"``), alternating."""
+def figures_fresh(variants: dict[str, tuple[str, str | None]], repeats: int) -> dict[str, float]:
+    """``{name: median CPU s of the default figures}`` of each ``(source, figure format or
+    None: the source's default)`` in ``variants``, each report built in a fresh process
+    (``figures="default"`` less ``"none"``), alternating."""
     import compileall
 
-    out: dict[str, list[float]] = {k: [] for k in srcs}
+    out: dict[str, list[float]] = {k: [] for k in variants}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "runs"
         _write_runs(root)
-        for src in srcs.values():
+        for src, fmt in variants.values():
             compileall.compile_dir(src, quiet=1)
-            _child_cpu([sys.executable, "-c", _REPORT, str(root), f"{tmp}/w", "default"], src)
+            _child_cpu([sys.executable, "-c", _REPORT, str(root), f"{tmp}/w", "default",
+                        *([fmt] if fmt else [])], src)
         for k in range(repeats):
-            for name, src in srcs.items():
+            for name, (src, fmt) in variants.items():
                 cpu = {f: _child_cpu([sys.executable, "-c", _REPORT, str(root),
-                                      f"{tmp}/{name}{k}{f}", f], src) for f in ("none", "default")}
+                                      f"{tmp}/{name}{k}{f}", f, *([fmt] if fmt else [])], src)
+                       for f in ("none", "default")}
                 out[name].append(cpu["default"] - cpu["none"])
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+#: ``torchcal demo --quick``'s variants of :func:`demo_cpu`: no figures, the default (SVG) and
+#: the default figures as PNG (matplotlib).
+DEMO_VARIANTS = {"none": ["--figures", "none"], "svg": ["--figures", "default"],
+                 "png": ["--figures", "default", "--figure-format", "png"]}
+
+
 def demo_cpu(repeats: int) -> dict[str, float]:
-    """``{figures: median CPU s}`` of ``torchcal demo --quick --figures none`` and
-    ``default`` (this process's children), alternating."""
-    out: dict[str, list[float]] = {"none": [], "default": []}
+    """``{variant: median CPU s}`` of ``torchcal demo --quick`` with each of
+    :data:`DEMO_VARIANTS` (this process's children), alternating; prints every run's."""
+    out: dict[str, list[float]] = {k: [] for k in DEMO_VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(repeats):
-            for figures in out:
-                out[figures].append(_child_cpu(
-                    [sys.executable, "-m", "torchcal", "demo", "--quick", "--figures", figures,
-                     "--no-progress", "--out", f"{tmp}/demo{k}{figures}"], SRC))
+            for name, extra in DEMO_VARIANTS.items():
+                out[name].append(_child_cpu(
+                    [sys.executable, "-m", "torchcal", "demo", "--quick", *extra,
+                     "--no-progress", "--out", f"{tmp}/demo{k}{name}"], SRC))
+    print("demo --quick, each run's CPU s: " + "; ".join(
+        f"{k}: {', '.join(f'{x:.1f}' for x in v)}" for k, v in out.items()))
     return {k: statistics.median(v) for k, v in out.items()}
 
 
 def figures_item(args: argparse.Namespace) -> str:
     """Print the figures' measurements; returns their ``RATIO`` line."""
+    variants = {"svg": (str(SRC), "svg"), "png": (str(SRC), "png")}
     if args.baseline_src:
-        res = figures_fresh({"baseline": args.baseline_src, "this": str(SRC)}, args.repeats)
-        b, a = res["baseline"], res["this"]
-        print(f"--- figures (default set, fresh process each, matplotlib's import included): "
-              f"baseline {b:.2f} s CPU, this source {a:.2f} s CPU")
-    else:
-        b, a, nb, na = figures_ratio(args.repeats)
-        print(f"--- figures (in this process): before {b:.2f} s CPU ({nb} figures, tight "
-              f"boxes), after {a:.2f} s CPU ({na} figures, default set)")
+        variants["baseline"] = (args.baseline_src, None)
+    res = figures_fresh(variants, args.repeats)
+    print(f"--- figures (default set, fresh process each, imports included): SVG "
+          f"{res['svg']:.2f} s CPU, PNG (matplotlib) {res['png']:.2f} s CPU"
+          + (f", baseline source {res['baseline']:.2f} s CPU" if args.baseline_src else ""))
+    b, a = res.get("baseline", res["png"]), res["svg"]
+    if not args.baseline_src:
+        tb, ta, nb, na = figures_ratio(args.repeats)
+        print(f"--- figures (in this process): before issue 43 {tb:.2f} s CPU ({nb} PNGs, tight "
+              f"boxes), the default set {ta:.2f} s CPU ({na} figures, SVG)")
     if args.demo:
         d = demo_cpu(args.repeats)
-        share = (d["default"] - d["none"]) / d["default"]
-        print(f"demo --quick: {d['default']:.1f} s CPU with the figures, {d['none']:.1f} s with "
-              f"--figures none: the figures' share {100 * share:.1f}% (target <= 5%); with the "
-              f"figures' CPU above: before {100 * b / (d['none'] + b):.1f}%, after "
-              f"{100 * a / (d['none'] + a):.1f}%")
+        share = {k: (d[k] - d["none"]) / d[k] for k in ("svg", "png")}
+        print(f"demo --quick: {d['none']:.1f} s CPU with --figures none, {d['svg']:.1f} s with "
+              f"the default figures as SVG, {d['png']:.1f} s as PNG: the figures' share "
+              f"{100 * share['svg']:.1f}% as SVG, {100 * share['png']:.1f}% as PNG (target "
+              f"<= 5%); with the fresh-process figures' CPU above: SVG "
+              f"{100 * a / (d['none'] + a):.1f}%, PNG {100 * res['png'] / (d['none'] + res['png']):.1f}% "
+              "(a difference of the demos smaller than their runs' spread above is noise)")
     return f"RATIO figures: before/after = {b / a:.2f}"
 
 

@@ -33,16 +33,16 @@ def test_tiny_demo_writes_every_file(tiny_demo):
     assert res.failed == []
     for name in ("report.md", "report.html", "results.json", "results.csv", "summary.csv"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
-    figs = sorted(p.name for p in (out / "figures").glob("*.png"))
-    # the default figure set (issue 43): every loss at once; each loss's pre/post-T pair only
-    # with figures="all" (tests/report/test_report_figure_sets.py)
+    figs = sorted(p.name for p in (out / "figures").iterdir())
+    # the default figure set (issue 43): every loss at once, as SVG; each loss's pre/post-T
+    # pair only with figures="all" (tests/report/test_report_figure_sets.py)
     assert not any(f.startswith("reliability_") and "_ce" in f for f in figs), figs
     assert any(f.startswith("confidence_") for f in figs), figs
     assert any(f.startswith("reliability_overview_") for f in figs), figs
     assert any(f.startswith("roc_") for f in figs), figs
     assert any(f.startswith("gamma_") for f in figs), figs
     for f in figs:
-        assert (out / "figures" / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f.endswith(".svg") and (out / "figures" / f).read_bytes().startswith(b"<svg "), f
     for loss in ("ce", "adafocal"):
         run = out / "runs" / loss / "seed0"
         r = read_results(run)
@@ -53,7 +53,8 @@ def test_tiny_demo_writes_every_file(tiny_demo):
     assert "ECE pre T" in md and "Cross-entropy" in md and "AdaFocal (λ=0.1)" in md
     assert "λ=0.1" in md and "OOD" in md and "figures/gamma_" in md
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == len(figs)
+    assert html.count("data:image/svg+xml;base64,") == len(figs)
+    assert "data:image/png" not in html
     doc = json.loads((out / "results.json").read_text())
     assert {g["loss"] for g in doc["groups"]} == {"ce", "adafocal"}
     assert "post T (T)" in res.report.text and "Cross-entropy" in res.report.text
@@ -154,7 +155,7 @@ def test_report_cli_on_demo_runs_and_bad_file(tiny_demo, tmp_path, capsys):
     assert code == 1
     assert "broken/results.json" in cap.err and "malformed" in cap.err
     assert "Cross-entropy" in cap.out and str(out / "report.md") in cap.out
-    assert (out / "report.html").is_file() and list((out / "figures").glob("reliability_*.png"))
+    assert (out / "report.html").is_file() and list((out / "figures").glob("reliability_*.svg"))
     # nothing readable at all: one clear line, exit status 2
     assert main(["report", str(bad), "--out", str(tmp_path / "rep2")]) == 2
     assert "broken/results.json" in capsys.readouterr().err
@@ -351,7 +352,7 @@ def test_report_on_train_and_eval_runs(tmp_path, capsys):
     assert g["mean"]["test.pre.ece"] == pytest.approx(
         (read_results(root / "f0")["test"]["pre"]["ece"] + read_results(root / "f1")["test"]["pre"]["ece"]) / 2)
     assert list((out / "figures").glob("reliability_*focal*.png"))
-    assert list((out / "figures").glob("roc_*.png"))
+    assert list((out / "figures").glob("roc_*.svg"))
 
 
 def test_every_registered_loss_is_trained_or_excluded_with_a_reason():
@@ -401,3 +402,17 @@ def test_demo_names_are_not_in_report():
 
     for name in ("run_demo", "DemoConfig", "DemoResult"):
         assert name not in torchcal.report.__all__ and not hasattr(torchcal.report, name)
+
+
+@pytest.mark.parametrize("bad", [dict(figure_format="jpg"), dict(figures="some")])
+def test_bad_report_settings_are_refused_before_anything_trains(tmp_path, monkeypatch, bad):
+    """A figure format or set the report cannot draw was refused by build_report only after
+    every run had trained: the demo checks both first, naming the argument."""
+    import torchcal.experiments.demo as demo_mod
+
+    def no_training(*a, **kw):  # pragma: no cover - reached only with the defect
+        raise AssertionError("trained before the settings were checked")
+
+    monkeypatch.setattr(demo_mod, "run_sweep", no_training)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        run_demo(DemoConfig(out=tmp_path / "demo", **dict(TINY, **bad)))

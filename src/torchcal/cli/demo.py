@@ -161,6 +161,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
         overrides=_overrides(args),
         progress=not args.no_progress, quick=args.quick, figures="none" if args.no_figures else args.figures,
+        figure_format=args.figure_format,
         pack=not args.no_pack, command=_command(args),
     )
     res = run_demo(cfg, executor)
@@ -300,6 +301,11 @@ def register(subparsers) -> None:
     d.add_argument("--figures", choices=("default", "all", "none"), default="default",
                    help="which figures: default: every loss at once (reliability overview, confidence, OOD ROC, "
                         "AdaFocal's γ); all: also each loss's reliability diagrams before and after "
-                        "temperature scaling (about twice the drawing CPU); none: as --no-figures")
+                        "temperature scaling (PNG by matplotlib, many times the default figures' CPU); "
+                        "none: as --no-figures")
+    d.add_argument("--figure-format", choices=("svg", "png"), default="svg",
+                   help="format of the default figures: svg (default: written directly, a few "
+                        "percent of matplotlib's CPU) or png (matplotlib); --figures all's "
+                        "per-loss pairs are PNG either way")
     d.add_argument("--debug", action="store_true", help="show tracebacks")
     d.set_defaults(func=cmd_demo, interrupt_hint=_interrupt_hint)

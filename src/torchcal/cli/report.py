@@ -37,7 +37,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     with exclusive_lock(out, what="Output directory"):  # one report writer at a time
         prepare_report_dir(out)
         rep = build_report(args.run_dirs, out, title=args.title, n_bins=args.n_bins,
-                           figures="none" if args.no_figures else args.figures, checkpoint=args.checkpoint,
+                           figures="none" if args.no_figures else args.figures,
+                           figure_format=args.figure_format, checkpoint=args.checkpoint,
                            mix_checkpoints=args.mix_checkpoints)
     for _path, msg in rep.errors:
         print(f"torchcal report: error: {msg}", file=sys.stderr)
@@ -62,7 +63,12 @@ def register(subparsers) -> None:
     p.add_argument("--figures", choices=("default", "all", "none"), default="default",
                    help="which figures: default: every loss at once (reliability overview, confidence, OOD ROC, "
                         "AdaFocal's γ); all: also each loss's reliability diagrams before and after "
-                        "temperature scaling (about twice the drawing CPU); none: as --no-figures")
+                        "temperature scaling (PNG by matplotlib, many times the default figures' CPU); "
+                        "none: as --no-figures")
+    p.add_argument("--figure-format", choices=("svg", "png"), default="svg",
+                   help="format of the default figures: svg (default: written directly, a few "
+                        "percent of matplotlib's CPU) or png (matplotlib); --figures all's "
+                        "per-loss pairs are PNG either way")
     p.add_argument("--checkpoint", choices=("last", "best"), default="last",
                    help="which evaluation of each run: the last epoch's results.json (default) "
                         "or results-best.json (`torchcal eval RUN --checkpoint best`)")

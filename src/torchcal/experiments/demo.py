@@ -40,7 +40,7 @@ from ..ensemble import SEED_SUBSET_SIZE, evaluate_ensemble, seed_subsets
 from ..errors import ResultsFileError
 from ..evaluate import meta_from_config
 from ..losses import list_losses
-from ..report.build import build_report, prepare_report_dir
+from ..report.build import FIGURE_FORMATS, build_report, figure_set, prepare_report_dir
 from ..runs import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
@@ -78,6 +78,7 @@ class DemoConfig:
     progress: bool = True
     quick: bool = False
     figures: bool | str = True
+    figure_format: str = "svg"  # the default figures' format: svg or png (torchcal.report)
     recipe: str | None = None  # None: the benchmark's
     dataset: str = "mnist1d"  # a registered benchmark (torchcal.experiments.list_benchmarks)
     full: bool = False  # every tagged loss, the recipe's schedule, 5 seeds
@@ -253,6 +254,10 @@ def _check_settings(specs: list[RunSpec], bench: Benchmark) -> None:
 def _check(cfg: DemoConfig) -> None:
     if not cfg.seeds:
         raise ValueError("Expected `seeds` to hold at least one seed, got none")
+    figure_set(cfg.figures)  # the report's settings are checked before anything trains
+    if cfg.figure_format not in FIGURE_FORMATS:
+        raise ValueError(f"Expected `figure_format` to be one of {FIGURE_FORMATS}, got "
+                         f"{cfg.figure_format!r}")
     check_scalar(cfg.workers, "workers", int, min_val=1)
     check_scalar(cfg.epochs, "epochs", int, min_val=1, allow_none=True)
     known = set(list_losses())
@@ -307,7 +312,8 @@ class _TrainingRuns(BenchmarkKind):
         rep = build_report([s.run_dir for s in specs] + ensembles, out,
                            title=f"torchcal demo: {bench.title}",
                            intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
-                           figures=cfg.figures, claims=tuple(bench.claims) or False,
+                           figures=cfg.figures, figure_format=cfg.figure_format,
+                           claims=tuple(bench.claims) or False,
                            verdict_label=label, preface=committed_note(bench) if label else "")
         return rep, failed
 

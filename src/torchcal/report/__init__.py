@@ -4,7 +4,9 @@
   (the engine of ``torchcal report`` and ``torchcal demo``); :class:`ReportOptions` - what it
   reads and shows.
 * :func:`load_runs`, :func:`group_runs` - reading and averaging ``results.json`` files.
-* ``torchcal.report.figures`` - the report's figures (the reliability diagram is
+* ``torchcal.report.svg`` - the report's default figures as SVG, written without matplotlib
+  (issue 43: a few percent of its CPU); ``torchcal.report.figures`` - the same figures and each
+  loss's reliability pair by matplotlib, as PNG (the reliability diagram is
   :func:`torchcal.plot.reliability_diagram`).
 
 The demo trains models, so it is application code: :mod:`torchcal.experiments`

@@ -35,6 +35,12 @@ __all__ = [
     "confidence_histograms",
     "roc_figure",
     "gamma_history_figure",
+    "line_height",
+    "wrap_title",
+    "legend_columns",
+    "gamma_limits",
+    "LEGEND_ENTRIES",
+    "OVERVIEW_CELL",
 ]
 
 
@@ -52,7 +58,7 @@ def new_figure(width: float, height: float, *, layout: str | None = "constrained
 
 
 #: The height in inches of one line of text of a font size in points (1.2 line spacing).
-def _line(fontsize: float) -> float:
+def line_height(fontsize: float) -> float:
     return 1.2 * fontsize / 72
 
 
@@ -87,7 +93,7 @@ class Grid:
     def suptitle(self, title: str, fontsize: float = 12.0) -> None:
         """The figure's title at its top (:meth:`title_height` inches tall)."""
         if title:
-            self.fig.suptitle(_wrapped(self.width, title, fontsize), fontsize=fontsize,
+            self.fig.suptitle(wrap_title(self.width, title, fontsize), fontsize=fontsize,
                               y=1 - 0.06 / self.height, va="top")
 
     def supxlabel(self, text: str, fontsize: float = 9.0) -> None:
@@ -103,10 +109,10 @@ def title_height(width: float, title: str, fontsize: float = 12.0) -> float:
     """The inches a figure title of ``width`` inches takes at its top (0 for none)."""
     if not title:
         return 0.0
-    return 0.16 + _line(fontsize) * _wrapped(width, title, fontsize).count("\n") + _line(fontsize)
+    return 0.16 + line_height(fontsize) * wrap_title(width, title, fontsize).count("\n") + line_height(fontsize)
 
 
-def _wrapped(width: float, title: str, fontsize: float) -> str:
+def wrap_title(width: float, title: str, fontsize: float) -> str:
     """``title``, each line wrapped to ``width`` inches (the figure is drawn at its own size:
     a longer line would be cut at the edges)."""
     chars = max(20, int(width * 72 / (0.6 * fontsize)))
@@ -149,7 +155,7 @@ def roc_curve(scores: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.
 #: the count axes' height, the space above the reliability axes for the panel title); the
 #: pair's panels have matplotlib's default font sizes, the overview's smaller ones.
 _PAIR_CELL = (4.0, 4.6, 0.7, 0.55, 0.85, 0.35)
-_OVERVIEW_CELL = (3.0, 3.75, 0.55, 0.42, 0.7, 0.3)
+OVERVIEW_CELL = (3.0, 3.75, 0.55, 0.42, 0.7, 0.3)
 
 
 def _reliability_grid(n_panels: int, ncols: int, cell: tuple[float, ...], title: str,
@@ -158,9 +164,9 @@ def _reliability_grid(n_panels: int, ncols: int, cell: tuple[float, ...], title:
     each, a legend row under the panels and ``title`` above them."""
     cw, ch, left, bottom, hist_h, head = cell
     width = min(max(n_panels, 1), ncols) * cw + 0.15
-    legend_rows = -(-_LEGEND_ENTRIES // _legend_columns(width))
+    legend_rows = -(-LEGEND_ENTRIES // legend_columns(width))
     grid = Grid(n_panels, ncols, (cw, ch), top=title_height(width, title, title_size),
-                bottom=0.15 + _line(8.0) * 1.25 * legend_rows, right=0.15)
+                bottom=0.15 + line_height(8.0) * 1.25 * legend_rows, right=0.15)
     w = cw - left - 0.15
     pairs = []
     for k in range(n_panels):
@@ -194,18 +200,18 @@ def _legend_below(fig) -> None:
     sparse = any(c.get_label().startswith("< ") for ax in fig.axes for c in ax.containers)
     handles = reliability_legend_handles(MIN_COUNT, sparse)
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0),
-               ncol=min(len(handles), _legend_columns(fig.get_figwidth())), fontsize=8,
+               ncol=min(len(handles), legend_columns(fig.get_figwidth())), fontsize=8,
                frameon=False)
 
 
 #: The most entries of the reliability legend (:func:`~torchcal.plot.reliability_legend_handles`)
-_LEGEND_ENTRIES = 5
+LEGEND_ENTRIES = 5
 
 
-def _legend_columns(width: float) -> int:
+def legend_columns(width: float) -> int:
     """The reliability legend's entries side by side in a figure ``width`` inches wide (its
     widest entry, "gap: under-confident" at 8 pt with its patch, takes about 1.45 inches)."""
-    return max(1, min(_LEGEND_ENTRIES, int(width / 1.45)))
+    return max(1, min(LEGEND_ENTRIES, int(width / 1.45)))
 
 
 def reliability_overview(
@@ -215,7 +221,7 @@ def reliability_overview(
     ``{label: (logits, labels)}``."""
     names = list(curves)
     ncols = min(5, max(1, len(names)))
-    grid, pairs = _reliability_grid(len(names), ncols, _OVERVIEW_CELL, title)
+    grid, pairs = _reliability_grid(len(names), ncols, OVERVIEW_CELL, title)
     for name, (ax, hax) in zip(names, pairs, strict=True):
         z, y = curves[name]
         reliability_diagram(logits=z, labels=y, n_bins=n_bins, title=name, ax=ax, hist_ax=hax,
@@ -341,7 +347,7 @@ def gamma_history_figure(
     # every panel (drawn at 20 over data near 1, the curves would be flat lines)
     data_hi = max([float(np.nanmax(h)) for h in hists if np.isfinite(h).any()], default=0.0)
     show_max = gamma_max is not None and data_hi >= 0.5 * gamma_max
-    lo, hi = _gamma_limits(hists, gamma_max if show_max else None)
+    lo, hi = gamma_limits(hists, gamma_max if show_max else None)
     first = None
     for k, (name, h) in enumerate(zip(names, hists, strict=True)):
         ax = grid.axes(k, 0.5, 0.42, 4.2 - 0.5 - 0.15, 3.2 - 0.42 - 0.28, sharey=first)
@@ -390,10 +396,10 @@ def _gamma_colorbar(grid: Grid, n_bins: int, cmap) -> None:
     cb.ax.tick_params(labelsize=7)
 
 
-def _gamma_limits(hists: list[np.ndarray], gamma_max: float | None) -> tuple[float, float]:
+def gamma_limits(hists: list[np.ndarray], gamma_max: float | None) -> tuple[float, float]:
     """One y-range for every γ panel: the data of all panels, 0 and γ_max, with a margin.
 
-    >>> _gamma_limits([np.array([[1.0, 2.0]]), np.array([[-1.0, 5.0]])], 20.0)
+    >>> gamma_limits([np.array([[1.0, 2.0]]), np.array([[-1.0, 5.0]])], 20.0)
     (-2.05, 21.05)
     """
     vals = [float(v) for h in hists for v in (np.nanmin(h), np.nanmax(h)) if np.isfinite(v)]
