@@ -9,7 +9,7 @@ It prints one line per rule with its count, then every violation:
        L7  cli/
        L6  experiments/
        L5  train/  report/  integrations/   (siblings: never importing each other)
-       L4  evaluate.py  runs.py  ensemble.py
+       L4  evaluate.py  run_dir.py  ensemble.py
        L3  losses/  posthoc/  uncertainty/  plot.py
        L2  metrics/  functional/  models/  data/
        L1  errors.py  _validation.py  _io/  _registry.py
@@ -20,7 +20,7 @@ It prints one line per rule with its count, then every violation:
    docstring included, to its last line).
 4. **run-directory names**: each file name of a run directory (``config.json``, ``log.jsonl``,
    ``results.json``, ``checkpoints/last.pt``, ...) appears in one module only,
-   ``torchcal/runs.py``.  Counted: every string literal (f-string parts included) that holds a
+   ``torchcal/run_dir.py``.  Counted: every string literal (f-string parts included) that holds a
    file name, and every directory name joined with ``/`` or ``joinpath``; not counted:
    docstrings and the ``help=`` / ``description=`` / ``epilog=`` text of the command line
    (and the help lines of ``torchcal --help``, ``cli.COMMAND_HELP``).
@@ -108,7 +108,8 @@ LAYERS = {
     "report": 5,
     "integrations": 5,
     "evaluate": 4,
-    "runs": 4,
+    "run_dir": 4,
+    "runs": 4,  # the deprecated name of run_dir
     "ensemble": 4,
     "losses": 3,
     "posthoc": 3,
@@ -133,7 +134,7 @@ MAX_FUNCTION_LINES = 80
 RUN_FILES = ("config.json", "log.jsonl", "results.json", "results-best.json", "last.pt",
              "best.pt", "head.pt", "val.npz", "test.npz")
 RUN_DIRS = ("checkpoints", "logits", "logits-best", "tensorboard", "uncertainty")
-RUN_DIR_OWNER = "torchcal.runs"
+RUN_DIR_OWNER = "torchcal.run_dir"
 HELP_KEYWORDS = {"help", "description", "epilog", "usage"}
 # Module-level names whose strings are command-line help too (the lines of `torchcal --help`).
 HELP_NAMES = {"COMMAND_HELP"}

@@ -41,7 +41,7 @@ from ..errors import ResultsFileError
 from ..evaluate import meta_from_config
 from ..losses import list_losses
 from ..report.build import build_report, prepare_report_dir
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss

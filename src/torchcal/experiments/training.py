@@ -42,7 +42,7 @@ import torch
 from .._io import check_own_path, exclusive_lock
 from ..errors import CheckpointError, ResultsFileError, TorchcalError
 from ..evaluate import read_results
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ..train import TrainConfig, get_recipe
 from ..train.checkpoint import remove_stale_run_temp_files
 from ..train.config import changed_fields
@@ -275,8 +275,8 @@ _OTHER_SETTINGS = "holds a run of other settings"
 
 
 def clear_run_dir(run_dir: Path, why: str = _OTHER_SETTINGS) -> list[Path]:
-    """Remove the files torchcal wrote in a run directory (:meth:`torchcal.runs.RunDir.clear`:
-    the names of :data:`torchcal.runs.OWN_NAMES`), keeping the lock file of its owner (this
+    """Remove the files torchcal wrote in a run directory (:meth:`torchcal.run_dir.RunDir.clear`:
+    the names of :data:`torchcal.run_dir.OWN_NAMES`), keeping the lock file of its owner (this
     process) and everything torchcal did not write, which a warning names ("kept 2 files
     torchcal did not write: ...").  ``why`` says in that warning why the run was cleared.
 

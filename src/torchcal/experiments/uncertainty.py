@@ -47,7 +47,7 @@ import torch
 from .._io import atomic_write_json, atomic_write_text
 from ..data import load_splits
 from ..report.build import write_report_pages
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
 from ..train.config import JointHeadConfig, TrainConfig

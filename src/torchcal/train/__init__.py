@@ -9,7 +9,7 @@ builds and resumes each run, :mod:`~torchcal.train.stacks` holds the networks),
 :mod:`~torchcal.train.device`, :mod:`~torchcal.train.inference` (``predict_logits``),
 :mod:`~torchcal.train.evaluation` (``evaluate_checkpoint``), :mod:`~torchcal.train.checkpoint`,
 :mod:`~torchcal.train.distributed` and :mod:`~torchcal.train.tracking`.  The run directory's
-layout belongs to :mod:`torchcal.runs`.
+layout belongs to :mod:`torchcal.run_dir`.
 
 >>> from torchcal.train import get_recipe
 >>> cfg = get_recipe("digits-mlp")

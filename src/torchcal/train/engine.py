@@ -62,7 +62,7 @@ from ..metrics.epoch import (
     stacked_binned_sums,
     stacked_epoch_metrics,
 )
-from ..runs import LOSS_STATE_KEY
+from ..run_dir import LOSS_STATE_KEY
 from .build import load_ood_sets
 from .checkpoint import rng_state_tensors, save_checkpoint
 from .compiled import CompiledStep, make_compiled_step

@@ -41,7 +41,7 @@ from typing import Any
 
 from .._io import replace_verified
 from ..errors import CheckpointError, TorchcalError
-from ..runs import RunDir
+from ..run_dir import RunDir
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .steps import build_optimizer

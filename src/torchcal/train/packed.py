@@ -14,7 +14,7 @@ weights and batches as ``train(config)`` with that seed), it has its own loss ob
 per-bin γ, a temperature-aware loss' T), its own gradient-norm clipping, its own SGD state (one
 SGD over the stacked parameters equals M separate SGDs: every operation of SGD with momentum,
 weight decay and Nesterov is elementwise; the members share the learning-rate schedule), its own
-validation pass, log, checkpoints, run directory (the format of :mod:`torchcal.runs`) and final
+validation pass, log, checkpoints, run directory (the format of :mod:`torchcal.run_dir`) and final
 evaluation.  Each member's ``nn.Module`` holds views of its slice of the stacked tensors, so the
 per-run steps (evaluation, checkpointing) read the packed values without copies.
 
@@ -48,7 +48,7 @@ from torch import nn
 
 from .._io import exclusive_lock
 from ..errors import CheckpointError
-from ..runs import CONFIG_FILE, RunDir
+from ..run_dir import CONFIG_FILE, RunDir
 from .build import data_seed
 from .config import TrainConfig
 from .distributed import DistEnv
@@ -147,7 +147,7 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
 
 def _member_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig:
     """The config of the pack's member in ``out_dir``: the one passed, else its
-    :data:`~torchcal.runs.CONFIG_FILE` (CheckpointError when neither can be had)."""
+    :data:`~torchcal.run_dir.CONFIG_FILE` (CheckpointError when neither can be had)."""
     for c in configs:
         if str(c.out_dir) == out_dir:
             return c

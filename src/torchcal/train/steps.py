@@ -18,7 +18,7 @@ stack is a :class:`Run` built here the same way whatever M:
   holds; :func:`divergence_error` words a diverged run's stop;
 * :func:`final_evaluation` evaluates the last epoch into ``logits/`` and ``results.json``.
 
-The run directory's layout belongs to :mod:`torchcal.runs`.
+The run directory's layout belongs to :mod:`torchcal.run_dir`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from ..errors import CheckpointError, DivergedError, TorchcalError, diverged_mes
 from ..losses import create_loss
 from ..losses.base import loss_wants_validation, published_reduction
 from ..models import list_models
-from ..runs import RunDir
+from ..run_dir import RunDir
 from .build import build_data, build_model, check_model_input
 from .checkpoint import load_checkpoint, remove_stale_run_temp_files, restore_rng_state
 from .config import TrainConfig, changed_fields, describe_fields
