@@ -188,7 +188,7 @@ def test_a_ghost_gets_the_optimiser_and_schedule_of_its_own_run(tmp_path, monkey
 # ------------------------------------------------------------------------------------------
 def _member(tmp_path, name, index, epoch, model="mnist1d_cnn"):
     r = types.SimpleNamespace(config=cfg(tmp_path, name, model=model), start_epoch=epoch)
-    return types.SimpleNamespace(index=index, r=r)
+    return types.SimpleNamespace(index=index, run=r)
 
 
 def test_a_ghost_that_cannot_be_built_stops_its_pack(tmp_path):
@@ -197,7 +197,7 @@ def test_a_ghost_that_cannot_be_built_stops_its_pack(tmp_path):
     and the group's other pack goes on."""
     a, c = _member(tmp_path, "a", 0, 1), _member(tmp_path, "c", 1, 0)
     layout = (str(tmp_path / "a"), str(tmp_path / "b"))  # "b" was a member; it has no config
-    configs = [a.r.config, c.r.config]
+    configs = [a.run.config, c.run.config]
     results = [None, None]
     packs = P._packs([(a, layout), (c, (str(tmp_path / "c"),))], configs, [0, 1], results)
     assert [[mb.index for mb in p] for p in packs] == [[1]]
@@ -211,7 +211,7 @@ def test_a_ghost_of_another_model_stops_its_pack(tmp_path):
     a = _member(tmp_path, "a", 0, 1)
     other = cfg(tmp_path, "b", model="mlp")  # passed, but its ghost cannot share the pack
     results = [None]
-    packs = P._packs([(a, (str(tmp_path / "a"), other.out_dir))], [a.r.config, other], [0],
+    packs = P._packs([(a, (str(tmp_path / "a"), other.out_dir))], [a.run.config, other], [0],
                      results)
     assert packs == []
     assert isinstance(results[0], CheckpointError)

@@ -7,9 +7,9 @@ through :func:`run_stack`.  The steps, in the order of an epoch:
 * **batches** (:class:`Batches`): every member's batch of a step stacked (M, B, ...), one gather
   from the data on the device (each member its own order, from its seed; under ``torchrun``
   each rank its shard);
-* **forward and step**: the stack's (:mod:`torchcal.train.stacks`): a :class:`PackedModel`
+* **forward and step**: the stack's (:mod:`torchcal.train.stacks`): a :class:`~torchcal.train.stacks.PackedModel`
   (stacked parameters, one batched forward, per-member clipping, one SGD) or a
-  :class:`SoloModel` (one run's own module with its head, DDP, compile and AMP scaler);
+  :class:`~torchcal.train.stacks.SoloModel` (one run's own module with its head, DDP, compile and AMP scaler);
 * **losses** (:class:`~torchcal.train.loss_groups.LossGroups`): one call per loss
   configuration, the members' loss state stacked; the losses' protocol
   (:mod:`torchcal.losses.base`: ``set_epoch`` before an epoch, ``on_validation`` after each
@@ -136,11 +136,11 @@ class Member:
     member (the run of :func:`~torchcal.train.train`) raises what stops it.  The engine owns
     the members' runs: a stack holds none."""
 
-    def __init__(self, index: int, r: Run, ghost: bool = False, alone: bool = False) -> None:
-        self.index, self.r, self.ghost, self.alone = index, r, ghost, alone
-        self.final: dict[str, float] = {} if ghost else finished_run_numbers(r)
+    def __init__(self, index: int, run: Run, ghost: bool = False, alone: bool = False) -> None:
+        self.index, self.run, self.ghost, self.alone = index, run, ghost, alone
+        self.final: dict[str, float] = {} if ghost else finished_run_numbers(run)
         self.error: BaseException | None = None
-        self.every = update_every(r.loss_fn)
+        self.every = update_every(run.loss_fn)
         self.tb: Any = None  # its TensorBoard logger (rank 0 with ``tensorboard``)
 
     def stop(self, error: BaseException) -> None:
@@ -160,7 +160,7 @@ def split_logits(stack: Stack, members: list[Member], split: str
                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     """:meth:`Stack.split_logits <torchcal.train.stacks.Stack.split_logits>` of ``split``
     (``"val"``, ``"test"``) from the members' batch sources of it."""
-    return stack.split_logits([mb.r.src[split] for mb in members], members[0].r.eval_bs)
+    return stack.split_logits([mb.run.src[split] for mb in members], members[0].run.eval_bs)
 
 
 # torch's check that a schedule steps after its optimiser (PyTorch issue 20124)
@@ -176,7 +176,7 @@ def step_schedules(stack: Stack, members: list[Member], per_step: bool) -> None:
     for them, :class:`~torchcal.train.stacks.PackedModel`), which torch's check of the order
     cannot see: its "``lr_scheduler.step()`` before ``optimizer.step()``" warning is ignored
     for these calls only (the order is the right one)."""
-    schedules = [mb.r.scheduler for mb in members if mb.r.head.per_step_schedule == per_step]
+    schedules = [mb.run.scheduler for mb in members if mb.run.head.per_step_schedule == per_step]
     if not schedules:
         return
     with warnings.catch_warnings() if stack.packed else contextlib.nullcontext():
@@ -192,11 +192,11 @@ class Batches:
     data differ, augmentation draws per member or each rank trains on its shard."""
 
     def __init__(self, members: list[Member]) -> None:
-        r0 = members[0].r
+        r0 = members[0].run
         self.src = r0.src["train"]
         augment = bool(getattr(r0.splits, "augment", False))
         self.shared = (self.src.array and not augment and not r0.env.enabled
-                       and all(mb.r.src["train"] is self.src for mb in members))
+                       and all(mb.run.src["train"] is self.src for mb in members))
         self.bs = r0.local_bs
         self.gather = True  # False: a compiled step gathers its batch itself (index only)
 
@@ -204,11 +204,11 @@ class Batches:
         """The epoch's steps: ``(x (M, B, ...), y (M, B), index (M, B))``, ``index`` the
         samples' positions in the training split (on the device)."""
         if not self.shared:
-            for batch in zip(*[train_batches(mb.r, epoch) for mb in members], strict=True):
+            for batch in zip(*[train_batches(mb.run, epoch) for mb in members], strict=True):
                 yield tuple(torch.stack([b[k] for b in batch]) for k in range(3))
             return
         n = self.src.n
-        perms = torch.stack([epoch_permutation(n, mb.r.config.seed, epoch) for mb in members])
+        perms = torch.stack([epoch_permutation(n, mb.run.config.seed, epoch) for mb in members])
         perms = perms.to(self.src.device)
         stop = n - 1 if (n % self.bs == 1 and n > 1) else n  # a lone last sample is dropped
         for s in range(0, stop, self.bs):
@@ -224,17 +224,17 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
     """One epoch of every member's batches (each member its own data order), stepped as one
     (``compiled``: each step one compiled graph, :mod:`torchcal.train.compiled`); the
     learning rate is the first live member's (its schedule's), set by the engine."""
-    r0, running = members[0].r, live(members)
+    r0, running = members[0].run, live(members)
     for mb in members:
-        loss_set_epoch(mb.r.loss_fn, epoch)
+        loss_set_epoch(mb.run.loss_fn, epoch)
     groups.refresh()
     # the global stream (dropout of a run alone; nothing of a pack) follows the first member
     torch.manual_seed(epoch_seed(r0.config.seed, epoch, stream=3 + r0.env.rank))
-    stack.start_epoch(running[0].r.optimizer.param_groups[0]["lr"])
+    stack.start_epoch(running[0].run.optimizer.param_groups[0]["lr"])
     stats = PackedStats(len(members), r0.config.n_bins, r0.device)
     mean_rows = groups.mean_rows  # built once per pack (a host list would sync every epoch)
     stateful = [mb for mb in running if mb.every]  # losses with extra validation passes
-    per_step = any(mb.r.head.per_step_schedule for mb in members)  # a head's schedule
+    per_step = any(mb.run.head.per_step_schedule for mb in members)  # a head's schedule
     batches.gather = compiled is None or compiled.failed is not None
     for step, (x, y, index) in enumerate(batches.epoch(members, epoch)):
         if not batches.gather and not compiled(index, stats):
@@ -275,7 +275,7 @@ def _drive_validation(stack: Stack, members: list[Member], which: list[Member]
         m = members.index(mb)
         y = ly if ly.ndim == 1 else ly[:, m]
         try:
-            loss_on_validation(mb.r.loss_fn, logits=lz[:, m].contiguous(), labels=y)
+            loss_on_validation(mb.run.loss_fn, logits=lz[:, m].contiguous(), labels=y)
         except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
             mb.stop(exc)
     return val
@@ -323,13 +323,13 @@ class EpochEnd:
 
     def __init__(self, stack: Stack, members: list[Member], groups: LossGroups,
                  writer: EpochWriter | None = None) -> None:
-        r0 = members[0].r
+        r0 = members[0].run
         self.mean_rows = mean_rows(groups)
         self.writer = writer if writer is not None else EpochWriter(threaded=False)
         self.metric = r0.config.select_best_by
         self.rows = StateRows(stack)
         self.best = None if self.metric == "none" else DeviceBest(
-            self.rows, [mb.r.best for mb in members], r0.device)
+            self.rows, [mb.run.best for mb in members], r0.device)
         self.failed: set[str] = set()  # run directories whose files failed (writer thread)
 
 
@@ -347,9 +347,9 @@ def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats:
     split's when due, then "all parameters finite", the ``fc`` weight norm and "improved on
     its best" (the columns named in the returned dict); and that flag and the validation metric
     on the device."""
-    r0 = members[0].r
+    r0 = members[0].run
     val = _drive_validation(stack, members, [mb for mb in live(members)
-                                             if loss_wants_validation(mb.r.loss_fn)])
+                                             if loss_wants_validation(mb.run.loss_fn)])
     groups.refresh()
     chunk = max(r0.local_bs, 1024)  # chunks of the logged loss (MMCE is O(chunk^2))
     every = r0.config.eval_test_every
@@ -382,14 +382,14 @@ def _stop_error(mb: Member, epoch: int, rec: dict[str, Any], finite: bool
     on)."""
     finite_loss = math.isfinite(rec["train_loss"])
     if mb.alone:
-        return divergence_error(mb.r, epoch, finite_loss, finite)
+        return divergence_error(mb.run, epoch, finite_loss, finite)
     if finite_loss and finite:
         return None
     what = " and ".join(w for w, bad in (("training loss", not finite_loss),
                                          ("parameters", not finite)) if bad)
     return MemberDivergedError(diverged_message(
         epoch, f"{what} {rec['train_loss'] if 'loss' in what else 'not finite'}",
-        "it stops at its last checkpoint, the other packed runs go on", run=str(mb.r.run.path)))
+        "it stops at its last checkpoint, the other packed runs go on", run=str(mb.run.dir.path)))
 
 
 def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
@@ -413,7 +413,7 @@ def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
             continue
         rec["fc_weight_norm"] = float(host[m, extra["fc"]]) if "fc" in extra else None
         stack.annotate(rec)
-        state = loss_log_state(mb.r.loss_fn)
+        state = loss_log_state(mb.run.loss_fn)
         if state:
             rec[LOSS_STATE_KEY] = state
         recs[m] = rec
@@ -443,7 +443,7 @@ def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str,
         return
     ctx.best.update(*best)
     for m in better:
-        r = members[m].r
+        r = members[m].run
         r.best = {"metric": ctx.metric, "value": float(recs[m][f"val_{ctx.metric}"]),
                   "epoch": epoch + 1}
         if r.env.is_main:
@@ -472,7 +472,7 @@ def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: Pa
         mb = members[m]
         rec["seconds"] = share
         mb.final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
-        if mb.tb is not None and mb.r.env.is_main:
+        if mb.tb is not None and mb.run.env.is_main:
             mb.tb.log_epoch(rec)
     job = _epoch_job(ctx, stack, members, recs, epoch)
     if job is not None:
@@ -507,15 +507,15 @@ def _epoch_job(ctx: EpochEnd, stack: Stack, members: list[Member],
     """The epoch's files of every live member (rank 0), with the host copy they need: one
     copy per stacked tensor (this epoch's, and the best stacks' when a ``best.pt`` of an
     earlier epoch is due), taken here, before the next epoch's steps change them."""
-    files = [_Files(members[m], rec) for m, rec in recs.items() if members[m].r.env.is_main]
+    files = [_Files(members[m], rec) for m, rec in recs.items() if members[m].run.env.is_main]
     if not files:
         return None
     rows = ctx.rows
-    writers = [str(members[m].r.config.out_dir) for m in recs]
-    layout = [str(mb.r.config.out_dir) for mb in members]
+    writers = [str(members[m].run.config.out_dir) for m in recs]
+    layout = [str(mb.run.config.out_dir) for mb in members]
     rng = None
     for f in files:
-        r = f.mb.r
+        r = f.mb.run
         if (epoch + 1) % r.config.checkpoint_every and epoch + 1 != r.config.epochs:
             continue
         rng = rng if rng is not None else rng_state_tensors()
@@ -552,24 +552,24 @@ def _write_files(ctx: EpochEnd, files: list[_Files], host: dict[str, Any], event
     failed: list[tuple[Member, BaseException]] = []
     staged = []
     for f in files:
-        r = f.mb.r
+        r = f.mb.run
         if str(r.config.out_dir) in ctx.failed:
             continue
         try:
-            r.run.append_log(f.rec, fsync=False)  # fsynced with the next checkpoint
+            r.dir.append_log(f.rec, fsync=False)  # fsynced with the next checkpoint
             if f.best is not None:
-                save_checkpoint(r.run.checkpoint("best"), resolve(f.best, host))
+                save_checkpoint(r.dir.checkpoint("best"), resolve(f.best, host))
             if f.last is not None:
-                stage_checkpoint(r.run.path, resolve(f.last, host))
+                stage_checkpoint(r.dir.path, resolve(f.last, host))
                 staged.append(f)
         except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
             ctx.failed.add(str(r.config.out_dir))
             failed.append((f.mb, exc))
     for f in staged:
         try:
-            commit_staged([f.mb.r.config.out_dir])
+            commit_staged([f.mb.run.config.out_dir])
         except Exception as exc:  # noqa: BLE001
-            ctx.failed.add(str(f.mb.r.config.out_dir))
+            ctx.failed.add(str(f.mb.run.config.out_dir))
             failed.append((f.mb, exc))
     return failed
 
@@ -583,18 +583,18 @@ def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
     to ``epochs``; a packed member that stops becomes a ghost, the pack keeps its size.
     The epochs' files go to ``writer`` (None: written at the end of each epoch); the caller
     closes it, and stops the members whose files failed in its last epochs."""
-    r0 = members[0].r
-    groups = LossGroups([mb.r.loss_fn for mb in members], r0.device)
+    r0 = members[0].run
+    groups = LossGroups([mb.run.loss_fn for mb in members], r0.device)
     batches = Batches(members)
     compiled = make_compiled_step(stack, groups, batches, r0.config.compile_step,
                                   r0.config.grad_clip, r0.amp)
     ctx = EpochEnd(stack, members, groups, writer)
-    for epoch in range(members[0].r.start_epoch, epochs):
+    for epoch in range(members[0].run.start_epoch, epochs):
         running = live(members)
         if not running:
             return
         t0 = time.perf_counter()
-        lr = running[0].r.optimizer.param_groups[0]["lr"]
+        lr = running[0].run.optimizer.param_groups[0]["lr"]
         stats = train_epoch(stack, members, groups, batches, epoch, bar, compiled)
         end_epoch(stack, members, groups, stats, epoch, lr, t0, bar, ctx)
 
@@ -603,10 +603,10 @@ def _evaluate_pack(stack: Stack, members: list[Member], ood_sets: dict[str, Any]
                    ) -> dict[int, dict[str, Any]]:
     """The final evaluation of every live member with ``evaluate``: one packed forward over
     the validation, test and OOD sets; each member's logits and results written as a run's."""
-    evaluated = [mb for mb in live(members) if mb.r.config.evaluate]
+    evaluated = [mb for mb in live(members) if mb.run.config.evaluate]
     if not evaluated:
         return {}
-    r0 = members[0].r
+    r0 = members[0].run
     preds = {s: split_logits(stack, members, s)[0] for s in ("val", "test")}
     mean, std = getattr(r0.splits, "mean", None), getattr(r0.splits, "std", None)
     for name, ds in ood_sets.items():
@@ -614,17 +614,17 @@ def _evaluate_pack(stack: Stack, members: list[Member], ood_sets: dict[str, Any]
                                               mean=mean, std=std, amp=r0.amp)
     out = {}
     for mb in evaluated:
-        m, cfg = members.index(mb), mb.r.config
+        m, cfg = members.index(mb), mb.run.config
         own = {k: (z[:, m].contiguous(), y if y.ndim == 1 else y[:, m]) for k, (z, y) in
                preds.items()}
-        epochs = max(cfg.epochs, mb.r.start_epoch)
-        out[m] = write_predictions(own, mb.r.run.path, cfg, epoch=epochs, checkpoint="last")
+        epochs = max(cfg.epochs, mb.run.start_epoch)
+        out[m] = write_predictions(own, mb.run.dir.path, cfg, epoch=epochs, checkpoint="last")
     return out
 
 
 def _shares_data(members: list[Member]) -> bool:
-    r0 = members[0].r
-    return all(mb.r.src["val"] is r0.src["val"] for mb in members)
+    r0 = members[0].run
+    return all(mb.run.src["val"] is r0.src["val"] for mb in members)
 
 
 def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
@@ -634,14 +634,14 @@ def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
     one_data = _shares_data(members)
     out = []
     for mb in members:
-        cfg = mb.r.config
+        cfg = mb.run.config
         if mb.ghost or not cfg.evaluate:
             out.append({})
         elif one_data:
-            shared = shared if shared is not None else load_ood_sets(cfg, mb.r.splits)
+            shared = shared if shared is not None else load_ood_sets(cfg, mb.run.splits)
             out.append(shared)
         else:
-            out.append(load_ood_sets(cfg, mb.r.splits))
+            out.append(load_ood_sets(cfg, mb.run.splits))
     return out
 
 
@@ -653,14 +653,14 @@ def final_results(stack: Stack, members: list[Member], oods: list[dict[str, Any]
         return _evaluate_pack(stack, members, next((o for o in oods if o), {}))
     out = {}
     for m, mb in enumerate(members):
-        if mb.alone or (not mb.ghost and mb.r.config.evaluate):
-            out[m] = final_evaluation(mb.r, oods[m], max(mb.r.config.epochs, mb.r.start_epoch))
+        if mb.alone or (not mb.ghost and mb.run.config.evaluate):
+            out[m] = final_evaluation(mb.run, oods[m], max(mb.run.config.epochs, mb.run.start_epoch))
     return out
 
 
 def _summary(mb: Member, results: dict[str, Any] | None) -> dict[str, Any]:
-    r = mb.r
-    return {"run_dir": str(r.run.path), "epochs": max(r.config.epochs, r.start_epoch),
+    r = mb.run
+    return {"run_dir": str(r.dir.path), "epochs": max(r.config.epochs, r.start_epoch),
             "resumed_from": r.start_epoch, "final": mb.final, "best": r.best,
             "results": results, "world_size": r.env.world_size}
 
@@ -686,11 +686,11 @@ def _writing():
 def run_stack(stack: Stack, members: list[Member], results: list[Any]) -> None:
     """Train one stack to its epochs (when it has any left), evaluate it, fill ``results``
     (each member's summary, or the error that stopped it; a member ``alone`` raises it)."""
-    r0 = members[0].r
+    r0 = members[0].run
     oods = _ood_sets(members)
     with contextlib.ExitStack() as ctx:
         for mb in live(members):
-            mb.tb = ctx.enter_context(tensorboard_logger(mb.r))
+            mb.tb = ctx.enter_context(tensorboard_logger(mb.run))
         if r0.start_epoch < r0.config.epochs:
             bar = ctx.enter_context(progress_bar(r0, len(members)))
             with _writing() as writer:

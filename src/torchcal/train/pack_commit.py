@@ -146,7 +146,7 @@ def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
     r.loss_fn = build_loss(config, template.num_classes).to(template.device)
     r.optimizer, r.scheduler = build_optimizer(r.model, config, template.head,
                                                config.epochs * template.n_batches)
-    r.run = RunDir(config.out_dir)
+    r.dir = RunDir(config.out_dir)
     r.best, r.best_snapshot = {}, None
     return r
 

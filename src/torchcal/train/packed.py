@@ -163,17 +163,17 @@ def _pack_members(layout: tuple[str, ...], mbs: list[Member], configs: Sequence[
     """The members of the pack recorded as ``layout``: ``mbs`` in their places, a ghost in the
     place of every run that does not resume here (CheckpointError naming it when its ghost
     cannot be built: a pack resumes at its recorded size or not at all)."""
-    own = {str(mb.r.config.out_dir): mb for mb in mbs}
+    own = {str(mb.run.config.out_dir): mb for mb in mbs}
     members: list[Member] = []
     for d in layout:
         if d in own:
             members.append(own.pop(d))
             continue
         try:
-            ghost = ghost_run(mbs[0].r, _member_config(d, configs), build_loss)
+            ghost = ghost_run(mbs[0].run, _member_config(d, configs), build_loss)
         except Exception as exc:  # noqa: BLE001 - raised again, naming the pack
             raise CheckpointError(
-                f"Cannot resume the pack of {sorted(str(mb.r.config.out_dir) for mb in mbs)}: "
+                f"Cannot resume the pack of {sorted(str(mb.run.config.out_dir) for mb in mbs)}: "
                 f"its member {d!r} (recorded in their checkpoints' pack layout) does not resume "
                 f"with it and cannot be rebuilt as a ghost, so the pack would train at another "
                 f"size: {exc}") from exc
@@ -189,7 +189,7 @@ def _packs(opened: list[tuple[Member, tuple[str, ...] | None]], configs: Sequenc
     default = tuple(str(configs[i].out_dir) for i in group)
     by_key: dict[tuple[int, tuple[str, ...]], list[Member]] = {}
     for mb, layout in opened:
-        by_key.setdefault((mb.r.start_epoch, layout or default), []).append(mb)
+        by_key.setdefault((mb.run.start_epoch, layout or default), []).append(mb)
     packs = []
     for (_, layout), mbs in sorted(by_key.items(), key=lambda kv: kv[0][0]):
         try:
@@ -201,7 +201,7 @@ def _packs(opened: list[tuple[Member, tuple[str, ...] | None]], configs: Sequenc
 
 
 def _packed_model(members: list[Member], forward: str) -> PackedModel:
-    runs = [mb.r for mb in members]
+    runs = [mb.run for mb in members]
     return PackedModel([r.model for r in runs], [r.optimizer for r in runs], forward,
                        amp=runs[0].amp)
 

@@ -121,7 +121,7 @@ class Run:
     env: DistEnv
     device: torch.device
     amp: str
-    run: RunDir
+    dir: RunDir  # its run directory
     local_bs: int
     splits: Any
     src: dict[str, BatchSource]
@@ -256,7 +256,7 @@ def build_run(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
     local_bs = config.batch_size // env.world_size
     steps = config.epochs * n_batches(src["train"].n, env.world_size, local_bs)
     optimizer, scheduler = build_optimizer(model, config, head, steps)
-    r = Run(config=config, env=env, device=device, amp=amp, run=RunDir(config.out_dir),
+    r = Run(config=config, env=env, device=device, amp=amp, dir=RunDir(config.out_dir),
             local_bs=local_bs, splits=splits, src=src,
             num_classes=num_classes, input_shape=input_shape, model=model,
             loss_fn=loss_fn.to(device), optimizer=optimizer, scheduler=scheduler,
@@ -307,7 +307,7 @@ def _restore(r: Run, state: dict[str, Any]) -> None:
             r.scaler.load_state_dict(state["scaler"])
         r.head.load(state)
     except (RuntimeError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"Cannot resume from {str(r.run.checkpoint('last'))!r}: "
+        raise CheckpointError(f"Cannot resume from {str(r.dir.checkpoint('last'))!r}: "
                               f"{str(exc).splitlines()[0]}") from exc
     r.start_epoch = int(state["epoch"])
     r.best = dict(state.get("best") or r.best)
@@ -329,17 +329,17 @@ def _wrap(r: Run) -> None:
 def _prepare_run_dir(r: Run) -> None:
     """Create the run directory, clear a killed run's temporary files, write ``config.json``,
     and keep the log lines up to the resumed epoch (all of them go for a new run)."""
-    r.run.path.mkdir(parents=True, exist_ok=True)
-    remove_stale_run_temp_files(r.run.path)  # of a run killed mid-write
+    r.dir.path.mkdir(parents=True, exist_ok=True)
+    remove_stale_run_temp_files(r.dir.path)  # of a run killed mid-write
     cfg = r.config.to_dict()
     cfg["loss_kwargs"] = r.config.effective_loss_kwargs()
     cfg.update(num_classes=r.num_classes, input_shape=r.input_shape,
                world_size=r.env.world_size)
-    r.run.write_config(cfg)
+    r.dir.write_config(cfg)
     if r.start_epoch > 0:
-        r.run.truncate_log(r.start_epoch)
-    elif r.run.log.exists():
-        r.run.log.unlink()
+        r.dir.truncate_log(r.start_epoch)
+    elif r.dir.log.exists():
+        r.dir.log.unlink()
 
 
 @contextlib.contextmanager
@@ -367,7 +367,7 @@ def tensorboard_logger(r: Run):
     if not (r.config.tensorboard and r.env.is_main):
         yield None
         return
-    tb = TensorBoardLogger(r.run.tensorboard,
+    tb = TensorBoardLogger(r.dir.tensorboard,
                            purge_step=r.start_epoch + 1 if r.start_epoch else None)
     try:
         yield tb
@@ -379,7 +379,7 @@ def finished_run_numbers(r: Run) -> dict[str, float]:
     """A finished run resumed (nothing to train): the last logged epoch's numbers."""
     if r.start_epoch < r.config.epochs or not r.env.is_main:
         return {}
-    log = r.run.read_log()
+    log = r.dir.read_log()
     return {k: v for k, v in log[-1].items() if isinstance(v, float) and k != "seconds"} if log \
         else {}
 
@@ -415,12 +415,12 @@ def divergence_error(r: Run, epoch: int, finite_loss: bool, finite_params: bool
                                          ("the parameters", not finite_params)) if bad)
     clip = ("gradient clipping is off (--no-grad-clip)" if r.config.grad_clip is None
             else f"gradients are clipped at {r.config.grad_clip:g}")
-    last = (f"the last good checkpoint ({r.run.checkpoint('last').name}, from before this "
-            "epoch) is kept" if r.run.has_checkpoint("last") else "no checkpoint was written yet")
+    last = (f"the last good checkpoint ({r.dir.checkpoint('last').name}, from before this "
+            "epoch) is kept" if r.dir.has_checkpoint("last") else "no checkpoint was written yet")
     return DivergedError(diverged_message(
         epoch, f"{what} became NaN/Inf", f"the learning rate (lr={r.config.lr:g}) is likely too "
         f"high ({clip}): lower --lr or clip gradients (--grad-clip). Stopped; {last} in "
-        f"{str(r.run.path)!r}"))
+        f"{str(r.dir.path)!r}"))
 
 
 def update_every(loss_fn: nn.Module) -> int:
@@ -464,12 +464,12 @@ def final_evaluation(r: Run, ood_sets: dict[str, Any], epochs: int) -> dict[str,
     if preds is None:
         return None
     if env.is_main:
-        return write_predictions(preds, r.run.path, r.config, epoch=epochs, checkpoint="last",
+        return write_predictions(preds, r.dir.path, r.config, epoch=epochs, checkpoint="last",
                                  extra=extra)
     if env.enabled and not env.initialized_here:
         # a process group created by the caller stays up and metrics that sync under DDP
         # need every rank: compute the same results everywhere, write on rank 0 only
-        write_predictions(preds, r.run.path, r.config, epoch=epochs, checkpoint="last",
+        write_predictions(preds, r.dir.path, r.config, epoch=epochs, checkpoint="last",
                           write=False)
     return None
 
