@@ -16,6 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # old module -> (new module, a public name both serve)
 RENAMED = {
     "torchcal.runs": ("torchcal.run_dir", "RunDir"),
+    "torchcal.train.steps": ("torchcal.train.run", "build_run"),
 }
 
 
@@ -41,6 +42,12 @@ def test_old_module_warns_and_serves_the_new_names(old):
 def test_new_module_imports_without_a_warning(old):
     new, _ = RENAMED[old]
     proc = _run(f"import warnings; warnings.simplefilter('error')\nimport {new}\n")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_old_train_steps_serves_private_names_too():
+    proc = _run("import torchcal.train.steps as s, torchcal.train.run as r\n"
+                "assert s._clone_state is r._clone_state\n")
     assert proc.returncode == 0, proc.stderr
 
 

@@ -178,7 +178,7 @@ def test_a_worker_imports_no_benchmark_demo_or_report_module():
     does not import torch._dynamo."""
     out = _fresh(
         "import sys, torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
-        "from torchcal.train.steps import SGD\n"
+        "from torchcal.train.run import SGD\n"
         "SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1, momentum=0.9)\n"
         "print(sorted(m for m in sys.modules if m.startswith(('torchcal.experiments.',\n"
         "      'torchcal.report', 'torch._dynamo', 'matplotlib', 'sklearn'))))\n")

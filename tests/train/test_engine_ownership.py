@@ -22,7 +22,7 @@ from torchcal.train.joint_head import NoHead
 from torchcal.train.pack_commit import ghost_run
 from torchcal.train.packed import train_packed
 from torchcal.train.stacks import PackedModel, SoloModel, Stack
-from torchcal.train.steps import SGD, Run, build_loss, build_optimizer
+from torchcal.train.run import SGD, Run, build_loss, build_optimizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 

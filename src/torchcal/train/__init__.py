@@ -3,7 +3,7 @@
 Modules: :mod:`~torchcal.train.config` and :mod:`~torchcal.train.recipes` (what to train),
 :mod:`~torchcal.train.trainer` (``train``: one run), :mod:`~torchcal.train.packed`
 (``train_packed``: several runs as one packed model), both trained by the one engine
-(:mod:`~torchcal.train.engine`, whose steps take a stack of M runs; :mod:`~torchcal.train.steps`
+(:mod:`~torchcal.train.engine`, whose steps take a stack of M runs; :mod:`~torchcal.train.run`
 builds and resumes each run, :mod:`~torchcal.train.stacks` holds the networks),
 :mod:`~torchcal.train.build` (data and model from a config, a trained model from a checkpoint),
 :mod:`~torchcal.train.device`, :mod:`~torchcal.train.inference` (``predict_logits``),

@@ -26,7 +26,7 @@ through :func:`run_stack`.  The steps, in the order of an epoch:
   written from one host copy per stacked tensor by the writer thread
   (:class:`~torchcal.train.pack_commit.EpochWriter`) while the next epoch trains;
 * **final evaluation** (:func:`final_results`): one packed pass over the validation, test and
-  OOD sets, or a run's own (:func:`~torchcal.train.steps.final_evaluation`).
+  OOD sets, or a run's own (:func:`~torchcal.train.run.final_evaluation`).
 
 A member whose training loss or parameters become non-finite stops: alone in a stack of one
 with :class:`~torchcal.errors.DivergedError` (``train`` raises it), and in a pack with
@@ -74,7 +74,7 @@ from .inference import predict_logits
 from .loss_groups import LossGroups
 from .pack_commit import EpochJob, EpochWriter, commit_staged, stage_checkpoint
 from .stacks import SharedInput, Stack
-from .steps import (
+from .run import (
     Run,
     divergence_error,
     final_evaluation,
@@ -130,7 +130,7 @@ class PackedStats:
 # ------------------------------------------------------------------------------------------
 class Member:
     """One member of a stack (its position ``index`` in the caller's results; -1 for a
-    ghost): its :class:`~torchcal.train.steps.Run`, its last epoch's numbers and, once it
+    ghost): its :class:`~torchcal.train.run.Run`, its last epoch's numbers and, once it
     stopped, its error.  A *ghost* (a packed member that stopped, or a member whose run does
     not resume with this pack) is computed with the others but writes nothing; an ``alone``
     member (the run of :func:`~torchcal.train.train`) raises what stops it.  The engine owns
@@ -421,7 +421,7 @@ def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
 
 
 def _state(r: Run, full: bool) -> dict[str, Any]:
-    """The entries :func:`~torchcal.train.steps.snapshot` copies, not yet copied (no tensor
+    """The entries :func:`~torchcal.train.run.snapshot` copies, not yet copied (no tensor
     operation: :meth:`StateRows.capture` copies them)."""
     return {"model": r.model.state_dict(keep_vars=True),
             "loss": r.loss_fn.state_dict(keep_vars=True),

@@ -123,7 +123,7 @@ class TaskHead(RunPlugin):
     """The multi-task strategy: a regression head on the model's features, the task weighting,
     AdamW with the log-variances' own group and a cosine schedule stepped every batch.
 
-    Built by :func:`~torchcal.train.steps.build_run` right after the model (the head's
+    Built by :func:`~torchcal.train.run.build_run` right after the model (the head's
     initialisation draws from the run's seeded stream); the engine calls its hooks.
     """
 

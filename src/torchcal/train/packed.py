@@ -8,7 +8,7 @@ along a leading member dimension and the M forward and backward passes run as on
 ``benchmarks/results/packing.md``).
 
 Each member is a run in every other respect, built by the steps of a run alone
-(:mod:`torchcal.train.steps`) and trained by the one engine (:mod:`torchcal.train.engine`) with
+(:mod:`torchcal.train.run`) and trained by the one engine (:mod:`torchcal.train.engine`) with
 a :class:`~torchcal.train.stacks.PackedModel`: its initialisation and data order come from its seed (the same
 weights and batches as ``train(config)`` with that seed), it has its own loss object (AdaFocal's
 per-bin γ, a temperature-aware loss' T), its own gradient-norm clipping, its own SGD state (one
@@ -55,7 +55,7 @@ from .distributed import DistEnv
 from .engine import Member, MemberDivergedError, run_stack
 from .pack_commit import ghost_run, pack_layout, reconcile_staged
 from .stacks import FORWARDS, PackedModel
-from .steps import build_loss, build_run, build_sources, device_and_amp, resume_state
+from .run import build_loss, build_run, build_sources, device_and_amp, resume_state
 from .trainer import train
 
 __all__ = ["train_packed", "train_pack", "pack_groups", "pack_problem", "MemberDivergedError", "FORWARDS"]

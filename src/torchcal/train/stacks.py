@@ -9,7 +9,7 @@ optimisers are one of two *stacks* with the same methods:
   kernels on its slices (``forward="loop"``, the CPU's default), per-member gradient-norm
   clipping and one SGD over the stacks (one SGD with momentum, weight decay and Nesterov over
   the stacked tensors equals M SGDs: every operation is elementwise).
-* :class:`SoloModel` (one run): the run's own module as :func:`~torchcal.train.steps.build_run`
+* :class:`SoloModel` (one run): the run's own module as :func:`~torchcal.train.run.build_run`
   wrapped it (the joint uncertainty head, DistributedDataParallel, ``torch.compile``), its own
   optimiser and AMP scaler: what a stack cannot hold (a head's optimiser, fp16's loss scaler,
   DDP's gradient hooks, a compiled graph, dropout's per-member random streams).
@@ -21,7 +21,7 @@ relies on and the only members of a stack it uses: they take inputs (M, B, ...) 
 batch sources; ``finite`` and ``fc_norms`` give the end of epoch's per-member checks on the
 device; ``stacked_state`` the stacked tensors a checkpoint's rows are cut from.  A stack holds
 the modules, optimisers and settings it computes with, never a run
-(:class:`~torchcal.train.steps.Run`): the engine owns the members' runs, steps their schedules
+(:class:`~torchcal.train.run.Run`): the engine owns the members' runs, steps their schedules
 and sets a pack's learning rate (:meth:`Stack.start_epoch`).
 """
 
@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from .inference import BatchSource, predict_logits
-from .steps import SGD, Run
+from .run import SGD, Run
 
 __all__ = ["Stack", "PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
 
@@ -310,7 +310,7 @@ class SharedInput(nn.Module):
 
 class SoloModel:
     """One run as a stack of one: its own module (wrapped by
-    :func:`~torchcal.train.steps.build_run` for the joint head, DDP and ``torch.compile``), its
+    :func:`~torchcal.train.run.build_run` for the joint head, DDP and ``torch.compile``), its
     own optimiser, AMP scaler and head, taken from ``run`` (the stack keeps these parts, not
     the run).  Under ``torchrun`` each rank holds its shard of the batches and of the
     evaluation splits; DDP averages the gradients."""

@@ -47,7 +47,7 @@ from .distributed import DistEnv, cleanup_distributed, setup_distributed
 from .engine import Member, run_stack
 from .pack_commit import reconcile_staged
 from .stacks import SoloModel
-from .steps import build_loss, build_run, resume_state
+from .run import build_loss, build_run, resume_state
 
 __all__ = ["train", "fit", "build_loss"]
 
