@@ -176,7 +176,7 @@ def step_schedules(stack: Stack, members: list[Member], per_step: bool) -> None:
     for them, :class:`~torchcal.train.stacks.PackedModel`), which torch's check of the order
     cannot see: its "``lr_scheduler.step()`` before ``optimizer.step()``" warning is ignored
     for these calls only (the order is the right one)."""
-    schedules = [mb.run.scheduler for mb in members if mb.run.head.per_step_schedule == per_step]
+    schedules = [mb.run.scheduler for mb in members if mb.run.plugin.per_step_schedule == per_step]
     if not schedules:
         return
     with warnings.catch_warnings() if stack.packed else contextlib.nullcontext():
@@ -234,7 +234,7 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
     stats = PackedStats(len(members), r0.config.n_bins, r0.device)
     mean_rows = groups.mean_rows  # built once per pack (a host list would sync every epoch)
     stateful = [mb for mb in running if mb.every]  # losses with extra validation passes
-    per_step = any(mb.run.head.per_step_schedule for mb in members)  # a head's schedule
+    per_step = any(mb.run.plugin.per_step_schedule for mb in members)  # a head's schedule
     batches.gather = compiled is None or compiled.failed is not None
     for step, (x, y, index) in enumerate(batches.epoch(members, epoch)):
         if not batches.gather and not compiled(index, stats):
@@ -428,7 +428,7 @@ def _state(r: Run, full: bool) -> dict[str, Any]:
             "optimizer": r.optimizer.state_dict() if full else None,
             "scheduler": r.scheduler.state_dict() if full else None,
             "scaler": r.scaler.state_dict() if full and r.scaler.is_enabled() else None,
-            **r.head.state(full)}
+            **r.plugin.state(full)}
 
 
 def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str, Any]],

@@ -144,7 +144,7 @@ def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
     r.config = config
     r.model = copy.deepcopy(template.model)
     r.loss_fn = build_loss(config, template.num_classes).to(template.device)
-    r.optimizer, r.scheduler = build_optimizer(r.model, config, template.head,
+    r.optimizer, r.scheduler = build_optimizer(r.model, config, template.plugin,
                                                config.epochs * template.n_batches)
     r.dir = RunDir(config.out_dir)
     r.best, r.best_snapshot = {}, None

@@ -132,7 +132,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     scaler: torch.amp.GradScaler
-    head: RunPlugin
+    plugin: RunPlugin  # the run plug-in (joint uncertainty head, multi-task strategy, or none)
     fwd: nn.Module = field(init=False)  # what the loop calls (wrapped for the head, DDP, compile)
     start_epoch: int = 0
     best: dict[str, Any] = field(default_factory=dict)
@@ -252,15 +252,15 @@ def build_run(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
                       dataset=config.dataset)
     if use_cl:
         model = model.to(memory_format=torch.channels_last)
-    head = _head(model, config, splits, device)
+    plugin = _plugin(model, config, splits, device)
     local_bs = config.batch_size // env.world_size
     steps = config.epochs * n_batches(src["train"].n, env.world_size, local_bs)
-    optimizer, scheduler = build_optimizer(model, config, head, steps)
+    optimizer, scheduler = build_optimizer(model, config, plugin, steps)
     r = Run(config=config, env=env, device=device, amp=amp, dir=RunDir(config.out_dir),
             local_bs=local_bs, splits=splits, src=src,
             num_classes=num_classes, input_shape=input_shape, model=model,
             loss_fn=loss_fn.to(device), optimizer=optimizer, scheduler=scheduler,
-            scaler=torch.amp.GradScaler("cuda", enabled=amp == "fp16"), head=head,
+            scaler=torch.amp.GradScaler("cuda", enabled=amp == "fp16"), plugin=plugin,
             best={"metric": config.select_best_by, "value": float("inf"), "epoch": 0})
     if state is not None:
         _restore(r, state)
@@ -270,24 +270,24 @@ def build_run(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
     return r
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig, head: RunPlugin, steps: int
+def build_optimizer(model: nn.Module, config: TrainConfig, plugin: RunPlugin, steps: int
                     ) -> tuple[torch.optim.Optimizer, Any]:
     """A run's optimiser and learning-rate schedule (the one builder of both, for a run and a
-    pack's ghost): ``head``'s own when it makes them, else :class:`SGD` over ``model``'s
+    pack's ghost): ``plugin``'s own when it makes them, else :class:`SGD` over ``model``'s
     parameters (``config``'s ``lr``, ``momentum``, ``weight_decay``, ``nesterov``) and a
     ``MultiStepLR`` at ``config``'s effective milestones with ``lr_gamma``.  ``steps``: the
     run's optimiser steps in all (a per-step schedule's length)."""
     if not isinstance(steps, int) or steps < 0:
         raise ValueError(f"Expected `steps` to be a non-negative integer, got {steps!r}")
-    optimizer = head.make_optimizer(model, config) or SGD(
+    optimizer = plugin.make_optimizer(model, config) or SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum,
         weight_decay=config.weight_decay, nesterov=config.nesterov)
-    scheduler = head.make_schedule(optimizer, steps) or torch.optim.lr_scheduler.MultiStepLR(
+    scheduler = plugin.make_schedule(optimizer, steps) or torch.optim.lr_scheduler.MultiStepLR(
         optimizer, milestones=config.effective_milestones(), gamma=config.lr_gamma)
     return optimizer, scheduler
 
 
-def _head(model: nn.Module, config: TrainConfig, splits: Any, device: torch.device) -> RunPlugin:
+def _plugin(model: nn.Module, config: TrainConfig, splits: Any, device: torch.device) -> RunPlugin:
     """The run's plug-in: the joint uncertainty head, the multi-task strategy, or none."""
     if config.joint_head.enabled:
         return JointHead(model, config, device)
@@ -305,7 +305,7 @@ def _restore(r: Run, state: dict[str, Any]) -> None:
         r.loss_fn.load_state_dict(state.get("loss") or {})
         if r.scaler.is_enabled() and state.get("scaler"):
             r.scaler.load_state_dict(state["scaler"])
-        r.head.load(state)
+        r.plugin.load(state)
     except (RuntimeError, KeyError, ValueError) as exc:
         raise CheckpointError(f"Cannot resume from {str(r.dir.checkpoint('last'))!r}: "
                               f"{str(exc).splitlines()[0]}") from exc
@@ -316,12 +316,12 @@ def _restore(r: Run, state: dict[str, Any]) -> None:
 
 
 def _wrap(r: Run) -> None:
-    """The module the loop calls: the head's wrapper, then DDP, then ``torch.compile``."""
-    r.fwd = r.head.wrap(r.model)
+    """The module the loop calls: the plug-in's wrapper, then DDP, then ``torch.compile``."""
+    r.fwd = r.plugin.wrap(r.model)
     if r.env.enabled:
         ids = [r.device.index] if r.device.type == "cuda" else None
         r.fwd = DistributedDataParallel(r.fwd, device_ids=ids)
-        r.head.distribute(ids)
+        r.plugin.distribute(ids)
     if r.config.compile:  # after DDP, as PyTorch recommends
         r.fwd = torch.compile(r.fwd)
 
@@ -447,11 +447,11 @@ def update_best(r: Run, rec: dict[str, Any], epoch: int) -> bool:
 
 def final_evaluation(r: Run, ood_sets: dict[str, Any], epochs: int) -> dict[str, Any] | None:
     """Evaluate the last epoch into ``logits/`` and ``results.json`` (rank 0 writes), with what
-    the run's head adds (the multi-task strategy's ``multitask`` block: such a run always
+    the run's plug-in adds (the multi-task strategy's ``multitask`` block: such a run always
     writes its results, its OOD sets with ``evaluate`` only)."""
     env = r.env
     preds = None
-    extra = r.head.results()
+    extra = r.plugin.results()
     if r.config.evaluate or extra is not None:
         preds = collect_predictions(r.model, r.splits, ood_sets, r.config, device=r.device,
                                     env=env, batch_size=r.eval_bs)
@@ -504,5 +504,5 @@ def snapshot(r: Run, full: bool) -> dict[str, Any]:
         "optimizer": r.optimizer.state_dict() if full else None,
         "scheduler": r.scheduler.state_dict() if full else None,
         "scaler": r.scaler.state_dict() if full and r.scaler.is_enabled() else None,
-        **r.head.state(full)}
+        **r.plugin.state(full)}
     return _clone_state(state)

@@ -318,7 +318,7 @@ class SoloModel:
     packed = False
 
     def __init__(self, run: Run) -> None:
-        self.fwd, self.model, self.head = run.fwd, run.model, run.head
+        self.fwd, self.model, self.plugin = run.fwd, run.model, run.plugin
         self.optimizer, self.scaler = run.optimizer, run.scaler
         self.env, self.device, self.amp = run.env, run.device, run.amp
         self.n_batches = run.n_batches  # the batches of an epoch (the head's log numbers)
@@ -329,7 +329,7 @@ class SoloModel:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (1, B, C) of inputs (1, B, ...); the head's features are kept for ``step``."""
-        logits, self.feats = self.head.split(self.fwd(x[0]))
+        logits, self.feats = self.plugin.split(self.fwd(x[0]))
         return logits.unsqueeze(0)
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
@@ -343,11 +343,11 @@ class SoloModel:
         """Train mode and a fresh epoch of the head (``lr`` is the optimiser's already: its
         schedule set it)."""
         self.train()
-        self.head.start_epoch()
+        self.plugin.start_epoch()
 
     def annotate(self, rec: dict[str, Any]) -> None:
         """The head's epoch numbers in the run's log record."""
-        self.head.log(rec, self.n_batches)
+        self.plugin.log(rec, self.n_batches)
 
     def split_logits(self, sources: Sequence[BatchSource], batch_size: int
                      ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
@@ -368,23 +368,23 @@ class SoloModel:
         a no-op unless AMP is fp16; the engine steps a per-step schedule after it).  ``index``:
         the batch's sample indices (1, B), for a head that needs them."""
         loss = losses[0] * self.scale if self.scale != 1 else losses[0]
-        total = self.head.add_loss(loss, logits[0], self.feats, y[0],
+        total = self.plugin.add_loss(loss, logits[0], self.feats, y[0],
                                    index=None if index is None else index[0])
         self.optimizer.zero_grad(set_to_none=True)
-        self.head.zero_grad()
+        self.plugin.zero_grad()
         self.scaler.scale(total).backward()
         if max_norm is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         self.scaler.step(self.optimizer)
-        self.head.step(self.scaler)
+        self.plugin.step(self.scaler)
         self.scaler.update()
 
     @torch.no_grad()
     def finite(self) -> torch.Tensor:
         """(1,) bool: every parameter of the model and the head is finite."""
         params = [p.detach() for p in self.model.parameters()]
-        params += [p.detach() for p in getattr(self.head, "head", nn.Module()).parameters()]
+        params += [p.detach() for p in getattr(self.plugin, "head", nn.Module()).parameters()]
         if not params:
             return torch.ones(1, dtype=torch.bool, device=self.device)
         return torch.stack([torch.isfinite(p).all() for p in params]).all().reshape(1)
