@@ -28,7 +28,7 @@ The **runner** executes units of work.  The API other work builds on:
 * :func:`run_sweep` ``(jobs, executor=None, *, progress=True, desc="torchcal demo") -> list[dict]``:
   executes the jobs behind one progress bar and returns one result per job, in the jobs' order
   (``name`` and ``seconds`` added to each).  A job that stands for several runs (a packed
-  model) returns its per-run results in its own dict (e.g. under ``"runs"``), names its run
+  model) returns its per-run results in its own dict (e.g. under ``"members"``), names its run
   directories in ``labels`` and asks for the resources of the whole pack.
 * Executors (the :class:`~torchcal.experiments.runner.Executor` protocol: ``run(jobs,
   on_done)``), registered by name (:func:`register_executor`, :class:`ExecutorType`;
