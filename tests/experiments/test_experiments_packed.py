@@ -23,7 +23,7 @@ def _changed(spec, **fields):
 
 
 TINY = dict(seeds=(0, 1), epochs=2, losses=("ce", "adafocal"), progress=False,
-            dataset="digits", figures=False)
+            benchmark="digits", figures=False)
 
 
 def _sizes(jobs):

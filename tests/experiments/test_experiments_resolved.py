@@ -36,7 +36,7 @@ def parent_recipe():
 
 
 def _cfg(out: Path, **kw) -> DemoConfig:
-    return DemoConfig(dataset="digits", recipe=RECIPE, losses=("ce",), seeds=(0, 1), epochs=1,
+    return DemoConfig(benchmark="digits", recipe=RECIPE, losses=("ce",), seeds=(0, 1), epochs=1,
                       progress=False, figures=False, pack=False, out=out, **kw)
 
 

@@ -33,7 +33,7 @@ from torchcal.train.packed import train_pack
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore:OOD set")
 
-TINY = dict(seeds=(0, 1), epochs=1, losses=("ce", "focal"), progress=False, dataset="digits",
+TINY = dict(seeds=(0, 1), epochs=1, losses=("ce", "focal"), progress=False, benchmark="digits",
             figures=False, workers=1)
 
 

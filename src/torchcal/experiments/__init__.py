@@ -7,7 +7,7 @@ full run (the verdicts a report quotes are computed from it), its report prose a
 function of one run.  Benchmarks are registered by name (:func:`register_benchmark`,
 :func:`get_benchmark`, :func:`list_benchmarks`) and every one runs through :func:`run_demo`
 (one lock on its output directory, a fresh directory by default, the runner below).  The
-calibration benchmarks ``mnist1d`` and ``digits`` (``torchcal demo --dataset NAME``) are defined
+calibration benchmarks ``mnist1d`` and ``digits`` (``torchcal demo --benchmark NAME``) are defined
 in :mod:`torchcal.experiments.calibration`.  A benchmark of another kind
 (:class:`BenchmarkKind`: how its jobs are made from a profile and how its report is written)
 is the uncertainty benchmark ``uncertainty`` (``torchcal demo --suite uncertainty``: Kirchhof
