@@ -10,10 +10,9 @@ import pytest
 from torchcal.evaluate import read_results
 from torchcal.experiments import DemoConfig, run_demo
 from torchcal.experiments.demo import demo_jobs
-from torchcal.experiments.training import run_job
 from torchcal.experiments.packed import expand_results, pack_jobs, run_packed_job
-from torchcal.experiments.training import resolve_spec
 from torchcal.experiments.runner import Job, failed_result
+from torchcal.experiments.training import resolve_spec, run_job
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from torchcal.experiments import DemoConfig, LocalExecutor, run_demo
-from torchcal.experiments.demo import demo_jobs
 from torchcal.experiments import demo as demo_module
 from torchcal.experiments import training as training_module
+from torchcal.experiments.demo import demo_jobs
 from torchcal.train import TrainConfig, get_recipe, register_recipe
 from torchcal.train.recipes import RECIPES
 

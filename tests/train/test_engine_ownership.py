@@ -18,11 +18,11 @@ from torch import nn
 import torchcal.train.packed as P
 from torchcal.errors import CheckpointError, TorchcalError
 from torchcal.train.checkpoint import load_checkpoint
-from torchcal.train.plugin import RunPlugin
 from torchcal.train.pack_commit import ghost_run
 from torchcal.train.packed import train_packed
-from torchcal.train.stacks import PackedModel, SoloModel, Stack
+from torchcal.train.plugin import RunPlugin
 from torchcal.train.run import SGD, Run, build_loss, build_optimizer
+from torchcal.train.stacks import PackedModel, SoloModel, Stack
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 

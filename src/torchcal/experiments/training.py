@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .._io import check_own_path, exclusive_lock
 from ..errors import CheckpointError, ResultsFileError, TorchcalError
 from ..evaluate import read_results
@@ -46,6 +44,7 @@ from ..run_dir import RunDir
 from ..train import TrainConfig, get_recipe
 from ..train.checkpoint import remove_stale_run_temp_files
 from ..train.config import changed_fields
+from ..train.device import is_cuda
 from ..train.evaluation import read_config
 from ..train.packed import train_pack
 from .runner import Job, Resources, set_threads
@@ -122,12 +121,6 @@ def spec_labels(spec: RunSpec | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(spec, RunSpec):
         return spec.labels
     return {"run_dir": spec["run_dir"], "loss": spec["loss"], "seed": spec["seed"]}
-
-
-def is_cuda(device: str) -> bool:
-    """Whether a run on ``device`` trains on a GPU (``"auto"`` where this process sees one)."""
-    device = str(device)
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def train_config(spec: Mapping[str, Any]) -> TrainConfig:

@@ -73,7 +73,6 @@ from .evaluation import write_predictions
 from .inference import predict_logits
 from .loss_groups import LossGroups
 from .pack_commit import EpochJob, EpochWriter, commit_staged, stage_checkpoint
-from .stacks import SharedInput, Stack
 from .run import (
     Run,
     divergence_error,
@@ -84,6 +83,7 @@ from .run import (
     train_batches,
     update_every,
 )
+from .stacks import SharedInput, Stack
 
 __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
            "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter",

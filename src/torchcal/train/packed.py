@@ -54,8 +54,8 @@ from .config import TrainConfig
 from .distributed import DistEnv
 from .engine import Member, MemberDivergedError, run_stack
 from .pack_commit import ghost_run, pack_layout, reconcile_staged
-from .stacks import FORWARDS, PackedModel
 from .run import build_loss, build_run, build_sources, device_and_amp, resume_state
+from .stacks import FORWARDS, PackedModel
 from .trainer import train
 
 __all__ = ["train_packed", "train_pack", "pack_groups", "pack_problem", "MemberDivergedError", "FORWARDS"]
