@@ -1,10 +1,13 @@
 """Issue 40's leftovers: each question has one answer in the code.
 
 "Is this CUDA?" (:func:`torchcal.train.device.is_cuda`, which the trainer's process group and a
-sweep's pack sizes and resources all ask).
+sweep's pack sizes and resources all ask); "do the members share data?"
+(:func:`torchcal.train.run.shares_data`, for the engine's batches, OOD sets and final evaluation).
 """
 
 from __future__ import annotations
+
+import types
 
 import pytest
 
@@ -33,3 +36,25 @@ def test_one_cuda_test(monkeypatch, tmp_path):
     with pytest.raises(_Stop, match="cuda"):  # the trainer asked the helper, and followed it
         T.train(cfg)
     assert asked == ["cpu"]
+
+
+def _run(**src):
+    return types.SimpleNamespace(src=src, splits=None, local_bs=4,
+                                 env=types.SimpleNamespace(enabled=False))
+
+
+def test_one_answer_to_do_the_members_share_data(monkeypatch):
+    """``torchcal.train.run.shares_data`` decides it for the engine's training batches, its OOD
+    sets and its final evaluation (before: three tests, of the train or the val source)."""
+    import torchcal.train.engine as E
+    from torchcal.train.run import shares_data
+
+    a, b = object(), object()
+    train = types.SimpleNamespace(array=True)
+    one, other = _run(train=train, val=a), _run(train=train, val=b)
+    assert shares_data([one, _run(train=train, val=a)]) and not shares_data([one, other])
+    members = [types.SimpleNamespace(run=one), types.SimpleNamespace(run=_run(train=train, val=a))]
+    assert E.Batches(members).shared
+    asked = []
+    monkeypatch.setattr(E, "shares_data", lambda runs: asked.append(len(runs)) or False)
+    assert not E.Batches(members).shared and asked == [2]

@@ -79,6 +79,7 @@ from .run import (
     final_evaluation,
     finished_run_numbers,
     progress_bar,
+    shares_data,
     tensorboard_logger,
     train_batches,
     update_every,
@@ -196,7 +197,7 @@ class Batches:
         self.src = r0.src["train"]
         augment = bool(getattr(r0.splits, "augment", False))
         self.shared = (self.src.array and not augment and not r0.env.enabled
-                       and all(mb.run.src["train"] is self.src for mb in members))
+                       and shares_data([mb.run for mb in members]))
         self.bs = r0.local_bs
         self.gather = True  # False: a compiled step gathers its batch itself (index only)
 
@@ -622,16 +623,11 @@ def _evaluate_pack(stack: Stack, members: list[Member], ood_sets: dict[str, Any]
     return out
 
 
-def _shares_data(members: list[Member]) -> bool:
-    r0 = members[0].run
-    return all(mb.run.src["val"] is r0.src["val"] for mb in members)
-
-
 def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
     """Each member's OOD sets (loaded before training, so that a missing set fails at once; one
     load for members that share their data)."""
     shared: dict[str, Any] | None = None
-    one_data = _shares_data(members)
+    one_data = shares_data([mb.run for mb in members])
     out = []
     for mb in members:
         cfg = mb.run.config
@@ -649,7 +645,7 @@ def final_results(stack: Stack, members: list[Member], oods: list[dict[str, Any]
                   ) -> dict[int, dict[str, Any] | None]:
     """Each live member's final evaluation (``oods``: each member's OOD sets): packed when the
     members of a pack share their data, else each run's own."""
-    if stack.packed and _shares_data(members):
+    if stack.packed and shares_data([mb.run for mb in members]):
         return _evaluate_pack(stack, members, next((o for o in oods if o), {}))
     out = {}
     for m, mb in enumerate(members):

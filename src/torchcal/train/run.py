@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +59,7 @@ __all__ = ["Run", "build_loss", "build_optimizer", "build_run", "build_sources",
            "resume_state",
            "finished_run_numbers", "train_batches", "update_every", "update_best", "snapshot",
            "divergence_error", "final_evaluation", "n_batches", "progress_bar",
-           "tensorboard_logger", "SGD"]
+           "tensorboard_logger", "SGD", "shares_data"]
 
 
 
@@ -145,6 +146,15 @@ class Run:
     @property
     def n_batches(self) -> int:
         return n_batches(self.src["train"].n, self.env.world_size, self.local_bs)
+
+
+def shares_data(runs: Sequence[Run]) -> bool:
+    """Whether ``runs`` hold one data: the same batch sources of every split (built once and given
+    to each :func:`build_run` as ``data``, as a pack does for members of one data seed; a
+    ghost keeps its template's).  The one answer for the engine's one gather per training step,
+    one load of the OOD sets and one packed final evaluation."""
+    own = runs[0].src
+    return all(r.src.keys() == own.keys() and all(r.src[k] is own[k] for k in own) for r in runs)
 
 
 def resume_state(config: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
