@@ -58,3 +58,19 @@ def test_one_answer_to_do_the_members_share_data(monkeypatch):
     asked = []
     monkeypatch.setattr(E, "shares_data", lambda runs: asked.append(len(runs)) or False)
     assert not E.Batches(members).shared and asked == [2]
+
+
+def test_a_ghost_config_is_read_as_every_run_config(monkeypatch, tmp_path):
+    """``train/packed.py`` reads a member's config with ``train.evaluation.read_config`` (one
+    reader, one error handling), not by hand."""
+    import torchcal.train.packed as P
+    from torchcal.errors import CheckpointError, TorchcalError
+
+    cfg = TrainConfig(dataset="digits", model="mlp", epochs=1, out_dir=str(tmp_path / "g"))
+    read = []
+    monkeypatch.setattr(P, "read_config", lambda d: read.append(d) or cfg)
+    assert P._member_config(str(tmp_path / "g"), []) is cfg and read == [str(tmp_path / "g")]
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError, match="none can be read") as info:
+        P._member_config(str(tmp_path / "missing"), [])
+    assert isinstance(info.value.__cause__, TorchcalError) and "config.json" in str(info.value)

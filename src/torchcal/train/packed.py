@@ -47,12 +47,12 @@ import torch
 from torch import nn
 
 from .._io import exclusive_lock
-from ..errors import CheckpointError
-from ..run_dir import CONFIG_FILE, RunDir
+from ..errors import CheckpointError, TorchcalError
 from .build import data_seed
 from .config import TrainConfig
 from .distributed import DistEnv
 from .engine import Member, MemberDivergedError, run_stack
+from .evaluation import read_config
 from .pack_commit import ghost_run, pack_layout, reconcile_staged
 from .run import build_loss, build_run, build_sources, device_and_amp, resume_state
 from .stacks import FORWARDS, PackedModel
@@ -147,15 +147,16 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
 
 def _member_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig:
     """The config of the pack's member in ``out_dir``: the one passed, else its
-    :data:`~torchcal.run_dir.CONFIG_FILE` (CheckpointError when neither can be had)."""
+    :data:`~torchcal.run_dir.CONFIG_FILE`, read as every run's is
+    (:func:`~torchcal.train.evaluation.read_config`; CheckpointError when neither can be had)."""
     for c in configs:
         if str(c.out_dir) == out_dir:
             return c
     try:
-        return TrainConfig.from_dict(RunDir(out_dir).read_config())
-    except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"its config was not passed and {out_dir!r} has no readable "
-                              f"{CONFIG_FILE} ({type(exc).__name__}: {exc})") from exc
+        return read_config(out_dir)
+    except (OSError, TorchcalError) as exc:  # no config file, a malformed one, unreadable
+        raise CheckpointError(f"its config was not passed and none can be read from "
+                              f"{out_dir!r} ({type(exc).__name__}: {exc})") from exc
 
 
 def _pack_members(layout: tuple[str, ...], mbs: list[Member], configs: Sequence[TrainConfig]
