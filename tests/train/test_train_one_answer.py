@@ -2,7 +2,9 @@
 
 "Is this CUDA?" (:func:`torchcal.train.device.is_cuda`, which the trainer's process group and a
 sweep's pack sizes and resources all ask); "do the members share data?"
-(:func:`torchcal.train.run.shares_data`, for the engine's batches, OOD sets and final evaluation).
+(:func:`torchcal.train.run.shares_data`, for the engine's batches, OOD sets and final evaluation);
+a member's config is read by ``train.evaluation.read_config``; and an earlier version's flat
+name of a plug-in field is TrainConfig's to map, in a sweep's overrides too.
 """
 
 from __future__ import annotations
@@ -74,3 +76,18 @@ def test_a_ghost_config_is_read_as_every_run_config(monkeypatch, tmp_path):
     with pytest.raises(CheckpointError, match="none can be read") as info:
         P._member_config(str(tmp_path / "missing"), [])
     assert isinstance(info.value.__cause__, TorchcalError) and "config.json" in str(info.value)
+
+
+def test_a_sweep_override_may_use_a_flat_name_of_earlier_versions():
+    """``torchcal demo --train-arg uncertainty_head=true`` (an earlier version's flat name) was
+    refused with "TrainConfig has no field(s)": a sweep's overrides are mapped into the plug-in
+    groups as ``TrainConfig.from_dict`` maps them, with TrainConfig's DeprecationWarning."""
+    spec = {"recipe": "digits-mlp", "loss": "ce", "loss_kwargs": {}, "seed": 0, "run_dir": "r",
+            "overrides": {"uncertainty_head": True, "head_lr": 0.01}}
+    with pytest.warns(DeprecationWarning, match="uncertainty_head -> joint_head.enabled"):
+        cfg = X.train_config(spec)
+    assert cfg.joint_head.enabled and cfg.joint_head.lr == 0.01
+    with pytest.warns(DeprecationWarning):
+        assert cfg == TrainConfig.from_dict(X.resolve_spec(spec)["config"])
+    with pytest.raises(ValueError, match=r"TrainConfig has no field\(s\) \['no_such_field'\]"):
+        X.train_config({**spec, "overrides": {"no_such_field": 1}})

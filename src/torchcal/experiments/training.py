@@ -43,7 +43,7 @@ from ..evaluate import read_results
 from ..run_dir import RunDir
 from ..train import TrainConfig, get_recipe
 from ..train.checkpoint import remove_stale_run_temp_files
-from ..train.config import changed_fields
+from ..train.config import changed_fields, flat_keys
 from ..train.device import is_cuda
 from ..train.evaluation import read_config
 from ..train.packed import train_pack
@@ -162,7 +162,9 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
         dk.update(spec.get("data_kwargs") or {})
         upd["data_kwargs"] = dk
     upd.update(spec.get("overrides") or {})
-    unknown = sorted(set(upd) - fields)
+    # earlier versions' flat names of the plug-in fields (``uncertainty_head``, ``head_lr``,
+    # ...) are TrainConfig's to map into their groups, with its DeprecationWarning
+    unknown = sorted(set(upd) - fields - set(flat_keys(TrainConfig)))
     if unknown:
         raise ValueError(f"TrainConfig has no field(s) {unknown}")
     return dataclasses.replace(cfg, **upd)
