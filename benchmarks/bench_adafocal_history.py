@@ -8,7 +8,7 @@ run grew as the square of its epochs.  Now the history is one preallocated float
 holds it as one tensor.
 
 Measured side by side in one run, at 0, 350 and 3,500 updates (``--entries``): the time of
-``snapshot`` (the trainer's copy of the loss state, :func:`torchcal.train.steps.snapshot`'s
+``snapshot`` (the trainer's copy of the loss state, :func:`torchcal.train.run.snapshot`'s
 clone) plus ``torch.save`` into memory, for the old list (:class:`_ListHistory`, the previous
 code kept here as the reference) and for :class:`~torchcal.losses.AdaFocalLoss`, the median
 of ``--repeat`` runs, and their ratio; then the time of one update, both ways.  Both histories
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from torchcal.losses import AdaFocalLoss
-from torchcal.train.steps import _clone_state
+from torchcal.train.run import _clone_state
 
 
 class _ListHistory(AdaFocalLoss):

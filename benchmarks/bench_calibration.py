@@ -77,7 +77,7 @@ def main(argv=None) -> int:
 
         for ds in args.dataset or ["mnist1d", "digits"]:
             out = Path(args.out) / ds if args.out else None
-            res = run_demo(DemoConfig(dataset=ds, workers=args.workers, out=out, quick=args.quick,
+            res = run_demo(DemoConfig(benchmark=ds, workers=args.workers, out=out, quick=args.quick,
                                       full=args.full))
             print(f"{ds}: demo wall time {res.seconds:.0f} s, report {res.report.report_md}")
             roots.append(res.out_dir)

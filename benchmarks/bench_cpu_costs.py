@@ -60,7 +60,7 @@ def _write_runs(root: Path, n_test: int = 4000, n_classes: int = 10) -> None:
     """Seven losses' evaluated runs (as the demo's: test and OOD logits; AdaFocal's γ per bin
     in its log)."""
     from torchcal.evaluate import SCHEMA, save_logits, write_results
-    from torchcal.runs import LOSS_STATE_KEY, RunDir
+    from torchcal.run_dir import LOSS_STATE_KEY, RunDir
 
     rng = np.random.default_rng(0)
     for i, loss in enumerate(LOSSES):

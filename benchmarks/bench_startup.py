@@ -14,7 +14,7 @@ the two).  Commands:
    ``tests/cli/test_cli_startup.py``).
 3. a worker's start-up: what a spawned demo worker imports before its first job
    (``torchcal.experiments.runner`` and ``.packed``) and its first SGD optimiser
-   (``torchcal.train.steps.SGD``).  Target: <= 1.2x the reference.
+   (``torchcal.train.run.SGD``).  Target: <= 1.2x the reference.
 
 Every source is measured with its bytecode compiled (``compileall`` first, and
 ``PYTHONDONTWRITEBYTECODE`` unset in the children), as pip installs a package: with that
@@ -45,7 +45,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORKER = ("import torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
           "p = [torch.nn.Parameter(torch.zeros(3))]\n"
           "try:\n"
-          "    from torchcal.train.steps import SGD\n"
+          "    from torchcal.train.run import SGD\n"
           "except ImportError:  # a source from before torchcal's SGD\n"
           "    SGD = torch.optim.SGD\n"
           "SGD(p, lr=0.1, momentum=0.9, weight_decay=5e-4)\n")

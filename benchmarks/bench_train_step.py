@@ -53,7 +53,7 @@ from torchcal.losses import list_losses
 from torchcal.models import create_model
 from torchcal.train import TrainConfig, get_recipe
 from torchcal.train.stacks import PackedModel
-from torchcal.train.steps import build_loss
+from torchcal.train.run import build_loss
 
 BATCH = 128
 NUM_CLASSES = 10

@@ -1,7 +1,7 @@
 """The architecture rules, measured from the source by ``tools/check_architecture.py`` (``ast``
 only; its docstring has the layer diagram), so that they stay true: imports only point down the
 layers, ``argparse`` only under ``cli/``, no function body over 80 lines, each run-directory file
-name in ``torchcal/runs.py`` only, every import inside a function says why, no private module or
+name in ``torchcal/run_dir.py`` only, every import inside a function says why, no private module or
 name of another unit is imported, no package's modules import one another in a circle, and no
 module imports a private name of another module of its package; ``errors.py`` and
 ``_registry.py`` import the standard library only, the command line's entry modules import no
@@ -44,7 +44,7 @@ def result():
 def test_source_found():
     mods = dict(arch.modules(SRC))
     assert "torchcal" in mods and "torchcal.errors" in mods, f"no torchcal package under {SRC}"
-    assert "torchcal.runs" in mods
+    assert "torchcal.run_dir" in mods
 
 
 def test_imports_only_point_down(result):
@@ -225,7 +225,7 @@ def _package(tmp_path: Path, where: str, source: str) -> Path:
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "errors.py").write_text("")
-    (pkg / "runs.py").write_text('CONFIG = "config.json"\n')  # the owner may spell the names
+    (pkg / "run_dir.py").write_text('CONFIG = "config.json"\n')  # the owner may spell the names
     (pkg / "_validation.py").write_text("")
     for sub in ("train", "metrics", "report", "cli"):
         (pkg / sub).mkdir()
@@ -307,12 +307,21 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
          "    pass\n", "exception classes", "class Mine"),
         ("metrics", "class CalibrationError(Metric):\n    pass\n", None, None),  # a metric
         ("metrics", "class Meter(Generic[T], Base):\n    pass\n", None, None),
+        # no module imports a renamed module's deprecated shim (rule 15)
+        ("report", "from ..runs import RunDir\n", "deprecated modules",
+         "bad.py:1 imports torchcal.runs (deprecated: torchcal.run_dir)"),
+        ("cli", "import torchcal.runs\n", "deprecated modules", "imports torchcal.runs"),
+        ("train", "from .steps import SGD\n", "deprecated modules", "torchcal.train.steps"),
+        ("train", "from . import steps\n", "deprecated modules", "torchcal.train.steps"),
+        ("cli", "import importlib\nm = importlib.import_module('torchcal.train.steps')\n",
+         "deprecated modules", "bad.py:2 imports torchcal.train.steps"),
+        ("train", "from .run import SGD\nfrom ..run_dir import RunDir\n", None, None),
     ],
 )
 def test_checker_catches_violations(tmp_path, where, source, rule, expected):
     """Each checker can fail: an upward import (also inside a function or as ``from .. import``),
     a layer-5 sibling import, argparse outside cli/, an 81-line function, a run-directory name
-    outside runs.py (a literal, an f-string part, a joined directory), a private module or name
+    outside run_dir.py (a literal, an f-string part, a joined directory), a private module or name
     of another unit (also as ``import`` or inside a function), a private name of another module
     of the same package (imported, or read through the imported module; in any package);
     docstrings, help text, plain words, the layer-1 modules, a package's private modules and
@@ -380,3 +389,7 @@ def test_standard_library_only_start_up_and_heavy_imports_are_found(tmp_path):
     got = found("report/x.py", "try:\n    import matplotlib\nexcept ImportError:\n    pass\n")
     assert list(got) == ["heavy imports"] and "matplotlib" in got["heavy imports"][0], got
     assert found("report/x.py", "def f():\n    import matplotlib  # drawing only\n") == {}
+
+
+def test_no_module_imports_a_deprecated_shim(result):
+    assert not result["deprecated modules"], "\n".join(result["deprecated modules"])

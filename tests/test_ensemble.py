@@ -14,7 +14,7 @@ import torchcal.metrics as M
 from torchcal.ensemble import from_logits, from_run_dirs, mc_dropout
 from torchcal.errors import ResultsFileError
 from torchcal.evaluate import save_logits
-from torchcal.runs import RunDir
+from torchcal.run_dir import RunDir
 
 
 def members(s=3, n=50, c=4, seed=0):

@@ -331,7 +331,7 @@ def test_a_diverging_run_stops_at_the_first_epoch_with_the_cause(tmp_path, capsy
 
 
 def test_a_run_diverging_later_keeps_its_last_good_checkpoint(tmp_path, monkeypatch):
-    from torchcal.runs import RunDir
+    from torchcal.run_dir import RunDir
     from torchcal.train import get_recipe, train
     from torchcal.train.checkpoint import load_checkpoint
     from torchcal.train.stacks import SoloModel
@@ -418,7 +418,7 @@ def test_a_diverged_run_waits_for_its_last_checkpoint_before_naming_it(tmp_path,
     with pytest.raises(DivergedError, match="diverged in epoch 2: the training loss and the "
                                             "parameters became NaN/Inf.*last good checkpoint"):
         train(cfg)
-    from torchcal.runs import RunDir
+    from torchcal.run_dir import RunDir
 
     assert load_checkpoint(RunDir(cfg.out_dir).checkpoint())["epoch"] == 1
 

@@ -554,7 +554,7 @@ def test_a_packed_sweep_keeps_the_users_files_of_a_stale_run(runs):
     (runs / "ce" / "notes.txt").write_text("mine")
     (runs / "focal" / "notes.txt").write_text("mine too")
     with pytest.warns(UserWarning, match=r"kept 1 file torchcal did not write \('notes.txt'\)"):
-        res = run_packed_job({"runs": [_spec(runs / "ce", epochs=3),
+        res = run_packed_job({"members": [_spec(runs / "ce", epochs=3),
                                        _spec(runs / "focal", "focal", epochs=3)]})
     assert [m["error"] for m in res["members"]] == [None, None], res
     assert (runs / "ce" / "notes.txt").read_text() == "mine"

@@ -9,7 +9,7 @@ It prints one line per rule with its count, then every violation:
        L7  cli/
        L6  experiments/
        L5  train/  report/  integrations/   (siblings: never importing each other)
-       L4  evaluate.py  runs.py  ensemble.py
+       L4  evaluate.py  run_dir.py  ensemble.py
        L3  losses/  posthoc/  uncertainty/  plot.py
        L2  metrics/  functional/  models/  data/
        L1  errors.py  _validation.py  _io/  _registry.py
@@ -20,7 +20,7 @@ It prints one line per rule with its count, then every violation:
    docstring included, to its last line).
 4. **run-directory names**: each file name of a run directory (``config.json``, ``log.jsonl``,
    ``results.json``, ``checkpoints/last.pt``, ...) appears in one module only,
-   ``torchcal/runs.py``.  Counted: every string literal (f-string parts included) that holds a
+   ``torchcal/run_dir.py``.  Counted: every string literal (f-string parts included) that holds a
    file name, and every directory name joined with ``/`` or ``joinpath``; not counted:
    docstrings and the ``help=`` / ``description=`` / ``epilog=`` text of the command line
    (and the help lines of ``torchcal --help``, ``cli.COMMAND_HELP``).
@@ -87,6 +87,10 @@ It prints one line per rule with its count, then every violation:
     ``*args`` / ``**kwargs`` not counted); a function with more settings takes a frozen options
     object (``build_report(..., options=ReportOptions(...))``, its fields also keywords).
     ``MANY_PARAMETERS`` lists the few excepted, each with its reason.
+15. **deprecated modules**: no module imports a renamed module's deprecated shim
+    (``DEPRECATED_MODULES``: ``torchcal.runs``, now ``torchcal.run_dir``;
+    ``torchcal.train.steps``, now ``torchcal.train.run``), as ``import``, ``from ... import``
+    (``from . import steps`` too) or ``importlib.import_module``; the shim itself is excepted.
 
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
@@ -108,7 +112,8 @@ LAYERS = {
     "report": 5,
     "integrations": 5,
     "evaluate": 4,
-    "runs": 4,
+    "run_dir": 4,
+    "runs": 4,  # the deprecated name of run_dir
     "ensemble": 4,
     "losses": 3,
     "posthoc": 3,
@@ -133,7 +138,7 @@ MAX_FUNCTION_LINES = 80
 RUN_FILES = ("config.json", "log.jsonl", "results.json", "results-best.json", "last.pt",
              "best.pt", "head.pt", "val.npz", "test.npz")
 RUN_DIRS = ("checkpoints", "logits", "logits-best", "tensorboard", "uncertainty")
-RUN_DIR_OWNER = "torchcal.runs"
+RUN_DIR_OWNER = "torchcal.run_dir"
 HELP_KEYWORDS = {"help", "description", "epilog", "usage"}
 # Module-level names whose strings are command-line help too (the lines of `torchcal --help`).
 HELP_NAMES = {"COMMAND_HELP"}
@@ -169,6 +174,9 @@ BUILTIN_EXCEPTIONS = frozenset(name for name, obj in vars(builtins).items()
 # Rule 14: the most parameters a function takes (self/cls, *args and **kwargs not counted),
 # and the functions excepted ((module, qualified name) -> why).
 MAX_PARAMETERS = 10
+# Renamed modules: the old name (a shim that warns) -> the new one (rule 15).
+DEPRECATED_MODULES = {"torchcal.runs": "torchcal.run_dir",
+                      "torchcal.train.steps": "torchcal.train.run"}
 MANY_PARAMETERS = {
     ("torchcal.losses.adafocal", "AdaFocalLoss.__init__"):
         "a loss's hyper-parameters are its constructor's keywords, as for every registered "
@@ -675,6 +683,26 @@ def exception_classes(tree: ast.AST, rel: Path, known: Collection[str]) -> list[
             "torchcal/errors.py and import it here)" for node in classes if node.name in found]
 
 
+def deprecated_imports(module: str, path: Path, tree: ast.AST, rel: Path) -> list[str]:
+    """Rule 15: the imports of a deprecated module (``DEPRECATED_MODULES``) in one module."""
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = from_target(module, path, node)
+            names = [target] + [f"{target}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
+            if node.args and isinstance(node.args[0], ast.Constant):
+                names = [str(node.args[0].value)]
+        olds = sorted({old for name in names for old in DEPRECATED_MODULES
+                       if name == old or name.startswith(old + ".")})
+        found += [f"{rel}:{node.lineno} imports {old} (deprecated: {DEPRECATED_MODULES[old]})"
+                  for old in olds]
+    return found
+
+
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
@@ -684,7 +712,7 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "standard library only": [], "start-up imports": [],
                                  "heavy imports": [], "config declarations": [],
                                  "exception classes": [],
-                                 "parameters": []}
+                                 "parameters": [], "deprecated modules": []}
     spelled: dict[str, list[str]] = {}
     excepted: set[tuple[str, str]] = set()  # the MANY_PARAMETERS entries that take > 10
     mods = dict(modules(src))
@@ -704,6 +732,8 @@ def check(src: Path) -> dict[str, list[str]]:
         for rule, found in import_rules(module, path, tree, rel, mods).items():
             out[rule] += found
         out["private imports"] += private_imports(module, path, tree, rel)
+        if module not in DEPRECATED_MODULES:
+            out["deprecated modules"] += deprecated_imports(module, path, tree, rel)
         out["private names inside a package"] += private_names_across_modules(
             module, path, tree, rel, mods)
         if module != ERRORS_MODULE:

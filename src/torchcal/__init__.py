@@ -3,7 +3,7 @@
 Sub-packages are imported on first use: ``torchcal.metrics``, ``torchcal.losses``,
 ``torchcal.functional``, ``torchcal.posthoc``, ``torchcal.uncertainty``, ``torchcal.data``,
 ``torchcal.models``, ``torchcal.train``, ``torchcal.report``, ``torchcal.evaluate``,
-``torchcal.runs`` (the run directory's layout), ``torchcal.errors``, ``torchcal.plot``
+``torchcal.run_dir`` (the run directory's layout), ``torchcal.errors``, ``torchcal.plot``
 (reliability diagrams), ``torchcal.experiments`` (benchmarks and the sweep runner),
 ``torchcal.ensemble`` (deep ensembles and MC dropout).
 """
@@ -17,13 +17,17 @@ __version__ = "0.1.0"
 
 _SUBPACKAGES = (
     "metrics", "losses", "functional", "posthoc", "uncertainty", "data", "models", "train",
-    "report", "evaluate", "runs", "errors", "plot", "experiments", "ensemble",
+    "report", "evaluate", "run_dir", "errors", "plot", "experiments", "ensemble",
 )
 
 __all__ = ["__version__", *_SUBPACKAGES]
 
 
+# Renamed modules, still importable (each warns once with a DeprecationWarning).
+_DEPRECATED_MODULES = ("runs",)
+
+
 def __getattr__(name: str) -> Any:
-    if name in _SUBPACKAGES:
+    if name in _SUBPACKAGES or name in _DEPRECATED_MODULES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'torchcal' has no attribute {name!r}")

@@ -41,7 +41,7 @@ from ._validation import as_tensor, check_labels, check_positive_int
 from .evaluate import compute_metrics, evaluate_logits, load_logits, save_logits, write_results
 from .metrics import members as scores
 from .posthoc import TemperatureScaling
-from .runs import RunDir
+from .run_dir import RunDir
 
 __all__ = ["Ensemble", "from_logits", "from_run_dirs", "evaluate_ensemble", "mc_dropout",
            "DROPOUT_TYPES", "CALIBRATE_THEN_POOL", "CALIBRATE_THEN_POOL_NLL", "SEED_SUBSET_SIZE",

@@ -76,7 +76,7 @@ from ._validation import (
 from .errors import ResultsFileError
 from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
 from .posthoc import calibrator_from_dict, fit_temperatures
-from .runs import (
+from .run_dir import (
     CHECKPOINTS,
     RunDir,
     checkpoint_of_results_file,

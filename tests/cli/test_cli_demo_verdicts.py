@@ -14,7 +14,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 def test_the_calibration_demo_prints_the_verdicts_at_its_end(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert main(["demo", "--dataset", "digits", "--losses", "ce,focal", "--seeds", "0,",
+    assert main(["demo", "--benchmark", "digits", "--losses", "ce,focal", "--seeds", "0,",
                  "--epochs", "1", "--workers", "1", "--no-progress", "--no-figures",
                  "--out", str(out)]) == 0
     lines = capsys.readouterr().out.rstrip().splitlines()

@@ -96,7 +96,7 @@ def test_a_worker_starts_without_sklearn_or_dynamo():
     code = (
         "import sys, torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
         "import torchcal.evaluate, torchcal.posthoc\n"
-        "from torchcal.train.steps import SGD\n"
+        "from torchcal.train.run import SGD\n"
         "m = torch.nn.Linear(3, 2)\n"
         "opt = SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)\n"
         "s = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[1])\n"

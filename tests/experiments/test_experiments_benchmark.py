@@ -58,7 +58,7 @@ def test_adding_a_loss_touches_no_cli_experiments_or_report_file(user_losses):
     """A loss registered with `tags={"demo"}` is in the demo's --full and digits tables, its
     --loss-arg is accepted; an untagged one is named in the report with the reason."""
     assert applicable_losses()[-1] == "zz_tagged" and "zz_untagged" not in applicable_losses()
-    for cfg in (DemoConfig(full=True), DemoConfig(dataset="digits")):
+    for cfg in (DemoConfig(full=True), DemoConfig(benchmark="digits")):
         jobs = demo_jobs(cfg, Path("/x"))
         assert "zz_tagged" in {j["loss"] for j in jobs}
         assert "zz_untagged" not in {j["loss"] for j in jobs}
@@ -76,7 +76,7 @@ def test_adding_a_loss_touches_no_cli_experiments_or_report_file(user_losses):
 def test_a_user_loss_trains_through_the_demo_command(user_losses, tmp_path, capsys):
     """The command line's demo trains the tagged loss in this process (its registry is here)."""
     out = tmp_path / "demo"
-    assert main(["demo", "--dataset", "digits", "--losses", "zz_tagged", "--seeds", "0,",
+    assert main(["demo", "--benchmark", "digits", "--losses", "zz_tagged", "--seeds", "0,",
                  "--epochs", "1", "--workers", "1", "--no-progress", "--no-figures",
                  "--out", str(out)]) == 0
     assert "ZZ tagged" in capsys.readouterr().out
@@ -88,7 +88,7 @@ def test_benchmarks_are_registered_data():
     assert list_benchmarks() == ["mnist1d", "digits", "uncertainty"]
     m = get_benchmark("mnist1d")
     assert m.recipe == "mnist1d-cnn" and m.profile("quick").epochs == 15
-    with pytest.raises(ValueError, match="`dataset`.*mnist1d, digits"):
+    with pytest.raises(ValueError, match="`benchmark`.*mnist1d, digits"):
         get_benchmark("cifar")
     with pytest.raises(ValueError, match="missing \\['full'\\]"):
         Benchmark(name="x", title="x", recipe="digits-mlp",
@@ -143,17 +143,17 @@ def test_a_benchmark_of_another_kind_runs_through_run_demo(tmp_path, monkeypatch
     try:
         assert list_benchmarks("toy-kind") == ["toy-kind"]
         assert "toy-kind" not in list_benchmarks("calibration")
-        res = run_demo(DemoConfig(dataset="toy-kind", quick=True, progress=False),
+        res = run_demo(DemoConfig(benchmark="toy-kind", quick=True, progress=False),
                        LocalExecutor(workers=1))
         assert res.report == [4, 6] and res.failed == [("seed 3", "boom")]
         assert res.config.seeds == (2, 3) and res.out_dir.parent == tmp_path / "torchcal-demo"
         assert "- 2: 4" in (res.out_dir / "report.md").read_text()
         assert "<li>2: 4</li>" in (res.out_dir / "report.html").read_text()
         assert not (res.out_dir / LOCK_NAME).exists()
-        again = run_demo(DemoConfig(dataset="toy-kind", progress=False, workers=1))
+        again = run_demo(DemoConfig(benchmark="toy-kind", progress=False, workers=1))
         assert again.out_dir != res.out_dir and again.report == [2]
         with pytest.raises(ValueError, match="no --losses here"):
-            run_demo(DemoConfig(dataset="toy-kind", losses=("ce",), out=tmp_path / "no"))
+            run_demo(DemoConfig(benchmark="toy-kind", losses=("ce",), out=tmp_path / "no"))
         assert not (tmp_path / "no").exists()
     finally:
         BENCHMARKS.unregister("toy-kind")
@@ -178,7 +178,7 @@ def test_a_worker_imports_no_benchmark_demo_or_report_module():
     does not import torch._dynamo."""
     out = _fresh(
         "import sys, torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
-        "from torchcal.train.steps import SGD\n"
+        "from torchcal.train.run import SGD\n"
         "SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1, momentum=0.9)\n"
         "print(sorted(m for m in sys.modules if m.startswith(('torchcal.experiments.',\n"
         "      'torchcal.report', 'torch._dynamo', 'matplotlib', 'sklearn'))))\n")
@@ -219,3 +219,27 @@ def test_the_ray_executor_is_registered_without_importing_its_module_first():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout.strip()
     assert out == "['local', 'ray'] False", out
+
+
+def test_demo_config_names_its_benchmark_benchmark():
+    """``DemoConfig.benchmark`` (issue 40: a benchmark, not a data set); the former name
+    ``dataset`` still works, warned, as a keyword, an attribute and through replace; equality
+    and ``replace`` see one field; the command line takes ``--benchmark`` and ``--dataset``."""
+    from torchcal.cli import build_parser
+
+    new = DemoConfig(benchmark="digits")
+    assert "dataset" not in {f.name for f in dataclasses.fields(DemoConfig)}
+    with pytest.warns(DeprecationWarning, match="DemoConfig.dataset is deprecated"):
+        old = DemoConfig(dataset="digits")
+    assert old == new and old.benchmark == "digits"
+    with pytest.warns(DeprecationWarning, match="renamed DemoConfig.benchmark"):
+        assert new.dataset == "digits"
+    with pytest.warns(DeprecationWarning):
+        assert dataclasses.replace(new, dataset="mnist1d").benchmark == "mnist1d"
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dataclasses.replace(new, seeds=(1,)).benchmark == "digits"  # no warning
+    parser = build_parser()
+    for flag in ("--benchmark", "--dataset"):
+        assert parser.parse_args(["demo", flag, "digits"]).benchmark == "digits"

@@ -10,10 +10,9 @@ import pytest
 from torchcal.evaluate import read_results
 from torchcal.experiments import DemoConfig, run_demo
 from torchcal.experiments.demo import demo_jobs
-from torchcal.experiments.training import run_job
 from torchcal.experiments.packed import expand_results, pack_jobs, run_packed_job
-from torchcal.experiments.training import resolve_spec
 from torchcal.experiments.runner import Job, failed_result
+from torchcal.experiments.training import resolve_spec, run_job
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -23,21 +22,21 @@ def _changed(spec, **fields):
 
 
 TINY = dict(seeds=(0, 1), epochs=2, losses=("ce", "adafocal"), progress=False,
-            dataset="digits", figures=False)
+            benchmark="digits", figures=False)
 
 
 def _sizes(jobs):
-    return [len(j.spec["runs"]) if j.fn is run_packed_job else 1 for j in jobs]
+    return [len(j.spec["members"]) if j.fn is run_packed_job else 1 for j in jobs]
 
 
 def test_pack_jobs_sizes_and_members():
     default = demo_jobs(DemoConfig(), Path("/x"))  # 7 losses x 2 seeds
     jobs = pack_jobs(default)
     assert _sizes(jobs) == [4, 4, 3, 3]  # at most CPU_PACK_SIZE = 5, an even number of packs
-    runs = [r["run_dir"] for j in jobs for r in j.spec["runs"]]
+    runs = [r["run_dir"] for j in jobs for r in j.spec["members"]]
     assert sorted(runs) == sorted(s["run_dir"] for s in default)  # each run once
-    assert [r["run_dir"] for r in jobs[0].labels["runs"]] == [r["run_dir"]
-                                                             for r in jobs[0].spec["runs"]]
+    assert [r["run_dir"] for r in jobs[0].labels["members"]] == [r["run_dir"]
+                                                             for r in jobs[0].spec["members"]]
     assert _sizes(pack_jobs(demo_jobs(DemoConfig(full=True), Path("/x")))) == [5] * 14
     two = pack_jobs(default[:2])  # two packs of one: unpacked runs
     assert [j.fn for j in two] == [run_job, run_job]
@@ -48,7 +47,7 @@ def test_pack_jobs_sizes_and_members():
     other = [_changed(s, overrides={"lr": 0.05}) if i % 2 else s for i, s in enumerate(default[:8])]
     jobs = pack_jobs(other)  # two recipes: never in one pack
     for j in jobs:
-        lrs = {(r.get("overrides") or {}).get("lr") for r in j.spec.get("runs", [j.spec])}
+        lrs = {(r.get("overrides") or {}).get("lr") for r in j.spec.get("members", [j.spec])}
         assert len(lrs) == 1
 
 
@@ -75,11 +74,11 @@ def test_expand_results_reports_every_run_of_a_dead_pack():
     assert _sizes(jobs) == [3, 3]
     dead = failed_result(jobs[0], "worker process died: killed")
     ok = {"error": None, "members": [{"run_dir": r["run_dir"], "error": None}
-                                     for r in jobs[1].spec["runs"]]}
+                                     for r in jobs[1].spec["members"]]}
     flat = expand_results(jobs, [dead, ok])
     assert len(flat) == 6
     assert [f["error"] for f in flat] == ["worker process died: killed"] * 3 + [None] * 3
-    assert {f["run_dir"] for f in flat[:3]} == {r["run_dir"] for r in jobs[0].spec["runs"]}
+    assert {f["run_dir"] for f in flat[:3]} == {r["run_dir"] for r in jobs[0].spec["members"]}
     single = Job("x", dict, {"run_dir": "r"})
     assert expand_results([single], [{"run_dir": "r", "error": None}]) == [
         {"run_dir": "r", "error": None}]
@@ -114,9 +113,22 @@ def test_packed_demo_matches_unpacked_and_is_deterministic(tmp_path):
 def test_run_packed_job_skips_finished_and_reports_bad_runs(tmp_path):
     specs = demo_jobs(DemoConfig(out=tmp_path, **dict(TINY, epochs=1)), tmp_path)[:3]
     specs[2] = _changed(specs[2], loss_kwargs={"not_an_argument": 1})
-    res = run_packed_job({"runs": specs})
+    res = run_packed_job({"members": specs})
     assert res["error"] is None and len(res["members"]) == 3
     assert [m["error"] is None for m in res["members"]] == [True, True, False]
     assert "not_an_argument" in res["members"][2]["error"]
-    again = run_packed_job({"runs": specs[:2]})
+    again = run_packed_job({"members": specs[:2]})
     assert [m["skipped"] for m in again["members"]] == [True, True]
+
+
+def test_a_pack_names_its_runs_members_in_spec_labels_and_result():
+    """One key for a pack's runs (issue 40): ``"members"`` in its job's spec and labels, as in
+    its result; the former spec key ``"runs"`` is still read, with a DeprecationWarning."""
+    jobs = pack_jobs(demo_jobs(DemoConfig(**dict(TINY, seeds=(0, 1, 2))), Path("/x")))
+    assert all(set(j.spec) == {"members"} == set(j.labels) for j in jobs)
+    bad = {"run_dir": "/nowhere/r", "loss": "ce", "seed": 0}  # refused before any training
+    new = run_packed_job({"members": [bad]})
+    with pytest.warns(DeprecationWarning, match='"runs" is deprecated: it was renamed "members"'):
+        old = run_packed_job({"runs": [bad]})
+    assert [m["error"] for m in old["members"]] == [m["error"] for m in new["members"]]
+    assert new["members"][0]["error"]

@@ -78,7 +78,7 @@ def _always_dies(spec):
 
 def test_ray_gives_the_local_results_csv_bit_for_bit(ray_instance, tmp_path, capsys):
     """`torchcal demo --executor ray` (the module's Ray instance) and `--executor local`."""
-    argv = ["demo", "--dataset", "digits", "--losses", "ce,focal", "--seeds", "0,1", "--epochs",
+    argv = ["demo", "--benchmark", "digits", "--losses", "ce,focal", "--seeds", "0,1", "--epochs",
             "3", "--no-progress", "--no-figures"]
     assert main([*argv, "--workers", "1", "--out", str(tmp_path / "local")]) == 0  # in-process
     assert main([*argv, "--executor", "ray", "--out", str(tmp_path / "ray")]) == 0

@@ -66,7 +66,7 @@ def test_the_tiny_report_has_intro_claims_and_appendix_in_order(tmp_path):
     from torchcal.experiments import run_demo
 
     cfg = DemoConfig(out=tmp_path / "d", seeds=(0,), epochs=1, losses=("ce", "focal"),
-                     workers=1, progress=False, figures=False, dataset="digits")
+                     workers=1, progress=False, figures=False, benchmark="digits")
     md = run_demo(cfg).report.report_md.read_text(encoding="utf-8")
     assert md.index("## Runs") < md.index("## Appendix: the setting in full")
     assert "**Verdict (shortened schedule, 1 of 100 epochs): " in md

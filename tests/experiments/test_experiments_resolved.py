@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from torchcal.experiments import DemoConfig, LocalExecutor, run_demo
-from torchcal.experiments.demo import demo_jobs
 from torchcal.experiments import demo as demo_module
 from torchcal.experiments import training as training_module
+from torchcal.experiments.demo import demo_jobs
 from torchcal.train import TrainConfig, get_recipe, register_recipe
 from torchcal.train.recipes import RECIPES
 
@@ -36,7 +36,7 @@ def parent_recipe():
 
 
 def _cfg(out: Path, **kw) -> DemoConfig:
-    return DemoConfig(dataset="digits", recipe=RECIPE, losses=("ce",), seeds=(0, 1), epochs=1,
+    return DemoConfig(benchmark="digits", recipe=RECIPE, losses=("ce",), seeds=(0, 1), epochs=1,
                       progress=False, figures=False, pack=False, out=out, **kw)
 
 

@@ -33,7 +33,7 @@ from torchcal.train.packed import train_pack
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore:OOD set")
 
-TINY = dict(seeds=(0, 1), epochs=1, losses=("ce", "focal"), progress=False, dataset="digits",
+TINY = dict(seeds=(0, 1), epochs=1, losses=("ce", "focal"), progress=False, benchmark="digits",
             figures=False, workers=1)
 
 
@@ -70,8 +70,8 @@ def test_the_demo_keeps_typed_specs_and_sends_json(tmp_path):
     cfg = demo.resolve(DemoConfig(**TINY))
     jobs, specs = demo.TRAINING_RUNS.plan(cfg, demo.get_benchmark("digits"), tmp_path)
     assert all(isinstance(s, RunSpec) for s in specs) and len(specs) == 4
-    assert [len(j.spec["runs"]) for j in jobs] == [2, 2]  # JSON at the boundary
-    assert all(isinstance(r["config"], dict) for j in jobs for r in j.spec["runs"])
+    assert [len(j.spec["members"]) for j in jobs] == [2, 2]  # JSON at the boundary
+    assert all(isinstance(r["config"], dict) for j in jobs for r in j.spec["members"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         specs[0].seed = 3
     assert run_spec(specs[0]) is specs[0]  # never resolved again

@@ -36,7 +36,7 @@ SRC = str(Path(torchcal.__file__).resolve().parents[1])
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "notahost:6379", "localhost:99999"])
 def test_an_unreachable_address_fails_in_one_line_at_once(tmp_path, capsys, address):
     t0 = time.monotonic()
-    rc = main(["demo", "--executor", "ray", "--ray-address", address, "--dataset", "digits",
+    rc = main(["demo", "--executor", "ray", "--ray-address", address, "--benchmark", "digits",
                "--losses", "ce", "--seeds", "1", "--epochs", "1", "--no-progress",
                "--no-figures", "--out", str(tmp_path / "out")])
     seconds = time.monotonic() - t0
@@ -74,7 +74,7 @@ def test_a_signalled_driver_stops_its_tasks_and_leaves_no_ray_process(tmp_path, 
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
-    argv = ["demo", "--executor", "ray", "--workers", "2", "--dataset", "digits", "--losses",
+    argv = ["demo", "--executor", "ray", "--workers", "2", "--benchmark", "digits", "--losses",
             "ce", "--seeds", "0,1", "--epochs", "400", "--no-pack", "--no-figures",
             "--no-progress", "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "torchcal", *argv], env=env,

@@ -127,14 +127,14 @@ def tiny_suite():
 
 
 def _run_tiny(out, **kw):
-    return run_demo(DemoConfig(dataset="uncertainty-tiny", workers=1, progress=False, out=out,
+    return run_demo(DemoConfig(benchmark="uncertainty-tiny", workers=1, progress=False, out=out,
                                **kw))
 
 
 def test_the_suite_is_a_registered_benchmark_of_run_demo():
     """Issue 32 item 1: one experiment framework; the suite is the benchmark ``uncertainty``
     (its profiles the suite's sizes, its claims the suite's Claim objects), of its own kind,
-    run by ``torchcal demo --suite uncertainty`` and not offered by ``--dataset``."""
+    run by ``torchcal demo --suite uncertainty`` and not offered by ``--benchmark``."""
     bench = get_benchmark("uncertainty")
     assert isinstance(bench, Benchmark) and isinstance(bench.kind, BenchmarkKind)
     assert dict(bench.profiles) == suite.PROFILES and tuple(bench.claims) == rep.CLAIMS

@@ -13,7 +13,7 @@ from torchcal.experiments.demo import applicable_losses, demo_jobs
 from torchcal.experiments.training import run_job
 
 TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False,
-            dataset="digits")
+            benchmark="digits")
 
 
 def _same(a, b) -> bool:
@@ -93,7 +93,7 @@ def test_default_losses_cover_the_issue_list():
     names = applicable_losses()
     for n in ("ce", "ls", "brier", "mmce", "focal", "flsd53", "dual_focal", "adafocal", "bsce_gra"):
         assert n in names
-    jobs = demo_jobs(DemoConfig(seeds=(3, 4), dataset="digits"), __import__("pathlib").Path("/x"))
+    jobs = demo_jobs(DemoConfig(seeds=(3, 4), benchmark="digits"), __import__("pathlib").Path("/x"))
     assert len(jobs) == 2 * len(names)
     adaf = [j for j in jobs if j["loss"] == "adafocal"][0]
     assert adaf["loss_kwargs"]["lam"] == 0.1 and adaf["run_dir"].endswith("adafocal/seed3")
@@ -126,8 +126,8 @@ def test_mnist1d_is_the_default_at_the_papers_defaults():
     assert _train_config(full[0]).epochs == 350 and _train_config(full[0]).milestones == [150, 250]
     quick = demo_jobs(DemoConfig(quick=True), Path("/x"))
     assert {j["loss"] for j in quick} == set(CLAIM_LOSSES)
-    with pytest.raises(ValueError, match="`dataset`"):
-        demo_jobs(DemoConfig(dataset="cifar"), Path("/x"))
+    with pytest.raises(ValueError, match="`benchmark`"):
+        demo_jobs(DemoConfig(benchmark="cifar"), Path("/x"))
 
 
 def test_failed_run_is_reported_not_fatal(tmp_path):
@@ -266,7 +266,7 @@ def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     def _setup_text(cfg, job):  # the report's prose: the intro and the appendix
         return intro_text(cfg, [job]) + appendix_text(cfg, [job])
 
-    cfg = DemoConfig(dataset="digits", seeds=(0,), epochs=8, data_kwargs={"n_copies": 2, "noise_std": 0.3},
+    cfg = DemoConfig(benchmark="digits", seeds=(0,), epochs=8, data_kwargs={"n_copies": 2, "noise_std": 0.3},
                      overrides={"lr": 0.02, "batch_size": 32, "model_kwargs": {"hidden": [32]}},
                      loss_kwargs={"focal": {"gamma": 2}}, losses=("ce", "focal"))
     jobs = demo_jobs(cfg, Path("/x"))
@@ -278,7 +278,7 @@ def test_knobs_reach_the_runs_and_the_report_text(tmp_path):
     for s in ("std 0.3", "2 independent noisy copies", "MLP 64-32-10", "lr 0.02", "batch 32",
               "8 epochs", "epochs 4, 6 (50%, 75%)", "60/10/30", "(1077 / 180 / 540 images)"):
         assert s in text, (s, text)
-    dg = DemoConfig(seeds=(0, 1), dataset="digits")
+    dg = DemoConfig(seeds=(0, 1), benchmark="digits")
     default = _setup_text(dg, demo_jobs(dg, Path("/x"))[0])
     for s in ("std 0.5", "60/10/30", "5 independent noisy copies", "MLP 64-256-256-10",
               "momentum 0.9, lr 0.05, weight decay 0.0005, batch 64, 100 epochs",

@@ -31,7 +31,7 @@ from torchcal.report.claims import (
     mukhoti_ood_claim,
 )
 from torchcal.report.tables import ensemble_table, runs_csv
-from torchcal.runs import RunDir
+from torchcal.run_dir import RunDir
 
 GRID = np.arange(1, 101) / 10.0
 

@@ -10,7 +10,7 @@ from sklearn.metrics import roc_curve as sk_roc_curve
 
 from torchcal.report import figures as F
 from torchcal.report.build import gamma_history
-from torchcal.runs import LOSS_STATE_KEY
+from torchcal.run_dir import LOSS_STATE_KEY
 
 
 def test_roc_curve_matches_sklearn_with_ties():

@@ -18,11 +18,11 @@ from torch import nn
 import torchcal.train.packed as P
 from torchcal.errors import CheckpointError, TorchcalError
 from torchcal.train.checkpoint import load_checkpoint
-from torchcal.train.joint_head import NoHead
 from torchcal.train.pack_commit import ghost_run
 from torchcal.train.packed import train_packed
+from torchcal.train.plugin import RunPlugin
+from torchcal.train.run import SGD, Run, build_loss, build_optimizer
 from torchcal.train.stacks import PackedModel, SoloModel, Stack
-from torchcal.train.steps import SGD, Run, build_loss, build_optimizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 
@@ -64,7 +64,7 @@ def test_both_stacks_implement_the_protocol_and_hold_no_run(tmp_path):
     x = torch.randn(5, 4)
     assert pack.forward_shared(x).shape == (5, 2, 3)
     model = nn.Sequential(nn.Linear(4, 3))
-    run = types.SimpleNamespace(fwd=model, model=model, head=NoHead(), optimizer=None,
+    run = types.SimpleNamespace(fwd=model, model=model, plugin=RunPlugin(), optimizer=None,
                                 scaler=None, env=types.SimpleNamespace(enabled=False),
                                 device=torch.device("cpu"), amp="off", n_batches=3,
                                 loss_fn=nn.CrossEntropyLoss())
@@ -85,7 +85,7 @@ def test_split_logits_wants_one_source_per_member():
         old = PackedModel(*_models(), "loop", runs=[object(), object()])
     assert not hasattr(old, "runs")
     solo = SoloModel(types.SimpleNamespace(
-        fwd=models[0], model=models[0], head=NoHead(), optimizer=opts[0], scaler=None,
+        fwd=models[0], model=models[0], plugin=RunPlugin(), optimizer=opts[0], scaler=None,
         env=types.SimpleNamespace(enabled=False), device=torch.device("cpu"), amp="off",
         n_batches=1, loss_fn=nn.CrossEntropyLoss()))
     with pytest.raises(ValueError, match="`sources` to hold one source \\(a run alone\\), got 2"):
@@ -148,7 +148,7 @@ def test_build_optimizer_is_the_runs_sgd_and_multistep_schedule(tmp_path):
     c = cfg(tmp_path, "b", lr=0.2, momentum=0.8, weight_decay=1e-3, nesterov=True,
             epochs=10, milestones=[3, 5], lr_gamma=0.3)
     model = nn.Linear(3, 2)
-    opt, sched = build_optimizer(model, c, NoHead(), 10)
+    opt, sched = build_optimizer(model, c, RunPlugin(), 10)
     assert type(opt) is SGD
     g = opt.param_groups[0]
     assert (g["lr"], g["momentum"], g["weight_decay"], g["nesterov"]) == (0.2, 0.8, 1e-3, True)
@@ -156,7 +156,7 @@ def test_build_optimizer_is_the_runs_sgd_and_multistep_schedule(tmp_path):
     assert sorted(sched.milestones.elements()) == sorted(c.effective_milestones())
     assert sched.gamma == 0.3
     with pytest.raises(ValueError, match="`steps` to be a non-negative integer, got -1"):
-        build_optimizer(model, c, NoHead(), -1)
+        build_optimizer(model, c, RunPlugin(), -1)
 
 
 def test_a_ghost_gets_the_optimiser_and_schedule_of_its_own_run(tmp_path, monkeypatch):
@@ -172,10 +172,10 @@ def test_a_ghost_gets_the_optimiser_and_schedule_of_its_own_run(tmp_path, monkey
     monkeypatch.setattr(PC, "build_optimizer", spy)
     c = cfg(tmp_path, "t", epochs=3)
     model = nn.Linear(3, 2)
-    opt, sched = real(model, c, NoHead(), 6)
+    opt, sched = real(model, c, RunPlugin(), 6)
     template = types.SimpleNamespace(config=c, model=model, num_classes=2,
                                      device=torch.device("cpu"), optimizer=opt, scheduler=sched,
-                                     head=NoHead(), n_batches=2)
+                                     plugin=RunPlugin(), n_batches=2)
     ghost_cfg = dataclasses.replace(c, out_dir=str(tmp_path / "g"), seed=7)
     ghost = ghost_run(template, ghost_cfg, build_loss)
     assert calls == [(ghost_cfg.out_dir, 6)]
@@ -188,7 +188,7 @@ def test_a_ghost_gets_the_optimiser_and_schedule_of_its_own_run(tmp_path, monkey
 # ------------------------------------------------------------------------------------------
 def _member(tmp_path, name, index, epoch, model="mnist1d_cnn"):
     r = types.SimpleNamespace(config=cfg(tmp_path, name, model=model), start_epoch=epoch)
-    return types.SimpleNamespace(index=index, r=r)
+    return types.SimpleNamespace(index=index, run=r)
 
 
 def test_a_ghost_that_cannot_be_built_stops_its_pack(tmp_path):
@@ -197,7 +197,7 @@ def test_a_ghost_that_cannot_be_built_stops_its_pack(tmp_path):
     and the group's other pack goes on."""
     a, c = _member(tmp_path, "a", 0, 1), _member(tmp_path, "c", 1, 0)
     layout = (str(tmp_path / "a"), str(tmp_path / "b"))  # "b" was a member; it has no config
-    configs = [a.r.config, c.r.config]
+    configs = [a.run.config, c.run.config]
     results = [None, None]
     packs = P._packs([(a, layout), (c, (str(tmp_path / "c"),))], configs, [0, 1], results)
     assert [[mb.index for mb in p] for p in packs] == [[1]]
@@ -211,7 +211,7 @@ def test_a_ghost_of_another_model_stops_its_pack(tmp_path):
     a = _member(tmp_path, "a", 0, 1)
     other = cfg(tmp_path, "b", model="mlp")  # passed, but its ghost cannot share the pack
     results = [None]
-    packs = P._packs([(a, (str(tmp_path / "a"), other.out_dir))], [a.r.config, other], [0],
+    packs = P._packs([(a, (str(tmp_path / "a"), other.out_dir))], [a.run.config, other], [0],
                      results)
     assert packs == []
     assert isinstance(results[0], CheckpointError)

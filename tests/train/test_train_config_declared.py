@@ -17,7 +17,7 @@ from torchcal.cli import build_parser
 from torchcal.cli.train import _add_declared_flags, _declared_flags, config_from_args
 from torchcal.experiments.training import is_stale
 from torchcal.experiments.uncertainty import _same_config
-from torchcal.runs import RunDir
+from torchcal.run_dir import RunDir
 from torchcal.train import JointHeadConfig, MultitaskConfig, TrainConfig, get_recipe
 from torchcal.train import config as C
 from torchcal.train.config import UNCHECKED, Flag, cli_fields, flat_keys, identity

@@ -14,7 +14,7 @@ from torchcal.errors import CheckpointError, TorchcalError
 from torchcal.losses.base import CalibrationLoss
 from torchcal.train import JointHeadConfig, TrainConfig, get_recipe, train
 from torchcal.train.checkpoint import load_checkpoint
-from torchcal.train.steps import n_batches as _steps_n_batches
+from torchcal.train.run import n_batches as _run_n_batches
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 
@@ -208,7 +208,7 @@ def test_tinyimagenet_recipe_runs(tmp_path):
 def test_progress_bar(tmp_path, capsys):
     """A tqdm bar counting the training batches of every epoch (on stderr)."""
     from torchcal.train import build_data
-    from torchcal.train.steps import n_batches as _n_batches
+    from torchcal.train.run import n_batches as _n_batches
 
     cfg = digits_config(tmp_path, epochs=2, evaluate=False, progress=True)
     train(cfg)
@@ -307,7 +307,7 @@ def test_stateful_loss_driven_only_through_the_protocol(tmp_path, monkeypatch, r
     train(cfg)
     probe = made[-1]
     assert probe.epochs_seen == [0, 1]
-    n_train_batches = _steps_n_batches(len(_train_labels(cfg)), 1, cfg.batch_size)
+    n_train_batches = _run_n_batches(len(_train_labels(cfg)), 1, cfg.batch_size)
     per_epoch = n_train_batches // 5 + 1  # every 5 batches + after the epoch
     assert int(probe.n_validations) == 2 * per_epoch
     n_val = probe.val_sizes[0]

@@ -44,7 +44,7 @@ def test_multistep_schedule_and_clipping_as_configured(tmp_path, monkeypatch):
     assert [r["lr"] for r in lines] == pytest.approx([0.05, 0.005, 0.0005], rel=1e-9)
     # one clip per optimiser step, at the configured norm, over the classifier's parameters
     from torchcal.train import build_data
-    from torchcal.train.steps import n_batches as _n_batches
+    from torchcal.train.run import n_batches as _n_batches
 
     n_train = len(build_data(cfg).train.labels)
     assert len(calls) == 3 * _n_batches(n_train, 1, cfg.batch_size)

@@ -1,4 +1,4 @@
-"""Issue 43 item 2: torchcal's SGD (``torchcal.train.steps.SGD``, built without importing
+"""Issue 43 item 2: torchcal's SGD (``torchcal.train.run.SGD``, built without importing
 ``torch._dynamo``) trains bit for bit as ``torch.optim.SGD`` and keeps the same state dict;
 that it imports no ``torch._dynamo`` is checked in a fresh process by
 ``tests/cli/test_cli_startup.py``."""
@@ -10,7 +10,7 @@ import pickle
 import pytest
 import torch
 
-from torchcal.train.steps import SGD
+from torchcal.train.run import SGD
 
 
 def _train(cls, **kw):

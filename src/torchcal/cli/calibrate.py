@@ -28,7 +28,7 @@ from ..errors import ResultsFileError
 from ..evaluate import load_logits, write_calibration
 from ..metrics import adaptive_ece, ece, error, nll
 from ..posthoc import CalibrationFitError
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ._args import PERCENT_NOTE, nonneg_float, pct
 from ._args import fmt as _fmt
 

@@ -1,7 +1,7 @@
 """``torchcal demo``: the parser and the printing of the embedded benchmarks.
 
 The benchmarks (the calibration benchmarks, MNIST-1D by default or noisy digits, chosen by
-``--dataset``; ``--suite uncertainty``: the uncertainty benchmark), their sizes, report prose
+``--benchmark``, formerly ``--dataset``, still accepted; ``--suite uncertainty``: the uncertainty benchmark), their sizes, report prose
 and the sweep runner live in :mod:`torchcal.experiments`; this module turns the command line
 into a :class:`~torchcal.experiments.DemoConfig` and an executor, calls
 :func:`~torchcal.experiments.run_demo` (for every benchmark) and prints the result.
@@ -148,13 +148,13 @@ def _debug_env(debug: bool):
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     suite = getattr(args, "suite", "calibration")
-    dataset = args.dataset if suite == "calibration" else suite
+    benchmark = args.benchmark if suite == "calibration" else suite
     losses = tuple(s.strip() for s in args.losses.split(",") if s.strip()) if args.losses else None
     # the output directory is fixed first, so that the hint after Ctrl-C or SIGTERM names it
     args.demo_out = Path(args.out) if args.out else default_out()
     executor = _executor(args)
     cfg = DemoConfig(
-        dataset=dataset, full=args.full, seeds=args.seeds, epochs=args.epochs,
+        benchmark=benchmark, full=args.full, seeds=args.seeds, epochs=args.epochs,
         losses=losses, workers=args.workers, out=args.demo_out,
         n_bins=args.n_bins, adafocal_lam=args.adafocal_lam,
         loss_kwargs=parse_demo_loss_args(args.loss_arg, losses or applicable_losses()),
@@ -165,7 +165,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         pack=not args.no_pack, command=_command(args),
     )
     res = run_demo(cfg, executor)
-    kind = get_benchmark(dataset).kind
+    kind = get_benchmark(benchmark).kind
     if kind is TRAINING_RUNS:  # the calibration benchmarks: the report's tail, wall time, claims
         print_tail(res.report, res.out_dir)
         print(f"Wall time: {res.seconds:.0f} s (start-up and report writing included) for "
@@ -251,8 +251,9 @@ def register(subparsers) -> None:
                         "uncertainty: Kirchhof et al. 2024's pretrained uncertainty heads and "
                         "Kendall et al. 2018's multi-task weighting on MNIST-1D, 3 seeds "
                         "(--quick: a 1-seed smoke test; --full: every arm, 5 seeds)")
-    d.add_argument("--dataset", choices=calibration, default="mnist1d",
-                   help="the benchmark (default mnist1d): " + "; ".join(
+    d.add_argument("--benchmark", "--dataset", dest="benchmark", choices=calibration,
+                   default="mnist1d",
+                   help="the benchmark (default mnist1d; --dataset: its former name): " + "; ".join(
                        f"{n}: {get_benchmark(n).title}" for n in calibration))
     size = d.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=h["quick"])

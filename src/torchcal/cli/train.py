@@ -30,7 +30,7 @@ from .._registry import unknown_name
 from ..errors import TorchcalError
 from ..losses import list_losses
 from ..models import list_models
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ..train.config import TrainConfig, changed_fields, cli_fields
 from ..train.evaluation import read_config
 from ..train.recipes import get_recipe, list_recipes

@@ -40,7 +40,7 @@ from ..data import load_splits
 from ..data.augment import normalize, random_crop_flip
 from ..errors import CheckpointError, DivergedError, TorchcalError
 from ..metrics import auroc, entropy
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ..train import build_data, load_model_from_run
 from ..train.build import load_ood_sets
 from ..train.checkpoint import load_checkpoint

@@ -7,7 +7,7 @@ full run (the verdicts a report quotes are computed from it), its report prose a
 function of one run.  Benchmarks are registered by name (:func:`register_benchmark`,
 :func:`get_benchmark`, :func:`list_benchmarks`) and every one runs through :func:`run_demo`
 (one lock on its output directory, a fresh directory by default, the runner below).  The
-calibration benchmarks ``mnist1d`` and ``digits`` (``torchcal demo --dataset NAME``) are defined
+calibration benchmarks ``mnist1d`` and ``digits`` (``torchcal demo --benchmark NAME``) are defined
 in :mod:`torchcal.experiments.calibration`.  A benchmark of another kind
 (:class:`BenchmarkKind`: how its jobs are made from a profile and how its report is written)
 is the uncertainty benchmark ``uncertainty`` (``torchcal demo --suite uncertainty``: Kirchhof
@@ -28,7 +28,7 @@ The **runner** executes units of work.  The API other work builds on:
 * :func:`run_sweep` ``(jobs, executor=None, *, progress=True, desc="torchcal demo") -> list[dict]``:
   executes the jobs behind one progress bar and returns one result per job, in the jobs' order
   (``name`` and ``seconds`` added to each).  A job that stands for several runs (a packed
-  model) returns its per-run results in its own dict (e.g. under ``"runs"``), names its run
+  model) returns its per-run results in its own dict (e.g. under ``"members"``), names its run
   directories in ``labels`` and asks for the resources of the whole pack.
 * Executors (the :class:`~torchcal.experiments.runner.Executor` protocol: ``run(jobs,
   on_done)``), registered by name (:func:`register_executor`, :class:`ExecutorType`;

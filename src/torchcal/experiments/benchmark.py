@@ -114,7 +114,7 @@ class Benchmark:
     knobs.
 
     Attributes:
-        name: registry name (``--dataset`` of ``torchcal demo``).
+        name: registry name (``--benchmark`` of ``torchcal demo``).
         title: the report's title, after ``torchcal demo:``.
         recipe: the training recipe (:func:`torchcal.train.get_recipe`; "" for a kind that
             names its own recipes).
@@ -173,7 +173,7 @@ class Benchmark:
 
     @property
     def suite(self) -> str:
-        """The ``torchcal demo --suite`` that runs it: ``calibration`` (chosen by ``--dataset``)
+        """The ``torchcal demo --suite`` that runs it: ``calibration`` (chosen by ``--benchmark``)
         for the calibration benchmarks, else its own name (its kind's)."""
         return self.kind.suite(self)
 
@@ -226,7 +226,7 @@ def committed_note(benchmark: Benchmark) -> str:
         return ""
     where = benchmark.committed_results.rsplit("/", 1)[0]
     note = f" ({benchmark.committed_note})" if benchmark.committed_note else ""
-    return (f"**The committed full run's verdicts, not this run's:** `torchcal demo --dataset "
+    return (f"**The committed full run's verdicts, not this run's:** `torchcal demo --benchmark "
             f"{benchmark.name} --full`, {len(benchmark.profile('full').seeds)} seeds on the "
             f"recipe's schedule, committed in {where} (the README's table): "
             + "; ".join(f"{t} {k} of {n}" for t, k, n in verdicts.values()) + " seeds"
@@ -282,7 +282,7 @@ def _load_builtin_benchmarks() -> None:
         _loading.pop()
 
 
-#: The benchmark table (``torchcal demo --dataset NAME``); its first lookup imports
+#: The benchmark table (``torchcal demo --benchmark NAME``); its first lookup imports
 #: :data:`BUILTIN_MODULES`.
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark", loader=_load_builtin_benchmarks)
 
@@ -299,15 +299,15 @@ def register_benchmark(benchmark: Benchmark) -> Benchmark:
 
 def get_benchmark(name: str) -> Benchmark:
     """The benchmark registered as ``name``; an unknown name raises ``ValueError`` naming
-    ``dataset`` and the valid names."""
+    ``benchmark`` and the valid names."""
     if name not in BENCHMARKS:
-        raise ValueError(f"Expected `dataset` to be one of {', '.join(list_benchmarks())}, "
+        raise ValueError(f"Expected `benchmark` to be one of {', '.join(list_benchmarks())}, "
                          f"got {name!r}")
     return BENCHMARKS.get(name)
 
 
 def list_benchmarks(suite: str | None = None) -> list[str]:
     """The registered benchmark names, in registration order; ``suite``: only those of that
-    ``torchcal demo --suite`` (``"calibration"``: those chosen by ``--dataset``)."""
+    ``torchcal demo --suite`` (``"calibration"``: those chosen by ``--benchmark``)."""
     return [n for n in BENCHMARKS.ordered()
             if suite is None or BENCHMARKS.get(n).suite == suite]

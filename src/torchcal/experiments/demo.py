@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import os
 import sys
 import time
+import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +43,7 @@ from ..errors import ResultsFileError
 from ..evaluate import meta_from_config
 from ..losses import list_losses
 from ..report.build import FIGURE_FORMATS, build_report, figure_set, prepare_report_dir
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
@@ -80,18 +82,54 @@ class DemoConfig:
     figures: bool | str = True
     figure_format: str = "svg"  # the default figures' format: svg or png (torchcal.report)
     recipe: str | None = None  # None: the benchmark's
-    dataset: str = "mnist1d"  # a registered benchmark (torchcal.experiments.list_benchmarks)
+    benchmark: str = "mnist1d"  # a registered benchmark (torchcal.experiments.list_benchmarks)
     full: bool = False  # every tagged loss, the recipe's schedule, 5 seeds
     overrides: dict[str, Any] = field(default_factory=dict)  # extra TrainConfig fields
     pack: bool = True  # train runs that share a model and a recipe as packs (--no-pack: off)
     command: str = ""  # the command line, for a report that quotes it (the uncertainty suite's)
-
     @property
     def profile(self) -> str:
         """The benchmark's profile these settings select: ``quick``, ``full`` or ``default``."""
         if self.quick and self.full:
             raise ValueError("Expected at most one of `quick` and `full`, got both")
         return "full" if self.full else "quick" if self.quick else "default"
+
+
+def _warn_dataset() -> None:
+    # at the line that names ``dataset`` (this function's caller's caller)
+    warnings.warn("DemoConfig.dataset is deprecated: it was renamed DemoConfig.benchmark",
+                  DeprecationWarning, stacklevel=3)
+
+
+def _get_dataset(self: DemoConfig) -> str:
+    _warn_dataset()
+    return self.benchmark
+
+
+def _set_dataset(self: DemoConfig, value: str) -> None:
+    _warn_dataset()
+    self.benchmark = value
+
+
+def _wrap_init(init: Any) -> Any:
+    """``DemoConfig(dataset=...)``, the former name of ``benchmark``: warned, and it wins (also
+    through ``dataclasses.replace(cfg, dataset=...)``, which passes the old ``benchmark``)."""
+
+    @functools.wraps(init)
+    def __init__(self: DemoConfig, *args: Any, dataset: str | None = None, **kwargs: Any) -> None:
+        if dataset is not None:
+            _warn_dataset()
+            kwargs["benchmark"] = dataset
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+# The former name of ``benchmark`` (deprecated), outside the dataclass's fields, so that
+# equality, ``repr`` and ``dataclasses.replace`` see ``benchmark`` only.
+DemoConfig.__init__ = _wrap_init(DemoConfig.__init__)  # type: ignore[method-assign]
+DemoConfig.dataset = property(  # type: ignore[attr-defined]
+    _get_dataset, _set_dataset, doc="Deprecated: the former name of :attr:`benchmark`.")
 
 
 @dataclass
@@ -115,7 +153,7 @@ def applicable_losses(dataset: str = "mnist1d") -> list[str]:
 
 def resolve(cfg: DemoConfig) -> DemoConfig:
     """``cfg`` with every None filled from its benchmark's profile (default, quick or full)."""
-    bench = get_benchmark(cfg.dataset)
+    bench = get_benchmark(cfg.benchmark)
     return bench.kind.resolve(cfg, bench)
 
 
@@ -164,7 +202,7 @@ def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
     (its TrainConfig as a dict under ``config``), so that workers train what this process
     resolved.  The demo itself keeps the typed :class:`~torchcal.experiments.training.RunSpec` s
     and makes JSON of them only for its workers."""
-    bench = get_benchmark(cfg.dataset)
+    bench = get_benchmark(cfg.benchmark)
     return [s.to_json() for s in _run_specs(_resolve(cfg, bench), bench, out)]
 
 
@@ -192,7 +230,7 @@ def _context(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]],
              bench: Benchmark | None = None, **kw: Any) -> IntroContext:
     """The prose's context; ``bench`` given, ``cfg`` is already resolved against it."""
     if bench is None:
-        bench = get_benchmark(cfg.dataset)
+        bench = get_benchmark(cfg.benchmark)
         cfg = _resolve(cfg, bench)
     return IntroContext(
         benchmark=bench, config=cfg, train_config=run_spec(jobs[0]).config,
@@ -325,7 +363,7 @@ TRAINING_RUNS: BenchmarkKind = _TrainingRuns()
 
 
 def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) -> DemoResult:
-    """Run a registered benchmark (``cfg.dataset``) and write its report; returns where
+    """Run a registered benchmark (``cfg.benchmark``) and write its report; returns where
     everything went.
 
     Its kind (``Benchmark.kind``; the calibration benchmarks': :data:`TRAINING_RUNS`) resolves
@@ -337,7 +375,7 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
     """
     t_start = time.perf_counter() - _process_age()
     cfg = cfg or DemoConfig()
-    bench = get_benchmark(cfg.dataset)  # looked up once; the workers get resolved configs
+    bench = get_benchmark(cfg.benchmark)  # looked up once; the workers get resolved configs
     kind = bench.kind
     cfg = kind.resolve(cfg, bench)
     out = Path(cfg.out) if cfg.out is not None else default_out()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ __all__ = ["CPU_PACK_SIZE", "pack_jobs", "run_packed_job", "expand_results"]
 
 #: The most runs of one CPU pack (one thread per worker process); see the module docstring.
 CPU_PACK_SIZE = 5
+# The key of a pack job's runs: in its spec and labels (JSON specs, labels) and in its result.
+PACK_KEY = "members"
 
 
 def pack_jobs(specs: Sequence[RunSpec | Mapping[str, Any]], *,
@@ -67,16 +70,17 @@ def pack_jobs(specs: Sequence[RunSpec | Mapping[str, Any]], *,
                 continue
             names = ", ".join(f"{s.loss} {s.seed}" for s in members)
             jobs.append(Job(name=f"pack {len(jobs) + 1} ({names})", fn=run_packed_job,
-                            spec={"runs": [s.to_json() for s in members]},
-                            labels={"runs": [s.labels for s in members]},
+                            spec={PACK_KEY: [s.to_json() for s in members]},
+                            labels={PACK_KEY: [s.labels for s in members]},
                             n_runs=len(members),
                             resources=Resources(cpus=1.0, gpus=1.0 if cuda else 0.0)))
     return jobs
 
 
 def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Train the runs ``spec["runs"]`` (JSON specs, a pack :func:`pack_jobs` formed) as one pack
-    and evaluate them (:func:`~torchcal.experiments.training.train_runs`).
+    """Train the runs ``spec["members"]`` (JSON specs, a pack :func:`pack_jobs` formed) as one
+    pack and evaluate them (:func:`~torchcal.experiments.training.train_runs`).  The former key
+    ``"runs"`` is still read, with a ``DeprecationWarning``.
 
     Returns:
         ``{"error": None, "members": [one run_job-style result per run]}`` (``error`` of the
@@ -84,7 +88,7 @@ def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     set_threads(1)
-    runs = list(spec["runs"])
+    runs = list(_pack_members(spec))
     out: list[dict[str, Any]] = [None] * len(runs)  # type: ignore[list-item]
     resolved: list[RunSpec] = []
     for i, s in enumerate(runs):
@@ -106,15 +110,25 @@ def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
 def expand_results(jobs: Sequence[Job], results: Sequence[Mapping[str, Any]]
                    ) -> list[dict[str, Any]]:
     """One result per run from a sweep's ``results`` (in the order of ``jobs``): a pack's
-    ``members``, or, when a pack's job failed as a whole (its worker died), one failed result
-    per run of its labels; other results unchanged."""
+    ``members``, or, when a pack's job failed as a whole (its worker died: the runner's result
+    then holds the job's labels, ``members`` too, and an ``error``), one failed result per run
+    of its labels; other results unchanged."""
     flat: list[dict[str, Any]] = []
     for job, r in zip(jobs, results, strict=True):
-        if "members" in r:
-            flat.extend(dict(m) for m in r["members"])
-        elif "runs" in job.labels:
-            flat.extend({**m, "error": r.get("error") or "the pack reported no runs",
-                         "skipped": False, "seconds": 0.0} for m in job.labels["runs"])
-        else:
+        if PACK_KEY not in job.labels:
             flat.append(dict(r))
+        elif r.get("error") is None and PACK_KEY in r:
+            flat.extend(dict(m) for m in r[PACK_KEY])
+        else:
+            flat.extend({**m, "error": r.get("error") or "the pack reported no runs",
+                         "skipped": False, "seconds": 0.0} for m in job.labels[PACK_KEY])
     return flat
+
+
+def _pack_members(spec: Mapping[str, Any]) -> Any:
+    """A pack job's run specs: ``spec["members"]``, or the former key ``"runs"`` (warned)."""
+    if PACK_KEY in spec or "runs" not in spec:
+        return spec[PACK_KEY]
+    warnings.warn('A pack job\'s spec key "runs" is deprecated: it was renamed "members"',
+                  DeprecationWarning, stacklevel=3)
+    return spec["runs"]

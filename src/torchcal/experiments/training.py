@@ -37,15 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .._io import check_own_path, exclusive_lock
 from ..errors import CheckpointError, ResultsFileError, TorchcalError
 from ..evaluate import read_results
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ..train import TrainConfig, get_recipe
 from ..train.checkpoint import remove_stale_run_temp_files
-from ..train.config import changed_fields
+from ..train.config import changed_fields, flat_keys
+from ..train.device import is_cuda
 from ..train.evaluation import read_config
 from ..train.packed import train_pack
 from .runner import Job, Resources, set_threads
@@ -124,12 +123,6 @@ def spec_labels(spec: RunSpec | Mapping[str, Any]) -> dict[str, Any]:
     return {"run_dir": spec["run_dir"], "loss": spec["loss"], "seed": spec["seed"]}
 
 
-def is_cuda(device: str) -> bool:
-    """Whether a run on ``device`` trains on a GPU (``"auto"`` where this process sees one)."""
-    device = str(device)
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-
-
 def train_config(spec: Mapping[str, Any]) -> TrainConfig:
     """The TrainConfig of a run spec: the recipe's, with the spec's loss, seed, run directory,
     epochs (milestones kept at the recipe's fractions), data options and overrides; one thread
@@ -169,7 +162,9 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
         dk.update(spec.get("data_kwargs") or {})
         upd["data_kwargs"] = dk
     upd.update(spec.get("overrides") or {})
-    unknown = sorted(set(upd) - fields)
+    # earlier versions' flat names of the plug-in fields (``uncertainty_head``, ``head_lr``,
+    # ...) are TrainConfig's to map into their groups, with its DeprecationWarning
+    unknown = sorted(set(upd) - fields - set(flat_keys(TrainConfig)))
     if unknown:
         raise ValueError(f"TrainConfig has no field(s) {unknown}")
     return dataclasses.replace(cfg, **upd)
@@ -275,8 +270,8 @@ _OTHER_SETTINGS = "holds a run of other settings"
 
 
 def clear_run_dir(run_dir: Path, why: str = _OTHER_SETTINGS) -> list[Path]:
-    """Remove the files torchcal wrote in a run directory (:meth:`torchcal.runs.RunDir.clear`:
-    the names of :data:`torchcal.runs.OWN_NAMES`), keeping the lock file of its owner (this
+    """Remove the files torchcal wrote in a run directory (:meth:`torchcal.run_dir.RunDir.clear`:
+    the names of :data:`torchcal.run_dir.OWN_NAMES`), keeping the lock file of its owner (this
     process) and everything torchcal did not write, which a warning names ("kept 2 files
     torchcal did not write: ...").  ``why`` says in that warning why the run was cleared.
 

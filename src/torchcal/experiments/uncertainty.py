@@ -1,7 +1,7 @@
 """The uncertainty benchmark: Kirchhof et al. 2024 and Kendall et al. 2018 on MNIST-1D.
 
 ``torchcal demo --suite uncertainty`` runs the benchmark registered here as ``uncertainty``
-(:data:`UNCERTAINTY`: ``run_demo(DemoConfig(dataset="uncertainty"))``, the calibration demo's
+(:data:`UNCERTAINTY`: ``run_demo(DemoConfig(benchmark="uncertainty"))``, the calibration demo's
 run function, lock, output directory and runner; its kind makes the jobs and writes the report).
 It runs two experiments per seed, each a unit of work (a job function of this module, called
 with a JSON-able spec in a worker process):
@@ -47,7 +47,7 @@ import torch
 from .._io import atomic_write_json, atomic_write_text
 from ..data import load_splits
 from ..report.build import write_report_pages
-from ..runs import RunDir
+from ..run_dir import RunDir
 from ..train import get_recipe, load_model_from_run, train
 from ..train.build import build_data
 from ..train.config import JointHeadConfig, TrainConfig

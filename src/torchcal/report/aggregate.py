@@ -32,7 +32,13 @@ from ..errors import ResultsFileError
 from ..evaluate import DEFAULT_PREDICTOR, PREDICTORS, meta_from_config, predictor_of, read_results
 from ..losses import LOSSES
 from ..metrics import ece_noise_floor
-from ..runs import CONFIG_FILE, RunDir, checkpoint_of_results_file, logits_dirname, results_filename
+from ..run_dir import (
+    CONFIG_FILE,
+    RunDir,
+    checkpoint_of_results_file,
+    logits_dirname,
+    results_filename,
+)
 
 __all__ = [
     "RunRecord",

@@ -46,7 +46,7 @@ from ..errors import ResultsFileError, TorchcalError
 from ..evaluate import DEFAULT_PREDICTOR, load_logits
 from ..metrics import entropy
 from ..plot import MIN_COUNT
-from ..runs import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
+from ..run_dir import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
 from . import figures as F
 from . import svg as S
 from . import tables as T
@@ -123,7 +123,7 @@ def gamma_history(run_dir: str | os.PathLike) -> np.ndarray | None:
     """AdaFocal's per-bin γ over epochs, shape (E, B), from a run's ``log.jsonl`` (or None).
 
     Read from the one documented place: the ``gammas`` of each log line's
-    :data:`~torchcal.runs.LOSS_STATE_KEY` object (``"loss_state": {"gammas": [...], ...}``, as the
+    :data:`~torchcal.run_dir.LOSS_STATE_KEY` object (``"loss_state": {"gammas": [...], ...}``, as the
     trainer writes it).  None when no line has per-bin γ (a loss without them, a run with no log)
     or when the lines disagree on the number of bins.
     """

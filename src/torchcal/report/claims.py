@@ -70,7 +70,7 @@ from ..errors import ResultsFileError
 from ..evaluate import DEFAULT_PREDICTOR, load_logits
 from ..losses import LOSSES
 from ..metrics import confidence_gap as _confidence_gap
-from ..runs import logits_filename
+from ..run_dir import logits_filename
 from .aggregate import Group, RunRecord, loss_label, mean_std
 from .tables import Cell, Table, fmt_mean_std
 

@@ -3,13 +3,13 @@
 Modules: :mod:`~torchcal.train.config` and :mod:`~torchcal.train.recipes` (what to train),
 :mod:`~torchcal.train.trainer` (``train``: one run), :mod:`~torchcal.train.packed`
 (``train_packed``: several runs as one packed model), both trained by the one engine
-(:mod:`~torchcal.train.engine`, whose steps take a stack of M runs; :mod:`~torchcal.train.steps`
+(:mod:`~torchcal.train.engine`, whose steps take a stack of M runs; :mod:`~torchcal.train.run`
 builds and resumes each run, :mod:`~torchcal.train.stacks` holds the networks),
 :mod:`~torchcal.train.build` (data and model from a config, a trained model from a checkpoint),
 :mod:`~torchcal.train.device`, :mod:`~torchcal.train.inference` (``predict_logits``),
 :mod:`~torchcal.train.evaluation` (``evaluate_checkpoint``), :mod:`~torchcal.train.checkpoint`,
 :mod:`~torchcal.train.distributed` and :mod:`~torchcal.train.tracking`.  The run directory's
-layout belongs to :mod:`torchcal.runs`.
+layout belongs to :mod:`torchcal.run_dir`.
 
 >>> from torchcal.train import get_recipe
 >>> cfg = get_recipe("digits-mlp")

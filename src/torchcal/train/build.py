@@ -14,7 +14,7 @@ from torch import nn
 from ..data import DATASETS, load_ood, load_splits
 from ..errors import CheckpointError, DataNotFoundError
 from ..models import create_model
-from ..runs import RunDir
+from ..run_dir import RunDir
 from .checkpoint import load_checkpoint
 from .config import TrainConfig
 

@@ -48,7 +48,7 @@ import torch
 from .._io import checksum_path, file_kind, read_verified, write_verified
 from .._io import remove_stale_temp_files as _remove_stale
 from ..errors import CheckpointError
-from ..runs import RunDir
+from ..run_dir import RunDir
 
 __all__ = [
     "FORMAT",

@@ -9,7 +9,14 @@ import torch
 
 from .distributed import DistEnv
 
-__all__ = ["resolve_device", "autocast"]
+__all__ = ["resolve_device", "autocast", "is_cuda"]
+
+
+def is_cuda(device: str) -> bool:
+    """Whether a run on ``device`` trains on a GPU (``"auto"`` where this process sees one): the
+    one answer for the trainer's process group and a sweep's pack sizes and resources."""
+    device = str(device)
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def resolve_device(device: str, env: DistEnv | None = None) -> torch.device:

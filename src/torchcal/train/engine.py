@@ -27,7 +27,7 @@ through :func:`run_stack`.  The steps, in the order of an epoch:
   written from one host copy per stacked tensor by the writer thread
   (:class:`~torchcal.train.pack_commit.EpochWriter`) while the next epoch trains;
 * **final evaluation** (:func:`final_results`): one packed pass over the validation, test and
-  OOD sets, or a run's own (:func:`~torchcal.train.steps.final_evaluation`).
+  OOD sets, or a run's own (:func:`~torchcal.train.run.final_evaluation`).
 
 A member whose training loss or parameters become non-finite stops: alone in a stack of one
 with :class:`~torchcal.errors.DivergedError` (``train`` raises it), and in a pack with
@@ -63,7 +63,7 @@ from ..metrics.epoch import (
     stacked_binned_sums,
     stacked_epoch_metrics,
 )
-from ..runs import LOSS_STATE_KEY
+from ..run_dir import LOSS_STATE_KEY
 from .build import load_ood_sets
 from .checkpoint import rng_state_tensors, save_checkpoint
 from .compiled import CompiledStep, make_compiled_step
@@ -74,17 +74,18 @@ from .evaluation import write_predictions
 from .inference import predict_logits
 from .loss_groups import LossGroups
 from .pack_commit import EpochJob, EpochWriter, commit_staged, stage_checkpoint
-from .stacks import SharedInput, Stack
-from .steps import (
+from .run import (
     Run,
     divergence_error,
     final_evaluation,
     finished_run_numbers,
     progress_bar,
+    shares_data,
     tensorboard_logger,
     train_batches,
     update_every,
 )
+from .stacks import SharedInput, Stack
 
 __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
            "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter",
@@ -131,17 +132,17 @@ class PackedStats:
 # ------------------------------------------------------------------------------------------
 class Member:
     """One member of a stack (its position ``index`` in the caller's results; -1 for a
-    ghost): its :class:`~torchcal.train.steps.Run`, its last epoch's numbers and, once it
+    ghost): its :class:`~torchcal.train.run.Run`, its last epoch's numbers and, once it
     stopped, its error.  A *ghost* (a packed member that stopped, or a member whose run does
     not resume with this pack) is computed with the others but writes nothing; an ``alone``
     member (the run of :func:`~torchcal.train.train`) raises what stops it.  The engine owns
     the members' runs: a stack holds none."""
 
-    def __init__(self, index: int, r: Run, ghost: bool = False, alone: bool = False) -> None:
-        self.index, self.r, self.ghost, self.alone = index, r, ghost, alone
-        self.final: dict[str, float] = {} if ghost else finished_run_numbers(r)
+    def __init__(self, index: int, run: Run, ghost: bool = False, alone: bool = False) -> None:
+        self.index, self.run, self.ghost, self.alone = index, run, ghost, alone
+        self.final: dict[str, float] = {} if ghost else finished_run_numbers(run)
         self.error: BaseException | None = None
-        self.every = update_every(r.loss_fn)
+        self.every = update_every(run.loss_fn)
         self.tb: Any = None  # its TensorBoard logger (rank 0 with ``tensorboard``)
 
     def stop(self, error: BaseException) -> None:
@@ -161,7 +162,7 @@ def split_logits(stack: Stack, members: list[Member], split: str
                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     """:meth:`Stack.split_logits <torchcal.train.stacks.Stack.split_logits>` of ``split``
     (``"val"``, ``"test"``) from the members' batch sources of it."""
-    return stack.split_logits([mb.r.src[split] for mb in members], members[0].r.eval_bs)
+    return stack.split_logits([mb.run.src[split] for mb in members], members[0].run.eval_bs)
 
 
 # torch's check that a schedule steps after its optimiser (PyTorch issue 20124)
@@ -177,7 +178,7 @@ def step_schedules(stack: Stack, members: list[Member], per_step: bool) -> None:
     for them, :class:`~torchcal.train.stacks.PackedModel`), which torch's check of the order
     cannot see: its "``lr_scheduler.step()`` before ``optimizer.step()``" warning is ignored
     for these calls only (the order is the right one)."""
-    schedules = [mb.r.scheduler for mb in members if mb.r.head.per_step_schedule == per_step]
+    schedules = [mb.run.scheduler for mb in members if mb.run.plugin.per_step_schedule == per_step]
     if not schedules:
         return
     with warnings.catch_warnings() if stack.packed else contextlib.nullcontext():
@@ -193,11 +194,11 @@ class Batches:
     data differ, augmentation draws per member or each rank trains on its shard."""
 
     def __init__(self, members: list[Member]) -> None:
-        r0 = members[0].r
+        r0 = members[0].run
         self.src = r0.src["train"]
         augment = bool(getattr(r0.splits, "augment", False))
         self.shared = (self.src.array and not augment and not r0.env.enabled
-                       and all(mb.r.src["train"] is self.src for mb in members))
+                       and shares_data([mb.run for mb in members]))
         self.bs = r0.local_bs
         self.gather = True  # False: a compiled step gathers its batch itself (index only)
 
@@ -205,11 +206,11 @@ class Batches:
         """The epoch's steps: ``(x (M, B, ...), y (M, B), index (M, B))``, ``index`` the
         samples' positions in the training split (on the device)."""
         if not self.shared:
-            for batch in zip(*[train_batches(mb.r, epoch) for mb in members], strict=True):
+            for batch in zip(*[train_batches(mb.run, epoch) for mb in members], strict=True):
                 yield tuple(torch.stack([b[k] for b in batch]) for k in range(3))
             return
         n = self.src.n
-        perms = torch.stack([epoch_permutation(n, mb.r.config.seed, epoch) for mb in members])
+        perms = torch.stack([epoch_permutation(n, mb.run.config.seed, epoch) for mb in members])
         perms = perms.to(self.src.device)
         stop = n - 1 if (n % self.bs == 1 and n > 1) else n  # a lone last sample is dropped
         for s in range(0, stop, self.bs):
@@ -225,17 +226,17 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
     """One epoch of every member's batches (each member its own data order), stepped as one
     (``compiled``: each step one compiled graph, :mod:`torchcal.train.compiled`); the
     learning rate is the first live member's (its schedule's), set by the engine."""
-    r0, running = members[0].r, live(members)
+    r0, running = members[0].run, live(members)
     for mb in members:
-        loss_set_epoch(mb.r.loss_fn, epoch)
+        loss_set_epoch(mb.run.loss_fn, epoch)
     groups.refresh()
     # the global stream (dropout of a run alone; nothing of a pack) follows the first member
     torch.manual_seed(epoch_seed(r0.config.seed, epoch, stream=3 + r0.env.rank))
-    stack.start_epoch(running[0].r.optimizer.param_groups[0]["lr"])
+    stack.start_epoch(running[0].run.optimizer.param_groups[0]["lr"])
     stats = PackedStats(len(members), r0.config.n_bins, r0.device)
     mean_rows = groups.mean_rows  # built once per pack (a host list would sync every epoch)
     stateful = [mb for mb in running if mb.every]  # losses with extra validation passes
-    per_step = any(mb.r.head.per_step_schedule for mb in members)  # a head's schedule
+    per_step = any(mb.run.plugin.per_step_schedule for mb in members)  # a head's schedule
     batches.gather = compiled is None or compiled.failed is not None
     for step, (x, y, index) in enumerate(batches.epoch(members, epoch)):
         if not batches.gather and not compiled(index, stats):
@@ -276,7 +277,7 @@ def _drive_validation(stack: Stack, members: list[Member], which: list[Member]
         m = members.index(mb)
         y = ly if ly.ndim == 1 else ly[:, m]
         try:
-            loss_on_validation(mb.r.loss_fn, logits=lz[:, m].contiguous(), labels=y)
+            loss_on_validation(mb.run.loss_fn, logits=lz[:, m].contiguous(), labels=y)
         except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
             mb.stop(exc)
     return val
@@ -324,13 +325,13 @@ class EpochEnd:
 
     def __init__(self, stack: Stack, members: list[Member], groups: LossGroups,
                  writer: EpochWriter | None = None) -> None:
-        r0 = members[0].r
+        r0 = members[0].run
         self.mean_rows = mean_rows(groups)
         self.writer = writer if writer is not None else EpochWriter(threaded=False)
         self.metric = r0.config.select_best_by
         self.rows = StateRows(stack)
         self.best = None if self.metric == "none" else DeviceBest(
-            self.rows, [mb.r.best for mb in members], r0.device)
+            self.rows, [mb.run.best for mb in members], r0.device)
         self.failed: set[str] = set()  # run directories whose files failed (writer thread)
 
 
@@ -348,9 +349,9 @@ def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats:
     split's when due, then "all parameters finite", the ``fc`` weight norm and "improved on
     its best" (the columns named in the returned dict); and that flag and the validation metric
     on the device."""
-    r0 = members[0].r
+    r0 = members[0].run
     val = _drive_validation(stack, members, [mb for mb in live(members)
-                                             if loss_wants_validation(mb.r.loss_fn)])
+                                             if loss_wants_validation(mb.run.loss_fn)])
     groups.refresh()
     chunk = max(r0.local_bs, 1024)  # chunks of the logged loss (MMCE is O(chunk^2))
     every = r0.config.eval_test_every
@@ -383,14 +384,14 @@ def _stop_error(mb: Member, epoch: int, rec: dict[str, Any], finite: bool
     on)."""
     finite_loss = math.isfinite(rec["train_loss"])
     if mb.alone:
-        return divergence_error(mb.r, epoch, finite_loss, finite)
+        return divergence_error(mb.run, epoch, finite_loss, finite)
     if finite_loss and finite:
         return None
     what = " and ".join(w for w, bad in (("training loss", not finite_loss),
                                          ("parameters", not finite)) if bad)
     return MemberDivergedError(diverged_message(
         epoch, f"{what} {rec['train_loss'] if 'loss' in what else 'not finite'}",
-        "it stops at its last checkpoint, the other packed runs go on", run=str(mb.r.run.path)))
+        "it stops at its last checkpoint, the other packed runs go on", run=str(mb.run.dir.path)))
 
 
 def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
@@ -414,7 +415,7 @@ def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
             continue
         rec["fc_weight_norm"] = float(host[m, extra["fc"]]) if "fc" in extra else None
         stack.annotate(rec)
-        state = loss_log_state(mb.r.loss_fn)
+        state = loss_log_state(mb.run.loss_fn)
         if state:
             rec[LOSS_STATE_KEY] = state
         recs[m] = rec
@@ -422,14 +423,14 @@ def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
 
 
 def _state(r: Run, full: bool) -> dict[str, Any]:
-    """The entries :func:`~torchcal.train.steps.snapshot` copies, not yet copied (no tensor
+    """The entries :func:`~torchcal.train.run.snapshot` copies, not yet copied (no tensor
     operation: :meth:`StateRows.capture` copies them)."""
     return {"model": r.model.state_dict(keep_vars=True),
             "loss": r.loss_fn.state_dict(keep_vars=True),
             "optimizer": r.optimizer.state_dict() if full else None,
             "scheduler": r.scheduler.state_dict() if full else None,
             "scaler": r.scaler.state_dict() if full and r.scaler.is_enabled() else None,
-            **r.head.state(full)}
+            **r.plugin.state(full)}
 
 
 def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str, Any]],
@@ -444,7 +445,7 @@ def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str,
         return
     ctx.best.update(*best)
     for m in better:
-        r = members[m].r
+        r = members[m].run
         r.best = {"metric": ctx.metric, "value": float(recs[m][f"val_{ctx.metric}"]),
                   "epoch": epoch + 1}
         if r.env.is_main:
@@ -473,7 +474,7 @@ def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: Pa
         mb = members[m]
         rec["seconds"] = share
         mb.final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
-        if mb.tb is not None and mb.r.env.is_main:
+        if mb.tb is not None and mb.run.env.is_main:
             mb.tb.log_epoch(rec)
     job = _epoch_job(ctx, stack, members, recs, epoch)
     if job is not None:
@@ -508,15 +509,15 @@ def _epoch_job(ctx: EpochEnd, stack: Stack, members: list[Member],
     """The epoch's files of every live member (rank 0), with the host copy they need: one
     copy per stacked tensor (this epoch's, and the best stacks' when a ``best.pt`` of an
     earlier epoch is due), taken here, before the next epoch's steps change them."""
-    files = [_Files(members[m], rec) for m, rec in recs.items() if members[m].r.env.is_main]
+    files = [_Files(members[m], rec) for m, rec in recs.items() if members[m].run.env.is_main]
     if not files:
         return None
     rows = ctx.rows
-    writers = [str(members[m].r.config.out_dir) for m in recs]
-    layout = [str(mb.r.config.out_dir) for mb in members]
+    writers = [str(members[m].run.config.out_dir) for m in recs]
+    layout = [str(mb.run.config.out_dir) for mb in members]
     rng = None
     for f in files:
-        r = f.mb.r
+        r = f.mb.run
         if (epoch + 1) % r.config.checkpoint_every and epoch + 1 != r.config.epochs:
             continue
         rng = rng if rng is not None else rng_state_tensors()
@@ -553,24 +554,24 @@ def _write_files(ctx: EpochEnd, files: list[_Files], host: dict[str, Any], event
     failed: list[tuple[Member, BaseException]] = []
     staged = []
     for f in files:
-        r = f.mb.r
+        r = f.mb.run
         if str(r.config.out_dir) in ctx.failed:
             continue
         try:
-            r.run.append_log(f.rec, fsync=False)  # fsynced with the next checkpoint
+            r.dir.append_log(f.rec, fsync=False)  # fsynced with the next checkpoint
             if f.best is not None:
-                save_checkpoint(r.run.checkpoint("best"), resolve(f.best, host))
+                save_checkpoint(r.dir.checkpoint("best"), resolve(f.best, host))
             if f.last is not None:
-                stage_checkpoint(r.run.path, resolve(f.last, host))
+                stage_checkpoint(r.dir.path, resolve(f.last, host))
                 staged.append(f)
         except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
             ctx.failed.add(str(r.config.out_dir))
             failed.append((f.mb, exc))
     for f in staged:
         try:
-            commit_staged([f.mb.r.config.out_dir])
+            commit_staged([f.mb.run.config.out_dir])
         except Exception as exc:  # noqa: BLE001
-            ctx.failed.add(str(f.mb.r.config.out_dir))
+            ctx.failed.add(str(f.mb.run.config.out_dir))
             failed.append((f.mb, exc))
     return failed
 
@@ -584,18 +585,18 @@ def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
     to ``epochs``; a packed member that stops becomes a ghost, the pack keeps its size.
     The epochs' files go to ``writer`` (None: written at the end of each epoch); the caller
     closes it, and stops the members whose files failed in its last epochs."""
-    r0 = members[0].r
-    groups = LossGroups([mb.r.loss_fn for mb in members], r0.device)
+    r0 = members[0].run
+    groups = LossGroups([mb.run.loss_fn for mb in members], r0.device)
     batches = Batches(members)
     compiled = make_compiled_step(stack, groups, batches, r0.config.compile_step,
                                   r0.config.grad_clip, r0.amp)
     ctx = EpochEnd(stack, members, groups, writer)
-    for epoch in range(members[0].r.start_epoch, epochs):
+    for epoch in range(members[0].run.start_epoch, epochs):
         running = live(members)
         if not running:
             return
         t0 = time.perf_counter()
-        lr = running[0].r.optimizer.param_groups[0]["lr"]
+        lr = running[0].run.optimizer.param_groups[0]["lr"]
         stats = train_epoch(stack, members, groups, batches, epoch, bar, compiled)
         end_epoch(stack, members, groups, stats, epoch, lr, t0, bar, ctx)
 
@@ -604,10 +605,10 @@ def _evaluate_pack(stack: Stack, members: list[Member], ood_sets: dict[str, Any]
                    ) -> dict[int, dict[str, Any]]:
     """The final evaluation of every live member with ``evaluate``: one packed forward over
     the validation, test and OOD sets; each member's logits and results written as a run's."""
-    evaluated = [mb for mb in live(members) if mb.r.config.evaluate]
+    evaluated = [mb for mb in live(members) if mb.run.config.evaluate]
     if not evaluated:
         return {}
-    r0 = members[0].r
+    r0 = members[0].run
     preds = {s: split_logits(stack, members, s)[0] for s in ("val", "test")}
     mean, std = getattr(r0.splits, "mean", None), getattr(r0.splits, "std", None)
     for name, ds in ood_sets.items():
@@ -615,34 +616,29 @@ def _evaluate_pack(stack: Stack, members: list[Member], ood_sets: dict[str, Any]
                                               mean=mean, std=std, amp=r0.amp)
     out = {}
     for mb in evaluated:
-        m, cfg = members.index(mb), mb.r.config
+        m, cfg = members.index(mb), mb.run.config
         own = {k: (z[:, m].contiguous(), y if y.ndim == 1 else y[:, m]) for k, (z, y) in
                preds.items()}
-        epochs = max(cfg.epochs, mb.r.start_epoch)
-        out[m] = write_predictions(own, mb.r.run.path, cfg, epoch=epochs, checkpoint="last")
+        epochs = max(cfg.epochs, mb.run.start_epoch)
+        out[m] = write_predictions(own, mb.run.dir.path, cfg, epoch=epochs, checkpoint="last")
     return out
-
-
-def _shares_data(members: list[Member]) -> bool:
-    r0 = members[0].r
-    return all(mb.r.src["val"] is r0.src["val"] for mb in members)
 
 
 def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
     """Each member's OOD sets (loaded before training, so that a missing set fails at once; one
     load for members that share their data)."""
     shared: dict[str, Any] | None = None
-    one_data = _shares_data(members)
+    one_data = shares_data([mb.run for mb in members])
     out = []
     for mb in members:
-        cfg = mb.r.config
+        cfg = mb.run.config
         if mb.ghost or not cfg.evaluate:
             out.append({})
         elif one_data:
-            shared = shared if shared is not None else load_ood_sets(cfg, mb.r.splits)
+            shared = shared if shared is not None else load_ood_sets(cfg, mb.run.splits)
             out.append(shared)
         else:
-            out.append(load_ood_sets(cfg, mb.r.splits))
+            out.append(load_ood_sets(cfg, mb.run.splits))
     return out
 
 
@@ -650,18 +646,18 @@ def final_results(stack: Stack, members: list[Member], oods: list[dict[str, Any]
                   ) -> dict[int, dict[str, Any] | None]:
     """Each live member's final evaluation (``oods``: each member's OOD sets): packed when the
     members of a pack share their data, else each run's own."""
-    if stack.packed and _shares_data(members):
+    if stack.packed and shares_data([mb.run for mb in members]):
         return _evaluate_pack(stack, members, next((o for o in oods if o), {}))
     out = {}
     for m, mb in enumerate(members):
-        if mb.alone or (not mb.ghost and mb.r.config.evaluate):
-            out[m] = final_evaluation(mb.r, oods[m], max(mb.r.config.epochs, mb.r.start_epoch))
+        if mb.alone or (not mb.ghost and mb.run.config.evaluate):
+            out[m] = final_evaluation(mb.run, oods[m], max(mb.run.config.epochs, mb.run.start_epoch))
     return out
 
 
 def _summary(mb: Member, results: dict[str, Any] | None) -> dict[str, Any]:
-    r = mb.r
-    return {"run_dir": str(r.run.path), "epochs": max(r.config.epochs, r.start_epoch),
+    r = mb.run
+    return {"run_dir": str(r.dir.path), "epochs": max(r.config.epochs, r.start_epoch),
             "resumed_from": r.start_epoch, "final": mb.final, "best": r.best,
             "results": results, "world_size": r.env.world_size}
 
@@ -687,11 +683,11 @@ def _writing():
 def run_stack(stack: Stack, members: list[Member], results: list[Any]) -> None:
     """Train one stack to its epochs (when it has any left), evaluate it, fill ``results``
     (each member's summary, or the error that stopped it; a member ``alone`` raises it)."""
-    r0 = members[0].r
+    r0 = members[0].run
     oods = _ood_sets(members)
     with contextlib.ExitStack() as ctx:
         for mb in live(members):
-            mb.tb = ctx.enter_context(tensorboard_logger(mb.r))
+            mb.tb = ctx.enter_context(tensorboard_logger(mb.run))
         if r0.start_epoch < r0.config.epochs:
             bar = ctx.enter_context(progress_bar(r0, len(members)))
             with _writing() as writer:

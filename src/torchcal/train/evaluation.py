@@ -14,7 +14,7 @@ from torch import nn
 from .._io import exclusive_lock
 from ..errors import CheckpointError, TorchcalError
 from ..evaluate import config_meta, evaluate_logits, save_logits, write_results
-from ..runs import RunDir
+from ..run_dir import RunDir
 from .build import build_data, load_ood_sets, load_run_checkpoint, model_from_checkpoint
 from .checkpoint import remove_stale_run_temp_files
 from .config import TrainConfig, changed_fields, describe_fields

@@ -38,7 +38,7 @@ units Adam's second-moment estimate, filled by the large early gradients, slows 
 ``tests/train/test_multitask.py``).  The default initial value 0 is the paper's (weights
 ``c_t``).
 
-The run directory is a run's (:mod:`torchcal.runs`): ``config.json``, ``log.jsonl`` (a run's
+The run directory is a run's (:mod:`torchcal.run_dir`): ``config.json``, ``log.jsonl`` (a run's
 epoch record plus ``train_ce``, ``train_mse``, ``task_weights`` and ``val_rmse``),
 ``checkpoints/last.pt`` (trunk and ``fc`` as ``model``, the regression head and the weighting as
 ``head``, AdamW, the cosine schedule, RNG) and the common ``results.json``
@@ -123,7 +123,7 @@ class TaskHead(RunPlugin):
     """The multi-task strategy: a regression head on the model's features, the task weighting,
     AdamW with the log-variances' own group and a cosine schedule stepped every batch.
 
-    Built by :func:`~torchcal.train.steps.build_run` right after the model (the head's
+    Built by :func:`~torchcal.train.run.build_run` right after the model (the head's
     initialisation draws from the run's seeded stream); the engine calls its hooks.
     """
 

@@ -41,10 +41,10 @@ from typing import Any
 
 from .._io import replace_verified
 from ..errors import CheckpointError, TorchcalError
-from ..runs import RunDir
+from ..run_dir import RunDir
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .steps import build_optimizer
+from .run import build_optimizer
 
 __all__ = ["STAGED", "staged_path", "stage_checkpoint", "commit_staged", "reconcile_staged",
            "pack_layout", "ghost_run", "EpochJob", "EpochWriter"]
@@ -136,7 +136,7 @@ def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
     """A ghost for a member whose run is not trained here: ``template``'s run (a live member
     of the same pack: same model, data and schedule) with ``config``'s loss and seed, its own
     copy of the model, a fresh optimiser and schedule
-    (:func:`~torchcal.train.steps.build_optimizer`, as a run's).  It writes nothing."""
+    (:func:`~torchcal.train.run.build_optimizer`, as a run's).  It writes nothing."""
     if config.model != template.config.model:
         raise TorchcalError(f"Member {config.out_dir!r} trained model {config.model!r}, "
                             f"not {template.config.model!r}")
@@ -144,9 +144,9 @@ def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
     r.config = config
     r.model = copy.deepcopy(template.model)
     r.loss_fn = build_loss(config, template.num_classes).to(template.device)
-    r.optimizer, r.scheduler = build_optimizer(r.model, config, template.head,
+    r.optimizer, r.scheduler = build_optimizer(r.model, config, template.plugin,
                                                config.epochs * template.n_batches)
-    r.run = RunDir(config.out_dir)
+    r.dir = RunDir(config.out_dir)
     r.best, r.best_snapshot = {}, None
     return r
 

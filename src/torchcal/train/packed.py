@@ -8,13 +8,13 @@ along a leading member dimension and the M forward and backward passes run as on
 ``benchmarks/results/packing.md``).
 
 Each member is a run in every other respect, built by the steps of a run alone
-(:mod:`torchcal.train.steps`) and trained by the one engine (:mod:`torchcal.train.engine`) with
+(:mod:`torchcal.train.run`) and trained by the one engine (:mod:`torchcal.train.engine`) with
 a :class:`~torchcal.train.stacks.PackedModel`: its initialisation and data order come from its seed (the same
 weights and batches as ``train(config)`` with that seed), it has its own loss object (AdaFocal's
 per-bin γ, a temperature-aware loss' T), its own gradient-norm clipping, its own SGD state (one
 SGD over the stacked parameters equals M separate SGDs: every operation of SGD with momentum,
 weight decay and Nesterov is elementwise; the members share the learning-rate schedule), its own
-validation pass, log, checkpoints, run directory (the format of :mod:`torchcal.runs`) and final
+validation pass, log, checkpoints, run directory (the format of :mod:`torchcal.run_dir`) and final
 evaluation.  Each member's ``nn.Module`` holds views of its slice of the stacked tensors, so the
 per-run steps (evaluation, checkpointing) read the packed values without copies.
 
@@ -47,15 +47,15 @@ import torch
 from torch import nn
 
 from .._io import exclusive_lock
-from ..errors import CheckpointError
-from ..runs import CONFIG_FILE, RunDir
+from ..errors import CheckpointError, TorchcalError
 from .build import data_seed
 from .config import TrainConfig
 from .distributed import DistEnv
 from .engine import Member, MemberDivergedError, run_stack
+from .evaluation import read_config
 from .pack_commit import ghost_run, pack_layout, reconcile_staged
+from .run import build_loss, build_run, build_sources, device_and_amp, resume_state
 from .stacks import FORWARDS, PackedModel
-from .steps import build_loss, build_run, build_sources, device_and_amp, resume_state
 from .trainer import train
 
 __all__ = ["train_packed", "train_pack", "pack_groups", "pack_problem", "MemberDivergedError", "FORWARDS"]
@@ -147,15 +147,16 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
 
 def _member_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig:
     """The config of the pack's member in ``out_dir``: the one passed, else its
-    :data:`~torchcal.runs.CONFIG_FILE` (CheckpointError when neither can be had)."""
+    :data:`~torchcal.run_dir.CONFIG_FILE`, read as every run's is
+    (:func:`~torchcal.train.evaluation.read_config`; CheckpointError when neither can be had)."""
     for c in configs:
         if str(c.out_dir) == out_dir:
             return c
     try:
-        return TrainConfig.from_dict(RunDir(out_dir).read_config())
-    except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"its config was not passed and {out_dir!r} has no readable "
-                              f"{CONFIG_FILE} ({type(exc).__name__}: {exc})") from exc
+        return read_config(out_dir)
+    except (OSError, TorchcalError) as exc:  # no config file, a malformed one, unreadable
+        raise CheckpointError(f"its config was not passed and none can be read from "
+                              f"{out_dir!r} ({type(exc).__name__}: {exc})") from exc
 
 
 def _pack_members(layout: tuple[str, ...], mbs: list[Member], configs: Sequence[TrainConfig]
@@ -163,17 +164,17 @@ def _pack_members(layout: tuple[str, ...], mbs: list[Member], configs: Sequence[
     """The members of the pack recorded as ``layout``: ``mbs`` in their places, a ghost in the
     place of every run that does not resume here (CheckpointError naming it when its ghost
     cannot be built: a pack resumes at its recorded size or not at all)."""
-    own = {str(mb.r.config.out_dir): mb for mb in mbs}
+    own = {str(mb.run.config.out_dir): mb for mb in mbs}
     members: list[Member] = []
     for d in layout:
         if d in own:
             members.append(own.pop(d))
             continue
         try:
-            ghost = ghost_run(mbs[0].r, _member_config(d, configs), build_loss)
+            ghost = ghost_run(mbs[0].run, _member_config(d, configs), build_loss)
         except Exception as exc:  # noqa: BLE001 - raised again, naming the pack
             raise CheckpointError(
-                f"Cannot resume the pack of {sorted(str(mb.r.config.out_dir) for mb in mbs)}: "
+                f"Cannot resume the pack of {sorted(str(mb.run.config.out_dir) for mb in mbs)}: "
                 f"its member {d!r} (recorded in their checkpoints' pack layout) does not resume "
                 f"with it and cannot be rebuilt as a ghost, so the pack would train at another "
                 f"size: {exc}") from exc
@@ -189,7 +190,7 @@ def _packs(opened: list[tuple[Member, tuple[str, ...] | None]], configs: Sequenc
     default = tuple(str(configs[i].out_dir) for i in group)
     by_key: dict[tuple[int, tuple[str, ...]], list[Member]] = {}
     for mb, layout in opened:
-        by_key.setdefault((mb.r.start_epoch, layout or default), []).append(mb)
+        by_key.setdefault((mb.run.start_epoch, layout or default), []).append(mb)
     packs = []
     for (_, layout), mbs in sorted(by_key.items(), key=lambda kv: kv[0][0]):
         try:
@@ -201,7 +202,7 @@ def _packs(opened: list[tuple[Member, tuple[str, ...] | None]], configs: Sequenc
 
 
 def _packed_model(members: list[Member], forward: str) -> PackedModel:
-    runs = [mb.r for mb in members]
+    runs = [mb.run for mb in members]
     return PackedModel([r.model for r in runs], [r.optimizer for r in runs], forward,
                        amp=runs[0].amp)
 

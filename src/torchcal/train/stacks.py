@@ -9,7 +9,7 @@ optimisers are one of two *stacks* with the same methods:
   kernels on its slices (``forward="loop"``, the CPU's default), per-member gradient-norm
   clipping and one SGD over the stacks (one SGD with momentum, weight decay and Nesterov over
   the stacked tensors equals M SGDs: every operation is elementwise).
-* :class:`SoloModel` (one run): the run's own module as :func:`~torchcal.train.steps.build_run`
+* :class:`SoloModel` (one run): the run's own module as :func:`~torchcal.train.run.build_run`
   wrapped it (the joint uncertainty head, DistributedDataParallel, ``torch.compile``), its own
   optimiser and AMP scaler: what a stack cannot hold (a head's optimiser, fp16's loss scaler,
   DDP's gradient hooks, a compiled graph, dropout's per-member random streams).
@@ -21,7 +21,7 @@ relies on and the only members of a stack it uses: they take inputs (M, B, ...) 
 batch sources; ``finite`` and ``fc_norms`` give the end of epoch's per-member checks on the
 device; ``stacked_state`` the stacked tensors a checkpoint's rows are cut from.  A stack holds
 the modules, optimisers and settings it computes with, never a run
-(:class:`~torchcal.train.steps.Run`): the engine owns the members' runs, steps their schedules
+(:class:`~torchcal.train.run.Run`): the engine owns the members' runs, steps their schedules
 and sets a pack's learning rate (:meth:`Stack.start_epoch`).
 """
 
@@ -36,7 +36,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from .inference import BatchSource, predict_logits
-from .steps import SGD, Run
+from .run import SGD, Run
 
 __all__ = ["Stack", "PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
 
@@ -310,7 +310,7 @@ class SharedInput(nn.Module):
 
 class SoloModel:
     """One run as a stack of one: its own module (wrapped by
-    :func:`~torchcal.train.steps.build_run` for the joint head, DDP and ``torch.compile``), its
+    :func:`~torchcal.train.run.build_run` for the joint head, DDP and ``torch.compile``), its
     own optimiser, AMP scaler and head, taken from ``run`` (the stack keeps these parts, not
     the run).  Under ``torchrun`` each rank holds its shard of the batches and of the
     evaluation splits; DDP averages the gradients."""
@@ -318,7 +318,7 @@ class SoloModel:
     packed = False
 
     def __init__(self, run: Run) -> None:
-        self.fwd, self.model, self.head = run.fwd, run.model, run.head
+        self.fwd, self.model, self.plugin = run.fwd, run.model, run.plugin
         self.optimizer, self.scaler = run.optimizer, run.scaler
         self.env, self.device, self.amp = run.env, run.device, run.amp
         self.n_batches = run.n_batches  # the batches of an epoch (the head's log numbers)
@@ -329,7 +329,7 @@ class SoloModel:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (1, B, C) of inputs (1, B, ...); the head's features are kept for ``step``."""
-        logits, self.feats = self.head.split(self.fwd(x[0]))
+        logits, self.feats = self.plugin.split(self.fwd(x[0]))
         return logits.unsqueeze(0)
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
@@ -343,11 +343,11 @@ class SoloModel:
         """Train mode and a fresh epoch of the head (``lr`` is the optimiser's already: its
         schedule set it)."""
         self.train()
-        self.head.start_epoch()
+        self.plugin.start_epoch()
 
     def annotate(self, rec: dict[str, Any]) -> None:
         """The head's epoch numbers in the run's log record."""
-        self.head.log(rec, self.n_batches)
+        self.plugin.log(rec, self.n_batches)
 
     def split_logits(self, sources: Sequence[BatchSource], batch_size: int
                      ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
@@ -368,23 +368,23 @@ class SoloModel:
         a no-op unless AMP is fp16; the engine steps a per-step schedule after it).  ``index``:
         the batch's sample indices (1, B), for a head that needs them."""
         loss = losses[0] * self.scale if self.scale != 1 else losses[0]
-        total = self.head.add_loss(loss, logits[0], self.feats, y[0],
+        total = self.plugin.add_loss(loss, logits[0], self.feats, y[0],
                                    index=None if index is None else index[0])
         self.optimizer.zero_grad(set_to_none=True)
-        self.head.zero_grad()
+        self.plugin.zero_grad()
         self.scaler.scale(total).backward()
         if max_norm is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         self.scaler.step(self.optimizer)
-        self.head.step(self.scaler)
+        self.plugin.step(self.scaler)
         self.scaler.update()
 
     @torch.no_grad()
     def finite(self) -> torch.Tensor:
         """(1,) bool: every parameter of the model and the head is finite."""
         params = [p.detach() for p in self.model.parameters()]
-        params += [p.detach() for p in getattr(self.head, "head", nn.Module()).parameters()]
+        params += [p.detach() for p in getattr(self.plugin, "head", nn.Module()).parameters()]
         if not params:
             return torch.ones(1, dtype=torch.bool, device=self.device)
         return torch.stack([torch.isfinite(p).all() for p in params]).all().reshape(1)

@@ -33,7 +33,7 @@ from typing import Any
 
 from .._validation import check_scalar
 from ..errors import TorchcalError
-from ..runs import TENSORBOARD_DIR
+from ..run_dir import TENSORBOARD_DIR
 
 __all__ = ["TENSORBOARD_DIR", "TensorBoardLogger", "tensorboard_scalars", "tensorboard_available"]
 

@@ -43,11 +43,12 @@ import torch.distributed as dist
 
 from .._io import exclusive_lock
 from .config import TrainConfig
+from .device import is_cuda
 from .distributed import DistEnv, cleanup_distributed, setup_distributed
 from .engine import Member, run_stack
 from .pack_commit import reconcile_staged
+from .run import build_loss, build_run, resume_state
 from .stacks import SoloModel
-from .steps import build_loss, build_run, resume_state
 
 __all__ = ["train", "fit", "build_loss"]
 
@@ -76,8 +77,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if config.num_threads is not None:
         torch.set_num_threads(int(config.num_threads))
 
-    dev_type = "cuda" if (config.device.startswith("cuda") or
-                          (config.device == "auto" and torch.cuda.is_available())) else "cpu"
+    dev_type = "cuda" if is_cuda(config.device) else "cpu"
     env = setup_distributed(dev_type)
     try:
         # rank 0 owns the run directory for the whole run: a second process fails at once
