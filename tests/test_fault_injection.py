@@ -330,15 +330,15 @@ def test_a_diverging_run_stops_at_the_first_epoch_with_the_cause(tmp_path, capsy
     assert not (out / "results.json").exists()
 
 
-def test_a_run_diverging_later_keeps_its_last_good_checkpoint(tmp_path, monkeypatch):
-    from torchcal.run_dir import RunDir
-    from torchcal.train import get_recipe, train
-    from torchcal.train.checkpoint import load_checkpoint
+def _diverging_in_epoch_2(tmp_path, monkeypatch):
+    """A digits-MLP run of 3 epochs whose weights blow up in the 2nd epoch (after a good 1st);
+    its config and the real ``SoloModel.step``."""
+    from torchcal.train import get_recipe
     from torchcal.train.stacks import SoloModel
 
     real, calls = SoloModel.step, []
 
-    def poisoned(self, *a, **kw):  # the weights blow up in the 2nd epoch (after a good 1st)
+    def poisoned(self, *a, **kw):
         real(self, *a, **kw)
         calls.append(1)
         if len(calls) == self.n_batches + 3:
@@ -348,6 +348,16 @@ def test_a_run_diverging_later_keeps_its_last_good_checkpoint(tmp_path, monkeypa
     monkeypatch.setattr(SoloModel, "step", poisoned)
     cfg = dataclasses.replace(get_recipe("digits-mlp"), out_dir=str(tmp_path / "run"),
                               epochs=3, progress=False, num_threads=1, device="cpu")
+    return cfg, real
+
+
+def test_a_run_diverging_later_keeps_its_last_good_checkpoint(tmp_path, monkeypatch):
+    from torchcal.run_dir import RunDir
+    from torchcal.train import train
+    from torchcal.train.checkpoint import load_checkpoint
+    from torchcal.train.stacks import SoloModel
+
+    cfg, real = _diverging_in_epoch_2(tmp_path, monkeypatch)
     with pytest.raises(DivergedError, match="diverged in epoch 2: the training loss and the "
                                             "parameters became NaN/Inf.*last good checkpoint"):
         train(cfg)
@@ -357,6 +367,30 @@ def test_a_run_diverging_later_keeps_its_last_good_checkpoint(tmp_path, monkeypa
     monkeypatch.setattr(SoloModel, "step", real)
     out = train(dataclasses.replace(cfg, resume=True))  # from the good epoch-1 checkpoint
     assert out["resumed_from"] == 1 and out["epochs"] == 3
+
+
+def test_a_diverged_run_waits_for_its_last_checkpoint_before_naming_it(tmp_path, monkeypatch):
+    """The epoch writer is a thread: a run alone that diverges while its earlier epoch's files
+    are still being written waits for them, so its error names the kept checkpoint (it said
+    "no checkpoint was written yet" when the writer was slow, seen under load)."""
+    import time
+
+    from torchcal.run_dir import RunDir
+    from torchcal.train import pack_commit, train
+    from torchcal.train.checkpoint import load_checkpoint
+
+    real_write = pack_commit.EpochWriter._write
+
+    def slow_write(self, job):
+        time.sleep(0.5)
+        real_write(self, job)
+
+    monkeypatch.setattr(pack_commit.EpochWriter, "_write", slow_write)
+    cfg, _ = _diverging_in_epoch_2(tmp_path, monkeypatch)
+    with pytest.raises(DivergedError, match="diverged in epoch 2: the training loss and the "
+                                            "parameters became NaN/Inf.*last good checkpoint"):
+        train(cfg)
+    assert load_checkpoint(RunDir(cfg.out_dir).checkpoint())["epoch"] == 1
 
 
 # ------------------------------------------------------------------------------------------
@@ -383,45 +417,6 @@ def test_report_does_not_follow_links_out_of_the_run_tree(tmp_path, capsys):
     # a link inside the tree is fine (found once, under its real path)
     (mine / "alias").symlink_to(mine / "ce", target_is_directory=True)
     assert find_files(mine, "results.json")[0] == [mine / "ce" / "s0" / "results.json"]
-
-def test_a_diverged_run_waits_for_its_last_checkpoint_before_naming_it(tmp_path, monkeypatch):
-    """The epoch writer is a thread: a run alone that diverges while its earlier epoch's files
-    are still being written waits for them, so its error names the kept checkpoint (it said
-    "no checkpoint was written yet" when the writer was slow, seen under load)."""
-    import time
-
-    from torchcal.train import pack_commit
-
-    real_write = pack_commit.EpochWriter._write
-
-    def slow_write(self, job):
-        time.sleep(0.5)
-        real_write(self, job)
-
-    monkeypatch.setattr(pack_commit.EpochWriter, "_write", slow_write)
-    from torchcal.train import get_recipe, train
-    from torchcal.train.checkpoint import load_checkpoint
-    from torchcal.train.stacks import SoloModel
-
-    real, calls = SoloModel.step, []
-
-    def poisoned(self, *a, **kw):  # the weights blow up in the 2nd epoch (after a good 1st)
-        real(self, *a, **kw)
-        calls.append(1)
-        if len(calls) == self.n_batches + 3:
-            with torch.no_grad():
-                next(self.model.parameters()).fill_(float("inf"))
-
-    monkeypatch.setattr(SoloModel, "step", poisoned)
-    cfg = dataclasses.replace(get_recipe("digits-mlp"), out_dir=str(tmp_path / "run"),
-                              epochs=3, progress=False, num_threads=1, device="cpu")
-    with pytest.raises(DivergedError, match="diverged in epoch 2: the training loss and the "
-                                            "parameters became NaN/Inf.*last good checkpoint"):
-        train(cfg)
-    from torchcal.run_dir import RunDir
-
-    assert load_checkpoint(RunDir(cfg.out_dir).checkpoint())["epoch"] == 1
-
 
 def test_extract_archive_does_not_write_through_a_link_leaving_the_data_root(tmp_path):
     from torchcal.data.download import extract_archive

@@ -27,10 +27,12 @@ copies:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any, Generic, TypeVar
 
 __all__ = ["Registry", "Entry", "unknown_name"]
@@ -74,19 +76,42 @@ class Registry(Generic[T]):
         error: the exception class of an unknown name (default ``ValueError``).
         loader: called before every lookup, e.g. to import the modules that register the
             built-in entries.
+        modules: the modules that register the built-in entries, imported in this order before
+            every lookup (on the first one, not when the table is made: a process that never
+            looks anything up never imports them); a lookup made while they are being imported
+            (a module registering its entries) imports nothing.
     """
 
     def __init__(self, kind: str, *, error: type[Exception] = ValueError,
-                 loader: Callable[[], None] | None = None) -> None:
+                 loader: Callable[[], None] | None = None, modules: Sequence[str] = ()) -> None:
         self.kind = kind
         self.error = error
         self._loader = loader
+        self._modules = tuple(modules)
+        self._importing = False
         self._entries: dict[str, Entry[T]] = {}
         self._aliases: dict[str, str] = {}
 
     def _load(self) -> None:
+        if self._modules and not self._importing:
+            self._importing = True
+            try:
+                for name in self._modules:
+                    import_module(name)
+            finally:
+                self._importing = False
         if self._loader is not None:
             self._loader()
+
+    @contextlib.contextmanager
+    def without_loading(self) -> Iterator[Registry[T]]:
+        """Within it, a lookup imports none of ``modules`` (a registration that reads the table,
+        made while those modules may be importing)."""
+        was, self._importing = self._importing, True
+        try:
+            yield self
+        finally:
+            self._importing = was
 
     def register(self, name: str, obj: T | None = None, *, display: str | None = None,
                  order: float | None = None, paper: str | None = None,

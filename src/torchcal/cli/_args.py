@@ -24,7 +24,7 @@ from ..errors import one_line_warnings  # noqa: F401 - the commands' import of i
 
 __all__ = ["Parser", "positive_int", "even_int", "positive_float", "nonneg_float", "parse_loss_args",
            "parse_loss_args_per_loss", "fmt", "pct", "PERCENT_NOTE", "plain_text",
-           "one_line_warnings"]
+           "one_line_warnings", "add_figure_options", "figure_settings"]
 
 #: The sentence the commands' --help epilogs use for the units of printed numbers.
 PERCENT_NOTE = ("Printed ECE, error and AUROC values are in percent, NLL in nats; "
@@ -253,3 +253,26 @@ def fmt(v: Any) -> str:
     ('0.1235', 'n/a', 'n/a')
     """
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4f}"
+
+
+def add_figure_options(parser: argparse.ArgumentParser) -> None:
+    """The report's figure options, the same for ``torchcal demo`` and ``torchcal report``
+    (read back by :func:`figure_settings`)."""
+    parser.add_argument("--no-figures", action="store_true", help="tables only")
+    parser.add_argument(
+        "--figures", choices=("default", "all", "none"), default="default",
+        help="which figures: default: every loss at once (reliability overview, confidence, "
+             "OOD ROC, AdaFocal's γ); all: also each loss's reliability diagrams before and after "
+             "temperature scaling (PNG by matplotlib, many times the default figures' CPU); "
+             "none: as --no-figures")
+    parser.add_argument(
+        "--figure-format", choices=("svg", "png"), default="svg",
+        help="format of the default figures: svg (default: written directly, a few "
+             "percent of matplotlib's CPU) or png (matplotlib); --figures all's "
+             "per-loss pairs are PNG either way")
+
+
+def figure_settings(args: argparse.Namespace) -> dict[str, str]:
+    """``figures`` and ``figure_format`` of the options :func:`add_figure_options` added."""
+    return {"figures": "none" if args.no_figures else args.figures,
+            "figure_format": args.figure_format}

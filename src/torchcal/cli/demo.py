@@ -25,7 +25,13 @@ from ..experiments import DemoConfig, DemoResult, get_benchmark, list_benchmarks
 from ..experiments.demo import DEBUG_ENV, TRAINING_RUNS, applicable_losses, default_out
 from ..experiments.runner import EXECUTORS, make_executor, sigterm_interrupts
 from ..train import get_recipe
-from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss
+from ._args import (
+    PERCENT_NOTE,
+    add_figure_options,
+    figure_settings,
+    parse_loss_args,
+    parse_loss_args_per_loss,
+)
 from ._args import nonneg_float as _nonneg_float
 from ._args import positive_int as _positive_int
 from .report import print_tail
@@ -160,8 +166,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         loss_kwargs=parse_demo_loss_args(args.loss_arg, losses or applicable_losses()),
         data_kwargs=parse_loss_args(args.data_arg, "--data-arg"),
         overrides=_overrides(args),
-        progress=not args.no_progress, quick=args.quick, figures="none" if args.no_figures else args.figures,
-        figure_format=args.figure_format,
+        progress=not args.no_progress, quick=args.quick, **figure_settings(args),
         pack=not args.no_pack, command=_command(args),
     )
     res = run_demo(cfg, executor)
@@ -298,15 +303,6 @@ def register(subparsers) -> None:
                         "of a few runs, one vmapped model each, equal to float rounding; "
                         "see the guide's packed training page)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
-    d.add_argument("--no-figures", action="store_true", help="tables only")
-    d.add_argument("--figures", choices=("default", "all", "none"), default="default",
-                   help="which figures: default: every loss at once (reliability overview, confidence, OOD ROC, "
-                        "AdaFocal's γ); all: also each loss's reliability diagrams before and after "
-                        "temperature scaling (PNG by matplotlib, many times the default figures' CPU); "
-                        "none: as --no-figures")
-    d.add_argument("--figure-format", choices=("svg", "png"), default="svg",
-                   help="format of the default figures: svg (default: written directly, a few "
-                        "percent of matplotlib's CPU) or png (matplotlib); --figures all's "
-                        "per-loss pairs are PNG either way")
+    add_figure_options(d)
     d.add_argument("--debug", action="store_true", help="show tracebacks")
     d.set_defaults(func=cmd_demo, interrupt_hint=_interrupt_hint)

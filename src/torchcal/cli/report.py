@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .._io import exclusive_lock
 from ..report.build import build_report, prepare_report_dir
-from ._args import PERCENT_NOTE
+from ._args import PERCENT_NOTE, add_figure_options, figure_settings
 from ._args import positive_int as _positive_int
 
 __all__ = ["register", "cmd_report", "prepare_report_dir", "print_tail"]
@@ -37,8 +37,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     with exclusive_lock(out, what="Output directory"):  # one report writer at a time
         prepare_report_dir(out)
         rep = build_report(args.run_dirs, out, title=args.title, n_bins=args.n_bins,
-                           figures="none" if args.no_figures else args.figures,
-                           figure_format=args.figure_format, checkpoint=args.checkpoint,
+                           **figure_settings(args), checkpoint=args.checkpoint,
                            mix_checkpoints=args.mix_checkpoints)
     for _path, msg in rep.errors:
         print(f"torchcal report: error: {msg}", file=sys.stderr)
@@ -59,16 +58,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--title", default="torchcal report")
     p.add_argument("--n-bins", type=_positive_int, default=15, help="bins of the figures (default 15)")
-    p.add_argument("--no-figures", action="store_true", help="tables only")
-    p.add_argument("--figures", choices=("default", "all", "none"), default="default",
-                   help="which figures: default: every loss at once (reliability overview, confidence, OOD ROC, "
-                        "AdaFocal's γ); all: also each loss's reliability diagrams before and after "
-                        "temperature scaling (PNG by matplotlib, many times the default figures' CPU); "
-                        "none: as --no-figures")
-    p.add_argument("--figure-format", choices=("svg", "png"), default="svg",
-                   help="format of the default figures: svg (default: written directly, a few "
-                        "percent of matplotlib's CPU) or png (matplotlib); --figures all's "
-                        "per-loss pairs are PNG either way")
+    add_figure_options(p)
     p.add_argument("--checkpoint", choices=("last", "best"), default="last",
                    help="which evaluation of each run: the last epoch's results.json (default) "
                         "or results-best.json (`torchcal eval RUN --checkpoint best`)")

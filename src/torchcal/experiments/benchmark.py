@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -263,38 +262,21 @@ class IntroContext:
 
 #: The modules that register the built-in benchmarks, in their registration order.
 BUILTIN_MODULES = ("torchcal.experiments.calibration", "torchcal.experiments.uncertainty")
-_loading: list[bool] = []  # non-empty while loading or registering: no lookup loads
-
-
-def _load_builtin_benchmarks() -> None:
-    # Importing the modules registers the built-in benchmarks: on the first lookup, not when
-    # torchcal.experiments is imported (a demo worker needs none of them: its start-up time).
-    # A module registers its benchmarks while it is imported; that registration looks nothing
-    # up (register_benchmark), and uncertainty imports calibration first: the order is
-    # BUILTIN_MODULES' whichever module is imported first.
-    if _loading:
-        return
-    _loading.append(True)
-    try:
-        for name in BUILTIN_MODULES:
-            import_module(name)
-    finally:
-        _loading.pop()
 
 
 #: The benchmark table (``torchcal demo --benchmark NAME``); its first lookup imports
-#: :data:`BUILTIN_MODULES`.
-BENCHMARKS: Registry[Benchmark] = Registry("benchmark", loader=_load_builtin_benchmarks)
+#: :data:`BUILTIN_MODULES` (not torchcal.experiments' import: a demo worker needs none of them,
+#: its start-up time).  A module registers its benchmarks while it is imported, and
+#: uncertainty imports calibration first: the order is BUILTIN_MODULES' whichever module is
+#: imported first.
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark", modules=BUILTIN_MODULES)
 
 
 def register_benchmark(benchmark: Benchmark) -> Benchmark:
     """Add ``benchmark`` to :data:`BENCHMARKS` under its name; returns it."""
-    _loading.append(True)  # a registration is no lookup: it imports no built-in module
-    try:
+    with BENCHMARKS.without_loading():  # a registration is no lookup: no built-in module
         order = len(BENCHMARKS.names()) if benchmark.name not in BENCHMARKS else None
         return BENCHMARKS.register(benchmark.name, benchmark, order=order)
-    finally:
-        _loading.pop()
 
 
 def get_benchmark(name: str) -> Benchmark:

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from importlib import import_module
 from typing import Any, Protocol
 
 import torch
@@ -224,21 +223,8 @@ class ExecutorType:
 #: The modules that register the built-in executors other than ``local`` (imported on the
 #: table's first lookup, not with this module: a worker needs none of them).
 BUILTIN_EXECUTOR_MODULES = ("torchcal.experiments.ray_executor",)
-_loading_executors: list[bool] = []  # non-empty while loading: no lookup loads
 
-
-def _load_builtin_executors() -> None:
-    if _loading_executors:
-        return
-    _loading_executors.append(True)
-    try:
-        for name in BUILTIN_EXECUTOR_MODULES:
-            import_module(name)
-    finally:
-        _loading_executors.pop()
-
-
-EXECUTORS: Registry[ExecutorType] = Registry("executor", loader=_load_builtin_executors)
+EXECUTORS: Registry[ExecutorType] = Registry("executor", modules=BUILTIN_EXECUTOR_MODULES)
 
 
 def register_executor(executor: ExecutorType) -> ExecutorType:

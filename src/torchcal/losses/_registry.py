@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from importlib import import_module
 from typing import Any, TypeVar
 
 from torch import nn
@@ -31,14 +30,10 @@ LIN_2025_CODE = "Lin et al. 2025, the BSCE-GRA repository's comparison losses"
 T = TypeVar("T")
 
 
-def _load_builtin_losses() -> None:
-    # Importing the package registers every built-in loss.
-    import_module("torchcal.losses")
-
-
 #: The loss table (a :class:`torchcal._registry.Registry`): display names, canonical order and
-#: papers of every registered loss, read by the report and the command line.
-LOSSES: Registry[Callable[..., nn.Module]] = Registry("loss", loader=_load_builtin_losses)
+#: papers of every registered loss, read by the report and the command line; its first lookup
+#: imports the package, which registers every built-in loss.
+LOSSES: Registry[Callable[..., nn.Module]] = Registry("loss", modules=("torchcal.losses",))
 
 
 def register_loss(name: str, *, display: str | None = None, order: float | None = None,
