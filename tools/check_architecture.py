@@ -10,7 +10,7 @@ It prints one line per rule with its count, then every violation:
        L6  experiments/
        L5  train/  report/  integrations/   (siblings: never importing each other)
        L4  evaluate.py  run_dir.py  ensemble.py
-       L3  losses/  posthoc/  uncertainty/  plot.py
+       L3  losses/  posthoc/  uncertainty/  regression/  conformal/  plot.py
        L2  metrics/  functional/  models/  data/
        L1  errors.py  _validation.py  _io/  _registry.py
 
@@ -118,6 +118,8 @@ LAYERS = {
     "losses": 3,
     "posthoc": 3,
     "uncertainty": 3,
+    "regression": 3,
+    "conformal": 3,
     "plot": 3,
     "metrics": 2,
     "functional": 2,

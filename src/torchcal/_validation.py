@@ -237,6 +237,18 @@ def check_nonneg_finite(value: Any, name: str) -> float:
     return check_scalar(value, name, float, min_val=0.0)
 
 
+def check_alpha(alpha: Any, name: str = "alpha") -> float:
+    """Return ``alpha`` as a float when it is a real number in the open interval (0, 1) (a
+    miscoverage or risk level), else raise ValueError naming ``name``.
+
+    >>> check_alpha(0.1)
+    0.1
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
+        raise ValueError(f"Expected `{name}` to be a number in (0, 1), got {alpha!r}")
+    return float(alpha)
+
+
 def check_finite(t: torch.Tensor, name: str) -> None:
     """Raise ValueError if ``t`` holds NaN or Inf."""
     if not t.is_floating_point() or t.numel() == 0:

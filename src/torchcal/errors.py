@@ -39,6 +39,8 @@ __all__ = [
     "MemorizedValidationWarning",
     "CompiledStepWarning",
     "PackedLossWarning",
+    "InfiniteIntervalWarning",
+    "NotConvergedWarning",
     "diverged_message",
     "one_line_warnings",
     "renamed_getattr",
@@ -162,6 +164,17 @@ class CompiledStepWarning(UserWarning):
 class PackedLossWarning(UserWarning):
     """A packed run's loss cannot join its group's vmapped call and is called alone
     (:mod:`torchcal.train.loss_groups`)."""
+
+
+class InfiniteIntervalWarning(UserWarning):
+    """Too few calibration points for the requested miscoverage: ``ceil((n + 1)(1 - alpha)) >
+    n``, so the conformal interval (or threshold) is infinite, never silently narrow
+    (:mod:`torchcal.conformal`)."""
+
+
+class NotConvergedWarning(RuntimeWarning):
+    """An iterative fit stopped before it converged; its result may be off
+    (:mod:`torchcal.regression`, :mod:`torchcal.conformal`)."""
 
 
 def diverged_message(epoch: int, what: str, then: str, run: str | None = None) -> str:

@@ -12,7 +12,7 @@ import torch
 
 from torchcal.errors import NotFittedError
 from torchcal.posthoc import ConformalClassifier, calibrator_from_dict
-from torchcal.posthoc.conformal import conformal_rank
+from torchcal.conformal import conformal_rank
 
 METHODS = ["lac", "aps", "raps"]
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._validation import check_labels, check_nonneg_finite, check_positive_int
+from .._validation import check_alpha, check_labels, check_nonneg_finite, check_positive_int
+from ..conformal import conformal_rank
 from ..metrics import IGNORE_INDEX
 from ._common import (
     Estimator,
@@ -41,12 +41,6 @@ RAPS_LAMBDAS = (0.001, 0.01, 0.1, 0.2, 0.5)
 RAPS_TUNE_FRACTION = 0.3
 
 
-def _check_alpha(alpha: Any) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
-        raise ValueError(f"Expected `alpha` to be a number in (0, 1), got {alpha!r}")
-    return float(alpha)
-
-
 def _check_bool(value: Any, name: str, allow_none: bool = False) -> Any:
     if not (isinstance(value, bool) or (allow_none and value is None)):
         raise ValueError(f"Expected `{name}` to be a bool{' or None' if allow_none else ''}, "
@@ -57,12 +51,6 @@ def _check_bool(value: Any, name: str, allow_none: bool = False) -> Any:
 def as_ndim(x: Any) -> int:
     """The number of dimensions of a tensor or array (0 for anything else)."""
     return int(getattr(x, "ndim", 0))
-
-
-def conformal_rank(n: int, alpha: float) -> int:
-    """``k = ceil((n + 1)(1 - alpha))``, computed exactly on the float ``alpha`` (float
-    arithmetic gives 91 instead of 90 for n = 99, alpha = 0.1)."""
-    return math.ceil((n + 1) * (1 - Fraction(alpha)))
 
 
 def _kth(s: torch.Tensor, alpha: float) -> float:
@@ -184,7 +172,7 @@ class ConformalClassifier(Estimator):
                 or isinstance(self.random_state, np.random.RandomState)):
             raise ValueError("Expected `random_state` to be None, an int or a "
                              f"numpy.random.RandomState, got {self.random_state!r}")
-        return method, _check_alpha(self.alpha)
+        return method, check_alpha(self.alpha)
 
     @property
     def _top(self) -> bool:
@@ -398,7 +386,7 @@ class ConformalClassifier(Estimator):
         sets = self._sets_at(z, self.quantile_)
         size = float(sets.sum(dim=1, dtype=torch.float64).mean()) / z.shape[1]
         cover = float(sets.gather(1, y.unsqueeze(1)).to(torch.float64).mean())
-        return -size - abs(cover - (1.0 - _check_alpha(self.alpha)))
+        return -size - abs(cover - (1.0 - check_alpha(self.alpha)))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe description (settings, the calibrated threshold(s), RAPS's settings used;

@@ -1,0 +1,13 @@
+"""Regression: predictions as users have them, their metrics and their calibration.
+
+* :mod:`~torchcal.regression.predictive`: a point prediction (a tensor), :class:`Gaussian`
+  (mean and variance, log-variance or std), :class:`Quantiles` and an ensemble's
+  :class:`Samples`, per target element of a (N,), (N, d1, ...) or (N, T) target, with missing
+  targets dropped by ``mask`` or ``ignore_value`` (:func:`kept_rows`).
+
+Conformal intervals and risk control live in :mod:`torchcal.conformal`.
+"""
+
+from .predictive import Gaussian, Prediction, Quantiles, Samples, kept_rows
+
+__all__ = ["Gaussian", "Quantiles", "Samples", "Prediction", "kept_rows"]
