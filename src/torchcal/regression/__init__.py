@@ -8,6 +8,13 @@
 Conformal intervals and risk control live in :mod:`torchcal.conformal`.
 """
 
+from .metrics import gaussian_nll
 from .predictive import Gaussian, Prediction, Quantiles, Samples, kept_rows
 
-__all__ = ["Gaussian", "Quantiles", "Samples", "Prediction", "kept_rows"]
+__all__ = [
+    # predictions
+    "Gaussian", "Quantiles", "Samples", "Prediction", "kept_rows",
+    # metrics
+    "gaussian_nll",
+    # calibrators
+]
