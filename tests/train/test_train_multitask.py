@@ -175,3 +175,36 @@ def test_evaluating_a_multitask_checkpoint_keeps_its_block(tmp_path):
     again = evaluate_checkpoint(cfg.out_dir)
     assert again["multitask"] == trained
     assert json.loads((tmp_path / "e" / "results.json").read_text())["multitask"] == trained
+
+
+def test_sample_variance_head_trains_on_the_gaussian_nll(tmp_path):
+    """regression_variance='sample': a (mean, log-variance) head whose loss is the Gaussian NLL
+    (checked by hand on one batch), and results carrying the predictions the regression
+    section of the uncertainty suite calibrates (their RMSE equals the block's)."""
+    cfg = _tiny(tmp_path, "h", regression_variance="sample", task_weighting="equal")
+    model = create_model("mnist1d_cnn", 10, width=4)
+    head = TaskHead(model, cfg, _splits(), torch.device("cpu"))
+    feats = torch.randn(3, model.num_features)
+    index = torch.tensor([0, 2, 5])
+    out, t = head.reg(feats), head.targets["train"][index]
+    nll = (0.5 * (out[:, 1] + (t - out[:, 0]) ** 2 / out[:, 1].exp())).mean()
+    got = head.add_loss(torch.tensor(0.25), None, feats, None, index)
+    assert float(got.detach()) == pytest.approx(0.25 + float(nll.detach()), rel=1e-6)
+
+    res = train(cfg)["results"]["multitask"]
+    assert res["regression_variance"] == "sample"
+    for split in ("val", "test"):
+        pred = res["predictions"][split]
+        assert len(pred["mean"]) == len(pred["target"]) == len(pred["log_var"]) == 40
+        err = torch.tensor(pred["mean"]) - torch.tensor(pred["target"])
+        rmse = float(err.double().pow(2).mean().sqrt()) * res["target_std"]
+        assert rmse == pytest.approx(res[split]["rmse"], rel=1e-5)
+    plain = train(_tiny(tmp_path, "m"))["results"]["multitask"]
+    assert "log_var" not in plain["predictions"]["test"]
+
+
+def test_sample_variance_refuses_kendall_weighting(tmp_path):
+    with pytest.raises(ValueError, match="regression_variance='sample'"):
+        _tiny(tmp_path, "x", regression_variance="sample").validate()
+    with pytest.raises(ValueError, match="regression_variance"):
+        _tiny(tmp_path, "y", regression_variance="both", task_weighting="equal").validate()

@@ -272,6 +272,8 @@ def _task_of(param: str) -> list[str]:
 
 
 _MULTITASK = "two tasks (recipe mnist1d-multitask)"
+#: The regression head's variance: one per task (Kendall et al. 2018) or one per sample.
+REGRESSION_VARIANCES = ("task", "sample")
 
 
 @dataclass(frozen=True)
@@ -313,6 +315,12 @@ class MultitaskConfig:
             and standard deviation.
         target_noise: standard deviation of Gaussian noise added to the (standardised)
             training targets of the regression task (a noisier task; 0 = none).
+        regression_variance: ``"task"``: the regression head predicts the mean and its loss is
+            the mean squared error (the task's variance is Kendall's learned homoscedastic
+            ``exp(s_2)``); ``"sample"``: the head also predicts a log-variance per sample and
+            its loss is the Gaussian negative log-likelihood (Kendall & Gal 2017's
+            heteroscedastic regression), with ``task_weighting`` ``"equal"`` or ``"fixed:..."``
+            (a learned task weight on a loss that can be negative has no minimum).
     """
 
     tasks: list[str] = identity(default_factory=list, check=task_list, flat="tasks", cli=Flag(
@@ -337,6 +345,10 @@ class MultitaskConfig:
     target_noise: float = identity(0.0, check=NON_NEGATIVE, flat="target_noise", cli=Flag(
         "--target-noise", "Gaussian noise (std, standardised units) added to the training "
         "targets", type=float, group=_MULTITASK))
+    regression_variance: str = identity("task", check=Options(REGRESSION_VARIANCES), cli=Flag(
+        "--regression-variance", "task: the regression head predicts the mean (MSE); sample: "
+        "also a log-variance per sample (Gaussian NLL, Kendall & Gal 2017)",
+        choices=REGRESSION_VARIANCES, group=_MULTITASK))
 
 
 def _check_group(cls: type) -> Callable[[Any, str], Any]:
@@ -546,7 +558,12 @@ class TrainConfig:
         check_fields(self)
         mt = self.multitask
         if mt.tasks:
-            parse_task_weighting(mt.task_weighting)
+            kind, _ = parse_task_weighting(mt.task_weighting)
+            if mt.regression_variance == "sample" and kind == "kendall":
+                raise ValueError("Expected `multitask.task_weighting` to be 'equal' or "
+                                 "'fixed:W1,W2' with multitask.regression_variance='sample', got "
+                                 "'kendall' (a learned weight on a Gaussian NLL, which can be "
+                                 "negative, has no minimum)")
             if self.joint_head.enabled:
                 raise ValueError(f"Expected `joint_head.enabled` to be False for a multi-task "
                                  f"run (multitask.tasks={list(mt.tasks)!r}): the two heads are "

@@ -44,7 +44,9 @@ epoch record plus ``train_ce``, ``train_mse``, ``task_weights`` and ``val_rmse``
 ``head``, AdamW, the cosine schedule, RNG) and the common ``results.json``
 (:data:`torchcal.evaluate.SCHEMA`: the classifier's validation and test metrics, with logits)
 with a ``multitask`` block: validation and test accuracy, NLL and RMSE, the learned weights and
-log-variances, the target's mean and standard deviation.  A killed run resumes (``resume``) to
+log-variances, the target's mean and standard deviation, and the validation and test
+regression predictions in standardised units (``predictions``: means, targets and, with
+``regression_variance="sample"``, the predicted log-variances).  A killed run resumes (``resume``) to
 the numbers of an uninterrupted one.  Not with ``torchrun``, not packed.
 """
 
@@ -133,7 +135,8 @@ class TaskHead(RunPlugin):
             raise TorchcalError("Multi-task training needs a torchcal model with "
                                 "forward_features, num_features and fc")
         self.model, self.config = model, config
-        self.reg = nn.Linear(int(model.num_features), 1).to(device)
+        self.sample_var = config.multitask.regression_variance == "sample"
+        self.reg = nn.Linear(int(model.num_features), 2 if self.sample_var else 1).to(device)
         self.weighting = TaskWeighting(config.multitask.task_weighting,
                                        config.multitask.log_var_init).to(device)
         targets, self.mean, self.std = _targets(config, splits)
@@ -177,9 +180,14 @@ class TaskHead(RunPlugin):
         ``index``: the batch's sample indices, for the regression targets)."""
         if index is None:
             raise TorchcalError("A multi-task step needs the batch's sample indices")
-        mse = F.mse_loss(self.reg(feats).squeeze(1), self.targets["train"][index])
+        out, t = self.reg(feats), self.targets["train"][index]
+        mse = F.mse_loss(out[:, 0], t)
         self.sums = self.sums + torch.stack([total.detach(), mse.detach(),
                                              torch.ones((), device=self.device)])
+        if self.sample_var:  # Kendall & Gal 2017: the Gaussian NLL (without log(2 pi) / 2)
+            log_var = out[:, 1]
+            return self.weighting(total, 0.5 * (log_var + (t - out[:, 0]).pow(2)
+                                                 * torch.exp(-log_var)).mean())
         return self.weighting(total, mse)
 
     def state(self, full: bool) -> dict[str, Any]:
@@ -201,6 +209,17 @@ class TaskHead(RunPlugin):
     @torch.no_grad()
     def evaluate(self, split: str) -> dict[str, float]:
         """Accuracy, NLL and RMSE (in the parameter's units) on ``split``."""
+        z, y, out, t = self._predict(split)
+        p = out[:, 0]
+        return {"accuracy": float((z.argmax(1) == y).double().mean()),
+                "nll": float(F.cross_entropy(z.double(), y)),
+                "rmse": float(((p - t).double().pow(2).mean().sqrt()) * self.std)}
+
+    @torch.no_grad()
+    def _predict(self, split: str
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logits, labels, regression outputs (n, 1 or 2), standardised targets)`` of
+        ``split``."""
         if split not in self._on_device:  # moved once, not every epoch
             ds = getattr(self.splits, split)
             self._on_device[split] = (ds.data.float().to(self.device), ds.labels.to(self.device))
@@ -212,13 +231,20 @@ class TaskHead(RunPlugin):
         for s in range(0, x.shape[0], 4096):
             h = self.model.forward_features(x[s:s + 4096])
             logits.append(self.model.fc(h))
-            pred.append(self.reg(h).squeeze(1))
+            pred.append(self.reg(h))
         self.model.train(was)
         self.reg.train(was)
-        z, p = torch.cat(logits), torch.cat(pred)
-        return {"accuracy": float((z.argmax(1) == y).double().mean()),
-                "nll": float(F.cross_entropy(z.double(), y)),
-                "rmse": float(((p - t).double().pow(2).mean().sqrt()) * self.std)}
+        return torch.cat(logits), y, torch.cat(pred), t
+
+    def predictions(self, split: str) -> dict[str, list[float]]:
+        """The regression predictions of ``split`` in standardised units: ``mean``, ``target``
+        and, with ``regression_variance="sample"``, ``log_var`` (lists of floats, for the
+        regression section of the uncertainty suite)."""
+        _, _, out, t = self._predict(split)
+        pred = {"mean": out[:, 0].double().cpu().tolist(), "target": t.double().cpu().tolist()}
+        if self.sample_var:
+            pred["log_var"] = out[:, 1].double().cpu().tolist()
+        return pred
 
     def results(self) -> dict[str, Any]:
         """``{"multitask": block}`` for the run's ``results.json``."""
@@ -226,9 +252,11 @@ class TaskHead(RunPlugin):
         out: dict[str, Any] = {"schema": MULTITASK_SCHEMA, "tasks": list(c.tasks),
                                "task_weighting": c.task_weighting, "target_noise": c.target_noise,
                                "target_mean": self.mean, "target_std": self.std,
+                               "regression_variance": c.regression_variance,
                                "weights": self.weighting.weights().tolist(),
                                "log_vars": (self.weighting.kendall.log_vars.detach().tolist()
                                             if self.weighting.kendall is not None else None)}
         for k in ("val", "test"):
             out[k] = self.evaluate(k)
+        out["predictions"] = {k: self.predictions(k) for k in ("val", "test")}
         return {"multitask": out}
