@@ -31,7 +31,7 @@ import torch
 
 from .._validation import as_tensor, check_finite, check_scalar
 from ..conformal.core import conformal_rank
-from ..errors import InfiniteIntervalWarning, WorseThanIdentityWarning
+from ..errors import InfiniteIntervalWarning, NotFittedError, WorseThanIdentityWarning
 from ..posthoc import Estimator
 from .predictive import Gaussian, Quantiles, Samples, kept_rows, like
 
@@ -173,7 +173,7 @@ def _worse_check(name: str, criterion: str, calibrated: float, identity: float, 
         warnings.warn(
             f"{name}: the recalibrated {criterion} on the {where} data ({calibrated:.6g}) is "
             f"worse than the uncalibrated prediction's ({identity:.6g}): {cause}; fit it on "
-            "more data drawn like these", WorseThanIdentityWarning, stacklevel=4)
+            "more data drawn like these", WorseThanIdentityWarning, stacklevel=3)
 
 
 def _check_dict_levels(d: dict, key: str) -> tuple[float, ...] | None:
@@ -181,10 +181,25 @@ def _check_dict_levels(d: dict, key: str) -> tuple[float, ...] | None:
         _float_list(d[key], f"d[{key!r}]"), f"d[{key!r}]")
 
 
+# ----------------------------------------------------------------------------- estimators
+
+
+class _RegressionEstimator(Estimator):
+    """:class:`~torchcal.posthoc.Estimator` whose not-fitted message names ``fit(pred,
+    target)``."""
+
+    def _check_fitted(self) -> None:
+        try:
+            super()._check_fitted()
+        except NotFittedError as err:
+            raise type(err)(str(err).replace("fit(logits, labels)", "fit(pred, target)")) \
+                from None
+
+
 # ----------------------------------------------------------------------------- sigma scaling
 
 
-class SigmaScaling(Estimator):
+class SigmaScaling(_RegressionEstimator):
     r"""σ scaling (Levi et al. 2022): one scalar ``s`` on the predicted standard deviations,
     ``var' = s^2 var``, minimising the validation Gaussian NLL.
 
@@ -307,7 +322,7 @@ def _interp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor
     return f0 + t * (f1 - f0)
 
 
-class IsotonicRecalibration(Estimator):
+class IsotonicRecalibration(_RegressionEstimator):
     """Isotonic recalibration of the predictive CDF (Kuleshov et al. 2018).
 
     Fit: the probability integral transforms ``p_i = F_i(y_i)`` of the validation data are
@@ -365,9 +380,9 @@ class IsotonicRecalibration(Estimator):
         g = _as_gaussian(pred, "IsotonicRecalibration")
         rows, y, w = _fit_rows(g, target, sample_weight, mask, ignore_value)
         p = rows.cdf(y).double()
-        if w is not None:
-            p, w = p[w > 0], w[w > 0]
         wt = torch.ones_like(p) if w is None else w
+        if w is not None:  # zero weights: no knot (the knots' frequencies stay increasing)
+            p, wt = p[w > 0], w[w > 0]
         ps, order = torch.sort(p)
         cw = torch.cumsum(wt[order], 0)
         last = torch.ones_like(ps, dtype=torch.bool)
@@ -492,11 +507,11 @@ def _conformal_shifts(scores: torch.Tensor, w: torch.Tensor | None, lv: torch.Te
             f"{where}: n = {float(total):g} calibration point(s) are too few for the level(s) "
             f"{bad}: ceil((n + 1) tau) > n, so their shift is +inf (an infinite upper "
             "quantile); at least ceil(tau / (1 - tau)) points are needed",
-            InfiniteIntervalWarning, stacklevel=4)
+            InfiniteIntervalWarning, stacklevel=3)
     return out
 
 
-class QuantileRecalibration(Estimator):
+class QuantileRecalibration(_RegressionEstimator):
     """Per-quantile conformalised recalibration: each predicted quantile column is shifted by
     the conformal quantile of its one-sided scores (the idea of conformalized quantile
     regression, Romano et al. 2019, applied level by level).
@@ -578,6 +593,13 @@ class QuantileRecalibration(Estimator):
         fixed = shifted.sort(-1).values
         self.crossing_fraction_ = float((fixed != shifted).any(-1).double().mean()) \
             if bool(torch.isfinite(shifted).all()) else 0.0
+        # the criteria on the levels with a finite shift (an infinite one is warned already)
+        fin = torch.isfinite(c).to(vals.device)
+        if not bool(fin.any()):
+            self.pinball_before_ = self.pinball_after_ = math.nan
+            self.calibration_error_before_ = self.calibration_error_after_ = math.nan
+            return self
+        vals, fixed, lv = vals[:, fin], fixed[:, fin], lv[fin]
         self.pinball_before_ = _pinball(vals, y, lv, w)
         self.pinball_after_ = _pinball(fixed, y, lv, w)
         self.calibration_error_before_ = _quantile_calibration_error(vals, y, lv, w)
@@ -610,13 +632,16 @@ class QuantileRecalibration(Estimator):
     def score(self, pred: Quantiles | Gaussian | Samples, target: Any, *,
               sample_weight: Any = None, mask: Any = None, ignore_value: Any = None) -> float:
         """The negative mean pinball loss of the recalibrated quantiles on these data (higher
-        is better); warns (:class:`~torchcal.errors.WorseThanIdentityWarning`) when it is
+        is better; over the levels with a finite shift, ``-inf`` when none has one); warns (:class:`~torchcal.errors.WorseThanIdentityWarning`) when it is
         worse than the uncalibrated quantiles' by more than 1 % (``IDENTITY_MARGIN``)."""
         self._check_fitted()
         q = self._as_quantiles(pred)
         rows, y, w = _fit_rows(q, target, sample_weight, mask, ignore_value)
-        before = _pinball(rows.values, y, rows.levels, w)
-        after = _pinball(self._shifted(rows), y, rows.levels, w)
+        fin = torch.isfinite(self.shifts_).to(y.device)
+        if not bool(fin.any()):
+            return -math.inf
+        before = _pinball(rows.values[:, fin], y, rows.levels[fin], w)
+        after = _pinball(self._shifted(rows)[:, fin], y, rows.levels[fin], w)
         _worse_check(type(self).__name__, "pinball loss", after, before, "scored (held-out)",
                      IDENTITY_MARGIN * before)
         return -after
