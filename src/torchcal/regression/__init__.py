@@ -8,6 +8,7 @@
 Conformal intervals and risk control live in :mod:`torchcal.conformal`.
 """
 
+from .calibration import IsotonicRecalibration, QuantileRecalibration, SigmaScaling
 from .metrics import gaussian_nll
 from .predictive import Gaussian, Prediction, Quantiles, Samples, kept_rows
 
@@ -17,4 +18,5 @@ __all__ = [
     # metrics
     "gaussian_nll",
     # calibrators
+    "SigmaScaling", "IsotonicRecalibration", "QuantileRecalibration",
 ]
