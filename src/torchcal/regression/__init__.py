@@ -8,13 +8,27 @@
 Conformal intervals and risk control live in :mod:`torchcal.conformal`.
 """
 
-from .metrics import gaussian_nll
+from .metrics import (
+    calibration_curve,
+    crps,
+    ence,
+    gaussian_nll,
+    interval_coverage,
+    interval_score,
+    interval_width,
+    pinball_loss,
+    quantile_calibration_error,
+    sharpness,
+    uce,
+)
 from .predictive import Gaussian, Prediction, Quantiles, Samples, kept_rows
 
 __all__ = [
     # predictions
     "Gaussian", "Quantiles", "Samples", "Prediction", "kept_rows",
     # metrics
-    "gaussian_nll",
+    "gaussian_nll", "crps", "pinball_loss", "interval_coverage", "interval_width",
+    "interval_score", "ence", "uce", "calibration_curve", "quantile_calibration_error",
+    "sharpness",
     # calibrators
 ]
