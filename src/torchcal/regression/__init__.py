@@ -8,6 +8,7 @@
 Conformal intervals and risk control live in :mod:`torchcal.conformal`.
 """
 
+from .meter import REGRESSION_METER_KEYS, RegressionMeter
 from .metrics import (
     calibration_curve,
     crps,
@@ -29,6 +30,6 @@ __all__ = [
     # metrics
     "gaussian_nll", "crps", "pinball_loss", "interval_coverage", "interval_width",
     "interval_score", "ence", "uce", "calibration_curve", "quantile_calibration_error",
-    "sharpness",
+    "sharpness", "RegressionMeter", "REGRESSION_METER_KEYS",
     # calibrators
 ]
