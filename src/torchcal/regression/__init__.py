@@ -22,6 +22,7 @@ from .metrics import (
     sharpness,
     uce,
 )
+from .plot import regression_reliability_diagram, sigma_reliability_diagram
 from .predictive import Gaussian, Prediction, Quantiles, Samples, kept_rows
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     # metrics
     "gaussian_nll", "crps", "pinball_loss", "interval_coverage", "interval_width",
     "interval_score", "ence", "uce", "calibration_curve", "quantile_calibration_error",
-    "sharpness", "RegressionMeter", "REGRESSION_METER_KEYS",
+    "sharpness", "RegressionMeter", "REGRESSION_METER_KEYS", "regression_reliability_diagram",
+    "sigma_reliability_diagram",
     # calibrators
 ]

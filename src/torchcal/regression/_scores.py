@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from .._validation import check_alpha
-from .predictive import Gaussian, Quantiles, Samples, as_float
+from ..metrics.binning import equal_mass_bin_index
+from .predictive import Gaussian, Quantiles, Samples, as_float, kept_rows
 
 __all__ = [
     "PREDICTION_KINDS",
@@ -31,6 +32,8 @@ __all__ = [
     "std_bin_sums",
     "ence_from_sums",
     "uce_from_sums",
+    "gaussian_rows",
+    "ence_bin_index",
 ]
 
 #: The prediction kinds, as :func:`kind_of` names them.
@@ -250,3 +253,28 @@ def uce_from_sums(sums: torch.Tensor) -> torch.Tensor:
     """UCE ``sum_b n_b / n |MV_b - MSE_b|`` from (3, B) sums."""
     n, sv, se = sums
     return (sv - se).abs().sum() / n.sum()
+
+
+def gaussian_rows(pred: Any, target: Any, mask: Any, ignore_value: Any, what: str
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept (variance, squared error), float64, of a Gaussian (or moment-matched Samples)."""
+    if isinstance(pred, Samples):
+        pred = pred.to_gaussian()
+    if not isinstance(pred, Gaussian):
+        raise TypeError(f"Expected `pred` to be a Gaussian (or Samples) for {what}, got "
+                        f"{type(pred).__name__}")
+    g, y, _ = kept_rows(pred, target, mask=mask, ignore_value=ignore_value)
+    var = g.var.double()
+    if bool((var <= 0).any()):
+        raise ValueError(f"Expected `var` > 0 for {what}, found {int((var <= 0).sum())} zero "
+                         "variance(s)")
+    return var, (y.double() - g.mean.double()) ** 2
+
+
+def ence_bin_index(var: torch.Tensor, n_bins: int, std_range: Any) -> torch.Tensor:
+    """ENCE's bins of the predicted std: equal-mass (``std_range=None``) or equal-width in
+    ``log std`` over ``std_range``."""
+    if std_range is None:
+        return equal_mass_bin_index(var.sqrt(), n_bins)[0]
+    lo, hi = check_std_range(std_range)
+    return width_bin_index(0.5 * var.log(), math.log(lo), math.log(hi), n_bins)

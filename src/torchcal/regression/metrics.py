@@ -16,14 +16,15 @@ from typing import Any
 import torch
 
 from .._validation import as_tensor, check_alpha, check_positive_int
-from ..metrics.binning import equal_mass_bin_index
 from ._scores import (
     area_between,
     calibration_grid,
     calibration_hits,
     check_std_range,
     crps_elements,
+    ence_bin_index,
     ence_from_sums,
+    gaussian_rows,
     interval_bounds,
     interval_elements,
     kind_of,
@@ -206,22 +207,6 @@ def interval_score(pred: Any, target: Any, *, alpha: float, mask: Any = None,
     return interval_elements(lo, hi, y, a)["score"].mean()
 
 
-def _gaussian_rows(pred: Any, target: Any, mask: Any, ignore_value: Any, what: str
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept (variance, squared error), float64, of a Gaussian (or moment-matched Samples)."""
-    if isinstance(pred, Samples):
-        pred = pred.to_gaussian()
-    if not isinstance(pred, Gaussian):
-        raise TypeError(f"Expected `pred` to be a Gaussian (or Samples) for {what}, got "
-                        f"{type(pred).__name__}")
-    g, y, _ = kept_rows(pred, target, mask=mask, ignore_value=ignore_value)
-    var = g.var.double()
-    if bool((var <= 0).any()):
-        raise ValueError(f"Expected `var` > 0 for {what}, found {int((var <= 0).sum())} zero "
-                         "variance(s)")
-    return var, (y.double() - g.mean.double()) ** 2
-
-
 def ence(pred: Any, target: Any, *, n_bins: int = 10, std_range: Any = None, mask: Any = None,
          ignore_value: Any = None) -> torch.Tensor:
     r"""Expected normalised calibration error (Levi et al. 2022):
@@ -251,13 +236,8 @@ def ence(pred: Any, target: Any, *, n_bins: int = 10, std_range: Any = None, mas
     0.75
     """
     b = check_positive_int(n_bins, "n_bins")
-    var, sq = _gaussian_rows(pred, target, mask, ignore_value, "ENCE")
-    if std_range is None:
-        idx, _ = equal_mass_bin_index(var.sqrt(), b)
-    else:
-        lo, hi = check_std_range(std_range)
-        idx = width_bin_index(0.5 * var.log(), math.log(lo), math.log(hi), b)
-    return ence_from_sums(std_bin_sums(idx, var, sq, b))
+    var, sq = gaussian_rows(pred, target, mask, ignore_value, "ENCE")
+    return ence_from_sums(std_bin_sums(ence_bin_index(var, b, std_range), var, sq, b))
 
 
 def uce(pred: Any, target: Any, *, n_bins: int = 10, std_range: Any = None, mask: Any = None,
@@ -276,7 +256,7 @@ def uce(pred: Any, target: Any, *, n_bins: int = 10, std_range: Any = None, mask
     3.0
     """
     b = check_positive_int(n_bins, "n_bins")
-    var, sq = _gaussian_rows(pred, target, mask, ignore_value, "UCE")
+    var, sq = gaussian_rows(pred, target, mask, ignore_value, "UCE")
     if std_range is None:
         idx = width_bin_index(var, float(var.min()), float(var.max()), b)
     else:
