@@ -84,7 +84,7 @@ def _crps_samples(s: Samples, y: torch.Tensor, fair: bool) -> torch.Tensor:
 
 def crps_elements(rows: Any, y: torch.Tensor, *, fair: bool = False) -> torch.Tensor:
     """Per-element CRPS (float64, shape (M,)) of kept rows; see
-    :func:`~torchcal.regression.metrics.crps`."""
+    :func:`~torchcal.regression.crps`."""
     y = y.double()
     kind = kind_of(rows)
     if kind == "gaussian":

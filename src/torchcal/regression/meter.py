@@ -55,20 +55,20 @@ class RegressionMeter:
     ``compute()`` returns a dict of 0-d float64 tensors, equal (up to float64 summation order)
     to the functions of :mod:`torchcal.regression.metrics` over all the kept elements seen:
 
-    * ``"nll"`` (:func:`~torchcal.regression.metrics.gaussian_nll`, Gaussian only),
-      ``"crps"`` (:func:`~torchcal.regression.metrics.crps`), ``"mae"`` / ``"rmse"`` of the
+    * ``"nll"`` (:func:`~torchcal.regression.gaussian_nll`, Gaussian only),
+      ``"crps"`` (:func:`~torchcal.regression.crps`), ``"mae"`` / ``"rmse"`` of the
       mean (or the point prediction), ``"pinball"`` (quantiles),
-      ``"sharpness"`` (:func:`~torchcal.regression.metrics.sharpness`);
+      ``"sharpness"`` (:func:`~torchcal.regression.sharpness`);
     * ``"picp"`` / ``"mpiw"`` / ``"interval_score"`` of the central ``1 - alpha`` interval
       (for quantiles only when ``alpha/2`` and ``1 - alpha/2`` are levels);
     * ``"ence"`` / ``"uce"`` (Gaussian, or moment-matched samples) with **fixed** bins:
       ``n_bins`` equal-width bins of ``log std`` over ``std_range`` (stds outside the range
-      fall in the end bins), i.e. :func:`~torchcal.regression.metrics.ence` and
-      :func:`~torchcal.regression.metrics.uce` with ``std_range=``; the functions' default
+      fall in the end bins), i.e. :func:`~torchcal.regression.ence` and
+      :func:`~torchcal.regression.uce` with ``std_range=``; the functions' default
       data-dependent bins (equal-mass, or equal-width over the observed variance range) would
       need every prediction, which a fixed-size state cannot keep;
     * ``"qce"`` (interval), ``"qce_quantile"`` and ``"miscalibration_area"`` (interval) of
-      :func:`~torchcal.regression.metrics.quantile_calibration_error` on a fixed grid of
+      :func:`~torchcal.regression.quantile_calibration_error` on a fixed grid of
       expected proportions (``levels``), counted per level.
 
     State (float64, fixed size: 10 running sums, 3 x ``n_bins`` bin sums and one count per

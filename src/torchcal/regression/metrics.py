@@ -4,7 +4,7 @@ Every metric takes ``(pred, target, *, mask=None, ignore_value=None)``, drops mi
 with :func:`~torchcal.regression.predictive.kept_rows` (so a dense (N, d1, ...) or (N, T)
 target with a mask gives the metric of its kept elements, flattened) and returns a 0-d float64
 tensor on the input's device (:func:`calibration_curve` two 1-D ones, :func:`sharpness` needs
-no target).  The streaming :class:`~torchcal.regression.meter.RegressionMeter` adds up the same
+no target).  The streaming :class:`~torchcal.regression.RegressionMeter` adds up the same
 per-element numbers.
 """
 
@@ -219,7 +219,7 @@ def ence(pred: Any, target: Any, *, n_bins: int = 10, std_range: Any = None, mas
     ``floor((k+1) n/B) - floor(k n/B)`` elements; tied stds stay in one bin).  With
     ``std_range=(lo, hi)``: B equal-width bins of ``log std`` over ``[log lo, log hi]``
     (values outside in the end bins), the fixed bins of
-    :class:`~torchcal.regression.meter.RegressionMeter`.  Empty bins are left out of the
+    :class:`~torchcal.regression.RegressionMeter`.  Empty bins are left out of the
     mean.  uncertainty-toolbox has no ENCE; this follows Levi et al.'s formula.
 
     Args:
