@@ -20,6 +20,7 @@ __all__ = [
     "kind_of",
     "crps_elements",
     "pinball_elements",
+    "pinball_values",
     "interval_bounds",
     "interval_elements",
     "quantile_values",
@@ -98,8 +99,13 @@ def crps_elements(rows: Any, y: torch.Tensor, *, fair: bool = False) -> torch.Te
 
 def pinball_elements(q: Quantiles, y: torch.Tensor) -> torch.Tensor:
     """Per-(element, level) pinball loss ``max(tau (y - q), (tau - 1)(y - q))``, (M, Q)."""
-    diff = y.double().unsqueeze(1) - q.values.double()
-    tau = q.levels.double().to(diff.device)
+    return pinball_values(q.values, q.levels, y)
+
+
+def pinball_values(values: torch.Tensor, levels: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """:func:`pinball_elements` of quantile values (M, Q) at ``levels`` (Q,), float64 (M, Q)."""
+    diff = y.double().unsqueeze(1) - values.double()
+    tau = levels.double().to(diff.device)
     return torch.maximum(tau * diff, (tau - 1) * diff)
 
 

@@ -33,6 +33,7 @@ from .._validation import as_tensor, check_finite, check_scalar
 from ..conformal.core import conformal_rank
 from ..errors import InfiniteIntervalWarning, NotFittedError, WorseThanIdentityWarning
 from ..posthoc import Estimator
+from ._scores import pinball_values
 from .predictive import Gaussian, Quantiles, Samples, kept_rows, like
 
 __all__ = ["SigmaScaling", "IsotonicRecalibration", "QuantileRecalibration", "DEFAULT_LEVELS"]
@@ -148,17 +149,14 @@ def _level_fraction(level: float, dtype: torch.dtype) -> Fraction:
 def _pinball(q: torch.Tensor, y: torch.Tensor, levels: torch.Tensor,
              w: torch.Tensor | None) -> float:
     """Mean pinball loss of quantiles ``q`` (M, Q) at ``levels`` (Q,) for ``y`` (M,)."""
-    # TODO(lead): use regression.metrics.pinball_loss once merged
-    d = y.double().unsqueeze(1) - q.double()
-    lv = levels.double().to(d.device)
-    loss = torch.maximum(lv * d, (lv - 1) * d).mean(1)
-    return _wmean(loss, w)
+    return _wmean(pinball_values(q, levels, y).mean(1), w)
 
 
 def _quantile_calibration_error(q: torch.Tensor, y: torch.Tensor, levels: torch.Tensor,
                                 w: torch.Tensor | None) -> float:
     """Mean over levels of ``|P_hat(y <= q_tau) - tau|`` (the quantile calibration error)."""
-    # TODO(lead): use regression.metrics.quantile_calibration_error once merged
+    # weighted (sample_weight), one-sided: quantile_calibration_error(kind="quantile")'s
+    # per-level frequencies with weights
     hit = (y.double().unsqueeze(1) <= q.double()).double()
     freq = hit.mean(0) if w is None else (hit * w.unsqueeze(1)).sum(0) / w.sum()
     return float((freq - levels.double().to(freq.device)).abs().mean())
