@@ -5,7 +5,9 @@ Sub-packages are imported on first use: ``torchcal.metrics``, ``torchcal.losses`
 ``torchcal.models``, ``torchcal.train``, ``torchcal.report``, ``torchcal.evaluate``,
 ``torchcal.run_dir`` (the run directory's layout), ``torchcal.errors``, ``torchcal.plot``
 (reliability diagrams), ``torchcal.experiments`` (benchmarks and the sweep runner),
-``torchcal.ensemble`` (deep ensembles and MC dropout).
+``torchcal.ensemble`` (deep ensembles and MC dropout), ``torchcal.regression`` (regression
+predictions, their metrics and calibrators), ``torchcal.conformal`` (conformal regression and
+risk control).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ __version__ = "0.1.0"
 
 _SUBPACKAGES = (
     "metrics", "losses", "functional", "posthoc", "uncertainty", "data", "models", "train",
-    "report", "evaluate", "run_dir", "errors", "plot", "experiments", "ensemble",
+    "report", "evaluate", "run_dir", "errors", "plot", "experiments", "ensemble", "regression",
+    "conformal",
 )
 
 __all__ = ["__version__", *_SUBPACKAGES]

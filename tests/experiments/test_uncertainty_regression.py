@@ -20,14 +20,16 @@ from torchcal.experiments.uncertainty_regression import (
 def _block(seed: int, informative: bool, n_val: int = 1000, n_test: int = 4000,
            sample: bool = True) -> dict:
     """A multitask block of a heteroscedastic regression: the noise's std varies 10x over the
-    samples; the predicted log-variance is the true one (informative) or its mean (not)."""
+    samples; the predicted log-variance is the true one (informative) or drawn independently of
+    it (uninformative: it does not rank the errors)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for split, n in (("val", n_val), ("test", n_test)):
         sd = 0.1 + torch.rand(n, generator=g, dtype=torch.float64)
         mean = torch.randn(n, generator=g, dtype=torch.float64)
         target = mean + sd * torch.randn(n, generator=g, dtype=torch.float64)
-        log_var = (2 * sd.log()) if informative else torch.full_like(sd, float((sd ** 2).mean().log()))
+        shuffled = sd[torch.randperm(n, generator=g)]
+        log_var = 2 * (sd if informative else shuffled).log()
         out[split] = {"mean": mean.tolist(), "target": target.tolist()}
         if sample:
             out[split]["log_var"] = log_var.tolist()

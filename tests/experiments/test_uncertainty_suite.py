@@ -149,16 +149,24 @@ def test_suite_end_to_end_tiny(tmp_path, tiny_suite):
     summary = res.report
     assert res.out_dir == out and res.failed == [] and res.config.seeds == (0,)
     assert not [u for u in summary["units"] if u["error"]]
-    assert [u["kind"] for u in summary["units"]].count("kendall") == 4  # 2 grid + 2 Kendall
+    # 2 grid + 2 Kendall + the learned variance
+    assert [u["kind"] for u in summary["units"]].count("kendall") == 5
     text = (out / "report.md").read_text()
     assert "## The papers' claims on this benchmark" in text
     assert "Command: `torchcal demo --suite uncertainty-tiny --default`" in text
     claims = text.split("## The papers' claims on this benchmark")[1].split("\n## ")[0]
     claims = claims.split("Beyond the claims")[0]
     lines = [s for s in claims.splitlines() if s.startswith("- ")]
-    assert len(lines) == len(rep.CLAIMS) == 6
+    assert len(lines) == len(rep.CLAIMS) == 7
     assert sum("Kirchhof et al. 2024" in s for s in lines) == 4
     assert sum("Kendall et al. 2018" in s for s in lines) == 2
+    assert sum("Lei et al. 2018" in s for s in lines) == 1
+    # the regression section: the arms with a variance (Kendall's two, the learned variance)
+    section = text.split("## Regression: ")[1].split("\n## ")[0]
+    assert "| learned variance | sample |" in section and "| kendall | task |" in section
+    lv = [u for u in summary["units"] if u.get("arm") == "learned variance"][0]
+    assert lv["regression"]["variance"] == "sample" and "predictions" not in lv
+    assert 0 <= lv["regression"]["split coverage"] <= 1
     # a 1-epoch model is at chance: its claims are not evaluated, the others hold or fail
     assert all(("holds on" in s and "of 1 seeds" in s or "not evaluated (model at chance)" in s)
                and "not evidence" in s for s in lines), lines
@@ -277,9 +285,9 @@ def test_claims_are_the_calibration_benchmarks_claim_objects():
     root = Path(__file__).resolve().parents[2]
     summary = json.loads((root / "docs/results/uncertainty/suite_results.json").read_text())
     again = rep.claim_verdicts(summary["units"])
-    assert [c.pop("at_chance") for c in again] == [0] * 6  # no model of that run at chance
+    assert [c.pop("at_chance") for c in again] == [0] * len(rep.CLAIMS)  # none at chance
     assert json.dumps(again, sort_keys=True) == json.dumps(summary["claims"], sort_keys=True)
-    assert [c["n"] for c in again] == [5] * 6
+    assert [c["n"] for c in again] == [5] * len(rep.CLAIMS)
 
 
 def test_a_second_suite_into_one_out_is_refused_in_one_line(tmp_path, capsys):

@@ -23,8 +23,12 @@ a head epoch from the cache is compared with a head epoch that recomputes the em
 **Multi-task uncertainty weighting** (Kendall, Gal & Cipolla, CVPR 2018; :func:`kendall_unit`).
 Recipe ``mnist1d-multitask``: one trunk, the digit (cross-entropy) and the generator's
 translation (standardised, mean squared error), AdamW 3e-3 cosine.  Arms: a grid of fixed
-weightings ``(1, w)``, Kendall's learned weighting, and Kendall's weighting with noise of
-standard deviation 1 (standardised units) added to the training translation targets.
+weightings ``(1, w)``, Kendall's learned weighting, Kendall's weighting with noise of
+standard deviation 1 (standardised units) added to the training translation targets, and
+:data:`LEARNED_VARIANCE`: a head predicting a mean and a variance per sample (Gaussian NLL,
+``regression_variance="sample"``, equal weights).  Every arm with a variance gets the
+regression section (:mod:`torchcal.experiments.uncertainty_regression`): the variance calibrated
+by σ scaling, and split, normalised and CQR conformal intervals.
 
 Sizes are in :data:`PROFILES` (chosen from measured per-unit costs before any claim was looked
 at: ``benchmarks/results/uncertainty_sizing.md``).  Every unit skips work already done in its
@@ -59,9 +63,10 @@ from .benchmark import Benchmark, BenchmarkKind, register_benchmark
 from .demo import DemoConfig
 from .runner import Job
 from .training import is_stale
+from .uncertainty_regression import LEARNED_VARIANCE, regression_section
 
 __all__ = ["SUMMARY_FILE", "UNCERTAINTY", "write_suite_report", "UncertaintyProfile",
-           "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT", "suite_specs",
+           "PROFILES", "SHIFT", "UPSTREAM", "LEARNED_VARIANCE", "DOWNSTREAM", "GRID_DEFAULT", "suite_specs",
            "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
 
 #: The suite's summary file (every unit's result, the claims' verdicts) in its output directory.
@@ -125,7 +130,8 @@ def _kendall_arms(p: UncertaintyProfile) -> list[dict[str, Any]]:
              "fixed": [1.0, float(w)]} for w in p.grid]
     arms += [{"arm": "kendall", "weighting": "kendall"},
              {"arm": "kendall, noisy target", "weighting": "kendall",
-              "target_noise": p.target_noise}]
+              "target_noise": p.target_noise},
+             {"arm": LEARNED_VARIANCE, "weighting": "equal", "regression_variance": "sample"}]
     if p.extra_arms:
         arms += [{"arm": "kendall, trunk lr", "weighting": "kendall", "log_var_lr": 3e-3},
                  {"arm": "class only", "weighting": "fixed:1,0", "fixed": [1.0, 0.0]},
@@ -177,7 +183,8 @@ def kendall_unit(spec: dict[str, Any]) -> dict[str, Any]:
     n_train, n_val, n_test = p["mt_sizes"]
     recipe = get_recipe("mnist1d-multitask")
     mt = dataclasses.replace(recipe.multitask, task_weighting=spec["weighting"],
-                             target_noise=float(spec.get("target_noise", 0.0)))
+                             target_noise=float(spec.get("target_noise", 0.0)),
+                             regression_variance=spec.get("regression_variance", "task"))
     if "log_var_lr" in spec:
         mt = dataclasses.replace(mt, log_var_lr=float(spec["log_var_lr"]))
     cfg = dataclasses.replace(
@@ -188,13 +195,18 @@ def kendall_unit(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("device", "cpu") != "cpu":  # a CPU run keeps the recipe's config (reused)
         cfg = dataclasses.replace(cfg, device=spec["device"])
     run = RunDir(cfg.out_dir)
+    res = None
     if run.results().is_file() and run.config.is_file() and _same_config(run, cfg):
         res = json.loads(run.results().read_text()).get("multitask")
-        if isinstance(res, dict):
-            return {**res, "reused": True}
-    if Path(cfg.out_dir).exists():  # unfinished or other settings: train again
-        shutil.rmtree(cfg.out_dir)
-    return dict(train(cfg)["results"]["multitask"])
+        # a run of an earlier version wrote no predictions: train it again for the section
+        res = {**res, "reused": True} if isinstance(res, dict) and "predictions" in res else None
+    if res is None:
+        if Path(cfg.out_dir).exists():  # unfinished or other settings: train again
+            shutil.rmtree(cfg.out_dir)
+        res = dict(train(cfg)["results"]["multitask"])
+    res["regression"] = regression_section(res)
+    del res["predictions"]  # in the run's results.json; the suite keeps the section's numbers
+    return res
 
 
 def _same_config(run: RunDir, cfg) -> bool:
