@@ -236,7 +236,7 @@ def fwer_reject(p_values: torch.Tensor, delta: Any, method: str = "fixed_sequenc
         return p <= d / n_l
     if method == "fixed_sequence":
         return torch.cumprod((p <= d).to(torch.int8), -1).bool()
-    ps, order = torch.sort(p, -1, stable=True)
+    ps, order = torch.sort(p, dim=-1, stable=True)
     level = d / (n_l - torch.arange(n_l, dtype=torch.float64))
     keep = torch.cumprod((ps <= level).to(torch.int8), -1).bool()
     return torch.zeros_like(keep).scatter(-1, order, keep)
