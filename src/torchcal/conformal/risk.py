@@ -443,6 +443,7 @@ class LearnThenTest(Estimator):
     def fit(self, losses: Any, mask: Any = None) -> LearnThenTest:
         """Test every lambda on the (n, L) calibration losses (``mask``: see
         :func:`ltt_valid`, for a conditional risk); returns ``self``."""
+        type(self)(self.alpha, self.delta, self.lambdas, self.method, self.p_value, self.binary)
         x = _losses(losses)
         if x.ndim != 2:
             raise ValueError(f"Expected `losses` of shape (n, L), got {tuple(x.shape)}")
@@ -633,6 +634,7 @@ class SelectiveRiskControl(Estimator):
 
     def fit(self, confidences: Any, correct: Any) -> SelectiveRiskControl:
         """Choose ``threshold_`` from calibration confidences (N,) and correctness (N,)."""
+        type(self)(self.eps, self.delta, self.thresholds, self.method, self.p_value)
         c = as_tensor(confidences, "confidences").to(torch.float64).cpu()
         ok = as_tensor(correct, "correct").cpu()
         if c.ndim != 1 or c.numel() == 0 or tuple(ok.shape) != tuple(c.shape):
