@@ -541,8 +541,9 @@ class QuantileRecalibration(_RegressionEstimator):
         levels_ (torch.Tensor): the fitted levels (float64).
         shifts_ (torch.Tensor): ``c_tau`` per level (float64, may hold +inf).
         crossing_fraction_ (float): share of validation elements whose shifted columns crossed.
-        pinball_before_, pinball_after_, calibration_error_before_, calibration_error_after_
-            (float): the validation pinball loss and quantile calibration error.
+        pinball_before_, pinball_after_ (float): the validation pinball loss before and after.
+        calibration_error_before_, calibration_error_after_ (float): the validation quantile
+            calibration error before and after.
 
     Example:
         >>> q = Quantiles([[0.0, 1.0]] * 9, levels=[0.1, 0.9])
