@@ -121,9 +121,9 @@ def torchcp_intervals(d: dict) -> dict:
     # does not build here (a CUDA extension): a stand-in module lets its regression code import;
     # nothing compared here calls it
     sys.modules.setdefault("torchsort", types.SimpleNamespace(soft_rank=None, soft_sort=None))
+    from torch.utils.data import DataLoader, TensorDataset
     from torchcp.regression.predictor import SplitPredictor
     from torchcp.regression.score import ABS, CQR
-    from torch.utils.data import DataLoader, TensorDataset
 
     n = d["n_cal"]
     y = torch.tensor(d["y"], dtype=torch.float64)
