@@ -5,10 +5,25 @@ correctness, and abstention.
   logits or ``generate`` outputs (length-normalised log-probability, minimum token
   probability, mean token entropy, P(True), multiple-choice option probabilities, verbalised
   confidence).
+* :mod:`~torchcal.llm.correctness`: whether each answer is right (exact match, SQuAD's
+  normalised match, your own rule).
+* :mod:`~torchcal.llm.calibrate`: a score's ECE, Brier, AUROC, AURC and AUGRC against
+  correctness, its calibration (Platt, isotonic, beta, histogram; temperature on option
+  scores) and its reliability diagram.
 """
 
 from __future__ import annotations
 
+from .calibrate import (
+    CALIBRATORS,
+    SCALES,
+    ScoreCalibrator,
+    calibrate_options,
+    calibrate_scores,
+    evaluate_confidence,
+    reliability_diagram,
+)
+from .correctness import exact_match, match_with, normalize_answer, normalized_match
 from .scores import (
     VERBAL_WORDS,
     GeneratedAnswers,
@@ -40,4 +55,17 @@ __all__ = [
     "option_probs",
     "VERBAL_WORDS",
     "parse_verbal_confidence",
+    # correctness
+    "normalize_answer",
+    "exact_match",
+    "normalized_match",
+    "match_with",
+    # calibration
+    "evaluate_confidence",
+    "ScoreCalibrator",
+    "calibrate_scores",
+    "CALIBRATORS",
+    "SCALES",
+    "calibrate_options",
+    "reliability_diagram",
 ]
