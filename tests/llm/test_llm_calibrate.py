@@ -60,11 +60,11 @@ def test_evaluate_confidence_against_slow_references():
     ece = sum(len(ix) / n * abs(sum(y[i] for i in ix) / len(ix) - sum(c[i] for i in ix)
                                 / len(ix)) for ix in bins.values())
     assert r["ece"] == pytest.approx(ece, abs=1e-6)
-    assert r["brier"] == pytest.approx(sum((p - t) ** 2 for p, t in zip(c, y)) / n, abs=1e-12)
+    assert r["brier"] == pytest.approx(sum((p - t) ** 2 for p, t in zip(c, y, strict=True)) / n, abs=1e-12)
     two = torch.stack([1 - conf, conf], 1)
     assert r["brier"] == pytest.approx(float(M.brier(probs=two, labels=right.long())) / 2)
-    pos = [p for p, t in zip(c, y) if t]
-    neg = [p for p, t in zip(c, y) if not t]
+    pos = [p for p, t in zip(c, y, strict=True) if t]
+    neg = [p for p, t in zip(c, y, strict=True) if not t]
     auc = sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
     assert r["auroc"] == pytest.approx(auc, abs=1e-12)
     # AURC / AUGRC: accept the most confident first; a tied group's errors spread evenly

@@ -85,7 +85,7 @@ def match_with(predictions: Sequence[str], references: Sequence[Any],
     refs = _references(references, len(preds))
     if not callable(compare):
         raise TypeError(f"Expected `compare` to be callable, got {type(compare).__name__}")
-    return torch.tensor([any(bool(compare(p, r)) for r in rs) for p, rs in zip(preds, refs)],
+    return torch.tensor([any(bool(compare(p, r)) for r in rs) for p, rs in zip(preds, refs, strict=True)],
                         dtype=torch.bool)
 
 
