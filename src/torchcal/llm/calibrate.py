@@ -30,7 +30,7 @@ from ..posthoc import (
     TemperatureScaling,
     calibrator_from_dict,
 )
-from ..posthoc._common import like_input
+from ..regression.predictive import like
 
 __all__ = ["evaluate_confidence", "ScoreCalibrator", "calibrate_scores", "CALIBRATORS",
            "SCALES", "calibrate_options", "reliability_diagram", "check_correct",
@@ -218,7 +218,7 @@ class ScoreCalibrator(Estimator):
         else:
             z = torch.stack([torch.zeros_like(s), s], dim=1)
             q = self.calibrator_.predict_proba(z)[:, 1].to(torch.float64)
-        return like_input(q, scores)
+        return like(q, scores)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe description (settings and the inner calibrator's ``to_dict``)."""
