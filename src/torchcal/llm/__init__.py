@@ -10,10 +10,22 @@ correctness, and abstention.
 * :mod:`~torchcal.llm.calibrate`: a score's ECE, Brier, AUROC, AURC and AUGRC against
   correctness, its calibration (Platt, isotonic, beta, histogram; temperature on option
   scores) and its reliability diagram.
+* :mod:`~torchcal.llm.abstention`: answer only above a threshold certified to keep the error
+  among answered questions below ``eps`` (Learn-then-Test, through
+  :class:`torchcal.conformal.SelectiveRiskControl`), the abstention curve, and conformal
+  answer sets for multiple choice.
 """
 
 from __future__ import annotations
 
+from .abstention import (
+    AbstentionCurve,
+    SplitCheck,
+    abstention_curve,
+    abstention_split_check,
+    abstention_threshold,
+    conformal_answer_sets,
+)
 from .calibrate import (
     CALIBRATORS,
     SCALES,
@@ -68,4 +80,11 @@ __all__ = [
     "SCALES",
     "calibrate_options",
     "reliability_diagram",
+    # abstention
+    "abstention_threshold",
+    "abstention_curve",
+    "AbstentionCurve",
+    "abstention_split_check",
+    "SplitCheck",
+    "conformal_answer_sets",
 ]
