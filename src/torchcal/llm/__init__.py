@@ -14,6 +14,8 @@ correctness, and abstention.
   among answered questions below ``eps`` (Learn-then-Test, through
   :class:`torchcal.conformal.SelectiveRiskControl`), the abstention curve, and conformal
   answer sets for multiple choice.
+* :mod:`~torchcal.llm.integrations`: the same numbers for lm-evaluation-harness (per-sample
+  logs, registered metrics) and a Hugging Face ``evaluate`` metric module.
 """
 
 from __future__ import annotations
@@ -36,6 +38,15 @@ from .calibrate import (
     reliability_diagram,
 )
 from .correctness import exact_match, match_with, normalize_answer, normalized_match
+from .integrations import (
+    calibration_report,
+    lm_eval_aurc,
+    lm_eval_ece,
+    lm_eval_mc_item,
+    register_lm_eval,
+    sample_confidence,
+    summarize_samples,
+)
 from .scores import (
     VERBAL_WORDS,
     GeneratedAnswers,
@@ -87,4 +98,12 @@ __all__ = [
     "abstention_split_check",
     "SplitCheck",
     "conformal_answer_sets",
+    # integrations
+    "summarize_samples",
+    "sample_confidence",
+    "calibration_report",
+    "lm_eval_mc_item",
+    "lm_eval_ece",
+    "lm_eval_aurc",
+    "register_lm_eval",
 ]
