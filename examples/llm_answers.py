@@ -251,7 +251,7 @@ def report(out: dict, table: dict, curve: L.AbstentionCurve) -> None:
     print(f"{'score':24s} {'AUROC':>6s} " + " ".join(f"{c:>11s}" for c in cols) + "   (ECE)")
     for name, row in table.items():
         cells = " ".join(f"{row[c]:11.4f}" if c in row else f"{'':11s}" for c in cols)
-        print(f"{name:24s} {row['auroc']:6.3f} {cells}")
+        print(f"{name:24s} {row['auroc']:6.3f} {cells}".rstrip())
     print("abstention curve (length-normalised probability): coverage -> error among answered")
     for cov in (0.2, 0.4, 0.6, 0.8, 1.0):
         k = int(torch.searchsorted(curve.coverage, torch.tensor(cov, dtype=torch.float64)))
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     g = torch.Generator().manual_seed(args.seed)
     steps = args.steps or (QUICK_STEPS if args.quick else FULL_STEPS)
-    n_train, n_eval = (4000, 1000) if args.quick else (4000, 4000)
+    n_train, n_eval = (4000, 1500) if args.quick else (4000, 4000)
     ids, labels = make_training(n_train, g)
     model = TinyDecoder()
     start = time.perf_counter()
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
     return out
 
 
-QUICK_STEPS, FULL_STEPS = 1000, 1000
+QUICK_STEPS, FULL_STEPS = 900, 1000
 
 if __name__ == "__main__":
     main()
