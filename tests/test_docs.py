@@ -41,7 +41,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 # the user guide) and ``python -m torchcal``.
 NOT_API = {"cli", "__main__", "runs"}  # runs: the deprecated shim of run_dir
 # Arguments that keep an example to a few seconds in the test suite (the default is none).
-EXAMPLE_ARGS = {"multitask_digits.py": ["--epochs", "3"], "llm_calibration.py": ["--quick"]}
+EXAMPLE_ARGS = {"multitask_digits.py": ["--epochs", "3"], "llm_calibration.py": ["--quick"],
+                "llm_answers.py": ["--quick"]}
 
 
 def public_modules() -> list[str]:

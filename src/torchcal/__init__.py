@@ -7,7 +7,7 @@ Sub-packages are imported on first use: ``torchcal.metrics``, ``torchcal.losses`
 (reliability diagrams), ``torchcal.experiments`` (benchmarks and the sweep runner),
 ``torchcal.ensemble`` (deep ensembles and MC dropout), ``torchcal.regression`` (regression
 predictions, their metrics and calibrators), ``torchcal.conformal`` (conformal regression and
-risk control).
+risk control), ``torchcal.llm`` (confidence, calibration and abstention for LLM answers).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 _SUBPACKAGES = (
     "metrics", "losses", "functional", "posthoc", "uncertainty", "data", "models", "train",
     "report", "evaluate", "run_dir", "errors", "plot", "experiments", "ensemble", "regression",
-    "conformal",
+    "conformal", "llm",
 )
 
 __all__ = ["__version__", *_SUBPACKAGES]

@@ -321,11 +321,27 @@ def test_selective_violation_rate_over_1000_splits():
     assert float((true_risk > eps).double().mean()) <= delta
     assert float(torch.isfinite(t_hat).double().mean()) > 0.95
     # the class gives the batched answer on one split
-    sel = SelectiveRiskControl(eps, delta, thresholds=grid).fit(conf[-1], ~wrong[-1])
+    sel = SelectiveRiskControl(eps, delta, thresholds=grid, method="fixed_sequence").fit(
+        conf[-1], ~wrong[-1])
     assert sel.threshold_ == float(t_hat[-1])
     assert sel.answered_fraction_ == pytest.approx(float((conf[-1] >= sel.threshold_).double()
                                                          .mean()))
     assert sel.predict(conf[-1].numpy()).dtype == np.bool_
+
+
+def test_selective_default_certifies_on_the_default_grid():
+    """The default grid starts at 1.00, where almost nothing is answered: a fixed sequence stops
+    there and certifies nothing, Holm (the default) tests every threshold and certifies one
+    whose true selective risk 0.3 (1 - t) is <= eps."""
+    g = torch.Generator().manual_seed(3)
+    conf = torch.rand(4000, generator=g, dtype=torch.float64)
+    correct = torch.rand(4000, generator=g, dtype=torch.float64) >= 0.6 * (1 - conf)
+    with pytest.warns(InfiniteIntervalWarning):
+        fixed = SelectiveRiskControl(0.1, 0.1, method="fixed_sequence").fit(conf, correct)
+    assert fixed.threshold_ == math.inf
+    sel = SelectiveRiskControl(0.1, 0.1).fit(conf, correct)
+    assert sel.method == "holm" and 2 / 3 <= sel.threshold_ < 0.9
+    assert 0.1 < sel.answered_fraction_ < 1 / 3
 
 
 # ---------------------------------------------------------------- estimators

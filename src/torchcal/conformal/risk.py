@@ -586,8 +586,11 @@ class SelectiveRiskControl(Estimator):
     R_sel(t) > eps`` computed from ``(k_t / n_t, n_t)`` is valid conditionally on ``n_t``,
     hence unconditionally (``n_t = 0`` gives p = 1).  This bounds the selective risk itself,
     not the joint ``P(wrong and answered)`` of Angelopoulos et al.'s simpler variant.  The
-    thresholds are tested by fixed-sequence testing from the highest down (each at level
-    ``delta``), and ``threshold_`` is the lowest one reached: the most answers.
+    thresholds are tested with Holm's step-down procedure (FWER ``delta``; or fixed-sequence
+    testing from the highest down, each at level ``delta``, or Bonferroni), and ``threshold_``
+    is the lowest certified one: the most answers.  Holm by default: fixed-sequence testing
+    stops at the first threshold it cannot certify, and the default grid starts at 1.00, where
+    almost nothing is answered (so it certifies nothing unless the grid starts lower).
 
     Assumptions: calibration and test items are independent draws from one distribution, and
     the threshold grid is chosen without the calibration data.
@@ -596,7 +599,7 @@ class SelectiveRiskControl(Estimator):
         eps: the tolerated error among answered items; delta: the error probability.
         thresholds: the grid (default ``1.00, 0.99, ..., 0.00`` for confidences in [0, 1]);
             any order (tested from the highest).
-        method: ``"fixed_sequence"`` (default), ``"holm"`` or ``"bonferroni"``.
+        method: ``"holm"`` (default), ``"fixed_sequence"`` or ``"bonferroni"``.
         p_value: ``"hb"`` (Hoeffding-Bentkus, binary form) or ``"hoeffding"``.
 
     Fitted: ``threshold_`` (``+inf`` when no threshold is certified: abstain on everything,
@@ -614,7 +617,7 @@ class SelectiveRiskControl(Estimator):
     _fitted_attr = "threshold_"
 
     def __init__(self, eps: float = 0.1, delta: float = 0.1, thresholds: Any = None,
-                 method: str = "fixed_sequence", p_value: str = "hb") -> None:
+                 method: str = "holm", p_value: str = "hb") -> None:
         check_alpha(eps, "eps")
         check_alpha(delta, "delta")
         check_choice(method, "method", FWER_METHODS)

@@ -35,7 +35,7 @@ def _grid(conf: torch.Tensor, thresholds: Any) -> torch.Tensor | None:
 
 
 def abstention_threshold(conf: Any, correct: Any, eps: float, delta: float, *,
-                         thresholds: Any = None, method: str = "bonferroni",
+                         thresholds: Any = None, method: str = "holm",
                          p_value: str = "hb") -> SelectiveRiskControl:
     """The lowest confidence threshold whose error among answered questions is certified
     ``<= eps`` with probability ``>= 1 - delta``: answer when ``conf >= threshold_``.
@@ -57,13 +57,13 @@ def abstention_threshold(conf: Any, correct: Any, eps: float, delta: float, *,
         delta: the probability that the certificate fails, in (0, 1).
         thresholds: the grid to test (default 1.00, 0.99, ..., 0.00).
         method: the family-wise procedure (see
-            :class:`~torchcal.conformal.SelectiveRiskControl`).  Default ``"bonferroni"``,
-            not the risk API's ``"fixed_sequence"``: testing from the highest threshold down
-            stops at the first threshold it cannot certify, and the highest ones answer
-            almost no question (one right answer cannot certify an error below 0.05), so on
-            the default grid a fixed sequence usually certifies nothing.  Bonferroni tests
-            every threshold at ``delta / L`` (the lowest certified one is taken; the
-            guarantee holds for every certified one at once).
+            :class:`~torchcal.conformal.SelectiveRiskControl`).  Default ``"holm"`` (as the risk API's):
+            testing from the highest threshold down (``"fixed_sequence"``) stops at the first
+            threshold it cannot certify, and the highest ones answer almost no question (one
+            right answer cannot certify an error below 0.05), so on the default grid a fixed
+            sequence usually certifies nothing.  Holm's step-down procedure (and Bonferroni,
+            every threshold at ``delta / L``) tests them all; the lowest certified one is taken,
+            and the guarantee holds for every certified one at once.
         p_value: ``"hb"`` (Hoeffding-Bentkus) or ``"hoeffding"``.
 
     Example:
@@ -149,7 +149,7 @@ class SplitCheck(NamedTuple):
 
 def abstention_split_check(conf: Any, correct: Any, eps: float, delta: float, *, n_cal: int,
                            n_splits: int = 200, seed: int = 0, thresholds: Any = None,
-                           method: str = "bonferroni") -> SplitCheck:
+                           method: str = "holm") -> SplitCheck:
     """Check :func:`abstention_threshold` on ``n_splits`` random splits of your answers:
     ``n_cal`` calibrate the threshold, the rest measure its realised error.
 

@@ -24,6 +24,7 @@ done in the inputs' floating dtype (at least float32; NumPy integers become floa
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,8 @@ def as_float(x: Any, name: str) -> torch.Tensor:
     """``x`` as a floating tensor (float tensors keep their dtype and device; integer and bool
     input becomes float64 from NumPy or a sequence, float32 from a tensor).  Raises TypeError
     naming ``name`` for anything that is not numeric."""
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        x = np.asarray(float(x))  # a plain number (a level, a target): a 0-d float64 array
     t = as_tensor(x, name)
     if t.dtype == torch.bool or t.is_complex():
         raise TypeError(f"Expected `{name}` to be a real numeric tensor or array, got {t.dtype}")
@@ -135,19 +138,18 @@ class Gaussian:
         qt = as_float(q, "q").to(self.mean)
         if qt.numel() and not bool(((qt > 0) & (qt < 1)).all()):
             raise ValueError(f"Expected `q` to lie in (0, 1), got {q!r}")
-        return self.mean + self.std * math.sqrt(2.0) * torch.erfinv(2 * qt - 1)
+        return self.mean + self.std * torch.special.ndtri(qt)  # finite down to q = 1e-300
 
     def quantiles(self, levels: Any) -> Quantiles:
         """The :class:`Quantiles` at ``levels`` (shape ``mean.shape + (Q,)``)."""
         lv = _check_levels(levels).to(self.mean)
-        vals = self.mean.unsqueeze(-1) + self.std.unsqueeze(-1) * math.sqrt(2.0) * torch.erfinv(
-            2 * lv - 1)
+        vals = self.mean.unsqueeze(-1) + self.std.unsqueeze(-1) * torch.special.ndtri(lv)
         return Quantiles(vals, lv)
 
     def interval(self, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
         """The central ``1 - alpha`` interval ``mean -+ z_{1-alpha/2} std`` per element."""
         a = check_alpha(alpha)
-        z = math.sqrt(2.0) * float(torch.erfinv(torch.tensor(1 - a, dtype=torch.float64)))
+        z = float(torch.special.ndtri(torch.tensor(1 - a / 2, dtype=torch.float64)))
         half = z * self.std
         return self.mean - half, self.mean + half
 
