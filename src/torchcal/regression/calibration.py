@@ -407,7 +407,9 @@ class IsotonicRecalibration(_RegressionEstimator):
         p = _interp(lv.double().to(kx.device), ky, kx)
         tiny = torch.finfo(torch.float64).tiny
         p = p.clamp(tiny, 1 - torch.finfo(torch.float64).eps)
-        z = math.sqrt(2.0) * torch.erfinv(2 * p - 1)
+        # ndtri, not sqrt(2) erfinv(2p - 1): 2p - 1 rounds to -1 (z = -inf) for p < 1e-16,
+        # the PIT of a validation target more than ~8 std below its mean
+        z = torch.special.ndtri(p)
         vals = g.mean.double().unsqueeze(-1) + g.std.double().unsqueeze(-1) * z
         return vals.to(g.mean.dtype)
 
@@ -541,8 +543,9 @@ class QuantileRecalibration(_RegressionEstimator):
         levels_ (torch.Tensor): the fitted levels (float64).
         shifts_ (torch.Tensor): ``c_tau`` per level (float64, may hold +inf).
         crossing_fraction_ (float): share of validation elements whose shifted columns crossed.
-        pinball_before_, pinball_after_, calibration_error_before_, calibration_error_after_
-            (float): the validation pinball loss and quantile calibration error.
+        pinball_before_, pinball_after_ (float): the validation pinball loss before and after.
+        calibration_error_before_, calibration_error_after_ (float): the validation quantile
+            calibration error before and after.
 
     Example:
         >>> q = Quantiles([[0.0, 1.0]] * 9, levels=[0.1, 0.9])
