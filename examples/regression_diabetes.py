@@ -270,6 +270,7 @@ def figures(g_te, g_ss, y_te, out_dir: Path) -> list[Path]:
         draw(g_ss, y_te, ax=axes[1], title="test, after sigma scaling", **kw)
         top = max(max(ax.get_xlim()[1], ax.get_ylim()[1]) for ax in axes)
         for ax in axes:  # one scale for both panels, so that they compare at a glance
+            ax.plot([0, top], [0, top], linestyle="--", color="gray", linewidth=1)
             ax.set_xlim(0, top)
             ax.set_ylim(0, top)
         fig.tight_layout()
