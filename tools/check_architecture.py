@@ -115,6 +115,7 @@ LAYERS = {
     "run_dir": 4,
     "runs": 4,  # the deprecated name of run_dir
     "ensemble": 4,
+    "llm": 4,
     "losses": 3,
     "posthoc": 3,
     "uncertainty": 3,

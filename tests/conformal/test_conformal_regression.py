@@ -230,3 +230,22 @@ def test_coverage_method():
     # q = 90th smallest |y| (pairs +-k): |y| sorted 0,1,1,2,2,...: index 89 -> 45
     assert float(cr.threshold_) == 45.0
     assert cr.coverage(mu, y) == pytest.approx(91 / 99)
+
+
+def test_kth_smallest_equals_kthvalue_on_every_path():
+    """The CPU path (np.partition) gives torch.kthvalue's values, any dim, float32/float64; a
+    tensor needing grad and an integer tensor take kthvalue itself."""
+    from torchcal.conformal.core import kth_smallest
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(7, 31, 5, generator=g).to(dtype)
+        for dim in (0, 1, 2, -1):
+            for k in (1, 4, x.shape[dim]):
+                got = kth_smallest(x, k, dim)
+                assert got.dtype == dtype
+                assert torch.equal(got, torch.kthvalue(x, k, dim=dim).values)
+    x = torch.randn(9, requires_grad=True)
+    assert torch.equal(kth_smallest(x, 3), torch.kthvalue(x, 3).values)
+    assert kth_smallest(torch.arange(5), 2).item() == 1
+    assert kth_smallest(torch.tensor([3.0, 1.0, 2.0]), 2).shape == ()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._validation import as_tensor, check_alpha
+from .._validation import as_tensor, check_alpha, check_finite
 
 __all__ = [
     "Gaussian",
@@ -59,9 +59,8 @@ def as_float(x: Any, name: str) -> torch.Tensor:
 
 
 def _check_finite(t: torch.Tensor, name: str) -> None:
-    if t.numel() and not bool(torch.isfinite(t).all()):
-        n_bad = int((~torch.isfinite(t)).sum())
-        raise ValueError(f"Expected `{name}` to be finite, found {n_bad} NaN/Inf value(s)")
+    # one reduction (aminmax: NaN propagates, +-Inf shows in the extremes), not an isfinite mask
+    check_finite(t, name)
 
 
 def like(out: torch.Tensor, ref: Any) -> Any:
@@ -197,13 +196,13 @@ class Quantiles:
                 f"Expected `values` of shape target.shape + (Q,) with Q = {self.levels.numel()} "
                 f"levels (at least 2-D: (N, Q)), got {tuple(self.values.shape)}")
         _check_finite(self.values, "values")
-        if self.values.shape[-1] > 1:
+        if self.values.shape[-1] > 1 and bool(
+                (self.values[..., 1:] < self.values[..., :-1]).any()):
             crossing = (self.values[..., 1:] < self.values[..., :-1]).any(-1)
-            if bool(crossing.any()):
-                raise ValueError(
-                    f"Expected the quantile columns of `values` to be non-decreasing along the "
-                    f"last axis (levels {self.levels.tolist()}), found {int(crossing.sum())} "
-                    "element(s) whose quantiles cross")
+            raise ValueError(
+                f"Expected the quantile columns of `values` to be non-decreasing along the "
+                f"last axis (levels {self.levels.tolist()}), found {int(crossing.sum())} "
+                "element(s) whose quantiles cross")
         self._ref = values
 
     @property
@@ -360,7 +359,8 @@ def kept_rows(pred: Any, target: Any, *, mask: Any = None, ignore_value: Any = N
     if y_kept.numel() == 0:
         raise ValueError("Expected at least one observed target, but `mask` / `ignore_value` "
                          "drop every element")
-    if not bool(torch.isfinite(y_kept).all()):
+    lo, hi = torch.aminmax(y_kept)  # one reduction: NaN propagates, +-Inf are the extremes
+    if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
         n_bad = int((~torch.isfinite(y_kept)).sum())
         raise ValueError(f"Expected `target` to be finite, found {n_bad} NaN/Inf value(s); "
                          "mark missing targets with `mask` (False) or `ignore_value`")
