@@ -407,7 +407,9 @@ class IsotonicRecalibration(_RegressionEstimator):
         p = _interp(lv.double().to(kx.device), ky, kx)
         tiny = torch.finfo(torch.float64).tiny
         p = p.clamp(tiny, 1 - torch.finfo(torch.float64).eps)
-        z = math.sqrt(2.0) * torch.erfinv(2 * p - 1)
+        # ndtri, not sqrt(2) erfinv(2p - 1): 2p - 1 rounds to -1 (z = -inf) for p < 1e-16,
+        # the PIT of a validation target more than ~8 std below its mean
+        z = torch.special.ndtri(p)
         vals = g.mean.double().unsqueeze(-1) + g.std.double().unsqueeze(-1) * z
         return vals.to(g.mean.dtype)
 
