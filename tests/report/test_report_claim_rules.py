@@ -245,6 +245,13 @@ UNCERTAINTY = {
                          {"kendall_grid": {"dominating fixed weightings": 2}}),
     "kendall_noise": ({"kendall_noise": {"ratio clean": 1.0, "ratio noisy": 0.5}},
                       {"kendall_noise": {"ratio clean": 1.0, "ratio noisy": 1.2}}),
+    # narrower at 90% coverage holds; an uninformative variance (wider normalised intervals)
+    # fails it
+    "regression_normalized": (
+        {"regression": {"alpha": 0.1, "split width": 14.5, "normalized width": 12.2,
+                        "split coverage": 0.92, "normalized coverage": 0.91}},
+        {"regression": {"alpha": 0.1, "split width": 14.5, "normalized width": 15.0,
+                        "split coverage": 0.92, "normalized coverage": 0.91}}),
 }
 
 
