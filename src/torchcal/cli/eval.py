@@ -39,6 +39,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt_hint(args: argparse.Namespace) -> str:
+    """After Ctrl-C or SIGTERM: what the run directory holds, and the command to run again."""
+    from . import again_command  # deferred: the package imports this module's register
+
+    res = Path(args.run_dir) / results_filename(args.checkpoint)
+    kept = (f"{res.name} and its logits are whole files" if res.is_file()
+            else f"no {res.name} written")
+    return f"{kept}; run it again: {again_command(args)}"
+
+
 def register(subparsers: Any) -> None:
     """Add ``eval`` to the ``torchcal`` command line."""
     F = argparse.RawDescriptionHelpFormatter
@@ -63,4 +73,4 @@ def register(subparsers: Any) -> None:
                         "'cuda:N'")
     e.add_argument("--batch-size", type=int, default=None, help="prediction batch size")
     e.add_argument("--debug", action="store_true", help="show tracebacks")
-    e.set_defaults(func=_cmd_eval)
+    e.set_defaults(func=_cmd_eval, interrupt_hint=_interrupt_hint)

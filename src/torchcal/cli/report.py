@@ -45,6 +45,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if rep.errors else 0
 
 
+def _interrupt_hint(args: argparse.Namespace) -> str:
+    """After Ctrl-C or SIGTERM: which report ``--out`` holds, and the command to run again."""
+    from . import again_command  # deferred: the package imports this module's register
+
+    kept = ("one whole report (pages and figures of the same run)"
+            if (Path(args.out) / "report.md").is_file() else "no report")
+    return f"{args.out} holds {kept}; run it again: {again_command(args)}"
+
+
 def register(subparsers) -> None:
     """Add ``report`` to the ``torchcal`` command line."""
     p = subparsers.add_parser(
@@ -66,4 +75,4 @@ def register(subparsers) -> None:
                    help="allow a table to hold runs evaluated from different checkpoints "
                         "(refused otherwise; the Runs table names each group's checkpoint)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, interrupt_hint=_interrupt_hint)
