@@ -26,7 +26,7 @@ import os
 import re
 import secrets
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -171,13 +171,17 @@ def signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str]) -> list[Path]:
+def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str], *,
+                       before_commit: Callable[[], object] | None = None) -> list[Path]:
     """Write several files (``{path: content}``, text as UTF-8) so that they are replaced
     together, the pages of one report: every file is written to its temporary file
     (``.NAME.PID-RANDOM.tmp``, fsync'ed) first, and only when all are written is each moved
     into place.  A failure while writing any of them (a full disk) removes the temporary files
     and leaves every old file as it was: never a new file beside an old one of the set.  (The
-    moves themselves are renames in the same directory, which allocate nothing.)
+    moves themselves are renames in the same directory, which allocate nothing.)  SIGINT and
+    SIGTERM are held back during the moves (:func:`signals_deferred`); ``before_commit``, when
+    given, runs there too, first: more renames that belong to the same commit (a report's
+    figures).
 
     Returns:
         The paths, in the order given.
@@ -204,6 +208,8 @@ def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str]) -> list[P
             except OSError as exc:
                 raise write_error(exc, path) from exc
         with signals_deferred():  # every file is written: commit them together, unbroken
+            if before_commit is not None:
+                before_commit()
             for path, tmp in staged:
                 try:
                     os.replace(tmp, path)

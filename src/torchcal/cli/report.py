@@ -1,8 +1,9 @@
 """``torchcal report``: evaluated run directories -> tables and figures.
 
-An ``--out`` that already holds a report is refreshed: the figures of the earlier report are
-removed first (the new one may draw other groups, and a stale figure would sit beside the new
-report), the other files are replaced.  An ``--out`` that holds a training run (``config.json``,
+An ``--out`` that already holds a report is refreshed: the new figures are drawn aside and
+replace the earlier report's figures in one commit with the pages (the new one may draw other
+groups, and a stale figure would sit beside the new report), so a kill or a full disk leaves
+the old report or the new one, never a mix.  An ``--out`` that holds a training run (``config.json``,
 ``checkpoints/``, ``log.jsonl``, or a ``results.json`` that is not a report's) is refused, since
 the report's ``results.json`` would replace the run's.  ``torchcal demo --out`` does the same.
 """
