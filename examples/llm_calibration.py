@@ -144,6 +144,23 @@ def make_questions(n: int, g: torch.Generator, k: int = 4
     return ab, opts, answer
 
 
+def worse(after: float, before: float) -> str:
+    """`` (worse than without T)`` when temperature scaling made a number (lower is better)
+    worse, as printed (4 decimals); else ``""``."""
+    return " (worse than without T)" if round(after, 4) > round(before, 4) else ""
+
+
+def after_t_lines(out: dict[str, float]) -> list[str]:
+    """The numbers after temperature scaling, each followed by a flag when T made it worse
+    (the temperature is fitted on validation data: on the test data it can go either way)."""
+    return [f"  temperature scaling on (N, T, V) logits: T = {out['temperature']:.3f}, "
+            f"ECE {out['token_ece_ts']:.4f}{worse(out['token_ece_ts'], out['token_ece'])}, "
+            f"NLL {out['token_nll_ts']:.4f}{worse(out['token_nll_ts'], out['token_nll'])}",
+            f"multiple choice (4 options, 400 questions): accuracy {out['mc_accuracy']:.3f}, "
+            f"ECE {out['mc_ece']:.4f}; with T = {out['mc_temperature']:.3f}: "
+            f"ECE {out['mc_ece_ts']:.4f}{worse(out['mc_ece_ts'], out['mc_ece'])}"]
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
@@ -195,11 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"{steps} training steps on {n_train} sequences")
     print(f"token level ({int((y_te != IGNORE).sum())} tokens, padding ignored): "
           f"ECE {out['token_ece']:.4f}, NLL {out['token_nll']:.4f}")
-    print(f"  temperature scaling on (N, T, V) logits: T = {out['temperature']:.3f}, "
-          f"ECE {out['token_ece_ts']:.4f}, NLL {out['token_nll_ts']:.4f}")
-    print(f"multiple choice (4 options, 400 questions): accuracy {out['mc_accuracy']:.3f}, "
-          f"ECE {out['mc_ece']:.4f}; with T = {out['mc_temperature']:.3f}: "
-          f"ECE {out['mc_ece_ts']:.4f}")
+    print("\n".join(after_t_lines(out)))
     print(f"reliability diagram: {args.out / 'mc_reliability.png'}")
     assert all(math.isfinite(v) for v in out.values())
     return out

@@ -63,3 +63,15 @@ def test_llm_example_pieces_against_independent_computations():
         assert abs(float(scores[0, k]) - ref) < 1e-9
     conf = torch.softmax(scores, dim=1)
     assert torch.allclose(conf.sum(dim=1), torch.ones(5, dtype=torch.float64))
+
+
+def test_llm_example_says_when_t_made_a_number_worse():
+    """Issue 51 item 4: the multiple-choice ECE went from 0.1002 to 0.1160 after T = 1.966 with
+    nothing said; now the line says so, and says nothing when T helped."""
+    ex = _example()
+    out = {"temperature": 1.5, "token_ece": 0.05, "token_ece_ts": 0.02, "token_nll": 0.9,
+           "token_nll_ts": 0.8, "mc_accuracy": 0.6, "mc_ece": 0.1002, "mc_temperature": 1.966,
+           "mc_ece_ts": 0.1160}
+    token, mc = ex.after_t_lines(out)
+    assert mc.endswith("ECE 0.1160 (worse than without T)"), mc
+    assert "worse" not in token

@@ -531,9 +531,9 @@ def test_sigterm_during_start_up_prints_the_command_that_continues(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + signal.SIGTERM, err  # 143: the exit status names SIGTERM
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert "interrupted" in err and err.strip().endswith(f"--out {out}"), err
+    assert "interrupted by SIGTERM" in err and err.strip().endswith(f"--out {out}"), err
 
 
 def test_a_checkpoint_relabelled_to_another_loss_is_refused_by_eval(runs, capsys):
@@ -608,6 +608,40 @@ def test_a_full_disk_during_report_leaves_every_old_page(tmp_path, monkeypatch, 
     monkeypatch.undo()
     build_report([runs], out, title="New report", figures=False)
     assert all(b"New report" in (out / n).read_bytes() for n in ("report.md", "report.html"))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full simulates a full disk")
+def test_a_full_disk_during_report_leaves_the_old_figures_with_the_old_pages(tmp_path,
+                                                                             monkeypatch):
+    """Issue 51 item 3: the figures are committed with the pages: a full disk while the pages
+    are written leaves the old figures too (they used to be replaced before the pages)."""
+    import torchcal._io as io_mod
+    from torchcal.report.build import build_report
+    runs, out = _results_tree(tmp_path / "runs"), tmp_path / "rep"
+    build_report([runs], out, title="Old report", n_bins=10)
+    old = {p.name: p.read_bytes() for p in (out / "figures").iterdir()}
+    old_pages = {name: (out / name).read_bytes() for name in _PAGES}
+    assert old
+    real = io_mod._new_temp_file
+
+    def disk_full_at(path):
+        fd, tmp = real(path)
+        if path.name == "report.html":
+            dev = os.open("/dev/full", os.O_WRONLY)
+            os.dup2(dev, fd)
+            os.close(dev)
+        return fd, tmp
+
+    monkeypatch.setattr(io_mod, "_new_temp_file", disk_full_at)
+    with pytest.raises(OSError, match="disk is full"):
+        build_report([runs], out, title="New report", n_bins=15)
+    assert {p.name: p.read_bytes() for p in (out / "figures").iterdir()} == old
+    assert {name: (out / name).read_bytes() for name in _PAGES} == old_pages
+    assert sorted(p.name for p in out.iterdir()) == sorted([*_PAGES, "figures"])  # no stage
+    monkeypatch.undo()
+    rep = build_report([runs], out, title="New report", n_bins=15)
+    new = {p.name: p.read_bytes() for p in (out / "figures").iterdir()}
+    assert new != old and sorted(new) == sorted(p.name for p in rep.figures)
 
 
 def test_a_killed_report_writers_temp_files_go_on_the_next_report(tmp_path):

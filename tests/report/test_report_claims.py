@@ -134,8 +134,9 @@ def test_front_table_from_a_results_csv():
     t = front_table("\n".join(rows) + "\n").splitlines()
     assert t[0].startswith("| Loss | ECE pre T | ECE post T (T) | AdaECE pre T | conf − acc |")
     assert t[2] == "| Cross-entropy | 4.50 ± 0.71 | 1.50 ± 0.71 (2.60) | 4.50 ± 0.71 | 3.50 ± 0.71 | 5.50 ± 0.71 |"
-    assert t[3] == "| Focal (γ=3) | 1.00 | 2.00 (0.90) | 1.10 | -1.00 | 7.00 |"
-    assert "Mean ± std over 1/2 seed(s)" in t[5]
+    # post T worse than pre T: marked, and the legend says what the mark means
+    assert t[3] == "| Focal (γ=3) | 1.00 | 2.00 (0.90) † | 1.10 | -1.00 | 7.00 |"
+    assert "Mean ± std over 1/2 seed(s)" in t[5] and "†: worse after the post-hoc step" in t[5]
     with pytest.raises(ValueError, match="results.csv"):
         front_table("a,b\n1,2\n")
     readme = f"x\n{BEGIN.format(csv='d/r.csv')}\nold\n{END}\ny\n"

@@ -32,6 +32,7 @@ from .atomic import (
     atomic_writer,
     fsync_dir,
     fsync_file,
+    signals_deferred,
     write_error,
 )
 from .atomic import new_temp_file as _new_temp_file  # noqa: F401 - its name when _io was one module
@@ -70,6 +71,7 @@ __all__ = [
     "json_text",
     "append_text",
     "fsync_file",
+    "signals_deferred",
     "make_temp_dir",
     "remove_stale_temp_files",
     "remove_stale_temp_dirs",

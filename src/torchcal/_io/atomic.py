@@ -25,7 +25,8 @@ import errno
 import os
 import re
 import secrets
-from collections.abc import Iterator, Mapping
+import signal
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -41,6 +42,7 @@ __all__ = [
     "atomic_write_files",
     "append_text",
     "fsync_file",
+    "signals_deferred",
     "TEMP_RE",
 ]
 
@@ -150,13 +152,36 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str]) -> list[Path]:
+#: The signals that end a command (:func:`signals_deferred` holds them during a commit).
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (blocked) for the block and delivered when it ends, so a
+    Ctrl-C or ``kill`` cannot stop a commit of several renames half-way (a report's pages and
+    figures); where signals cannot be blocked (Windows), the block runs as it is."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str], *,
+                       before_commit: Callable[[], object] | None = None) -> list[Path]:
     """Write several files (``{path: content}``, text as UTF-8) so that they are replaced
     together, the pages of one report: every file is written to its temporary file
     (``.NAME.PID-RANDOM.tmp``, fsync'ed) first, and only when all are written is each moved
     into place.  A failure while writing any of them (a full disk) removes the temporary files
     and leaves every old file as it was: never a new file beside an old one of the set.  (The
-    moves themselves are renames in the same directory, which allocate nothing.)
+    moves themselves are renames in the same directory, which allocate nothing.)  SIGINT and
+    SIGTERM are held back during the moves (:func:`signals_deferred`); ``before_commit``, when
+    given, runs there too, first: more renames that belong to the same commit (a report's
+    figures).
 
     Returns:
         The paths, in the order given.
@@ -182,11 +207,14 @@ def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str]) -> list[P
                     os.fsync(f.fileno())
             except OSError as exc:
                 raise write_error(exc, path) from exc
-        for path, tmp in staged:  # every file is written: commit them together
-            try:
-                os.replace(tmp, path)
-            except OSError as exc:
-                raise write_error(exc, path) from exc
+        with signals_deferred():  # every file is written: commit them together, unbroken
+            if before_commit is not None:
+                before_commit()
+            for path, tmp in staged:
+                try:
+                    os.replace(tmp, path)
+                except OSError as exc:
+                    raise write_error(exc, path) from exc
     except BaseException:
         for _path, tmp in staged:  # those not yet moved into place
             with contextlib.suppress(OSError):

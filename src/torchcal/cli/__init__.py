@@ -12,23 +12,31 @@ ValueError/OSError from argument checks or unusable paths) and are printed as on
 any other exception too (:func:`describe_failure`: memory exhaustion with the size asked, anything
 else as an unexpected error); ``--debug`` shows the traceback instead.
 While a command runs, warnings are printed as one line (``torchcal CMD: warning: ...``, no source
-line); the library itself leaves the warnings module alone.  Ctrl-C ends a command with exit
-status 130 and one line saying how to continue (a sub-command sets ``interrupt_hint``).
+line); the library itself leaves the warnings module alone.  Ctrl-C (SIGINT) and SIGTERM end
+every command alike (:func:`signals_interrupt`): the file being written is finished or rolled
+back (torchcal's writers are atomic), one line names what was kept and the exact command that
+continues (a sub-command sets ``interrupt_hint``; without one: the same command again), and the
+exit status is 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import re
+import signal
 import sys
+import threading
 import warnings
+from collections.abc import Iterator
 
 from .. import __version__
 from ..errors import TorchcalError
 from ._args import Parser, one_line_warnings
 
-__all__ = ["main", "build_parser", "describe_failure", "COMMAND_HELP"]
+__all__ = ["main", "build_parser", "describe_failure", "COMMAND_HELP", "signals_interrupt",
+           "interrupt_signal"]
 
 #: The sub-commands, in the order of ``torchcal --help``: name -> the line ``torchcal --help``
 #: shows (each module's ``register`` gives the same, checked by tests/cli/test_cli_startup.py).
@@ -123,6 +131,65 @@ def build_parser(commands: str | tuple[str, ...] | None = tuple(COMMAND_HELP)
     return parser
 
 
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt("signal 15")`` in the block, as Ctrl-C raises
+    ``KeyboardInterrupt`` (main thread only; elsewhere signals cannot be set), so that ``kill
+    PID`` ends a command the way Ctrl-C does: atomic writers remove their temporary file, locks
+    are released, and :func:`main` prints the command that continues."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupt_signal(exc: KeyboardInterrupt) -> int:
+    """The signal a ``KeyboardInterrupt`` stands for: the number in ``"signal N"`` (raised by
+    :func:`signals_interrupt` and the sweeps' SIGTERM handler), else SIGINT (Ctrl-C).
+
+    >>> interrupt_signal(KeyboardInterrupt("signal 15")), interrupt_signal(KeyboardInterrupt())
+    (15, 2)
+    """
+    for a in exc.args:
+        m = re.fullmatch(r"signal (\d+)", str(a))
+        if m:
+            return int(m.group(1))
+    return int(signal.SIGINT)
+
+
+def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
+    """Print the one line of an interrupted command; its exit status (128 + the signal)."""
+    signum = interrupt_signal(exc)
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:  # pragma: no cover - not a signal of this platform
+        name = f"signal {signum}"
+    hint = getattr(args, "interrupt_hint", None)
+    msg: str | None = "every file written is whole; run it again: " + again_command(args)
+    if hint is not None:
+        with contextlib.suppress(Exception):  # a failing hint must not hide the interruption
+            msg = hint(args)  # None: print nothing (a torchrun worker other than rank 0)
+    if msg:
+        print(f"torchcal {args.command}: interrupted by {name}; {msg}", file=sys.stderr)
+    return 128 + signum
+
+
+def again_command(args: argparse.Namespace) -> str:
+    """The command line that ran (``args.argv``), quoted for a shell: the command that
+    continues a command whose work is redone from its inputs."""
+    import shlex  # deferred: only after an interruption
+
+    return shlex.join(["torchcal", *(getattr(args, "argv", None) or [args.command])])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(chosen_command(argv))
@@ -134,13 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     format_warning = warnings.formatwarning
     warnings.formatwarning = one_line_warnings(args.command)  # the display only, restored below
     try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        hint = getattr(args, "interrupt_hint", None)
-        msg = hint(args) if hint is not None else None
-        print(f"torchcal {args.command}: interrupted" + (f"; {msg}" if msg else ""),
-              file=sys.stderr)
-        return 130
+        with signals_interrupt():
+            return int(args.func(args) or 0)
+    except KeyboardInterrupt as exc:
+        return _interrupted(args, exc)
     except Exception as exc:  # the last line of defence: one line, the traceback with --debug
         if getattr(args, "debug", False):
             raise

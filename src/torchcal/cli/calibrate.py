@@ -208,6 +208,18 @@ def _penalty(text: str) -> float | str:
     return "cv" if text == "cv" else nonneg_float(text)
 
 
+def _interrupt_hint(args: argparse.Namespace) -> str:
+    """After Ctrl-C or SIGTERM: whether ``--out`` was kept, and the command to run again."""
+    from . import again_command  # deferred: the package imports this module's register
+
+    if not args.out:
+        kept = "nothing was written (no --out)"
+    else:
+        kept = (f"{args.out} is whole (the earlier file or the new one)"
+                if Path(args.out).is_file() else f"no {args.out} written")
+    return f"{kept}; run it again: {again_command(args)}"
+
+
 def register(subparsers: Any) -> None:
     """Add ``calibrate`` to the ``torchcal`` command line."""
     F = argparse.RawDescriptionHelpFormatter
@@ -250,4 +262,4 @@ def register(subparsers: Any) -> None:
                    help="write the calibrator and metrics as JSON, with its SHA-256 beside it "
                         "(OUT.json.sha256; torchcal.evaluate.read_calibration verifies it)")
     c.add_argument("--debug", action="store_true", help="show tracebacks")
-    c.set_defaults(func=_cmd_calibrate)
+    c.set_defaults(func=_cmd_calibrate, interrupt_hint=_interrupt_hint)

@@ -8,10 +8,12 @@ Example::
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
 from ..evaluate import CHECKPOINTS, logits_dirname, results_filename
+from ..report.tables import worse_than
 from ..train.evaluation import evaluate_checkpoint
 from ._args import PERCENT_NOTE, pct
 from ._args import fmt as _fmt
@@ -24,8 +26,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                        device=args.device, batch_size=args.batch_size)
     pre, post = res["test"]["pre"], res["test"]["post"].get("grid_ece", {})
     t = res["temperatures"].get("grid_ece", float("nan"))
+    before, after = (math.nan if d.get("ece") is None else 100 * d["ece"] for d in (pre, post))
+    worse = " (worse after T)" if worse_than(after, before, 2) else ""  # as printed
     print(f"{args.run_dir} ({args.checkpoint}): test error {pct(pre.get('error'))}, "
-          f"ECE {pct(pre.get('ece'))} -> {pct(post.get('ece'))} (T={t:.2f}), "
+          f"ECE {pct(pre.get('ece'))} -> {pct(post.get('ece'))} (T={t:.2f}){worse}, "
           f"AdaECE {pct(pre.get('adaptive_ece'))}, NLL {_fmt(pre.get('nll'))}")
     for name, d in res.get("ood", {}).items():
         print(f"  OOD {name}: AUROC(entropy) {pct(d.get('auroc_entropy'))}")
@@ -33,6 +37,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(f"wrote {run / results_filename(args.checkpoint)} and "
           f"{run / logits_dirname(args.checkpoint)}/")
     return 0
+
+
+def _interrupt_hint(args: argparse.Namespace) -> str:
+    """After Ctrl-C or SIGTERM: what the run directory holds, and the command to run again."""
+    from . import again_command  # deferred: the package imports this module's register
+
+    res = Path(args.run_dir) / results_filename(args.checkpoint)
+    kept = (f"{res.name} and its logits are whole files" if res.is_file()
+            else f"no {res.name} written")
+    return f"{kept}; run it again: {again_command(args)}"
 
 
 def register(subparsers: Any) -> None:
@@ -59,4 +73,4 @@ def register(subparsers: Any) -> None:
                         "'cuda:N'")
     e.add_argument("--batch-size", type=int, default=None, help="prediction batch size")
     e.add_argument("--debug", action="store_true", help="show tracebacks")
-    e.set_defaults(func=_cmd_eval)
+    e.set_defaults(func=_cmd_eval, interrupt_hint=_interrupt_hint)

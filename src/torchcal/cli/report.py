@@ -1,8 +1,9 @@
 """``torchcal report``: evaluated run directories -> tables and figures.
 
-An ``--out`` that already holds a report is refreshed: the figures of the earlier report are
-removed first (the new one may draw other groups, and a stale figure would sit beside the new
-report), the other files are replaced.  An ``--out`` that holds a training run (``config.json``,
+An ``--out`` that already holds a report is refreshed: the new figures are drawn aside and
+replace the earlier report's figures in one commit with the pages (the new one may draw other
+groups, and a stale figure would sit beside the new report), so a kill or a full disk leaves
+the old report or the new one, never a mix.  An ``--out`` that holds a training run (``config.json``,
 ``checkpoints/``, ``log.jsonl``, or a ``results.json`` that is not a report's) is refused, since
 the report's ``results.json`` would replace the run's.  ``torchcal demo --out`` does the same.
 """
@@ -45,6 +46,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 1 if rep.errors else 0
 
 
+def _interrupt_hint(args: argparse.Namespace) -> str:
+    """After Ctrl-C or SIGTERM: which report ``--out`` holds, and the command to run again."""
+    from . import again_command  # deferred: the package imports this module's register
+
+    kept = ("one whole report (pages and figures of the same run)"
+            if (Path(args.out) / "report.md").is_file() else "no report")
+    return f"{args.out} holds {kept}; run it again: {again_command(args)}"
+
+
 def register(subparsers) -> None:
     """Add ``report`` to the ``torchcal`` command line."""
     p = subparsers.add_parser(
@@ -66,4 +76,4 @@ def register(subparsers) -> None:
                    help="allow a table to hold runs evaluated from different checkpoints "
                         "(refused otherwise; the Runs table names each group's checkpoint)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, interrupt_hint=_interrupt_hint)

@@ -20,12 +20,14 @@ in the report and in ``results.json["errors"]``; the other runs are still report
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as _dt
 import html
 import math
 import os
 import re
-from collections.abc import Iterable, Sequence
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,7 +40,9 @@ from .._io import (
     atomic_write_files,
     check_own_path,
     json_text,
+    make_temp_dir,
     read_json,
+    remove_stale_temp_dirs,
     remove_stale_temp_files,
 )
 from .._validation import with_settings
@@ -444,9 +448,14 @@ REPORT_PAGES = ("report.md", "report.html")
 _DATA_FILES = (REPORT_RESULTS_FILE, "results.csv", "summary.csv")
 
 
+#: The figures' files in ``OUT/figures`` (replaced together with the pages).
+_FIGURE_FILES = ("*.svg", "*.png")
+
+
 def write_report_pages(out: str | os.PathLike, title: str, markdown: str,
                        html_text: str | None = None, *,
-                       others: dict[str, str] | None = None) -> tuple[Path, Path]:
+                       others: dict[str, str] | None = None,
+                       figures: Path | None = None) -> tuple[Path, Path]:
     """Write a report's two pages into ``out``: ``report.md`` (``markdown``) and
     ``report.html`` (``html_text``; None: :func:`markdown_page` of the Markdown, its figures
     embedded), and the files ``others`` (``{name: text}``, e.g. ``results.json``), all
@@ -454,14 +463,58 @@ def write_report_pages(out: str | os.PathLike, title: str, markdown: str,
     first and only when all are written are they moved into place, so a failure (a full disk)
     leaves every old page, never a new ``report.md`` beside an old ``report.html``.  Every
     report of the demo is written by this function (:func:`build_report`'s, the uncertainty
-    suite's).  Returns the two pages' paths."""
+    suite's).  ``figures``: a folder of figures drawn for these pages
+    (:func:`figure_stage`); in the same commit they replace the figures of ``out/figures``
+    (the earlier report's), and the folder is removed.  A kill or a full disk at any point
+    leaves the old pages and figures or the new ones, never a mix.  Returns the two pages'
+    paths."""
     out = Path(out)
     if html_text is None:
         html_text = markdown_page(title, markdown, out)
     texts = {**dict(zip(REPORT_PAGES, (markdown, html_text), strict=True)), **(others or {})}
     remove_stale_temp_files(out, texts)  # a killed writer's, before this one writes
-    md, page = atomic_write_files({out / name: text for name, text in texts.items()})[:2]
+    swap = None if figures is None else _FigureSwap(out / "figures", figures)
+    try:
+        md, page = atomic_write_files({out / name: text for name, text in texts.items()},
+                                      before_commit=swap)[:2]
+    finally:
+        if swap is not None:
+            swap.clean()
     return md, page
+
+
+class _FigureSwap:
+    """The figures' part of a report's commit (called in it): the earlier figures of
+    ``fig_dir`` move to a folder of their own, the staged ones into ``fig_dir``; renames only.
+    :meth:`clean` removes both folders afterwards (or the staged one when the commit failed
+    before this ran)."""
+
+    def __init__(self, fig_dir: Path, staged: Path) -> None:
+        self.fig_dir, self.staged, self.old = fig_dir, staged, None
+
+    def __call__(self) -> None:
+        new = sorted(self.staged.iterdir())
+        if not new and not self.fig_dir.exists():
+            return  # no figures before, none now: no empty folder
+        self.fig_dir.mkdir(exist_ok=True)
+        check_own_path(self.fig_dir, "Figures directory", directory=True)
+        self.old = make_temp_dir(self.staged.parent, ".figures-old.tmp-")
+        for pattern in _FIGURE_FILES:
+            for f in sorted(self.fig_dir.glob(pattern)):
+                os.replace(f, self.old / f.name)
+        for f in new:
+            os.replace(f, self.fig_dir / f.name)
+
+    def clean(self) -> None:
+        for d in (self.staged, self.old):
+            if d is not None:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def figure_stage(out: str | os.PathLike) -> Path:
+    """A new hidden folder in ``out`` to draw a report's figures into; the report's commit
+    (:func:`write_report_pages` with ``figures=``) moves them into ``out/figures``."""
+    return make_temp_dir(out, ".figures.tmp-")
 
 
 def remove_stale_report_temp_files(out: str | os.PathLike) -> list[Path]:
@@ -472,7 +525,8 @@ def remove_stale_report_temp_files(out: str | os.PathLike) -> list[Path]:
     Returns the removed paths."""
     out = Path(out)
     return (remove_stale_temp_files(out, (*REPORT_PAGES, *_DATA_FILES))
-            + remove_stale_temp_files(out / "figures", ("*.svg", "*.png")))
+            + remove_stale_temp_files(out / "figures", _FIGURE_FILES)
+            + remove_stale_temp_dirs(out, ("figures", "figures-old")))
 
 
 @dataclass(frozen=True)
@@ -544,22 +598,38 @@ def build_report(
         TypeError: a keyword that is no field of :class:`ReportOptions`.
     """
     o = with_settings(options, ReportOptions(), settings, "build_report")
-    title, n_bins, figures, claims = o.title, o.n_bins, o.figures, o.claims
-    intro, appendix, verdict_label, preface = o.intro, o.appendix, o.verdict_label, o.preface
-    checkpoint, mix_checkpoints = o.checkpoint, o.mix_checkpoints
-    figure_format = o.figure_format
-    drawn = figure_set(figures)
-    if figure_format not in FIGURE_FORMATS:
+    figure_set(o.figures)  # checked before anything is read
+    if o.figure_format not in FIGURE_FORMATS:
         raise ValueError(f"Expected `figure_format` to be one of {FIGURE_FORMATS}, got "
-                         f"{figure_format!r}")
-    runs, errors = _readable_runs(paths, runs, checkpoint, mix_checkpoints)
-    if claims:
+                         f"{o.figure_format!r}")
+    runs, errors = _readable_runs(paths, runs, o.checkpoint, o.mix_checkpoints)
+    if o.claims:
         add_confidence_gaps(runs.runs)
     groups = group_runs(runs.runs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_report_temp_files(out)  # a killed writer's, before this one writes
-    fig_dir = out / "figures"
+    with _staged_figures(out) as fig_dir:  # drawn aside, moved into out/figures with the pages
+        return _build(out, runs, groups, errors, fig_dir, o)
+
+
+@contextlib.contextmanager
+def _staged_figures(out: Path) -> Iterator[Path]:
+    """:func:`figure_stage` for the block, removed when the block ends without committing it
+    (an error, Ctrl-C): the earlier report's figures stay as they are."""
+    stage = figure_stage(out)
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _build(out: Path, runs: LoadReport, groups: list[Group], errors: list, fig_dir: Path,
+           o: ReportOptions) -> ReportOutput:
+    """:func:`build_report` once its runs are read: figures (into ``fig_dir``), tables, pages."""
+    title, n_bins, claims = o.title, o.n_bins, o.claims
+    intro, appendix, verdict_label, preface = o.intro, o.appendix, o.verdict_label, o.preface
+    drawn, figure_format = figure_set(o.figures), o.figure_format
     notes: list[str] = []
     logits = {g.label: _run_test_logits(g) for g in groups}
     floors = _noise_floors(groups, logits, n_bins)
@@ -582,12 +652,13 @@ def build_report(
     doc = _results_doc(stamp, groups, floors, errors, out)
     data = dict(zip(_DATA_FILES, (json_text(doc, indent=1), T.runs_csv(groups, out),
                                   T.groups_csv(groups)), strict=True))
-    report_md, report_html = write_report_pages(out, title, md_text, html_text, others=data)
+    report_md, report_html = write_report_pages(out, title, md_text, html_text, others=data,
+                                                figures=fig_dir)
     paths_out = dict(report_md=report_md, report_html=report_html,
                      **{key: out / name for key, name in zip(
                          ("results_json", "results_csv", "summary_csv"), _DATA_FILES,
                          strict=True)})
-    all_figs = [f.path for fs in figs.values() for f in fs]
+    all_figs = [out / "figures" / f.path.name for fs in figs.values() for f in fs]
     text_parts = [tabs[0].to_text() for _key, tabs in table_sets]
     md_tables = [tabs[0].to_markdown() for _key, tabs in table_sets]
     return ReportOutput(out_dir=out, figures=all_figs, groups=groups, errors=errors,
@@ -662,7 +733,7 @@ def _report_markdown(page: _Page, out: Path, claims_md: str) -> str:
         for tab in tabs:
             md += [tab.to_markdown(), ""]
         for f in figs.get(key, []):
-            rel = f.path.relative_to(out).as_posix()
+            rel = f"figures/{f.path.name}"  # where the commit moves it
             md += [f"#### {f.title}", "", f"![{f.title}]({rel})", "", f"_{f.caption}_", ""]
     md += ["## Runs", "", runs_table.to_markdown(), ""]
     if appendix:
@@ -756,8 +827,10 @@ def _is_report_results(path: Path) -> bool:
 
 
 def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
-    """Make ``out`` ready for a report: refuse a run directory, remove an earlier report's
-    figures (``figures/*.svg``, ``*.png``).  Returns the removed files.
+    """Make ``out`` ready for a report: refuse a run directory.  An earlier report's figures
+    (``figures/*.svg``, ``*.png``) stay until the new report's commit replaces them together
+    with its pages (:func:`write_report_pages`).  Returns the removed files: none (kept for
+    callers of earlier versions).
 
     Raises:
         TorchcalError: ``out`` is a file, or holds a training run.
@@ -778,8 +851,4 @@ def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
             f"{str(out)!r} holds a training run ({', '.join(held)}), which the report's files "
             "would replace: choose another directory")
     check_own_path(out / "figures", "Figures directory", directory=True)  # never followed
-    removed = []
-    for fig in sorted([*(out / "figures").glob("*.svg"), *(out / "figures").glob("*.png")]):
-        fig.unlink()
-        removed.append(fig)
-    return removed
+    return []  # the earlier figures are replaced in the report's commit, with its pages

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..evaluate import DEFAULT_PREDICTOR
 from .aggregate import group_label, loss_rank, mean_std, predictor_rank
-from .tables import fmt_mean_std
+from .tables import WORSE_MARK, WORSE_NOTE, fmt_mean_std, worse_than
 
 __all__ = ["BEGIN", "END", "front_table", "replace_front_table"]
 
@@ -38,6 +38,8 @@ _COLUMNS = (
     ("conf − acc", "test.pre.conf_minus_acc", 100.0, None),
     ("Error", "test.pre.error", 100.0, None),
 )
+#: post-hoc column key -> the key of its number before the post-hoc step (:data:`WORSE_MARK`)
+_PRE = {"test.post.grid_ece.ece": "test.pre.ece"}
 
 
 def _num(s: str) -> float:
@@ -73,13 +75,7 @@ def front_table(csv_text: str) -> str:
     for (loss, kw, predictor), rows in sorted(groups.items(), key=lambda kv: (
             loss_rank(kv[0][0]), kv[0][1], predictor_rank(kv[0][2]))):
         cells = [group_label(loss, json.loads(kw) if kw else None, predictor)]
-        for _h, key, scale, tkey in _COLUMNS:
-            m, s, _n = mean_std([_num(r.get(key, "")) * scale for r in rows])
-            cell = fmt_mean_std(m, s, 2)
-            if tkey is not None and not math.isnan(m):
-                t, _s, _n = mean_std([_num(r.get(tkey, "")) for r in rows])
-                cell += f" ({t:.2f})"
-            cells.append(cell)
+        cells += [_front_cell(rows, *col) for col in _COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     seeds = sorted({len(rs) for k, rs in groups.items() if k[2] == DEFAULT_PREDICTOR})
     pooled = any(k[2] != DEFAULT_PREDICTOR for k in groups)
@@ -89,8 +85,24 @@ def front_table(csv_text: str) -> str:
               "over-confident)."
               + (" · ensemble rows: the mean of the probabilities of the loss's seeds, one "
                  "predictor (post T: its temperature fitted on the pooled validation logits, "
-                 "pool then calibrate)." if pooled else "")]
+                 "pool then calibrate)." if pooled else "")
+              + (f" · {WORSE_NOTE}" if any(WORSE_MARK in c for c in lines) else "")]
     return "\n".join(lines) + "\n"
+
+
+def _front_cell(rows: list[dict[str, str]], _header: str, key: str, scale: float,
+                tkey: str | None) -> str:
+    """One cell of :func:`front_table`: mean ± std, `` (T)`` and :data:`WORSE_MARK`."""
+    m, s, _n = mean_std([_num(r.get(key, "")) * scale for r in rows])
+    cell = fmt_mean_std(m, s, 2)
+    if tkey is not None and not math.isnan(m):
+        t, _s, _n = mean_std([_num(r.get(tkey, "")) for r in rows])
+        cell += f" ({t:.2f})"
+    if key in _PRE:
+        pre, _s, _n = mean_std([_num(r.get(_PRE[key], "")) * scale for r in rows])
+        if worse_than(m, pre, 2):
+            cell += f" {WORSE_MARK}"
+    return cell
 
 
 def replace_front_table(readme_text: str, csv_path: str | os.PathLike, csv_text: str) -> str:

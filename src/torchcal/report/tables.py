@@ -10,6 +10,11 @@ for AUROC/AUPR) is marked (bold in Markdown/HTML, ``*`` in plain text) only when
 is beyond the seeds' spread: its mean ± std interval does not overlap the mean ± std interval of
 any other row.  A column with a single run in a row (no spread) or a best within another row's
 spread has no mark (:func:`beyond_noise`).
+
+A post-hoc number worse than the same row's number before the post-hoc step (higher; lower for
+AUROC), as displayed, carries :data:`WORSE_MARK`, and the table's notes then hold
+:data:`WORSE_NOTE` (:func:`worse_than`).  The NLL after the grid-ECE temperature (the papers'
+convention) stands beside the NLL after the NLL-fitted temperature.
 """
 
 from __future__ import annotations
@@ -39,7 +44,17 @@ __all__ = [
     "beyond_noise",
     "groups_csv",
     "runs_csv",
+    "worse_than",
+    "WORSE_MARK",
+    "WORSE_NOTE",
 ]
+
+#: Appended to a post-hoc number worse than the number before the post-hoc step.
+WORSE_MARK = "†"
+#: The legend line of :data:`WORSE_MARK`, in the notes of a table that shows it.
+WORSE_NOTE = (f"{WORSE_MARK}: worse after the post-hoc step than before it (higher; lower for "
+              "AUROC and AUPR) in the same row, as displayed: temperature scaling made this "
+              "number worse.")
 
 
 @dataclass
@@ -95,6 +110,7 @@ class Table:
                                    for i, (s, w) in enumerate(zip(r, widths, strict=True))))
             if j == 0:
                 lines.append("  ".join("-" * w for w in widths))
+        lines += [n for n in self.notes if n == WORSE_NOTE]  # the terminal shows the mark's legend
         return "\n".join(lines) + "\n"
 
 
@@ -111,7 +127,23 @@ def fmt_mean_std(mean: float, std: float, digits: int) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def _cell(g: Group, key: str, scale: float, digits: int, temp_key: str | None = None) -> Cell:
+def worse_than(post: float, pre: float, digits: int, higher_better: bool = False) -> bool:
+    """Whether a post-hoc number is worse than the pre-hoc one as both are displayed
+    (rounded to ``digits``); NaN on either side is never worse.
+
+    >>> worse_than(0.2461, 0.2109, 3), worse_than(0.2111, 0.2109, 3), worse_than(90.0, 91.0, 2, True)
+    (True, False, True)
+    """
+    if math.isnan(post) or math.isnan(pre):
+        return False
+    a, b = round(post, digits), round(pre, digits)
+    return a < b if higher_better else a > b
+
+
+def _cell(g: Group, key: str, scale: float, digits: int, temp_key: str | None = None,
+          pre_key: str | None = None, higher_better: bool = False) -> Cell:
+    """``mean ± std`` of ``key``, `` (T)`` with ``temp_key``, and :data:`WORSE_MARK` when
+    ``pre_key``'s mean (the number before the post-hoc step) is better."""
     m = g.mean.get(key, math.nan) * scale
     s = g.std.get(key, math.nan) * scale
     text = fmt_mean_std(m, s, digits)
@@ -119,8 +151,16 @@ def _cell(g: Group, key: str, scale: float, digits: int, temp_key: str | None = 
         t = g.mean.get(temp_key, math.nan)
         if not math.isnan(t):
             text += f" ({t:.2f})"
+    if pre_key is not None and worse_than(m, g.mean.get(pre_key, math.nan) * scale, digits,
+                                          higher_better):
+        text += f" {WORSE_MARK}"
     return Cell(text=text, value=round(m, digits) if not math.isnan(m) else math.nan,
                 spread=s)
+
+
+def _worse_notes(rows: Sequence[Sequence[Cell]]) -> list[str]:
+    """``[WORSE_NOTE]`` when a cell of ``rows`` carries :data:`WORSE_MARK`, else ``[]``."""
+    return [WORSE_NOTE] if any(c.text.endswith(WORSE_MARK) for r in rows for c in r) else []
 
 
 def beyond_noise(values: Sequence[float], spreads: Sequence[float], *,
@@ -225,13 +265,15 @@ def main_table(groups: Sequence[Group], noise_floor: Mapping[str, float] | None 
     header = ["Loss"]
     for name, _key, _s, _d, _m in MAIN_COLUMNS:
         header += [f"{name} pre T", f"{name} post T (T)"]
-    header += ["Error"]
+    header += ["NLL post T (NLL-fitted T)", "Error"]
     rows = []
     for g in groups:
         row = [Cell(g.label)]
         for _name, key, scale, digits, method in MAIN_COLUMNS:
             row.append(_cell(g, f"test.pre.{key}", scale, digits))
-            row.append(_cell(g, f"test.post.{method}.{key}", scale, digits, f"temperature.{method}"))
+            row.append(_cell(g, f"test.post.{method}.{key}", scale, digits, f"temperature.{method}",
+                             pre_key=f"test.pre.{key}"))
+        row.append(_cell(g, "test.post.nll.nll", 1.0, 3, "temperature.nll", pre_key="test.pre.nll"))
         row.append(_cell(g, "test.pre.error", 100.0, 2))
         rows.append(row)
     _mark_best(rows, [False] * (len(header) - 1))
@@ -239,8 +281,10 @@ def main_table(groups: Sequence[Group], noise_floor: Mapping[str, float] | None 
         "ECE, AdaECE (equal-mass ECE), Classwise-ECE and error in %, NLL in nats; "
         f"{groups[0].runs[0].results.get('n_bins', 15)} bins; test set. " + _seeds_note(groups),
         "post T: after temperature scaling with T chosen on the validation set by grid search "
-        "(0.1..10, step 0.1) on ECE (on AdaECE for the AdaECE column); (T) is the mean temperature.",
-        _BEST_NOTE,
+        "(0.1..10, step 0.1) on ECE (on AdaECE for the AdaECE column), the papers' convention "
+        "for every metric; (T) is the mean temperature. NLL post T (NLL-fitted T): after the "
+        "temperature that minimises the validation NLL (Guo et al. 2017).",
+        _BEST_NOTE, *_worse_notes(rows),
     ]
     floor_note = _noise_floor_note(groups, noise_floor or {})
     if floor_note:
@@ -249,7 +293,8 @@ def main_table(groups: Sequence[Group], noise_floor: Mapping[str, float] | None 
     for name, *_ in MAIN_COLUMNS:
         name = name.replace("Classwise-", "CW-")
         short += [name, "post T (T)"]
-    return Table(_title(groups, "Calibration"), header, rows, notes, short_header=short + ["Error"])
+    return Table(_title(groups, "Calibration"), header, rows, notes,
+                 short_header=short + ["post NLL T", "Error"])
 
 
 def temperature_table(groups: Sequence[Group]) -> Table:
@@ -293,15 +338,19 @@ def ood_tables(groups: Sequence[Group]) -> list[Table]:
     tables = []
     for name in names:
         header = ["Loss"] + [c[0] for c in OOD_COLUMNS]
-        rows = [[Cell(g.label)] + [_cell(g, f"ood.{name}.{key}", sc, d) for _c, key, sc, d, _h in OOD_COLUMNS]
-                for g in groups if any(k.startswith(f"ood.{name}.") for k in g.mean)]
+        rows = [[Cell(g.label)] + [
+            _cell(g, f"ood.{name}.{key}", sc, d, higher_better=hb,
+                  pre_key=f"ood.{name}.{key[5:]}" if key.startswith("post_") else None)
+            for _c, key, sc, d, hb in OOD_COLUMNS]
+            for g in groups if any(k.startswith(f"ood.{name}.") for k in g.mean)]
         _mark_best(rows, [c[4] for c in OOD_COLUMNS])
         notes = [f"Out-of-distribution detection, in-distribution (ID) test set vs {name!r}, in "
                  f"%: AUROC and AUPR with {name!r} as the positive class; FPR@95 in the "
                  "literature's convention (Hendrycks & Gimpel 2017, Liu et al. 2020): the share "
                  f"of {name!r} accepted at the threshold that keeps 95% of the ID samples (ID the "
                  "positive class). Scores: softmax entropy, or minus the maximum probability; "
-                 "post T uses the grid-ECE temperature. " + _seeds_note(groups), _BEST_NOTE]
+                 "post T uses the grid-ECE temperature. " + _seeds_note(groups), _BEST_NOTE,
+                 *_worse_notes(rows)]
         tables.append(Table(_title(groups, f"OOD detection ({name})"), header, rows, notes))
     return tables
 
@@ -318,12 +367,13 @@ def extra_metrics_table(groups: Sequence[Group]) -> Table:
     rows = []
     for g in groups:
         row = [Cell(g.label)] + [_cell(g, f"test.pre.{k}", sc, d) for _c, k, sc, d in EXTRA_COLUMNS]
-        row.append(_cell(g, "test.post.nll.ece", 100.0, 2, "temperature.nll"))
+        row.append(_cell(g, "test.post.nll.ece", 100.0, 2, "temperature.nll",
+                         pre_key="test.pre.ece"))
         rows.append(row)
     _mark_best(rows, [False, False, False, False, None, True, False])
     notes = ["Pre-temperature test metrics in % (Brier: mean squared error summed over classes, "
              "not divided by C). S99: share of samples with confidence >= 0.99 and the accuracy on "
-             "them ('-' when there are none).", _BEST_NOTE]
+             "them ('-' when there are none).", _BEST_NOTE, *_worse_notes(rows)]
     return Table(_title(groups, "Further metrics"), header, rows, notes)
 
 
@@ -350,6 +400,25 @@ def _members_row(label: str, seeds: str, members: Sequence) -> list[Cell]:
             + [cell("temperature.grid_ece", 1.0, 2)])
 
 
+def _ensemble_rows(label: str, seed_text: str, flat: Mapping[str, float]) -> list[list[Cell]]:
+    """An ensemble's rows of :func:`ensemble_table`: before T, then each fit in its results;
+    a post-T number worse than the number before T carries :data:`WORSE_MARK` (the error
+    column too: a temperature never changes the argmax, so it never does)."""
+    rows = []
+    for name, section, tkey in _ENSEMBLE_ROWS:
+        if tkey and tkey not in flat:
+            continue  # results written before this fit was measured
+        t = flat.get(tkey, math.nan) if tkey else math.nan
+        cells = []
+        for _c, k, sc, d in ENSEMBLE_COLUMNS:
+            v = flat.get(f"{section}.{k}", math.nan) * sc
+            worse = tkey is not None and worse_than(v, flat.get(f"test.pre.{k}", math.nan) * sc, d)
+            cells.append(Cell(fmt_mean_std(v, math.nan, d) + (f" {WORSE_MARK}" if worse else "")))
+        rows.append([Cell(label), Cell(seed_text), Cell(name)] + cells
+                    + [Cell(fmt_mean_std(t, math.nan, 2) if tkey else "–")])
+    return rows
+
+
 def ensemble_table(groups: Sequence[Group]) -> Table | None:
     """Per loss's ensemble (groups of predictor ``"ensemble"``, one seed set per record): its
     members' mean, the ensemble before temperature scaling, "pool then calibrate" and
@@ -367,14 +436,7 @@ def ensemble_table(groups: Sequence[Group]) -> Table | None:
             members = [x for x in (run_group.runs if run_group else []) if x.seed in seeds]
             if members:
                 rows.append(_members_row(label, seed_text, members))
-            for name, section, tkey in _ENSEMBLE_ROWS:
-                if tkey and tkey not in r.flat:
-                    continue  # results written before this fit was measured
-                t = r.flat.get(tkey, math.nan) if tkey else math.nan
-                rows.append([Cell(label), Cell(seed_text), Cell(name)]
-                            + [Cell(fmt_mean_std(r.flat.get(f"{section}.{k}", math.nan) * sc,
-                                                 math.nan, d)) for _c, k, sc, d in ENSEMBLE_COLUMNS]
-                            + [Cell(fmt_mean_std(t, math.nan, 2) if tkey else "–")])
+            rows += _ensemble_rows(label, seed_text, r.flat)
     if not rows:
         return None
     notes = ["Each loss's ensemble: the mean of the probabilities of the seeds pooled (Seeds "
@@ -385,7 +447,7 @@ def ensemble_table(groups: Sequence[Group]) -> Table | None:
              "pool: each member divided by its own T of the same fit (on its validation "
              "logits), then pooled; T is the members' mean. A row whose fit the results lack "
              "(written before it was measured) is left out. Members: mean ± std over the "
-             "seeds pooled, T their grid-ECE temperature."]
+             "seeds pooled, T their grid-ECE temperature.", *_worse_notes(rows)]
     return Table(_title(groups, "Ensembles"), header, rows, notes)
 
 
