@@ -43,7 +43,7 @@ from ..evaluate import read_results
 from ..run_dir import RunDir
 from ..train import TrainConfig, get_recipe
 from ..train.checkpoint import remove_stale_run_temp_files
-from ..train.config import changed_fields, flat_keys
+from ..train.config import changed_fields, grouped_name
 from ..train.device import is_cuda
 from ..train.evaluation import read_config
 from ..train.packed import train_pack
@@ -162,11 +162,14 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
         dk.update(spec.get("data_kwargs") or {})
         upd["data_kwargs"] = dk
     upd.update(spec.get("overrides") or {})
-    # earlier versions' flat names of the plug-in fields (``uncertainty_head``, ``head_lr``,
-    # ...) are TrainConfig's to map into their groups, with its DeprecationWarning
-    unknown = sorted(set(upd) - fields - set(flat_keys(TrainConfig)))
+    unknown = sorted(set(upd) - fields)
     if unknown:
-        raise ValueError(f"TrainConfig has no field(s) {unknown}")
+        moved = {k: grouped_name(TrainConfig, k) for k in unknown}
+        hint = "".join(f"; `{k}` is `{w}`" for k, w in moved.items() if w)
+        raise ValueError(f"TrainConfig has no field(s) {unknown}{hint}")
+    for k, v in upd.items():  # a plug-in group as a dict: its fields over the recipe's
+        if isinstance(v, Mapping) and dataclasses.is_dataclass(getattr(cfg, k)):
+            upd[k] = dataclasses.replace(getattr(cfg, k), **v)
     return dataclasses.replace(cfg, **upd)
 
 

@@ -17,7 +17,7 @@ split, on the *unseen* classes 5-9 (zero-shot: recall@1 correctness from the emb
 *shifted generator* (correlated noise 0.6, iid noise 0.1, shear 2.0; classes 0-4), each beside
 the baselines that apply (the classifier's max-probability and entropy, the url code's embedding
 norm).  The same backbone is trained a second time with a jointly trained head behind the
-stop-gradient (``uncertainty_head=True``) to compare the two classifiers' logits; and the time of
+stop-gradient (``joint_head.enabled``) to compare the two classifiers' logits; and the time of
 a head epoch from the cache is compared with a head epoch that recomputes the embeddings.
 
 **Multi-task uncertainty weighting** (Kendall, Gal & Cipolla, CVPR 2018; :func:`kendall_unit`).
