@@ -222,24 +222,15 @@ def test_the_ray_executor_is_registered_without_importing_its_module_first():
 
 
 def test_demo_config_names_its_benchmark_benchmark():
-    """``DemoConfig.benchmark`` (issue 40: a benchmark, not a data set); the former name
-    ``dataset`` still works, warned, as a keyword, an attribute and through replace; equality
-    and ``replace`` see one field; the command line takes ``--benchmark`` and ``--dataset``."""
+    """``DemoConfig.benchmark`` (issue 40: a benchmark, not a data set); the command line
+    takes ``--benchmark``."""
     from torchcal.cli import build_parser
 
     new = DemoConfig(benchmark="digits")
     assert "dataset" not in {f.name for f in dataclasses.fields(DemoConfig)}
-    with pytest.warns(DeprecationWarning, match="DemoConfig.dataset is deprecated"):
-        old = DemoConfig(dataset="digits")
-    assert old == new and old.benchmark == "digits"
-    with pytest.warns(DeprecationWarning, match="renamed DemoConfig.benchmark"):
-        assert new.dataset == "digits"
-    with pytest.warns(DeprecationWarning):
-        assert dataclasses.replace(new, dataset="mnist1d").benchmark == "mnist1d"
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert dataclasses.replace(new, seeds=(1,)).benchmark == "digits"  # no warning
+    with pytest.raises(TypeError, match="dataset"):
+        DemoConfig(dataset="digits")
+    assert not hasattr(new, "dataset")
+    assert dataclasses.replace(new, seeds=(1,)).benchmark == "digits"
     parser = build_parser()
-    for flag in ("--benchmark", "--dataset"):
-        assert parser.parse_args(["demo", flag, "digits"]).benchmark == "digits"
+    assert parser.parse_args(["demo", "--benchmark", "digits"]).benchmark == "digits"

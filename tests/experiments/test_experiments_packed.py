@@ -123,12 +123,11 @@ def test_run_packed_job_skips_finished_and_reports_bad_runs(tmp_path):
 
 def test_a_pack_names_its_runs_members_in_spec_labels_and_result():
     """One key for a pack's runs (issue 40): ``"members"`` in its job's spec and labels, as in
-    its result; the former spec key ``"runs"`` is still read, with a DeprecationWarning."""
+    its result."""
     jobs = pack_jobs(demo_jobs(DemoConfig(**dict(TINY, seeds=(0, 1, 2))), Path("/x")))
     assert all(set(j.spec) == {"members"} == set(j.labels) for j in jobs)
     bad = {"run_dir": "/nowhere/r", "loss": "ce", "seed": 0}  # refused before any training
     new = run_packed_job({"members": [bad]})
-    with pytest.warns(DeprecationWarning, match='"runs" is deprecated: it was renamed "members"'):
-        old = run_packed_job({"runs": [bad]})
-    assert [m["error"] for m in old["members"]] == [m["error"] for m in new["members"]]
+    with pytest.raises(KeyError, match="members"):
+        run_packed_job({"runs": [bad]})
     assert new["members"][0]["error"]

@@ -188,7 +188,7 @@ def test_demo_cli_prints_table_and_report_path(tiny_demo, tmp_path, capsys):
     shutil.copytree(tiny_demo.out_dir / "runs", out / "runs")
     log = out / "runs" / "ce" / "seed0" / "log.jsonl"
     before = log.read_text()
-    code = main(["demo", "--dataset", "digits", "--seeds", "0,", "--epochs", "3", "--losses", "ce,adafocal",
+    code = main(["demo", "--benchmark", "digits", "--seeds", "0,", "--epochs", "3", "--losses", "ce,adafocal",
                  "--workers", "1", "--no-progress", "--no-figures", "--out", str(out)])
     cap = capsys.readouterr()
     assert code == 0, cap.err

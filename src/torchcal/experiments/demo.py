@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import functools
 import os
 import sys
 import time
-import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,43 +91,6 @@ class DemoConfig:
         if self.quick and self.full:
             raise ValueError("Expected at most one of `quick` and `full`, got both")
         return "full" if self.full else "quick" if self.quick else "default"
-
-
-def _warn_dataset() -> None:
-    # at the line that names ``dataset`` (this function's caller's caller)
-    warnings.warn("DemoConfig.dataset is deprecated: it was renamed DemoConfig.benchmark",
-                  DeprecationWarning, stacklevel=3)
-
-
-def _get_dataset(self: DemoConfig) -> str:
-    _warn_dataset()
-    return self.benchmark
-
-
-def _set_dataset(self: DemoConfig, value: str) -> None:
-    _warn_dataset()
-    self.benchmark = value
-
-
-def _wrap_init(init: Any) -> Any:
-    """``DemoConfig(dataset=...)``, the former name of ``benchmark``: warned, and it wins (also
-    through ``dataclasses.replace(cfg, dataset=...)``, which passes the old ``benchmark``)."""
-
-    @functools.wraps(init)
-    def __init__(self: DemoConfig, *args: Any, dataset: str | None = None, **kwargs: Any) -> None:
-        if dataset is not None:
-            _warn_dataset()
-            kwargs["benchmark"] = dataset
-        init(self, *args, **kwargs)
-
-    return __init__
-
-
-# The former name of ``benchmark`` (deprecated), outside the dataclass's fields, so that
-# equality, ``repr`` and ``dataclasses.replace`` see ``benchmark`` only.
-DemoConfig.__init__ = _wrap_init(DemoConfig.__init__)  # type: ignore[method-assign]
-DemoConfig.dataset = property(  # type: ignore[attr-defined]
-    _get_dataset, _set_dataset, doc="Deprecated: the former name of :attr:`benchmark`.")
 
 
 @dataclass
