@@ -25,7 +25,7 @@ from torchcal.experiments import (
     run_demo,
 )
 from torchcal.experiments.benchmark import BENCHMARKS
-from torchcal.experiments.demo import appendix_text, applicable_losses, demo_jobs, intro_text
+from torchcal.experiments.demo import appendix_text, applicable_losses, intro_text
 from torchcal.losses import LOSSES, register_loss
 from torchcal.report.build import write_report_pages
 
@@ -54,21 +54,21 @@ def user_losses():
         LOSSES.unregister("zz_untagged")
 
 
-def test_adding_a_loss_touches_no_cli_experiments_or_report_file(user_losses):
+def test_adding_a_loss_touches_no_cli_experiments_or_report_file(demo_specs, user_losses):
     """A loss registered with `tags={"demo"}` is in the demo's --full and digits tables, its
     --loss-arg is accepted; an untagged one is named in the report with the reason."""
     assert applicable_losses()[-1] == "zz_tagged" and "zz_untagged" not in applicable_losses()
     for cfg in (DemoConfig(full=True), DemoConfig(benchmark="digits")):
-        jobs = demo_jobs(cfg, Path("/x"))
+        jobs = demo_specs(cfg, Path("/x"))
         assert "zz_tagged" in {j["loss"] for j in jobs}
         assert "zz_untagged" not in {j["loss"] for j in jobs}
     # the default MNIST-1D size trains the claims' losses only: the new loss is for --full
-    assert "zz_tagged" not in {j["loss"] for j in demo_jobs(DemoConfig(), Path("/x"))}
+    assert "zz_tagged" not in {j["loss"] for j in demo_specs(DemoConfig(), Path("/x"))}
     assert parse_demo_loss_args(["zz_tagged:reduction=sum"], applicable_losses()) == {
         "zz_tagged": {"reduction": "sum"}}
     cfg = DemoConfig(full=True, seeds=(0,))
-    assert "ZZ tagged" in intro_text(cfg, demo_jobs(cfg, Path("/x")))  # trained
-    text = appendix_text(cfg, demo_jobs(cfg, Path("/x")))
+    assert "ZZ tagged" in intro_text(cfg, demo_specs(cfg, Path("/x")))  # trained
+    text = appendix_text(cfg, demo_specs(cfg, Path("/x")))
     assert "ZZ tagged" not in text.split("not trained")[1]
     assert "| ZZ untagged | its registry entry has no `demo` tag |" in text
 

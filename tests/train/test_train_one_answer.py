@@ -87,7 +87,7 @@ def test_a_sweep_override_sets_a_plugin_group_as_a_dict():
     cfg = X.train_config(spec)
     assert cfg.joint_head.enabled and cfg.joint_head.lr == 0.01
     assert cfg.joint_head.weight_decay == TrainConfig().joint_head.weight_decay
-    assert cfg == TrainConfig.from_dict(X.resolve_spec(spec)["config"])
+    assert cfg == TrainConfig.from_dict(X.run_spec(spec).to_json()["config"])
     with pytest.raises(ValueError, match=r"\['uncertainty_head'\]; `uncertainty_head` is "
                                          r"`joint_head.enabled`"):
         X.train_config({**spec, "overrides": {"uncertainty_head": True}})

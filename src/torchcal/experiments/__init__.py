@@ -22,8 +22,7 @@ The **runner** executes units of work.  The API other work builds on:
   ``"skipped"``; it reports its failures instead of raising.  ``labels`` name the job in the
   result the runner writes when its process dies.  The function is pluggable: one training run
   (:func:`~torchcal.experiments.training.run_job`, built by :func:`train_job` from a run spec,
-  resolved in this process into its TrainConfig dict: :func:`~torchcal.experiments.training.
-  resolve_spec`),
+  resolved in this process into its TrainConfig: :func:`~torchcal.experiments.training.run_spec`),
   several runs trained as one packed model, another benchmark's run.
 * :func:`run_sweep` ``(jobs, executor=None, *, progress=True, desc="torchcal demo") -> list[dict]``:
   executes the jobs behind one progress bar and returns one result per job, in the jobs' order

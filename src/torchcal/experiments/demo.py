@@ -53,7 +53,7 @@ from .training import RunSpec, run_spec, spec_labels, train_job
 # the calibration benchmarks (torchcal.experiments.calibration) name TRAINING_RUNS as their
 # kind; the package imports them before any benchmark is looked up
 __all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve",
-           "demo_jobs", "run_demo", "default_out", "intro_text", "appendix_text",
+           "run_demo", "default_out", "intro_text", "appendix_text",
            "verdict_label", "seed_ensembles", "ENSEMBLES_DIR", "TRAINING_RUNS"]
 
 #: The demo's directory of the losses' ensembles (``OUT/ensembles/<loss>/``).
@@ -155,16 +155,6 @@ def default_out() -> Path:
         k += 1
         p = base / f"{stamp}-{k}"
     return p
-
-
-def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
-    """The run specs (:mod:`torchcal.experiments.training`) as JSON, one per (loss, seed),
-    seed-major so that the progress estimate is representative early; each resolved here
-    (its TrainConfig as a dict under ``config``), so that workers train what this process
-    resolved.  The demo itself keeps the typed :class:`~torchcal.experiments.training.RunSpec` s
-    and makes JSON of them only for its workers."""
-    bench = get_benchmark(cfg.benchmark)
-    return [s.to_json() for s in _run_specs(_resolve(cfg, bench), bench, out)]
 
 
 def _run_specs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[RunSpec]:

@@ -49,7 +49,7 @@ from ..train.evaluation import read_config
 from ..train.packed import train_pack
 from .runner import Job, Resources, set_threads
 
-__all__ = ["RunSpec", "run_spec", "train_config", "resolve_spec", "train_job", "run_job",
+__all__ = ["RunSpec", "run_spec", "train_config", "train_job", "run_job",
            "train_runs", "is_stale", "is_finished", "warn_untrusted_results", "clear_run_dir",
            "retrain_reason", "untrusted_results", "is_cuda", "spec_labels"]
 
@@ -128,7 +128,7 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
     epochs (milestones kept at the recipe's fractions), data options and overrides; one thread
     on the CPU, a checkpoint every tenth of the epochs, the last epoch evaluated.
 
-    A resolved spec (:func:`resolve_spec`) is its ``config``, read without looking anything up
+    A resolved spec (:meth:`RunSpec.to_json`) is its ``config``, read without looking anything up
     (``ValueError`` when the spec's loss, seed, run directory or overrides were changed after
     it was resolved: drop ``config`` to resolve it again).
     """
@@ -187,23 +187,6 @@ def _check_resolved(spec: Mapping[str, Any]) -> None:
             raise ValueError(f"Expected the run spec's `config` to be resolved from its other "
                              f"fields, got {name} = {v!r} but config[{k!r}] = {cfg[k]!r} (drop "
                              "`config` to resolve the spec again)")
-
-
-def resolve_spec(spec: RunSpec | Mapping[str, Any]) -> dict[str, Any]:
-    """``spec`` with its TrainConfig as a JSON-able dict under ``config`` (resolved here, in
-    the calling process, where the recipe is registered); a resolved spec is returned as is.
-
-    >>> spec = {"recipe": "digits-mlp", "loss": "ce", "loss_kwargs": {}, "seed": 0,
-    ...         "epochs": 2, "n_bins": 15, "run_dir": "r"}
-    >>> cfg = resolve_spec(spec)["config"]
-    >>> cfg["recipe"], cfg["epochs"], train_config(resolve_spec(spec)) == train_config(spec)
-    ('digits-mlp', 2, True)
-    """
-    if isinstance(spec, RunSpec):
-        return spec.to_json()
-    if spec.get("config") is not None:
-        return dict(spec)
-    return {**spec, "config": train_config(spec).to_dict()}
 
 
 def train_job(spec: RunSpec | Mapping[str, Any], *,
