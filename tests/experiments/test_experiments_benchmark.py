@@ -234,3 +234,28 @@ def test_demo_config_names_its_benchmark_benchmark():
     assert dataclasses.replace(new, seeds=(1,)).benchmark == "digits"
     parser = build_parser()
     assert parser.parse_args(["demo", "--benchmark", "digits"]).benchmark == "digits"
+
+
+def test_a_benchmark_without_kind_trains_runs_and_the_kinds_are_public():
+    """Issue 49: a Benchmark defined in a notebook needs no ``kind=`` (the training runs per
+    loss and seed, ``torchcal.experiments.TRAINING_RUNS``, are the default), also in a fresh
+    interpreter that imported nothing of the demo; the kinds import from torchcal.experiments."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from torchcal.experiments import Benchmark, Profile\n"
+            "demo_before = 'torchcal.experiments.demo' in sys.modules\n"
+            "b = Benchmark(name='nb', title='nb', recipe='digits-mlp',\n"
+            "              profiles={p: Profile(seeds=(0,)) for p in ('default', 'quick', 'full')})\n"
+            "from torchcal.experiments import TRAINING_RUNS\n"
+            "print(demo_before, b.kind is TRAINING_RUNS, b.suite)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.strip()
+    assert out == "False True calibration", out
+    from torchcal.experiments import TRAINING_RUNS, UNCERTAINTY_SUITE, Benchmark, get_benchmark
+    assert get_benchmark("digits").kind is TRAINING_RUNS
+    assert get_benchmark("uncertainty").kind is UNCERTAINTY_SUITE
+    with pytest.raises(TypeError, match="`kind` to be a BenchmarkKind .*TRAINING_RUNS"):
+        Benchmark(name="x", title="x", recipe="", profiles=get_benchmark("digits").profiles,
+                  kind="training-runs")

@@ -45,7 +45,15 @@ from ..run_dir import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
-from .benchmark import Benchmark, BenchmarkKind, IntroContext, committed_note, get_benchmark
+from .benchmark import (
+    DEFAULT_KIND,
+    KINDS,
+    Benchmark,
+    BenchmarkKind,
+    IntroContext,
+    committed_note,
+    get_benchmark,
+)
 from .packed import expand_results, pack_jobs
 from .runner import Executor, LocalExecutor, run_sweep
 from .training import RunSpec, run_spec, spec_labels, train_job
@@ -307,10 +315,11 @@ class _TrainingRuns(BenchmarkKind):
         return rep, failed
 
 
-#: The calibration benchmarks' kind (:mod:`torchcal.experiments.calibration` names it); what
-#: ``torchcal demo`` prints after their runs is the command line's (the report's tail, as
-#: ``torchcal report`` prints it), so it has no ``summary``.
-TRAINING_RUNS: BenchmarkKind = _TrainingRuns()
+#: The calibration benchmarks' kind, the default of ``Benchmark.kind``
+#: (:mod:`torchcal.experiments.calibration` names it); what ``torchcal demo`` prints after
+#: their runs is the command line's (the report's tail, as ``torchcal report`` prints it), so
+#: it has no ``summary``.
+TRAINING_RUNS: BenchmarkKind = KINDS.register(DEFAULT_KIND, _TrainingRuns())
 
 
 def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) -> DemoResult:

@@ -65,7 +65,7 @@ from .runner import Job
 from .training import is_stale
 from .uncertainty_regression import LEARNED_VARIANCE, regression_section
 
-__all__ = ["SUMMARY_FILE", "UNCERTAINTY", "write_suite_report", "UncertaintyProfile",
+__all__ = ["SUMMARY_FILE", "UNCERTAINTY", "UNCERTAINTY_SUITE", "write_suite_report", "UncertaintyProfile",
            "PROFILES", "SHIFT", "UPSTREAM", "LEARNED_VARIANCE", "DOWNSTREAM", "GRID_DEFAULT", "suite_specs",
            "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
 
@@ -435,10 +435,13 @@ class _UncertaintySuite(BenchmarkKind):
             f"{s['profile']})"])
 
 
+#: The uncertainty suite's kind: its units of work and its report.
+UNCERTAINTY_SUITE: BenchmarkKind = _UncertaintySuite()
+
 #: ``torchcal demo --suite uncertainty``: the suite as a registered benchmark of
 #: :func:`~torchcal.experiments.run_demo`, its profiles :data:`PROFILES`.
 UNCERTAINTY = register_benchmark(Benchmark(
     name="uncertainty", title="uncertainty heads and multi-task weighting on MNIST-1D",
     recipe="", profiles=PROFILES, tag="", claims=rep.CLAIMS, prebuild_data=False,
     summary="Kirchhof et al. 2024's pretrained uncertainty heads and Kendall et al. 2018's "
-            "multi-task weighting on MNIST-1D", job_fn=run_unit, kind=_UncertaintySuite()))
+            "multi-task weighting on MNIST-1D", job_fn=run_unit, kind=UNCERTAINTY_SUITE))
