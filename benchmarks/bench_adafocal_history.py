@@ -8,8 +8,8 @@ run grew as the square of its epochs.  Now the history is one preallocated float
 holds it as one tensor.
 
 Measured side by side in one run, at 0, 350 and 3,500 updates (``--entries``): the time of
-``snapshot`` (the trainer's copy of the loss state, :func:`torchcal.train.run.snapshot`'s
-clone) plus ``torch.save`` into memory, for the old list (:class:`_ListHistory`, the previous
+the trainer's copy of the loss state (:meth:`torchcal.train.epoch_end.StateRows.capture`, a
+run alone: every tensor cloned) plus ``torch.save`` into memory, for the old list (:class:`_ListHistory`, the previous
 code kept here as the reference) and for :class:`~torchcal.losses.AdaFocalLoss`, the median
 of ``--repeat`` runs, and their ratio; then the time of one update, both ways.  Both histories
 hold the same numbers (checked).
@@ -25,12 +25,13 @@ import argparse
 import io
 import statistics
 import time
+import types
 from typing import Any
 
 import torch
 
 from torchcal.losses import AdaFocalLoss
-from torchcal.train.run import _clone_state
+from torchcal.train.epoch_end import StateRows
 
 
 class _ListHistory(AdaFocalLoss):
@@ -63,8 +64,12 @@ def _filled(cls: type, n: int, n_bins: int = 15) -> AdaFocalLoss:
     return loss
 
 
+# a run alone's stack: no stacked tensors, so capture clones every tensor
+_ALONE = types.SimpleNamespace(stacked_state=dict)
+
+
 def _snapshot_and_save(loss: AdaFocalLoss) -> int:
-    state = _clone_state({"loss": loss.state_dict()})  # the trainer's snapshot
+    state = StateRows(_ALONE).capture({"loss": loss.state_dict()})  # the trainer's copy
     buf = io.BytesIO()
     torch.save(state, buf)
     return buf.tell()

@@ -1,6 +1,6 @@
 """Calibration benchmark: the seed papers' claims checked on the demo's benchmarks.
 
-Runs ``torchcal demo`` on MNIST-1D (the default) and on noisy digits (``--dataset digits``), or
+Runs ``torchcal demo`` on MNIST-1D (the default) and on noisy digits (``--benchmark digits``), or
 reads existing demo directories (``--from DIR``, repeatable, any benchmark), and prints per data
 set the main table, the over/under-confidence table and PASS/FAIL for each claim of
 :data:`torchcal.report.claims.CLAIMS` (the claims of Mukhoti et al. 2020, Ghosh et al. 2022,
@@ -12,7 +12,7 @@ Usage::
 
     python benchmarks/bench_calibration.py --from torchcal-demo/20260101-120000   # seconds
     python benchmarks/bench_calibration.py --quick          # both data sets, --quick demos
-    python benchmarks/bench_calibration.py [--dataset mnist1d] [--full] [--workers 2]
+    python benchmarks/bench_calibration.py [--benchmark mnist1d] [--full] [--workers 2]
 
 Returns 1 when any tested claim fails (the verdicts are measurements, not targets).
 """
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--from", dest="from_dirs", action="append", default=None, metavar="DIR",
                     help="an existing demo output directory (repeatable); no training")
-    ap.add_argument("--dataset", action="append", choices=("mnist1d", "digits"), default=None,
+    ap.add_argument("--benchmark", action="append", choices=("mnist1d", "digits"), default=None,
                     help="benchmark(s) to run (default: both)")
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the --quick demos (a smoke test)")
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     if not roots:
         from torchcal.experiments import DemoConfig, run_demo
 
-        for ds in args.dataset or ["mnist1d", "digits"]:
+        for ds in args.benchmark or ["mnist1d", "digits"]:
             out = Path(args.out) / ds if args.out else None
             res = run_demo(DemoConfig(benchmark=ds, workers=args.workers, out=out, quick=args.quick,
                                       full=args.full))

@@ -13,3 +13,17 @@ def _data_root_outside_the_repository(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCHCAL_DATA_ROOT", str(tmp_path_factory.mktemp("data_root")))
         yield
+
+
+@pytest.fixture(scope="session")
+def demo_specs():
+    """``demo_specs(cfg, out)``: the run specs ``run_demo(cfg)`` trains into ``out``, as JSON
+    (each resolved: its TrainConfig as a dict under ``config``), seed-major."""
+    from torchcal.experiments import demo
+    from torchcal.experiments.benchmark import get_benchmark
+
+    def specs(cfg, out):
+        bench = get_benchmark(cfg.benchmark)
+        return [s.to_json() for s in demo._run_specs(demo._resolve(cfg, bench), bench, out)]
+
+    return specs

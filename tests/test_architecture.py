@@ -307,14 +307,6 @@ _SHORT = "def f():\n" + "    x = 1\n" * 80
          "    pass\n", "exception classes", "class Mine"),
         ("metrics", "class CalibrationError(Metric):\n    pass\n", None, None),  # a metric
         ("metrics", "class Meter(Generic[T], Base):\n    pass\n", None, None),
-        # no module imports a renamed module's deprecated shim (rule 15)
-        ("report", "from ..runs import RunDir\n", "deprecated modules",
-         "bad.py:1 imports torchcal.runs (deprecated: torchcal.run_dir)"),
-        ("cli", "import torchcal.runs\n", "deprecated modules", "imports torchcal.runs"),
-        ("train", "from .steps import SGD\n", "deprecated modules", "torchcal.train.steps"),
-        ("train", "from . import steps\n", "deprecated modules", "torchcal.train.steps"),
-        ("cli", "import importlib\nm = importlib.import_module('torchcal.train.steps')\n",
-         "deprecated modules", "bad.py:2 imports torchcal.train.steps"),
         ("train", "from .run import SGD\nfrom ..run_dir import RunDir\n", None, None),
     ],
 )
@@ -390,6 +382,3 @@ def test_standard_library_only_start_up_and_heavy_imports_are_found(tmp_path):
     assert list(got) == ["heavy imports"] and "matplotlib" in got["heavy imports"][0], got
     assert found("report/x.py", "def f():\n    import matplotlib  # drawing only\n") == {}
 
-
-def test_no_module_imports_a_deprecated_shim(result):
-    assert not result["deprecated modules"], "\n".join(result["deprecated modules"])

@@ -39,7 +39,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 # Top-level modules that are not library API: the command line (documented by its --help and
 # the user guide) and ``python -m torchcal``.
-NOT_API = {"cli", "__main__", "runs"}  # runs: the deprecated shim of run_dir
+NOT_API = {"cli", "__main__"}
 # Arguments that keep an example to a few seconds in the test suite (the default is none).
 EXAMPLE_ARGS = {"multitask_digits.py": ["--epochs", "3"], "llm_calibration.py": ["--quick"],
                 "llm_answers.py": ["--quick"]}

@@ -1,18 +1,15 @@
 """``torchcal.errors`` holds every exception and warning class; the modules that raise one
-re-export it under its old import path, and renamed classes keep their old names as deprecated
-aliases that are the class itself (``except OldName`` keeps catching)."""
+re-export it under its old import path."""
 
 from __future__ import annotations
 
 import importlib
 import subprocess
 import sys
-import warnings
 
 import pytest
 
 from torchcal import errors
-from torchcal.errors import CalibrationFitError, renamed_getattr
 
 # (module that raised it before it moved to errors.py, class name)
 MOVED = [
@@ -36,35 +33,18 @@ def test_moved_classes_are_reexported_where_they_were_defined(module, name):
     assert name in errors.__all__
 
 
-@pytest.mark.parametrize("module", ["torchcal.errors", "torchcal.posthoc"])
-def test_calibration_error_is_a_deprecated_alias_of_the_fit_error(module):
-    mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=rf"{module}.CalibrationError is deprecated: "
-                      r"it was renamed torchcal\.\w+\.CalibrationFitError"):
-        old = mod.CalibrationError
-    assert old is CalibrationFitError
-    with pytest.raises(old, match="budget"):  # ``except CalibrationError`` keeps catching
-        raise CalibrationFitError("L-BFGS used its budget")
-    assert "CalibrationError" not in mod.__all__  # ``import *`` gives no deprecated name
-    with pytest.warns(DeprecationWarning):
-        exec(f"from {module} import CalibrationError as imported", {})
-
-
 def test_the_torchmetrics_metric_keeps_its_name():
     tm = pytest.importorskip("torchcal.integrations.torchmetrics")
     assert not issubclass(tm.CalibrationError, BaseException)
 
 
-def test_renamed_getattr_refuses_other_names():
-    get = renamed_getattr("m", {"Old": ("m.New", KeyError)})
-    with pytest.raises(AttributeError, match="module 'm' has no attribute 'Gone'"):
-        get("Gone")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(DeprecationWarning, match="m.Old is deprecated: it was renamed m.New"):
-            get("Old")
-    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        errors.Nope  # noqa: B018
+def test_the_former_names_are_gone():
+    """0.1.0 keeps no renamed names (CHANGELOG.md lists them)."""
+    import torchcal.posthoc
+    from torchcal.train import joint_head, loss_groups
+    for mod, old in ((errors, "CalibrationError"), (torchcal.posthoc, "CalibrationError"),
+                     (joint_head, "NoHead"), (loss_groups, "loss_pack_problem")):
+        assert not hasattr(mod, old), (mod.__name__, old)
 
 
 def test_errors_imports_the_standard_library_only():

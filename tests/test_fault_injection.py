@@ -200,7 +200,7 @@ def test_fifos_devices_and_huge_files_are_refused_without_reading(tmp_path, monk
         read_results(dev)
     big = tmp_path / "big.json"
     big.write_text(json.dumps(_results()))
-    monkeypatch.setattr("torchcal._io.MAX_JSON_BYTES", 100)
+    monkeypatch.setattr("torchcal._io.jsonio.MAX_JSON_BYTES", 100)
     with pytest.raises(ResultsFileError, match=r"big\.json.*more than the 100"):
         read_results(big)
 

@@ -457,7 +457,7 @@ def test_a_ray_address_answered_by_a_web_server_fails_at_once(tmp_path, capsys):
     try:
         address = f"127.0.0.1:{web.server_address[1]}"
         _one_line_error(capsys, ["demo", "--executor", "ray", "--ray-address", address,
-                                 "--dataset", "digits", "--quick", "--no-progress",
+                                 "--benchmark", "digits", "--quick", "--no-progress",
                                  "--out", str(tmp_path / "out")],
                         "is not a Ray cluster", "not HTTP/2")
     finally:
@@ -494,7 +494,7 @@ def test_a_run_failing_inside_the_demo_is_one_line_without_debug(tmp_path, capsy
     lock = out / "runs" / "focal" / "seed0" / LOCK_NAME
     lock.parent.mkdir(parents=True)
     os.mkfifo(lock)
-    argv = ["demo", "--dataset", "digits", "--losses", "ce,focal", "--seeds", "1", "--epochs",
+    argv = ["demo", "--benchmark", "digits", "--losses", "ce,focal", "--seeds", "1", "--epochs",
             "2", "--workers", "1", "--no-progress", "--no-figures", "--out", str(out)]
     capsys.readouterr()
     assert main(argv) == 1
@@ -514,7 +514,7 @@ def test_sigterm_during_start_up_prints_the_command_that_continues(tmp_path):
     import sys
     import time
     out = tmp_path / "demo"
-    argv = ["demo", "--dataset", "digits", "--losses", "ce", "--seeds", "1", "--epochs", "150",
+    argv = ["demo", "--benchmark", "digits", "--losses", "ce", "--seeds", "1", "--epochs", "150",
             "--workers", "1", "--no-progress", "--no-figures", "--out", str(out)]
     src = str(Path(errors.__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -585,12 +585,12 @@ _PAGES = ("report.md", "report.html", "results.json", "results.csv", "summary.cs
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full simulates a full disk")
 @pytest.mark.parametrize("full_at", ["report.html", "summary.csv"])
 def test_a_full_disk_during_report_leaves_every_old_page(tmp_path, monkeypatch, full_at):
-    import torchcal._io as io_mod
+    from torchcal._io import atomic
     from torchcal.report.build import build_report
     runs, out = _results_tree(tmp_path / "runs"), tmp_path / "rep"
     build_report([runs], out, title="Old report", figures=False)
     old = {name: (out / name).read_bytes() for name in _PAGES}
-    real = io_mod._new_temp_file
+    real = atomic.new_temp_file
 
     def disk_full_at(path):  # the temp file of `full_at` writes to /dev/full: ENOSPC
         fd, tmp = real(path)
@@ -600,7 +600,7 @@ def test_a_full_disk_during_report_leaves_every_old_page(tmp_path, monkeypatch, 
             os.close(dev)
         return fd, tmp
 
-    monkeypatch.setattr(io_mod, "_new_temp_file", disk_full_at)
+    monkeypatch.setattr(atomic, "new_temp_file", disk_full_at)
     with pytest.raises(OSError, match=f"disk is full, cannot write .*{full_at}"):
         build_report([runs], out, title="New report", figures=False)
     assert {name: (out / name).read_bytes() for name in _PAGES} == old  # all old pages

@@ -87,11 +87,6 @@ It prints one line per rule with its count, then every violation:
     ``*args`` / ``**kwargs`` not counted); a function with more settings takes a frozen options
     object (``build_report(..., options=ReportOptions(...))``, its fields also keywords).
     ``MANY_PARAMETERS`` lists the few excepted, each with its reason.
-15. **deprecated modules**: no module imports a renamed module's deprecated shim
-    (``DEPRECATED_MODULES``: ``torchcal.runs``, now ``torchcal.run_dir``;
-    ``torchcal.train.steps``, now ``torchcal.train.run``), as ``import``, ``from ... import``
-    (``from . import steps`` too) or ``importlib.import_module``; the shim itself is excepted.
-
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
 
@@ -113,7 +108,6 @@ LAYERS = {
     "integrations": 5,
     "evaluate": 4,
     "run_dir": 4,
-    "runs": 4,  # the deprecated name of run_dir
     "ensemble": 4,
     "llm": 4,
     "losses": 3,
@@ -177,9 +171,6 @@ BUILTIN_EXCEPTIONS = frozenset(name for name, obj in vars(builtins).items()
 # Rule 14: the most parameters a function takes (self/cls, *args and **kwargs not counted),
 # and the functions excepted ((module, qualified name) -> why).
 MAX_PARAMETERS = 10
-# Renamed modules: the old name (a shim that warns) -> the new one (rule 15).
-DEPRECATED_MODULES = {"torchcal.runs": "torchcal.run_dir",
-                      "torchcal.train.steps": "torchcal.train.run"}
 MANY_PARAMETERS = {
     ("torchcal.losses.adafocal", "AdaFocalLoss.__init__"):
         "a loss's hyper-parameters are its constructor's keywords, as for every registered "
@@ -686,26 +677,6 @@ def exception_classes(tree: ast.AST, rel: Path, known: Collection[str]) -> list[
             "torchcal/errors.py and import it here)" for node in classes if node.name in found]
 
 
-def deprecated_imports(module: str, path: Path, tree: ast.AST, rel: Path) -> list[str]:
-    """Rule 15: the imports of a deprecated module (``DEPRECATED_MODULES``) in one module."""
-    found = []
-    for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            target = from_target(module, path, node)
-            names = [target] + [f"{target}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
-            if node.args and isinstance(node.args[0], ast.Constant):
-                names = [str(node.args[0].value)]
-        olds = sorted({old for name in names for old in DEPRECATED_MODULES
-                       if name == old or name.startswith(old + ".")})
-        found += [f"{rel}:{node.lineno} imports {old} (deprecated: {DEPRECATED_MODULES[old]})"
-                  for old in olds]
-    return found
-
-
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
@@ -715,7 +686,7 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "standard library only": [], "start-up imports": [],
                                  "heavy imports": [], "config declarations": [],
                                  "exception classes": [],
-                                 "parameters": [], "deprecated modules": []}
+                                 "parameters": []}
     spelled: dict[str, list[str]] = {}
     excepted: set[tuple[str, str]] = set()  # the MANY_PARAMETERS entries that take > 10
     mods = dict(modules(src))
@@ -735,8 +706,6 @@ def check(src: Path) -> dict[str, list[str]]:
         for rule, found in import_rules(module, path, tree, rel, mods).items():
             out[rule] += found
         out["private imports"] += private_imports(module, path, tree, rel)
-        if module not in DEPRECATED_MODULES:
-            out["deprecated modules"] += deprecated_imports(module, path, tree, rel)
         out["private names inside a package"] += private_names_across_modules(
             module, path, tree, rel, mods)
         if module != ERRORS_MODULE:

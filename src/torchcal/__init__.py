@@ -26,11 +26,8 @@ _SUBPACKAGES = (
 __all__ = ["__version__", *_SUBPACKAGES]
 
 
-# Renamed modules, still importable (each warns once with a DeprecationWarning).
-_DEPRECATED_MODULES = ("runs",)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBPACKAGES or name in _DEPRECATED_MODULES:
+    if name in _SUBPACKAGES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'torchcal' has no attribute {name!r}")

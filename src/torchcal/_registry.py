@@ -13,9 +13,6 @@ copies:
   "Mukhoti et al. 2020, *Calibrating Deep Neural Networks using Focal Loss* (NeurIPS)").
 * ``tags``: free-form labels that select entries (e.g. the losses a benchmark trains:
   :meth:`Registry.tagged`).
-* ``aliases``: former names that still find the entry (a renamed loss keeps its old name as
-  an alias); listings show the canonical name only, :meth:`Registry.canonical` maps an alias
-  to it.
 
 >>> reg = Registry("widget")
 >>> @reg.register("b", display="Bee", order=2)
@@ -90,7 +87,6 @@ class Registry(Generic[T]):
         self._modules = tuple(modules)
         self._importing = False
         self._entries: dict[str, Entry[T]] = {}
-        self._aliases: dict[str, str] = {}
 
     def _load(self) -> None:
         if self._modules and not self._importing:
@@ -115,15 +111,8 @@ class Registry(Generic[T]):
 
     def register(self, name: str, obj: T | None = None, *, display: str | None = None,
                  order: float | None = None, paper: str | None = None,
-                 tags: Iterable[str] = (), aliases: Iterable[str] = ()) -> Any:
-        """Register ``obj`` under ``name`` (and its former names ``aliases``); without ``obj``,
-        a decorator that does.
-
-        >>> reg = Registry("widget")
-        >>> _ = reg.register("new_name", object, aliases=("old",))
-        >>> reg.canonical("old"), "old" in reg, reg.names(), reg.get("old") is object
-        ('new_name', True, ['new_name'], True)
-        """
+                 tags: Iterable[str] = ()) -> Any:
+        """Register ``obj`` under ``name``; without ``obj``, a decorator that does."""
         if not isinstance(name, str) or not name or name != name.lower():
             raise ValueError(f"Expected `name` to be a non-empty lower-case string, got {name!r}")
         if display is not None and (not isinstance(display, str) or not display):
@@ -132,43 +121,24 @@ class Registry(Generic[T]):
             raise ValueError(f"Expected `tags` to be an iterable of non-empty strings, got {tags!r}")
         tag_set = frozenset(tags)
 
-        alias_list = [aliases] if isinstance(aliases, str) else list(aliases)
-        for a in alias_list:
-            if not isinstance(a, str) or not a or a != a.lower() or a == name:
-                raise ValueError(f"Expected `aliases` to be other lower-case names, got {a!r}")
-
         def add(o: T) -> T:
             old = self._entries.get(name)
             if old is not None:
                 if old.obj is not o:
                     raise ValueError(f"{self.kind.capitalize()} {name!r} is already registered")
                 return o  # the same object again (a module imported twice): a no-op
-            taken = [a for a in alias_list if a in self._entries or a in self._aliases
-                     or name in self._aliases]
-            if taken:
-                raise ValueError(f"{self.kind.capitalize()} name(s) {taken} already taken")
             self._entries[name] = Entry(name, o, display or name, order, paper, tag_set)
-            self._aliases.update(dict.fromkeys(alias_list, name))
             return o
 
         return add if obj is None else add(obj)
 
     def unregister(self, name: str) -> None:
-        """Remove ``name`` and its aliases (a no-op when it is not registered); for tests and
-        plug-ins."""
+        """Remove ``name`` (a no-op when it is not registered); for tests and plug-ins."""
         self._entries.pop(name, None)
-        self._aliases = {a: n for a, n in self._aliases.items() if n != name}
-
-    def canonical(self, name: str) -> str:
-        """The registered name of ``name`` (itself, or the entry an alias names).
-
-        An unknown name comes back unchanged."""
-        self._load()
-        return self._aliases.get(name, name) if isinstance(name, str) else name
 
     def __contains__(self, name: object) -> bool:
         self._load()
-        return name in self._entries or name in self._aliases
+        return name in self._entries
 
     def names(self, pattern: str | None = None) -> list[str]:
         """Sorted names, optionally filtered by a shell-style ``pattern`` (case-sensitive)."""
@@ -181,7 +151,6 @@ class Registry(Generic[T]):
     def entry(self, name: str) -> Entry[T]:
         """The entry of ``name`` (the registry's error, :func:`unknown_name`, if unknown)."""
         self._load()
-        name = self._aliases.get(name, name) if isinstance(name, str) else name
         if name not in self._entries:
             raise self.error(unknown_name(self.kind, name, self._entries))
         return self._entries[name]
@@ -193,7 +162,7 @@ class Registry(Generic[T]):
     def display(self, name: str) -> str:
         """The display name of ``name`` (``name`` itself when it is not registered)."""
         self._load()
-        e = self._entries.get(self.canonical(name))
+        e = self._entries.get(name)
         return e.display if e is not None else name
 
     def paper(self, name: str) -> str | None:
@@ -203,7 +172,7 @@ class Registry(Generic[T]):
     def rank(self, name: str) -> tuple[float, str]:
         """Sort key of the canonical order: ``order``, then name; unordered/unknown names last."""
         self._load()
-        e = self._entries.get(self.canonical(name))
+        e = self._entries.get(name)
         return (e.order if e is not None and e.order is not None else float("inf"), name)
 
     def ordered(self) -> list[str]:

@@ -14,10 +14,6 @@ old import path.  The one exception made elsewhere is the post-hoc calibrators' 
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
-
 __all__ = [
     "TorchcalError",
     "DataNotFoundError",
@@ -43,7 +39,6 @@ __all__ = [
     "NotConvergedWarning",
     "diverged_message",
     "one_line_warnings",
-    "renamed_getattr",
 ]
 # Not in __all__ (internal signals, caught where they are raised): RefusedJSONValueError,
 # RefusedPickleError.
@@ -80,8 +75,6 @@ class CalibrationFitError(TorchcalError, RuntimeError):
     """A post-hoc calibrator could not be fitted (an optimiser ran out of budget, a non-finite
     objective); the message gives the reason.  The command line reports it as one line.
 
-    Formerly named ``CalibrationError``; that name still imports (deprecated) from here and
-    from :mod:`torchcal.posthoc`, and is this class (``except CalibrationError`` catches it).
     :class:`torchcal.integrations.torchmetrics.CalibrationError` is a metric, not an error."""
 
 
@@ -206,36 +199,3 @@ def one_line_warnings(command: str):
         return f"torchcal {command}: {kind}: {text}\n"
 
     return format_warning
-
-
-def renamed_getattr(module: str, renamed: Mapping[str, tuple[str, Any]]
-                    ) -> Callable[[str], Any]:
-    """A module-level ``__getattr__`` that serves the old names of renamed objects: ``renamed``
-    maps each old name to ``(new name, object)``; reading an old name warns
-    (``DeprecationWarning``, at the caller's line) and returns the object itself, so that
-    ``except OldName`` keeps catching.  Any other name raises ``AttributeError`` as usual.
-
-    >>> import warnings
-    >>> get = renamed_getattr("pkg", {"Old": ("pkg.New", int)})
-    >>> with warnings.catch_warnings(record=True) as seen:
-    ...     warnings.simplefilter("always")
-    ...     get("Old") is int, str(seen[0].message)
-    (True, 'pkg.Old is deprecated: it was renamed pkg.New')
-    >>> get("Other")
-    Traceback (most recent call last):
-    AttributeError: module 'pkg' has no attribute 'Other'
-    """
-
-    def __getattr__(name: str) -> Any:
-        if name not in renamed:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        new, obj = renamed[name]
-        warnings.warn(f"{module}.{name} is deprecated: it was renamed {new}", DeprecationWarning,
-                      stacklevel=2)
-        return obj
-
-    return __getattr__
-
-
-__getattr__ = renamed_getattr(__name__, {
-    "CalibrationError": ("torchcal.errors.CalibrationFitError", CalibrationFitError)})

@@ -52,12 +52,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _io
 from ._io import (
     atomic_write_bytes,
     atomic_write_text,
     check_listed,
     checksum_path,
+    jsonio,
     parse_json,
     read_bytes_bounded,
     read_digests,
@@ -632,7 +632,7 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     if path.is_dir():
         path = RunDir(path).results()
     try:  # bounded: a regular file of at most 16 MiB, no NaN/Infinity, bounded nesting
-        raw = read_bytes_bounded(path, max_bytes=_io.MAX_JSON_BYTES, what="Results file",
+        raw = read_bytes_bounded(path, max_bytes=jsonio.MAX_JSON_BYTES, what="Results file",
                                  error=ResultsFileError)
     except FileNotFoundError as exc:
         raise ResultsFileError(f"Results file {str(path)!r} does not exist") from exc

@@ -28,7 +28,7 @@ def _err(argv, capsys) -> str:
     (["calibrate", "x.npz", "--method", "vectr"],
      "torchcal calibrate: error: argument --method: Unknown choice 'vectr'; did you mean "
      "'vector'? (see `torchcal calibrate --help`)"),
-    (["demo", "--dataset", "digts"], "did you mean 'digits'?"),
+    (["demo", "--benchmark", "digts"], "did you mean 'digits'?"),
     (["data", "download", "cifr10"], "did you mean 'cifar10'"),
     (["train", "--epochs", "x"],
      "torchcal train: error: argument --epochs: invalid int value: 'x' "

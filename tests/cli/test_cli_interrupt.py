@@ -134,7 +134,7 @@ def test_train_ctrl_c_prints_the_resume_command_and_it_continues(tmp_path, capsy
 
 def test_demo_ctrl_c_stops_the_workers_and_the_same_command_continues(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["demo", "--dataset", "digits", "--losses", "ce", "--seeds", "0,1", "--epochs", str(DEMO_EPOCHS), "--workers", "2",
+    argv = ["demo", "--benchmark", "digits", "--losses", "ce", "--seeds", "0,1", "--epochs", str(DEMO_EPOCHS), "--workers", "2",
             "--no-progress", "--no-figures", "--out", str(out)]
     # Ctrl-C while the workers train (a run writes a checkpoint every tenth of its epochs)
     err, exited, all_gone = _interrupt(

@@ -124,7 +124,7 @@ def test_a_registered_data_set_trains_through_the_demo(toy, tmp_path, capsys):
     """Its benchmark, its --data-arg option and its executor; the OOD set gets the run's data
     seed and the shared option, as the registration declares."""
     out = tmp_path / "demo"
-    argv = ["demo", "--dataset", "zz_toy", "--executor", "zz_inline", "--no-progress",
+    argv = ["demo", "--benchmark", "zz_toy", "--executor", "zz_inline", "--no-progress",
             "--no-figures", "--no-pack", "--out", str(out)]
     assert main([*argv, "--data-arg", "shift=2.5"]) == 0, capsys.readouterr().err
     assert SEEN["executor"] == [2]

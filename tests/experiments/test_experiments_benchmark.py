@@ -25,7 +25,7 @@ from torchcal.experiments import (
     run_demo,
 )
 from torchcal.experiments.benchmark import BENCHMARKS
-from torchcal.experiments.demo import appendix_text, applicable_losses, demo_jobs, intro_text
+from torchcal.experiments.demo import appendix_text, applicable_losses, intro_text
 from torchcal.losses import LOSSES, register_loss
 from torchcal.report.build import write_report_pages
 
@@ -54,21 +54,21 @@ def user_losses():
         LOSSES.unregister("zz_untagged")
 
 
-def test_adding_a_loss_touches_no_cli_experiments_or_report_file(user_losses):
+def test_adding_a_loss_touches_no_cli_experiments_or_report_file(demo_specs, user_losses):
     """A loss registered with `tags={"demo"}` is in the demo's --full and digits tables, its
     --loss-arg is accepted; an untagged one is named in the report with the reason."""
     assert applicable_losses()[-1] == "zz_tagged" and "zz_untagged" not in applicable_losses()
     for cfg in (DemoConfig(full=True), DemoConfig(benchmark="digits")):
-        jobs = demo_jobs(cfg, Path("/x"))
+        jobs = demo_specs(cfg, Path("/x"))
         assert "zz_tagged" in {j["loss"] for j in jobs}
         assert "zz_untagged" not in {j["loss"] for j in jobs}
     # the default MNIST-1D size trains the claims' losses only: the new loss is for --full
-    assert "zz_tagged" not in {j["loss"] for j in demo_jobs(DemoConfig(), Path("/x"))}
+    assert "zz_tagged" not in {j["loss"] for j in demo_specs(DemoConfig(), Path("/x"))}
     assert parse_demo_loss_args(["zz_tagged:reduction=sum"], applicable_losses()) == {
         "zz_tagged": {"reduction": "sum"}}
     cfg = DemoConfig(full=True, seeds=(0,))
-    assert "ZZ tagged" in intro_text(cfg, demo_jobs(cfg, Path("/x")))  # trained
-    text = appendix_text(cfg, demo_jobs(cfg, Path("/x")))
+    assert "ZZ tagged" in intro_text(cfg, demo_specs(cfg, Path("/x")))  # trained
+    text = appendix_text(cfg, demo_specs(cfg, Path("/x")))
     assert "ZZ tagged" not in text.split("not trained")[1]
     assert "| ZZ untagged | its registry entry has no `demo` tag |" in text
 
@@ -222,24 +222,40 @@ def test_the_ray_executor_is_registered_without_importing_its_module_first():
 
 
 def test_demo_config_names_its_benchmark_benchmark():
-    """``DemoConfig.benchmark`` (issue 40: a benchmark, not a data set); the former name
-    ``dataset`` still works, warned, as a keyword, an attribute and through replace; equality
-    and ``replace`` see one field; the command line takes ``--benchmark`` and ``--dataset``."""
+    """``DemoConfig.benchmark`` (issue 40: a benchmark, not a data set); the command line
+    takes ``--benchmark``."""
     from torchcal.cli import build_parser
 
     new = DemoConfig(benchmark="digits")
     assert "dataset" not in {f.name for f in dataclasses.fields(DemoConfig)}
-    with pytest.warns(DeprecationWarning, match="DemoConfig.dataset is deprecated"):
-        old = DemoConfig(dataset="digits")
-    assert old == new and old.benchmark == "digits"
-    with pytest.warns(DeprecationWarning, match="renamed DemoConfig.benchmark"):
-        assert new.dataset == "digits"
-    with pytest.warns(DeprecationWarning):
-        assert dataclasses.replace(new, dataset="mnist1d").benchmark == "mnist1d"
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert dataclasses.replace(new, seeds=(1,)).benchmark == "digits"  # no warning
+    with pytest.raises(TypeError, match="dataset"):
+        DemoConfig(dataset="digits")
+    assert not hasattr(new, "dataset")
+    assert dataclasses.replace(new, seeds=(1,)).benchmark == "digits"
     parser = build_parser()
-    for flag in ("--benchmark", "--dataset"):
-        assert parser.parse_args(["demo", flag, "digits"]).benchmark == "digits"
+    assert parser.parse_args(["demo", "--benchmark", "digits"]).benchmark == "digits"
+
+
+def test_a_benchmark_without_kind_trains_runs_and_the_kinds_are_public():
+    """Issue 49: a Benchmark defined in a notebook needs no ``kind=`` (the training runs per
+    loss and seed, ``torchcal.experiments.TRAINING_RUNS``, are the default), also in a fresh
+    interpreter that imported nothing of the demo; the kinds import from torchcal.experiments."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from torchcal.experiments import Benchmark, Profile\n"
+            "demo_before = 'torchcal.experiments.demo' in sys.modules\n"
+            "b = Benchmark(name='nb', title='nb', recipe='digits-mlp',\n"
+            "              profiles={p: Profile(seeds=(0,)) for p in ('default', 'quick', 'full')})\n"
+            "from torchcal.experiments import TRAINING_RUNS\n"
+            "print(demo_before, b.kind is TRAINING_RUNS, b.suite)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.strip()
+    assert out == "False True calibration", out
+    from torchcal.experiments import TRAINING_RUNS, UNCERTAINTY_SUITE, Benchmark, get_benchmark
+    assert get_benchmark("digits").kind is TRAINING_RUNS
+    assert get_benchmark("uncertainty").kind is UNCERTAINTY_SUITE
+    with pytest.raises(TypeError, match="`kind` to be a BenchmarkKind .*TRAINING_RUNS"):
+        Benchmark(name="x", title="x", recipe="", profiles=get_benchmark("digits").profiles,
+                  kind="training-runs")

@@ -9,16 +9,15 @@ import pytest
 
 from torchcal.evaluate import read_results
 from torchcal.experiments import DemoConfig, run_demo
-from torchcal.experiments.demo import demo_jobs
 from torchcal.experiments.packed import expand_results, pack_jobs, run_packed_job
 from torchcal.experiments.runner import Job, failed_result
-from torchcal.experiments.training import resolve_spec, run_job
+from torchcal.experiments.training import run_job, run_spec
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 def _changed(spec, **fields):
     """A run spec with other fields, resolved again (a resolved spec's `config` is its truth)."""
-    return resolve_spec({**{k: v for k, v in spec.items() if k != "config"}, **fields})
+    return run_spec({**{k: v for k, v in spec.items() if k != "config"}, **fields}).to_json()
 
 
 TINY = dict(seeds=(0, 1), epochs=2, losses=("ce", "adafocal"), progress=False,
@@ -29,15 +28,15 @@ def _sizes(jobs):
     return [len(j.spec["members"]) if j.fn is run_packed_job else 1 for j in jobs]
 
 
-def test_pack_jobs_sizes_and_members():
-    default = demo_jobs(DemoConfig(), Path("/x"))  # 7 losses x 2 seeds
+def test_pack_jobs_sizes_and_members(demo_specs):
+    default = demo_specs(DemoConfig(), Path("/x"))  # 7 losses x 2 seeds
     jobs = pack_jobs(default)
     assert _sizes(jobs) == [4, 4, 3, 3]  # at most CPU_PACK_SIZE = 5, an even number of packs
     runs = [r["run_dir"] for j in jobs for r in j.spec["members"]]
     assert sorted(runs) == sorted(s["run_dir"] for s in default)  # each run once
     assert [r["run_dir"] for r in jobs[0].labels["members"]] == [r["run_dir"]
                                                              for r in jobs[0].spec["members"]]
-    assert _sizes(pack_jobs(demo_jobs(DemoConfig(full=True), Path("/x")))) == [5] * 14
+    assert _sizes(pack_jobs(demo_specs(DemoConfig(full=True), Path("/x")))) == [5] * 14
     two = pack_jobs(default[:2])  # two packs of one: unpacked runs
     assert [j.fn for j in two] == [run_job, run_job]
     cuda = [_changed(s, overrides={"device": "cuda"}) for s in default]
@@ -55,22 +54,22 @@ def _nothing(spec):
     return {}
 
 
-def test_the_progress_bar_counts_runs_not_packs(capsys):
+def test_the_progress_bar_counts_runs_not_packs(demo_specs, capsys):
     """The default demo: 14 runs in 4 packs; the bar said "0/4 runs" (issue 33)."""
     import dataclasses
 
     from torchcal.experiments import LocalExecutor, run_sweep
 
     jobs = [dataclasses.replace(j, fn=_nothing)
-            for j in pack_jobs(demo_jobs(DemoConfig(), Path("/x")))]
+            for j in pack_jobs(demo_specs(DemoConfig(), Path("/x")))]
     assert len(jobs) == 4 and sum(j.n_runs for j in jobs) == 14
     run_sweep(jobs, LocalExecutor(workers=1), progress=True)
     err = capsys.readouterr().err
     assert "0/14 runs" in err and "14/14 runs" in err and "/4 runs" not in err, err
 
 
-def test_expand_results_reports_every_run_of_a_dead_pack():
-    jobs = pack_jobs(demo_jobs(DemoConfig(**dict(TINY, seeds=(0, 1, 2))), Path("/x")))
+def test_expand_results_reports_every_run_of_a_dead_pack(demo_specs):
+    jobs = pack_jobs(demo_specs(DemoConfig(**dict(TINY, seeds=(0, 1, 2))), Path("/x")))
     assert _sizes(jobs) == [3, 3]
     dead = failed_result(jobs[0], "worker process died: killed")
     ok = {"error": None, "members": [{"run_dir": r["run_dir"], "error": None}
@@ -110,8 +109,8 @@ def test_packed_demo_matches_unpacked_and_is_deterministic(tmp_path):
     assert again.failed == [] and ckpt.stat().st_mtime_ns == before
 
 
-def test_run_packed_job_skips_finished_and_reports_bad_runs(tmp_path):
-    specs = demo_jobs(DemoConfig(out=tmp_path, **dict(TINY, epochs=1)), tmp_path)[:3]
+def test_run_packed_job_skips_finished_and_reports_bad_runs(demo_specs, tmp_path):
+    specs = demo_specs(DemoConfig(out=tmp_path, **dict(TINY, epochs=1)), tmp_path)[:3]
     specs[2] = _changed(specs[2], loss_kwargs={"not_an_argument": 1})
     res = run_packed_job({"members": specs})
     assert res["error"] is None and len(res["members"]) == 3
@@ -121,14 +120,13 @@ def test_run_packed_job_skips_finished_and_reports_bad_runs(tmp_path):
     assert [m["skipped"] for m in again["members"]] == [True, True]
 
 
-def test_a_pack_names_its_runs_members_in_spec_labels_and_result():
+def test_a_pack_names_its_runs_members_in_spec_labels_and_result(demo_specs):
     """One key for a pack's runs (issue 40): ``"members"`` in its job's spec and labels, as in
-    its result; the former spec key ``"runs"`` is still read, with a DeprecationWarning."""
-    jobs = pack_jobs(demo_jobs(DemoConfig(**dict(TINY, seeds=(0, 1, 2))), Path("/x")))
+    its result."""
+    jobs = pack_jobs(demo_specs(DemoConfig(**dict(TINY, seeds=(0, 1, 2))), Path("/x")))
     assert all(set(j.spec) == {"members"} == set(j.labels) for j in jobs)
     bad = {"run_dir": "/nowhere/r", "loss": "ce", "seed": 0}  # refused before any training
     new = run_packed_job({"members": [bad]})
-    with pytest.warns(DeprecationWarning, match='"runs" is deprecated: it was renamed "members"'):
-        old = run_packed_job({"runs": [bad]})
-    assert [m["error"] for m in old["members"]] == [m["error"] for m in new["members"]]
+    with pytest.raises(KeyError, match="members"):
+        run_packed_job({"runs": [bad]})
     assert new["members"][0]["error"]

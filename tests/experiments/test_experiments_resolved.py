@@ -14,7 +14,6 @@ import pytest
 from torchcal.experiments import DemoConfig, LocalExecutor, run_demo
 from torchcal.experiments import demo as demo_module
 from torchcal.experiments import training as training_module
-from torchcal.experiments.demo import demo_jobs
 from torchcal.train import TrainConfig, get_recipe, register_recipe
 from torchcal.train.recipes import RECIPES
 
@@ -50,8 +49,8 @@ def _check_runs(out: Path) -> dict[int, dict]:
     return tests
 
 
-def test_specs_carry_the_resolved_train_config(parent_recipe, tmp_path):
-    spec = demo_jobs(_cfg(tmp_path), tmp_path)[0]
+def test_specs_carry_the_resolved_train_config(demo_specs, parent_recipe, tmp_path):
+    spec = demo_specs(_cfg(tmp_path), tmp_path)[0]
     assert json.loads(json.dumps(spec)) == spec  # serialisable as is
     tc = TrainConfig.from_dict(spec["config"])
     assert tc.recipe == RECIPE and tc.model_kwargs == {"hidden": HIDDEN} and tc.epochs == 1

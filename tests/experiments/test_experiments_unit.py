@@ -144,9 +144,11 @@ def test_every_benchmark_names_its_kind():
     assert calibration.MNIST1D.kind is demo.TRAINING_RUNS
     assert calibration.DIGITS.kind is demo.TRAINING_RUNS
     assert calibration.DIGITS.suite == "calibration"
+    profiles = {p: Profile(seeds=(0,)) for p in ("default", "quick", "full")}
+    assert Benchmark(name="x", title="x", recipe="digits-mlp",
+                     profiles=profiles).kind is demo.TRAINING_RUNS  # the default
     with pytest.raises(TypeError, match="`kind` to be a BenchmarkKind"):
-        Benchmark(name="x", title="x", recipe="digits-mlp",
-                  profiles={p: Profile(seeds=(0,)) for p in ("default", "quick", "full")})
+        Benchmark(name="x", title="x", recipe="digits-mlp", profiles=profiles, kind=object())
 
 
 def test_the_model_is_described_without_building_it(monkeypatch):

@@ -211,7 +211,7 @@ def test_cross_entropy_matches_torch():
 
 # ---------------------------------------------------------------------------- bad input
 ALL_FUNCS = dict(PER_SAMPLE, mmce=lambda x, t, **kw: TF.mmce_loss(x, t, **kw),
-                 mmce_m=lambda x, t, **kw: TF.mmce_unweighted_loss(x, t, **kw),
+                 mmce_unweighted=lambda x, t, **kw: TF.mmce_unweighted_loss(x, t, **kw),
                  mmce_gra=lambda x, t, **kw: TF.mmce_gra_loss(x, t, **kw),
                  dece=lambda x, t, **kw: TF.dece_loss(x, t, **kw),
                  ece_kde=lambda x, t, **kw: TF.ece_kde_loss(x, t, **kw))

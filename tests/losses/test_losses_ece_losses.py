@@ -280,14 +280,14 @@ def test_ece_loss_against_the_published_logic(n_train):
 
 def test_ece_loss_state_and_first_epochs():
     x, t = _data(n=8, c=5, seed=8)
-    loss = create_loss("ece_loss")
+    loss = create_loss("ece_gap")
     assert published_reduction(loss) == "sum" and loss.total_epochs == 350
     torch.testing.assert_close(loss(x, t), F.cross_entropy(x, t))  # no statistics yet
     loss.set_epoch(100)
     torch.testing.assert_close(loss(x, t), (1 - 100 / 350) * F.cross_entropy(x, t))
     z, y = _data(n=100, c=5, seed=9, scale=3.0)
     loss.update(logits=z, labels=y)
-    fresh = create_loss("ece_loss")
+    fresh = create_loss("ece_gap")
     fresh.load_state_dict(loss.state_dict())
     assert fresh.epoch == 100
     torch.testing.assert_close(fresh(x, t), loss(x, t))

@@ -239,7 +239,7 @@ def test_mmce_m_ignore_index_and_edge_cases():
 
 def test_mmce_modules_registry_and_bad_input():
     z, t = _data(n=6, c=3)
-    a, b = create_loss("mmce_m"), create_loss("mmce_gra")
+    a, b = create_loss("mmce_unweighted"), create_loss("mmce_gra")
     assert isinstance(a, MMCEUnweightedLoss) and isinstance(b, MMCEGRALoss)
     assert a.lam == 1.0 and a.width == 0.4 and published_reduction(a) == published_reduction(b) == "sum"
     torch.testing.assert_close(a(z, t), TF.mmce_unweighted_loss(z, t, 1.0))

@@ -81,9 +81,8 @@ def test_split_logits_wants_one_source_per_member():
         pack.split_logits([object()], 8)
     with pytest.raises(TypeError, match="`sources` to be the members' batch sources.*'val'"):
         pack.split_logits("val", 8)
-    with pytest.warns(DeprecationWarning, match="runs=...\\) is deprecated and ignored"):
-        old = PackedModel(*_models(), "loop", runs=[object(), object()])
-    assert not hasattr(old, "runs")
+    with pytest.raises(TypeError, match="runs"):
+        PackedModel(*_models(), "loop", runs=[object(), object()])  # a stack holds no run
     solo = SoloModel(types.SimpleNamespace(
         fwd=models[0], model=models[0], plugin=RunPlugin(), optimizer=opts[0], scaler=None,
         env=types.SimpleNamespace(enabled=False), device=torch.device("cpu"), amp="off",

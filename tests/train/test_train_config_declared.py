@@ -1,26 +1,21 @@
 """Issue 40 item 4: each TrainConfig field declares its constraint and its ``torchcal train``
 flag in its metadata; ``validate`` and the command line are loops over the declarations; the
-plug-in fields are grouped (``joint_head``, ``multitask``) and earlier versions' flat configs
-still read as the same config."""
+plug-in fields are grouped (``joint_head``, ``multitask``)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import warnings
 
 import pytest
 
 from torchcal._validation import Interval, Options
 from torchcal.cli import build_parser
 from torchcal.cli.train import _add_declared_flags, _declared_flags, config_from_args
-from torchcal.experiments.training import is_stale
-from torchcal.experiments.uncertainty import _same_config
-from torchcal.run_dir import RunDir
-from torchcal.train import JointHeadConfig, MultitaskConfig, TrainConfig, get_recipe
+from torchcal.train import JointHeadConfig, TrainConfig, get_recipe
 from torchcal.train import config as C
-from torchcal.train.config import UNCHECKED, Flag, cli_fields, flat_keys, identity
+from torchcal.train.config import UNCHECKED, Flag, cli_fields, identity
 
 #: A value each named constraint refuses (a new constraint needs a line here: the test below
 #: fails for a constraint without one, so that every declared check is shown to be enforced).
@@ -147,83 +142,19 @@ def test_a_new_field_is_one_declaration():
 
 # ---------------------------------------------------------------- the plug-in groups
 
-def _flat(cfg: TrainConfig) -> dict:
-    """``cfg`` as an earlier version wrote config.json: the plug-in fields at the top level."""
-    d = cfg.to_dict()
-    for old, (group, name) in flat_keys(TrainConfig).items():
-        d[old] = d[group][name]
-    del d["joint_head"], d["multitask"]
-    return d
-
-
-def test_flat_keys_name_every_plugin_field():
-    assert flat_keys(TrainConfig) == {
-        "uncertainty_head": ("joint_head", "enabled"), "head_lr": ("joint_head", "lr"),
-        "head_weight_decay": ("joint_head", "weight_decay"), "tasks": ("multitask", "tasks"),
-        "task_weighting": ("multitask", "task_weighting"),
-        "log_var_lr": ("multitask", "log_var_lr"), "log_var_init": ("multitask", "log_var_init"),
-        "standardize_targets": ("multitask", "standardize_targets"),
-        "target_noise": ("multitask", "target_noise")}
-
-
-def test_an_old_flat_config_reads_as_the_same_config():
-    old = {"recipe": "mnist1d-multitask", "dataset": "mnist1d", "epochs": 25, "lr": 0.003,
-           "uncertainty_head": False, "head_lr": 0.002, "head_weight_decay": 0.0,
-           "tasks": ["class", "translation"], "task_weighting": "fixed:1,0.5",
-           "log_var_lr": 0.07, "log_var_init": 0.5, "standardize_targets": False,
-           "target_noise": 1.0, "milestones": []}
-    cfg = TrainConfig.from_dict(json.loads(json.dumps(old)))
-    assert cfg.joint_head == JointHeadConfig(enabled=False, lr=0.002, weight_decay=0.0)
-    assert cfg.multitask == MultitaskConfig(
-        tasks=["class", "translation"], task_weighting="fixed:1,0.5", log_var_lr=0.07,
-        log_var_init=0.5, standardize_targets=False, target_noise=1.0)
-    assert TrainConfig.from_dict(cfg.to_dict()) == cfg  # the grouped form round-trips
-    assert cfg.to_dict()["multitask"]["tasks"] == ["class", "translation"]
+def test_a_group_field_at_the_top_level_is_refused_naming_its_place():
+    for key, where in (("uncertainty_head", "joint_head.enabled"), ("head_lr", "joint_head.lr"),
+                       ("head_weight_decay", "joint_head.weight_decay"),
+                       ("tasks", "multitask.tasks"), ("target_noise", "multitask.target_noise")):
+        with pytest.raises(ValueError, match=rf"`{key}` under its group, as `{where}`"):
+            TrainConfig.from_dict({**TrainConfig().to_dict(), key: 1})
     recipe = get_recipe("mnist1d-multitask")
-    assert TrainConfig.from_dict(_flat(recipe)) == recipe
-
-
-def test_a_flat_key_contradicting_its_group_is_refused():
-    d = {**TrainConfig().to_dict(), "head_lr": 0.5}
-    with pytest.raises(ValueError, match=r"`head_lr`.*`joint_head.lr`.*0.5 and 0.001"):
-        TrainConfig.from_dict(d)
-    same = {**TrainConfig().to_dict(), "head_lr": 0.001}
-    assert TrainConfig.from_dict(same) == TrainConfig()
+    assert TrainConfig.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
+    assert TrainConfig.from_dict({"not_a_field": 1}) == TrainConfig()  # forward compatibility
     with pytest.raises(ValueError, match="`multitask` to be a dict or a MultitaskConfig"):
         TrainConfig.from_dict({"multitask": [1]})
-
-
-def test_an_old_run_directory_is_not_stale_against_the_same_settings(tmp_path):
-    cfg = dataclasses.replace(get_recipe("mnist1d-multitask"), out_dir=str(tmp_path / "r"))
-    run = RunDir(cfg.out_dir)
-    run.path.mkdir(parents=True)
-    flat = {**_flat(cfg), "loss_kwargs": cfg.effective_loss_kwargs()}
-    run.write_config(flat)
-    assert not is_stale(cfg.out_dir, cfg)
-    assert _same_config(run, cfg)
-    other = dataclasses.replace(cfg, multitask=dataclasses.replace(cfg.multitask,
-                                                                   target_noise=2.0))
-    assert is_stale(cfg.out_dir, other)
-    assert not _same_config(run, other)
-    run.write_config({**flat, "target_noise": 2.0})  # the old file, other settings
-    assert is_stale(cfg.out_dir, cfg) and not _same_config(run, cfg)
-
-
-def test_the_flat_names_still_work_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match="uncertainty_head -> joint_head.enabled"):
-        cfg = TrainConfig(uncertainty_head=True, head_lr=0.01)
-    assert cfg.joint_head == JointHeadConfig(enabled=True, lr=0.01)
-    with pytest.warns(DeprecationWarning, match="log_var_lr -> multitask.log_var_lr"):
-        mt = dataclasses.replace(get_recipe("mnist1d-multitask"), log_var_lr=0.07)
-    assert mt.multitask.log_var_lr == 0.07 and mt.multitask.tasks == ["class", "translation"]
-    with pytest.warns(DeprecationWarning, match=r"TrainConfig.tasks is deprecated; use "
-                                                r"TrainConfig.multitask.tasks"):
-        assert mt.tasks == ["class", "translation"]
-    with pytest.raises(AttributeError):
-        mt.tasks = []  # read-only
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        TrainConfig(joint_head=JointHeadConfig(enabled=True))  # the new form: no warning
+    with pytest.raises(TypeError):
+        TrainConfig(head_lr=0.01)  # no flat keyword
 
 
 def test_the_two_plugins_in_one_run_are_refused_naming_both():

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from torchcal.metrics.epoch import EpochStats, epoch_metrics
-from torchcal.train.engine import split_loss
+from torchcal.metrics.epoch import epoch_metrics
+from torchcal.train.engine import PackedStats, split_loss
 from torchcal.train.loss_groups import LossGroups
 
 
@@ -30,12 +30,12 @@ def test_streaming_train_stats_match_the_full_computation():
     g = torch.Generator().manual_seed(0)
     z = torch.randn(517, 7, generator=g) * 3
     y = torch.randint(0, 7, (517,), generator=g)
-    stats = EpochStats(15, torch.device("cpu"))
+    stats = PackedStats(1, 15, torch.device("cpu"))  # one member
     ce = torch.nn.functional.cross_entropy
     for s in range(0, 517, 64):  # batches, with a loss that is the batch sum
         zb, yb = z[s:s + 64], y[s:s + 64]
-        stats.update(zb, yb, ce(zb, yb, reduction="sum") * 2)
-    out = stats.compute()
+        stats.update(zb[None], yb[None], (ce(zb, yb, reduction="sum") * 2)[None])
+    out = dict(zip(("loss", "nll", "error", "ece"), stats.numbers()[0].tolist(), strict=True))
     assert out["nll"] == pytest.approx(float(ce(z.double(), y)), abs=1e-6)
     assert out["loss"] == pytest.approx(2 * float(ce(z.double(), y)), abs=1e-5)
     assert out["error"] == pytest.approx(float((z.argmax(1) != y).double().mean()), abs=1e-12)
@@ -90,9 +90,9 @@ def test_train_ece_has_the_sign_of_a_gap_in_each_bin():
     signed sum (a lost ``abs``) would give |0.05 - 0.35| = 0.3."""
     z = torch.tensor([[math.log(9.0), 0.0]] * 2 + [[math.log(7 / 3), 0.0]] * 2)
     y = torch.tensor([0, 0, 1, 1])
-    stats = EpochStats(15, torch.device("cpu"))
-    stats.update(z[:3], y[:3], torch.zeros(()))  # two batches: the sums must add per bin
-    stats.update(z[3:], y[3:], torch.zeros(()))
-    assert stats.compute()["ece"] == pytest.approx(0.4, abs=1e-6)
+    stats = PackedStats(1, 15, torch.device("cpu"))
+    stats.update(z[None, :3], y[None, :3], torch.zeros(1))  # two batches: the sums must add
+    stats.update(z[None, 3:], y[None, 3:], torch.zeros(1))  # per bin
+    assert float(stats.numbers()[0, 3]) == pytest.approx(0.4, abs=1e-6)
     assert epoch_metrics(z, y, n_bins=15)["ece"] == pytest.approx(0.4, abs=1e-6)
     assert _ref_ece(z, y, 15) == pytest.approx(0.4, abs=1e-6)

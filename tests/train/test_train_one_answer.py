@@ -78,16 +78,18 @@ def test_a_ghost_config_is_read_as_every_run_config(monkeypatch, tmp_path):
     assert isinstance(info.value.__cause__, TorchcalError) and "config.json" in str(info.value)
 
 
-def test_a_sweep_override_may_use_a_flat_name_of_earlier_versions():
-    """``torchcal demo --train-arg uncertainty_head=true`` (an earlier version's flat name) was
-    refused with "TrainConfig has no field(s)": a sweep's overrides are mapped into the plug-in
-    groups as ``TrainConfig.from_dict`` maps them, with TrainConfig's DeprecationWarning."""
+def test_a_sweep_override_sets_a_plugin_group_as_a_dict():
+    """``torchcal demo --train-arg 'joint_head={"enabled": true}'``: a plug-in group given as a
+    dict sets its fields over the recipe's; a group's field at the top level (the names before
+    the grouping) is refused naming its place."""
     spec = {"recipe": "digits-mlp", "loss": "ce", "loss_kwargs": {}, "seed": 0, "run_dir": "r",
-            "overrides": {"uncertainty_head": True, "head_lr": 0.01}}
-    with pytest.warns(DeprecationWarning, match="uncertainty_head -> joint_head.enabled"):
-        cfg = X.train_config(spec)
+            "overrides": {"joint_head": {"enabled": True, "lr": 0.01}}}
+    cfg = X.train_config(spec)
     assert cfg.joint_head.enabled and cfg.joint_head.lr == 0.01
-    with pytest.warns(DeprecationWarning):
-        assert cfg == TrainConfig.from_dict(X.resolve_spec(spec)["config"])
+    assert cfg.joint_head.weight_decay == TrainConfig().joint_head.weight_decay
+    assert cfg == TrainConfig.from_dict(X.run_spec(spec).to_json()["config"])
+    with pytest.raises(ValueError, match=r"\['uncertainty_head'\]; `uncertainty_head` is "
+                                         r"`joint_head.enabled`"):
+        X.train_config({**spec, "overrides": {"uncertainty_head": True}})
     with pytest.raises(ValueError, match=r"TrainConfig has no field\(s\) \['no_such_field'\]"):
         X.train_config({**spec, "overrides": {"no_such_field": 1}})

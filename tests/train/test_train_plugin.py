@@ -1,14 +1,11 @@
-"""A run's plug-in interface is :class:`torchcal.train.plugin.RunPlugin` (formerly ``NoHead``:
-"head" names the uncertainty head a plug-in may train, not the interface); the old name still
-imports from ``torchcal.train.joint_head``, deprecated, and is the class itself."""
+"""A run's plug-in interface is :class:`torchcal.train.plugin.RunPlugin` ("head" names the
+uncertainty head a plug-in may train, not the interface)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
-from torchcal.train import joint_head
 from torchcal.train.joint_head import JointHead
 from torchcal.train.multitask import TaskHead
 from torchcal.train.plugin import RunPlugin
@@ -23,10 +20,3 @@ def test_the_plug_ins_share_the_run_plugin_interface():
     assert bare.add_loss(total, None, None, None) is total
     assert bare.state(full=True) == {"head": None, "head_optimizer": None}
 
-
-def test_no_head_is_a_deprecated_alias():
-    with pytest.warns(DeprecationWarning, match=r"torchcal\.train\.joint_head\.NoHead is "
-                      r"deprecated: it was renamed torchcal\.train\.plugin\.RunPlugin"):
-        old = joint_head.NoHead
-    assert old is RunPlugin
-    assert "NoHead" not in joint_head.__all__

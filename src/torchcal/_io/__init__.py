@@ -10,19 +10,14 @@ package of small modules, each owning one concern.
 * :mod:`.links`: no write, lock or walk through a symbolic link that leaves its tree.
 * :mod:`.temp`: temporary directories, and the stale temporary files a killed process left.
 
-Every name is re-exported here, so that ``from torchcal._io import X`` works as it did when
-``_io`` was one module.  Setting a name here (a test's ``monkeypatch.setattr(torchcal._io,
-"atomic_write_bytes", ...)``) sets it in each module of the package that uses that function
-or constant, as it did then (:class:`_Package`).
+Every public name of the modules is re-exported here (``from torchcal._io import X``).  A
+name is looked up in the module that defines it: to replace one (a test's monkeypatch), set it
+there (``torchcal._io.jsonio.MAX_JSON_BYTES``), or in the module that imported it
+(``torchcal._io.verified.atomic_write_bytes``).
 """
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
-from . import atomic, bounded, jsonio, links, lock, temp, verified
 from .atomic import (
     TEMP_RE,
     append_text,
@@ -32,10 +27,10 @@ from .atomic import (
     atomic_writer,
     fsync_dir,
     fsync_file,
+    new_temp_file,
     signals_deferred,
     write_error,
 )
-from .atomic import new_temp_file as _new_temp_file  # noqa: F401 - its name when _io was one module
 from .bounded import read_bytes_bounded
 from .jsonio import (
     MAX_JSON_BYTES,
@@ -72,6 +67,7 @@ __all__ = [
     "append_text",
     "fsync_file",
     "signals_deferred",
+    "new_temp_file",
     "make_temp_dir",
     "remove_stale_temp_files",
     "remove_stale_temp_dirs",
@@ -100,27 +96,3 @@ __all__ = [
     "check_own_path",
     "TEMP_RE",
 ]
-
-_MODULES = (atomic, bounded, jsonio, links, lock, temp, verified)
-# names of this package that a module of it holds under another name
-_ALIASES = {"_new_temp_file": "new_temp_file"}
-_MISSING = object()
-
-
-class _Package(types.ModuleType):
-    """The type of this package: setting one of its names (``torchcal._io.MAX_JSON_BYTES =
-    100``) also sets it in each of its modules that holds the same object under that name
-    (or under the name :data:`_ALIASES` gives), so that every function of the package sees
-    the new value, as when ``_io`` was one module.  A new name is set here only."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        old = self.__dict__.get(name, _MISSING)
-        if old is not _MISSING:
-            inner = _ALIASES.get(name, name)
-            for module in _MODULES:
-                if module.__dict__.get(inner, _MISSING) is old:
-                    setattr(module, inner, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

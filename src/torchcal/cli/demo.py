@@ -1,7 +1,7 @@
 """``torchcal demo``: the parser and the printing of the embedded benchmarks.
 
 The benchmarks (the calibration benchmarks, MNIST-1D by default or noisy digits, chosen by
-``--benchmark``, formerly ``--dataset``, still accepted; ``--suite uncertainty``: the uncertainty benchmark), their sizes, report prose
+``--benchmark``; ``--suite uncertainty``: the uncertainty benchmark), their sizes, report prose
 and the sweep runner live in :mod:`torchcal.experiments`; this module turns the command line
 into a :class:`~torchcal.experiments.DemoConfig` and an executor, calls
 :func:`~torchcal.experiments.run_demo` (for every benchmark) and prints the result.
@@ -256,9 +256,9 @@ def register(subparsers) -> None:
                         "uncertainty: Kirchhof et al. 2024's pretrained uncertainty heads and "
                         "Kendall et al. 2018's multi-task weighting on MNIST-1D, 3 seeds "
                         "(--quick: a 1-seed smoke test; --full: every arm, 5 seeds)")
-    d.add_argument("--benchmark", "--dataset", dest="benchmark", choices=calibration,
+    d.add_argument("--benchmark", choices=calibration,
                    default="mnist1d",
-                   help="the benchmark (default mnist1d; --dataset: its former name): " + "; ".join(
+                   help="the benchmark (default mnist1d): " + "; ".join(
                        f"{n}: {get_benchmark(n).title}" for n in calibration))
     size = d.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help=h["quick"])

@@ -8,9 +8,10 @@ function of one run.  Benchmarks are registered by name (:func:`register_benchma
 :func:`get_benchmark`, :func:`list_benchmarks`) and every one runs through :func:`run_demo`
 (one lock on its output directory, a fresh directory by default, the runner below).  The
 calibration benchmarks ``mnist1d`` and ``digits`` (``torchcal demo --benchmark NAME``) are defined
-in :mod:`torchcal.experiments.calibration`.  A benchmark of another kind
-(:class:`BenchmarkKind`: how its jobs are made from a profile and how its report is written)
-is the uncertainty benchmark ``uncertainty`` (``torchcal demo --suite uncertainty``: Kirchhof
+in :mod:`torchcal.experiments.calibration`; their kind, :data:`TRAINING_RUNS` (one training
+run per loss and seed), is the default of ``Benchmark(kind=...)``.  A benchmark of another kind
+(:class:`BenchmarkKind`: how its jobs are made from a profile and how its report is written;
+:data:`UNCERTAINTY_SUITE`) is the uncertainty benchmark ``uncertainty`` (``torchcal demo --suite uncertainty``: Kirchhof
 et al. 2024's pretrained uncertainty heads and Kendall et al. 2018's multi-task weighting),
 defined in :mod:`torchcal.experiments.uncertainty`.
 
@@ -22,8 +23,7 @@ The **runner** executes units of work.  The API other work builds on:
   ``"skipped"``; it reports its failures instead of raising.  ``labels`` name the job in the
   result the runner writes when its process dies.  The function is pluggable: one training run
   (:func:`~torchcal.experiments.training.run_job`, built by :func:`train_job` from a run spec,
-  resolved in this process into its TrainConfig dict: :func:`~torchcal.experiments.training.
-  resolve_spec`),
+  resolved in this process into its TrainConfig: :func:`~torchcal.experiments.training.run_spec`),
   several runs trained as one packed model, another benchmark's run.
 * :func:`run_sweep` ``(jobs, executor=None, *, progress=True, desc="torchcal demo") -> list[dict]``:
   executes the jobs behind one progress bar and returns one result per job, in the jobs' order
@@ -69,10 +69,11 @@ if TYPE_CHECKING:  # the same names for static readers: type checkers, the API r
         list_benchmarks,
         register_benchmark,
     )
-    from .demo import DemoConfig, DemoResult, run_demo
+    from .demo import TRAINING_RUNS, DemoConfig, DemoResult, run_demo
     from .ray_executor import RayExecutor
     from .runner import ExecutorType, Job, LocalExecutor, Resources, register_executor, run_sweep
     from .training import train_job
+    from .uncertainty import UNCERTAINTY_SUITE
 
 _PUBLIC = {
     "run_demo": "demo", "DemoConfig": "demo", "DemoResult": "demo",
@@ -82,13 +83,14 @@ _PUBLIC = {
     "Job": "runner", "Resources": "runner", "run_sweep": "runner", "LocalExecutor": "runner",
     "ExecutorType": "runner", "register_executor": "runner",
     "train_job": "training", "RayExecutor": "ray_executor",
+    "TRAINING_RUNS": "demo", "UNCERTAINTY_SUITE": "uncertainty",
 }
 
 __all__ = [
     "run_demo", "DemoConfig", "DemoResult", "Benchmark", "BenchmarkKind", "Profile",
     "register_benchmark", "get_benchmark", "list_benchmarks",
     "Job", "Resources", "run_sweep", "train_job", "LocalExecutor", "RayExecutor",
-    "ExecutorType", "register_executor",
+    "ExecutorType", "register_executor", "TRAINING_RUNS", "UNCERTAINTY_SUITE",
 ]
 
 

@@ -31,7 +31,7 @@ from ..train import TrainConfig
 from .training import run_job
 
 __all__ = ["Profile", "Benchmark", "BenchmarkKind", "IntroContext", "BENCHMARKS", "register_benchmark", "get_benchmark",
-           "list_benchmarks", "tagged_losses", "committed_verdicts", "committed_note",
+           "list_benchmarks", "KINDS", "DEFAULT_KIND", "tagged_losses", "committed_verdicts", "committed_note",
            "PROFILE_NAMES"]
 
 #: The sizes every benchmark defines: ``default``, ``quick`` (a smoke test), ``full`` (the
@@ -65,7 +65,9 @@ class BenchmarkKind:
     the lock on the output directory, a fresh directory by default, the executor and the runner
     (skipping or resuming finished work belongs to the job functions, as for training runs).
     The calibration benchmarks' kind (one training run per loss and seed, the report of
-    :func:`torchcal.report.build_report`) is :data:`torchcal.experiments.demo.TRAINING_RUNS`.
+    :func:`torchcal.report.build_report`), the default, is
+    :data:`torchcal.experiments.TRAINING_RUNS`; the uncertainty suite's is
+    :data:`torchcal.experiments.UNCERTAINTY_SUITE`.
 
     Attributes:
         unit: what one job is called in messages ("1 unit(s) failed").
@@ -137,9 +139,9 @@ class Benchmark:
         prebuild_data: build the data once before the runs (cheap or generated data: the
             data options are checked, and generated data is cached once, not by every worker).
         job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
-        kind: how its jobs are made and its report written (:class:`BenchmarkKind`, required;
-            the calibration benchmarks' training runs:
-            :data:`~torchcal.experiments.demo.TRAINING_RUNS`).
+        kind: how its jobs are made and its report written (:class:`BenchmarkKind`; default
+            the calibration benchmarks' training runs per loss and seed,
+            :data:`torchcal.experiments.TRAINING_RUNS`).
     """
 
     name: str
@@ -159,15 +161,17 @@ class Benchmark:
     appendix: Callable[[Any], str] | None = None
     prebuild_data: bool = True
     job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_job
-    kind: BenchmarkKind = None  # type: ignore[assignment] - required: __post_init__ says so
+    kind: BenchmarkKind = None  # type: ignore[assignment] - None: KINDS' DEFAULT_KIND
 
     def __post_init__(self) -> None:
         missing = [p for p in PROFILE_NAMES if p not in self.profiles]
         if missing:
             raise ValueError(f"Expected `profiles` to define {PROFILE_NAMES}, missing {missing}")
+        if self.kind is None:
+            object.__setattr__(self, "kind", KINDS.get(DEFAULT_KIND))
         if not isinstance(self.kind, BenchmarkKind):
-            raise TypeError("Expected `kind` to be a BenchmarkKind (the calibration benchmarks' "
-                            "training runs per loss and seed: torchcal.experiments.demo."
+            raise TypeError("Expected `kind` to be a BenchmarkKind (default: the calibration "
+                            "benchmarks' training runs per loss and seed, torchcal.experiments."
                             f"TRAINING_RUNS), got {type(self.kind).__name__}")
 
     @property
@@ -258,6 +262,14 @@ class IntroContext:
     seconds: float = 0.0
     failed: Sequence[tuple[str, str]] = ()
     skipped: int = 0
+
+
+#: The benchmark kinds by name.  The default kind (``Benchmark(kind=None)``),
+#: :data:`torchcal.experiments.TRAINING_RUNS`, is defined and registered by
+#: torchcal.experiments.demo, which imports this module: the first lookup imports it.
+KINDS: Registry[BenchmarkKind] = Registry("benchmark kind",
+                                          modules=("torchcal.experiments.demo",))
+DEFAULT_KIND = "training-runs"
 
 
 #: The modules that register the built-in benchmarks, in their registration order.

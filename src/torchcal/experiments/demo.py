@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import functools
 import os
 import sys
 import time
-import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +45,15 @@ from ..run_dir import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
 from ..train.trainer import build_loss
-from .benchmark import Benchmark, BenchmarkKind, IntroContext, committed_note, get_benchmark
+from .benchmark import (
+    DEFAULT_KIND,
+    KINDS,
+    Benchmark,
+    BenchmarkKind,
+    IntroContext,
+    committed_note,
+    get_benchmark,
+)
 from .packed import expand_results, pack_jobs
 from .runner import Executor, LocalExecutor, run_sweep
 from .training import RunSpec, run_spec, spec_labels, train_job
@@ -55,7 +61,7 @@ from .training import RunSpec, run_spec, spec_labels, train_job
 # the calibration benchmarks (torchcal.experiments.calibration) name TRAINING_RUNS as their
 # kind; the package imports them before any benchmark is looked up
 __all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve",
-           "demo_jobs", "run_demo", "default_out", "intro_text", "appendix_text",
+           "run_demo", "default_out", "intro_text", "appendix_text",
            "verdict_label", "seed_ensembles", "ENSEMBLES_DIR", "TRAINING_RUNS"]
 
 #: The demo's directory of the losses' ensembles (``OUT/ensembles/<loss>/``).
@@ -93,43 +99,6 @@ class DemoConfig:
         if self.quick and self.full:
             raise ValueError("Expected at most one of `quick` and `full`, got both")
         return "full" if self.full else "quick" if self.quick else "default"
-
-
-def _warn_dataset() -> None:
-    # at the line that names ``dataset`` (this function's caller's caller)
-    warnings.warn("DemoConfig.dataset is deprecated: it was renamed DemoConfig.benchmark",
-                  DeprecationWarning, stacklevel=3)
-
-
-def _get_dataset(self: DemoConfig) -> str:
-    _warn_dataset()
-    return self.benchmark
-
-
-def _set_dataset(self: DemoConfig, value: str) -> None:
-    _warn_dataset()
-    self.benchmark = value
-
-
-def _wrap_init(init: Any) -> Any:
-    """``DemoConfig(dataset=...)``, the former name of ``benchmark``: warned, and it wins (also
-    through ``dataclasses.replace(cfg, dataset=...)``, which passes the old ``benchmark``)."""
-
-    @functools.wraps(init)
-    def __init__(self: DemoConfig, *args: Any, dataset: str | None = None, **kwargs: Any) -> None:
-        if dataset is not None:
-            _warn_dataset()
-            kwargs["benchmark"] = dataset
-        init(self, *args, **kwargs)
-
-    return __init__
-
-
-# The former name of ``benchmark`` (deprecated), outside the dataclass's fields, so that
-# equality, ``repr`` and ``dataclasses.replace`` see ``benchmark`` only.
-DemoConfig.__init__ = _wrap_init(DemoConfig.__init__)  # type: ignore[method-assign]
-DemoConfig.dataset = property(  # type: ignore[attr-defined]
-    _get_dataset, _set_dataset, doc="Deprecated: the former name of :attr:`benchmark`.")
 
 
 @dataclass
@@ -194,16 +163,6 @@ def default_out() -> Path:
         k += 1
         p = base / f"{stamp}-{k}"
     return p
-
-
-def demo_jobs(cfg: DemoConfig, out: Path) -> list[dict[str, Any]]:
-    """The run specs (:mod:`torchcal.experiments.training`) as JSON, one per (loss, seed),
-    seed-major so that the progress estimate is representative early; each resolved here
-    (its TrainConfig as a dict under ``config``), so that workers train what this process
-    resolved.  The demo itself keeps the typed :class:`~torchcal.experiments.training.RunSpec` s
-    and makes JSON of them only for its workers."""
-    bench = get_benchmark(cfg.benchmark)
-    return [s.to_json() for s in _run_specs(_resolve(cfg, bench), bench, out)]
 
 
 def _run_specs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[RunSpec]:
@@ -356,10 +315,11 @@ class _TrainingRuns(BenchmarkKind):
         return rep, failed
 
 
-#: The calibration benchmarks' kind (:mod:`torchcal.experiments.calibration` names it); what
-#: ``torchcal demo`` prints after their runs is the command line's (the report's tail, as
-#: ``torchcal report`` prints it), so it has no ``summary``.
-TRAINING_RUNS: BenchmarkKind = _TrainingRuns()
+#: The calibration benchmarks' kind, the default of ``Benchmark.kind``
+#: (:mod:`torchcal.experiments.calibration` names it); what ``torchcal demo`` prints after
+#: their runs is the command line's (the report's tail, as ``torchcal report`` prints it), so
+#: it has no ``summary``.
+TRAINING_RUNS: BenchmarkKind = KINDS.register(DEFAULT_KIND, _TrainingRuns())
 
 
 def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) -> DemoResult:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -79,8 +78,7 @@ def pack_jobs(specs: Sequence[RunSpec | Mapping[str, Any]], *,
 
 def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Train the runs ``spec["members"]`` (JSON specs, a pack :func:`pack_jobs` formed) as one
-    pack and evaluate them (:func:`~torchcal.experiments.training.train_runs`).  The former key
-    ``"runs"`` is still read, with a ``DeprecationWarning``.
+    pack and evaluate them (:func:`~torchcal.experiments.training.train_runs`).
 
     Returns:
         ``{"error": None, "members": [one run_job-style result per run]}`` (``error`` of the
@@ -88,7 +86,7 @@ def run_packed_job(spec: Mapping[str, Any]) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     set_threads(1)
-    runs = list(_pack_members(spec))
+    runs = list(spec[PACK_KEY])
     out: list[dict[str, Any]] = [None] * len(runs)  # type: ignore[list-item]
     resolved: list[RunSpec] = []
     for i, s in enumerate(runs):
@@ -124,11 +122,3 @@ def expand_results(jobs: Sequence[Job], results: Sequence[Mapping[str, Any]]
                          "skipped": False, "seconds": 0.0} for m in job.labels[PACK_KEY])
     return flat
 
-
-def _pack_members(spec: Mapping[str, Any]) -> Any:
-    """A pack job's run specs: ``spec["members"]``, or the former key ``"runs"`` (warned)."""
-    if PACK_KEY in spec or "runs" not in spec:
-        return spec[PACK_KEY]
-    warnings.warn('A pack job\'s spec key "runs" is deprecated: it was renamed "members"',
-                  DeprecationWarning, stacklevel=3)
-    return spec["runs"]

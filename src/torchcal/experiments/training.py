@@ -43,13 +43,13 @@ from ..evaluate import read_results
 from ..run_dir import RunDir
 from ..train import TrainConfig, get_recipe
 from ..train.checkpoint import remove_stale_run_temp_files
-from ..train.config import changed_fields, flat_keys
+from ..train.config import changed_fields, grouped_name
 from ..train.device import is_cuda
 from ..train.evaluation import read_config
 from ..train.packed import train_pack
 from .runner import Job, Resources, set_threads
 
-__all__ = ["RunSpec", "run_spec", "train_config", "resolve_spec", "train_job", "run_job",
+__all__ = ["RunSpec", "run_spec", "train_config", "train_job", "run_job",
            "train_runs", "is_stale", "is_finished", "warn_untrusted_results", "clear_run_dir",
            "retrain_reason", "untrusted_results", "is_cuda", "spec_labels"]
 
@@ -128,7 +128,7 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
     epochs (milestones kept at the recipe's fractions), data options and overrides; one thread
     on the CPU, a checkpoint every tenth of the epochs, the last epoch evaluated.
 
-    A resolved spec (:func:`resolve_spec`) is its ``config``, read without looking anything up
+    A resolved spec (:meth:`RunSpec.to_json`) is its ``config``, read without looking anything up
     (``ValueError`` when the spec's loss, seed, run directory or overrides were changed after
     it was resolved: drop ``config`` to resolve it again).
     """
@@ -162,11 +162,14 @@ def train_config(spec: Mapping[str, Any]) -> TrainConfig:
         dk.update(spec.get("data_kwargs") or {})
         upd["data_kwargs"] = dk
     upd.update(spec.get("overrides") or {})
-    # earlier versions' flat names of the plug-in fields (``uncertainty_head``, ``head_lr``,
-    # ...) are TrainConfig's to map into their groups, with its DeprecationWarning
-    unknown = sorted(set(upd) - fields - set(flat_keys(TrainConfig)))
+    unknown = sorted(set(upd) - fields)
     if unknown:
-        raise ValueError(f"TrainConfig has no field(s) {unknown}")
+        moved = {k: grouped_name(TrainConfig, k) for k in unknown}
+        hint = "".join(f"; `{k}` is `{w}`" for k, w in moved.items() if w)
+        raise ValueError(f"TrainConfig has no field(s) {unknown}{hint}")
+    for k, v in upd.items():  # a plug-in group as a dict: its fields over the recipe's
+        if isinstance(v, Mapping) and dataclasses.is_dataclass(getattr(cfg, k)):
+            upd[k] = dataclasses.replace(getattr(cfg, k), **v)
     return dataclasses.replace(cfg, **upd)
 
 
@@ -184,23 +187,6 @@ def _check_resolved(spec: Mapping[str, Any]) -> None:
             raise ValueError(f"Expected the run spec's `config` to be resolved from its other "
                              f"fields, got {name} = {v!r} but config[{k!r}] = {cfg[k]!r} (drop "
                              "`config` to resolve the spec again)")
-
-
-def resolve_spec(spec: RunSpec | Mapping[str, Any]) -> dict[str, Any]:
-    """``spec`` with its TrainConfig as a JSON-able dict under ``config`` (resolved here, in
-    the calling process, where the recipe is registered); a resolved spec is returned as is.
-
-    >>> spec = {"recipe": "digits-mlp", "loss": "ce", "loss_kwargs": {}, "seed": 0,
-    ...         "epochs": 2, "n_bins": 15, "run_dir": "r"}
-    >>> cfg = resolve_spec(spec)["config"]
-    >>> cfg["recipe"], cfg["epochs"], train_config(resolve_spec(spec)) == train_config(spec)
-    ('digits-mlp', 2, True)
-    """
-    if isinstance(spec, RunSpec):
-        return spec.to_json()
-    if spec.get("config") is not None:
-        return dict(spec)
-    return {**spec, "config": train_config(spec).to_dict()}
 
 
 def train_job(spec: RunSpec | Mapping[str, Any], *,

@@ -17,7 +17,7 @@ split, on the *unseen* classes 5-9 (zero-shot: recall@1 correctness from the emb
 *shifted generator* (correlated noise 0.6, iid noise 0.1, shear 2.0; classes 0-4), each beside
 the baselines that apply (the classifier's max-probability and entropy, the url code's embedding
 norm).  The same backbone is trained a second time with a jointly trained head behind the
-stop-gradient (``uncertainty_head=True``) to compare the two classifiers' logits; and the time of
+stop-gradient (``joint_head.enabled``) to compare the two classifiers' logits; and the time of
 a head epoch from the cache is compared with a head epoch that recomputes the embeddings.
 
 **Multi-task uncertainty weighting** (Kendall, Gal & Cipolla, CVPR 2018; :func:`kendall_unit`).
@@ -65,7 +65,7 @@ from .runner import Job
 from .training import is_stale
 from .uncertainty_regression import LEARNED_VARIANCE, regression_section
 
-__all__ = ["SUMMARY_FILE", "UNCERTAINTY", "write_suite_report", "UncertaintyProfile",
+__all__ = ["SUMMARY_FILE", "UNCERTAINTY", "UNCERTAINTY_SUITE", "write_suite_report", "UncertaintyProfile",
            "PROFILES", "SHIFT", "UPSTREAM", "LEARNED_VARIANCE", "DOWNSTREAM", "GRID_DEFAULT", "suite_specs",
            "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
 
@@ -435,10 +435,13 @@ class _UncertaintySuite(BenchmarkKind):
             f"{s['profile']})"])
 
 
+#: The uncertainty suite's kind: its units of work and its report.
+UNCERTAINTY_SUITE: BenchmarkKind = _UncertaintySuite()
+
 #: ``torchcal demo --suite uncertainty``: the suite as a registered benchmark of
 #: :func:`~torchcal.experiments.run_demo`, its profiles :data:`PROFILES`.
 UNCERTAINTY = register_benchmark(Benchmark(
     name="uncertainty", title="uncertainty heads and multi-task weighting on MNIST-1D",
     recipe="", profiles=PROFILES, tag="", claims=rep.CLAIMS, prebuild_data=False,
     summary="Kirchhof et al. 2024's pretrained uncertainty heads and Kendall et al. 2018's "
-            "multi-task weighting on MNIST-1D", job_fn=run_unit, kind=_UncertaintySuite()))
+            "multi-task weighting on MNIST-1D", job_fn=run_unit, kind=UNCERTAINTY_SUITE))

@@ -20,7 +20,7 @@ import torch
 from ._common import check_hyper, no_autocast, safe_pow
 from ._loss_utils import as_index, check_loss_args, reduce_loss, target_log_probs
 
-__all__ = ["dual_focal_loss", "dual_focal_weight", "log_p_below"]
+__all__ = ["dual_focal_loss", "log_p_below"]
 
 
 def log_p_below(log_p: torch.Tensor, lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,10 +84,3 @@ def dual_focal_loss(
                                                  validate_args=validate_args)
         return reduce_loss(dual_focal_terms(log_p, as_index(safe), gamma), valid, reduction)
 
-
-@torch.no_grad()
-def dual_focal_weight(log_p: torch.Tensor, target: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Detached dual-focal weight ``(1 - p_y + p_j)^γ`` from log-probabilities (M, C), targets (M,)."""
-    lp = log_p.gather(1, target.unsqueeze(1)).squeeze(1)
-    lj, _ = log_p_below(log_p, lp)
-    return (-torch.expm1(lp) + lj.exp()).pow(gamma)

@@ -37,19 +37,16 @@ LOSSES: Registry[Callable[..., nn.Module]] = Registry("loss", modules=("torchcal
 
 
 def register_loss(name: str, *, display: str | None = None, order: float | None = None,
-                  paper: str | None = None, tags: Iterable[str] = (),
-                  aliases: Iterable[str] = ()) -> Callable[[T], T]:
+                  paper: str | None = None, tags: Iterable[str] = ()) -> Callable[[T], T]:
     """Class/factory decorator registering a loss under ``name`` (lower case, unique), with its
     display name, canonical table position, paper and tags (:class:`~torchcal._registry.Registry`).
 
     Tags select losses without a list elsewhere: ``"demo"`` puts a loss in the table of
     ``torchcal demo`` (its ``--full`` and noisy-digits runs), ``"variant"`` marks a published
-    variant kept for faithful recipes (:func:`list_losses`'s ``tag``).  ``aliases``: former
-    names that still build the loss (a loss's registry name is its class's and its function's
-    stem; a renamed one keeps its old name here).
+    variant kept for faithful recipes (:func:`list_losses`'s ``tag``).  A loss's registry name
+    is its class's and its function's stem.
     """
-    return LOSSES.register(name, display=display, order=order, paper=paper, tags=tags,
-                           aliases=aliases)
+    return LOSSES.register(name, display=display, order=order, paper=paper, tags=tags)
 
 
 def list_losses(pattern: str | None = None, *, tag: str | None = None) -> list[str]:

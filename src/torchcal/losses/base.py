@@ -194,28 +194,6 @@ class CalibrationLoss(nn.Module):
     #: bit for bit on the CPU.
     vmap_rounds_alike: ClassVar[bool] = True
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "pack_problem" in vars(cls) and "vmap_problem" not in vars(cls):
-            # a loss written before the rename: its override keeps deciding, with a warning
-            warnings.warn(f"{cls.__qualname__} overrides CalibrationLoss.pack_problem, renamed "
-                          "vmap_problem: rename the method", DeprecationWarning, stacklevel=2)
-            cls._legacy_pack_problem = True
-            cls.vmap_problem = vars(cls)["pack_problem"]
-
-    def pack_problem(self) -> str | None:
-        """Deprecated name of :meth:`vmap_problem` (``pack_problem`` also names why a run
-        cannot join a pack, :func:`torchcal.train.packed.pack_problem`)."""
-        warnings.warn("CalibrationLoss.pack_problem is deprecated: it was renamed vmap_problem",
-                      DeprecationWarning, stacklevel=2)
-        mro = type(self).__mro__
-        # the vmap_problem below the last class that overrides the old name (a legacy
-        # override's ``super().pack_problem()`` lands here and must not call itself again)
-        start = max((i + 1 for i, c in enumerate(mro) if vars(c).get("_legacy_pack_problem")),
-                    default=0)
-        owner = next(c for c in mro[start:] if "vmap_problem" in vars(c))
-        return vars(owner)["vmap_problem"](self)
-
     def vmap_problem(self) -> str | None:
         """Why this loss cannot be evaluated for several packed runs in one vmapped call (None:
         it can).

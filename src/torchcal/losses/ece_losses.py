@@ -108,7 +108,7 @@ class ECEKDELoss(CalibrationLoss):
 
 
 @register_loss("ece_gap", display="ECE loss", order=35,
-               paper=LIN_2025_CODE, tags={"variant"}, aliases=("ece_loss",))
+               paper=LIN_2025_CODE, tags={"variant"})
 class ECEGapLoss(CalibrationLoss):
     r"""The BSCE-GRA repository's ECE-loss: cross-entropy weighted per sample by detached
     validation calibration gaps (see :func:`torchcal.functional.ece_gap_loss`).

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from ..functional.blocks import check_batch_reduction
 from ..functional.basic import cross_entropy
-from ..functional.mmce_unweighted import mmce_gra_loss, mmce_unweighted_loss, mmce_m_terms
+from ..functional.blocks import check_batch_reduction
+from ..functional.mmce_unweighted import mmce_gra_loss, mmce_m_terms, mmce_unweighted_loss
 from ._registry import KUMAR_2018, LIN_2025_CODE, register_loss
 from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
@@ -34,7 +34,7 @@ class _BatchLoss(CalibrationLoss):
 
 
 @register_loss("mmce_unweighted", display="MMCE (unweighted)", order=16,
-               paper=KUMAR_2018, tags={"variant"}, aliases=("mmce_m",))
+               paper=KUMAR_2018, tags={"variant"})
 class MMCEUnweightedLoss(_BatchLoss):
     """``CE_mean + λ·MMCE_m``: the unweighted MMCE (the focal-calibration code's ``mmce``
     option; see :func:`torchcal.functional.mmce_unweighted_loss`).  ``"sum"`` gives N times it (the

@@ -1,6 +1,7 @@
-"""The numbers a training loop logs per epoch: the streaming training statistics
-(:class:`EpochStats`, fixed-size state accumulated on the device, no host syncs) and the metrics
-of a whole split (:func:`epoch_metrics`).
+"""The numbers a training loop logs per epoch: the metrics of a whole split
+(:func:`epoch_metrics`, and :func:`stacked_epoch_metrics` for M packed members) and the binned
+sums of M members at once (:func:`stacked_binned_sums`, which the trainer's streaming training
+statistics, :class:`torchcal.train.engine.PackedStats`, accumulate).
 
 The binned calibration sums and the ECE are those of :mod:`torchcal.metrics` (the same bins and
 formula as :func:`torchcal.metrics.ece`).
@@ -9,69 +10,14 @@ formula as :func:`torchcal.metrics.ece`).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from .binning import binned_sums, calibration_from_sums, equal_width_bin_index
 from .calibration import ece
-from .distributed import world_size
 from .scoring import entropy
 
-__all__ = ["EpochStats", "epoch_metrics", "stacked_epoch_metrics", "stacked_binned_sums",
+__all__ = ["epoch_metrics", "stacked_epoch_metrics", "stacked_binned_sums",
            "EPOCH_KEYS", "DIAGNOSTIC_KEYS"]
-
-
-class EpochStats:
-    """Fixed-size per-epoch training statistics accumulated on the device (no host syncs): the
-    loss, NLL, error and equal-width ECE of the training batches seen.
-
-    Args:
-        n_bins: equal-width bins of the ECE.
-        device: where the sums live (the training device).
-
-    Example:
-        >>> stats = EpochStats(15, torch.device("cpu"))
-        >>> z, y = torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0])
-        >>> stats.update(z, y, torch.tensor(1.5))
-        >>> {k: round(v, 4) for k, v in stats.compute().items()}
-        {'loss': 0.75, 'nll': 0.7201, 'error': 0.5, 'ece': 0.4251}
-    """
-
-    def __init__(self, n_bins: int, device: torch.device) -> None:
-        self.n_bins = n_bins
-        # loss_sum, nll_sum, correct, count
-        self.scalars = torch.zeros(4, dtype=torch.float64, device=device)
-        # per bin: count, conf sum, correct sum (torchcal.metrics' binned sums)
-        self.bins = torch.zeros(3, n_bins, dtype=torch.float64, device=device)
-
-    @torch.no_grad()
-    def update(self, logits: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor) -> None:
-        """Add a batch: logits (N, C), labels (N,) and the batch's summed loss."""
-        z = logits.detach().float()
-        logp = torch.log_softmax(z, 1)
-        conf, pred = logp.max(dim=1)
-        correct = pred.eq(y)
-        conf = conf.exp()
-        nll = -logp.gather(1, y[:, None]).sum()
-        self.scalars += torch.stack([loss_sum.detach().double(), nll.double(),
-                                     correct.sum().double(),
-                                     torch.tensor(float(y.shape[0]), dtype=torch.float64,
-                                                  device=z.device)])
-        self.bins += binned_sums(equal_width_bin_index(conf, self.n_bins), conf, correct,
-                                 self.n_bins)
-
-    def compute(self, sync_dist: bool = False) -> dict[str, float]:
-        """``loss``, ``nll`` (per sample), ``error`` and ``ece`` as floats (NaN before any
-        batch); ``sync_dist`` sums every rank's state first under ``torch.distributed``."""
-        flat = torch.cat([self.scalars, self.bins.reshape(-1)])
-        if sync_dist and world_size() > 1:
-            dist.all_reduce(flat)
-        flat = flat.cpu()
-        s, b = flat[:4], flat[4:].reshape(3, self.n_bins)
-        n = float(s[3]) if float(s[3]) > 0 else float("nan")
-        e = float(calibration_from_sums(b, "l1")) if n == n else float("nan")
-        return {"loss": float(s[0]) / n, "nll": float(s[1]) / n, "error": 1.0 - float(s[2]) / n,
-                "ece": e}
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -33,14 +33,13 @@ and beta) never do.
 Every calibrator is a scikit-learn estimator (``get_params`` / ``set_params``, so ``clone``,
 ``Pipeline`` and ``GridSearchCV`` work; :meth:`Calibrator.score` is the mean log-likelihood).
 A failed fit raises :class:`CalibrationFitError` (a :class:`torchcal.errors.TorchcalError`) with
-the reason; its former name ``CalibrationError`` still imports from here, deprecated.
+the reason.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import renamed_getattr
 from ._common import (
     CalibrationFitError,
     Calibrator,
@@ -110,9 +109,3 @@ def calibrator_from_dict(d: dict[str, Any]) -> Estimator:
     if kind not in _TYPES:
         raise ValueError(f"Expected `d['type']` to be one of {sorted(_TYPES)}, got {kind!r}")
     return _TYPES[kind].from_dict(d)
-
-
-# The fit failure's former name (``torchcal.integrations.torchmetrics.CalibrationError`` is the
-# ECE metric): the same class, with a DeprecationWarning.
-__getattr__ = renamed_getattr(__name__, {
-    "CalibrationError": ("torchcal.posthoc.CalibrationFitError", CalibrationFitError)})

@@ -58,7 +58,6 @@ __all__ = [
     "checksum_path",
     "rng_state_tensors",
     "restore_rng_state",
-    "atomic_copy",
     "remove_stale_run_temp_files",
 ]
 
@@ -75,12 +74,6 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
     buf = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buf)
     return write_verified(path, buf.getvalue())
-
-
-def atomic_copy(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
-    """Copy checkpoint ``src`` to ``dst`` atomically, with a SHA-256 file for ``dst``."""
-    dst = Path(dst)
-    return write_verified(dst, Path(src).read_bytes())
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:

@@ -12,8 +12,7 @@ loop (:func:`check_fields`); its ``torchcal train`` options (``cli=``, :class:`F
 command line adds and reads in a loop (:func:`cli_fields`); and its **role**, which every rule
 that asks "does this field change training?" reads (:func:`changed_fields`).  There is no second
 list.  The plug-ins' fields are groups of their own (:class:`JointHeadConfig`,
-:class:`MultitaskConfig`); earlier versions' flat names of them are read by
-:meth:`TrainConfig.from_dict` (:func:`flat_keys`).  The roles:
+:class:`MultitaskConfig`).  The roles:
 
 * ``identity``: what is trained (data, model, loss and its arguments, seed, optimiser,
   reduction, clipping, precision, ...).  Resuming a run with a changed identity field is
@@ -42,7 +41,6 @@ import dataclasses
 import json
 import math
 import numbers
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +49,8 @@ from .._validation import Interval, Options
 
 __all__ = ["TrainConfig", "JointHeadConfig", "MultitaskConfig", "Flag", "UNCHECKED", "AMP_MODES",
            "SELECT_BEST_BY", "REDUCTIONS", "COMPILE_STEPS", "ROLES", "field_role",
-           "changed_fields", "describe_fields", "check_fields", "cli_fields", "flat_keys"]
+           "changed_fields", "describe_fields", "check_fields", "cli_fields",
+           "grouped_name"]
 
 AMP_MODES = ("off", "bf16", "fp16")
 SELECT_BEST_BY = ("ece", "nll", "error", "none")
@@ -116,12 +115,11 @@ class Flag:
 
 def _role(role: str, default: Any = dataclasses.MISSING, *, check: Callable[[Any, str], Any],
           cli: Flag | tuple[Flag, ...] = (), value: str | None = None, warn: bool = True,
-          flat: str | None = None, **kw: Any) -> Any:
+          **kw: Any) -> Any:
     """A dataclass field with its declaration as metadata: its role (and comparison method,
-    warning flag), its constraint ``check(value, name) -> value``, its command-line flags, and
-    (for a field of a plug-in group) its name in the flat configs of earlier versions."""
+    warning flag), its constraint ``check(value, name) -> value`` and its command-line flags."""
     meta = {"role": role, "value": value, "warn": warn, "check": check,
-            "cli": (cli,) if isinstance(cli, Flag) else tuple(cli), "flat": flat}
+            "cli": (cli,) if isinstance(cli, Flag) else tuple(cli)}
     return field(default=default, metadata=meta, **kw)
 
 
@@ -283,22 +281,21 @@ class JointHeadConfig:
 
     Attributes:
         enabled: train a :class:`torchcal.uncertainty.UncertaintyHead` jointly on the detached
-            pre-logit features with the ranking loss (REFERENCE §5).  Earlier versions'
-            ``uncertainty_head``.
-        lr, weight_decay: AdamW settings of the head (earlier ``head_lr``, ``head_weight_decay``).
+            pre-logit features with the ranking loss (REFERENCE §5).
+        lr, weight_decay: AdamW settings of the head.
     """
 
-    enabled: bool = identity(False, check=UNCHECKED, flat="uncertainty_head", cli=Flag(
+    enabled: bool = identity(False, check=UNCHECKED, cli=Flag(
         "--uncertainty-head", "jointly train an uncertainty head on the detached features "
         "(ranking loss, own AdamW)", const=True))
-    lr: float = identity(1e-3, check=POSITIVE, flat="head_lr")
-    weight_decay: float = identity(1e-4, check=NON_NEGATIVE, flat="head_weight_decay")
+    lr: float = identity(1e-3, check=POSITIVE)
+    weight_decay: float = identity(1e-4, check=NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
 class MultitaskConfig:
     """The two-task strategy (:mod:`torchcal.train.multitask`), a plug-in of the trainer:
-    ``TrainConfig.multitask``.  Its fields kept their names of earlier versions' flat configs.
+    ``TrainConfig.multitask``.
 
     Attributes:
         tasks: ``[]`` for a classifier (every recipe but ``mnist1d-multitask``), or
@@ -323,26 +320,26 @@ class MultitaskConfig:
             (a learned task weight on a loss that can be negative has no minimum).
     """
 
-    tasks: list[str] = identity(default_factory=list, check=task_list, flat="tasks", cli=Flag(
+    tasks: list[str] = identity(default_factory=list, check=task_list, cli=Flag(
         "--task", "the regression task: a generator parameter of the data (MNIST-1D: "
         "translation, scale, shear, padding, ...); the recipe's otherwise", metavar="PARAM",
         convert=_task_of, group=_MULTITASK))
-    task_weighting: str = identity("kendall", check=UNCHECKED, flat="task_weighting", cli=Flag(
+    task_weighting: str = identity("kendall", check=UNCHECKED, cli=Flag(
         "--task-weighting", "combine the class and regression losses with Kendall et al.'s "
         "learned weights, equally, or with fixed weights (default: kendall)",
         metavar="kendall|equal|fixed:W1,W2", group=_MULTITASK))
-    log_var_lr: float = identity(0.05, check=POSITIVE, flat="log_var_lr", cli=Flag(
+    log_var_lr: float = identity(0.05, check=POSITIVE, cli=Flag(
         "--log-var-lr", "learning rate of Kendall's log-variances (their own parameter group; "
         "default 0.05: Adam moves them about this much per step, and their optimum log(2cL) can "
         "lie several units from 0)", type=float, group=_MULTITASK))
-    log_var_init: float = identity(0.0, check=Interval(float, None, None), flat="log_var_init",
+    log_var_init: float = identity(0.0, check=Interval(float, None, None),
                                    cli=Flag("--log-var-init", "initial log-variances (default 0)",
                                             type=float, group=_MULTITASK))
-    standardize_targets: bool = identity(True, check=UNCHECKED, flat="standardize_targets",
+    standardize_targets: bool = identity(True, check=UNCHECKED,
                                          cli=Flag("--raw-targets", "do not standardise the "
                                                   "regression target", const=False,
                                                   group=_MULTITASK))
-    target_noise: float = identity(0.0, check=NON_NEGATIVE, flat="target_noise", cli=Flag(
+    target_noise: float = identity(0.0, check=NON_NEGATIVE, cli=Flag(
         "--target-noise", "Gaussian noise (std, standardised units) added to the training "
         "targets", type=float, group=_MULTITASK))
     regression_variance: str = identity("task", check=Options(REGRESSION_VARIANCES), cli=Flag(
@@ -393,15 +390,22 @@ def _group_class(f: dataclasses.Field) -> type | None:
     return factory if isinstance(factory, type) and dataclasses.is_dataclass(factory) else None
 
 
-def flat_keys(cls: type) -> dict[str, tuple[str, str]]:
-    """Earlier versions' flat keys of the plug-in fields: ``{"head_lr": ("joint_head", "lr")}``."""
-    out = {}
+#: The joint head's fields under the top-level names they had before the grouping.
+_JOINT_HEAD_KEYS = {"uncertainty_head": "enabled", "head_lr": "lr",
+                    "head_weight_decay": "weight_decay"}
+
+
+def grouped_name(cls: type, key: str) -> str | None:
+    """``"group.name"`` when the top-level key ``key`` names a plug-in group's field
+    (``"tasks"`` -> ``"multitask.tasks"``, ``"head_lr"`` -> ``"joint_head.lr"``); else None."""
     for g in dataclasses.fields(cls):
         sub = _group_class(g)
-        for f in dataclasses.fields(sub) if sub else ():
-            if f.metadata.get("flat"):
-                out[f.metadata["flat"]] = (g.name, f.name)
-    return out
+        names = {f.name: f.name for f in dataclasses.fields(sub)} if sub else {}
+        if g.name == "joint_head":
+            names.update(_JOINT_HEAD_KEYS)
+        if key in names:
+            return f"{g.name}.{names[key]}"
+    return None
 
 
 @dataclass
@@ -613,32 +617,31 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility), and the
-        flat keys of earlier versions' plug-in fields (``uncertainty_head``, ``head_lr``,
-        ``tasks``, ...: :func:`flat_keys`) are read into their groups, so that an old run
-        directory's ``config.json`` gives the config that the same settings give today.
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatibility), but a
+        plug-in group's field at the top level (``"tasks"``, ``"head_lr"``) is refused
+        (``ValueError`` naming its place, ``multitask.tasks``, ``joint_head.lr``).
 
-        >>> old = TrainConfig.from_dict({"uncertainty_head": True, "head_lr": 0.01})
-        >>> old == TrainConfig(joint_head=JointHeadConfig(enabled=True, lr=0.01))
-        True
+        >>> TrainConfig.from_dict({"head_lr": 0.01})
+        Traceback (most recent call last):
+        ValueError: Expected the config's `head_lr` under its group, as `joint_head.lr`
         """
         if not isinstance(d, dict):
             raise ValueError(f"Expected a config dict, got {type(d).__name__}")
         names = {f.name: f for f in dataclasses.fields(cls)}
+        for k in d:
+            where = None if k in names else grouped_name(cls, k)
+            if where is not None:
+                raise ValueError(f"Expected the config's `{k}` under its group, as `{where}`")
         kw = {k: v for k, v in d.items() if k in names}
         for k in ("milestones", "milestone_fractions"):
             if kw.get(k) is not None:
                 kw[k] = list(kw[k])
-        groups = _regroup(d, {k: v for k, v in kw.items() if _group_class(names[k])}, cls)
+        groups = _groups({k: v for k, v in kw.items() if _group_class(names[k])}, cls)
         return cls(**{**kw, **groups})
 
 
-
-
-def _regroup(d: dict[str, Any], given: dict[str, Any], cls: type) -> dict[str, Any]:
-    """The plug-in groups of ``cls`` from ``given`` (a group as a dict or instance) and the
-    flat keys of ``d`` (earlier versions' names, :func:`flat_keys`); a flat key that
-    contradicts its group's entry is refused (``ValueError`` naming both)."""
+def _groups(given: dict[str, Any], cls: type) -> dict[str, Any]:
+    """The plug-in groups of ``cls`` from ``given`` (a group as a dict or instance)."""
     parts: dict[str, dict[str, Any]] = {}
     for name, v in given.items():
         sub = _group_class(next(f for f in dataclasses.fields(cls) if f.name == name))
@@ -647,15 +650,6 @@ def _regroup(d: dict[str, Any], given: dict[str, Any], cls: type) -> dict[str, A
         if not isinstance(v, dict):
             raise ValueError(f"Expected `{name}` to be a dict or a {sub.__name__}, got {v!r}")
         parts[name] = {k: x for k, x in v.items() if k in {f.name for f in dataclasses.fields(sub)}}
-    for old, (group, name) in flat_keys(cls).items():
-        if old not in d:
-            continue
-        have = parts.setdefault(group, {})
-        if name in have and json.dumps(have[name]) != json.dumps(d[old]):
-            raise ValueError(f"Expected the config's `{old}` (an earlier version's name of "
-                             f"`{group}.{name}`) to agree with `{group}.{name}`, got "
-                             f"{d[old]!r} and {have[name]!r}")
-        have[name] = d[old]
     out = {}
     for f in dataclasses.fields(cls):
         if f.name in parts:
@@ -666,45 +660,3 @@ def _regroup(d: dict[str, Any], given: dict[str, Any], cls: type) -> dict[str, A
     return out
 
 
-def _with_flat_keys(init: Callable[..., None]) -> Callable[..., None]:
-    """``TrainConfig.__init__`` that also takes the plug-in fields' flat names of earlier
-    versions (``TrainConfig(uncertainty_head=True)``, ``dataclasses.replace(c, head_lr=0.01)``)
-    with a ``DeprecationWarning`` naming the new place."""
-    def __init__(self: Any, *args: Any, **kw: Any) -> None:
-        old = {k: kw.pop(k) for k in list(kw) if k in flat_keys(type(self))}
-        if old:
-            moved = ", ".join(f"{k} -> {'.'.join(flat_keys(type(self))[k])}" for k in old)
-            warnings.warn(f"TrainConfig's plug-in fields are grouped: {moved}; the flat "
-                          "names are deprecated", DeprecationWarning, stacklevel=3)
-            given = {g: kw[g] for g, _ in flat_keys(type(self)).values() if g in kw}
-            kw.update(_regroup_over(given, old, type(self)))
-        init(self, *args, **kw)
-    __init__.__doc__ = init.__doc__
-    return __init__
-
-
-def _regroup_over(given: dict[str, Any], old: dict[str, Any], cls: type) -> dict[str, Any]:
-    """The groups ``given`` (or their defaults) with the flat values ``old`` set in them."""
-    out = dict(given)
-    for k, v in old.items():
-        group, name = flat_keys(cls)[k]
-        base = out.get(group)
-        if base is None:
-            base = _group_class(next(f for f in dataclasses.fields(cls) if f.name == group))()
-        out[group] = dataclasses.replace(base, **{name: v})
-    return out
-
-
-def _deprecated_attribute(old: str, group: str, name: str) -> property:
-    """A read-only property ``config.<old>`` for ``config.<group>.<name>`` that warns."""
-    def get(self: Any) -> Any:
-        warnings.warn(f"TrainConfig.{old} is deprecated; use TrainConfig.{group}.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(getattr(self, group), name)
-    return property(get, doc=f"Deprecated: ``{group}.{name}``.")
-
-
-TrainConfig.__init__ = _with_flat_keys(TrainConfig.__init__)  # type: ignore[method-assign]
-for _old, (_group, _name) in flat_keys(TrainConfig).items():
-    setattr(TrainConfig, _old, _deprecated_attribute(_old, _group, _name))
-del _old, _group, _name

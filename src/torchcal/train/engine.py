@@ -93,7 +93,8 @@ __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epo
 
 
 class PackedStats:
-    """:class:`~torchcal.metrics.epoch.EpochStats` of M members at once (on the device)."""
+    """Fixed-size per-epoch training statistics of M members accumulated on the device (no
+    host syncs): the loss, NLL, error and equal-width ECE of the training batches seen."""
 
     def __init__(self, n_members: int, n_bins: int, device: torch.device) -> None:
         self.n, self.n_bins = n_members, n_bins
@@ -104,7 +105,7 @@ class PackedStats:
     def update(self, logits: torch.Tensor, y: torch.Tensor, loss_sums: torch.Tensor) -> None:
         n, b = y.shape
         logp = torch.log_softmax(logits.detach().float(), 2)
-        conf, pred = logp.max(dim=2)  # as EpochStats.update
+        conf, pred = logp.max(dim=2)
         correct = pred.eq(y)
         nll = -logp.gather(2, y.unsqueeze(2)).reshape(n, b).sum(1)
         self.bins += stacked_binned_sums(conf.exp(), correct, self.n_bins)
@@ -423,8 +424,9 @@ def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
 
 
 def _state(r: Run, full: bool) -> dict[str, Any]:
-    """The entries :func:`~torchcal.train.run.snapshot` copies, not yet copied (no tensor
-    operation: :meth:`StateRows.capture` copies them)."""
+    """The entries of a run's checkpoint state (the weights and the loss/head state, and with
+    ``full`` the optimiser, schedule and scaler), not yet copied (no tensor operation:
+    :meth:`StateRows.capture` copies them)."""
     return {"model": r.model.state_dict(keep_vars=True),
             "loss": r.loss_fn.state_dict(keep_vars=True),
             "optimizer": r.optimizer.state_dict() if full else None,

@@ -73,8 +73,8 @@ class StateRows:
 
     def capture(self, obj: Any) -> Any:
         """``obj`` (a state dict's nesting of dicts and lists) with every tensor that is a row
-        of a stack replaced by its :class:`Row` and every other tensor cloned (the structure
-        copied as :func:`~torchcal.train.run.snapshot` copies it)."""
+        of a stack replaced by its :class:`Row` and every other tensor cloned (dicts, their
+        types kept, and lists copied)."""
         if isinstance(obj, torch.Tensor):
             row = self.row(obj) if self._by_storage else None
             if row is not None:
@@ -132,7 +132,7 @@ class DeviceBest:
 
     def improved(self, v: torch.Tensor) -> torch.Tensor:
         """(M,) bool: the members whose metric ``v`` (M,) float64 is finite and below their
-        best (the rule of :func:`~torchcal.train.run.update_best`)."""
+        best (by the validation ``select_best_by`` metric)."""
         return torch.isfinite(v) & (v < self.value)
 
     @torch.no_grad()

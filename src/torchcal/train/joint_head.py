@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..errors import renamed_getattr
 from ..uncertainty import UncertaintyHead, ranking_loss
 from .config import TrainConfig
 from .distributed import epoch_seed
@@ -84,8 +83,3 @@ class FeaturesAndLogits(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         f = self.model.forward_features(x)
         return self.model.fc(f), f
-
-
-# The plug-in interface's former name ("head" also names the uncertainty head it may train).
-__getattr__ = renamed_getattr(__name__, {
-    "NoHead": ("torchcal.train.plugin.RunPlugin", RunPlugin)})

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from ..errors import PackedLossWarning, renamed_getattr
+from ..errors import PackedLossWarning
 from ..losses.base import CalibrationLoss
 
 __all__ = ["LossGroups", "loss_vmap_problem", "PackedLossWarning"]
@@ -184,8 +184,3 @@ class LossGroups:
 
     def __len__(self) -> int:
         return 1 if self._single else len(self.groups) + len(self.unbatched)
-
-
-# Its name before "pack_problem" came to mean only "cannot join a pack" (train/packed.py).
-__getattr__ = renamed_getattr(__name__, {
-    "loss_pack_problem": ("torchcal.train.loss_groups.loss_vmap_problem", loss_vmap_problem)})

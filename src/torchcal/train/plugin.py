@@ -27,8 +27,7 @@ class RunPlugin:
 
     :class:`~torchcal.train.joint_head.JointHead` and
     :class:`~torchcal.train.multitask.TaskHead` override them; the training loop calls the hooks
-    unconditionally.  Formerly named ``NoHead`` (still importable from
-    :mod:`torchcal.train.joint_head`, deprecated).
+    unconditionally.
     """
 
     #: Whether the schedule steps after every batch (:meth:`make_schedule`'s) or every epoch.

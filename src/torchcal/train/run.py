@@ -14,8 +14,8 @@ stack is a :class:`Run` built here the same way whatever M:
   to the resumed epoch);
 * :func:`train_batches` gives a run's batches of an epoch (its shard of the epoch's
   permutation, the epoch's augmentation: both from ``(seed, epoch)`` alone);
-* :func:`update_best`, :func:`snapshot` keep the best epoch and copy the state a checkpoint
-  holds; :func:`divergence_error` words a diverged run's stop;
+* :func:`divergence_error` words a diverged run's stop (the best epoch and the state a
+  checkpoint holds are the engine's: :mod:`torchcal.train.epoch_end`);
 * :func:`final_evaluation` evaluates the last epoch into ``logits/`` and ``results.json``.
 
 The run directory's layout belongs to :mod:`torchcal.run_dir`.
@@ -57,7 +57,7 @@ from .tracking import TensorBoardLogger, tensorboard_available
 
 __all__ = ["Run", "build_loss", "build_optimizer", "build_run", "build_sources", "device_and_amp",
            "resume_state",
-           "finished_run_numbers", "train_batches", "update_every", "update_best", "snapshot",
+           "finished_run_numbers", "train_batches", "update_every",
            "divergence_error", "final_evaluation", "n_batches", "progress_bar",
            "tensorboard_logger", "SGD", "shares_data"]
 
@@ -440,21 +440,6 @@ def update_every(loss_fn: nn.Module) -> int:
 
 
 
-def update_best(r: Run, rec: dict[str, Any], epoch: int) -> bool:
-    """Track the best epoch by the validation ``select_best_by`` metric; rank 0 keeps a
-    snapshot of its weights and loss/head state for ``best.pt``.  True when it improved."""
-    if r.config.select_best_by == "none":
-        return False
-    v = rec.get(f"val_{r.config.select_best_by}")
-    if v is None or not math.isfinite(v) or not v < r.best["value"]:
-        return False
-    r.best = {"metric": r.config.select_best_by, "value": float(v), "epoch": epoch + 1}
-    if r.env.is_main:
-        r.best_snapshot = snapshot(r, full=False)
-    return True
-
-
-
 def final_evaluation(r: Run, ood_sets: dict[str, Any], epochs: int) -> dict[str, Any] | None:
     """Evaluate the last epoch into ``logits/`` and ``results.json`` (rank 0 writes), with what
     the run's plug-in adds (the multi-task strategy's ``multitask`` block: such a run always
@@ -488,31 +473,3 @@ def n_batches(n: int, world_size: int, batch_size: int) -> int:
     """Training batches per epoch and rank (a final batch of one sample is dropped)."""
     per_rank = math.ceil(n / world_size)
     return per_rank // batch_size + (1 if per_rank % batch_size > 1 else 0) or 1
-
-
-def _clone_state(sd: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in sd.items():
-        if isinstance(v, torch.Tensor):
-            out[k] = v.detach().clone()
-        elif isinstance(v, dict):
-            c = _clone_state(v)
-            out[k] = c if type(v) is dict else type(v)(c)  # keep Counter/OrderedDict
-        elif isinstance(v, list):
-            out[k] = [x.detach().clone() if isinstance(x, torch.Tensor) else
-                      (_clone_state(x) if isinstance(x, dict) else x) for x in v]
-        else:
-            out[k] = v
-    return out
-
-
-def snapshot(r: Run, full: bool) -> dict[str, Any]:
-    """A copy of the run's state for a checkpoint: the weights and the loss/head state, and
-    with ``full`` the optimiser, schedule and scaler (``best.pt`` is for evaluation only)."""
-    state: dict[str, Any] = {
-        "model": r.model.state_dict(), "loss": r.loss_fn.state_dict(),
-        "optimizer": r.optimizer.state_dict() if full else None,
-        "scheduler": r.scheduler.state_dict() if full else None,
-        "scaler": r.scaler.state_dict() if full and r.scaler.is_enabled() else None,
-        **r.plugin.state(full)}
-    return _clone_state(state)

@@ -27,7 +27,6 @@ and sets a pack's learning rate (:meth:`Stack.start_epoch`).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -131,12 +130,7 @@ class PackedModel:
     packed = True
 
     def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD],
-                 forward: str = "vmap", amp: str = "off", runs: Sequence[Run] | None = None
-                 ) -> None:
-        if runs is not None:
-            warnings.warn("PackedModel(runs=...) is deprecated and ignored: a stack holds no "
-                          "run (split_logits takes the members' sources)", DeprecationWarning,
-                          stacklevel=2)
+                 forward: str = "vmap", amp: str = "off") -> None:
         if forward not in FORWARDS:
             raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
         if forward == "auto":
