@@ -615,14 +615,14 @@ def test_a_full_disk_during_report_leaves_the_old_figures_with_the_old_pages(tmp
                                                                              monkeypatch):
     """Issue 51 item 3: the figures are committed with the pages: a full disk while the pages
     are written leaves the old figures too (they used to be replaced before the pages)."""
-    import torchcal._io as io_mod
+    from torchcal._io import atomic
     from torchcal.report.build import build_report
     runs, out = _results_tree(tmp_path / "runs"), tmp_path / "rep"
     build_report([runs], out, title="Old report", n_bins=10)
     old = {p.name: p.read_bytes() for p in (out / "figures").iterdir()}
     old_pages = {name: (out / name).read_bytes() for name in _PAGES}
     assert old
-    real = io_mod._new_temp_file
+    real = atomic.new_temp_file
 
     def disk_full_at(path):
         fd, tmp = real(path)
@@ -632,7 +632,7 @@ def test_a_full_disk_during_report_leaves_the_old_figures_with_the_old_pages(tmp
             os.close(dev)
         return fd, tmp
 
-    monkeypatch.setattr(io_mod, "_new_temp_file", disk_full_at)
+    monkeypatch.setattr(atomic, "new_temp_file", disk_full_at)
     with pytest.raises(OSError, match="disk is full"):
         build_report([runs], out, title="New report", n_bins=15)
     assert {p.name: p.read_bytes() for p in (out / "figures").iterdir()} == old
