@@ -431,8 +431,8 @@ def _frontier_figure(units: list[dict[str, Any]], path: Path) -> None:
         if arm.startswith("fixed "):
             grid.append((arm, *pt))
             continue
-        style = {"kendall": ("*", "C3", 14), "kendall, noisy target": ("X", "C1", 10)}.get(
-            arm, ("D", "C2", 8))
+        style = {"kendall": ("*", "C3", 14), "kendall, noisy target": ("X", "C1", 10),
+                 LEARNED_VARIANCE: ("s", "C4", 8)}.get(arm, ("D", "C2", 8))
         ax.errorbar(pt[0], pt[1], xerr=pt[2], yerr=pt[3], fmt=style[0], color=style[1],
                     ms=style[2], capsize=3, label=arm, zorder=3)
     if grid:
