@@ -249,3 +249,23 @@ def test_kth_smallest_equals_kthvalue_on_every_path():
     assert torch.equal(kth_smallest(x, 3), torch.kthvalue(x, 3).values)
     assert kth_smallest(torch.arange(5), 2).item() == 1
     assert kth_smallest(torch.tensor([3.0, 1.0, 2.0]), 2).shape == ()
+
+
+@pytest.mark.parametrize("order", ["random", "sorted", "reversed", "ties", "mostly_inf"])
+def test_sampled_selection_is_exact(order):
+    """The Floyd-Rivest path of kth_smallest (1-D, >= SAMPLED_SELECTION_MIN elements) equals a
+    full sort's order statistic at every rank tried, on inputs that defeat a strided sample
+    (sorted, reversed, heavy ties, a bracket at +inf) as well as random ones."""
+    from torchcal.conformal.core import SAMPLED_SELECTION_MIN, kth_smallest
+
+    g = torch.Generator().manual_seed(11)
+    n = SAMPLED_SELECTION_MIN + 12345
+    x = torch.randn(n, generator=g, dtype=torch.float64)
+    x = {"random": x, "sorted": x.sort().values, "reversed": x.sort(descending=True).values,
+         "ties": torch.randint(0, 4, (n,), generator=g).double(),
+         "mostly_inf": torch.cat([torch.full((n - 7,), math.inf, dtype=torch.float64),
+                                  x[:7]])}[order]
+    ref = x.sort().values
+    for k in (1, 2, 7, 8, n // 3, int(0.9 * n) + 1, n - 1, n):
+        assert kth_smallest(x, k).item() == ref[k - 1].item()
+    assert kth_smallest(x.float(), n // 2).dtype == torch.float32

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from torchcal.regression import Gaussian
+from torchcal.regression import Gaussian, Quantiles
 
 
 def test_gaussian_quantiles_equal_scipy_far_in_the_tails():
@@ -26,3 +26,24 @@ def test_gaussian_quantiles_equal_scipy_far_in_the_tails():
                                rtol=1e-12)
     with pytest.raises(ValueError, match="`q`"):
         g.ppf(1.0)
+
+
+@pytest.mark.parametrize("values,message", [
+    ([[0.0, 1.0], [2.0, 1.0]], "1 element\\(s\\) whose quantiles cross"),
+    ([[0.0, float("nan")]], "finite, found 1 NaN"),
+    ([[float("inf"), float("inf")]], "finite, found 2 NaN"),
+    ([[0.0, 1.0, float("inf")]], "finite, found 1 NaN"),
+    ([[float("-inf"), 0.0, 1.0]], "finite, found 1 NaN"),
+    ([[1e308, -1e308]], "1 element\\(s\\) whose quantiles cross"),  # the gap overflows
+])
+def test_quantiles_refuse_non_finite_and_crossing_columns(values, message):
+    levels = [0.1, 0.9] if len(values[0]) == 2 else [0.1, 0.5, 0.9]
+    with pytest.raises(ValueError, match=message):
+        Quantiles(values, levels)
+
+
+def test_quantiles_accept_an_overflowing_but_ordered_gap_and_no_rows():
+    from torchcal.regression import Quantiles as Q
+
+    assert Q([[-1e308, 1e308]], [0.1, 0.9]).values.shape == (1, 2)
+    assert Q(torch.zeros(0, 2), [0.1, 0.9]).shape == (0,)

@@ -23,6 +23,7 @@ from .._validation import check_alpha
 from ..errors import InfiniteIntervalWarning
 
 __all__ = ["conformal_rank", "conformal_quantile", "weighted_conformal_quantile", "kth_smallest",
+           "SAMPLED_SELECTION_MIN",
            "InfiniteIntervalWarning"]
 
 
@@ -75,9 +76,14 @@ def conformal_quantile(scores: torch.Tensor, alpha: Any, *, dim: int = 0,
 
 
 def kth_smallest(x: torch.Tensor, k: int, dim: int = 0) -> torch.Tensor:
-    """The ``k``-th smallest (1-based) of ``x`` along ``dim``: ``torch.kthvalue``'s values, on the
-    CPU by NumPy's introselect (``np.partition``: 3x faster at a million scores), elsewhere by
-    ``kthvalue`` itself.
+    """The ``k``-th smallest (1-based) of ``x`` along ``dim``: ``torch.kthvalue``'s values.
+
+    On the CPU: a long 1-D input by Floyd & Rivest's sampling selection (a strided sample's
+    order statistics bracket the ``k``-th value, one pass counts what lies below the bracket and
+    gathers what lies in it, and only that band is partitioned: 2x faster than a full
+    ``np.partition`` at a million scores, exact, with the full partition as the fallback when the
+    bracket misses); anything else by NumPy's introselect (``np.partition``: 3x faster than
+    ``kthvalue``).  Elsewhere (CUDA, gradients, other dtypes) by ``kthvalue`` itself.
 
     >>> kth_smallest(torch.tensor([[3.0, 1.0, 2.0]]), 2, dim=1)
     tensor([2.])
@@ -85,8 +91,34 @@ def kth_smallest(x: torch.Tensor, k: int, dim: int = 0) -> torch.Tensor:
     if x.device.type != "cpu" or x.requires_grad or x.dtype not in (torch.float32,
                                                                      torch.float64):
         return torch.kthvalue(x, k, dim=dim).values
-    part = np.partition(x.numpy(), k - 1, axis=dim)
+    a = x.numpy()
+    if a.ndim == 1 and a.size >= SAMPLED_SELECTION_MIN:
+        return torch.from_numpy(np.array(_sampled_kth(a, k)))
+    part = np.partition(a, k - 1, axis=dim)
     return torch.from_numpy(np.array(np.take(part, k - 1, axis=dim)))
+
+
+#: Inputs from this many elements use the sampling selection of :func:`kth_smallest`.
+SAMPLED_SELECTION_MIN = 1 << 16
+_SAMPLE = 4096
+
+
+def _sampled_kth(a: np.ndarray, k: int) -> Any:
+    """Floyd-Rivest selection of the ``k``-th smallest of the 1-D ``a`` (no NaN)."""
+    n = a.size
+    sample = np.sort(a[:: n // _SAMPLE])
+    m = sample.size
+    r = (k - 0.5) / n * m  # where the k-th value falls among the sorted sample
+    margin = 4.0 * math.sqrt(m) + 8.0  # about 8 sample standard deviations of that rank
+    lo_i, hi_i = int(r - margin), int(math.ceil(r + margin))
+    lo = sample[lo_i] if lo_i >= 0 else -np.inf
+    hi = sample[hi_i] if hi_i < m else np.inf
+    below = int(np.count_nonzero(a < lo))
+    band = a[(a >= lo) & (a <= hi)]
+    j = k - below
+    if 1 <= j <= band.size:  # the bracket holds the k-th value: select inside the band
+        return np.partition(band, j - 1)[j - 1]
+    return np.partition(a, k - 1)[k - 1]  # the bracket missed (adversarial order): exact anyway
 
 
 def weighted_conformal_quantile(scores: torch.Tensor, weights: torch.Tensor,

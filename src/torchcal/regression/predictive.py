@@ -197,10 +197,16 @@ class Quantiles:
             raise ValueError(
                 f"Expected `values` of shape target.shape + (Q,) with Q = {self.levels.numel()} "
                 f"levels (at least 2-D: (N, Q)), got {tuple(self.values.shape)}")
-        _check_finite(self.values, "values")
-        if self.values.shape[-1] > 1 and bool(
-                (self.values[..., 1:] < self.values[..., :-1]).any()):
-            crossing = (self.values[..., 1:] < self.values[..., :-1]).any(-1)
+        if self.values.shape[-1] == 1 or self.values.numel() == 0:
+            _check_finite(self.values, "values")
+            crossing = None
+        else:  # one pass for both checks: the gaps' extremes (NaN/Inf values make them so)
+            gaps = torch.diff(self.values, dim=-1)
+            lo, hi = torch.aminmax(gaps)
+            if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+                _check_finite(self.values, "values")  # raises, unless a finite gap overflowed
+            crossing = (gaps < 0).any(-1) if bool(lo < 0) else None
+        if crossing is not None:
             raise ValueError(
                 f"Expected the quantile columns of `values` to be non-decreasing along the "
                 f"last axis (levels {self.levels.tolist()}), found {int(crossing.sum())} "
