@@ -141,12 +141,20 @@ def signals_interrupt() -> Iterator[None]:
         yield
         return
 
+    fired: list[int] = []
+
     def handler(signum: int, frame: object) -> None:
+        fired.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
     old = signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except KeyboardInterrupt as exc:
+        if fired and f"signal {fired[-1]}" not in map(str, exc.args):
+            # a library caught it and raised its own (Ray's wait does): keep the signal's name
+            raise KeyboardInterrupt(f"signal {fired[-1]}") from exc
+        raise
     finally:
         signal.signal(signal.SIGTERM, old)
 

@@ -1,0 +1,36 @@
+"""SIGTERM keeps its name through a library that catches the KeyboardInterrupt raised by the
+handler and raises its own (Ray's ``wait`` does): the command then exits 143, not 130."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from torchcal.cli import interrupt_signal, signals_interrupt
+from torchcal.experiments.runner import sigterm_interrupts
+
+
+def _library_that_reraises() -> None:
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt from None  # its own, without the signal's name
+
+
+@pytest.mark.parametrize("context", [signals_interrupt, sigterm_interrupts])
+def test_sigterm_keeps_its_name_through_a_reraising_library(context):
+    with pytest.raises(KeyboardInterrupt) as info:
+        with context():
+            _library_that_reraises()
+    assert interrupt_signal(info.value) == signal.SIGTERM
+
+
+def test_ctrl_c_stays_sigint():
+    with pytest.raises(KeyboardInterrupt) as info:
+        with sigterm_interrupts():
+            raise KeyboardInterrupt
+    assert interrupt_signal(info.value) == signal.SIGINT
