@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .._io import exclusive_lock
 from ..report.build import build_report, prepare_report_dir
+from ..train.config import config_identity
 from ._args import PERCENT_NOTE, add_figure_options, figure_settings
 from ._args import positive_int as _positive_int
 
@@ -39,7 +40,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         prepare_report_dir(out)
         rep = build_report(args.run_dirs, out, title=args.title, n_bins=args.n_bins,
                            **figure_settings(args), checkpoint=args.checkpoint,
-                           mix_checkpoints=args.mix_checkpoints)
+                           mix_checkpoints=args.mix_checkpoints, identity_of=config_identity)
     for _path, msg in rep.errors:
         print(f"torchcal report: error: {msg}", file=sys.stderr)
     print_tail(rep, Path(args.out))
