@@ -698,14 +698,14 @@ def _shown(v: Any) -> str:
 
 def identity_notes(groups: Sequence[Group], name: Callable[[Path], str] = str) -> list[str]:
     """One line per group kept apart from another of its loss for another identity, naming
-    its runs and why, and one per group of runs that record no identity (results written
-    before torchcal recorded it, with no ``config.json`` beside them):
+    its runs and why, and one naming the groups of seeds that record no identity (results
+    written before torchcal recorded it, with no ``config.json`` beside them):
 
         runs/b/seed0, runs/b/seed1 (lr 0.05) kept apart from the 2 runs of Focal (γ=3) at
         lr 0.1: identity differs in lr
 
     ``name``: a run directory's name in the notes (default its path)."""
-    out = []
+    out, unknown = [], []
     for g in groups:
         runs = _named(g, name)
         if g.apart_from is not None:
@@ -722,9 +722,14 @@ def identity_notes(groups: Sequence[Group], name: Callable[[Path], str] = str) -
                        f"has identity {g.identity}, they have {main.identity or 'none recorded'}")
                 out.append(f"{runs} kept apart from {whose}: {why}")
         elif g.identity is None and g.predictor == DEFAULT_PREDICTOR:
-            out.append(f"{runs} of {g.label} record no identity (results written before "
-                       f"torchcal recorded one, no {CONFIG_FILE} beside them): counted as seeds of "
-                       "one configuration by their data set, model, loss and its arguments only")
+            unknown.append(g)
+    if unknown:
+        n = sum(len(g.runs) for g in unknown)
+        labels = ", ".join(g.label for g in unknown[:8]) + (", ..." if len(unknown) > 8 else "")
+        out.append(f"{n} run{'s' if n != 1 else ''} ({labels}) record no identity (results "
+                   f"written before torchcal recorded one, no {CONFIG_FILE} beside them): "
+                   "counted as seeds of one configuration by their data set, model, loss and "
+                   "its arguments only")
     return out
 
 
