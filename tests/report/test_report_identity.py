@@ -151,7 +151,7 @@ def test_seed_ensembles_do_not_pool_another_learning_rate(tmp_path):
     with pytest.warns(UserWarning) as got:
         dirs = seed_ensembles(specs, tmp_path / "out")
     said = [str(w.message) for w in got if "kept apart" in str(w.message)]
-    assert said == [f"torchcal demo: {b[0]}, {b[1]} (lr 0.05) kept apart from the 3 runs of "
+    assert said == [f"{b[0]}, {b[1]} (lr 0.05) kept apart from the 3 runs of "
                     "focal at lr 0.1: identity differs in lr; not pooled into one ensemble"]
     ident_b = TrainConfig(dataset="digits", model="mlp", loss="focal", lr=0.05,
                           epochs=3).identity_hash()

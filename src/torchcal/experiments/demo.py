@@ -424,7 +424,7 @@ def _identity_sets(loss: str, runs: list[dict[str, Any]]) -> list[tuple[str, lis
                f"identity differs in {', '.join(diff)}") if diff else (
             f" kept apart from the {len(main)} runs of {loss}: identity "
             f"{rs[0].get('identity') or 'unknown'}, theirs {main[0].get('identity') or 'unknown'}")
-        warnings.warn(f"torchcal demo: {names}{why}; not pooled into one ensemble",
+        warnings.warn(f"{names}{why}; not pooled into one ensemble",
                       UserWarning, stacklevel=3)
         out.append((f"{loss}-{rs[0].get('identity') or 'unknown'}", rs))
     return out

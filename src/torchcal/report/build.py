@@ -616,7 +616,7 @@ def build_report(
     groups = group_runs(runs.runs)
     for g in groups:  # runs of one loss that are no seeds of one configuration: said
         if g.apart_from is not None:
-            warnings.warn(f"torchcal report: {_identity_note(g, Path(out_dir))}", UserWarning,
+            warnings.warn(_identity_note(g, Path(out_dir)), UserWarning,
                           stacklevel=2)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
