@@ -62,7 +62,10 @@ def register(subparsers) -> None:
         "report", help="aggregate evaluated runs into tables and figures",
         description="Aggregate evaluated runs (directories holding results.json, searched "
                     "recursively) into report.md, report.html, figures and results.json/csv; "
-                    "runs are grouped by data set, model and loss, mean ± std over seeds.",
+                    "runs are grouped by data set, model and loss, mean ± std over seeds; only "
+                    "runs of one identity (every training setting but the seed) are seeds of "
+                    "one group, the others are kept apart and named with the settings that "
+                    "differ.",
         epilog="An --out holding an earlier report is refreshed (its old figures removed); one "
                "holding a training run is refused. " + PERCENT_NOTE)
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or results.json files")
