@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +40,15 @@ from torch import nn
 
 from ._io import remove_stale_temp_files
 from ._validation import as_tensor, check_labels, check_positive_int
-from .evaluate import compute_metrics, evaluate_logits, load_logits, save_logits, write_results
+from .errors import ResultsFileError
+from .evaluate import (
+    compute_metrics,
+    evaluate_logits,
+    load_logits,
+    read_results,
+    save_logits,
+    write_results,
+)
 from .metrics import members as scores
 from .posthoc import TemperatureScaling
 from .run_dir import RunDir
@@ -208,7 +218,11 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
 
     ``meta`` (default ``{}``) is completed with ``predictor: "ensemble"``, ``seed: None`` and
     ``members`` (when not given: the member runs' directories' names are not seeds, so give
-    the seeds).  With ``out_dir`` the document is written to ``OUT_DIR/results.json`` and the
+    the seeds), and with the members' identity (``identity``, ``identity_fields``: read from
+    their ``results.json``) when they share one.  Runs of different identities (another
+    learning rate, another number of epochs: no seeds of one configuration) are pooled as
+    asked, with a warning naming them and the settings that differ; the ensemble then
+    records no identity.  With ``out_dir`` the document is written to ``OUT_DIR/results.json`` and the
     ensemble's logits (``log pbar``, float32) to ``OUT_DIR/logits/``, so that ``torchcal report``
     reads the ensemble as a run (its own row, never averaged with the seeds); the temporary
     files that a killed writer left there (``.results.json.PID-RANDOM.tmp``, ...) are removed
@@ -227,7 +241,7 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
     ood = {n: from_run_dirs(paths, f"ood_{n}", checkpoint=checkpoint)
            for n in _common_ood_names(dirs, checkpoint)}
     temps = _member_temperatures(val, n_bins, member_temperatures)
-    meta = {**(meta or {}), "predictor": "ensemble", "seed": None, "checkpoint": checkpoint,
+    meta = {**_members_identity(dirs, checkpoint), **(meta or {}), "predictor": "ensemble", "seed": None, "checkpoint": checkpoint,
             "member_temperatures": temps["grid_ece"], "member_temperatures_nll": temps["nll"]}
     res = evaluate_logits(val_logits=val.logits, val_labels=val.labels, test_logits=test.logits,
                           test_labels=test.labels, ood_logits={n: e.logits for n, e in ood.items()},
@@ -247,6 +261,36 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
             save_logits(run.logits(split, checkpoint), ens.logits.float(), labels)
         write_results(run.results(checkpoint), res)
     return res
+
+
+def _members_identity(dirs: Sequence[RunDir], checkpoint: str) -> dict[str, Any]:
+    """``{"identity", "identity_fields"}`` the member runs share (from their results files),
+    {} when a member records none; a warning names the runs when their identities differ."""
+    found: dict[str, list[RunDir]] = {}
+    fields: dict[str, dict[str, Any]] = {}
+    for d in dirs:
+        try:
+            meta = read_results(d.results(checkpoint)).get("meta") or {}
+        except (OSError, ResultsFileError):
+            return {}
+        ident = meta.get("identity")
+        if not isinstance(ident, str):
+            return {}
+        found.setdefault(ident, []).append(d)
+        fields[ident] = meta.get("identity_fields") if isinstance(
+            meta.get("identity_fields"), dict) else {}
+    if len(found) == 1:
+        (ident,) = found
+        return {"identity": ident, "identity_fields": fields[ident]}
+    keys = sorted({k for f in fields.values() for k in f
+                   if len({json.dumps(x.get(k), sort_keys=True) for x in fields.values()}) > 1})
+    sets = "; ".join(f"{', '.join(str(d.path) for d in ds)} ("
+                     + (", ".join(f"{k} {json.dumps(fields[i].get(k))}" for k in keys) or i) + ")"
+                     for i, ds in found.items())
+    warnings.warn(f"Pooling runs of different identities, no seeds of one configuration: {sets}"
+                  + (f": identity differs in {', '.join(keys)}" if keys else "")
+                  + "; the ensemble records no identity", UserWarning, stacklevel=3)
+    return {}
 
 
 def _member_temperatures(val: Ensemble, n_bins: int,

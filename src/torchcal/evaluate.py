@@ -8,7 +8,7 @@ and ``ood_<name>.npz``; this module turns them into the ``torchcal.results/1`` d
 
     {"schema": "torchcal.results/1",
      "meta": {"dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epoch", "checkpoint",
-              "predictor", "members", ...},
+              "identity", "identity_fields", "predictor", "members", ...},
      "temperatures": {"grid_ece": T, "grid_adaece": T, "grid_nll": T, "nll": T},
      "test": {"pre": {metric: value}, "post": {method: {metric: value}, ...}},
      "val": {"pre": {metric: value}},
@@ -24,6 +24,12 @@ dropout samples averaged).  A ``"run"`` record carries its integer ``seed``; a r
 predictor may carry ``seed: null`` and names what it pooled in ``meta.members`` (the seeds).
 ``torchcal report`` groups by predictor and averages only a group's runs over seeds: an ensemble
 is its own row, never one more seed.
+
+``meta.identity`` is the run's identity hash (12 hex digits) and ``meta.identity_fields`` the
+values it hashes: every setting that changes training but the seed
+(:meth:`torchcal.train.TrainConfig.identity_hash`).  Seeds are counted, averaged and pooled
+together only when it matches; a file written before the field gets it from the
+``config.json`` beside it when ``torchcal report`` reads it.
 
 Metric keys are those of :meth:`torchcal.metrics.CalibrationMeter.compute`; values are
 fractions (0..1), never percent.  A metric that is undefined (``s99_accuracy`` when no sample

@@ -29,6 +29,7 @@ from torchcal.experiments import (
 from torchcal.experiments import training as training_module
 from torchcal.experiments.training import RunSpec, run_job, run_spec, train_runs
 from torchcal.train import TrainConfig
+from torchcal.train.config import config_identity
 from torchcal.train.packed import train_pack
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore:OOD set")
@@ -89,7 +90,8 @@ def test_train_runs_treats_a_run_alone_as_a_pack_of_one(tmp_path):
     assert res["error"] is None and res["skipped"] is False and res["packed"] == 1
     meta = json.loads((tmp_path / "r" / "results.json").read_text())["meta"]
     spec = _spec(tmp_path / "r")  # the one builder of a result's meta: config_meta
-    assert meta == {**config_meta(spec.config.to_dict()), "epoch": 1, "checkpoint": "last"}
+    assert meta == {**config_meta(spec.config.to_dict()), "epoch": 1, "checkpoint": "last",
+                    **json.loads(json.dumps(config_identity(spec.config)))}  # and its identity
     (again,) = train_runs([_spec(tmp_path / "r")])
     assert again["skipped"] is True and again["packed"] == 0
 

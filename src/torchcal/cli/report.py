@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .._io import exclusive_lock
 from ..report.build import build_report, prepare_report_dir
+from ..train.config import config_identity
 from ._args import PERCENT_NOTE, add_figure_options, figure_settings
 from ._args import positive_int as _positive_int
 
@@ -39,7 +40,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         prepare_report_dir(out)
         rep = build_report(args.run_dirs, out, title=args.title, n_bins=args.n_bins,
                            **figure_settings(args), checkpoint=args.checkpoint,
-                           mix_checkpoints=args.mix_checkpoints)
+                           mix_checkpoints=args.mix_checkpoints, identity_of=config_identity)
     for _path, msg in rep.errors:
         print(f"torchcal report: error: {msg}", file=sys.stderr)
     print_tail(rep, Path(args.out))
@@ -61,7 +62,10 @@ def register(subparsers) -> None:
         "report", help="aggregate evaluated runs into tables and figures",
         description="Aggregate evaluated runs (directories holding results.json, searched "
                     "recursively) into report.md, report.html, figures and results.json/csv; "
-                    "runs are grouped by data set, model and loss, mean ± std over seeds.",
+                    "runs are grouped by data set, model and loss, mean ± std over seeds; only "
+                    "runs of one identity (every training setting but the seed) are seeds of "
+                    "one group, the others are kept apart and named with the settings that "
+                    "differ.",
         epilog="An --out holding an earlier report is refreshed (its old figures removed); one "
                "holding a training run is refused. " + PERCENT_NOTE)
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or results.json files")

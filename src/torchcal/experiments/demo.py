@@ -24,15 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._io import exclusive_lock
+from .._io import exclusive_lock, read_json
 from .._registry import unknown_name
 from .._validation import check_scalar
 from ..data import DATASETS
@@ -44,6 +46,7 @@ from ..report.build import FIGURE_FORMATS, build_report, figure_set, prepare_rep
 from ..run_dir import RunDir
 from ..train import get_recipe
 from ..train.build import build_data
+from ..train.config import config_identity
 from ..train.trainer import build_loss
 from .benchmark import (
     DEFAULT_KIND,
@@ -311,7 +314,8 @@ class _TrainingRuns(BenchmarkKind):
                            intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
                            figures=cfg.figures, figure_format=cfg.figure_format,
                            claims=tuple(bench.claims) or False,
-                           verdict_label=label, preface=committed_note(bench) if label else "")
+                           verdict_label=label, preface=committed_note(bench) if label else "",
+                           identity_of=config_identity)
         return rep, failed
 
 
@@ -367,42 +371,101 @@ def seed_ensembles(specs: list[RunSpec | dict[str, Any]], out: Path, *, n_bins: 
     seeds (:func:`~torchcal.ensemble.seed_subsets`; 10 of 3 with 5 seeds), in
     ``OUT/ensembles/<loss>/subsets/<seeds>/``: the seed sets the claims are tested on.  Returns
     the ensembles' directories; an ensemble that cannot be built (runs that predicted other
-    samples) is reported on stderr and left out."""
+    samples) is reported on stderr and left out.
+
+    Only the seeds of one configuration are pooled: runs of a loss whose identity differs
+    (:func:`torchcal.train.config.config_identity` of their config: another learning rate,
+    another number of epochs...) are kept apart from the loss's main set (the most runs), named
+    with the reason in a warning, and pooled among themselves in
+    ``OUT/ensembles/<loss>-<identity>/``."""
     bad = {str(d) for d, _e in failed}
     by_loss: dict[str, list[dict[str, Any]]] = {}
-    for spec in map(spec_labels, specs):
-        if spec["run_dir"] not in bad and RunDir(spec["run_dir"]).results().is_file():
-            by_loss.setdefault(spec["loss"], []).append(spec)
+    for spec in specs:
+        labels = spec_labels(spec)
+        if labels["run_dir"] not in bad and RunDir(labels["run_dir"]).results().is_file():
+            by_loss.setdefault(labels["loss"], []).append({**labels, **_identity(spec)})
     dirs = []
-    for loss, done in by_loss.items():
-        if len(done) < 2:
+    for loss, runs in by_loss.items():
+        for name, done in _identity_sets(loss, runs):
+            dirs += _ensembles_of(loss, name, done, out, n_bins=n_bins,
+                                  subsets=loss in subset_losses)
+    return dirs
+
+
+def _identity(spec: RunSpec | dict[str, Any]) -> dict[str, Any]:
+    """``{"identity", "identity_fields"}`` of a run spec's configuration (its TrainConfig, or
+    the ``config.json`` of its run directory); {} when unknown."""
+    if isinstance(spec, RunSpec):
+        return config_identity(spec.config) or {}
+    try:
+        cfg = read_json(RunDir(spec_labels(spec)["run_dir"]).config, what="Config file")
+    except (OSError, ValueError):
+        return {}
+    return (config_identity(cfg) if isinstance(cfg, dict) else None) or {}
+
+
+def _identity_sets(loss: str, runs: list[dict[str, Any]]) -> list[tuple[str, list[dict]]]:
+    """The runs of ``loss`` split by identity: ``(directory name, runs)``, the main set (most
+    runs, then the first run directory) named ``loss``, each other ``loss-<identity>`` and
+    named in a warning with the settings that differ."""
+    sets: dict[Any, list[dict[str, Any]]] = {}
+    for r in runs:
+        sets.setdefault(r.get("identity"), []).append(r)
+    order = sorted(sets.values(), key=lambda rs: (-len(rs), min(str(r["run_dir"]) for r in rs)))
+    main = order[0]
+    out = [(loss, main)]
+    for rs in order[1:]:
+        a, b = main[0].get("identity_fields") or {}, rs[0].get("identity_fields") or {}
+        diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        def values(f: dict[str, Any], diff: list[str] = diff) -> str:
+            return ", ".join(f"{k} {json.dumps(f.get(k))}" for k in diff)
+        names = ", ".join(str(r["run_dir"]) for r in rs)
+        why = (f" ({values(b)}) kept apart from the {len(main)} runs of {loss} at {values(a)}: "
+               f"identity differs in {', '.join(diff)}") if diff else (
+            f" kept apart from the {len(main)} runs of {loss}: identity "
+            f"{rs[0].get('identity') or 'unknown'}, theirs {main[0].get('identity') or 'unknown'}")
+        warnings.warn(f"{names}{why}; not pooled into one ensemble",
+                      UserWarning, stacklevel=3)
+        out.append((f"{loss}-{rs[0].get('identity') or 'unknown'}", rs))
+    return out
+
+
+def _ensembles_of(loss: str, name: str, done: list[dict[str, Any]], out: Path, *, n_bins: int,
+                  subsets: bool) -> list[Path]:
+    """The ensemble of the seeds ``done`` of one configuration of ``loss`` (2 or more) in
+    ``OUT/ensembles/<name>/`` and, with ``subsets``, those of every subset of
+    :data:`~torchcal.ensemble.SEED_SUBSET_SIZE` of them (:func:`seed_ensembles`)."""
+    dirs: list[Path] = []
+    if len(done) < 2:
+        return dirs
+    done = sorted(done, key=lambda j: j["seed"])
+    sets = [(out / ENSEMBLES_DIR / name, done)]
+    if subsets and len(done) > SEED_SUBSET_SIZE:
+        by_seed = {int(j["seed"]): j for j in done}
+        sets += [(out / ENSEMBLES_DIR / name / "subsets" / "-".join(map(str, s)),
+                  [by_seed[x] for x in s]) for s in seed_subsets(by_seed)]
+    temps: dict[str, dict[str, float]] = {}  # {method: {run_dir: T}} of the first
+    for ens_dir, members in sets:
+        meta = meta_from_config(RunDir(members[0]["run_dir"]).config)
+        meta.update(members=[int(j["seed"]) for j in members],
+                    **{k: members[0][k] for k in ("identity", "identity_fields")
+                       if k in members[0]})
+        given = {m: [t[j["run_dir"]] for j in members] for m, t in temps.items()} or None
+        try:
+            res = evaluate_ensemble([j["run_dir"] for j in members], ens_dir,
+                                    n_bins=n_bins, meta=meta, member_temperatures=given)
+        except (ValueError, ResultsFileError) as exc:
+            print(f"torchcal demo: no ensemble of {loss} (seeds "
+                  f"{', '.join(map(str, meta['members']))}): {exc}", file=sys.stderr)
+            if not temps:
+                break  # the subsets' runs are the same runs
             continue
-        done = sorted(done, key=lambda j: j["seed"])
-        sets = [(out / ENSEMBLES_DIR / loss, done)]
-        if loss in subset_losses and len(done) > SEED_SUBSET_SIZE:
-            by_seed = {int(j["seed"]): j for j in done}
-            sets += [(out / ENSEMBLES_DIR / loss / "subsets" / "-".join(map(str, s)),
-                      [by_seed[x] for x in s]) for s in seed_subsets(by_seed)]
-        temps: dict[str, dict[str, float]] = {}  # {method: {run_dir: T}} of the first
-        for ens_dir, members in sets:
-            meta = meta_from_config(RunDir(members[0]["run_dir"]).config)
-            meta.update(members=[int(j["seed"]) for j in members])
-            given = {m: [t[j["run_dir"]] for j in members] for m, t in temps.items()} or None
-            try:
-                res = evaluate_ensemble([j["run_dir"] for j in members], ens_dir,
-                                        n_bins=n_bins, meta=meta, member_temperatures=given)
-            except (ValueError, ResultsFileError) as exc:
-                print(f"torchcal demo: no ensemble of {loss} (seeds "
-                      f"{', '.join(map(str, meta['members']))}): {exc}", file=sys.stderr)
-                if not temps:
-                    break  # the subsets' runs are the same runs
-                continue
-            if not temps:  # the ensemble of all the seeds: each run's temperatures, once
-                temps = {m: dict(zip((j["run_dir"] for j in members), res["meta"][key],
-                                     strict=True))
-                         for m, key in (("grid_ece", "member_temperatures"),
-                                        ("nll", "member_temperatures_nll"))}
-            dirs.append(ens_dir)
+        if not temps:  # the ensemble of all the seeds: each run's temperatures, once
+            temps = {m: dict(zip((j["run_dir"] for j in members), res["meta"][key],
+                                 strict=True))
+                     for m, key in (("grid_ece", "member_temperatures"),
+                                    ("nll", "member_temperatures_nll"))}
+        dirs.append(ens_dir)
     return dirs
 
 

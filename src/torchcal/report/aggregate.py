@@ -5,7 +5,15 @@ and usually ``config.json``, ``logits/`` and ``log.jsonl``.  Records are grouped
 ``(dataset, model, loss, loss_kwargs, predictor)``: two focal runs with different γ are different
 rows, and so are a loss's seeds (``predictor`` ``"run"``, the default) and an ensemble of them
 (``"ensemble"``, see :data:`torchcal.evaluate.PREDICTORS`): an ensemble is never averaged in as
-one more seed.  A seed's run must name its integer seed (a ``"run"`` record with ``seed: null``
+one more seed.  Within that key, records are seeds of one configuration only when their
+*identity* matches (``meta.identity``, the hash of every setting that changes training but the
+seed: :meth:`torchcal.train.TrainConfig.identity_hash`): runs of one loss at another learning
+rate are a group of their own, labelled with the settings that differ, and
+:func:`identity_notes` names them and why ("runs/b/seed0 (lr 0.05) kept apart from the 3 runs
+of Focal (γ=3) at lr 0.1: identity differs in lr").  A results file written before the field
+gets its identity from the ``config.json`` beside it (``identity_of``, given by the command
+line, which may read the training configuration); one without either has no identity: it is
+grouped with the other such records of its key only, and a note says so.  A seed's run must name its integer seed (a ``"run"`` record with ``seed: null``
 is refused, named in the report's skipped files).  Within a group every number is averaged over
 the records (seeds): ``mean`` and the sample standard deviation (``ddof=1``; NaN for a single
 record), ignoring NaN entries (an undefined metric such as ``s99_accuracy`` with no confident
@@ -20,7 +28,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +67,14 @@ __all__ = [
     "LOSS_ORDER",
     "loss_rank",
     "predictor_rank",
+    "identity_notes",
+    "IdentityOf",
 ]
+
+#: How a run's identity is computed from its ``config.json`` dict (results written before
+#: ``meta.identity``): ``{"identity": HASH, "identity_fields": {...}}`` or None
+#: (:func:`torchcal.train.config.config_identity`, which this layer may not import).
+IdentityOf = Callable[[Mapping[str, Any]], "dict[str, Any] | None"]
 
 #: Display order and names of the registry's losses (others follow alphabetically).
 #: The canonical loss order of tables and figures: the ``order`` of each registered loss
@@ -132,6 +147,12 @@ class RunRecord:
         return self.meta.get("seed")
 
     @property
+    def identity(self) -> str | None:
+        """The run's identity hash (``meta.identity``), None when it records none."""
+        v = self.meta.get("identity")
+        return v if isinstance(v, str) else None
+
+    @property
     def checkpoint(self) -> str:
         """The evaluated checkpoint: ``meta.checkpoint``, else the results file's name."""
         c = self.meta.get("checkpoint")
@@ -163,11 +184,27 @@ class Group:
     #: on which the ensemble claims are tested).  They are not in ``runs``, ``mean`` or
     #: ``std``: the tables show the ensembles of all the seeds.
     subsets: list[RunRecord] = field(default_factory=list)
+    #: The runs' identity hash (``meta.identity``; None: recorded by none of them).
+    identity: str | None = None
+    #: For a group kept apart from another of the same loss, arguments and predictor (another
+    #: identity): the settings that tell it apart (``"lr=0.05"``); '' for the main group.
+    variant: str = ""
+    #: The main group of the same key that this one was kept apart from (None for the main).
+    apart_from: Group | None = field(default=None, repr=False)
 
     @property
     def label(self) -> str:
-        """The row label: :func:`group_label` of the loss, its arguments and the predictor."""
-        return group_label(self.loss, self.loss_kwargs, self.predictor)
+        """The row label: :func:`group_label` of the loss, its arguments and the predictor, and
+        the settings of a group kept apart (``"Focal (γ=3) · lr=0.05"``)."""
+        name = group_label(self.loss, self.loss_kwargs, self.predictor)
+        return f"{name} · {self.variant}" if self.variant else name
+
+    @property
+    def identity_fields(self) -> dict[str, Any]:
+        """The hashed settings of the group's identity (its first run's ``meta.identity_fields``;
+        {} when unknown)."""
+        v = self.runs[0].meta.get("identity_fields") if self.runs else None
+        return v if isinstance(v, dict) else {}
 
     @property
     def seeds(self) -> list[Any]:
@@ -270,8 +307,11 @@ def flatten_results(results: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def load_run(results_path: str | os.PathLike) -> RunRecord:
-    """Read one run; ``meta`` comes from ``results.json`` and falls back to ``config.json``.
+def load_run(results_path: str | os.PathLike, identity_of: IdentityOf | None = None
+             ) -> RunRecord:
+    """Read one run; ``meta`` comes from ``results.json`` and falls back to ``config.json``
+    (a run's identity too, computed by ``identity_of`` from that file, when the results file
+    records none).
 
     Raises :class:`~torchcal.errors.ResultsFileError` naming the bad file.
     """
@@ -283,6 +323,11 @@ def load_run(results_path: str | os.PathLike) -> RunRecord:
     if cfg_path.exists():
         for k, v in meta_from_config(cfg_path).items():
             meta.setdefault(k, v)
+        if meta.get("identity") is None and identity_of is not None \
+                and predictor_of(meta) == DEFAULT_PREDICTOR:
+            cfg = read_json(cfg_path, what="Config file", error=ResultsFileError)
+            found = identity_of(cfg) if isinstance(cfg, dict) else None
+            meta.update(found or {})
     if not meta.get("loss"):
         raise ResultsFileError(
             f"Results file {str(results_path)!r} names no loss (neither meta.loss nor a {CONFIG_FILE})"
@@ -305,6 +350,8 @@ def load_run(results_path: str | os.PathLike) -> RunRecord:
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _MAX_KWARGS_TEXT = 200
+_IDENTITY_RE = re.compile(r"^[0-9a-f]{12}$")
+_FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63})?$")
 
 
 def _short(v: Any) -> str:
@@ -371,6 +418,13 @@ def meta_problem(meta: Mapping[str, Any]) -> str:
                     f"or a short list of them, got {_short(v)}")
     if len(json.dumps(kw, sort_keys=True)) > _MAX_KWARGS_TEXT:
         return f"meta.loss_kwargs is longer than {_MAX_KWARGS_TEXT} characters"
+    ident, fields = meta.get("identity"), meta.get("identity_fields")
+    if ident is not None and (not isinstance(ident, str) or not _IDENTITY_RE.match(ident)):
+        return f"meta.identity must be a hash of 12 hex digits, got {_short(ident)}"
+    if fields is not None and (not isinstance(fields, dict) or len(fields) > 500 or not all(
+            isinstance(k, str) and _FIELD_RE.match(k) for k in fields)):
+        return ("meta.identity_fields must be an object of setting names (the values of the "
+                f"run's identity), got {_short(fields)}")
     for key in ("seed", "epochs", "epoch"):
         v = meta.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -378,14 +432,17 @@ def meta_problem(meta: Mapping[str, Any]) -> str:
     return ""
 
 
-def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last") -> LoadReport:
+def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last", *,
+              identity_of: IdentityOf | None = None) -> LoadReport:
     """Find and read every run under ``paths`` (the evaluations of ``checkpoint``, see
-    :func:`find_result_files`); a bad file is recorded, never fatal."""
+    :func:`find_result_files`); a bad file is recorded, never fatal.  ``identity_of``: how a
+    run whose results record no identity gets it from its ``config.json`` (:func:`load_run`;
+    ``torchcal report`` gives :func:`torchcal.train.config.config_identity`)."""
     files, errors = find_result_files(paths, checkpoint)
     runs: list[RunRecord] = []
     for f in files:
         try:
-            runs.append(load_run(f))
+            runs.append(load_run(f, identity_of))
         except ResultsFileError as exc:
             if _is_report_file(f):  # the results.json of a report (e.g. a demo's top level)
                 continue  # or of `torchcal uncertainty eval` (RUN_DIR/uncertainty/)
@@ -396,13 +453,14 @@ def load_runs(paths: Iterable[str | os.PathLike], checkpoint: str = "last") -> L
 
 def _one_per_identity(runs: list[RunRecord], errors: list[tuple[str, str]]) -> list[RunRecord]:
     """Skip (as ``errors``) a seed's run claiming the identity (dataset, model, loss, loss
-    arguments, seed) of one read before it (a copied run directory is no second seed), and a
+    arguments, identity hash, seed) of one read before it (a copied run directory is no second
+    seed), and a
     run whose ``n_bins`` differs from most runs' (its binned metrics are not comparable and
     the report states one number of bins)."""
     seen: dict[tuple[Any, ...], Path] = {}
     kept: list[RunRecord] = []
     for r in runs:
-        ident = (*r.key, r.seed)
+        ident = (*r.key, r.identity, r.seed)
         if r.predictor == DEFAULT_PREDICTOR and ident in seen:
             errors.append((str(r.results_path), f"claims the run {r.key[2]} seed {r.seed} that "
                            f"{str(seen[ident])!r} already is (a copied run directory?): skipped"))
@@ -448,6 +506,8 @@ def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
                 "predictor": row.get("predictor") or DEFAULT_PREDICTOR}
         if meta["seed"] == "":
             meta["seed"] = None
+        if row.get("identity"):
+            meta["identity"] = row["identity"]
         members = (row.get("members") or "").split()
         if members:
             if not all(m.lstrip("-").isdigit() for m in members):
@@ -459,7 +519,7 @@ def runs_from_results_csv(csv_text: str) -> list[RunRecord]:
             raise ValueError(f"Expected `csv_text` rows of torchcal results, got a row with {problem}")
         flat = {}
         for k, v in row.items():
-            if k in need or k in ("predictor", "members") or v in ("", None):
+            if k in need or k in ("predictor", "members", "identity") or v in ("", None):
                 continue
             try:
                 flat[k] = float(v)
@@ -546,26 +606,30 @@ def _split_subsets(rs: list[RunRecord]) -> tuple[list[RunRecord], list[RunRecord
 
 
 def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
-    """Group records by (dataset, model, loss, loss_kwargs, predictor) and average every number
-    over each group's records: a loss's seeds (``predictor`` ``"run"``) are one group, an
-    ensemble of them another, never averaged together.
+    """Group records by (dataset, model, loss, loss_kwargs, predictor, identity) and average
+    every number over each group's records: a loss's seeds (``predictor`` ``"run"``) are one
+    group, an ensemble of them another, never averaged together; runs of another identity
+    (another learning rate, another number of epochs...) are a group of their own
+    (:func:`_mark_variants`: labelled with the settings that differ, named by
+    :func:`identity_notes`).
 
     An ensemble whose seeds are a proper subset of another ensemble's of the same group goes
     to :attr:`Group.subsets`, not among the group's records (:func:`_split_subsets`).
 
     Groups come sorted by dataset, model, then the canonical loss order (:data:`LOSS_ORDER`),
-    then loss arguments, then predictor (seeds' runs first); runs within a group by seed.
+    then loss arguments, then predictor (seeds' runs first), a key's main group before the
+    groups kept apart from it; runs within a group by seed.
     """
-    buckets: dict[tuple[str, str, str, str, str], list[RunRecord]] = {}
+    buckets: dict[tuple[Any, ...], list[RunRecord]] = {}
     for r in runs:
-        buckets.setdefault(r.key, []).append(r)
+        buckets.setdefault((*r.key, r.identity), []).append(r)
     groups = []
-    for (ds, model, loss, kw, predictor), rs in buckets.items():
+    for (ds, model, loss, kw, predictor, identity), rs in buckets.items():
         rs = sorted(rs, key=lambda r: (str(type(r.seed)), r.seed if r.seed is not None else 0,
                                        str(r.run_dir)))
         rs, subsets = _split_subsets(rs)
         g = Group(dataset=ds, model=model, loss=loss, loss_kwargs=json.loads(kw), runs=rs,
-                  predictor=predictor, subsets=subsets)
+                  predictor=predictor, subsets=subsets, identity=identity)
         keys: dict[str, None] = {}
         for r in rs:
             keys.update(dict.fromkeys(r.flat))
@@ -573,7 +637,108 @@ def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
             m, s, n = mean_std([r.flat.get(k, math.nan) for r in rs])
             g.mean[k], g.std[k], g.count[k] = m, s, n
         groups.append(g)
+    _mark_variants(groups)
     groups.sort(key=lambda g: (g.dataset, g.model, loss_rank(g.loss),
                                json.dumps(g.loss_kwargs, sort_keys=True),
-                               predictor_rank(g.predictor)))
+                               predictor_rank(g.predictor), g.apart_from is not None, g.variant))
     return groups
+
+
+def _mark_variants(groups: list[Group]) -> None:
+    """Of the groups sharing (dataset, model, loss, loss_kwargs, predictor) but not their
+    identity, the main one (most runs; a recorded identity before none; then the first run
+    directory) keeps its label; each other is marked kept apart from it, its
+    :attr:`Group.variant` the settings that differ (``"lr=0.05"``), ``"identity unknown"``
+    for records without one, ``"identity HASH"`` when the differing settings are unknown."""
+    by_key: dict[tuple[Any, ...], list[Group]] = {}
+    for g in groups:
+        by_key.setdefault((g.dataset, g.model, g.loss, json.dumps(g.loss_kwargs, sort_keys=True),
+                           g.predictor), []).append(g)
+    for gs in by_key.values():
+        if len(gs) < 2:
+            continue
+        gs.sort(key=lambda g: (-len(g.runs), g.identity is None,
+                               min((str(r.run_dir) for r in g.runs), default="")))
+        main = gs[0]
+        for g in gs[1:]:
+            g.apart_from = main
+            diff = _differing(main, g)
+            g.variant = (", ".join(f"{k}={_shown(g.identity_fields.get(k, _MISSING))}"
+                                   for k in diff)
+                         if diff else "identity unknown" if g.identity is None
+                         else f"identity {g.identity}")
+        variants = [g.variant for g in gs[1:]]
+        for g in gs[1:]:  # two groups differing from the main one in the same shown way
+            if variants.count(g.variant) > 1:
+                g.variant += f" ({g.identity or 'no identity'})"
+
+
+def _differing(a: Group, b: Group) -> list[str]:
+    """The identity settings whose values differ between two groups (sorted; [] when either
+    group's settings are unknown)."""
+    fa, fb = a.identity_fields, b.identity_fields
+    if not fa or not fb:
+        return []
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, _MISSING) != fb.get(k, _MISSING))
+
+
+_MISSING = object()
+
+
+def _shown(v: Any) -> str:
+    """A setting's value as a report shows it: compact JSON of a plain value (a number, a
+    name, a short list or object of them), else ``…`` (a hand-edited file's text is never
+    shown)."""
+    if v is _MISSING:
+        return "unset"
+    if not _plain_value(v):
+        return "…"
+    return v if isinstance(v, str) else json.dumps(v, separators=(",", " "))
+
+
+def identity_notes(groups: Sequence[Group], name: Callable[[Path], str] = str) -> list[str]:
+    """One line per group kept apart from another of its loss for another identity, naming
+    its runs and why, and one naming the groups of seeds that record no identity (results
+    written before torchcal recorded it, with no ``config.json`` beside them):
+
+        runs/b/seed0, runs/b/seed1 (lr 0.05) kept apart from the 2 runs of Focal (γ=3) at
+        lr 0.1: identity differs in lr
+
+    ``name``: a run directory's name in the notes (default its path)."""
+    out, unknown = [], []
+    for g in groups:
+        runs = _named(g, name)
+        if g.apart_from is not None:
+            main = g.apart_from
+            diff = _differing(main, g)
+            n = len(main.runs)
+            whose = f"the {n} run{'s' if n != 1 else ''} of {main.label}"
+            if diff:
+                out.append(f"{runs} ({_values(g, diff)}) kept apart from {whose} at "
+                           f"{_values(main, diff)}: identity differs in {', '.join(diff)}")
+            else:
+                why = ("records no identity (results written before torchcal recorded one, no "
+                       f"{CONFIG_FILE} beside them)" if g.identity is None else
+                       f"has identity {g.identity}, they have {main.identity or 'none recorded'}")
+                out.append(f"{runs} kept apart from {whose}: {why}")
+        elif g.identity is None and g.predictor == DEFAULT_PREDICTOR:
+            unknown.append(g)
+    if unknown:
+        n = sum(len(g.runs) for g in unknown)
+        labels = ", ".join(g.label for g in unknown[:8]) + (", ..." if len(unknown) > 8 else "")
+        out.append(f"{n} run{'s' if n != 1 else ''} ({labels}) record no identity (results "
+                   f"written before torchcal recorded one, no {CONFIG_FILE} beside them): "
+                   "counted as seeds of one configuration by their data set, model, loss and "
+                   "its arguments only")
+    return out
+
+
+def _named(g: Group, name: Callable[[Path], str], most: int = 5) -> str:
+    names = [name(r.run_dir) for r in g.runs]
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most
+                                      else "")
+
+
+def _values(g: Group, keys: Sequence[str]) -> str:
+    """``"lr 0.05, momentum 0.9"``: the group's values of the settings ``keys``."""
+    return ", ".join(f"{k} {_shown(g.identity_fields.get(k, _MISSING))}" for k in keys)

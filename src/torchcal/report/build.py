@@ -27,6 +27,7 @@ import math
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,10 +57,12 @@ from . import svg as S
 from . import tables as T
 from .aggregate import (
     Group,
+    IdentityOf,
     LoadReport,
     check_checkpoints,
     ece_noise_floor,
     group_runs,
+    identity_notes,
     load_runs,
 )
 from .claims import (
@@ -117,7 +120,7 @@ def _group_slug(g: Group) -> str:
     figure never replaces its seeds' (they shared one file)."""
     kw = "_".join(f"{k}={v}" for k, v in sorted(g.loss_kwargs.items()))
     predictor = "" if g.predictor == DEFAULT_PREDICTOR else g.predictor
-    return _slug(g.dataset, g.model, g.loss, kw, predictor)
+    return _slug(g.dataset, g.model, g.loss, kw, predictor, g.variant)
 
 
 # --------------------------------------------------------------------------------------------
@@ -559,6 +562,10 @@ class ReportOptions:
             ``results.json``; ``"best"``: ``results-best.json``).
         mix_checkpoints: allow one table to hold runs evaluated from different checkpoints
             (refused otherwise; the Runs table states each group's checkpoint either way).
+        identity_of: with ``paths``, how a run whose results record no identity (written
+            before ``meta.identity``) gets it from its ``config.json``
+            (:data:`~torchcal.report.aggregate.IdentityOf`; ``torchcal report`` and the demo
+            give :func:`torchcal.train.config.config_identity`); None: such a run has none.
     """
 
     title: str = "torchcal report"
@@ -572,6 +579,7 @@ class ReportOptions:
     claims: bool | Sequence[Claim] = False
     checkpoint: str = "last"
     mix_checkpoints: bool = False
+    identity_of: IdentityOf | None = None
 
 
 def build_report(
@@ -602,10 +610,14 @@ def build_report(
     if o.figure_format not in FIGURE_FORMATS:
         raise ValueError(f"Expected `figure_format` to be one of {FIGURE_FORMATS}, got "
                          f"{o.figure_format!r}")
-    runs, errors = _readable_runs(paths, runs, o.checkpoint, o.mix_checkpoints)
+    runs, errors = _readable_runs(paths, runs, o.checkpoint, o.mix_checkpoints, o.identity_of)
     if o.claims:
         add_confidence_gaps(runs.runs)
     groups = group_runs(runs.runs)
+    for g in groups:  # runs of one loss that are no seeds of one configuration: said
+        if g.apart_from is not None:
+            warnings.warn(_identity_note(g, Path(out_dir)), UserWarning,
+                          stacklevel=2)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_report_temp_files(out)  # a killed writer's, before this one writes
@@ -630,7 +642,7 @@ def _build(out: Path, runs: LoadReport, groups: list[Group], errors: list, fig_d
     title, n_bins, claims = o.title, o.n_bins, o.claims
     intro, appendix, verdict_label, preface = o.intro, o.appendix, o.verdict_label, o.preface
     drawn, figure_format = figure_set(o.figures), o.figure_format
-    notes: list[str] = []
+    notes: list[str] = identity_notes(groups, lambda p: T.relative_run_dir(p, out))
     logits = {g.label: _run_test_logits(g) for g in groups}
     floors = _noise_floors(groups, logits, n_bins)
     figs = (_make_figures(groups, fig_dir, n_bins, notes, logits, every=drawn == "all",
@@ -667,13 +679,19 @@ def _build(out: Path, runs: LoadReport, groups: list[Group], errors: list, fig_d
                         **paths_out)
 
 
+def _identity_note(g: Group, out: Path) -> str:
+    """:func:`identity_notes`' line of one group kept apart."""
+    return identity_notes([g], lambda p: T.relative_run_dir(p, out))[0]
+
+
 def _readable_runs(paths: Iterable[str | os.PathLike] | None, runs: LoadReport | None,
-                   checkpoint: str, mix_checkpoints: bool) -> tuple[LoadReport, list]:
+                   checkpoint: str, mix_checkpoints: bool, identity_of: IdentityOf | None = None,
+                   ) -> tuple[LoadReport, list]:
     """The loaded runs and their load errors; raise when no run could be read."""
     if runs is None:
         if paths is None:
             raise ValueError("Expected `paths` or `runs`, got neither")
-        runs = load_runs(paths, checkpoint)
+        runs = load_runs(paths, checkpoint, identity_of=identity_of)
     errors = list(runs.errors)
     if not runs.runs:
         detail = "; ".join(msg for _p, msg in errors) or "nothing given"
@@ -806,7 +824,8 @@ def _results_doc(stamp: str, groups: Sequence[Group], floors: dict, errors: list
         "generated": stamp,
         "groups": [{
             "dataset": g.dataset, "model": g.model, "loss": g.loss, "loss_kwargs": g.loss_kwargs,
-            "predictor": g.predictor, "label": g.label, "n_runs": len(g.runs), "seeds": g.seeds,
+            "predictor": g.predictor, "label": g.label, "identity": g.identity,
+            "n_runs": len(g.runs), "seeds": g.seeds,
             "runs": [T.relative_run_dir(r.run_dir, out) for r in g.runs],
             "mean": g.mean, "std": g.std, "count": g.count,
             "ece_noise_floor": floors.get(g.label),

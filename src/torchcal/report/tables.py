@@ -507,20 +507,21 @@ def relative_run_dir(run_dir: str | os.PathLike, base: str | os.PathLike | None)
 def runs_csv(groups: Sequence[Group], base: str | os.PathLike | None = None) -> str:
     """One row per run with every number (fractions; empty cell = NaN/missing); ``run_dir``
     relative to ``base`` (the report's directory, see :func:`relative_run_dir`); ``members``:
-    the seeds a pooled record (an ensemble) pooled, space-separated (empty for a seed's run).
+    the seeds a pooled record (an ensemble) pooled, space-separated (empty for a seed's run);
+    ``identity``: the record's identity hash (``meta.identity``; empty when it records none).
     An ensemble group's seed-subset ensembles (:attr:`Group.subsets`) follow its own rows, so
     that the file holds every record the claims were tested on."""
     runs = [r for g in groups for r in (*g.runs, *g.subsets)]
     keys = _all_keys([r.flat for r in runs])
     header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "seed", "run_dir",
-              "members"] + keys
+              "members", "identity"] + keys
     rows = []
     for g in groups:
         for r in (*g.runs, *g.subsets):
             members = r.meta.get("members")
             rows.append([g.dataset, g.model, g.loss, r.key[3], g.predictor, r.seed,
                          relative_run_dir(r.run_dir, base),
-                         " ".join(map(str, members)) if members else ""]
+                         " ".join(map(str, members)) if members else "", r.identity or ""]
                         + [r.flat.get(k, math.nan) for k in keys])
     return _csv(header, rows)
 
@@ -528,13 +529,14 @@ def runs_csv(groups: Sequence[Group], base: str | os.PathLike | None = None) -> 
 def groups_csv(groups: Sequence[Group]) -> str:
     """One row per group: every number's mean and std over seeds (fractions)."""
     keys = _all_keys([g.mean for g in groups])
-    header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "n_runs", "seeds"]
+    header = ["dataset", "model", "loss", "loss_kwargs", "predictor", "identity", "n_runs",
+              "seeds"]
     for k in keys:
         header += [f"{k}.mean", f"{k}.std"]
     rows = []
     for g in groups:
-        row: list[object] = [g.dataset, g.model, g.loss, g.runs[0].key[3], g.predictor, len(g.runs),
-                             " ".join(str(s) for s in g.seeds)]
+        row: list[object] = [g.dataset, g.model, g.loss, g.runs[0].key[3], g.predictor,
+                             g.identity or "", len(g.runs), " ".join(str(s) for s in g.seeds)]
         for k in keys:
             row += [g.mean.get(k, math.nan), g.std.get(k, math.nan)]
         rows.append(row)

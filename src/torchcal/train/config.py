@@ -29,6 +29,26 @@ A field may declare ``value``, the name of a method giving the value compared in
 field (``loss_kwargs`` and ``loss_defaults`` compare the loss's effective arguments,
 ``milestones`` and ``milestone_fractions`` the effective milestones).
 
+**A run's identity** (:meth:`TrainConfig.identity_hash`): the settings that make two runs seeds
+of one configuration, read from the same roles.  Its fields (:meth:`TrainConfig.identity_values`)
+are every field of the roles :data:`IDENTITY_ROLES` (``identity`` and ``schedule``: what is
+trained and for how long, the fields for which a benchmark runner trains a run afresh) but
+``seed``, which tells the seeds of one configuration apart; a plug-in group's fields are
+named ``group.field``, and a field with a value method is hashed by that value under the first
+field's name (``loss_kwargs``: the loss's effective arguments, ``loss_defaults`` included;
+``milestones``: the effective milestones; ``data_kwargs`` / ``ood_kwargs`` without ``verify``).
+The runtime fields (``recipe``, ``device``, ``data_root``, ``n_bins``, ``out_dir``, ...) are not
+part of it.  The hash is the first 12 hex digits of the SHA-256 of the values' canonical JSON
+(:func:`identity_digest`: sorted keys, no spaces, integral floats written as integers, so that
+``lr=1`` and ``lr=1.0`` are one identity).  The trainer records it in each run's results
+(``meta.identity``, and the hashed values in ``meta.identity_fields``); ``torchcal report`` and
+the ensembles group seeds only when it matches.
+
+>>> TrainConfig(seed=1).identity_hash() == TrainConfig(seed=2).identity_hash()
+True
+>>> TrainConfig(lr=0.05).identity_hash() == TrainConfig().identity_hash()
+False
+
 >>> sorted(f.name for f in dataclasses.fields(TrainConfig) if field_role(f) == "schedule")
 ['epochs', 'milestone_fractions', 'milestones']
 >>> changed_fields(TrainConfig(), TrainConfig(reduction="sum", grad_clip=None, device="cpu"))
@@ -38,6 +58,7 @@ field (``loss_kwargs`` and ``loss_defaults`` compare the loss's effective argume
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import numbers
@@ -50,7 +71,8 @@ from .._validation import Interval, Options
 __all__ = ["TrainConfig", "JointHeadConfig", "MultitaskConfig", "Flag", "UNCHECKED", "AMP_MODES",
            "SELECT_BEST_BY", "REDUCTIONS", "COMPILE_STEPS", "ROLES", "field_role",
            "changed_fields", "describe_fields", "check_fields", "cli_fields",
-           "grouped_name"]
+           "grouped_name", "IDENTITY_ROLES", "IDENTITY_EXCLUDED", "identity_digest",
+           "config_identity"]
 
 AMP_MODES = ("off", "bf16", "fp16")
 SELECT_BEST_BY = ("ece", "nll", "error", "none")
@@ -58,6 +80,13 @@ REDUCTIONS = ("published", "mean", "sum")
 COMPILE_STEPS = ("auto", "off", "on")
 #: The roles a TrainConfig field may have (module docstring).
 ROLES = ("identity", "schedule", "runtime")
+#: The roles whose fields make a run's identity (:meth:`TrainConfig.identity_hash`).
+IDENTITY_ROLES = ("identity", "schedule")
+#: The fields of those roles left out of the identity: the seed tells one configuration's
+#: seeds apart.
+IDENTITY_EXCLUDED = ("seed",)
+#: Hex digits of a run's identity hash.
+IDENTITY_HEX_DIGITS = 12
 #: Data options that do not change the data (``verify`` only skips a checksum).
 _DATA_KWARGS_IGNORED = ("verify",)
 
@@ -171,6 +200,64 @@ def changed_fields(old: TrainConfig, new: TrainConfig) -> dict[str, list[str]]:
         if _compared(old, f) != _compared(new, f):
             out[field_role(f)].append(f.name)
     return {r: sorted(v) for r, v in out.items()}
+
+
+def _identity_values(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """The compared values of the identity fields of the dataclass ``obj`` (module docstring:
+    a plug-in group's fields as ``group.field``, fields sharing a value method once)."""
+    out: dict[str, Any] = {}
+    seen: set[str] = set()
+    for f in dataclasses.fields(obj):
+        method = f.metadata.get("value")
+        if field_role(f) not in IDENTITY_ROLES or f.name in IDENTITY_EXCLUDED or method in seen:
+            continue
+        if method:
+            seen.add(method)
+        if _group_class(f) is not None:
+            out.update(_identity_values(getattr(obj, f.name), f"{prefix}{f.name}."))
+        else:
+            out[prefix + f.name] = _compared(obj, f)
+    return out
+
+
+def _canonical(v: Any) -> Any:
+    """``v`` with integral floats as integers (``1.0`` -> ``1``), recursively."""
+    if isinstance(v, dict):
+        return {str(k): _canonical(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_canonical(x) for x in v]
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def identity_digest(values: dict[str, Any]) -> str:
+    """The identity hash of a run's identity values (:meth:`TrainConfig.identity_values`): the
+    first 12 hex digits of the SHA-256 of their canonical JSON (sorted keys, no spaces,
+    integral floats as integers).
+
+    >>> identity_digest({"lr": 1}) == identity_digest({"lr": 1.0})
+    True
+    """
+    text = json.dumps(_canonical(values), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:IDENTITY_HEX_DIGITS]
+
+
+def config_identity(config: Any) -> dict[str, Any] | None:
+    """``{"identity": HASH, "identity_fields": {...}}`` of a run's config, a
+    :class:`TrainConfig` or a config dict (a ``config.json``'s, as results written before
+    ``meta.identity`` existed need); None for a dict that is no TrainConfig's.
+
+    >>> sorted(config_identity({"loss": "focal", "lr": 0.05}))
+    ['identity', 'identity_fields']
+    """
+    if not isinstance(config, TrainConfig):
+        try:
+            config = TrainConfig.from_dict(dict(config))
+        except (TypeError, ValueError):
+            return None
+    return {"identity": config.identity_hash(), "identity_fields": config.identity_values()}
 
 
 def describe_fields(config: TrainConfig, names: list[str]) -> str:
@@ -606,6 +693,22 @@ class TrainConfig:
     def effective_loss_kwargs(self) -> dict[str, Any]:
         """``{**loss_defaults.get(loss, {}), **loss_kwargs}``: what the loss is built with."""
         return {**dict(self.loss_defaults.get(self.loss, {})), **dict(self.loss_kwargs)}
+
+    def identity_values(self) -> dict[str, Any]:
+        """The values that make this run's identity (module docstring), by field name: every
+        ``identity`` and ``schedule`` field but ``seed``, compared values, a plug-in group's
+        fields as ``group.field``.
+
+        >>> v = TrainConfig(loss="focal", loss_kwargs={"gamma": 3}).identity_values()
+        >>> v["loss"], v["loss_kwargs"], v["lr"], "seed" in v, "device" in v, "epochs" in v
+        ('focal', {'gamma': 3}, 0.1, False, False, True)
+        """
+        return _identity_values(self)
+
+    def identity_hash(self) -> str:
+        """The run's identity hash: :func:`identity_digest` of :meth:`identity_values` (12 hex
+        digits; the seeds of one configuration share it)."""
+        return identity_digest(self.identity_values())
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict of every field (lists for tuples; a plug-in group as a dict)."""

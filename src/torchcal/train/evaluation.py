@@ -17,7 +17,7 @@ from ..evaluate import config_meta, evaluate_logits, save_logits, write_results
 from ..run_dir import RunDir
 from .build import build_data, load_ood_sets, load_run_checkpoint, model_from_checkpoint
 from .checkpoint import remove_stale_run_temp_files
-from .config import TrainConfig, changed_fields, describe_fields
+from .config import TrainConfig, changed_fields, config_identity, describe_fields
 from .device import resolve_device
 from .distributed import DistEnv
 from .inference import predict_logits
@@ -28,10 +28,11 @@ __all__ = ["collect_predictions", "write_predictions", "evaluate_checkpoint", "r
 
 def _meta(config: TrainConfig, epoch: int, checkpoint: str) -> dict[str, Any]:
     """A trained run's ``meta`` (:func:`torchcal.evaluate.config_meta`), with its effective loss
-    arguments, the evaluated epoch and checkpoint."""
+    arguments, the evaluated epoch and checkpoint, and its identity (``identity``, the hash,
+    and ``identity_fields``, the values hashed: :func:`~torchcal.train.config.config_identity`)."""
     meta = config_meta(config.to_dict())
     meta["loss_kwargs"] = config.effective_loss_kwargs()
-    return {**meta, "epoch": int(epoch), "checkpoint": checkpoint}
+    return {**meta, "epoch": int(epoch), "checkpoint": checkpoint, **config_identity(config)}
 
 
 def collect_predictions(model: nn.Module, splits: Any, ood_sets: dict[str, Any],
