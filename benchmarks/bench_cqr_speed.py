@@ -22,7 +22,7 @@ from torchcal.regression import Quantiles
 
 N = 1_000_000
 ALPHA = 0.1
-REPEATS = 7
+REPEATS = 15
 
 
 def main() -> None:
