@@ -54,7 +54,8 @@ def _kill_loop(tmp_path: Path, argv: list[str], watch: Path, delay: tuple[float,
     for r in killed:  # 128 + the signal, one line without a traceback, the command to run
         err = r["stderr"].strip()
         name = signal.Signals(r["signal"]).name
-        assert r["status"] == 128 + r["signal"], r
+        assert r["status"] == 128 + r["signal"], (r["status"], r["signal"], r["delay"],
+                                                   r["stderr"][-1500:])
         assert "Traceback" not in err and len(err.splitlines()) == 1, r
         assert f": interrupted by {name}; " in err and re.search(r": torchcal \w+ .+$", err), r
     return records
@@ -85,15 +86,18 @@ def _whole_files(root: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run = tmp_path_factory.mktemp("trained") / "run"
+    data = run.parent / "data"  # its own data root: another test may be preparing ./data
     assert main(["train", "--recipe", "digits-mlp", "--epochs", "2", "--no-progress",
-                 "--num-threads", "1", "--device", "cpu", "--out", str(run)]) == 0
+                 "--num-threads", "1", "--device", "cpu", "--data-root", str(data),
+                 "--out", str(run)]) == 0
     return run
 
 
 def test_train_killed_twenty_times_keeps_every_epoch_and_says_how_to_continue(tmp_path):
     run = tmp_path / "run"
     argv = ["train", "--recipe", "digits-mlp", "--epochs", "400", "--checkpoint-every", "1",
-            "--no-progress", "--num-threads", "1", "--device", "cpu", "--out", str(run)]
+            "--no-progress", "--num-threads", "1", "--device", "cpu",
+            "--data-root", str(tmp_path / "data"), "--out", str(run)]
     records = _kill_loop(tmp_path, argv, run, (0.02, 1.0), seed=51, follow=True)
     epoch, log = 0, []
     for r in records:

@@ -34,3 +34,22 @@ def test_ctrl_c_stays_sigint():
         with sigterm_interrupts():
             raise KeyboardInterrupt
     assert interrupt_signal(info.value) == signal.SIGINT
+
+
+def test_sigterm_while_the_command_loads_is_an_interruption(monkeypatch, capsys):
+    """The handler is set before the command's modules load: a SIGTERM then (a fork server's
+    kill 5 ms in) exits 143 with the one line, not by the default action (status -15)."""
+    import torchcal.cli as cli
+
+    real = cli.build_parser
+
+    def slow_build(command):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+        return real(command)
+
+    monkeypatch.setattr(cli, "build_parser", slow_build)
+    assert cli.main(["eval", "somewhere"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("torchcal eval: interrupted by SIGTERM;")
+    assert "run it again: torchcal eval somewhere" in err[0]

@@ -186,7 +186,8 @@ def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
         with contextlib.suppress(Exception):  # a failing hint must not hide the interruption
             msg = hint(args)  # None: print nothing (a torchrun worker other than rank 0)
     if msg:
-        print(f"torchcal {args.command}: interrupted by {name}; {msg}", file=sys.stderr)
+        prog = f"torchcal {args.command}".strip()
+        print(f"{prog}: interrupted by {name}; {msg}", file=sys.stderr)
     return 128 + signum
 
 
@@ -200,21 +201,25 @@ def again_command(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(chosen_command(argv))
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    args.argv = argv  # the command line, for the hint after Ctrl-C
     format_warning = warnings.formatwarning
-    warnings.formatwarning = one_line_warnings(args.command)  # the display only, restored below
+    args: argparse.Namespace | None = None
     try:
+        # from the first line: a SIGTERM while the command's modules load interrupts it too
         with signals_interrupt():
+            parser = build_parser(chosen_command(argv))
+            args = parser.parse_args(argv)
+            if not getattr(args, "func", None):
+                parser.print_help()
+                return 2
+            args.argv = argv  # the command line, for the hint after Ctrl-C
+            warnings.formatwarning = one_line_warnings(args.command)  # the display only
             return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:
+        if args is None or not getattr(args, "func", None):  # still starting: nothing written
+            args = argparse.Namespace(command=chosen_command(argv) or "", argv=argv)
         return _interrupted(args, exc)
     except Exception as exc:  # the last line of defence: one line, the traceback with --debug
-        if getattr(args, "debug", False):
+        if args is None or getattr(args, "debug", False):
             raise
         print(f"torchcal {args.command}: error: {describe_failure(exc)}", file=sys.stderr)
         return 2
