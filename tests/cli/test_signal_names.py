@@ -41,15 +41,17 @@ def test_sigterm_while_the_command_loads_is_an_interruption(monkeypatch, capsys)
     kill 5 ms in) exits 143 with the one line, not by the default action (status -15)."""
     import torchcal.cli as cli
 
-    real = cli.build_parser
+    real, calls = cli.build_parser, []
 
     def slow_build(command):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler raises here
+        calls.append(command)
+        if len(calls) == 1:  # the first load is interrupted; the hint's parse is not
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here
         return real(command)
 
     monkeypatch.setattr(cli, "build_parser", slow_build)
-    assert cli.main(["eval", "somewhere"]) == 128 + signal.SIGTERM
+    assert cli.main(["calibrate", "val.npz", "--out", "cal.json"]) == 128 + signal.SIGTERM
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("torchcal eval: interrupted by SIGTERM;")
-    assert "run it again: torchcal eval somewhere" in err[0]
+    assert len(err) == 1 and err[0].startswith("torchcal calibrate: interrupted by SIGTERM;")
+    assert "cal.json" in err[0]  # the command's own hint, from the command line parsed again

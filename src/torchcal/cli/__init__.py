@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import re
 import signal
 import sys
@@ -199,6 +200,18 @@ def again_command(args: argparse.Namespace) -> str:
     return shlex.join(["torchcal", *(getattr(args, "argv", None) or [args.command])])
 
 
+def _parsed_after_interrupt(argv: list[str]) -> argparse.Namespace:
+    """The command line of a command interrupted while it started, parsed again (so that its
+    own hint names what it keeps); a bare namespace when that fails too."""
+    with contextlib.suppress(BaseException):  # noqa: BLE001 - the interruption is reported anyway
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's complaints are not the news
+            args = build_parser(chosen_command(argv)).parse_args(argv)
+        if getattr(args, "func", None):
+            args.argv = argv
+            return args
+    return argparse.Namespace(command=chosen_command(argv) or "", argv=argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     format_warning = warnings.formatwarning
@@ -216,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:
         if args is None or not getattr(args, "func", None):  # still starting: nothing written
-            args = argparse.Namespace(command=chosen_command(argv) or "", argv=argv)
+            args = _parsed_after_interrupt(argv)
         return _interrupted(args, exc)
     except Exception as exc:  # the last line of defence: one line, the traceback with --debug
         if args is None or getattr(args, "debug", False):

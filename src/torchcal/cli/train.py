@@ -20,6 +20,7 @@ import dataclasses
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,10 @@ def _interrupt_hint(args: argparse.Namespace) -> str | None:
         return None
     out = Path(args.out)
     run = RunDir(out)
-    if run.has_checkpoint("last") and run.config.is_file():
+    for t in threading.enumerate():  # an epoch writer still committing: its files count
+        if t.name == "torchcal-epoch-writer" and t is not threading.current_thread():
+            t.join(timeout=30)
+    if run.has_checkpoint("last"):  # what the trainer refuses without --resume
         return ("finished epochs are kept; continue with: torchcal train --out "
                 f"{shlex.quote(args.out)} --resume")
     argv = list(getattr(args, "argv", None) or [])
