@@ -47,3 +47,11 @@ def test_quantiles_accept_an_overflowing_but_ordered_gap_and_no_rows():
 
     assert Q([[-1e308, 1e308]], [0.1, 0.9]).values.shape == (1, 2)
     assert Q(torch.zeros(0, 2), [0.1, 0.9]).shape == (0,)
+
+
+def test_the_metrics_normal_quantile_is_finite_in_the_far_tail():
+    """The same erfinv defect on the metrics' path (regression._scores.normal_ppf)."""
+    from torchcal.regression._scores import normal_ppf
+
+    p = torch.tensor([1e-300, 1e-20, 0.5, 1 - 1e-12], dtype=torch.float64)
+    np.testing.assert_allclose(normal_ppf(p).numpy(), norm.ppf(p.numpy()), rtol=1e-9)
