@@ -4,7 +4,8 @@ after a seeded random delay, and records how each ended.  Forked children start 
 milliseconds, so a test can kill a command twenty times in a few seconds.
 
 Usage: python kill_server.py PLAN.json  (plan: argv, kills, seed, delay [lo, hi], watch, snaps,
-follow: run the printed continue command next).  Writes PLAN.json's "out" (a JSON list: one
+follow: run the printed continue command next; until: a path under watch whose absence after
+a kill widens the delay window, up to 20 s).  Writes PLAN.json's "out" (a JSON list: one
 {"status", "signal", "stderr", "delay"} per child)."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from torchcal.cli import build_parser, main
 
+
 def serve() -> None:
     """Run the plan of ``sys.argv[1]`` (the module docstring)."""
     torch.set_num_threads(1)
@@ -33,6 +35,7 @@ def serve() -> None:
     for name in plan.get("preload", []):  # what the command imports later (scikit-learn: 2 s)
         importlib.import_module(name)
     rng = random.Random(plan["seed"])
+    first_delay = list(plan["delay"])
     records: list[dict] = []
     i = 0
     while sum(r["status"] != 0 for r in records) < plan["kills"] and i < 3 * plan["kills"]:
@@ -63,6 +66,13 @@ def serve() -> None:
             shutil.copytree(plan["watch"], os.path.join(plan["snaps"], str(i)), symlinks=True)
         if records[-1]["status"] == 0:  # the command finished before the kill: kill sooner
             plan["delay"][1] = max(plan["delay"][0] + 0.005, 0.8 * plan["delay"][1])
+        elif plan.get("until"):
+            if not os.path.exists(os.path.join(plan["watch"], plan["until"])):
+                # a loaded machine: no kill came after the first kept epoch yet; kill later, so
+                # that the kills are spread over the training and not all in its start-up
+                plan["delay"] = [plan["delay"][0], min(20.0, 1.5 * plan["delay"][1])]
+            else:  # it got there: back to the planned window
+                plan["delay"] = list(first_delay)
         m = re.search(r"(?:continue with|run it again|start it again with): (torchcal .*)$", err.strip())
         if plan.get("follow") and m:
             argv = shlex.split(m.group(1))[1:]

@@ -103,3 +103,30 @@ def test_resume_of_a_finished_run_with_changed_training_settings_is_refused(tmp_
     err = capsys.readouterr().err
     assert "Cannot resume" in err and "reduction='sum'" in err and "grad_clip=5.0" in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_kill_between_staging_and_moving_a_checkpoint_is_told_to_resume(tmp_path, capsys):
+    """Issue 51's train kill-loop defect: killed after its epoch's ``checkpoints/next.pt`` was
+    staged but before it was moved onto ``last.pt``, ``train`` said "no epoch was saved yet"
+    and offered the command without ``--resume``; the next start finished the move
+    (``reconcile_staged``) and then refused that command ("already holds a run").  The hint
+    now finishes the move itself, so it names the kept epoch and the command that goes on."""
+    from torchcal._io import replace_verified
+    from torchcal.cli import build_parser
+    from torchcal.cli.train import _interrupt_hint
+
+    run = tmp_path / "staged"
+    argv = ["train", "--recipe", "digits-mlp", "--epochs", "2", *FAST,
+            "--data-root", str(tmp_path / "data"), "--out", str(run)]
+    assert main([*argv[:4], "1", *argv[5:]]) == 0  # one epoch; then stage it again by hand
+    last, staged = run / "checkpoints" / "last.pt", run / "checkpoints" / "next.pt"
+    replace_verified(last, staged)  # the state of a kill between the two steps
+    assert not last.exists() and staged.exists()
+    args = build_parser("train").parse_args(argv)
+    args.argv = argv
+    hint = _interrupt_hint(args)
+    assert hint == f"finished epochs are kept; continue with: torchcal train --out {run} --resume"
+    assert last.exists() and not staged.exists()  # the move the next start would have made
+    capsys.readouterr()
+    assert main(shlex.split(hint.split("continue with: ", 1)[1])[1:]) == 0  # it goes on
+    assert (run / "results.json").is_file()

@@ -16,6 +16,7 @@ run; resuming a finished run trains nothing and says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -34,6 +35,7 @@ from ..models import list_models
 from ..run_dir import RunDir
 from ..train.config import TrainConfig, changed_fields, cli_fields
 from ..train.evaluation import read_config
+from ..train.pack_commit import reconcile_staged
 from ..train.recipes import get_recipe, list_recipes
 from ..train.trainer import train
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss, pct
@@ -168,6 +170,12 @@ def _interrupt_hint(args: argparse.Namespace) -> str | None:
     for t in threading.enumerate():  # an epoch writer still committing: its files count
         if t.name == "torchcal-epoch-writer" and t is not threading.current_thread():
             t.join(timeout=30)
+    if run.checkpoint_dir.is_dir():
+        # a kill between staging checkpoints/next.pt and moving it onto last.pt: the next start
+        # finishes that move before it looks for last.pt, so the epoch is kept (and a command
+        # without --resume would be refused); finish it now, as the trainer would
+        with contextlib.suppress(Exception):  # the hint must not hide the interruption
+            reconcile_staged([out])
     if run.has_checkpoint("last"):  # what the trainer refuses without --resume
         return ("finished epochs are kept; continue with: torchcal train --out "
                 f"{shlex.quote(args.out)} --resume")
