@@ -12,7 +12,7 @@ It prints one line per rule with its count, then every violation:
        L4  evaluate.py  run_dir.py  ensemble.py
        L3  losses/  posthoc/  uncertainty/  regression/  conformal/  plot.py
        L2  metrics/  functional/  models/  data/
-       L1  errors.py  _validation.py  _io/  _registry.py
+       L1  errors.py  _validation.py  _io/  _registry.py  _signals.py
 
    Every import counts, including those inside functions and ``if TYPE_CHECKING:`` blocks.
 2. **argparse** is imported only under ``cli/``.
@@ -48,7 +48,7 @@ It prints one line per rule with its count, then every violation:
    internals: its siblings import it (``from . import _loss_utils``) and its public names
    (``from ._base import split_indices``), never its underscore names.
 
-9. **standard library only**: ``torchcal/errors.py`` and ``torchcal/_registry.py`` import
+9. **standard library only**: ``torchcal/errors.py``, ``_registry.py`` and ``_signals.py`` import
    nothing but the standard library and each other, anywhere in the module (the exception
    types and the registries are read by every process, ``torchcal --version`` included).
    The modules of ``torchcal/_io/`` but ``jsonio.py`` (tensors and arrays to JSON: numpy,
@@ -124,6 +124,7 @@ LAYERS = {
     "_validation": 1,
     "_io": 1,
     "_registry": 1,
+    "_signals": 1,
 }
 # The package root (``torchcal/__init__.py``) re-exports the library; it sits just under
 # experiments/ and cli/.
@@ -140,9 +141,9 @@ HELP_KEYWORDS = {"help", "description", "epilog", "usage"}
 # Module-level names whose strings are command-line help too (the lines of `torchcal --help`).
 HELP_NAMES = {"COMMAND_HELP"}
 # Private by name, shared by every unit: the layer-1 modules.
-SHARED_PRIVATE = {"_validation", "_io", "_registry"}
+SHARED_PRIVATE = {"_validation", "_io", "_registry", "_signals"}
 # Rule 9: modules that import the standard library only (and one another).
-STDLIB_ONLY = {"torchcal.errors", "torchcal._registry"}
+STDLIB_ONLY = {"torchcal.errors", "torchcal._registry", "torchcal._signals"}
 # Rule 9 too: the modules of _io/ that import the standard library, STDLIB_ONLY and one another
 # only (jsonio imports numpy and torch).
 IO_STDLIB_ONLY = {f"torchcal._io.{m}" for m in ("atomic", "bounded", "links", "lock", "temp",

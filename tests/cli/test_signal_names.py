@@ -1,4 +1,5 @@
-"""SIGTERM keeps its name through a library that catches the KeyboardInterrupt raised by the
+"""The one SIGTERM context (``torchcal._signals``, used by the command line, the sweeps and Ray):
+SIGTERM keeps its name through a library that catches the KeyboardInterrupt raised by the
 handler and raises its own (Ray's ``wait`` does): the command then exits 143, not 130."""
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ import time
 
 import pytest
 
-from torchcal.cli import interrupt_signal, signals_interrupt
-from torchcal.experiments.runner import sigterm_interrupts
+from torchcal._signals import interrupt_signal, sigterm_interrupts
 
 
 def _library_that_reraises() -> None:
@@ -21,10 +21,9 @@ def _library_that_reraises() -> None:
         raise KeyboardInterrupt from None  # its own, without the signal's name
 
 
-@pytest.mark.parametrize("context", [signals_interrupt, sigterm_interrupts])
-def test_sigterm_keeps_its_name_through_a_reraising_library(context):
+def test_sigterm_keeps_its_name_through_a_reraising_library():
     with pytest.raises(KeyboardInterrupt) as info:
-        with context():
+        with sigterm_interrupts():
             _library_that_reraises()
     assert interrupt_signal(info.value) == signal.SIGTERM
 

@@ -13,7 +13,7 @@ any other exception too (:func:`describe_failure`: memory exhaustion with the si
 else as an unexpected error); ``--debug`` shows the traceback instead.
 While a command runs, warnings are printed as one line (``torchcal CMD: warning: ...``, no source
 line); the library itself leaves the warnings module alone.  Ctrl-C (SIGINT) and SIGTERM end
-every command alike (:func:`signals_interrupt`): the file being written is finished or rolled
+every command alike (:func:`~torchcal._signals.sigterm_interrupts`): the file being written is finished or rolled
 back (torchcal's writers are atomic), one line names what was kept and the exact command that
 continues (a sub-command sets ``interrupt_hint``; without one: the same command again), and the
 exit status is 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
@@ -28,16 +28,14 @@ import io
 import re
 import signal
 import sys
-import threading
 import warnings
-from collections.abc import Iterator
 
 from .. import __version__
+from .._signals import interrupt_signal, sigterm_interrupts
 from ..errors import TorchcalError
 from ._args import Parser, one_line_warnings
 
-__all__ = ["main", "build_parser", "describe_failure", "COMMAND_HELP", "signals_interrupt",
-           "interrupt_signal"]
+__all__ = ["main", "build_parser", "describe_failure", "COMMAND_HELP"]
 
 #: The sub-commands, in the order of ``torchcal --help``: name -> the line ``torchcal --help``
 #: shows (each module's ``register`` gives the same, checked by tests/cli/test_cli_startup.py).
@@ -132,48 +130,6 @@ def build_parser(commands: str | tuple[str, ...] | None = tuple(COMMAND_HELP)
     return parser
 
 
-@contextlib.contextmanager
-def signals_interrupt() -> Iterator[None]:
-    """SIGTERM raises ``KeyboardInterrupt("signal 15")`` in the block, as Ctrl-C raises
-    ``KeyboardInterrupt`` (main thread only; elsewhere signals cannot be set), so that ``kill
-    PID`` ends a command the way Ctrl-C does: atomic writers remove their temporary file, locks
-    are released, and :func:`main` prints the command that continues."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    fired: list[int] = []
-
-    def handler(signum: int, frame: object) -> None:
-        fired.append(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        if fired and f"signal {fired[-1]}" not in map(str, exc.args):
-            # a library caught it and raised its own (Ray's wait does): keep the signal's name
-            raise KeyboardInterrupt(f"signal {fired[-1]}") from exc
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-def interrupt_signal(exc: KeyboardInterrupt) -> int:
-    """The signal a ``KeyboardInterrupt`` stands for: the number in ``"signal N"`` (raised by
-    :func:`signals_interrupt` and the sweeps' SIGTERM handler), else SIGINT (Ctrl-C).
-
-    >>> interrupt_signal(KeyboardInterrupt("signal 15")), interrupt_signal(KeyboardInterrupt())
-    (15, 2)
-    """
-    for a in exc.args:
-        m = re.fullmatch(r"signal (\d+)", str(a))
-        if m:
-            return int(m.group(1))
-    return int(signal.SIGINT)
-
-
 def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
     """Print the one line of an interrupted command; its exit status (128 + the signal)."""
     signum = interrupt_signal(exc)
@@ -218,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         # from the first line: a SIGTERM while the command's modules load interrupts it too
-        with signals_interrupt():
+        with sigterm_interrupts():
             parser = build_parser(chosen_command(argv))
             args = parser.parse_args(argv)
             if not getattr(args, "func", None):

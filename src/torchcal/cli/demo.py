@@ -20,10 +20,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._signals import sigterm_interrupts
 from ..data import DATASETS
 from ..experiments import DemoConfig, DemoResult, get_benchmark, list_benchmarks, run_demo
 from ..experiments.demo import DEBUG_ENV, TRAINING_RUNS, applicable_losses, default_out
-from ..experiments.runner import EXECUTORS, make_executor, sigterm_interrupts
+from ..experiments.runner import EXECUTORS, make_executor
 from ..train import get_recipe
 from ._args import (
     PERCENT_NOTE,

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._signals import sigterm_interrupts
 from ..errors import TorchcalError, one_line_warnings
 from .runner import (
     ExecutorType,
@@ -39,7 +40,6 @@ from .runner import (
     call_job,
     failed_result,
     register_executor,
-    sigterm_interrupts,
 )
 
 __all__ = ["RayExecutor", "ray_available", "check_ray_address", "CONNECT_TIMEOUT"]

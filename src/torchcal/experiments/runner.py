@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .._registry import Registry
+from .._signals import sigterm_interrupts
 from ..errors import one_line_warnings
 
 __all__ = ["Resources", "Job", "Executor", "LocalExecutor", "run_sweep", "failed_result",
@@ -344,32 +345,6 @@ def _call_in_worker(fn: Callable[[Mapping[str, Any]], dict[str, Any]], spec: Map
     if _PARENT_PID is not None and os.getppid() != _PARENT_PID:
         os._exit(1)
     return call_job(fn, spec, name)
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises ``KeyboardInterrupt`` in the block (main thread only), so ``kill PID`` of a
-    sweep stops its workers as Ctrl-C does instead of leaving them training."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    fired: list[int] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        fired.append(signum)
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        if fired and f"signal {fired[-1]}" not in map(str, exc.args):
-            # a library caught it and raised its own (Ray's wait does): keep the signal's name
-            raise KeyboardInterrupt(f"signal {fired[-1]}") from exc
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager

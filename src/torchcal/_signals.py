@@ -1,0 +1,56 @@
+"""SIGTERM as Ctrl-C: the one context every entry point (the command line, the sweeps' runner,
+the Ray executor) uses, so that ``kill PID`` ends work the way Ctrl-C does: atomic writers
+remove their temporary file, locks are released, and the command prints what continues.
+
+Standard library only (the command line sets it before any other module loads)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import threading
+from collections.abc import Iterator
+
+__all__ = ["sigterm_interrupts", "interrupt_signal"]
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt("signal 15")`` in the block, as Ctrl-C raises
+    ``KeyboardInterrupt`` (main thread only; elsewhere signals cannot be set).  A library that
+    catches the interruption and raises its own ``KeyboardInterrupt`` (Ray's wait does) has the
+    signal's name put back.  The previous handler is restored on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    fired: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        fired.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if fired and f"signal {fired[-1]}" not in map(str, exc.args):
+            raise KeyboardInterrupt(f"signal {fired[-1]}") from exc
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupt_signal(exc: KeyboardInterrupt) -> int:
+    """The signal a ``KeyboardInterrupt`` stands for: the number in ``"signal N"`` (raised by
+    :func:`sigterm_interrupts`), else SIGINT (Ctrl-C).
+
+    >>> interrupt_signal(KeyboardInterrupt("signal 15")), interrupt_signal(KeyboardInterrupt())
+    (15, 2)
+    """
+    for a in exc.args:
+        m = re.fullmatch(r"signal (\d+)", str(a))
+        if m:
+            return int(m.group(1))
+    return int(signal.SIGINT)
