@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from torchcal.experiments.claims import CLAIMS
 from torchcal.report.aggregate import RunRecord, group_runs, runs_from_results_csv
 from torchcal.report.claims import (
     CHANCE_MARGIN,
-    CLAIMS,
     GAP_KEY,
     SIMILAR_ERROR,
     at_chance,
