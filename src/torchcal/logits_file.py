@@ -101,6 +101,7 @@ MAX_LOGITS_BYTES = 16 << 30
 #: :data:`NPZ_RATIO_FROM` bytes (float logits deflate by at most ~1.2x; a member of zeros
 #: deflates ~1000x: a "zip bomb"; small members, e.g. sorted labels, may deflate more).
 MAX_NPZ_RATIO = 100
+#: The size (bytes) above which a deflated ``.npz`` member is held to :data:`MAX_NPZ_RATIO`.
 NPZ_RATIO_FROM = 64 << 20
 
 
