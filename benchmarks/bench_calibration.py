@@ -3,7 +3,7 @@
 Runs ``torchcal demo`` on MNIST-1D (the default) and on noisy digits (``--benchmark digits``), or
 reads existing demo directories (``--from DIR``, repeatable, any benchmark), and prints per data
 set the main table, the over/under-confidence table and PASS/FAIL for each claim of
-:data:`torchcal.report.claims.CLAIMS` (the claims of Mukhoti et al. 2020, Ghosh et al. 2022,
+:data:`torchcal.experiments.claims.CLAIMS` (the claims of Mukhoti et al. 2020, Ghosh et al. 2022,
 Lin et al. 2025 and Tao et al. 2023, tested per seed by the report layer): PASS when the claim
 holds on every tested seed, FAIL otherwise (with "holds on k of n seeds"), "not tested" when a
 loss the claim needs was not trained.

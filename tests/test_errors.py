@@ -17,7 +17,7 @@ MOVED = [
     ("torchcal.metrics", "TwoColumnWarning"),
     ("torchcal.losses.base", "MissingValidationWarning"),
     ("torchcal.losses", "MissingValidationWarning"),
-    ("torchcal.posthoc._common", "WorseThanIdentityWarning"),
+    ("torchcal.posthoc.base", "WorseThanIdentityWarning"),
     ("torchcal.posthoc", "WorseThanIdentityWarning"),
     ("torchcal.posthoc", "MemorizedValidationWarning"),
     ("torchcal.train.compiled", "CompiledStepWarning"),

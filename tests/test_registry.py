@@ -69,7 +69,7 @@ def test_every_loss_has_a_display_name_and_an_order():
 
 def test_every_loss_names_its_paper_and_the_claims_cite_it():
     """``paper`` is filled for every loss, and the report's claims read it (no copy kept)."""
-    from torchcal.report.claims import CLAIMS
+    from torchcal.experiments.claims import CLAIMS
 
     empty = [n for n in list_losses() if not LOSSES.paper(n)]
     assert not empty, f"losses registered without a paper: {empty}"

@@ -358,9 +358,9 @@ def _bomb(path, n):
 
 
 def test_a_deflated_npz_bomb_is_refused_before_loading(tmp_path, capsys, monkeypatch):
-    from torchcal import evaluate
+    from torchcal import logits_file
     from torchcal.evaluate import load_logits
-    monkeypatch.setattr(evaluate, "NPZ_RATIO_FROM", 1 << 20)  # the campaign's was 8 GB
+    monkeypatch.setattr(logits_file, "NPZ_RATIO_FROM", 1 << 20)  # the campaign's was 8 GB
     bomb = tmp_path / "bomb.npz"
     _bomb(bomb, 4 << 20)  # 16 MiB of zeros in ~16 KiB
     assert bomb.stat().st_size < 1 << 20

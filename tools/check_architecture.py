@@ -9,7 +9,7 @@ It prints one line per rule with its count, then every violation:
        L7  cli/
        L6  experiments/
        L5  train/  report/  integrations/   (siblings: never importing each other)
-       L4  evaluate.py  run_dir.py  ensemble.py
+       L4  evaluate.py  logits_file.py  results_file.py  run_dir.py  ensemble.py
        L3  losses/  posthoc/  uncertainty/  regression/  conformal/  plot.py
        L2  metrics/  functional/  models/  data/
        L1  errors.py  _validation.py  _io/  _registry.py  _signals.py
@@ -107,6 +107,8 @@ LAYERS = {
     "report": 5,
     "integrations": 5,
     "evaluate": 4,
+    "logits_file": 4,
+    "results_file": 4,
     "run_dir": 4,
     "ensemble": 4,
     "llm": 4,

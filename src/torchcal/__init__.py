@@ -3,6 +3,7 @@
 Sub-packages are imported on first use: ``torchcal.metrics``, ``torchcal.losses``,
 ``torchcal.functional``, ``torchcal.posthoc``, ``torchcal.uncertainty``, ``torchcal.data``,
 ``torchcal.models``, ``torchcal.train``, ``torchcal.report``, ``torchcal.evaluate``,
+``torchcal.logits_file`` and ``torchcal.results_file`` (the files evaluation reads and writes),
 ``torchcal.run_dir`` (the run directory's layout), ``torchcal.errors``, ``torchcal.plot``
 (reliability diagrams), ``torchcal.experiments`` (benchmarks and the sweep runner),
 ``torchcal.ensemble`` (deep ensembles and MC dropout), ``torchcal.regression`` (regression
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 
 _SUBPACKAGES = (
     "metrics", "losses", "functional", "posthoc", "uncertainty", "data", "models", "train",
-    "report", "evaluate", "run_dir", "errors", "plot", "experiments", "ensemble", "regression",
+    "report", "evaluate", "logits_file", "results_file", "run_dir", "errors", "plot", "experiments", "ensemble", "regression",
     "conformal", "llm",
 )
 

@@ -1,35 +1,11 @@
 """Evaluation from saved logits: logits -> post-hoc temperatures -> metrics -> ``results.json``.
 
 Logits are the interchange format (DESIGN.md): training writes ``RUN_DIR/logits/{val,test}.npz``
-and ``ood_<name>.npz``; this module turns them into the ``torchcal.results/1`` document that
-``torchcal report`` aggregates.  Nothing here needs the model.
-
-``results.json`` (schema ``"torchcal.results/1"``)::
-
-    {"schema": "torchcal.results/1",
-     "meta": {"dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epoch", "checkpoint",
-              "identity", "identity_fields", "predictor", "members", ...},
-     "temperatures": {"grid_ece": T, "grid_adaece": T, "grid_nll": T, "nll": T},
-     "test": {"pre": {metric: value}, "post": {method: {metric: value}, ...}},
-     "val": {"pre": {metric: value}},
-     "ood": {name: {"auroc_entropy", "auroc_max_prob", "fpr95_entropy", "aupr_entropy",
-                    "post_auroc_entropy", ...}},
-     "n": {"val": int, "test": int},
-     "n_bins": int, "num_classes": int}
-
-``meta.predictor`` says what the record describes (:data:`PREDICTORS`): ``"run"`` (one seed's
-trained model, the default when the field is absent, so every older file reads as a run),
-``"ensemble"`` (the mean of several runs' probabilities) or ``"mc_dropout"`` (one model's
-dropout samples averaged).  A ``"run"`` record carries its integer ``seed``; a record of another
-predictor may carry ``seed: null`` and names what it pooled in ``meta.members`` (the seeds).
-``torchcal report`` groups by predictor and averages only a group's runs over seeds: an ensemble
-is its own row, never one more seed.
-
-``meta.identity`` is the run's identity hash (12 hex digits) and ``meta.identity_fields`` the
-values it hashes: every setting that changes training but the seed
-(:meth:`torchcal.train.TrainConfig.identity_hash`).  Seeds are counted, averaged and pooled
-together only when it matches; a file written before the field gets it from the
-``config.json`` beside it when ``torchcal report`` reads it.
+and ``ood_<name>.npz`` (the logits file, :mod:`torchcal.logits_file`); this module fits the
+temperatures and computes the metrics of the ``torchcal.results/1`` document (the results
+file, :mod:`torchcal.results_file`, whose docstring describes it) that ``torchcal report``
+aggregates.  Nothing here needs the model.  The files' readers and writers are re-exported
+here (``torchcal.evaluate.load_logits``, ``read_results``, ...).
 
 Metric keys are those of :meth:`torchcal.metrics.CalibrationMeter.compute`; values are
 fractions (0..1), never percent.  A metric that is undefined (``s99_accuracy`` when no sample
@@ -45,49 +21,36 @@ the logits divided by the ``grid_ece`` temperature.
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
-import math
 import os
-import zipfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from ._io import (
-    atomic_write_bytes,
-    atomic_write_text,
-    check_listed,
-    checksum_path,
-    jsonio,
-    parse_json,
-    read_bytes_bounded,
-    read_digests,
-    read_json,
-    sha256_file,
-    to_jsonable,
-    write_verified,
-)
-from ._validation import (
-    as_tensor,
-    check_finite,
-    check_labels,
-    check_positive_int,
-    metric_value_problem,
-)
-from .errors import ResultsFileError
+from ._io import atomic_write_bytes, atomic_write_text
+from ._validation import as_tensor, check_finite, check_labels, check_positive_int
+from .logits_file import load_logits, save_logits
 from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
-from .posthoc import calibrator_from_dict, fit_temperatures
+from .posthoc import fit_temperatures
+from .results_file import (
+    DEFAULT_PREDICTOR,
+    METRIC_KEYS,
+    PREDICTORS,
+    SCHEMA,
+    TEMPERATURE_METHODS,
+    config_meta,
+    meta_from_config,
+    predictor_of,
+    read_calibration,
+    read_results,
+    write_calibration,
+    write_results,
+)
 from .run_dir import (
     CHECKPOINTS,
     RunDir,
     checkpoint_of_results_file,
     logits_dirname,
-    logits_filename,
     results_filename,
 )
 
@@ -117,199 +80,7 @@ __all__ = [
     "atomic_write_text",
 ]
 
-#: The ``schema`` field of every ``results.json`` this version writes.
-SCHEMA = "torchcal.results/1"
-#: What a results record describes (``meta.predictor``) -> its display name in tables.
-#: ``"run"``: one trained model (one seed's run); ``"ensemble"``: the mean of several runs'
-#: probabilities (``meta.members``: their seeds); ``"mc_dropout"``: one model with dropout active
-#: at test time, its samples' probabilities averaged.
-PREDICTORS = {"run": "run", "ensemble": "ensemble", "mc_dropout": "MC dropout"}
-#: The predictor of a record without ``meta.predictor`` (every file written before the field).
-DEFAULT_PREDICTOR = "run"
-#: The metrics recorded for every split and temperature (the keys of ``CalibrationMeter.compute``).
-METRIC_KEYS = (
-    "ece", "adaptive_ece", "classwise_ece", "mce", "rmsce", "nll", "brier", "error",
-    "topk_error", "s99_share", "s99_accuracy",
-)
-#: The post-hoc temperature methods fitted on the validation logits, in the order recorded.
-TEMPERATURE_METHODS = ("grid_ece", "grid_adaece", "grid_nll", "nll")
-# --------------------------------------------------------------------------------------------
-# logits files
-# --------------------------------------------------------------------------------------------
-def save_logits(path: str | os.PathLike, logits: Any, labels: Any) -> Path:
-    """Save ``logits`` (N, C) as float32 and ``labels`` (N,) as int64 to an ``.npz`` file, atomically,
-    with its SHA-256 in ``path + ".sha256"`` (:func:`torchcal._io.write_verified`), which
-    :func:`load_logits` checks.
 
-    OOD sets may use label -1 (unknown).  Returns the path written.
-
-    >>> import tempfile, pathlib
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> p = save_logits(d / "test.npz", np.array([[2.0, 0.0]]), np.array([0]))
-    >>> z, y = load_logits(p)
-    >>> z.dtype, z.tolist(), y.dtype, y.tolist()
-    (dtype('float32'), [[2.0, 0.0]], dtype('int64'), [0])
-    """
-    z = as_tensor(logits, "logits").detach().cpu()
-    if not z.is_floating_point():
-        raise TypeError(f"Expected `logits` to have a floating dtype, got {z.dtype}")
-    if z.ndim != 2:
-        raise ValueError(f"Expected `logits` to be 2-D of shape (N, C), got shape {tuple(z.shape)}")
-    y = as_tensor(labels, "labels").detach().cpu()
-    if y.is_floating_point() or y.dtype == torch.bool or y.ndim != 1 or y.shape[0] != z.shape[0]:
-        raise ValueError(
-            f"Expected `labels` to be 1-D integers with {z.shape[0]} entries, "
-            f"got dtype {y.dtype} and shape {tuple(y.shape)}"
-        )
-
-    buf = io.BytesIO()
-    np.savez(buf, logits=z.float().numpy(), labels=y.long().numpy())
-    return write_verified(path, buf.getvalue())  # with its SHA-256 beside it
-
-
-_ZIP_MAGIC = b"PK\x03\x04"
-
-
-def _check_npz_file(path: Path) -> None:
-    """ResultsFileError unless ``path`` is a regular file starting as a zip archive (an
-    ``.npz``): a missing file, a broken link, a directory or device (a link to ``/dev/zero``)
-    and a file of another format are each named for what they are, before NumPy sees them
-    (NumPy would try a non-zip file as a pickle and advise loading it unsafely)."""
-    name = f"Logits file {str(path)!r}"
-    if not path.exists():
-        broken = f" (a broken symbolic link to {os.readlink(path)!r})" if path.is_symlink() else ""
-        raise ResultsFileError(f"{name} does not exist{broken}")
-    if not path.is_file():
-        raise ResultsFileError(f"{name} is not a regular file (a directory, FIFO, device or "
-                               "socket): expected an .npz archive of `logits` and `labels`")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(_ZIP_MAGIC))
-    except OSError as exc:
-        raise ResultsFileError(f"{name} cannot be read: {exc}") from exc
-    if head != _ZIP_MAGIC:
-        what = ("an empty file" if not head else "a single .npy array" if head.startswith(
-            b"\x93NUM") else "not a zip archive")
-        raise ResultsFileError(f"{name} is not an .npz archive ({what}): expected the `logits` "
-                               "and `labels` arrays of numpy.savez / torchcal.evaluate."
-                               "save_logits")
-
-
-#: Largest temperature a results file may hold (and 1 / it the smallest): the calibrators'
-#: bound on a parameter (a fitted temperature lies in [0.01, 100]).
-MAX_TEMPERATURE = 1e6
-#: Largest array a logits ``.npz`` member may declare (50,000 samples x 21,841 classes of
-#: ImageNet-21k in float32 are 4.4 GB).
-MAX_LOGITS_BYTES = 16 << 30
-#: Largest uncompressed-to-compressed ratio of a deflated ``.npz`` member declaring more than
-#: :data:`NPZ_RATIO_FROM` bytes (float logits deflate by at most ~1.2x; a member of zeros
-#: deflates ~1000x: a "zip bomb"; small members, e.g. sorted labels, may deflate more).
-MAX_NPZ_RATIO = 100
-NPZ_RATIO_FROM = 64 << 20
-
-
-def _check_npz_members(path: Path) -> None:
-    """Refuse an ``.npz`` whose members would make NumPy allocate more than they hold, before
-    anything is loaded: each member's declared array (shape x dtype, read from its ``.npy``
-    header) must fit in the member (a header may declare 10^12 elements over 10 bytes), be
-    at most :data:`MAX_LOGITS_BYTES`, and a compressed member may expand at most
-    :data:`MAX_NPZ_RATIO` times."""
-    name = f"Logits file {str(path)!r}"
-    try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                ratio = info.file_size / max(info.compress_size, 1)
-                if (info.compress_type != zipfile.ZIP_STORED and ratio > MAX_NPZ_RATIO
-                        and info.file_size > NPZ_RATIO_FROM):
-                    raise ResultsFileError(
-                        f"{name} member {info.filename!r} expands {info.compress_size:,} bytes "
-                        f"to {info.file_size:,} ({ratio:,.0f}x, at most {MAX_NPZ_RATIO}x "
-                        "allowed): refused")
-                with zf.open(info) as f:
-                    version = np.lib.format.read_magic(f)
-                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                            else np.lib.format.read_array_header_2_0)
-                    shape, _, dtype = read(f)
-                    header = f.tell()
-                size = math.prod(shape) * dtype.itemsize
-                if size > MAX_LOGITS_BYTES or size > info.file_size - header:
-                    raise ResultsFileError(
-                        f"{name} member {info.filename!r} declares an array of shape "
-                        f"{tuple(shape)} {dtype} ({size:,} bytes) in {info.file_size:,} bytes "
-                        f"(at most {MAX_LOGITS_BYTES:,} allowed): refused")
-    except ResultsFileError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError):
-        return  # not a readable npz of .npy members: load_logits names what it is
-
-
-def logits_digest(path: str | os.PathLike) -> str | None:
-    """The SHA-256 recorded beside a logits file (the first digest of ``NAME.npz.sha256``), or
-    None when it has none (or it cannot be read)."""
-    try:
-        return read_digests(Path(path), "Logits file", ResultsFileError)[0]
-    except (OSError, ResultsFileError):
-        return None
-
-
-def _check_logits_digest(path: Path) -> None:
-    """ResultsFileError when ``path`` has a SHA-256 file and matches none of its digests (a
-    file copied over it, edited, or corrupted); nothing to check without one."""
-    if not checksum_path(path).exists():
-        return
-    check_listed(path, what="Logits file", error=ResultsFileError,
-                 hint="it was replaced or edited after torchcal wrote it; evaluate the run "
-                      "again (torchcal eval RUN_DIR) to rewrite it")
-
-
-def load_logits(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """Load ``(logits float32 (N, C), labels int64 (N,))`` saved by :func:`save_logits`.
-
-    Raises :class:`~torchcal.errors.ResultsFileError` naming the file when it is missing,
-    unreadable, does not match the SHA-256 beside it (``NAME.npz.sha256``; a file without one,
-    written by hand or by a torchcal before 0.x verified logits, is read unchecked) or does not
-    hold a 2-D floating ``logits`` and matching 1-D integer ``labels``.
-    """
-    path = Path(path)
-    _check_npz_file(path)
-    _check_logits_digest(path)
-    _check_npz_members(path)
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            keys = set(f.files)
-            missing = {"logits", "labels"} - keys
-            if missing:
-                raise ResultsFileError(
-                    f"Logits file {str(path)!r} is malformed: missing array(s) {sorted(missing)} "
-                    f"(found {sorted(keys)})"
-                )
-            z = f["logits"]
-            y = f["labels"]
-    except ResultsFileError:
-        raise
-    except Exception as exc:  # zipfile.BadZipFile, OSError, ValueError (pickled data), EOFError
-        raise ResultsFileError(
-            f"Logits file {str(path)!r} is malformed or truncated: {type(exc).__name__}: {exc}"
-        ) from exc
-    if z.ndim != 2 or not np.issubdtype(z.dtype, np.floating):
-        hint = ("; a binary classifier's scores of shape (N,) are stacked into (N, 2): "
-                "np.stack([np.zeros_like(z), z], 1) for logits z, "
-                "np.log(np.stack([1 - p, p], 1)) for probabilities p") if z.ndim == 1 else ""
-        raise ResultsFileError(
-            f"Logits file {str(path)!r} is malformed: expected `logits` 2-D floating, "
-            f"got dtype {z.dtype} shape {z.shape}{hint}"
-        )
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or y.shape[0] != z.shape[0]:
-        raise ResultsFileError(
-            f"Logits file {str(path)!r} is malformed: expected `labels` 1-D integer with "
-            f"{z.shape[0]} entries, got dtype {y.dtype} shape {y.shape}"
-        )
-    return z.astype(np.float32, copy=False), y.astype(np.int64, copy=False)
-
-
-# --------------------------------------------------------------------------------------------
-# metrics
-# --------------------------------------------------------------------------------------------
 def _check_logits(x: Any, name: str, num_classes: int | None = None) -> torch.Tensor:
     t = as_tensor(x, name)
     if not t.is_floating_point():
@@ -463,277 +234,3 @@ def evaluate_saved_logits(
     if write:
         write_results(run.path, res)
     return res
-
-
-_META_FIELDS = ("dataset", "model", "loss", "loss_kwargs", "seed", "recipe", "epochs")
-
-
-def meta_from_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The run-describing fields of a ``config.json`` (ResultsFileError naming the file if bad)."""
-    path = Path(path)
-    try:
-        cfg = read_json(path, what="Config file", error=ResultsFileError)
-    except FileNotFoundError as exc:
-        raise ResultsFileError(f"Config file {str(path)!r} does not exist") from exc
-    if not isinstance(cfg, dict):
-        raise ResultsFileError(f"Config file {str(path)!r} is malformed: expected a JSON object")
-    return config_meta(cfg)
-
-
-def config_meta(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run-describing fields of a config dict (a ``config.json``'s, or
-    ``TrainConfig.to_dict()``), in the order a results file's ``meta`` holds them: the one
-    builder of a result's ``meta`` (the trainer adds the evaluated epoch and checkpoint).
-
-    >>> config_meta({"seed": 1, "loss": "ce", "lr": 0.1})
-    {'loss': 'ce', 'seed': 1}
-    """
-    return {k: config[k] for k in _META_FIELDS if k in config}
-
-
-def predictor_of(meta: Mapping[str, Any]) -> str:
-    """What a results record describes: ``meta["predictor"]``, :data:`DEFAULT_PREDICTOR` if absent.
-
-    Raises ResultsFileError when it is not one of :data:`PREDICTORS`.
-
-    >>> predictor_of({"seed": 0}), predictor_of({"predictor": "ensemble", "seed": None})
-    ('run', 'ensemble')
-    """
-    p = meta.get("predictor")
-    if p is None:
-        return DEFAULT_PREDICTOR
-    if not isinstance(p, str) or p not in PREDICTORS:
-        raise ResultsFileError(f"Expected meta.predictor to be one of {', '.join(PREDICTORS)} "
-                               f"(or absent: a seed's run), got {p!r:.60}")
-    return p
-
-
-# --------------------------------------------------------------------------------------------
-# results.json
-# --------------------------------------------------------------------------------------------
-def write_results(run_dir: str | os.PathLike, results: Mapping[str, Any]) -> Path:
-    """Write ``results`` to ``RUN_DIR/results.json`` atomically (NaN written as ``null``), with
-    its SHA-256 beside it (``results.json.sha256``, :func:`torchcal._io.write_verified`) and,
-    under ``logits_sha256``, the SHA-256 of each logits file it was computed from (the
-    ``logits/`` or ``logits-best/`` folder beside it), which :func:`read_results` checks.
-
-    ``run_dir`` may also be a path ending in ``.json``, written as is.
-    """
-    p = Path(run_dir)
-    path = p if p.suffix == ".json" else RunDir(p).results()
-    doc = dict(results)
-    digests = _logits_digests(path)
-    if digests:
-        doc["logits_sha256"] = digests
-    text = json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n"
-    return write_verified(path, text.encode("utf-8"))
-
-
-_RESULTS_NAMES = tuple(results_filename(c) for c in CHECKPOINTS)
-_HEX64 = frozenset("0123456789abcdef")
-
-
-def _logits_dir_of(results_path: Path) -> Path | None:
-    """The logits folder a run's results file describes (None for a file of another name)."""
-    if results_path.name not in _RESULTS_NAMES:
-        return None
-    return results_path.parent / logits_dirname(checkpoint_of_results_file(results_path))
-
-
-def _logits_digests(results_path: Path) -> dict[str, str]:
-    """``{split: SHA-256}`` of the verified logits files beside a results file."""
-    d = _logits_dir_of(results_path)
-    if d is None or not d.is_dir():
-        return {}
-    out = {}
-    for f in sorted(d.glob("*.npz")):
-        digest = logits_digest(f)
-        if digest is not None:
-            out[f.stem] = digest
-    return out
-
-
-def _digest_problem(path: Path, raw: bytes) -> str:
-    """Why the bytes of a results file do not match its SHA-256 file ('' if they do, or
-    there is none: a file of a torchcal before 0.x, read unchecked)."""
-    if not checksum_path(path).exists():
-        return ""
-    digests = read_digests(path, "Results file", ResultsFileError)
-    if hashlib.sha256(raw).hexdigest() in digests:
-        return ""
-    return (f"does not match its SHA-256 in {checksum_path(path).name}: it was edited after "
-            "torchcal wrote it")
-
-
-def _identity_problem(path: Path, res: Mapping[str, Any]) -> str:
-    """Why a run's results file does not belong where it sits ('' if it does): its loss or
-    seed differ from the ``config.json`` beside it, or the logits beside it are not those it
-    was computed from (``logits_sha256``)."""
-    meta = res.get("meta") or {}
-    cfg_path = path.parent / RunDir(path.parent).config.name
-    if predictor_of(meta) == DEFAULT_PREDICTOR and path.name in _RESULTS_NAMES \
-            and cfg_path.is_file():
-        cfg = meta_from_config(cfg_path)
-        for key in ("loss", "seed"):
-            if key in meta and key in cfg and meta[key] != cfg[key]:
-                return (f"says {key} {meta[key]!r} but the run directory it sits in was trained "
-                        f"with {key} {cfg[key]!r} ({cfg_path.name}): it belongs to another run")
-    recorded = res.get("logits_sha256")
-    if recorded is None:
-        return ""
-    if not isinstance(recorded, dict) or not all(
-            isinstance(v, str) and len(v) == 64 and set(v) <= _HEX64 for v in recorded.values()):
-        return "is malformed: expected logits_sha256 to map splits to SHA-256 hex digests"
-    d = _logits_dir_of(path)
-    for split, digest in recorded.items() if d is not None else ():
-        f = d / logits_filename(str(split))
-        if f.is_file() and (logits_digest(f) or sha256_file(f)) != digest:
-            return (f"was computed from other logits than {str(f)!r} (their SHA-256 differ): "
-                    "one of them was replaced or edited")
-    return ""
-
-
-def _impossible_metric(res: Mapping[str, Any]) -> str:
-    """The first impossible metric value of a results document ('' if none), e.g.
-    ``"test.pre: expected `ece` to be a number in [0, 1], got -5"``."""
-    sections: list[tuple[str, Any]] = [("test.pre", res["test"]["pre"])]
-    sections += [(f"test.post.{m}", d) for m, d in (res["test"].get("post") or {}).items()]
-    if isinstance(res.get("val"), dict):
-        sections += [(f"val.{k}", d) for k, d in res["val"].items() if isinstance(d, dict)]
-    sections += [(f"ood.{k}", d) for k, d in (res.get("ood") or {}).items() if isinstance(d, dict)]
-    for where, metrics in sections:
-        for name, value in metrics.items():
-            problem = metric_value_problem(str(name), value)
-            if problem:
-                return f"{where}: {problem}"
-    return ""
-
-
-_REDO = ("torchcal eval RUN_DIR, or the sweep run again, recomputes it; a sweep recomputes it "
-         "by itself")
-
-
-def _untrusted(path: Path, problem: str) -> ResultsFileError:
-    """The refusal of a results file that was edited or moved; its ``reason`` attribute is
-    the sentence without the advice (a sweep that recomputes the file says so instead)."""
-    exc = ResultsFileError(f"Results file {str(path)!r} {problem}; refused ({_REDO})")
-    exc.reason = f"Results file {str(path)!r} {problem}"  # type: ignore[attr-defined]
-    return exc
-
-
-def _nan_for_none(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _nan_for_none(v) for k, v in x.items()}
-    return float("nan") if x is None else x
-
-
-def read_results(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and check a ``results.json`` (a file, or a run directory holding one).
-
-    Raises :class:`~torchcal.errors.ResultsFileError` naming the file when it is missing, not
-    JSON, of another schema, or lacks the ``test.pre`` metrics.  ``null`` metric values come
-    back as NaN.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = RunDir(path).results()
-    try:  # bounded: a regular file of at most 16 MiB, no NaN/Infinity, bounded nesting
-        raw = read_bytes_bounded(path, max_bytes=jsonio.MAX_JSON_BYTES, what="Results file",
-                                 error=ResultsFileError)
-    except FileNotFoundError as exc:
-        raise ResultsFileError(f"Results file {str(path)!r} does not exist") from exc
-    except OSError as exc:
-        raise ResultsFileError(f"Results file {str(path)!r} cannot be read: {exc}") from exc
-    problem = _digest_problem(path, raw)
-    if problem:
-        raise _untrusted(path, problem)
-    res = parse_json(raw, what="Results file", path=path, error=ResultsFileError)
-
-    def bad(msg: str) -> ResultsFileError:
-        return ResultsFileError(f"Results file {str(path)!r} is malformed: {msg}")
-
-    if not isinstance(res, dict):
-        raise bad("expected a JSON object")
-    if res.get("schema") != SCHEMA:
-        raise bad(f"expected schema {SCHEMA!r}, got {res.get('schema')!r}")
-    test = res.get("test")
-    if not isinstance(test, dict) or not isinstance(test.get("pre"), dict):
-        raise bad("missing the 'test' -> 'pre' metrics")
-    for section in ("meta", "temperatures", "val", "ood", "n"):
-        if section in res and not isinstance(res[section], dict):
-            raise bad(f"expected {section!r} to be an object")
-    for k, v in test["pre"].items():
-        if v is not None and not isinstance(v, (int, float)):
-            raise bad(f"expected test.pre[{k!r}] to be a number, got {v!r}")
-    for k, v in (res.get("temperatures") or {}).items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
-                1 / MAX_TEMPERATURE <= v <= MAX_TEMPERATURE):
-            raise bad(f"expected temperatures[{k!r}] to be a positive number in "
-                      f"[{1 / MAX_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], got {v!r}")
-    for k, v in (res.get("n") or {}).items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise bad(f"expected n[{k!r}] (a number of samples) to be a non-negative integer, "
-                      f"got {v!r}")
-    post = test.get("post", {})
-    if not isinstance(post, dict) or not all(isinstance(v, dict) for v in post.values()):
-        raise bad("expected 'test' -> 'post' to map methods to metric objects")
-    problem = _impossible_metric(res)
-    if problem:
-        raise bad(problem)
-    problem = _identity_problem(path, res)
-    if problem:
-        raise _untrusted(path, problem)
-    res.setdefault("meta", {})
-    res.setdefault("temperatures", {})
-    res.setdefault("ood", {})
-    res["test"] = _nan_for_none(test)
-    if isinstance(res.get("val"), dict):
-        res["val"] = _nan_for_none(res["val"])
-    res["ood"] = _nan_for_none(res["ood"])
-    return res
-
-
-# --------------------------------------------------------------------------------------------
-# torchcal calibrate's output
-# --------------------------------------------------------------------------------------------
-def write_calibration(path: str | os.PathLike, report: Mapping[str, Any]) -> Path:
-    """Write ``torchcal calibrate``'s output (the calibrator's ``to_dict()`` and the metrics
-    before and after) as JSON, atomically, with its SHA-256 in ``path + ".sha256"``
-    (:func:`torchcal._io.write_verified`)."""
-    text = json.dumps(to_jsonable(dict(report)), indent=2, allow_nan=False) + "\n"
-    return write_verified(path, text.encode("utf-8"))
-
-
-def read_calibration(path: str | os.PathLike) -> dict[str, Any]:
-    """Read ``torchcal calibrate --out`` output, verified against its SHA-256 file and bounded
-    (:func:`torchcal._io.read_json`); rebuild the calibrator with
-    :func:`torchcal.posthoc.calibrator_from_dict` from its ``"calibrator"`` entry.
-
-    Raises:
-        ResultsFileError: the file is missing, does not match its SHA-256, is not bounded
-            JSON, or holds an impossible metric value or a calibrator that
-            :func:`~torchcal.posthoc.calibrator_from_dict` refuses (a temperature, weight or
-            knot out of range; the message names the file).
-    """
-    path = Path(path)
-    doc = read_json(path, what="Calibration file", error=ResultsFileError, verified=True,
-                    hint="run torchcal calibrate again")
-    if not isinstance(doc, dict):
-        raise ResultsFileError(f"Calibration file {str(path)!r} is malformed: expected a JSON "
-                               "object")
-    for split in ("val", "test"):
-        for stage, metrics in (doc.get(split) or {}).items() if isinstance(doc.get(split),
-                                                                            dict) else ():
-            problems = ([metric_value_problem(str(k), v) for k, v in metrics.items()]
-                        if isinstance(metrics, dict) else ["expected an object of metrics"])
-            problem = next((p for p in problems if p), "")
-            if problem:
-                raise ResultsFileError(f"Calibration file {str(path)!r} is malformed: "
-                                       f"{split}.{stage}: {problem}")
-    if doc.get("calibrator") is not None:  # its values too: T = 1e-300 would give NaN later
-        try:
-            calibrator_from_dict(doc["calibrator"])
-        except (TypeError, ValueError) as exc:
-            raise ResultsFileError(f"Calibration file {str(path)!r} holds an unusable "
-                                   f"calibrator: {exc}; run torchcal calibrate again") from exc
-    return doc

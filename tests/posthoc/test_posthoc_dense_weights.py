@@ -24,7 +24,7 @@ from torchcal.posthoc import (
     TemperatureScaling,
     VectorScaling,
 )
-from torchcal.posthoc import _common as common_mod
+from torchcal.posthoc import _layout as layout_mod
 from torchcal.posthoc import linear as linear_mod
 from torchcal.posthoc import temperature as temperature_mod
 
@@ -78,8 +78,8 @@ def fitted(name, z, y, **kw):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of a few hundred numbers, so that small inputs take the chunked paths."""
-    monkeypatch.setattr(common_mod, "SINGLE_CHUNK_ELEMENTS", 1500)
-    monkeypatch.setattr(common_mod, "CHUNK_ELEMENTS", 700)
+    monkeypatch.setattr(layout_mod, "SINGLE_CHUNK_ELEMENTS", 1500)
+    monkeypatch.setattr(layout_mod, "CHUNK_ELEMENTS", 700)
     monkeypatch.setattr(linear_mod, "CHUNK_ELEMENTS", 700)
 
 
@@ -105,8 +105,8 @@ def test_chunked_fit_equals_the_unchunked_fit(name, monkeypatch):
     z, y = dense_problem((3, 5, 6, 7), seed=2)
     zf, yf = flat(z, y)
     ref = fitted(name, zf, yf).predict_proba(zf)
-    monkeypatch.setattr(common_mod, "SINGLE_CHUNK_ELEMENTS", 1500)
-    monkeypatch.setattr(common_mod, "CHUNK_ELEMENTS", 700)
+    monkeypatch.setattr(layout_mod, "SINGLE_CHUNK_ELEMENTS", 1500)
+    monkeypatch.setattr(layout_mod, "CHUNK_ELEMENTS", 700)
     monkeypatch.setattr(linear_mod, "CHUNK_ELEMENTS", 700)
     got = fitted(name, zf, yf).predict_proba(zf)
     assert torch.allclose(got, ref, atol=2e-5), (got - ref).abs().max()
@@ -183,8 +183,8 @@ def test_fit_memory_is_bounded_by_three_times_the_logits(name, monkeypatch):
     """A (8, 21, 64, 64) batch with 30 % ignored labels, scaled down 16 times with the chunk
     sizes (the same ratio of chunk to input): the fit never holds more than 3x the logits'
     bytes (the full size is measured in the issue's report)."""
-    monkeypatch.setattr(common_mod, "SINGLE_CHUNK_ELEMENTS", (1 << 18) // 16)
-    monkeypatch.setattr(common_mod, "CHUNK_ELEMENTS", (1 << 16) // 16)
+    monkeypatch.setattr(layout_mod, "SINGLE_CHUNK_ELEMENTS", (1 << 18) // 16)
+    monkeypatch.setattr(layout_mod, "CHUNK_ELEMENTS", (1 << 16) // 16)
     monkeypatch.setattr(linear_mod, "CHUNK_ELEMENTS", (1 << 16) // 16)
     monkeypatch.setattr(temperature_mod, "_CHUNK_ELEMENTS", (1 << 19) // 16)
     z, y = dense_problem((2, 21, 32, 32), seed=5)

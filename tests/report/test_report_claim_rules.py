@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from torchcal.experiments.claims import ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from torchcal.report.aggregate import RunRecord, group_runs
 from torchcal.report.claims import (
     ADAECE,
     CAL_THEN_POOL,
     CAL_THEN_POOL_NLL,
     ECE,
-    ENSEMBLE_CLAIMS,
     ERR,
     GAP_KEY,
     NLL,
@@ -37,7 +37,6 @@ from torchcal.report.claims import (
     check_claims,
     claims_markdown,
     claims_verdicts,
-    mukhoti_ood_claim,
 )
 
 OOD = "ood.svhn.auroc_entropy"

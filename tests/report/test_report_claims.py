@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from torchcal.experiments.claims import CLAIMS
 from torchcal.report.aggregate import RunRecord, group_runs, runs_from_results_csv
 from torchcal.report.claims import (
     CHANCE_MARGIN,
-    CLAIMS,
     GAP_KEY,
     SIMILAR_ERROR,
     at_chance,
@@ -37,7 +37,7 @@ def _run(loss, seed, ece, err=0.06, t=1.0, adaece=None, gap=0.0, dataset="mnist1
 
 
 def _verdicts(runs):
-    return {r.claim.key: r for r in check_claims(group_runs(runs))}
+    return {r.claim.key: r for r in check_claims(group_runs(runs), CLAIMS)}
 
 
 def test_confidence_gap_against_torch():
@@ -93,7 +93,7 @@ def test_a_seed_whose_model_is_at_chance_is_not_evaluated():
     v = _verdicts(runs)
     assert v["mukhoti_focal_lt_ce"].n == 0
     assert v["mukhoti_focal_lt_ce"].verdict == "not evaluated (model at chance)"
-    assert claims_verdicts(group_runs(runs))[1].endswith(": not evaluated (model at chance)")
+    assert claims_verdicts(group_runs(runs), CLAIMS)[1].endswith(": not evaluated (model at chance)")
     # the class count unknown (the committed results.csv): evaluated as before
     for r in runs:
         del r.results["num_classes"]
@@ -113,7 +113,7 @@ def test_section_shows_numbers_verdicts_and_direction():
     runs = [_run("ce", s, 0.05, t=2.5, gap=0.04) for s in (0, 1)]
     runs += [_run("focal", 0, 0.01, t=0.8, gap=-0.02), _run("focal", 1, 0.01, t=0.9, gap=0.01)]
     runs += [_run("dual_focal", s, 0.02) for s in (0, 1)]
-    md = claims_markdown(group_runs(runs))
+    md = claims_markdown(group_runs(runs), CLAIMS)
     assert md.startswith("## The papers' claims on this benchmark")
     for c in CLAIMS:
         assert c.source.split(",")[0] in md
@@ -123,7 +123,7 @@ def test_section_shows_numbers_verdicts_and_direction():
     assert "| Focal (γ=3) |" not in md  # the runs carry no loss_kwargs: label without γ
     assert "| Focal | 1.00 ± 0.00 | 0.85 ± 0.07 | -0.50 ± 2.12 | 1 of 2 seeds |" in md
     assert "| Cross-entropy | 5.00 ± 0.00 | 2.50 ± 0.00 | 4.00 ± 0.00 | 2 of 2 seeds |" in md
-    assert claims_markdown(group_runs([_run("ls", 0, 0.1)])) == ""  # nothing testable
+    assert claims_markdown(group_runs([_run("ls", 0, 0.1)]), CLAIMS) == ""  # nothing testable
 
 
 def test_front_table_from_a_results_csv():
@@ -188,7 +188,7 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     assert res.report.verdicts == claims_verdicts(res.report.groups,
                                                   get_benchmark("mnist1d").claims)
     assert res.report.verdicts[1] == ("Mukhoti et al. 2020, focal below cross-entropy: "
-                                      + check_claims(res.report.groups)[1].verdict)
+                                      + check_claims(res.report.groups, CLAIMS)[1].verdict)
     # the same command again: every run is skipped and the report says its time is not the demo's
     again = run_demo(cfg).report.report_md.read_text(encoding="utf-8")
     assert f"{2 * len(CLAIM_LOSSES)} of {2 * len(CLAIM_LOSSES)} runs were already finished" in again
@@ -197,7 +197,7 @@ def test_tiny_mnist1d_demo_has_the_claims_section(tmp_path):
     section = md.split("## The papers' claims on this benchmark", 1)[1]
     groups = res.report.groups
     assert {g.loss for g in groups} == set(CLAIM_LOSSES)
-    for r in check_claims(groups):
+    for r in check_claims(groups, CLAIMS):
         assert r.n + len(r.at_chance) == 2  # a 1-epoch model of width 4 may be at chance
         assert f"**Verdict (shortened schedule, 1 of 350 epochs): {r.verdict}.**" in section
     csv_text = res.report.results_csv.read_text(encoding="utf-8")

@@ -15,12 +15,12 @@ import torch
 
 from torchcal.ensemble import CALIBRATE_THEN_POOL, CALIBRATE_THEN_POOL_NLL, evaluate_ensemble
 from torchcal.evaluate import load_logits, save_logits
+from torchcal.experiments.claims import ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from torchcal.report.aggregate import RunRecord, group_runs, load_runs, runs_from_results_csv
 from torchcal.report.claims import (
     CAL_THEN_POOL,
     CAL_THEN_POOL_NLL,
     ECE,
-    ENSEMBLE_CLAIMS,
     ERR,
     GAP_KEY,
     NLL,
@@ -28,7 +28,6 @@ from torchcal.report.claims import (
     POOL_THEN_CAL_NLL,
     check_claims,
     claims_markdown,
-    mukhoti_ood_claim,
 )
 from torchcal.report.tables import ensemble_table, runs_csv
 from torchcal.run_dir import RunDir

@@ -4,27 +4,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
 
-from torchcal.evaluate import save_logits, write_results
 from torchcal.report import build_report
 from torchcal.report.build import FIGURE_SETS, figure_set
 
 LOSSES = ("ce", "focal")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    root = tmp_path_factory.mktemp("runs")
-    for loss in LOSSES:
-        d = root / loss / "seed0"
-        write_results(d, fake_results(loss, 0, 0.1, 0.02, 1.5))
-        save_logits(d / "logits" / "test.npz", rng.normal(size=(200, 5)).astype(np.float32) * 3,
-                    rng.integers(0, 5, 200))
-    return root
 
 
 def _names(rep) -> list[str]:

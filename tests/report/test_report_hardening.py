@@ -15,23 +15,12 @@ import torch
 from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
 
 from torchcal.cli import main
-from torchcal.evaluate import save_logits, write_results
+from torchcal.evaluate import write_results
 from torchcal.metrics import ece
 from torchcal.report.aggregate import ece_noise_floor, load_runs
 from torchcal.report.build import build_report
 
-
-@pytest.fixture()
-def runs(tmp_path):
-    root = tmp_path / "runs"
-    rng = np.random.default_rng(0)
-    for loss in ("ce", "focal"):
-        for seed in range(2):
-            d = root / loss / f"seed{seed}"
-            write_results(d, fake_results(loss, seed, 0.1 + 0.01 * seed, 0.02, 1.5))
-            z = rng.normal(size=(300, 5)).astype(np.float32) * 3
-            save_logits(d / "logits" / "test.npz", z, rng.integers(0, 5, 300))
-    return root
+RUNS = dict(losses=("ce", "focal"), seeds=2, n=300)  # the `runs` fixture (conftest.py)
 
 
 def test_non_utf8_and_corrupt_results_skip_only_that_run(runs, tmp_path, capsys):

@@ -10,11 +10,10 @@ import re
 import shutil
 import subprocess
 
-import numpy as np
 import pytest
-from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
+from report_runs import write_runs  # same folder (pytest puts it on sys.path)
 
-from torchcal.evaluate import save_logits, write_results
+from torchcal.experiments.claims import CLAIMS
 from torchcal.report.build import build_report
 
 INTRO = """## Setting
@@ -58,15 +57,8 @@ class _Text(html.parser.HTMLParser):
 
 
 def _report(tmp_path, figures=False):
-    rng = np.random.default_rng(0)
-    root = tmp_path / "runs"
-    for i, loss in enumerate(LOSSES):
-        for seed in range(2):
-            d = root / loss / f"seed{seed}"
-            write_results(d, fake_results(loss, seed, 0.1 - 0.01 * i, 0.02, 1.5))
-            z = rng.normal(size=(200, 5)).astype(np.float32) * 3
-            save_logits(d / "logits" / "test.npz", z, rng.integers(0, 5, 200))
-    return build_report([root], tmp_path / "rep", intro=INTRO, appendix=APPENDIX, claims=True,
+    root = write_runs(tmp_path / "runs", LOSSES, seeds=2, ece=lambda i, _seed: 0.1 - 0.01 * i)
+    return build_report([root], tmp_path / "rep", intro=INTRO, appendix=APPENDIX, claims=CLAIMS,
                         figures=figures)
 
 
@@ -101,7 +93,7 @@ def test_every_verdict_line_carries_the_label(tmp_path):
     HTML); without a label the line is as before."""
     rep = _report(tmp_path)
     label = "--quick smoke test, 15 of 350 epochs: not evidence"
-    again = build_report([rep.out_dir.parent / "runs"], tmp_path / "q", claims=True,
+    again = build_report([rep.out_dir.parent / "runs"], tmp_path / "q", claims=CLAIMS,
                          figures=False, verdict_label=label)
     md = again.report_md.read_text(encoding="utf-8")
     lines = [ln for ln in md.splitlines() if "**Verdict" in ln]

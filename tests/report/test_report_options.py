@@ -7,24 +7,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import numpy as np
 import pytest
-from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
 
-from torchcal.evaluate import save_logits, write_results
 from torchcal.report import ReportOptions, build_report
 
-
-@pytest.fixture()
-def runs(tmp_path):
-    root = tmp_path / "runs"
-    rng = np.random.default_rng(0)
-    for seed in range(2):
-        d = root / "ce" / f"seed{seed}"
-        write_results(d, fake_results("ce", seed, 0.1 + 0.01 * seed, 0.02, 1.5))
-        z = rng.normal(size=(300, 5)).astype(np.float32) * 3
-        save_logits(d / "logits" / "test.npz", z, rng.integers(0, 5, 300))
-    return root
+RUNS = dict(losses=("ce",), seeds=2, n=300)  # the `runs` fixture (conftest.py)
 
 
 def _page(path):

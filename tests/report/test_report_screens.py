@@ -20,6 +20,7 @@ from test_report_html import APPENDIX, INTRO, _chromium, _report  # same folder
 
 from torchcal.experiments import get_benchmark
 from torchcal.experiments.benchmark import committed_note
+from torchcal.experiments.claims import CLAIMS
 from torchcal.report.build import build_report
 
 pytestmark = pytest.mark.skipif(
@@ -68,7 +69,7 @@ def report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("screens")
     _report(tmp)  # writes the runs under tmp/runs
     return build_report([tmp / "runs"], tmp / "demo", intro=INTRO, appendix=APPENDIX,
-                        claims=True, figures=True, title="torchcal demo: calibration on MNIST-1D",
+                        claims=CLAIMS, figures=True, title="torchcal demo: calibration on MNIST-1D",
                         verdict_label="--quick smoke test, 15 of 350 epochs: not evidence",
                         preface=committed_note(get_benchmark("mnist1d")))
 

@@ -13,9 +13,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
 
-from torchcal.evaluate import save_logits, write_results
 from torchcal.metrics.calibration import reliability_curve
 from torchcal.report import build_report
 from torchcal.report import figures as F
@@ -179,18 +177,6 @@ def test_viridis_is_matplotlibs():
         want = np.array(cmap(t)[:3]) * 255
         got = np.array([int(S.viridis(t)[k:k + 2], 16) for k in (1, 3, 5)])
         assert np.abs(got - want).max() <= 6, t
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    root = tmp_path_factory.mktemp("runs")
-    for loss in ("ce", "focal"):
-        d = root / loss / "seed0"
-        write_results(d, fake_results(loss, 0, 0.1, 0.02, 1.5))
-        save_logits(d / "logits" / "test.npz", rng.normal(size=(200, 5)).astype(np.float32) * 3,
-                    rng.integers(0, 5, 200))
-    return root
 
 
 def test_the_default_figures_are_svg_without_matplotlib(runs, tmp_path):

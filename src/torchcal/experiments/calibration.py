@@ -29,7 +29,7 @@ from typing import Any
 from ..losses import LOSSES, list_losses
 from ..models.small import MLP
 from ..report.aggregate import loss_label
-from ..report.claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
+from .claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from ..train import TrainConfig, get_recipe
 from ..train.build import build_data
 from .benchmark import Benchmark, IntroContext, Profile, register_benchmark
@@ -39,7 +39,7 @@ __all__ = ["ADAFOCAL_LAM", "ADAFOCAL_NOTE", "adafocal_note", "DEMO_LOSS_KWARGS",
            "IntroContext", "calibration_intro", "calibration_appendix", "MNIST1D",
            "DIGITS"]
 
-#: The losses the papers' claims compare (:data:`torchcal.report.claims.CLAIMS`), table order.
+#: The losses the papers' claims compare (:data:`torchcal.experiments.claims.CLAIMS`), table order.
 CLAIM_LOSSES: tuple[str, ...] = tuple(sorted({x for c in CLAIMS for x in c.losses},
                                              key=LOSSES.rank))
 

@@ -40,14 +40,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import (
+from ._checks import default_grid
+from ._fitting import cv_folds
+from .base import (
     CalibrationFitError,
     Calibrator,
     Estimator,
     MemorizedValidationWarning,
     WorseThanIdentityWarning,
-    cv_folds,
-    default_grid,
     identity_check,
 )
 from .binary import BetaCalibration, PlattScaling

@@ -9,18 +9,11 @@ from typing import Any
 import torch
 
 from .._validation import check_positive_int
-from ._common import (
-    GRAD_TOL,
-    PARAMETER_BOUNDS,
-    CalibrationFitError,
-    Calibrator,
-    backtrack,
-    float_list,
-    keep_top_label,
-    log_proba,
-    row_chunks,
-    top_label_rows,
-)
+from ._checks import PARAMETER_BOUNDS, float_list
+from ._fitting import GRAD_TOL, backtrack
+from ._layout import row_chunks
+from ._toplabel import keep_top_label, log_proba, top_label_rows
+from .base import CalibrationFitError, Calibrator
 
 __all__ = ["PlattScaling", "BetaCalibration"]
 
@@ -102,7 +95,7 @@ class _BinaryCalibrator(Calibrator):
     With ``top_label=True`` the same logistic map calibrates the confidence of the predicted
     class (any number of classes): the features are those of the top-1 probability against
     the rest, the target whether the prediction is right, and the prediction keeps its
-    arg-max (:func:`~torchcal.posthoc._common.keep_top_label`)."""
+    arg-max (:func:`~torchcal.posthoc._toplabel.keep_top_label`)."""
 
     _fitted_attr = "coef_"
     _names: tuple[str, ...] = ()

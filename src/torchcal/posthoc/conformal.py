@@ -14,21 +14,18 @@ import torch
 from .._validation import check_alpha, check_labels, check_nonneg_finite, check_positive_int
 from ..conformal import conformal_rank
 from ..metrics import IGNORE_INDEX
-from ._common import (
-    Estimator,
-    apply_rows,
+from ._checks import (
     check_choice,
     check_dense_logits,
     check_n_classes,
     dense_axis,
     finite_float,
-    fit_rows,
     float_list,
-    like_input,
     prepare_fit,
     prepare_logits,
-    row_chunks,
 )
+from ._layout import apply_rows, fit_rows, like_input, row_chunks
+from .base import Estimator
 
 __all__ = ["ConformalClassifier", "RAPS_LAMBDAS", "RAPS_TUNE_FRACTION"]
 

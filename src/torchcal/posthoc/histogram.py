@@ -14,15 +14,11 @@ from ..metrics.binning import (
     equal_width_bin_index,
     equal_width_edges,
 )
-from ._common import (
-    Calibrator,
-    float_list,
-    keep_top_label,
-    log_proba,
-    row_chunks,
-    weighted_equal_mass_edges,
-    work_dtype,
-)
+from ._checks import float_list
+from ._fitting import weighted_equal_mass_edges
+from ._layout import row_chunks, work_dtype
+from ._toplabel import keep_top_label, log_proba
+from .base import Calibrator
 
 __all__ = ["HistogramBinning"]
 

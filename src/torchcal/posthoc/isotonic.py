@@ -7,16 +7,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._common import (
-    Calibrator,
-    check_n_classes,
-    float_list,
-    keep_top_label,
-    log_proba,
-    row_chunks,
-    top_label_rows,
-    work_dtype,
-)
+from ._checks import check_n_classes, float_list
+from ._layout import row_chunks, work_dtype
+from ._toplabel import keep_top_label, log_proba, top_label_rows
+from .base import Calibrator
 
 __all__ = ["IsotonicCalibration"]
 
@@ -72,7 +66,7 @@ class IsotonicCalibration(Calibrator):
     ``top_label=True`` is the top-label form instead: one isotonic map ``g`` from the top-1
     confidence to whether the prediction is right; the predicted class gets ``g(p_top)`` and
     keeps its arg-max (the other classes share the rest,
-    :func:`~torchcal.posthoc._common.keep_top_label`), for any number of classes.  Its knots
+    :func:`~torchcal.posthoc._toplabel.keep_top_label`), for any number of classes.  Its knots
     are ``knots_x_[0]`` / ``knots_y_[0]``.  ``sample_weight`` goes to scikit-learn's fit.
 
     Args:

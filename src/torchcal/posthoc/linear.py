@@ -11,21 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from .._validation import check_nonneg_finite, check_positive_int
-from ._common import (
-    CHUNK_ELEMENTS,
-    GRAD_TOL,
-    PARAMETER_BOUNDS,
-    CalibrationFitError,
-    Calibrator,
-    MemorizedValidationWarning,
-    absent_classes,
-    backtrack,
-    check_choice,
-    check_n_classes,
-    cv_folds,
-    float_list,
-    row_chunks,
-)
+from ._checks import PARAMETER_BOUNDS, absent_classes, check_choice, check_n_classes, float_list
+from ._fitting import GRAD_TOL, backtrack, cv_folds
+from ._layout import CHUNK_ELEMENTS, row_chunks
+from .base import CalibrationFitError, Calibrator, MemorizedValidationWarning
 from .temperature import fit_nll
 from .vector import absent_hint
 

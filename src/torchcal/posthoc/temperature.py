@@ -38,16 +38,10 @@ import torch
 from .._validation import check_positive_int
 from ..metrics import IGNORE_INDEX
 from ..metrics.binning import bin_index, equal_mass_edges, equal_width_bin_index
-from ._common import (
-    MAX_PARAMETER,
-    Calibrator,
-    check_grid,
-    finite_float,
-    prepare_fit_weighted,
-    row_chunks,
-    weighted_equal_mass_edges,
-    work_dtype,
-)
+from ._checks import MAX_PARAMETER, check_grid, finite_float, prepare_fit_weighted
+from ._fitting import weighted_equal_mass_edges
+from ._layout import row_chunks, work_dtype
+from .base import Calibrator
 
 __all__ = [
     "TemperatureScaling",

@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from .._validation import check_positive_int
-from ._common import (
+from ._checks import (
     PARAMETER_BOUNDS,
-    Calibrator,
     absent_classes,
     check_n_classes,
     describe_classes,
     float_list,
-    lbfgs_fit,
-    row_chunks,
 )
+from ._fitting import lbfgs_fit
+from ._layout import row_chunks
+from .base import Calibrator
 from .temperature import fit_nll
 
 __all__ = ["VectorScaling"]
@@ -35,7 +35,7 @@ def absent_hint(absent: list[int]) -> str:
 
 def weighted_ce(z: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None, logits_of: Any
                 ) -> Any:
-    """``objective(backward)`` for :func:`~torchcal.posthoc._common.lbfgs_fit`: the (weighted)
+    """``objective(backward)`` for :func:`~torchcal.posthoc._fitting.lbfgs_fit`: the (weighted)
     mean cross-entropy of ``logits_of(z64)`` (float64), summed and differentiated over chunks
     of rows (``CHUNK_ELEMENTS``) so a dense input is never copied to float64 as a whole; one
     chunk without weights is ``F.cross_entropy``'s mean itself."""

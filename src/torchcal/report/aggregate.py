@@ -37,14 +37,22 @@ import numpy as np
 
 from .._io import find_files, read_json
 from ..errors import ResultsFileError
-from ..evaluate import DEFAULT_PREDICTOR, PREDICTORS, meta_from_config, predictor_of, read_results
+from ..logits_file import load_logits
 from ..losses import LOSSES
 from ..metrics import ece_noise_floor
+from ..results_file import (
+    DEFAULT_PREDICTOR,
+    PREDICTORS,
+    meta_from_config,
+    predictor_of,
+    read_results,
+)
 from ..run_dir import (
     CONFIG_FILE,
     RunDir,
     checkpoint_of_results_file,
     logits_dirname,
+    logits_filename,
     results_filename,
 )
 
@@ -69,6 +77,8 @@ __all__ = [
     "predictor_rank",
     "identity_notes",
     "IdentityOf",
+    "TestLogits",
+    "read_test_logits",
 ]
 
 #: How a run's identity is computed from its ``config.json`` dict (results written before
@@ -163,6 +173,26 @@ class RunRecord:
         """The saved logits of this evaluation (``logits/``, or ``logits-best/`` beside
         ``results-best.json``)."""
         return self.run_dir / logits_dirname(checkpoint_of_results_file(self.results_path))
+
+
+#: Each run's saved test logits by the file's path: ``{path: (logits (N, C), labels (N,))}``.
+TestLogits = dict[Path, tuple[np.ndarray, np.ndarray]]
+
+
+def read_test_logits(runs: Iterable[RunRecord]) -> TestLogits:
+    """The saved test logits of each run that has readable ones (``logits/test.npz`` beside its
+    results file; a missing or refused file is left out), read once: a report hands them to
+    the claims' confidence gaps, the noise floors and the figures alike."""
+    out: TestLogits = {}
+    for r in runs:
+        p = r.logits_dir / logits_filename("test")
+        if p in out or not p.is_file():
+            continue
+        try:
+            out[p] = load_logits(p)
+        except ResultsFileError:
+            continue
+    return out
 
 
 @dataclass

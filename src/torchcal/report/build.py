@@ -48,9 +48,10 @@ from .._io import (
 )
 from .._validation import with_settings
 from ..errors import ResultsFileError, TorchcalError
-from ..evaluate import DEFAULT_PREDICTOR, load_logits
+from ..logits_file import load_logits
 from ..metrics import entropy
 from ..plot import MIN_COUNT
+from ..results_file import DEFAULT_PREDICTOR
 from ..run_dir import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
 from . import figures as F
 from . import svg as S
@@ -59,14 +60,15 @@ from .aggregate import (
     Group,
     IdentityOf,
     LoadReport,
+    TestLogits,
     check_checkpoints,
     ece_noise_floor,
     group_runs,
     identity_notes,
     load_runs,
+    read_test_logits,
 )
 from .claims import (
-    CLAIMS,
     Claim,
     add_confidence_gaps,
     check_claims,
@@ -157,7 +159,18 @@ _SPARSE_NOTE = (f"Below each diagram: samples per bin (log scale; blue line: acc
                 "line) are faded, with their count on the bar: their accuracy is uncertain by "
                 "more than ±0.1.")
 
-RunLogits = list[tuple[np.ndarray, np.ndarray, float]]
+
+
+class _RunTest(NamedTuple):
+    """One run's saved test logits, labels, grid-ECE temperature and logits folder."""
+
+    z: np.ndarray
+    y: np.ndarray
+    t: float
+    logits_dir: Path
+
+
+RunLogits = list[_RunTest]
 
 #: The figure sets of :func:`build_report` (``--figures``): ``none``; ``default``: the figures
 #: that show every loss at once (the reliability overview, the confidence histograms, the OOD
@@ -196,19 +209,16 @@ def figure_set(figures: bool | str) -> str:
     return str(figures)
 
 
-def _run_test_logits(g: Group) -> RunLogits:
-    """``(test logits, labels, grid-ECE temperature)`` of every run of ``g`` that saved them."""
+def _run_test_logits(g: Group, test_logits: TestLogits) -> RunLogits:
+    """``(test logits, labels, grid-ECE temperature, logits folder)`` of every run of ``g``
+    whose test logits were read (``test_logits``)."""
     out: RunLogits = []
     for r in g.runs:
-        p = r.logits_dir / logits_filename("test")
-        if not p.is_file():
-            continue
-        try:
-            z, y = load_logits(p)
-        except ResultsFileError:
+        zy = test_logits.get(r.logits_dir / logits_filename("test"))
+        if zy is None:
             continue
         t = r.results.get("temperatures", {}).get("grid_ece", 1.0) or 1.0
-        out.append((z, y, float(t)))
+        out.append(_RunTest(zy[0], zy[1], float(t), r.logits_dir))
     return out
 
 
@@ -216,9 +226,9 @@ def _pooled_test_logits(runs: RunLogits) -> tuple[np.ndarray, np.ndarray, np.nda
     """The runs' test logits concatenated, also divided by each run's grid-ECE T."""
     if not runs:
         return None
-    return (np.concatenate([z for z, _y, _t in runs]),
-            np.concatenate([z / t for z, _y, t in runs]),
-            np.concatenate([y for _z, y, _t in runs]), float(np.mean([t for *_zy, t in runs])))
+    return (np.concatenate([r.z for r in runs]),
+            np.concatenate([r.z / r.t for r in runs]),
+            np.concatenate([r.y for r in runs]), float(np.mean([r.t for r in runs])))
 
 
 def _top1_confidence(z: np.ndarray) -> np.ndarray:
@@ -235,8 +245,8 @@ def _noise_floors(groups: Sequence[Group], logits: dict[str, RunLogits], n_bins:
         runs = logits.get(g.label) or []
         if runs:
             out[g.label] = float(np.mean([
-                ece_noise_floor(_top1_confidence(np.asarray(z, np.float64) / t), n_bins=n_bins)
-                for z, _y, t in runs]))
+                ece_noise_floor(_top1_confidence(np.asarray(r.z, np.float64) / r.t), n_bins=n_bins)
+                for r in runs]))
     return out
 
 
@@ -287,7 +297,7 @@ def _figures_for(ds: str, model: str, gs: Sequence[Group], figs: list[Figure], f
         figs.append(Figure("Confidence histograms", path,
                            "Histogram of the top-1 confidence on the test set before temperature scaling; "
                            "dashed: mean confidence, solid: accuracy."))
-    _ood_roc_figures(ds, model, gs, figs, fig_dir, pooled, fmt)
+    _ood_roc_figures(ds, model, gs, figs, fig_dir, pooled, logits, fmt)
     _gamma_figures(ds, model, gs, figs, fig_dir, notes, fmt)
 
 
@@ -325,7 +335,8 @@ def _reliability_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Fi
 
 
 def _ood_roc_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Figure],
-                     fig_dir: Path, pooled: dict[str, Any], fmt: str = "svg") -> None:
+                     fig_dir: Path, pooled: dict[str, Any], logits: dict[str, RunLogits],
+                     fmt: str = "svg") -> None:
     """Draw one entropy ROC figure per OOD set of the runs (groups with pooled logits)."""
     ood_names: list[str] = []
     for g in gs:
@@ -338,7 +349,7 @@ def _ood_roc_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Figure
         for g in gs:
             if g.label not in pooled:
                 continue
-            curve = _ood_roc_curve(g, name)
+            curve = _ood_roc_curve(g, name, logits.get(g.label) or [])
             if curve is not None:
                 curves[g.label] = curve
         if curves:
@@ -351,19 +362,20 @@ def _ood_roc_figures(ds: str, model: str, gs: Sequence[Group], figs: list[Figure
                                "(dashed); titles: AUROC in %, mean ± std over seeds."))
 
 
-def _ood_roc_curve(g: Group, name: str):
-    """``(fpr, tpr, auroc mean, auroc std)`` of a group against OOD set ``name``, or None."""
+def _ood_roc_curve(g: Group, name: str, runs: RunLogits):
+    """``(fpr, tpr, auroc mean, auroc std)`` of a group against OOD set ``name`` (its runs'
+    test logits ``runs`` against their saved ``ood_<name>`` logits), or None."""
     s_id, s_ood = [], []
-    for r in g.runs:
-        pi = r.logits_dir / logits_filename("test")
-        po = r.logits_dir / logits_filename(f"ood_{name}")
-        if not (pi.is_file() and po.is_file()):
+    for run in runs:
+        po = run.logits_dir / logits_filename(f"ood_{name}")
+        if not po.is_file():
             continue
         try:
-            s_id.append(_entropy(load_logits(pi)[0]))
-            s_ood.append(_entropy(load_logits(po)[0]))
+            zo = load_logits(po)[0]
         except ResultsFileError:
             continue
+        s_id.append(_entropy(run.z))
+        s_ood.append(_entropy(zo))
     if not s_id:
         return None
     scores = np.concatenate(s_id + s_ood)
@@ -553,11 +565,11 @@ class ReportOptions:
         figure_format: the format of the default figures (:data:`FIGURE_FORMATS`): ``"svg"``
             (written by :mod:`torchcal.report.svg`, no matplotlib) or ``"png"`` (matplotlib);
             the pairs of ``figures="all"`` are PNG either way.
-        claims: add the section "The papers' claims on this benchmark"
+        claims: the claims to test (a sequence of :class:`~torchcal.report.claims.Claim`: a
+            benchmark's own, e.g. the seed papers' :data:`torchcal.experiments.claims.CLAIMS`;
+            empty or ``False``: none): add the section "The papers' claims on this benchmark"
             (:func:`torchcal.report.claims.claims_markdown`) and each run's mean confidence
-            minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits): ``True``
-            tests the seed papers' claims (:data:`torchcal.report.claims.CLAIMS`), a sequence of
-            :class:`~torchcal.report.claims.Claim` tests those (a benchmark's own).
+            minus accuracy (``test.pre.conf_minus_acc``, from its saved test logits).
         checkpoint: with ``paths``, read the evaluations of this checkpoint (``"last"``:
             ``results.json``; ``"best"``: ``results-best.json``).
         mix_checkpoints: allow one table to hold runs evaluated from different checkpoints
@@ -576,7 +588,7 @@ class ReportOptions:
     n_bins: int = 15
     figures: bool | str = True
     figure_format: str = "svg"
-    claims: bool | Sequence[Claim] = False
+    claims: Sequence[Claim] | bool = ()
     checkpoint: str = "last"
     mix_checkpoints: bool = False
     identity_of: IdentityOf | None = None
@@ -610,9 +622,13 @@ def build_report(
     if o.figure_format not in FIGURE_FORMATS:
         raise ValueError(f"Expected `figure_format` to be one of {FIGURE_FORMATS}, got "
                          f"{o.figure_format!r}")
+    if o.claims is True:
+        raise TypeError("Expected `claims` to be the claims to test (a sequence of Claim, e.g. "
+                        "torchcal.experiments.claims.CLAIMS) or False, got True")
     runs, errors = _readable_runs(paths, runs, o.checkpoint, o.mix_checkpoints, o.identity_of)
+    test_logits = read_test_logits(runs.runs)  # read once: claims, noise floors and figures
     if o.claims:
-        add_confidence_gaps(runs.runs)
+        add_confidence_gaps(runs.runs, test_logits)
     groups = group_runs(runs.runs)
     for g in groups:  # runs of one loss that are no seeds of one configuration: said
         if g.apart_from is not None:
@@ -622,7 +638,7 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_report_temp_files(out)  # a killed writer's, before this one writes
     with _staged_figures(out) as fig_dir:  # drawn aside, moved into out/figures with the pages
-        return _build(out, runs, groups, errors, fig_dir, o)
+        return _build(out, runs, groups, errors, fig_dir, o, test_logits)
 
 
 @contextlib.contextmanager
@@ -637,21 +653,19 @@ def _staged_figures(out: Path) -> Iterator[Path]:
 
 
 def _build(out: Path, runs: LoadReport, groups: list[Group], errors: list, fig_dir: Path,
-           o: ReportOptions) -> ReportOutput:
+           o: ReportOptions, test_logits: TestLogits) -> ReportOutput:
     """:func:`build_report` once its runs are read: figures (into ``fig_dir``), tables, pages."""
     title, n_bins, claims = o.title, o.n_bins, o.claims
     intro, appendix, verdict_label, preface = o.intro, o.appendix, o.verdict_label, o.preface
     drawn, figure_format = figure_set(o.figures), o.figure_format
     notes: list[str] = identity_notes(groups, lambda p: T.relative_run_dir(p, out))
-    logits = {g.label: _run_test_logits(g) for g in groups}
+    logits = {g.label: _run_test_logits(g, test_logits) for g in groups}
     floors = _noise_floors(groups, logits, n_bins)
     figs = (_make_figures(groups, fig_dir, n_bins, notes, logits, every=drawn == "all",
                           fmt=figure_format) if drawn != "none" else {})
     table_sets = T.tables_for(groups, floors)
     runs_table = _runs_table(groups, out)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    if claims is True:
-        claims = CLAIMS
     tested = check_claims(groups, claims) if claims else []  # computed once per report
     claims_blocks = (claims_section(groups, claims, verdict_label=verdict_label, results=tested)
                      if claims else [])

@@ -1,47 +1,22 @@
-"""The seed papers' qualitative claims, tested seed by seed on evaluated runs.
+"""The rule engine of the papers' claims: each claim tested seed by seed on evaluated runs, and
+the report's section that shows the verdicts.
 
-Each claim compares runs of the same seed (and the same data set and model) and either holds or
-fails on that seed; its verdict, "holds on k of n seeds", is computed here from the runs'
-results, never written by hand.  A seed enters a claim only when every loss the claim needs has
-a run with that seed; a claim with no such seed is "not tested".
+A claim (:class:`Claim`) compares runs of the same seed (and the same data set and model) and
+either holds or fails on that seed; its verdict, "holds on k of n seeds", is computed here from
+the runs' results, never written by hand.  A seed enters a claim only when every loss the claim
+needs has a run with that seed; a claim with no such seed is "not tested".  The claims
+themselves, the seed papers', are data of the benchmarks that test them
+(:mod:`torchcal.experiments.claims`): the caller hands them to :func:`check_claims` and to
+:func:`torchcal.report.build_report` (``claims=``).
 
-Each rule tests the mechanism its claim names, and can fail for that reason: the input on
-which each fails is written down in docs/guide/reproducing.md ("The claims' rules, and the input
-on which each fails") and fed to it in tests/report/test_report_claim_rules.py.
-
-The claims (pre-temperature test metrics; "similar error" means within
-:data:`SIMILAR_ERROR` = 3 percentage points of cross-entropy's test error):
-
-* Mukhoti et al. 2020 (NeurIPS): cross-entropy is over-confident, T > 1 (grid-ECE temperature on
-  validation) and mean confidence above accuracy on test; focal loss (γ=3) and FLSD-53 each
-  give a lower ECE than cross-entropy at similar error.
-* Ghosh et al. 2022 (NeurIPS): AdaFocal gives the lowest AdaECE of the focal family of its tables
-  (focal γ=3, FLSD-53, AdaFocal), at error similar to cross-entropy's.
-* Lin et al. 2025: BSCE-GRA gives a lower ECE than cross-entropy and than BSCE without gradient
-  weighting.
-* Tao et al. 2023 (ICML): dual focal gives a lower ECE than focal.
-* Mukhoti et al. 2020, OOD (:func:`mukhoti_ood_claim`, a benchmark's OOD set): focal loss and
-  FLSD-53 each give a higher softmax-entropy OOD AUROC than cross-entropy.
-
-The ensemble claims (:data:`ENSEMBLE_CLAIMS`, ``per="seed_set"``) compare the ensemble of a set
-of seeds (a record with ``meta.predictor`` ``"ensemble"`` and its seeds in ``meta.members``;
-temperatures fitted by NLL on validation, numbers on test) with its members' runs, one seed set
-at a time: every subset of 3 seeds when the results hold those ensembles
+The ensemble claims (``per="seed_set"``) compare the ensemble of a set of seeds (a record with
+``meta.predictor`` ``"ensemble"`` and its seeds in ``meta.members``; temperatures fitted by NLL
+on validation, numbers on test) with its members' runs, one seed set at a time: every subset of
+3 seeds when the results hold those ensembles
 (:attr:`~torchcal.report.aggregate.Group.subsets`, the demo's with more than 3 seeds: "holds on
 k of 10 seed subsets", which overlap and are not independent), else each ensemble record ("1 of
 1 seed set" with 2 seeds: one observation); with fewer than 2 seeds they are "not evaluated
-(needs 2 or more seeds)":
-
-* Lakshminarayanan et al. 2017: the cross-entropy ensemble has a lower NLL than its best member
-  (below its members' mean NLL holds for every ensemble: Jensen's inequality) and a lower error
-  than its members' mean.
-* Rahaman & Thiery 2021 and Wen et al. 2021: the ensemble of members trained to be calibrated
-  is under-confident (mean confidence below accuracy), more than its own members and more than
-  the cross-entropy ensemble of the same seeds; and calibrating after pooling repairs it (with
-  NLL-fitted temperatures, a pool-then-calibrate ECE below the raw ensemble's and below
-  calibrate-then-pool's).  The papers' calibrated members are trained with mixup, which is not
-  a loss; here they are focal loss (γ=3) and FLSD-53 (Mukhoti et al.'s calibrated losses) and,
-  in a claim of its own, label smoothing (the softened labels Wen et al. name beside mixup).
+(needs 2 or more seeds)".
 
 A seed (set) whose results lack a number its rule needs (:attr:`Claim.needs`) is not evaluated
 rather than counted as failing; a claim that compares a loss without any run is listed under
@@ -66,20 +41,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ResultsFileError
-from ..evaluate import DEFAULT_PREDICTOR, load_logits
-from ..losses import LOSSES
 from ..metrics import confidence_gap as _confidence_gap
+from ..results_file import DEFAULT_PREDICTOR
 from ..run_dir import logits_filename
-from .aggregate import Group, RunRecord, loss_label, mean_std
+from .aggregate import Group, RunRecord, TestLogits, loss_label, mean_std, read_test_logits
 from .tables import Cell, Table, fmt_mean_std
 
 __all__ = [
-    "CLAIMS",
     "section_markdown",
-    "ENSEMBLE_CLAIMS",
     "Claim",
-    "mukhoti_ood_claim",
     "ClaimResult",
     "SIMILAR_ERROR",
     "CHANCE_MARGIN",
@@ -98,6 +68,16 @@ __all__ = [
     "NEEDS_FULL",
     "MEMBERS",
     "MEMBERS_MIN",
+    "ECE",
+    "ADAECE",
+    "ERR",
+    "TEMP",
+    "NLL",
+    "TEMP_NLL",
+    "POOL_THEN_CAL",
+    "CAL_THEN_POOL",
+    "POOL_THEN_CAL_NLL",
+    "CAL_THEN_POOL_NLL",
 ]
 
 #: "Similar error": within this many percentage points of cross-entropy's test error.
@@ -110,6 +90,8 @@ AT_CHANCE = "at_chance"
 #: The flattened results key of the test set's mean confidence minus accuracy (pre T).
 GAP_KEY = "test.pre.conf_minus_acc"
 
+#: The flattened results keys the claims read: pre-T test ECE, AdaECE, error and NLL, and the
+#: grid-ECE temperature.
 ECE, ADAECE, ERR, TEMP = "test.pre.ece", "test.pre.adaptive_ece", "test.pre.error", \
     "temperature.grid_ece"
 NLL = "test.pre.nll"
@@ -158,20 +140,17 @@ def _run_at_chance(run: RunRecord) -> bool:
     return isinstance(c, int) and c > 1 and not math.isnan(err) and at_chance(1.0 - err, c)
 
 
-def add_confidence_gaps(runs: Sequence[RunRecord]) -> None:
+def add_confidence_gaps(runs: Sequence[RunRecord], test_logits: TestLogits | None = None) -> None:
     """Add :data:`GAP_KEY` to each run's flattened numbers from its saved test logits (runs
-    without readable ``logits/test.npz`` are left without it)."""
-    for r in runs:
-        if GAP_KEY in r.flat:
-            continue
-        p = r.logits_dir / logits_filename("test")
-        if not p.is_file():
-            continue
-        try:
-            z, y = load_logits(p)
-        except ResultsFileError:
-            continue
-        r.flat[GAP_KEY] = confidence_gap(z, y)
+    without readable ``logits/test.npz`` are left without it).  ``test_logits``: the runs'
+    test logits already read (:func:`~torchcal.report.aggregate.read_test_logits`: a report
+    reads them once); None reads them here."""
+    todo = [r for r in runs if GAP_KEY not in r.flat]
+    logits = read_test_logits(todo) if test_logits is None else test_logits
+    for r in todo:
+        zy = logits.get(r.logits_dir / logits_filename("test"))
+        if zy is not None:
+            r.flat[GAP_KEY] = confidence_gap(*zy)
 
 
 @dataclass(frozen=True)
@@ -198,179 +177,6 @@ class Claim:
     needs: tuple[tuple[str, str], ...] = ()
 
 
-def _lt(a: float, b: float) -> bool:
-    return not (math.isnan(a) or math.isnan(b)) and a < b
-
-
-def _get(n: Mapping[str, Mapping[str, float]], loss: str, key: str) -> float:
-    return n[loss].get(key, math.nan)
-
-
-def _similar_error(n: Mapping[str, Mapping[str, float]], loss: str) -> bool:
-    d = abs(n[loss][ERR] - n["ce"][ERR])
-    return not math.isnan(d) and 100.0 * d <= SIMILAR_ERROR
-
-
-def _lower_at_similar_error(loss: str) -> Callable[[Mapping[str, Mapping[str, float]]], bool]:
-    return lambda n: _lt(n[loss][ECE], n["ce"][ECE]) and _similar_error(n, loss)
-
-
-def _adafocal_lowest(n: Mapping[str, Mapping[str, float]]) -> bool:
-    return (_lt(n["adafocal"][ADAECE], n["focal"][ADAECE])
-            and _lt(n["adafocal"][ADAECE], n["flsd53"][ADAECE]) and _similar_error(n, "adafocal"))
-
-
-def _cols(losses: Sequence[str], key: str, name: str) -> tuple[tuple[str, str, str], ...]:
-    return tuple((loss, key, f"{loss_label(loss)} {name}") for loss in losses)
-
-
-def _ensemble_beats_members(n: Mapping[str, Mapping[str, float]]) -> bool:
-    """The CE ensemble's NLL below its *best* member's (below the members' mean NLL is
-    Jensen's inequality, true of every ensemble) and its error below its members' mean."""
-    return (_lt(_get(n, "ce", NLL), _get(n, "ce", MEMBERS_MIN + NLL))
-            and _lt(_get(n, "ce", ERR), _get(n, "ce", MEMBERS + ERR)))
-
-
-def _pooling_makes_underconfident(losses: Sequence[str]
-                                  ) -> Callable[[Mapping[str, Mapping[str, float]]], bool]:
-    """Each calibrated loss's ensemble (Rahaman & Thiery; Wen et al.): (1) conf − acc < 0,
-    (2) below its members' mean conf − acc, (3) below the CE ensemble's of the same seeds, all
-    before T; (4) the pool-then-calibrate ECE below the raw ensemble's and below
-    calibrate-then-pool's, both with NLL-fitted temperatures."""
-    def check(n: Mapping[str, Mapping[str, float]]) -> bool:
-        def one(x: str) -> bool:
-            gap, pooled = _get(n, x, GAP_KEY), _get(n, x, POOL_THEN_CAL_NLL)
-            return (_lt(gap, 0.0) and _lt(gap, _get(n, x, MEMBERS + GAP_KEY))
-                    and _lt(gap, _get(n, "ce", GAP_KEY)) and _lt(pooled, _get(n, x, ECE))
-                    and _lt(pooled, _get(n, x, CAL_THEN_POOL_NLL)))
-        return all(one(x) for x in losses)
-    return check
-
-
-def _higher_auroc(key: str) -> Callable[[Mapping[str, Mapping[str, float]]], bool]:
-    return lambda n: all(_lt(_get(n, "ce", key), _get(n, x, key)) for x in ("focal", "flsd53"))
-
-
-_MUKHOTI = LOSSES.paper("focal")  # each claim cites its loss' paper from the registry
-#: The claims, in the report's order.
-CLAIMS: tuple[Claim, ...] = (
-    Claim("mukhoti_ce_overconfident", _MUKHOTI,
-          "cross-entropy is over-confident: its temperature T (grid search on validation ECE) "
-          "is above 1, and its mean confidence is above its accuracy on test.",
-          ("ce",), lambda n: _lt(1.0, n["ce"][TEMP]) and _lt(0.0, n["ce"][GAP_KEY]),
-          (("ce", TEMP, "CE T"), ("ce", GAP_KEY, "CE conf − acc %"), ("ce", ERR, "CE error %")),
-          short="cross-entropy over-confident", needs=(("ce", TEMP), ("ce", GAP_KEY))),
-    Claim("mukhoti_focal_lt_ce", _MUKHOTI,
-          f"focal loss (γ=3) gives a lower pre-T ECE than cross-entropy at similar error "
-          f"(within {SIMILAR_ERROR:g} points).",
-          ("ce", "focal"), _lower_at_similar_error("focal"),
-          _cols(("ce", "focal"), ECE, "ECE %") + _cols(("ce", "focal"), ERR, "error %"),
-          short="focal below cross-entropy"),
-    Claim("mukhoti_flsd53_lt_ce", _MUKHOTI,
-          f"FLSD-53 gives a lower pre-T ECE than cross-entropy at similar error "
-          f"(within {SIMILAR_ERROR:g} points).",
-          ("ce", "flsd53"), _lower_at_similar_error("flsd53"),
-          _cols(("ce", "flsd53"), ECE, "ECE %") + _cols(("ce", "flsd53"), ERR, "error %"),
-          short="FLSD-53 below cross-entropy"),
-    Claim("ghosh_adafocal_lowest", LOSSES.paper("adafocal"),
-          "AdaFocal gives the lowest pre-T AdaECE of the focal family (focal γ=3, FLSD-53, "
-          f"AdaFocal), at error close to cross-entropy's (within {SIMILAR_ERROR:g} points).",
-          ("ce", "focal", "flsd53", "adafocal"), _adafocal_lowest,
-          _cols(("focal", "flsd53", "adafocal"), ADAECE, "AdaECE %")
-          + _cols(("ce", "adafocal"), ERR, "error %"),
-          short="AdaFocal lowest AdaECE of the focal family"),
-    Claim("lin_bsce_gra", LOSSES.paper("bsce_gra"),
-          "BSCE-GRA gives a lower pre-T ECE than cross-entropy, and lower than BSCE without "
-          "gradient weighting.",
-          ("ce", "bsce", "bsce_gra"),
-          lambda n: _lt(n["bsce_gra"][ECE], n["ce"][ECE]) and _lt(n["bsce_gra"][ECE], n["bsce"][ECE]),
-          _cols(("ce", "bsce", "bsce_gra"), ECE, "ECE %"), short="BSCE-GRA below CE and BSCE"),
-    Claim("tao_dual_focal", LOSSES.paper("dual_focal"),
-          "dual focal gives a lower pre-T ECE than focal loss.",
-          ("focal", "dual_focal"), lambda n: _lt(n["dual_focal"][ECE], n["focal"][ECE]),
-          _cols(("focal", "dual_focal"), ECE, "ECE %"), short="dual focal below focal"),
-)
-
-
-_LAKSHMINARAYANAN = ("Lakshminarayanan et al. 2017, *Simple and Scalable Predictive Uncertainty "
-                     "Estimation using Deep Ensembles* (NeurIPS)")
-_RAHAMAN_WEN = ("Rahaman & Thiery 2021, *Uncertainty Quantification and Deep Ensembles* "
-                "(NeurIPS); Wen et al. 2021, *Combining Ensembles and Data Augmentation Can Harm "
-                "Your Calibration* (ICLR)")
-_REPAIR = ("is under-confident, and more so than its own members and than the cross-entropy "
-           "ensemble of the same seeds (mean confidence minus accuracy on test, before "
-           "temperature scaling: below 0, below its members' mean, below the CE ensemble's); "
-           "and calibrating after pooling repairs it: the pool-then-calibrate ECE is below the "
-           "raw ensemble's and below calibrate-then-pool's (temperatures fitted by NLL on "
-           "validation: one on the pooled prediction, or one per member before pooling).")
-
-
-def _repair_cols(losses: Sequence[str]) -> tuple[tuple[str, str, str], ...]:
-    out: tuple[tuple[str, str, str], ...] = (("ce", GAP_KEY, "CE ensemble conf − acc %"),)
-    for x in losses:
-        name = loss_label(x)
-        out += ((x, MEMBERS + GAP_KEY, f"{name} members conf − acc %"),
-                (x, GAP_KEY, f"{name} ensemble conf − acc %"), (x, ECE, f"{name} ensemble ECE %"),
-                (x, POOL_THEN_CAL_NLL, f"{name} pool→T ECE % (NLL T)"),
-                (x, CAL_THEN_POOL_NLL, f"{name} T→pool ECE % (NLL T)"),
-                (x, TEMP_NLL, f"{name} pooled T (NLL)"),
-                (x, POOL_THEN_CAL, f"{name} pool→T ECE % (grid-ECE T)"),
-                (x, TEMP, f"{name} pooled T (grid ECE)"))
-    return out
-
-
-def _repair_needs(losses: Sequence[str]) -> tuple[tuple[str, str], ...]:
-    return (("ce", GAP_KEY),) + tuple((x, k) for x in losses for k in (
-        GAP_KEY, MEMBERS + GAP_KEY, ECE, POOL_THEN_CAL_NLL, CAL_THEN_POOL_NLL))
-
-
-#: The ensemble claims, tested one seed set at a time (``per="seed_set"``): on every subset of
-#: :data:`~torchcal.ensemble.SEED_SUBSET_SIZE` seeds when the results hold those ensembles
-#: (:attr:`~torchcal.report.aggregate.Group.subsets`), else on each ensemble record.
-ENSEMBLE_CLAIMS: tuple[Claim, ...] = (
-    Claim("lakshminarayanan_ensemble", _LAKSHMINARAYANAN,
-          "the ensemble of cross-entropy members (the mean of their probabilities) has a lower "
-          "test NLL than its best member (below the members' mean NLL holds for every ensemble, "
-          "by Jensen's inequality) and a lower test error than its members' mean.",
-          ("ce",), _ensemble_beats_members,
-          (("ce", MEMBERS_MIN + NLL, "CE best member NLL"), ("ce", MEMBERS + NLL, "CE members NLL"),
-           ("ce", NLL, "CE ensemble NLL"),
-           ("ce", MEMBERS + ERR, "CE members error %"), ("ce", ERR, "CE ensemble error %")),
-          per="seed_set", short="CE ensemble below its best member",
-          needs=tuple(("ce", k) for k in (NLL, ERR, MEMBERS_MIN + NLL, MEMBERS + ERR))),
-    Claim("rahaman_wen_calibrated_members", _RAHAMAN_WEN,
-          "the ensemble of members trained to be calibrated (focal loss γ=3 and FLSD-53, each "
-          "its own ensemble) " + _REPAIR,
-          ("ce", "focal", "flsd53"), _pooling_makes_underconfident(("focal", "flsd53")),
-          _repair_cols(("focal", "flsd53")), per="seed_set",
-          needs=_repair_needs(("focal", "flsd53")),
-          short="focal and FLSD-53 ensembles more under-confident than their members and CE's, "
-                "repaired by pooling first"),
-    Claim("wen_label_smoothing", _RAHAMAN_WEN,
-          "the ensemble of label-smoothing members (softened labels, as mixup's) " + _REPAIR,
-          ("ce", "ls"), _pooling_makes_underconfident(("ls",)), _repair_cols(("ls",)),
-          per="seed_set", needs=_repair_needs(("ls",)), short="label-smoothing ensemble more under-confident than its "
-                                "members and CE's, repaired by pooling first"),
-)
-
-
-def mukhoti_ood_claim(ood: str) -> Claim:
-    """Mukhoti et al. 2020's OOD claim on the OOD set ``ood`` (its saved logits'
-    ``ood_<ood>`` name): focal loss (γ=3) and FLSD-53 each give a higher softmax-entropy OOD
-    AUROC than cross-entropy (pre T), tested seed by seed.
-
-    >>> mukhoti_ood_claim("mnist1d_shuffled").columns[0]
-    ('ce', 'ood.mnist1d_shuffled.auroc_entropy', 'Cross-entropy AUROC %')
-    """
-    key = f"ood.{ood}.auroc_entropy"
-    return Claim("mukhoti_ood_entropy", _MUKHOTI,
-                 f"focal loss (γ=3) and FLSD-53 each detect the OOD set `{ood}` better than "
-                 "cross-entropy by the entropy of their prediction: a higher entropy AUROC "
-                 "(pre T; the OOD set as the positive class).",
-                 ("ce", "focal", "flsd53"), _higher_auroc(key),
-                 _cols(("ce", "focal", "flsd53"), key, "AUROC %"),
-                 short="focal and FLSD-53 detect OOD inputs better than CE",
-                 needs=tuple((x, key) for x in ("ce", "focal", "flsd53")))
 
 
 @dataclass
@@ -500,7 +306,7 @@ def check_claim_on_seeds(claim: Claim, numbers: Mapping[Any, Mapping[str, Mappin
     return res
 
 
-def check_claims(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS) -> list[ClaimResult]:
+def check_claims(groups: Sequence[Group], claims: Sequence[Claim]) -> list[ClaimResult]:
     """Test every claim on every seed (seed set), per (data set, model) of ``groups``
     (:func:`check_claim_on_seeds` of each loss's runs by seed).
 
@@ -648,7 +454,7 @@ def direction_table(groups: Sequence[Group]) -> Table:
                  rows, notes)
 
 
-def claims_section(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
+def claims_section(groups: Sequence[Group], claims: Sequence[Claim],
                    heading: str = "## The papers' claims on this benchmark",
                    verdict_label: str = "", *,
                    results: Sequence[ClaimResult] | None = None) -> list[str | Table]:
@@ -710,7 +516,7 @@ def _needs_full(results: Sequence[ClaimResult]) -> list[str]:
     return [out[0], out[1], "\n".join(out[2:])]
 
 
-def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS, *,
+def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim], *,
                     results: Sequence[ClaimResult] | None = None) -> list[str]:
     """One short line per claim and (data set, model), for a terminal: the paper, the claim's
     ``short`` name (else its text) and the verdict; [] when no claim can be tested.
@@ -738,7 +544,7 @@ def _paper(claim: Claim) -> str:
     return claim.source.split(",")[0].split(" (")[0]
 
 
-def claims_markdown(groups: Sequence[Group], claims: Sequence[Claim] = CLAIMS,
+def claims_markdown(groups: Sequence[Group], claims: Sequence[Claim],
                     heading: str = "## The papers' claims on this benchmark",
                     verdict_label: str = "") -> str:
     """The report section in Markdown (:func:`claims_section`); "" when nothing is testable."""

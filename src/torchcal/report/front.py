@@ -21,7 +21,7 @@ import math
 import os
 from pathlib import Path
 
-from ..evaluate import DEFAULT_PREDICTOR
+from ..results_file import DEFAULT_PREDICTOR
 from .aggregate import group_label, loss_rank, mean_std, predictor_rank
 from .tables import WORSE_MARK, WORSE_NOTE, fmt_mean_std, worse_than
 

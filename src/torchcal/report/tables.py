@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..evaluate import DEFAULT_PREDICTOR, PREDICTORS
+from ..results_file import DEFAULT_PREDICTOR, PREDICTORS
 from .aggregate import Group, loss_label, mean_std
 
 __all__ = [
