@@ -28,7 +28,7 @@ from ..losses import LOSSES, list_losses
 from ..report.aggregate import group_runs, runs_from_results_csv
 from ..report.claims import Claim, check_claims
 from ..train import TrainConfig
-from .training import run_job
+from .training import run_pack_job
 
 __all__ = ["Profile", "Benchmark", "BenchmarkKind", "IntroContext", "BENCHMARKS", "register_benchmark", "get_benchmark",
            "list_benchmarks", "KINDS", "DEFAULT_KIND", "tagged_losses", "committed_verdicts", "committed_note",
@@ -89,14 +89,20 @@ class BenchmarkKind:
         ``ValueError`` for a setting the benchmark does not take."""
         raise NotImplementedError
 
-    def plan(self, cfg: Any, bench: Benchmark, out: Path) -> tuple[list, list[dict[str, Any]]]:
+    def plan(self, cfg: Any, bench: Benchmark, out: Path) -> tuple[list, list[Any]]:
         """The :class:`~torchcal.experiments.runner.Job` s of the resolved ``cfg`` into ``out``
-        and the JSON-able specs of the units they run, one spec per unit (a job may run several
-        units: a pack of training runs reports one result per unit)."""
+        and the units they run, one per unit (a job may run several units: a pack of training
+        runs, whose units are TrainConfigs, reports one outcome per run, :meth:`collect`)."""
         raise NotImplementedError
 
-    def report(self, cfg: Any, bench: Benchmark, out: Path, specs: list[dict[str, Any]],
-               results: list[dict[str, Any]], seconds: float
+    def collect(self, jobs: Sequence[Any], results: Sequence[dict[str, Any]]) -> list[Any]:
+        """The units' results from the jobs' ``results`` (one per job, in their order): by
+        default the jobs' results themselves (one unit per job); the training runs' kind reads
+        one outcome per run of each pack."""
+        return list(results)
+
+    def report(self, cfg: Any, bench: Benchmark, out: Path, specs: list[Any],
+               results: list[Any], seconds: float
                ) -> tuple[Any, list[tuple[str, str]]]:
         """Write the report into ``out`` from the units' ``results`` (one per spec, in their
         order): the report (``DemoResult.report``) and the failed units as ``(name, error)``
@@ -138,7 +144,8 @@ class Benchmark:
             runs): the details the intro leaves out.
         prebuild_data: build the data once before the runs (cheap or generated data: the
             data options are checked, and generated data is cached once, not by every worker).
-        job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
+        job_fn: the job function of one pack of runs
+            (:func:`~torchcal.experiments.training.run_pack_job`; a run alone is a pack of one).
         kind: how its jobs are made and its report written (:class:`BenchmarkKind`; default
             the calibration benchmarks' training runs per loss and seed,
             :data:`torchcal.experiments.TRAINING_RUNS`).
@@ -160,7 +167,7 @@ class Benchmark:
     intro: Callable[[Any], str] | None = None
     appendix: Callable[[Any], str] | None = None
     prebuild_data: bool = True
-    job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_job
+    job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_pack_job
     kind: BenchmarkKind = None  # type: ignore[assignment] - None: KINDS' DEFAULT_KIND
 
     def __post_init__(self) -> None:
