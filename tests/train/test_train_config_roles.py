@@ -82,7 +82,7 @@ def test_resume_with_a_changed_runtime_field_warns_and_more_epochs_extend(tmp_pa
 
 def test_stale_check_reads_the_same_roles(tmp_path):
     """The runner retrains a run whose identity or schedule changed, keeps it for runtime."""
-    from torchcal.experiments.training import is_stale
+    from torchcal.train.packs import is_stale
 
     cfg = _digits(tmp_path)
     run = tmp_path / "run"
