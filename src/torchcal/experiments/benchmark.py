@@ -24,15 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from .._registry import Registry
+from ..data import DATASETS
 from ..losses import LOSSES, list_losses
 from ..report.aggregate import group_runs, runs_from_results_csv
 from ..report.claims import Claim, check_claims
-from ..train import TrainConfig
+from ..train import TrainConfig, get_recipe
 from .training import run_pack_job
 
 __all__ = ["Profile", "Benchmark", "BenchmarkKind", "IntroContext", "BENCHMARKS", "register_benchmark", "get_benchmark",
            "list_benchmarks", "KINDS", "DEFAULT_KIND", "tagged_losses", "committed_verdicts", "committed_note",
-           "PROFILE_NAMES"]
+           "PROFILE_NAMES", "size_help", "data_options_help"]
 
 #: The sizes every benchmark defines: ``default``, ``quick`` (a smoke test), ``full`` (the
 #: published schedule).
@@ -312,3 +313,58 @@ def list_benchmarks(suite: str | None = None) -> list[str]:
     ``torchcal demo --suite`` (``"calibration"``: those chosen by ``--benchmark``)."""
     return [n for n in BENCHMARKS.ordered()
             if suite is None or BENCHMARKS.get(n).suite == suite]
+
+
+def size_help() -> dict[str, str]:
+    """Help texts of ``torchcal demo``'s size options (``description``, ``quick``, ``full``,
+    ``seeds``, ``epochs``, ``losses``), read from the calibration benchmarks' profiles."""
+    names = list_benchmarks("calibration")
+    benches = {n: get_benchmark(n) for n in names}
+
+    def sizes(profile: str, what: str) -> str:
+        parts = []
+        for n, b in benches.items():
+            p = b.profile(profile)
+            v = {"seeds": len(p.seeds), "epochs": p.epochs or "the recipe's",
+                 "losses": ",".join(p.losses) if p.losses else "every demo loss"}[what]
+            parts.append(f"{n} {v}")
+        return "; ".join(parts)
+
+    def measured(profile: str) -> str:
+        m = [f"{n}: {b.profile(profile).measured}" for n, b in benches.items()
+             if b.profile(profile).measured]
+        return f" ({'; '.join(m)})" if m else ""
+
+    def default_size(b: Benchmark) -> str:
+        p = b.profile("default")
+        n_losses = len(p.losses) if p.losses else len(b.losses("full"))
+        epochs = f"{p.epochs} epochs" if p.epochs else "the recipe's epochs"
+        return f"{n_losses} losses x {len(p.seeds)} seeds x {epochs}"
+
+    return {
+        "description": "The embedded benchmarks: " + "; ".join(
+            f"{n}: {b.summary}, by default {default_size(b)}" for n, b in benches.items())
+            + measured("default") + ". Runs "
+            "train in parallel worker processes (or as Ray tasks), are evaluated before and "
+            "after temperature scaling and reported in the papers' table format with figures "
+            "and the section \"The papers' claims on this benchmark\".",
+        "quick": f"a smoke test: seeds {sizes('quick', 'seeds')}; epochs "
+                 f"{sizes('quick', 'epochs')}{measured('quick')}",
+        "full": f"every demo loss, the recipe's full schedule: seeds {sizes('full', 'seeds')}"
+                f"{measured('full')}",
+        "seeds": f"number of seeds or a list such as 0,3,7 (default: {sizes('default', 'seeds')})",
+        "epochs": f"epochs, milestones kept at the recipe's fractions (default: "
+                  f"{sizes('default', 'epochs')})",
+        "losses": f"comma-separated registry names (default: {sizes('default', 'losses')})",
+    }
+
+
+def data_options_help() -> str:
+    """The declared options of each calibration benchmark's data set (the data set registry),
+    for ``torchcal demo --data-arg``'s help."""
+    out = []
+    for name in list_benchmarks("calibration"):
+        ds = get_recipe(get_benchmark(name).recipe).dataset
+        opts = ", ".join(o.name for o in DATASETS.get(ds).options)
+        out.append(f"{name}: {opts or 'none'}")
+    return "; ".join(out)

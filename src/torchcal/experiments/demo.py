@@ -24,6 +24,7 @@ epochs), runs of other settings (a changed identity or schedule field) are train
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -31,7 +32,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,8 @@ from .training import benchmark_config, outcomes_of, pack_job
 # kind; the package imports them before any benchmark is looked up
 __all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve",
            "run_demo", "default_out", "intro_text", "appendix_text",
-           "verdict_label", "seed_ensembles", "ENSEMBLES_DIR", "TRAINING_RUNS"]
+           "verdict_label", "seed_ensembles", "ENSEMBLES_DIR", "TRAINING_RUNS", "debug_env",
+           "DEBUG_ENV"]
 
 #: The demo's directory of the losses' ensembles (``OUT/ensembles/<loss>/``).
 ENSEMBLES_DIR = "ensembles"
@@ -156,6 +158,24 @@ def _loss_kwargs(cfg: DemoConfig, bench: Benchmark, loss: str) -> dict[str, Any]
 
 #: Set to ``1`` (``torchcal demo --debug``): a failed run's traceback is printed, not one line.
 DEBUG_ENV = "TORCHCAL_DEBUG"
+
+
+@contextlib.contextmanager
+def debug_env(debug: bool) -> Iterator[None]:
+    """``TORCHCAL_DEBUG=1`` (:data:`DEBUG_ENV`) for the block when ``debug`` (``torchcal demo
+    --debug``): the demo then prints each failed run's traceback."""
+    if not debug:
+        yield
+        return
+    old = os.environ.get(DEBUG_ENV)
+    os.environ[DEBUG_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = old
 
 
 def default_out() -> Path:
