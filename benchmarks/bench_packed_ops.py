@@ -48,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torchcal.train.engine as engine
 from torchcal.experiments.calibration import CLAIM_LOSSES, DEMO_LOSS_KWARGS
 from torchcal.train import get_recipe
-from torchcal.train.packed import train_packed
+from torchcal.train.packs import train_packed
 
 PHASES = ("train", "end", "writer")
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
-WORKER = ("import torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
+WORKER = ("import torch, torchcal.experiments.runner, torchcal.experiments.training\n"
           "p = [torch.nn.Parameter(torch.zeros(3))]\n"
           "try:\n"
           "    from torchcal.train.run import SGD\n"

@@ -94,7 +94,7 @@ def _configs(root: str, device: str, losses, epochs: int, seeds=None, **kw) -> l
 
 def equivalence(device: str, dry: bool) -> None:
     from torchcal.train.checkpoint import load_checkpoint  # noqa: PLC0415
-    from torchcal.train.packed import train_packed  # noqa: PLC0415
+    from torchcal.train.packs import train_packed  # noqa: PLC0415
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     losses = ("ce", "adafocal", "focal")
@@ -152,7 +152,7 @@ class _StepWatch:
 def syncs(device: str, dry: bool) -> None:
     import torchcal.train.compiled as C  # noqa: PLC0415
     import torchcal.train.engine as E  # noqa: PLC0415
-    import torchcal.train.packed as P  # noqa: PLC0415
+    import torchcal.train.packs as P  # noqa: PLC0415
     from torchcal.experiments.calibration import CLAIM_LOSSES  # noqa: PLC0415
     watch = _StepWatch(device.startswith("cuda"))
     eager, call, epoch_fn = E._eager_step, C.CompiledStep.__call__, E.train_epoch
@@ -257,7 +257,7 @@ def profile(device: str, dry: bool) -> None:
 
     import torchcal.train.engine as E  # noqa: PLC0415
     from torchcal.experiments.calibration import MNIST1D  # noqa: PLC0415
-    from torchcal.train.packed import train_packed  # noqa: PLC0415
+    from torchcal.train.packs import train_packed  # noqa: PLC0415
     full = ["ce", "focal"] if dry else MNIST1D.losses("full")
     seeds = 1 if dry else 5
     losses = [loss for loss in full for _ in range(seeds)]

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from torchcal.train import build_data, get_recipe, train  # noqa: E402
 from torchcal.train.checkpoint import load_checkpoint  # noqa: E402
-from torchcal.train.packed import train_packed  # noqa: E402
+from torchcal.train.packs import train_packed  # noqa: E402
 
 MEMBERS = [(0, "ce"), (1, "adafocal"), (2, "focal")]
 

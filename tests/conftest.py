@@ -16,14 +16,14 @@ def _data_root_outside_the_repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_specs():
-    """``demo_specs(cfg, out)``: the run specs ``run_demo(cfg)`` trains into ``out``, as JSON
-    (each resolved: its TrainConfig as a dict under ``config``), seed-major."""
+def demo_configs():
+    """``demo_configs(cfg, out)``: the TrainConfigs ``run_demo(cfg)`` trains into ``out``,
+    each resolved once, seed-major."""
     from torchcal.experiments import demo
     from torchcal.experiments.benchmark import get_benchmark
 
-    def specs(cfg, out):
+    def configs(cfg, out):
         bench = get_benchmark(cfg.benchmark)
-        return [s.to_json() for s in demo._run_specs(demo._resolve(cfg, bench), bench, out)]
+        return demo._run_configs(demo._resolve(cfg, bench), bench, out)
 
-    return specs
+    return configs

@@ -382,3 +382,52 @@ def test_standard_library_only_start_up_and_heavy_imports_are_found(tmp_path):
     assert list(got) == ["heavy imports"] and "matplotlib" in got["heavy imports"][0], got
     assert found("report/x.py", "def f():\n    import matplotlib  # drawing only\n") == {}
 
+
+
+def test_one_unit_of_work(result):
+    assert not result["unit of work"], "\n".join(result["unit of work"])
+
+
+@pytest.mark.parametrize(
+    "where, name, source, expected",
+    [
+        ("train", "bad.py", "from .packs import Pack\np = Pack((), ())\n",
+         "bad.py:2 constructs a Pack"),
+        ("train", "packs.py", "class Pack:\n    pass\np = Pack()\n", None),  # its own module
+        ("train", "bad.py", "from .packed import train_lanes\ntrain_lanes([])\n",
+         "bad.py:2 calls train_lanes"),
+        ("train", "packs.py", "from . import packed\npacked.train_lanes([])\n", None),
+        ("train", "bad.py", "class RunSpec:\n    pass\n", "bad.py:1 defines RunSpec"),
+        ("train", "bad.py", "def f(spec: 'RunSpec') -> None:\n    pass\n",
+         "f's parameter spec names RunSpec"),
+        ("train", "bad.py", "def f(c: TrainConfig | Mapping[str, Any]):\n    pass\n",
+         "f's parameter c takes a TrainConfig or a mapping"),
+        ("train", "bad.py", "def f(c) -> Union[TrainConfig, dict]:\n    pass\n",
+         "f returns a value that takes a TrainConfig or a mapping"),
+        ("train", "bad.py", "def f(c: TrainConfig, kw: Mapping[str, Any]):\n    pass\n", None),
+        ("experiments", "demo.py", "def plan(p):\n    return train_pack(p)\n",
+         "demo.py:2 plan calls train_pack"),
+        ("experiments", "training.py", "def run_pack_job(s):\n    return train_pack(s)\n", None),
+        ("experiments", "uncertainty.py", "def unit(p):\n    return train_pack(p)\n", None),
+        ("experiments", "uncertainty.py", "import shutil\ndef unit(d):\n    shutil.rmtree(d)\n",
+         "unit calls rmtree"),
+        ("experiments", "demo.py", "def f(d, c):\n    return is_stale(d, c)\n",
+         "f calls is_stale"),
+        ("train", "bad.py", "def f(d, c):\n    return is_stale(d, c)\n", None),  # train/ may
+    ],
+)
+def test_the_unit_of_work_rule_can_fail(tmp_path, where, name, source, expected):
+    """Rule 15: a Pack made or trained outside train/packs.py, a RunSpec or a TrainConfig-or-
+    mapping signature, train_pack called by another function of experiments/, or a run
+    directory removed or judged there, each found once; the allowed places pass."""
+    root = _package(tmp_path, "train", "")
+    (root / "torchcal" / "train" / "bad.py").unlink()
+    pkg = root / "torchcal" / where
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").touch()
+    (pkg / name).write_text(source)
+    found = arch.check(root)["unit of work"]
+    if expected is None:
+        assert found == [], found
+    else:
+        assert len(found) == 1 and expected in found[0], found

@@ -23,16 +23,25 @@ from torchcal import errors
 from torchcal._io import LOCK_NAME, exclusive_lock
 from torchcal.cli import main
 from torchcal.errors import CheckpointError, InUseError
-from torchcal.experiments.training import run_job
+from torchcal.experiments.training import benchmark_config, run_pack_job
 from torchcal.train.checkpoint import load_checkpoint, save_checkpoint
+from torchcal.train.packs import RunOutcome, form_packs
 
 pytestmark = [pytest.mark.filterwarnings("ignore:OOD set"),
               pytest.mark.skipif(os.name != "posix", reason="POSIX links, FIFOs and devices")]
 
 
 def _spec(run_dir, loss="ce", seed=0, epochs=2):
-    return {"recipe": "digits-mlp", "loss": loss, "loss_kwargs": {}, "seed": seed,
-            "epochs": epochs, "n_bins": 15, "run_dir": str(run_dir), "overrides": {}}
+    return benchmark_config("digits-mlp", loss=loss, seed=seed, epochs=epochs,
+                            run_dir=str(run_dir))
+
+
+def run_job(config, *more):
+    """The runs as the demo's job function trains them (one pack): the first run's outcome as
+    a dict, or the job's own error."""
+    (pack,) = form_packs([config, *more], max_lanes=1 + len(more))
+    res = run_pack_job({"pack": pack})
+    return res if res["error"] else RunOutcome.from_json(res["outcomes"][0]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +173,7 @@ def test_a_corrupt_checkpoint_of_an_unfinished_run_says_it_is_retrained(runs):
 
 
 def test_clearing_a_run_never_follows_links_inside_it(runs, tmp_path):
-    from torchcal.experiments.training import clear_run_dir
+    from torchcal.train.packs import clear_run_dir
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "last.pt").write_bytes(b"user's")
@@ -550,13 +559,14 @@ def test_a_checkpoint_relabelled_to_another_loss_is_refused_by_eval(runs, capsys
 
 
 def test_a_packed_sweep_keeps_the_users_files_of_a_stale_run(runs):
-    from torchcal.experiments.packed import run_packed_job
     (runs / "ce" / "notes.txt").write_text("mine")
     (runs / "focal" / "notes.txt").write_text("mine too")
+    (pack,) = form_packs([_spec(runs / "ce", epochs=3), _spec(runs / "focal", "focal", epochs=3)],
+                         max_lanes=2)
     with pytest.warns(UserWarning, match=r"kept 1 file torchcal did not write \('notes.txt'\)"):
-        res = run_packed_job({"members": [_spec(runs / "ce", epochs=3),
-                                       _spec(runs / "focal", "focal", epochs=3)]})
-    assert [m["error"] for m in res["members"]] == [None, None], res
+        res = run_pack_job({"pack": pack})
+    assert [m["error"] for m in res["outcomes"]] == [None, None], res
+    assert [m["lanes"] for m in res["outcomes"]] == [2, 2]
     assert (runs / "ce" / "notes.txt").read_text() == "mine"
     assert (runs / "focal" / "notes.txt").read_text() == "mine too"
 

@@ -87,6 +87,17 @@ It prints one line per rule with its count, then every violation:
     ``*args`` / ``**kwargs`` not counted); a function with more settings takes a frozen options
     object (``build_report(..., options=ReportOptions(...))``, its fields also keywords).
     ``MANY_PARAMETERS`` lists the few excepted, each with its reason.
+15. **one unit of work** (issue 49): a run is its ``TrainConfig`` and a sweep's work goes through
+    one pack sequence.  (a) A ``Pack`` is constructed only in ``torchcal/train/packs.py``
+    (``form_packs``: packs are formed in one place); (b) ``train_lanes`` (the packed engine of
+    one pack) is called only from ``torchcal/train/packs.py`` (every pack trains through
+    ``train_pack`` or ``train_packed``); (c) no class is named ``RunSpec`` and no parameter or
+    return annotation names ``RunSpec`` or is a union of a ``TrainConfig`` and a ``Mapping`` /
+    ``dict`` (one configuration type, no two-way signatures); (d) under ``experiments/``,
+    ``train_pack`` is called only by the one job function of training runs
+    (``torchcal.experiments.training.run_pack_job``) and the uncertainty suite's units, and
+    no module there removes or judges a run directory itself (``shutil.rmtree``,
+    ``clear_run_dir``, ``is_stale``, ``is_finished``): one locking rule, one staleness rule.
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
 
@@ -186,6 +197,15 @@ MANY_PARAMETERS = {
         "public and keyword-only: logits, probs and labels are one input given two ways, "
         "the rest matplotlib's usual drawing keywords (ax, title, path, legend)",
 }
+
+# Rule 15: the module that forms and trains packs, its engine entry, the one job function of
+# training runs and the other modules of experiments/ that may call train_pack.
+PACKS_MODULE = "torchcal.train.packs"
+PACK_CLASS = "Pack"
+PACK_ENGINE = "train_lanes"
+JOB_FUNCTION = ("torchcal.experiments.training", "run_pack_job")
+TRAIN_PACK_CALLERS = {"torchcal.experiments.uncertainty"}
+RUN_DIR_JUDGES = {"rmtree", "clear_run_dir", "is_stale", "is_finished"}
 
 
 def modules(src: Path) -> list[tuple[str, Path]]:
@@ -680,6 +700,68 @@ def exception_classes(tree: ast.AST, rel: Path, known: Collection[str]) -> list[
             "torchcal/errors.py and import it here)" for node in classes if node.name in found]
 
 
+def _called(node: ast.Call) -> str | None:
+    """The called name: ``f`` of ``f(...)`` and of ``mod.f(...)``."""
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def _annotation_problem(ann: ast.AST | None) -> str | None:
+    """Why an annotation breaks rule 15(c): it names RunSpec, or unions TrainConfig with a
+    Mapping or a dict."""
+    if ann is None:
+        return None
+    text = ast.unparse(ann)
+    if re.search(r"\bRunSpec\b", text):
+        return f"names RunSpec ({text})"
+    if re.search(r"\bTrainConfig\b", text) and re.search(r"\b(Mapping|dict|Dict)\b", text) \
+            and ("|" in text or "Union" in text):
+        return f"takes a TrainConfig or a mapping ({text})"
+    return None
+
+
+def unit_of_work(module: str, tree: ast.AST, rel: Path) -> list[str]:
+    """Rule 15 for one module: where packs are made and trained, one configuration type, the
+    one job function and the one staleness rule (see the module docstring)."""
+    out = []
+    in_experiments = unit(module) == "experiments"
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.ClassDef) and fn.name == "RunSpec":
+            out.append(f"{rel}:{fn.lineno} defines RunSpec (a run is its TrainConfig)")
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = fn.args
+        for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+            why = _annotation_problem(arg.annotation if arg is not None else None)
+            if why:
+                out.append(f"{rel}:{fn.lineno} {fn.name}'s parameter {arg.arg} {why}")
+        why = _annotation_problem(fn.returns)
+        if why:
+            out.append(f"{rel}:{fn.lineno} {fn.name} returns a value that {why}")
+        if not in_experiments:
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            name = _called(node)
+            if name == "train_pack" and (module, fn.name) != JOB_FUNCTION \
+                    and module not in TRAIN_PACK_CALLERS:
+                out.append(f"{rel}:{node.lineno} {fn.name} calls train_pack (only the job "
+                           f"function {JOB_FUNCTION[1]} and the uncertainty suite's units may)")
+            if name in RUN_DIR_JUDGES:
+                out.append(f"{rel}:{node.lineno} {fn.name} calls {name} (the pack sequence, "
+                           "train_pack, owns locking, skipping and clearing a run directory)")
+    if module != PACKS_MODULE:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _called(node) == PACK_CLASS:
+                out.append(f"{rel}:{node.lineno} constructs a Pack (only form_packs, in "
+                           f"{PACKS_MODULE}, forms packs)")
+            if isinstance(node, ast.Call) and _called(node) == PACK_ENGINE:
+                out.append(f"{rel}:{node.lineno} calls {PACK_ENGINE} (a pack trains through "
+                           f"{PACKS_MODULE}: train_pack or train_packed)")
+    return out
+
+
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
@@ -689,7 +771,7 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "standard library only": [], "start-up imports": [],
                                  "heavy imports": [], "config declarations": [],
                                  "exception classes": [],
-                                 "parameters": []}
+                                 "parameters": [], "unit of work": []}
     spelled: dict[str, list[str]] = {}
     excepted: set[tuple[str, str]] = set()  # the MANY_PARAMETERS entries that take > 10
     mods = dict(modules(src))
@@ -709,6 +791,7 @@ def check(src: Path) -> dict[str, list[str]]:
         for rule, found in import_rules(module, path, tree, rel, mods).items():
             out[rule] += found
         out["private imports"] += private_imports(module, path, tree, rel)
+        out["unit of work"] += unit_of_work(module, tree, rel)
         out["private names inside a package"] += private_names_across_modules(
             module, path, tree, rel, mods)
         if module != ERRORS_MODULE:

@@ -94,7 +94,7 @@ def test_a_worker_starts_without_sklearn_or_dynamo():
     and checkpoint of the optimiser, import neither scikit-learn nor ``torch._dynamo``; a
     calibrator used before ``fit`` still raises scikit-learn's ``NotFittedError`` too."""
     code = (
-        "import sys, torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
+        "import sys, torch, torchcal.experiments.runner, torchcal.experiments.training\n"
         "import torchcal.evaluate, torchcal.posthoc\n"
         "from torchcal.train.run import SGD\n"
         "m = torch.nn.Linear(3, 2)\n"

@@ -54,21 +54,21 @@ def user_losses():
         LOSSES.unregister("zz_untagged")
 
 
-def test_adding_a_loss_touches_no_cli_experiments_or_report_file(demo_specs, user_losses):
+def test_adding_a_loss_touches_no_cli_experiments_or_report_file(demo_configs, user_losses):
     """A loss registered with `tags={"demo"}` is in the demo's --full and digits tables, its
     --loss-arg is accepted; an untagged one is named in the report with the reason."""
     assert applicable_losses()[-1] == "zz_tagged" and "zz_untagged" not in applicable_losses()
     for cfg in (DemoConfig(full=True), DemoConfig(benchmark="digits")):
-        jobs = demo_specs(cfg, Path("/x"))
-        assert "zz_tagged" in {j["loss"] for j in jobs}
-        assert "zz_untagged" not in {j["loss"] for j in jobs}
+        jobs = demo_configs(cfg, Path("/x"))
+        assert "zz_tagged" in {j.loss for j in jobs}
+        assert "zz_untagged" not in {j.loss for j in jobs}
     # the default MNIST-1D size trains the claims' losses only: the new loss is for --full
-    assert "zz_tagged" not in {j["loss"] for j in demo_specs(DemoConfig(), Path("/x"))}
+    assert "zz_tagged" not in {j.loss for j in demo_configs(DemoConfig(), Path("/x"))}
     assert parse_demo_loss_args(["zz_tagged:reduction=sum"], applicable_losses()) == {
         "zz_tagged": {"reduction": "sum"}}
     cfg = DemoConfig(full=True, seeds=(0,))
-    assert "ZZ tagged" in intro_text(cfg, demo_specs(cfg, Path("/x")))  # trained
-    text = appendix_text(cfg, demo_specs(cfg, Path("/x")))
+    assert "ZZ tagged" in intro_text(cfg, demo_configs(cfg, Path("/x")))  # trained
+    text = appendix_text(cfg, demo_configs(cfg, Path("/x")))
     assert "ZZ tagged" not in text.split("not trained")[1]
     assert "| ZZ untagged | its registry entry has no `demo` tag |" in text
 
@@ -173,17 +173,16 @@ def _fresh(code: str) -> str:
 
 
 def test_a_worker_imports_no_benchmark_demo_or_report_module():
-    """Issue 43 (2): a demo worker's start-up imports the runner and the packed job, not the
+    """Issue 43 (2): a demo worker's start-up imports the runner and the job function, not the
     benchmarks (their losses' tables, the report's claims), the demo or the report; its SGD
     does not import torch._dynamo."""
     out = _fresh(
-        "import sys, torch, torchcal.experiments.runner, torchcal.experiments.packed\n"
+        "import sys, torch, torchcal.experiments.runner, torchcal.experiments.training\n"
         "from torchcal.train.run import SGD\n"
         "SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1, momentum=0.9)\n"
         "print(sorted(m for m in sys.modules if m.startswith(('torchcal.experiments.',\n"
         "      'torchcal.report', 'torch._dynamo', 'matplotlib', 'sklearn'))))\n")
-    assert out == str(["torchcal.experiments.packed", "torchcal.experiments.runner",
-                       "torchcal.experiments.training"])
+    assert out == str(["torchcal.experiments.runner", "torchcal.experiments.training"])
 
 
 @pytest.mark.parametrize("first", ["torchcal.experiments.calibration",

@@ -19,8 +19,9 @@ import torchcal  # noqa: E402
 from torchcal.cli import main  # noqa: E402
 from test_experiments_resolved import _cfg, _check_runs, parent_recipe  # noqa: E402, F401 - same folder
 from torchcal.evaluate import read_results  # noqa: E402
-from torchcal.experiments import Job, LocalExecutor, RayExecutor, run_sweep, train_job  # noqa: E402
-from torchcal.experiments.training import run_job  # noqa: E402
+from torchcal.experiments import Job, LocalExecutor, RayExecutor, pack_job, run_sweep  # noqa: E402
+from torchcal.experiments.training import benchmark_config, run_pack_job  # noqa: E402
+from torchcal.train.packs import form_packs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 SRC = str(Path(torchcal.__file__).resolve().parents[1])  # the torchcal under test, for workers
@@ -42,22 +43,25 @@ def ray_instance():
             os.environ["PYTHONPATH"] = old
 
 
-def _spec(run_dir, loss="ce", seed=0, epochs=3, **extra):
-    return {"recipe": "digits-mlp", "loss": loss, "loss_kwargs": {}, "seed": seed,
-            "epochs": epochs, "n_bins": 15, "data_kwargs": {"noise_std": 0.5},
-            "run_dir": str(run_dir), "overrides": {}, **extra}
+def _pack(run_dir, loss="ce", seed=0, epochs=3):
+    """One run, alone: a pack of one."""
+    cfg = benchmark_config("digits-mlp", loss=loss, seed=seed, epochs=epochs,
+                           data_kwargs={"noise_std": 0.5}, run_dir=str(run_dir))
+    (pack,) = form_packs([cfg])
+    return pack
 
 
 def _dies_once_mid_run(spec):
-    """``run_job``, but the first attempt kills its worker process (``os._exit``) as soon as the
-    run's first checkpoint exists; the retry runs ``run_job`` and says where it resumed."""
+    """``run_pack_job``, but the first attempt kills its worker process (``os._exit``) as soon
+    as the run's first checkpoint exists; the retry runs ``run_pack_job`` and says where it
+    resumed."""
     from torchcal.train.checkpoint import load_checkpoint
 
-    run, marker = Path(spec["run_dir"]), Path(spec["marker"])
+    run, marker = Path(spec["pack"].configs[0].out_dir), Path(spec["marker"])
     if marker.exists():  # the retry
         ckpt = run / "checkpoints" / "last.pt"
         at = int(load_checkpoint(ckpt)["epoch"]) if ckpt.exists() else 0
-        return {**run_job(spec), "resumed_at": at}
+        return {**run_pack_job(spec), "resumed_at": at}
 
     def kill_after_first_checkpoint():
         while not (run / "checkpoints" / "last.pt").exists():
@@ -67,7 +71,7 @@ def _dies_once_mid_run(spec):
         os._exit(1)
 
     threading.Thread(target=kill_after_first_checkpoint, daemon=True).start()
-    run_job(spec)
+    run_pack_job(spec)
     time.sleep(60)  # never reached before the kill: the run is long enough
     return {"error": "the worker was not killed"}
 
@@ -96,18 +100,21 @@ def test_ray_gives_the_local_results_csv_bit_for_bit(ray_instance, tmp_path, cap
 
 def test_a_killed_task_is_retried_and_resumes_and_a_lost_one_is_named(ray_instance, tmp_path):
     epochs = 40
-    killed = _spec(tmp_path / "killed", epochs=epochs, marker=str(tmp_path / "marker"))
-    jobs = [Job("killed once", _dies_once_mid_run, killed, labels={"run_dir": killed["run_dir"]}),
+    killed = {"pack": _pack(tmp_path / "killed", epochs=epochs),
+              "marker": str(tmp_path / "marker")}
+    jobs = [Job("killed once", _dies_once_mid_run, killed,
+                labels={"run_dir": str(tmp_path / "killed")}),
             Job("always dies", _always_dies, {}, labels={"run_dir": "/nowhere"}),
-            train_job(_spec(tmp_path / "fine", seed=1))]
+            pack_job(_pack(tmp_path / "fine", seed=1))]
     res = run_sweep(jobs, RayExecutor(max_retries=1), progress=False)
     first_attempt_log = (tmp_path / "marker").read_text().splitlines()
     # the killed run: retried, resumed from its checkpoint (epoch 1's log line, with its
     # timing, is the first attempt's), finished, and equal to a run never killed
     assert res[0]["error"] is None and res[0]["resumed_at"] >= 1, res[0]
+    assert res[0]["outcomes"][0]["error"] is None, res[0]
     log = (tmp_path / "killed" / "log.jsonl").read_text().splitlines()
     assert len(log) == epochs and log[0] == first_attempt_log[0]
-    ref = run_sweep([train_job(_spec(tmp_path / "ref", epochs=epochs))],
+    ref = run_sweep([pack_job(_pack(tmp_path / "ref", epochs=epochs))],
                     LocalExecutor(workers=1), progress=False)
     assert ref[0]["error"] is None
     a, b = read_results(tmp_path / "killed"), read_results(tmp_path / "ref")
@@ -115,12 +122,12 @@ def test_a_killed_task_is_retried_and_resumes_and_a_lost_one_is_named(ray_instan
     # the task that keeps dying: reported by name after its retries; the other runs went on
     assert res[1]["run_dir"] == "/nowhere" and "'always dies'" in res[1]["error"]
     assert "after 1 retries" in res[1]["error"]
-    assert res[2]["error"] is None and read_results(tmp_path / "fine")["meta"]["epoch"] == 3
+    assert res[2]["outcomes"][0]["error"] is None and read_results(tmp_path / "fine")["meta"]["epoch"] == 3
 
 
 def test_a_recipe_registered_in_the_driver_only_trains_on_ray(parent_recipe, ray_instance,
                                                               tmp_path):
-    """Issue 32 item 2: the Ray tasks train the resolved TrainConfig dict of a recipe the
+    """Issue 32 item 2: the Ray tasks train the resolved TrainConfig of a recipe the
     driver registered (their torchcal does not know it), as this process does."""
     from torchcal.experiments import run_demo
 

@@ -20,18 +20,18 @@ OUT = Path("/x")
 
 
 @pytest.fixture(scope="module")
-def quick(demo_specs):
+def quick(demo_configs):
     cfg = DemoConfig(quick=True)
-    jobs = demo_specs(cfg, OUT)
+    jobs = demo_configs(cfg, OUT)
     return cfg, jobs, intro_text(cfg, jobs, seconds=19.0), appendix_text(cfg, jobs)
 
 
-def test_verdict_label_of_each_profile(demo_specs):
+def test_verdict_label_of_each_profile(demo_configs):
     for cfg, want in ((DemoConfig(quick=True), "--quick smoke test, 15 of 350 epochs: not evidence"),
                       (DemoConfig(epochs=60), "shortened schedule, 60 of 350 epochs"),
                       (DemoConfig(), ""),  # the default: the recipe's schedule
                       (DemoConfig(epochs=350, seeds=(0,)), "")):
-        assert verdict_label(cfg, demo_specs(cfg, OUT)) == want
+        assert verdict_label(cfg, demo_configs(cfg, OUT)) == want
 
 
 def test_intro_states_the_setting_in_a_few_lines(quick):
@@ -45,19 +45,19 @@ def test_intro_states_the_setting_in_a_few_lines(quick):
     assert "on this 15-epoch run, focal γ=5 throughout" in appendix
 
 
-def test_untrained_losses_are_one_appendix_table(demo_specs, quick):
+def test_untrained_losses_are_one_appendix_table(demo_configs, quick):
     cfg, _jobs, _intro, appendix = quick
     rows = [ln for ln in appendix.splitlines() if ln.startswith("| ")][1:]  # no header
     named = [n for row in rows for n in row.split(" | ")[0].lstrip("| ").split(", ")]
-    untrained = [loss_label(n) for n in list_losses() if n not in _trained(demo_specs, cfg)]
+    untrained = [loss_label(n) for n in list_losses() if n not in _trained(demo_configs, cfg)]
     assert sorted(named) == sorted(untrained)  # each exactly once
     reasons = [row.split(" | ")[1] for row in rows]
     assert len(reasons) == len(set(reasons)) <= 4  # one row per reason
     assert appendix.count("a variant from the published code") == 1
 
 
-def _trained(demo_specs, cfg):
-    return {j["loss"] for j in demo_specs(cfg, OUT)}
+def _trained(demo_configs, cfg):
+    return {j.loss for j in demo_configs(cfg, OUT)}
 
 
 def test_the_tiny_report_has_intro_claims_and_appendix_in_order(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -49,12 +50,11 @@ def _check_runs(out: Path) -> dict[int, dict]:
     return tests
 
 
-def test_specs_carry_the_resolved_train_config(demo_specs, parent_recipe, tmp_path):
-    spec = demo_specs(_cfg(tmp_path), tmp_path)[0]
-    assert json.loads(json.dumps(spec)) == spec  # serialisable as is
-    tc = TrainConfig.from_dict(spec["config"])
+def test_runs_are_the_resolved_train_configs(demo_configs, parent_recipe, tmp_path):
+    tc = demo_configs(_cfg(tmp_path), tmp_path)[0]
+    assert isinstance(tc, TrainConfig) and pickle.loads(pickle.dumps(tc)) == tc  # to workers
     assert tc.recipe == RECIPE and tc.model_kwargs == {"hidden": HIDDEN} and tc.epochs == 1
-    assert tc.seed == 0 and tc.loss == "ce" and tc.out_dir == spec["run_dir"]
+    assert tc.seed == 0 and tc.loss == "ce" and tc.out_dir == str(tmp_path / "runs/ce/seed0")
 
 
 def test_a_parent_only_recipe_trains_in_worker_processes(parent_recipe, tmp_path, monkeypatch):

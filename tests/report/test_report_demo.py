@@ -10,7 +10,7 @@ from torchcal.cli.demo import parse_seeds
 from torchcal.evaluate import SCHEMA, read_results, write_results
 from torchcal.experiments import DemoConfig, run_demo
 from torchcal.experiments.demo import applicable_losses
-from torchcal.experiments.training import run_job
+from torchcal.experiments.training import benchmark_config, run_pack_job
 
 TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False,
             benchmark="digits")
@@ -89,52 +89,55 @@ def test_rerun_with_other_epochs_retrains_instead_of_reusing(tiny_demo, tmp_path
     assert read_results(run)["meta"]["epochs"] == 1
 
 
-def test_default_losses_cover_the_issue_list(demo_specs):
+def test_default_losses_cover_the_issue_list(demo_configs):
     names = applicable_losses()
     for n in ("ce", "ls", "brier", "mmce", "focal", "flsd53", "dual_focal", "adafocal", "bsce_gra"):
         assert n in names
-    jobs = demo_specs(DemoConfig(seeds=(3, 4), benchmark="digits"), __import__("pathlib").Path("/x"))
+    jobs = demo_configs(DemoConfig(seeds=(3, 4), benchmark="digits"), __import__("pathlib").Path("/x"))
     assert len(jobs) == 2 * len(names)
-    adaf = [j for j in jobs if j["loss"] == "adafocal"][0]
-    assert adaf["loss_kwargs"]["lam"] == 0.1 and adaf["run_dir"].endswith("adafocal/seed3")
-    assert adaf["recipe"] == "digits-mlp" and adaf["data_kwargs"] == {"noise_std": 0.5}
+    adaf = [j for j in jobs if j.loss == "adafocal"][0]
+    assert adaf.loss_kwargs["lam"] == 0.1 and adaf.out_dir.endswith("adafocal/seed3")
+    assert adaf.recipe == "digits-mlp" and adaf.data_kwargs == {"noise_std": 0.5}
 
 
-def test_mnist1d_is_the_default_at_the_papers_defaults(demo_specs):
+def test_mnist1d_is_the_default_at_the_papers_defaults(demo_configs):
     """The default demo: MNIST-1D, the claims' losses, AdaFocal at the paper's λ=1 (no demo
     override), 2 seeds x the recipe's 350 epochs (the papers' regime); --full: every demo loss,
     5 seeds, the recipe's 350 epochs."""
     from pathlib import Path
 
     from torchcal.experiments.calibration import CLAIM_LOSSES
-    from torchcal.experiments.training import train_config as _train_config
     from torchcal.train.trainer import build_loss
 
-    jobs = demo_specs(DemoConfig(), Path("/x"))
-    assert {j["recipe"] for j in jobs} == {"mnist1d-cnn"}
-    assert sorted({j["seed"] for j in jobs}) == [0, 1]
-    assert [j["loss"] for j in jobs if j["seed"] == 0] == list(CLAIM_LOSSES)
-    adaf = [j for j in jobs if j["loss"] == "adafocal"][0]
-    assert "lam" not in adaf["loss_kwargs"] and adaf["data_kwargs"] == {}
-    tc = _train_config(adaf)
+    jobs = demo_configs(DemoConfig(), Path("/x"))
+    assert {j.recipe for j in jobs} == {"mnist1d-cnn"}
+    assert sorted({j.seed for j in jobs}) == [0, 1]
+    assert [j.loss for j in jobs if j.seed == 0] == list(CLAIM_LOSSES)
+    adaf = [j for j in jobs if j.loss == "adafocal"][0]
+    assert "lam" not in adaf.loss_kwargs and adaf.data_kwargs == {}
+    tc = adaf
     assert build_loss(tc).lam == 1.0  # the paper's λ, the registry default
     assert tc.epochs == 350 and tc.effective_milestones() == [150, 250]  # the recipe's
     assert "noise_std" not in tc.data_kwargs and tc.grad_clip == 2.0
-    full = demo_specs(DemoConfig(full=True), Path("/x"))
-    assert sorted({j["seed"] for j in full}) == [0, 1, 2, 3, 4]
-    assert {j["loss"] for j in full} == set(applicable_losses())
-    assert _train_config(full[0]).epochs == 350 and _train_config(full[0]).milestones == [150, 250]
-    quick = demo_specs(DemoConfig(quick=True), Path("/x"))
-    assert {j["loss"] for j in quick} == set(CLAIM_LOSSES)
+    full = demo_configs(DemoConfig(full=True), Path("/x"))
+    assert sorted({j.seed for j in full}) == [0, 1, 2, 3, 4]
+    assert {j.loss for j in full} == set(applicable_losses())
+    assert full[0].epochs == 350 and full[0].milestones == [150, 250]
+    quick = demo_configs(DemoConfig(quick=True), Path("/x"))
+    assert {j.loss for j in quick} == set(CLAIM_LOSSES)
     with pytest.raises(ValueError, match="`benchmark`"):
-        demo_specs(DemoConfig(benchmark="cifar"), Path("/x"))
+        demo_configs(DemoConfig(benchmark="cifar"), Path("/x"))
 
 
 def test_failed_run_is_reported_not_fatal(tmp_path):
-    r = run_job({"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {}, "seed": 0,
-                 "epochs": 1, "n_bins": 15, "run_dir": str(tmp_path / "r"),
-                 "overrides": {}})
-    assert r["error"] and "no-such-recipe" in r["error"]
+    from torchcal.train.packs import RunOutcome, form_packs
+
+    cfg = benchmark_config("digits-mlp", loss="ce", seed=0, epochs=1, run_dir=str(tmp_path / "r"),
+                           overrides={"model": "no-such-model"})
+    (pack,) = form_packs([cfg])
+    r = run_pack_job({"pack": pack})
+    (o,) = [RunOutcome.from_json(x) for x in r["outcomes"]]
+    assert r["error"] is None and o.error and "no-such-model" in o.error and o.traceback
 
 
 def test_demo_argument_errors(tmp_path, capsys):
@@ -217,16 +220,14 @@ def test_rerun_with_more_epochs_equals_a_fresh_run(tiny_demo, tmp_path):
     assert _same(a["test"], b["test"]) and a["temperatures"] == b["temperatures"]
 
 
-def test_stale_detects_changed_training_settings(demo_specs, tiny_demo):
+def test_stale_detects_changed_training_settings(demo_configs, tiny_demo):
     import dataclasses
 
-    from torchcal.experiments.training import is_stale as _stale
-    from torchcal.experiments.training import train_config as _train_config
+    from torchcal.train.packs import is_stale as _stale
 
     run = tiny_demo.out_dir / "runs" / "ce" / "seed0"
-    (job,) = [j for j in demo_specs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
-                                   tiny_demo.out_dir)]
-    cfg = _train_config(job)
+    (cfg,) = demo_configs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
+                          tiny_demo.out_dir)
     assert not _stale(run, cfg)
     assert not _stale(run, dataclasses.replace(cfg, n_bins=10, num_threads=2, progress=True))
     for change in ({"lr": 0.02}, {"batch_size": 32}, {"weight_decay": 0.0},
@@ -235,18 +236,16 @@ def test_stale_detects_changed_training_settings(demo_specs, tiny_demo):
         assert _stale(run, dataclasses.replace(cfg, **change)), change
 
 
-def test_a_config_written_before_a_field_existed_is_not_stale(demo_specs, tiny_demo, tmp_path):
+def test_a_config_written_before_a_field_existed_is_not_stale(demo_configs, tiny_demo, tmp_path):
     """A finished run whose config.json lacks a newer TrainConfig field (e.g. `tensorboard`,
     `amp`) had that field's default: a rerun of the demo skips it instead of training it again
     (the retraining of every committed --full run that this caught)."""
     import json
 
-    from torchcal.experiments.training import is_stale as _stale
-    from torchcal.experiments.training import train_config as _train_config
+    from torchcal.train.packs import is_stale as _stale
 
-    (job,) = demo_specs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
-                       tiny_demo.out_dir)
-    cfg = _train_config(job)
+    (cfg,) = demo_configs(DemoConfig(out=tiny_demo.out_dir, **dict(TINY, losses=("ce",))),
+                          tiny_demo.out_dir)
     old = json.loads((tiny_demo.out_dir / "runs" / "ce" / "seed0" / "config.json").read_text())
     for field in ("tensorboard", "amp", "compile"):
         old.pop(field, None)
@@ -257,20 +256,18 @@ def test_a_config_written_before_a_field_existed_is_not_stale(demo_specs, tiny_d
     assert _stale(tmp_path, dataclasses.replace(cfg, compile=True))  # not the missing default
 
 
-def test_knobs_reach_the_runs_and_the_report_text(demo_specs, tmp_path):
+def test_knobs_reach_the_runs_and_the_report_text(demo_configs, tmp_path):
     from pathlib import Path
 
     from torchcal.experiments.demo import appendix_text, intro_text
-    from torchcal.experiments.training import train_config as _train_config
-
     def _setup_text(cfg, job):  # the report's prose: the intro and the appendix
         return intro_text(cfg, [job]) + appendix_text(cfg, [job])
 
     cfg = DemoConfig(benchmark="digits", seeds=(0,), epochs=8, data_kwargs={"n_copies": 2, "noise_std": 0.3},
                      overrides={"lr": 0.02, "batch_size": 32, "model_kwargs": {"hidden": [32]}},
                      loss_kwargs={"focal": {"gamma": 2}}, losses=("ce", "focal"))
-    jobs = demo_specs(cfg, Path("/x"))
-    tc = _train_config(jobs[1])
+    jobs = demo_configs(cfg, Path("/x"))
+    tc = jobs[1]
     assert (tc.lr, tc.batch_size, tc.epochs) == (0.02, 32, 8)
     assert tc.data_kwargs == {"n_copies": 2, "noise_std": 0.3}
     assert tc.loss_kwargs == {"gamma": 2} and tc.effective_milestones() == [4, 6]
@@ -279,7 +276,7 @@ def test_knobs_reach_the_runs_and_the_report_text(demo_specs, tmp_path):
               "8 epochs", "epochs 4, 6 (50%, 75%)", "60/10/30", "(1077 / 180 / 540 images)"):
         assert s in text, (s, text)
     dg = DemoConfig(seeds=(0, 1), benchmark="digits")
-    default = _setup_text(dg, demo_specs(dg, Path("/x"))[0])
+    default = _setup_text(dg, demo_configs(dg, Path("/x"))[0])
     for s in ("std 0.5", "60/10/30", "5 independent noisy copies", "MLP 64-256-256-10",
               "momentum 0.9, lr 0.05, weight decay 0.0005, batch 64, 100 epochs",
               "lr ×0.1 at epochs 50, 75 (50%, 75%)"):
@@ -355,7 +352,7 @@ def test_report_on_train_and_eval_runs(tmp_path, capsys):
     assert list((out / "figures").glob("roc_*.svg"))
 
 
-def test_every_registered_loss_is_trained_or_excluded_with_a_reason(demo_specs):
+def test_every_registered_loss_is_trained_or_excluded_with_a_reason(demo_configs):
     """"Every loss of the registry that applies": the losses tagged `demo` in the registry are
     trained by --full; every other registered loss is named in the report with its reason."""
     from torchcal.experiments import get_benchmark
@@ -366,7 +363,7 @@ def test_every_registered_loss_is_trained_or_excluded_with_a_reason(demo_specs):
     tagged = list_losses(tag="demo")
     assert applicable_losses() == tagged and {"ce", "focal", "adafocal"} <= set(tagged)
     cfg = DemoConfig(seeds=(0,), full=True)
-    text = appendix_text(cfg, demo_specs(cfg, __import__("pathlib").Path("/x")))
+    text = appendix_text(cfg, demo_configs(cfg, __import__("pathlib").Path("/x")))
     rows = {line.split(" | ")[1]: line.split(" | ")[0].lstrip("| ").split(", ")
             for line in text.splitlines() if line.startswith("| ") and "Losses |" not in line}
     bench = get_benchmark("mnist1d")
@@ -381,15 +378,12 @@ def test_in_process_demo_restores_the_callers_threads(tmp_path):
     import torch
 
     from torchcal.experiments import Job, LocalExecutor, run_sweep
-    from torchcal.experiments.training import run_job
-
     before = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:  # run_job sets one thread, then fails at once (an unresolved spec of no recipe)
-        run_sweep([Job("r", run_job, {"recipe": "no-such-recipe", "loss": "ce", "loss_kwargs": {},
-                                      "seed": 0, "epochs": 1, "n_bins": 15,
-                                      "run_dir": str(tmp_path / "r"), "overrides": {}})],
-                  LocalExecutor(workers=1), progress=False)
+    try:  # the job function sets one thread, then fails at once (no pack)
+        res = run_sweep([Job("r", run_pack_job, {"pack": None})], LocalExecutor(workers=1),
+                        progress=False)
+        assert "Expected `pack` to be a Pack" in res[0]["error"]
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

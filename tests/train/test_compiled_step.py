@@ -248,7 +248,7 @@ def _configs(root, mode: str, epochs: int = 2):
 def test_train_epoch_builds_no_tensor_from_a_host_list(tmp_path, monkeypatch):
     """``torch.tensor([...], device=...)`` in a step loop is a synchronising copy on CUDA
     (gpu_demo_check's ``syncs`` stopped there every epoch); the pack builds it once."""
-    from torchcal.train.packed import train_packed  # noqa: PLC0415
+    from torchcal.train.packs import train_packed  # noqa: PLC0415
     calls = []
     plain = engine.train_epoch
 
@@ -276,7 +276,7 @@ def test_engine_trains_a_pack_through_the_compiled_step(tmp_path, monkeypatch):
     here): the members' parameters and logged numbers equal the eager pack's to float
     rounding, and the step compiles once per batch shape (full and last batch)."""
     from torchcal.train.checkpoint import load_checkpoint  # noqa: PLC0415
-    from torchcal.train.packed import train_packed  # noqa: PLC0415
+    from torchcal.train.packs import train_packed  # noqa: PLC0415
     backend = CompileCounter()
     monkeypatch.setattr(engine, "make_compiled_step",
                         functools.partial(compiled_mod.make_compiled_step, backend=backend))
@@ -357,7 +357,7 @@ def test_a_step_that_does_not_compile_trains_eagerly_with_one_warning(tmp_path, 
     """A compilation failure: one CompiledStepWarning naming it, then the eager step, so the
     pack's numbers are the eager pack's bit for bit."""
     from torchcal.train.checkpoint import load_checkpoint  # noqa: PLC0415
-    from torchcal.train.packed import train_packed  # noqa: PLC0415
+    from torchcal.train.packs import train_packed  # noqa: PLC0415
 
     def broken(gm, example_inputs):
         raise RuntimeError("no kernel for this")

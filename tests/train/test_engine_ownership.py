@@ -19,7 +19,7 @@ import torchcal.train.packed as P
 from torchcal.errors import CheckpointError, TorchcalError
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.pack_commit import ghost_run
-from torchcal.train.packed import train_packed
+from torchcal.train.packs import train_packed
 from torchcal.train.plugin import RunPlugin
 from torchcal.train.run import SGD, Run, build_loss, build_optimizer
 from torchcal.train.stacks import PackedModel, SoloModel, Stack

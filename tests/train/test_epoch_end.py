@@ -15,7 +15,7 @@ from torchcal.experiments.calibration import CLAIM_LOSSES, DEMO_LOSS_KWARGS
 from torchcal.train import get_recipe, train
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.pack_commit import EpochJob, EpochWriter
-from torchcal.train.packed import train_packed
+from torchcal.train.packs import train_packed
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 

@@ -30,7 +30,7 @@ from torchcal.train import train
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.loss_groups import LossGroups, PackedLossWarning
 from torchcal.train.pack_commit import pack_layout, staged_path
-from torchcal.train.packed import train_packed
+from torchcal.train.packs import train_packed
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set", "ignore::RuntimeWarning",
                                         "ignore::UserWarning")

@@ -123,7 +123,7 @@ def test_a_new_field_is_one_declaration():
     """A field declared once, with its constraint and flag, is checked by validate and is an
     option of the command line (what docs/guide/architecture.md shows)."""
 
-    @dataclasses.dataclass
+    @dataclasses.dataclass(frozen=True)
     class Extended(TrainConfig):
         label_noise: float = identity(0.0, check=Interval(float, 0, 1, closed="left"), cli=Flag(
             "--label-noise", "share of training labels drawn anew", type=float))

@@ -14,13 +14,6 @@ from torchcal.train import TrainConfig, get_recipe, train
 from torchcal.train.config import ROLES, changed_fields, field_role
 
 
-def _digits(tmp_path, **kw):
-    base = dict(out_dir=str(tmp_path / "run"), progress=False, num_threads=1, device="cpu",
-                evaluate=False, epochs=1, reduction="mean", grad_clip=2.0)
-    base.update(kw)
-    return dataclasses.replace(get_recipe("digits-mlp"), **base)
-
-
 def test_every_field_has_a_role():
     roles = {f.name: field_role(f) for f in dataclasses.fields(TrainConfig)}
     assert all(r in ROLES for r in roles.values()), {n: r for n, r in roles.items() if r not in ROLES}
@@ -53,9 +46,9 @@ def test_every_identity_field_is_detected_as_changed():
     assert got["identity"] == ["loss_kwargs"]
 
 
-def test_resume_with_a_changed_identity_field_is_refused_naming_the_fields(tmp_path):
+def test_resume_with_a_changed_identity_field_is_refused_naming_the_fields(tiny_config, tmp_path):
     """Before issue 23: reduction mean -> sum and grad_clip 2.0 -> None resumed silently."""
-    cfg = _digits(tmp_path)
+    cfg = tiny_config(reduction="mean", grad_clip=2.0)
     train(cfg)
     changed = dataclasses.replace(cfg, resume=True, epochs=2, reduction="sum", grad_clip=None)
     with pytest.raises(CheckpointError) as err:
@@ -67,8 +60,8 @@ def test_resume_with_a_changed_identity_field_is_refused_naming_the_fields(tmp_p
         train(dataclasses.replace(cfg, resume=True, lr=0.5, epochs=2))
 
 
-def test_resume_with_a_changed_runtime_field_warns_and_more_epochs_extend(tmp_path):
-    cfg = _digits(tmp_path)
+def test_resume_with_a_changed_runtime_field_warns_and_more_epochs_extend(tiny_config, tmp_path):
+    cfg = tiny_config(reduction="mean", grad_clip=2.0)
     train(cfg)
     with pytest.warns(UserWarning, match=r"runtime setting.*n_bins") as rec:
         out = train(dataclasses.replace(cfg, resume=True, epochs=2, n_bins=10))
@@ -80,11 +73,11 @@ def test_resume_with_a_changed_runtime_field_warns_and_more_epochs_extend(tmp_pa
         train(dataclasses.replace(cfg, resume=True, epochs=2, n_bins=10))
 
 
-def test_stale_check_reads_the_same_roles(tmp_path):
+def test_stale_check_reads_the_same_roles(tiny_config, tmp_path):
     """The runner retrains a run whose identity or schedule changed, keeps it for runtime."""
-    from torchcal.experiments.training import is_stale
+    from torchcal.train.packs import is_stale
 
-    cfg = _digits(tmp_path)
+    cfg = tiny_config(reduction="mean", grad_clip=2.0)
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(cfg.to_dict()))
@@ -93,3 +86,13 @@ def test_stale_check_reads_the_same_roles(tmp_path):
     for change in ({"reduction": "sum"}, {"grad_clip": None}, {"epochs": 5}, {"lr": 0.5},
                    {"loss_kwargs": {"gamma": 1.0}}):
         assert is_stale(run, dataclasses.replace(cfg, **change)), change
+
+
+def test_tiny_config_is_the_recipe_with_the_test_settings(tiny_config, tmp_path):
+
+    recipe = get_recipe("digits-mlp")
+    cfg = tiny_config(epochs=3, lr=0.5)
+    assert (cfg.model, cfg.batch_size, cfg.dataset) == (recipe.model, recipe.batch_size,
+                                                         recipe.dataset)
+    assert (cfg.epochs, cfg.lr, cfg.evaluate, cfg.device) == (3, 0.5, False, "cpu")
+    assert cfg.out_dir == str(tmp_path / "run") and tiny_config("b").out_dir.endswith("/b")

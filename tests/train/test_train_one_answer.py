@@ -24,7 +24,9 @@ class _Stop(Exception):
 
 
 def test_one_cuda_test(monkeypatch, tmp_path):
-    assert X.is_cuda is is_cuda  # the experiments' name is the train layer's helper
+    import torchcal.train.packs as packs
+
+    assert packs.is_cuda is is_cuda  # the packs' name is the train layer's helper
     assert is_cuda("cuda:1") and is_cuda("cuda") and not is_cuda("cpu")
     asked: list[str] = []
 
@@ -82,14 +84,14 @@ def test_a_sweep_override_sets_a_plugin_group_as_a_dict():
     """``torchcal demo --train-arg 'joint_head={"enabled": true}'``: a plug-in group given as a
     dict sets its fields over the recipe's; a group's field at the top level (the names before
     the grouping) is refused naming its place."""
-    spec = {"recipe": "digits-mlp", "loss": "ce", "loss_kwargs": {}, "seed": 0, "run_dir": "r",
-            "overrides": {"joint_head": {"enabled": True, "lr": 0.01}}}
-    cfg = X.train_config(spec)
+    kw = dict(loss="ce", seed=0, run_dir="r")
+    cfg = X.benchmark_config("digits-mlp", **kw,
+                             overrides={"joint_head": {"enabled": True, "lr": 0.01}})
     assert cfg.joint_head.enabled and cfg.joint_head.lr == 0.01
     assert cfg.joint_head.weight_decay == TrainConfig().joint_head.weight_decay
-    assert cfg == TrainConfig.from_dict(X.run_spec(spec).to_json()["config"])
+    assert cfg == TrainConfig.from_dict(cfg.to_dict())
     with pytest.raises(ValueError, match=r"\['uncertainty_head'\]; `uncertainty_head` is "
                                          r"`joint_head.enabled`"):
-        X.train_config({**spec, "overrides": {"uncertainty_head": True}})
+        X.benchmark_config("digits-mlp", **kw, overrides={"uncertainty_head": True})
     with pytest.raises(ValueError, match=r"TrainConfig has no field\(s\) \['no_such_field'\]"):
-        X.train_config({**spec, "overrides": {"no_such_field": 1}})
+        X.benchmark_config("digits-mlp", **kw, overrides={"no_such_field": 1})

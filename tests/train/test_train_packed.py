@@ -15,7 +15,8 @@ from torchcal.losses._registry import LOSSES
 from torchcal.losses.cross_entropy import CrossEntropyLoss
 from torchcal.train import JointHeadConfig, TrainConfig, get_recipe, train
 from torchcal.train.checkpoint import load_checkpoint
-from torchcal.train.packed import MemberDivergedError, pack_groups, train_packed
+from torchcal.train.packed import MemberDivergedError
+from torchcal.train.packs import form_packs, pack_problem, train_packed
 from torchcal.train.stacks import PackedModel
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
@@ -215,16 +216,25 @@ def test_a_member_that_cannot_start_does_not_stop_the_others(tmp_path):
     assert isinstance(res[1], Exception) and "already holds a run" in str(res[1])
 
 
-def test_pack_groups():
+def test_form_packs_groups_and_deals_round_robin():
     c = TrainConfig()
     a = dataclasses.replace(c, seed=1, loss="focal", out_dir="x")
     other = dataclasses.replace(c, lr=0.5)
     head = dataclasses.replace(c, joint_head=JointHeadConfig(enabled=True))
-    assert pack_groups([c, a, other, a, head, c]) == [[0, 1, 3, 5], [2], [4]]
-    assert pack_groups([c, a, c, a, c], max_members=2) == [[0, 1], [2, 3], [4]]
-    assert P.pack_problem(head) is not None and P.pack_problem(c) is None
+
+    def positions(configs, **kw):
+        return [list(p.positions) for p in form_packs(configs, **kw)]
+
+    # one group per setting, in the order given; an unpackable config alone (hand-worked)
+    assert positions([c, a, other, a, head, c], max_lanes=6) == [[0, 1, 3, 5], [2], [4]]
+    # at most 2 lanes: the 3 runs of the group dealt round robin into ceil(3 / 2) = 2 packs
+    assert positions([c, a, c, a, c], max_lanes=3) == [[0, 2, 4], [1, 3]]
+    assert positions([c, a, c, a, c], max_lanes=2) == [[0, 3], [1, 4], [2]]
+    assert pack_problem(head) is not None and pack_problem(c) is None
+    with pytest.raises(ValueError, match="`max_lanes`"):
+        form_packs([c], max_lanes=0)
     with pytest.raises(ValueError, match="`max_members`"):
-        pack_groups([c], max_members=0)
+        train_packed([c], max_members=0)
     with pytest.raises(TypeError, match="TrainConfig"):
         train_packed([{"seed": 0}])
 
@@ -233,7 +243,7 @@ def test_a_run_that_cannot_be_packed_trains_alone(tmp_path, monkeypatch):
     """A config pack_problem refuses (here TensorBoard logging) is trained by train() itself,
     beside a pack of the others."""
     seen = []
-    monkeypatch.setattr(P, "train", lambda c: seen.append(c.out_dir) or {"epochs": 1})
+    monkeypatch.setattr(P, "_train_alone", lambda c: seen.append(c.out_dir) or {"epochs": 1})
     tb = cfg(tmp_path, "tb", seed=0, epochs=1, tensorboard=True)
     res = train_packed([tb, cfg(tmp_path, "a", seed=1, epochs=1),
                         cfg(tmp_path, "b", seed=2, epochs=1)])

@@ -20,14 +20,7 @@ def _restore_threads():
     torch.set_num_threads(n)
 
 
-def _digits(tmp_path, **kw):
-    base = dict(out_dir=str(tmp_path / "run"), progress=False, num_threads=1, device="cpu",
-                evaluate=False)
-    base.update(kw)
-    return dataclasses.replace(get_recipe("digits-mlp"), **base)
-
-
-def test_multistep_schedule_and_clipping_as_configured(tmp_path, monkeypatch):
+def test_multistep_schedule_and_clipping_as_configured(tiny_config, tmp_path, monkeypatch):
     calls = []
     real = torch.nn.utils.clip_grad_norm_
 
@@ -37,7 +30,7 @@ def test_multistep_schedule_and_clipping_as_configured(tmp_path, monkeypatch):
         return real(params, max_norm, *a, **k)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
-    cfg = _digits(tmp_path, epochs=3, milestone_fractions=None, milestones=[1, 2], lr=0.05,
+    cfg = tiny_config(epochs=3, milestone_fractions=None, milestones=[1, 2], lr=0.05,
                   lr_gamma=0.1, grad_clip=0.5)
     train(cfg)
     lines = [json.loads(s) for s in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
@@ -55,9 +48,9 @@ def test_multistep_schedule_and_clipping_as_configured(tmp_path, monkeypatch):
     assert calls == []
 
 
-def test_one_epoch_run_trains_at_the_initial_learning_rate(tmp_path):
+def test_one_epoch_run_trains_at_the_initial_learning_rate(tiny_config, tmp_path):
     """Milestone fractions of a 1-epoch run must not land on epoch 0 (lr x 0.01 from the start)."""
-    train(_digits(tmp_path, epochs=1))
+    train(tiny_config(epochs=1))
     rec = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])
     assert rec["lr"] == pytest.approx(0.05)
     assert TrainConfig(epochs=3, milestone_fractions=[0.5, 0.75]).effective_milestones() == [1, 2]
@@ -107,11 +100,11 @@ def test_gather_padded_drops_the_sampler_padding(n, world, monkeypatch):
     assert out[:, 0].tolist() == [10.0 * i for i in range(n)]
 
 
-def test_resume_rejects_other_data_or_fewer_epochs(tmp_path):
+def test_resume_rejects_other_data_or_fewer_epochs(tiny_config, tmp_path):
     """A checkpoint is never silently reported under settings it was not trained with."""
     from torchcal.errors import CheckpointError
 
-    cfg = _digits(tmp_path, epochs=2, data_kwargs={"noise_std": 0.5})
+    cfg = tiny_config(epochs=2, data_kwargs={"noise_std": 0.5})
     train(cfg)
     with pytest.raises(CheckpointError, match="data_kwargs"):
         train(dataclasses.replace(cfg, resume=True, data_kwargs={"noise_std": 0.3}))
@@ -126,11 +119,11 @@ def test_resume_rejects_other_data_or_fewer_epochs(tmp_path):
     assert dataclasses.replace(cfg, data_kwargs={"verify": False}).data_identity() == {}
 
 
-def test_best_checkpoint_holds_the_selected_epochs_weights(tmp_path):
+def test_best_checkpoint_holds_the_selected_epochs_weights(tiny_config, tmp_path):
     from torchcal.train import build_data, load_model_from_run, predict_logits
 
     # (at the default lr 0.05 the validation ECE is lowest after epoch 1: best != last)
-    cfg = _digits(tmp_path, epochs=3, select_best_by="ece", milestone_fractions=None,
+    cfg = tiny_config(epochs=3, select_best_by="ece", milestone_fractions=None,
                   milestones=[2])
     summary = train(cfg)
     lines = [json.loads(s) for s in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]

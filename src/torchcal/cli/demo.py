@@ -13,19 +13,16 @@ Ctrl-C stops the runs at once (worker processes or Ray tasks); the same command 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .._signals import sigterm_interrupts
-from ..data import DATASETS
 from ..experiments import DemoConfig, DemoResult, get_benchmark, list_benchmarks, run_demo
-from ..experiments.demo import DEBUG_ENV, TRAINING_RUNS, applicable_losses, default_out
+from ..experiments.benchmark import data_options_help, size_help
+from ..experiments.demo import TRAINING_RUNS, applicable_losses, debug_env, default_out
 from ..experiments.runner import EXECUTORS, make_executor
-from ..train import get_recipe
 from ._args import (
     PERCENT_NOTE,
     add_figure_options,
@@ -131,26 +128,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """``torchcal demo``: SIGTERM at any phase (start-up, the sweep, the report, the figures)
     stops it as Ctrl-C does, printing the command that continues; a failed run is one line,
     its traceback only with ``--debug``."""
-    with sigterm_interrupts(), _debug_env(getattr(args, "debug", False)):
+    with sigterm_interrupts(), debug_env(getattr(args, "debug", False)):
         return _cmd_demo(args)
-
-
-@contextlib.contextmanager
-def _debug_env(debug: bool):
-    """``TORCHCAL_DEBUG=1`` for the block with ``--debug``: the demo then prints each failed
-    run's traceback (:data:`torchcal.experiments.demo.DEBUG_ENV`)."""
-    if not debug:
-        yield
-        return
-    old = os.environ.get(DEBUG_ENV)
-    os.environ[DEBUG_ENV] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(DEBUG_ENV, None)
-        else:
-            os.environ[DEBUG_ENV] = old
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -188,62 +167,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _size_help() -> dict[str, str]:
-    """Help texts of the size options, from the benchmarks' profiles."""
-    names = list_benchmarks("calibration")
-    benches = {n: get_benchmark(n) for n in names}
-
-    def sizes(profile: str, what: str) -> str:
-        parts = []
-        for n, b in benches.items():
-            p = b.profile(profile)
-            v = {"seeds": len(p.seeds), "epochs": p.epochs or "the recipe's",
-                 "losses": ",".join(p.losses) if p.losses else "every demo loss"}[what]
-            parts.append(f"{n} {v}")
-        return "; ".join(parts)
-
-    def measured(profile: str) -> str:
-        m = [f"{n}: {b.profile(profile).measured}" for n, b in benches.items()
-             if b.profile(profile).measured]
-        return f" ({'; '.join(m)})" if m else ""
-
-    def default_size(b) -> str:
-        p = b.profile("default")
-        n_losses = len(p.losses) if p.losses else len(b.losses("full"))
-        epochs = f"{p.epochs} epochs" if p.epochs else "the recipe's epochs"
-        return f"{n_losses} losses x {len(p.seeds)} seeds x {epochs}"
-
-    return {
-        "description": "The embedded benchmarks: " + "; ".join(
-            f"{n}: {b.summary}, by default {default_size(b)}" for n, b in benches.items())
-            + measured("default") + ". Runs "
-            "train in parallel worker processes (or as Ray tasks), are evaluated before and "
-            "after temperature scaling and reported in the papers' table format with figures "
-            "and the section \"The papers' claims on this benchmark\".",
-        "quick": f"a smoke test: seeds {sizes('quick', 'seeds')}; epochs "
-                 f"{sizes('quick', 'epochs')}{measured('quick')}",
-        "full": f"every demo loss, the recipe's full schedule: seeds {sizes('full', 'seeds')}"
-                f"{measured('full')}",
-        "seeds": f"number of seeds or a list such as 0,3,7 (default: {sizes('default', 'seeds')})",
-        "epochs": f"epochs, milestones kept at the recipe's fractions (default: "
-                  f"{sizes('default', 'epochs')})",
-        "losses": f"comma-separated registry names (default: {sizes('default', 'losses')})",
-    }
-
-
-def _data_options_help() -> str:
-    """The declared options of each benchmark's data set (the data set registry)."""
-    out = []
-    for name in list_benchmarks("calibration"):
-        ds = get_recipe(get_benchmark(name).recipe).dataset
-        opts = ", ".join(o.name for o in DATASETS.get(ds).options)
-        out.append(f"{name}: {opts or 'none'}")
-    return "; ".join(out)
-
-
 def register(subparsers) -> None:
     """Add ``demo`` to the ``torchcal`` command line."""
-    h = _size_help()
+    h = size_help()
     calibration = list_benchmarks("calibration")
     d = subparsers.add_parser(
         "demo", help="train the calibration losses on MNIST-1D (or noisy digits), test the "
@@ -287,7 +213,7 @@ def register(subparsers) -> None:
     d.add_argument("--n-bins", type=_positive_int, default=15, help="bins of every binned metric")
     d.add_argument("--data-arg", action="append", metavar="KEY=VALUE",
                    help="an option of the benchmark's data set, repeatable (its registered "
-                        "options: " + _data_options_help() + ")")
+                        "options: " + data_options_help() + ")")
     d.add_argument("--train-arg", action="append", metavar="KEY=VALUE",
                    help="training setting of the recipe (a TrainConfig field), "
                         "repeatable: lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=64, "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -86,7 +87,7 @@ def _load_run(args: argparse.Namespace):
     device = resolve_device(args.device)
     model, config = load_model_from_run(args.run_dir, checkpoint=args.checkpoint, device=str(device))
     if args.data_root is not None:
-        config.data_root = str(args.data_root)
+        config = dataclasses.replace(config, data_root=str(args.data_root))
     for attr in ("forward_features", "num_features"):
         if not hasattr(model, attr):
             raise TorchcalError(

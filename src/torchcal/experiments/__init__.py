@@ -22,13 +22,14 @@ The **runner** executes units of work.  The API other work builds on:
   task; it returns a JSON-able dict with ``"error"`` (None on success) and optionally
   ``"skipped"``; it reports its failures instead of raising.  ``labels`` name the job in the
   result the runner writes when its process dies.  The function is pluggable: one training run
-  (:func:`~torchcal.experiments.training.run_job`, built by :func:`train_job` from a run spec,
-  resolved in this process into its TrainConfig: :func:`~torchcal.experiments.training.run_spec`),
-  several runs trained as one packed model, another benchmark's run.
+  (:func:`~torchcal.experiments.training.run_pack_job`, the one job function of training runs:
+  a job built by :func:`pack_job` carries a pack of resolved TrainConfigs,
+  :func:`torchcal.train.packs.form_packs`; a run alone is a pack of one), another benchmark's
+  unit.
 * :func:`run_sweep` ``(jobs, executor=None, *, progress=True, desc="torchcal demo") -> list[dict]``:
   executes the jobs behind one progress bar and returns one result per job, in the jobs' order
   (``name`` and ``seconds`` added to each).  A job that stands for several runs (a packed
-  model) returns its per-run results in its own dict (e.g. under ``"members"``), names its run
+  model) returns its per-run results in its own dict (under ``"outcomes"``), names its run
   directories in ``labels`` and asks for the resources of the whole pack.
 * Executors (the :class:`~torchcal.experiments.runner.Executor` protocol: ``run(jobs,
   on_done)``), registered by name (:func:`register_executor`, :class:`ExecutorType`;
@@ -38,10 +39,10 @@ The **runner** executes units of work.  The API other work builds on:
   :class:`RayExecutor` ``(address=None | "auto" | "HOST:PORT", workers=2, max_retries=3)``:
   each job a Ray task with its CPU/GPU request, on a running cluster or (``address=None``) a
   local instance started with ``workers`` CPUs; a lost task is retried, then reported by name.
-* Packed sweeps (:mod:`torchcal.experiments.packed`, the demo's default): runs that share a
-  model and a recipe train as packs, one job per pack (:func:`torchcal.train.train_packed`).
+* Packed sweeps (the demo's default): runs that share a model and a recipe train as packs, one
+  job per pack (:func:`torchcal.train.packs.form_packs`, :func:`pack_job`).
 * Skip and resume rules belong to the job function, so that every executor follows them:
-  a training run (:mod:`torchcal.experiments.training`) is skipped when its directory holds its
+  a training run (:func:`torchcal.train.packs.train_pack`) is skipped when its directory holds its
   evaluated last epoch, resumed from its last checkpoint when unfinished, and trained afresh
   when an *identity* or *schedule* field of its TrainConfig changed (the fields' roles,
   :func:`torchcal.train.config.changed_fields`).
@@ -53,9 +54,9 @@ The **runner** executes units of work.  The API other work builds on:
 """
 
 # the public surface: what a user calls (the rest is public in its module: demo, training,
-# runner, packed, calibration, uncertainty, uncertainty_report).  Each name is imported from its
+# runner, calibration, uncertainty, uncertainty_report).  Each name is imported from its
 # module on first use (module __getattr__), not with the package: a demo worker imports
-# torchcal.experiments.runner and .packed, and none of the benchmarks, the demo or the report
+# torchcal.experiments.runner and .training, and none of the benchmarks, the demo or the report
 # (issue 43: its start-up).  The built-in benchmarks register on the first lookup of the table
 # (torchcal.experiments.benchmark.BUILTIN_MODULES).
 from typing import TYPE_CHECKING
@@ -72,7 +73,7 @@ if TYPE_CHECKING:  # the same names for static readers: type checkers, the API r
     from .demo import TRAINING_RUNS, DemoConfig, DemoResult, run_demo
     from .ray_executor import RayExecutor
     from .runner import ExecutorType, Job, LocalExecutor, Resources, register_executor, run_sweep
-    from .training import train_job
+    from .training import pack_job
     from .uncertainty import UNCERTAINTY_SUITE
 
 _PUBLIC = {
@@ -82,14 +83,14 @@ _PUBLIC = {
     "list_benchmarks": "benchmark",
     "Job": "runner", "Resources": "runner", "run_sweep": "runner", "LocalExecutor": "runner",
     "ExecutorType": "runner", "register_executor": "runner",
-    "train_job": "training", "RayExecutor": "ray_executor",
+    "pack_job": "training", "RayExecutor": "ray_executor",
     "TRAINING_RUNS": "demo", "UNCERTAINTY_SUITE": "uncertainty",
 }
 
 __all__ = [
     "run_demo", "DemoConfig", "DemoResult", "Benchmark", "BenchmarkKind", "Profile",
     "register_benchmark", "get_benchmark", "list_benchmarks",
-    "Job", "Resources", "run_sweep", "train_job", "LocalExecutor", "RayExecutor",
+    "Job", "Resources", "run_sweep", "pack_job", "LocalExecutor", "RayExecutor",
     "ExecutorType", "register_executor", "TRAINING_RUNS", "UNCERTAINTY_SUITE",
 ]
 

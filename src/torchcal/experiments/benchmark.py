@@ -24,15 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from .._registry import Registry
+from ..data import DATASETS
 from ..losses import LOSSES, list_losses
 from ..report.aggregate import group_runs, runs_from_results_csv
 from ..report.claims import Claim, check_claims
-from ..train import TrainConfig
-from .training import run_job
+from ..train import TrainConfig, get_recipe
+from .training import run_pack_job
 
 __all__ = ["Profile", "Benchmark", "BenchmarkKind", "IntroContext", "BENCHMARKS", "register_benchmark", "get_benchmark",
            "list_benchmarks", "KINDS", "DEFAULT_KIND", "tagged_losses", "committed_verdicts", "committed_note",
-           "PROFILE_NAMES"]
+           "PROFILE_NAMES", "size_help", "data_options_help"]
 
 #: The sizes every benchmark defines: ``default``, ``quick`` (a smoke test), ``full`` (the
 #: published schedule).
@@ -89,14 +90,20 @@ class BenchmarkKind:
         ``ValueError`` for a setting the benchmark does not take."""
         raise NotImplementedError
 
-    def plan(self, cfg: Any, bench: Benchmark, out: Path) -> tuple[list, list[dict[str, Any]]]:
+    def plan(self, cfg: Any, bench: Benchmark, out: Path) -> tuple[list, list[Any]]:
         """The :class:`~torchcal.experiments.runner.Job` s of the resolved ``cfg`` into ``out``
-        and the JSON-able specs of the units they run, one spec per unit (a job may run several
-        units: a pack of training runs reports one result per unit)."""
+        and the units they run, one per unit (a job may run several units: a pack of training
+        runs, whose units are TrainConfigs, reports one outcome per run, :meth:`collect`)."""
         raise NotImplementedError
 
-    def report(self, cfg: Any, bench: Benchmark, out: Path, specs: list[dict[str, Any]],
-               results: list[dict[str, Any]], seconds: float
+    def collect(self, jobs: Sequence[Any], results: Sequence[dict[str, Any]]) -> list[Any]:
+        """The units' results from the jobs' ``results`` (one per job, in their order): by
+        default the jobs' results themselves (one unit per job); the training runs' kind reads
+        one outcome per run of each pack."""
+        return list(results)
+
+    def report(self, cfg: Any, bench: Benchmark, out: Path, specs: list[Any],
+               results: list[Any], seconds: float
                ) -> tuple[Any, list[tuple[str, str]]]:
         """Write the report into ``out`` from the units' ``results`` (one per spec, in their
         order): the report (``DemoResult.report``) and the failed units as ``(name, error)``
@@ -138,7 +145,8 @@ class Benchmark:
             runs): the details the intro leaves out.
         prebuild_data: build the data once before the runs (cheap or generated data: the
             data options are checked, and generated data is cached once, not by every worker).
-        job_fn: the job function of one run (:func:`~torchcal.experiments.training.run_job`).
+        job_fn: the job function of one pack of runs
+            (:func:`~torchcal.experiments.training.run_pack_job`; a run alone is a pack of one).
         kind: how its jobs are made and its report written (:class:`BenchmarkKind`; default
             the calibration benchmarks' training runs per loss and seed,
             :data:`torchcal.experiments.TRAINING_RUNS`).
@@ -160,7 +168,7 @@ class Benchmark:
     intro: Callable[[Any], str] | None = None
     appendix: Callable[[Any], str] | None = None
     prebuild_data: bool = True
-    job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_job
+    job_fn: Callable[[Mapping[str, Any]], dict[str, Any]] = run_pack_job
     kind: BenchmarkKind = None  # type: ignore[assignment] - None: KINDS' DEFAULT_KIND
 
     def __post_init__(self) -> None:
@@ -305,3 +313,58 @@ def list_benchmarks(suite: str | None = None) -> list[str]:
     ``torchcal demo --suite`` (``"calibration"``: those chosen by ``--benchmark``)."""
     return [n for n in BENCHMARKS.ordered()
             if suite is None or BENCHMARKS.get(n).suite == suite]
+
+
+def size_help() -> dict[str, str]:
+    """Help texts of ``torchcal demo``'s size options (``description``, ``quick``, ``full``,
+    ``seeds``, ``epochs``, ``losses``), read from the calibration benchmarks' profiles."""
+    names = list_benchmarks("calibration")
+    benches = {n: get_benchmark(n) for n in names}
+
+    def sizes(profile: str, what: str) -> str:
+        parts = []
+        for n, b in benches.items():
+            p = b.profile(profile)
+            v = {"seeds": len(p.seeds), "epochs": p.epochs or "the recipe's",
+                 "losses": ",".join(p.losses) if p.losses else "every demo loss"}[what]
+            parts.append(f"{n} {v}")
+        return "; ".join(parts)
+
+    def measured(profile: str) -> str:
+        m = [f"{n}: {b.profile(profile).measured}" for n, b in benches.items()
+             if b.profile(profile).measured]
+        return f" ({'; '.join(m)})" if m else ""
+
+    def default_size(b: Benchmark) -> str:
+        p = b.profile("default")
+        n_losses = len(p.losses) if p.losses else len(b.losses("full"))
+        epochs = f"{p.epochs} epochs" if p.epochs else "the recipe's epochs"
+        return f"{n_losses} losses x {len(p.seeds)} seeds x {epochs}"
+
+    return {
+        "description": "The embedded benchmarks: " + "; ".join(
+            f"{n}: {b.summary}, by default {default_size(b)}" for n, b in benches.items())
+            + measured("default") + ". Runs "
+            "train in parallel worker processes (or as Ray tasks), are evaluated before and "
+            "after temperature scaling and reported in the papers' table format with figures "
+            "and the section \"The papers' claims on this benchmark\".",
+        "quick": f"a smoke test: seeds {sizes('quick', 'seeds')}; epochs "
+                 f"{sizes('quick', 'epochs')}{measured('quick')}",
+        "full": f"every demo loss, the recipe's full schedule: seeds {sizes('full', 'seeds')}"
+                f"{measured('full')}",
+        "seeds": f"number of seeds or a list such as 0,3,7 (default: {sizes('default', 'seeds')})",
+        "epochs": f"epochs, milestones kept at the recipe's fractions (default: "
+                  f"{sizes('default', 'epochs')})",
+        "losses": f"comma-separated registry names (default: {sizes('default', 'losses')})",
+    }
+
+
+def data_options_help() -> str:
+    """The declared options of each calibration benchmark's data set (the data set registry),
+    for ``torchcal demo --data-arg``'s help."""
+    out = []
+    for name in list_benchmarks("calibration"):
+        ds = get_recipe(get_benchmark(name).recipe).dataset
+        opts = ", ".join(o.name for o in DATASETS.get(ds).options)
+        out.append(f"{name}: {opts or 'none'}")
+    return "; ".join(out)

@@ -4,7 +4,9 @@ Every benchmark runs through :func:`run_demo`: its kind (:class:`~torchcal.exper
 benchmark.BenchmarkKind`) makes its jobs and writes its report, ``run_demo`` owns the output
 directory (one run at a time, a fresh one by default) and runs the jobs.  The calibration
 benchmarks' kind, :data:`TRAINING_RUNS`, is this module's: one training run per loss and seed,
-each resolved once here into a :class:`~torchcal.experiments.training.RunSpec`.
+each resolved once here into its TrainConfig
+(:func:`~torchcal.experiments.training.benchmark_config`), the packs formed once
+(:func:`~torchcal.train.packs.form_packs`), one job per pack.
 Runs are trained by an executor (default: worker processes of this machine, spawn, one thread
 each; or a Ray cluster, :class:`~torchcal.experiments.ray_executor.RayExecutor`); each run is
 evaluated through the same path as real runs (saved logits -> temperatures -> metrics ->
@@ -22,6 +24,7 @@ epochs), runs of other settings (a changed identity or schedule field) are train
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -29,12 +32,12 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._io import exclusive_lock, read_json
+from .._io import exclusive_lock
 from .._registry import unknown_name
 from .._validation import check_scalar
 from ..data import DATASETS
@@ -44,9 +47,10 @@ from ..evaluate import meta_from_config
 from ..losses import list_losses
 from ..report.build import FIGURE_FORMATS, build_report, figure_set, prepare_report_dir
 from ..run_dir import RunDir
-from ..train import get_recipe
+from ..train import TrainConfig, get_recipe
 from ..train.build import build_data
 from ..train.config import config_identity
+from ..train.packs import RunOutcome, form_packs
 from ..train.trainer import build_loss
 from .benchmark import (
     DEFAULT_KIND,
@@ -57,15 +61,15 @@ from .benchmark import (
     committed_note,
     get_benchmark,
 )
-from .packed import expand_results, pack_jobs
-from .runner import Executor, LocalExecutor, run_sweep
-from .training import RunSpec, run_spec, spec_labels, train_job
+from .runner import Executor, Job, LocalExecutor, run_sweep
+from .training import benchmark_config, outcomes_of, pack_job
 
 # the calibration benchmarks (torchcal.experiments.calibration) name TRAINING_RUNS as their
 # kind; the package imports them before any benchmark is looked up
 __all__ = ["DemoConfig", "DemoResult", "applicable_losses", "resolve",
            "run_demo", "default_out", "intro_text", "appendix_text",
-           "verdict_label", "seed_ensembles", "ENSEMBLES_DIR", "TRAINING_RUNS"]
+           "verdict_label", "seed_ensembles", "ENSEMBLES_DIR", "TRAINING_RUNS", "debug_env",
+           "DEBUG_ENV"]
 
 #: The demo's directory of the losses' ensembles (``OUT/ensembles/<loss>/``).
 ENSEMBLES_DIR = "ensembles"
@@ -156,6 +160,24 @@ def _loss_kwargs(cfg: DemoConfig, bench: Benchmark, loss: str) -> dict[str, Any]
 DEBUG_ENV = "TORCHCAL_DEBUG"
 
 
+@contextlib.contextmanager
+def debug_env(debug: bool) -> Iterator[None]:
+    """``TORCHCAL_DEBUG=1`` (:data:`DEBUG_ENV`) for the block when ``debug`` (``torchcal demo
+    --debug``): the demo then prints each failed run's traceback."""
+    if not debug:
+        yield
+        return
+    old = os.environ.get(DEBUG_ENV)
+    os.environ[DEBUG_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = old
+
+
 def default_out() -> Path:
     """A fresh directory ``./torchcal-demo/YYYYmmdd-HHMMSS[-k]`` (not created)."""
     base = Path.cwd() / "torchcal-demo"
@@ -168,62 +190,53 @@ def default_out() -> Path:
     return p
 
 
-def _run_specs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[RunSpec]:
-    """The demo's runs, each resolved once (:func:`~torchcal.experiments.training.run_spec`)."""
+def _run_configs(cfg: DemoConfig, bench: Benchmark, out: Path) -> list[TrainConfig]:
+    """The demo's runs, seed-major, each resolved once
+    (:func:`~torchcal.experiments.training.benchmark_config`)."""
     kwargs = {loss: _loss_kwargs(cfg, bench, loss) for loss in cfg.losses}
-    jobs = []
-    for seed in cfg.seeds:
-        for loss in cfg.losses:
-            jobs.append(run_spec({
-                "recipe": cfg.recipe,
-                "loss": loss,
-                "loss_kwargs": dict(kwargs[loss]),
-                "seed": int(seed),
-                "epochs": cfg.epochs,
-                "n_bins": int(cfg.n_bins),
-                "data_kwargs": dict(cfg.data_kwargs),
-                "run_dir": str(out / "runs" / loss / f"seed{seed}"),
-                "overrides": dict(cfg.overrides),
-            }))
-    return jobs
+    return [benchmark_config(cfg.recipe, loss=loss, loss_kwargs=kwargs[loss], seed=int(seed),
+                             run_dir=str(out / "runs" / loss / f"seed{seed}"),
+                             epochs=cfg.epochs, n_bins=int(cfg.n_bins),
+                             data_kwargs=cfg.data_kwargs, overrides=cfg.overrides)
+            for seed in cfg.seeds for loss in cfg.losses]
 
 
-def _context(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]],
+def _context(cfg: DemoConfig, configs: Sequence[TrainConfig],
              bench: Benchmark | None = None, **kw: Any) -> IntroContext:
     """The prose's context; ``bench`` given, ``cfg`` is already resolved against it."""
     if bench is None:
         bench = get_benchmark(cfg.benchmark)
         cfg = _resolve(cfg, bench)
     return IntroContext(
-        benchmark=bench, config=cfg, train_config=run_spec(jobs[0]).config,
+        benchmark=bench, config=cfg, train_config=configs[0],
         losses=list(cfg.losses), loss_kwargs={n: _loss_kwargs(cfg, bench, n) for n in cfg.losses},
-        n_jobs=len(jobs), **kw)
+        n_jobs=len(configs), **kw)
 
 
-def intro_text(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]], *, seconds: float = 0.0,
+def intro_text(cfg: DemoConfig, configs: Sequence[TrainConfig], *, seconds: float = 0.0,
                failed: list[tuple[str, str]] | None = None, skipped: int = 0,
                bench: Benchmark | None = None) -> str:
-    """The benchmark's report prose for the run specs ``jobs`` of ``cfg`` (a few lines);
+    """The benchmark's report prose for the runs ``configs`` of ``cfg`` (a few lines);
     ``bench``: the benchmark ``cfg`` was resolved against (looked up when None)."""
-    ctx = _context(cfg, jobs, bench, seconds=seconds, failed=failed or [], skipped=skipped)
+    ctx = _context(cfg, configs, bench, seconds=seconds, failed=failed or [], skipped=skipped)
     return ctx.benchmark.intro(ctx) if ctx.benchmark.intro is not None else ""
 
 
-def appendix_text(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]],
+def appendix_text(cfg: DemoConfig, configs: Sequence[TrainConfig],
                   bench: Benchmark | None = None) -> str:
-    """The benchmark's report appendix for the run specs ``jobs`` of ``cfg``: the setting in
+    """The benchmark's report appendix for the runs ``configs`` of ``cfg``: the setting in
     full and the registered losses not trained, with why."""
-    ctx = _context(cfg, jobs, bench)
+    ctx = _context(cfg, configs, bench)
     return ctx.benchmark.appendix(ctx) if ctx.benchmark.appendix is not None else ""
 
 
-def verdict_label(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]],
+def verdict_label(cfg: DemoConfig, configs: Sequence[TrainConfig],
                   resolved: bool = False) -> str:
     """What every verdict line of a shortened run says beside "Verdict" ("" on the recipe's
     schedule): ``--quick`` is a smoke test whose verdicts are not evidence.  ``resolved``:
     ``cfg`` is already resolved (:func:`resolve`)."""
     cfg = cfg if resolved else resolve(cfg)
-    epochs, full = run_spec(jobs[0]).config.epochs, int(get_recipe(cfg.recipe).epochs)
+    epochs, full = configs[0].epochs, int(get_recipe(cfg.recipe).epochs)
     if epochs == full:
         return ""
     if cfg.quick:
@@ -231,18 +244,17 @@ def verdict_label(cfg: DemoConfig, jobs: list[RunSpec | dict[str, Any]],
     return f"shortened schedule, {epochs} of {full} epochs"
 
 
-def _check_settings(specs: list[RunSpec], bench: Benchmark) -> None:
-    """Raise ValueError for settings no run could train with (unknown TrainConfig fields, invalid
-    values, data set options its registration does not declare or allow, bad loss arguments)."""
-    tc0 = specs[0].config
-    DATASETS.get(tc0.dataset).check(tc0.data_kwargs)
+def _check_settings(configs: list[TrainConfig], bench: Benchmark) -> None:
+    """Raise ValueError for settings no run could train with (data set options its
+    registration does not declare or allow, bad loss arguments; the other fields are checked
+    once per run by :func:`~torchcal.train.packs.form_packs`)."""
+    tc = configs[0]
+    DATASETS.get(tc.dataset).check(tc.data_kwargs)
     seen = set()
-    for spec in specs:
-        if spec.loss not in seen:
-            seen.add(spec.loss)
-            tc = spec.config
-            tc.validate()
-            build_loss(tc)
+    for c in configs:
+        if c.loss not in seen:
+            seen.add(c.loss)
+            build_loss(c)
     if bench.prebuild_data:  # checks the data options as the runs will use them; generated
         # data (MNIST-1D) is generated (and cached) here once, not by every worker at once
         try:
@@ -287,31 +299,37 @@ class _TrainingRuns(BenchmarkKind):
     def suite(self, bench: Benchmark) -> str:
         return "calibration"
 
-    def plan(self, cfg: DemoConfig, bench: Benchmark, out: Path) -> tuple[list, list[RunSpec]]:
-        specs = _run_specs(cfg, bench, out)  # each run resolved once, here
-        _check_settings(specs, bench)  # a bad knob is one error here, not the same failure in every run
-        if cfg.pack:  # the packs are formed here, once
-            return pack_jobs(specs, fn=bench.job_fn), specs
-        return [train_job(spec, fn=bench.job_fn) for spec in specs], specs
+    def plan(self, cfg: DemoConfig, bench: Benchmark, out: Path
+             ) -> tuple[list[Job], list[TrainConfig]]:
+        configs = _run_configs(cfg, bench, out)  # each run resolved once, here
+        # the packs are formed here, once (each config checked once); --no-pack: packs of one
+        packs = form_packs(configs, max_lanes=None if cfg.pack else 1)
+        _check_settings(configs, bench)  # a bad knob is one error here, not one per run
+        return [pack_job(p, fn=bench.job_fn) for p in packs], configs
 
-    def report(self, cfg: DemoConfig, bench: Benchmark, out: Path, specs: list[RunSpec],
-               results: list[dict[str, Any]], seconds: float) -> tuple[Any, list[tuple[str, str]]]:
-        failed = [(r["run_dir"], r["error"]) for r in results if r["error"]]
+    def collect(self, jobs: Sequence[Job], results: Sequence[dict[str, Any]]
+                ) -> list[RunOutcome]:
+        return outcomes_of(jobs, results)
+
+    def report(self, cfg: DemoConfig, bench: Benchmark, out: Path, configs: list[TrainConfig],
+               results: list[RunOutcome], seconds: float) -> tuple[Any, list[tuple[str, str]]]:
+        failed = [(o.run_dir, o.error) for o in results if o.error]
         debug = os.environ.get(DEBUG_ENV) == "1"  # the traceback only with --debug
-        for r in results:
-            if r["error"]:
-                print(f"torchcal demo: run {r['run_dir']} failed: "
-                      + (f"\n{r.get('traceback', r['error'])}" if debug else
-                         " ".join(str(r["error"]).split())), file=sys.stderr)
-        intro = intro_text(cfg, specs, seconds=seconds, failed=failed,
-                           skipped=sum(bool(r.get("skipped")) for r in results), bench=bench)
+        for o in results:
+            if o.error:
+                print(f"torchcal demo: run {o.run_dir} failed: "
+                      + (f"\n{o.traceback or o.error}" if debug else
+                         " ".join(str(o.error).split())), file=sys.stderr)
+        intro = intro_text(cfg, configs, seconds=seconds, failed=failed,
+                           skipped=sum(o.skipped for o in results), bench=bench)
         pooled = {x for c in bench.claims if c.per == "seed_set" for x in c.losses}
-        ensembles = seed_ensembles(specs, out, n_bins=cfg.n_bins, failed=failed,
+        ensembles = seed_ensembles(configs, out, n_bins=cfg.n_bins, failed=failed,
                                    subset_losses=pooled)
-        label = verdict_label(cfg, specs, resolved=True)
-        rep = build_report([s.run_dir for s in specs] + ensembles, out,
+        label = verdict_label(cfg, configs, resolved=True)
+        rep = build_report([str(c.out_dir) for c in configs] + ensembles, out,
                            title=f"torchcal demo: {bench.title}",
-                           intro=intro, appendix=appendix_text(cfg, specs, bench), n_bins=cfg.n_bins,
+                           intro=intro, appendix=appendix_text(cfg, configs, bench),
+                           n_bins=cfg.n_bins,
                            figures=cfg.figures, figure_format=cfg.figure_format,
                            claims=tuple(bench.claims) or False,
                            verdict_label=label, preface=committed_note(bench) if label else "",
@@ -347,21 +365,21 @@ def run_demo(cfg: DemoConfig | None = None, executor: Executor | None = None) ->
     # runs are skipped, its unfinished ones resumed), its old figures removed
     with exclusive_lock(out, what="Demo directory"):
         prepare_report_dir(out, "out")
-        jobs, specs = kind.plan(cfg, bench, out)
+        jobs, units = kind.plan(cfg, bench, out)
         executor = executor if executor is not None else LocalExecutor(workers=cfg.workers)
         desc = kind.command(bench)
-        results = expand_results(jobs, run_sweep(jobs, executor, progress=cfg.progress,
-                                                 desc=desc))
-        rep, failed = kind.report(cfg, bench, out, specs, results,
+        results = kind.collect(jobs, run_sweep(jobs, executor, progress=cfg.progress,
+                                               desc=desc))
+        rep, failed = kind.report(cfg, bench, out, units, results,
                                   time.perf_counter() - t_start)
     return DemoResult(out_dir=out, report=rep, failed=failed,
                       seconds=time.perf_counter() - t_start, config=cfg)
 
 
-def seed_ensembles(specs: list[RunSpec | dict[str, Any]], out: Path, *, n_bins: int = 15,
+def seed_ensembles(configs: Sequence[TrainConfig], out: Path, *, n_bins: int = 15,
                    failed: list[tuple[str, str]] = (),
                    subset_losses: Collection[str] = ()) -> list[Path]:
-    """Per loss with 2 or more evaluated seeds (runs of ``specs`` with a results file, not in
+    """Per loss with 2 or more evaluated seeds (runs of ``configs`` with a results file, not in
     ``failed``): the ensemble of those seeds, evaluated and written to
     ``OUT/ensembles/<loss>/`` (:func:`torchcal.ensemble.evaluate_ensemble`: temperatures fitted
     on validation, numbers on test, both "pool then calibrate" and "calibrate then pool"),
@@ -380,28 +398,18 @@ def seed_ensembles(specs: list[RunSpec | dict[str, Any]], out: Path, *, n_bins: 
     ``OUT/ensembles/<loss>-<identity>/``."""
     bad = {str(d) for d, _e in failed}
     by_loss: dict[str, list[dict[str, Any]]] = {}
-    for spec in specs:
-        labels = spec_labels(spec)
-        if labels["run_dir"] not in bad and RunDir(labels["run_dir"]).results().is_file():
-            by_loss.setdefault(labels["loss"], []).append({**labels, **_identity(spec)})
+    for c in configs:
+        run_dir = str(c.out_dir)
+        if run_dir not in bad and RunDir(run_dir).results().is_file():
+            by_loss.setdefault(c.loss, []).append({"run_dir": run_dir, "loss": c.loss,
+                                                   "seed": c.seed,
+                                                   **(config_identity(c) or {})})
     dirs = []
     for loss, runs in by_loss.items():
         for name, done in _identity_sets(loss, runs):
             dirs += _ensembles_of(loss, name, done, out, n_bins=n_bins,
                                   subsets=loss in subset_losses)
     return dirs
-
-
-def _identity(spec: RunSpec | dict[str, Any]) -> dict[str, Any]:
-    """``{"identity", "identity_fields"}`` of a run spec's configuration (its TrainConfig, or
-    the ``config.json`` of its run directory); {} when unknown."""
-    if isinstance(spec, RunSpec):
-        return config_identity(spec.config) or {}
-    try:
-        cfg = read_json(RunDir(spec_labels(spec)["run_dir"]).config, what="Config file")
-    except (OSError, ValueError):
-        return {}
-    return (config_identity(cfg) if isinstance(cfg, dict) else None) or {}
 
 
 def _identity_sets(loss: str, runs: list[dict[str, Any]]) -> list[tuple[str, list[dict]]]:

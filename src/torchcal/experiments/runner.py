@@ -1,9 +1,9 @@
 """One sweep runner: a list of :class:`Job` s, executed by an executor, with one progress bar.
 
-A :class:`Job` is the unit of work: a name, a module-level function and its JSON-able
+A :class:`Job` is the unit of work: a name, a module-level function and its picklable
 arguments (``fn(spec) -> dict``), and the resources it asks for.  The runner knows nothing
-about training: :func:`torchcal.experiments.training.run_job` trains and evaluates one run, a
-packed job may train several runs as one model, another benchmark may plug in its own function.
+about training: :func:`torchcal.experiments.training.run_pack_job` trains and evaluates one pack
+of runs (a run alone is a pack of one), another benchmark may plug in its own function.
 
 Executors (:class:`LocalExecutor`, :class:`~torchcal.experiments.ray_executor.RayExecutor`)
 only decide *where* each job's function runs; each is registered by name with how to make it
@@ -67,7 +67,7 @@ class Job:
             success) and may add ``"skipped": True`` (nothing was left to do) and anything else
             (``run_dir``, ``loss``, ``seed``, ...).  It reports its own failures in ``"error"``
             instead of raising, so that the other jobs go on.
-        spec: the arguments of ``fn`` (JSON-able).
+        spec: the arguments of ``fn`` (picklable: a pack job's holds its TrainConfigs).
         labels: copied into the result the runner writes when the job's process died (so that
             a lost job is still reported by name and run directory).
         resources: CPUs and GPUs one execution needs.

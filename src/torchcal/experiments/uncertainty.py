@@ -38,8 +38,6 @@ directory (finished training runs, valid caches), so rerunning a command continu
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -51,18 +49,17 @@ import torch
 from .._io import atomic_write_json, atomic_write_text
 from ..data import load_splits
 from ..report.build import write_report_pages
-from ..run_dir import RunDir
-from ..train import get_recipe, load_model_from_run, train
+from ..train import get_recipe, load_model_from_run
 from ..train.build import build_data
 from ..train.config import JointHeadConfig, TrainConfig
 from ..train.device import resolve_device
+from ..train.packs import Pack, form_packs, train_pack
 from ..uncertainty import EmbeddingCache, evaluate_head, fit_head
 from . import calibration  # noqa: F401 - its benchmarks registered first (their order)
 from . import uncertainty_report as rep
 from .benchmark import Benchmark, BenchmarkKind, register_benchmark
 from .demo import DemoConfig
 from .runner import Job
-from .training import is_stale
 from .uncertainty_regression import LEARNED_VARIANCE, regression_section
 
 __all__ = ["SUMMARY_FILE", "UNCERTAINTY", "UNCERTAINTY_SUITE", "write_suite_report", "UncertaintyProfile",
@@ -178,7 +175,8 @@ def run_unit(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def kendall_unit(spec: dict[str, Any]) -> dict[str, Any]:
-    """One two-task run (:mod:`torchcal.train.multitask`); a finished run is read back."""
+    """One two-task run (:mod:`torchcal.train.multitask`) by the one sequence
+    (:func:`~torchcal.train.packs.train_pack`); a finished run's verified results are used."""
     p = spec["profile"]
     n_train, n_val, n_test = p["mt_sizes"]
     recipe = get_recipe("mnist1d-multitask")
@@ -189,38 +187,27 @@ def kendall_unit(spec: dict[str, Any]) -> dict[str, Any]:
         mt = dataclasses.replace(mt, log_var_lr=float(spec["log_var_lr"]))
     cfg = dataclasses.replace(
         recipe, out_dir=spec["dir"], seed=int(spec["seed"]),
-        data_root=spec["data_root"], epochs=int(p["mt_epochs"]), progress=False,
+        data_root=spec["data_root"], epochs=int(p["mt_epochs"]), progress=False, resume=True,
         model_kwargs={"width": int(p["mt_width"])}, multitask=mt,
         data_kwargs={"with_params": True, "n_train": n_train, "n_val": n_val, "n_test": n_test})
     if spec.get("device", "cpu") != "cpu":  # a CPU run keeps the recipe's config (reused)
         cfg = dataclasses.replace(cfg, device=spec["device"])
-    run = RunDir(cfg.out_dir)
-    res = None
-    if run.results().is_file() and run.config.is_file() and _same_config(run, cfg):
-        res = json.loads(run.results().read_text()).get("multitask")
-        # a run of an earlier version wrote no predictions: train it again for the section
-        res = {**res, "reused": True} if isinstance(res, dict) and "predictions" in res else None
-    if res is None:
-        if Path(cfg.out_dir).exists():  # unfinished or other settings: train again
-            shutil.rmtree(cfg.out_dir)
-        res = dict(train(cfg)["results"]["multitask"])
+    (outcome,) = train_pack(_alone(cfg), keep_results=True)
+    if outcome.error:
+        raise RuntimeError(f"Run {outcome.run_dir!r} failed: {outcome.traceback or outcome.error}")
+    res = dict(outcome.results["multitask"])
+    if outcome.skipped:  # finished by an earlier command: its verified results.json
+        res["reused"] = True
     res["regression"] = regression_section(res)
     del res["predictions"]  # in the run's results.json; the suite keeps the section's numbers
     return res
 
 
-def _same_config(run: RunDir, cfg) -> bool:
-    """Whether the run directory's ``config.json`` was written for ``cfg`` (every field of the
-    config, the loss arguments resolved as the run writes them; the run adds its data set's
-    shape).  Both go through :meth:`TrainConfig.from_dict`, so that a directory written by an
-    earlier version (the plug-in fields flat) is the same config as today's."""
-    written = json.loads(run.config.read_text())
-    try:
-        got = TrainConfig.from_dict(written).to_dict()
-    except (TypeError, ValueError):
-        return False
-    want = {**cfg.to_dict(), "loss_kwargs": cfg.effective_loss_kwargs()}
-    return json.loads(json.dumps(got)) == json.loads(json.dumps(want))
+def _alone(cfg: TrainConfig) -> Pack:
+    """``cfg`` as a pack of one (:func:`~torchcal.train.packs.form_packs`: a multi-task run, a
+    joint head or a lone backbone are never packed with another run)."""
+    (pack,) = form_packs([cfg], max_lanes=1)
+    return pack
 
 
 def _backbone_config(spec: dict[str, Any], out: Path, joint: bool):
@@ -284,13 +271,14 @@ def _cache(path: Path, model, data, name: str, cfg) -> EmbeddingCache:
                  "data_seed": cfg.data_seed}, on_stale="rebuild", progress=False)
 
 
-def _train_or_resume(cfg) -> None:
-    """Train ``cfg`` into its directory: a finished run is kept, an unfinished one resumed, and
-    one of other settings (:func:`~torchcal.experiments.training.is_stale`: an identity or
-    schedule field changed, e.g. another profile's sizes) trained afresh, never extended."""
-    if is_stale(cfg.out_dir, cfg):
-        shutil.rmtree(cfg.out_dir)
-    train(cfg)
+def _train_or_resume(cfg: TrainConfig) -> None:
+    """Train ``cfg`` by the one sequence (:func:`~torchcal.train.packs.train_pack`: its run
+    directory locked; a finished run kept, an unfinished one resumed, one of other settings,
+    :func:`~torchcal.train.packs.is_stale`, e.g. another profile's sizes, trained afresh, never
+    extended); raises the run's error."""
+    (outcome,) = train_pack(_alone(cfg))
+    if outcome.error:
+        raise RuntimeError(f"Run {outcome.run_dir!r} failed: {outcome.traceback or outcome.error}")
 
 
 def kirchhof_unit(spec: dict[str, Any]) -> dict[str, Any]:

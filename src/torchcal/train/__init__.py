@@ -1,8 +1,9 @@
 """Training harness: configs, the papers' recipes, the trainer, checkpoints and evaluation.
 
 Modules: :mod:`~torchcal.train.config` and :mod:`~torchcal.train.recipes` (what to train),
-:mod:`~torchcal.train.trainer` (``train``: one run), :mod:`~torchcal.train.packed`
-(``train_packed``: several runs as one packed model), both trained by the one engine
+:mod:`~torchcal.train.trainer` (``train``: one run), :mod:`~torchcal.train.packs` (packs
+formed once, ``form_packs``, and trained by one sequence, ``train_pack``; ``train_packed``:
+several runs as packed models, :mod:`~torchcal.train.packed`), both trained by the one engine
 (:mod:`~torchcal.train.engine`, whose steps take a stack of M runs; :mod:`~torchcal.train.run`
 builds and resumes each run, :mod:`~torchcal.train.stacks` holds the networks),
 :mod:`~torchcal.train.build` (data and model from a config, a trained model from a checkpoint),
@@ -22,7 +23,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import JointHeadConfig, MultitaskConfig, TrainConfig
 from .evaluation import evaluate_checkpoint
 from .inference import predict_logits
-from .packed import train_packed
+from .packs import Pack, RunOutcome, form_packs, train_pack, train_packed
 from .recipes import get_recipe, list_recipes, register_recipe
 from .tracking import TensorBoardLogger
 from .trainer import build_loss, train
@@ -36,6 +37,10 @@ __all__ = [
     "register_recipe",
     "train",
     "train_packed",
+    "form_packs",
+    "train_pack",
+    "Pack",
+    "RunOutcome",
     "build_loss",
     "build_data",
     "build_model",

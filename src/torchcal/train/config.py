@@ -495,9 +495,10 @@ def grouped_name(cls: type, key: str) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a training run.
+    """Everything that defines a training run (frozen: a run is its config; derive another
+    with :func:`dataclasses.replace`).
 
     Attributes:
         recipe: name of the recipe this config came from (informational; ``""`` for none).

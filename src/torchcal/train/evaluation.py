@@ -5,6 +5,7 @@ as ``logits/*.npz`` and turned into ``results.json`` by :mod:`torchcal.evaluate`
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def _evaluate_checkpoint(run_dir, checkpoint, data_root, device, batch_size) -> 
     model, config = model_from_checkpoint(state, run_dir, dev)
     _check_same_run(run_dir, checkpoint, config)
     if data_root is not None:
-        config.data_root = str(data_root)
+        config = dataclasses.replace(config, data_root=str(data_root))
     splits = build_data(config)
     ood = load_ood_sets(config, splits)
     preds = collect_predictions(model, splits, ood, config, device=dev, batch_size=batch_size)

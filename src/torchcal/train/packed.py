@@ -2,7 +2,9 @@
 
 A benchmark trains the same network many times (the seeds of a loss, and several losses).  One
 small network leaves most of a GPU idle and pays Python's and the kernels' fixed costs once per
-step; :func:`train_packed` trains M such runs ("members") together: their parameters are stacked
+step; :func:`train_lanes` trains M such runs ("members"; the runs of one pack, formed by
+:func:`torchcal.train.packs.form_packs`; :func:`torchcal.train.packs.train_packed` and
+:func:`torchcal.train.packs.train_pack` call it) together: their parameters are stacked
 along a leading member dimension and the M forward and backward passes run as one batched pass
 (``torch.func.vmap`` over ``functional_call``, chosen by measurement,
 ``benchmarks/results/packing.md``).
@@ -28,7 +30,7 @@ stops a run.
 No host synchronisation is added per step: the members' losses, statistics and gradient norms
 stay on the device until the end of the epoch, as in :func:`~torchcal.train.train`.
 
-Not packable (:func:`pack_problem` says why; such runs train with :func:`~torchcal.train.train`):
+Not packable (:func:`torchcal.train.packs.pack_problem` says why; such runs train with :func:`~torchcal.train.train`):
 the joint uncertainty head, ``compile``, fp16 AMP (one loss scaler would couple the members),
 TensorBoard logging, ``torchrun`` (DDP), and models with dropout (one random stream for every
 member).  A member's log line counts in ``seconds`` its share of the pack's training and
@@ -38,7 +40,6 @@ validation time plus its own evaluation and checkpoint.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -56,54 +57,9 @@ from .evaluation import read_config
 from .pack_commit import ghost_run, pack_layout, reconcile_staged
 from .run import build_loss, build_run, build_sources, device_and_amp, resume_state
 from .stacks import FORWARDS, PackedModel
-from .trainer import train
+from .trainer import fit
 
-__all__ = ["train_packed", "train_pack", "pack_groups", "pack_problem", "MemberDivergedError", "FORWARDS"]
-
-#: TrainConfig fields in which the members of one pack may differ.
-MEMBER_FIELDS = frozenset({"seed", "loss", "loss_kwargs", "loss_defaults", "reduction", "out_dir",
-                           "resume", "progress", "num_threads"})
-
-
-def pack_problem(config: TrainConfig) -> str | None:
-    """Why ``config`` cannot train in a pack (None: it can)."""
-    if config.joint_head.enabled:
-        return "the joint uncertainty head is not packed"
-    if config.multitask.tasks:
-        return "a multi-task run is not packed"
-    if config.compile:
-        return "compile=True is not packed"
-    if config.amp == "fp16":
-        return "fp16 AMP's loss scaler would couple the members"
-    if config.tensorboard:
-        return "TensorBoard logging is not packed"
-    return None
-
-
-def _pack_key(config: TrainConfig) -> str:
-    d = config.to_dict()
-    d["milestones"] = config.effective_milestones()
-    return repr(sorted((k, repr(v)) for k, v in d.items() if k not in MEMBER_FIELDS))
-
-
-def pack_groups(configs: Sequence[TrainConfig], max_members: int | None = None
-                ) -> list[list[int]]:
-    """Indices of ``configs`` grouped into packs: configs that differ only in
-    :data:`MEMBER_FIELDS` (seed, loss, ...), at most ``max_members`` per pack, in the order
-    given; an unpackable config (:func:`pack_problem`) is a pack of one."""
-    if max_members is not None and (not isinstance(max_members, int) or max_members < 1):
-        raise ValueError(f"Expected `max_members` to be a positive integer, got {max_members!r}")
-    groups: dict[str, list[list[int]]] = {}
-    order: list[list[int]] = []
-    for i, cfg in enumerate(configs):
-        key = _pack_key(cfg) if pack_problem(cfg) is None else f"alone {i}"
-        packs = groups.setdefault(key, [])
-        if not packs or (max_members is not None and len(packs[-1]) >= max_members):
-            packs.append([])
-            order.append(packs[-1])
-        packs[-1].append(i)
-    return order
-
+__all__ = ["train_lanes", "MemberDivergedError", "FORWARDS"]
 
 def _has_dropout(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
@@ -120,7 +76,6 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
     env, locked, opened, data = DistEnv(), [], [], {}
     for i in group:
         try:
-            configs[i].validate()
             if not locked_by_caller:
                 stack.enter_context(exclusive_lock(configs[i].out_dir))
             locked.append(i)
@@ -207,77 +162,39 @@ def _packed_model(members: list[Member], forward: str) -> PackedModel:
                        amp=runs[0].amp)
 
 
-def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = None,
-                 forward: str = "auto") -> list[dict[str, Any] | BaseException]:
-    """Train ``configs`` in packs (:func:`pack_groups`): one result per config, in order.
+def train_lanes(configs: Sequence[TrainConfig], *, forward: str = "auto", locked: bool = False
+                ) -> list[dict[str, Any] | BaseException]:
+    """Train ``configs``, the runs of one :class:`~torchcal.train.packs.Pack` (formed and
+    checked by :func:`~torchcal.train.packs.form_packs`, nothing is checked again here), as
+    one packed model, one run per lane; a pack of one is trained as
+    :func:`~torchcal.train.train` trains it.  Called by :mod:`torchcal.train.packs` only.
 
     Args:
-        configs: the runs; those that differ only in :data:`MEMBER_FIELDS` (seed, loss, loss
-            arguments, run directory, ...) train together.
-        max_members: the most runs in one pack (None: no limit).
-        forward: how the members' model runs (:data:`FORWARDS`): ``"auto"`` loops over the
-            members on the CPU and vmaps them on a GPU.
-
-    A pack of one (a run alone, or one :func:`pack_problem` refuses) is trained by
-    :func:`~torchcal.train.train` itself.  Calling it again with the same configs resumes
-    every member in the pack it trained in, from the epoch its companions resume from
-    (:mod:`torchcal.train.pack_commit`), so a killed sweep ends with the numbers of an
-    uninterrupted one.
+        configs: the pack's runs, in lane order.
+        forward: how the lanes' model runs (:data:`FORWARDS`).
+        locked: the caller already holds each run directory's lock
+            (:func:`torchcal._io.exclusive_lock`), so the runs are not locked again.
 
     Returns:
         For each config, the summary :func:`~torchcal.train.train` returns, or the exception
-        that stopped that run alone (:class:`MemberDivergedError`, ``CheckpointError``,
-        ``InUseError``, a loss' error, ...).
-
-    Raises:
-        KeyboardInterrupt: every member keeps its last committed checkpoint (resume continues
-            it).
-        ValueError: under ``torchrun`` (packing is for one process).
+        that stopped that run alone.
     """
-    configs = list(configs)
-    if forward not in FORWARDS:
-        raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
-    for c in configs:
-        if not isinstance(c, TrainConfig):
-            raise TypeError(f"Expected `configs` to hold TrainConfig, got {type(c).__name__}")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("Packed training runs in one process; run torchrun with train()")
     results: list[Any] = [None] * len(configs)
-    for group in pack_groups(configs, max_members):
-        _train_group(configs, group, results, forward)
+    if configs:
+        _train_group(list(configs), list(range(len(configs))), results, forward, locked)
     return results
 
 
-def train_pack(configs: Sequence[TrainConfig], *, forward: str = "auto", locked: bool = False
-               ) -> list[dict[str, Any] | BaseException]:
-    """Train ``configs`` as one pack, formed by the caller (:func:`pack_groups`; a pack of one
-    is trained by :func:`~torchcal.train.train`): one result per config, in order, as
-    :func:`train_packed` returns them.
-
-    Args:
-        configs: the pack's runs; they must differ only in :data:`MEMBER_FIELDS` and be
-            packable (:func:`pack_problem`), else ``ValueError`` naming ``configs``.
-        forward: how the members' model runs (:data:`FORWARDS`).
-        locked: the caller already holds each run directory's lock
-            (:func:`torchcal._io.exclusive_lock`), so the members are not locked again.
-    """
-    configs = list(configs)
-    if not configs:
-        raise ValueError("Expected `configs` to hold at least one TrainConfig, got none")
-    if forward not in FORWARDS:
-        raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
-    for c in configs:
-        if not isinstance(c, TrainConfig):
-            raise TypeError(f"Expected `configs` to hold TrainConfig, got {type(c).__name__}")
-    if len(configs) > 1:
-        problems = {pack_problem(c) for c in configs} - {None}
-        if problems or len({_pack_key(c) for c in configs}) > 1:
-            raise ValueError("Expected `configs` to form one pack (differing only in "
-                             f"{sorted(MEMBER_FIELDS)}, packable), got "
-                             + (", ".join(sorted(problems)) if problems else "other settings"))
-    results: list[Any] = [None] * len(configs)
-    _train_group(configs, list(range(len(configs))), results, forward, locked)
-    return results
+def _train_alone(config: TrainConfig) -> dict[str, Any]:
+    """:func:`~torchcal.train.train` of a run already checked (:func:`~torchcal.train.packs.
+    form_packs` validated it), in this one process."""
+    t_start = time.perf_counter()
+    if config.num_threads is not None:
+        torch.set_num_threads(int(config.num_threads))
+    with exclusive_lock(config.out_dir):  # re-entered when the caller holds it
+        summary = fit(config, DistEnv())
+    summary["seconds"] = time.perf_counter() - t_start
+    return summary
 
 
 def _train_group(configs: Sequence[TrainConfig], group: list[int], results: list[Any],
@@ -285,7 +202,7 @@ def _train_group(configs: Sequence[TrainConfig], group: list[int], results: list
     """Train the runs ``group`` of ``configs`` as one pack, their results in ``results``."""
     if len(group) == 1:  # alone (or not packable): the trainer itself
         try:
-            results[group[0]] = train(configs[group[0]])
+            results[group[0]] = _train_alone(configs[group[0]])
         except Exception as exc:  # noqa: BLE001 - reported in its place
             results[group[0]] = exc
         return
