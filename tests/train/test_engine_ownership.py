@@ -22,12 +22,12 @@ from torchcal.train.pack_commit import ghost_run
 from torchcal.train.packed import train_packed
 from torchcal.train.plugin import RunPlugin
 from torchcal.train.run import SGD, Run, build_loss, build_optimizer
-from torchcal.train.stacks import PackedModel, SoloModel, Stack
+from torchcal.train.stacks import AlonePolicy, PackedModel, PackPolicy, SoloModel, Stack
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 
-_PROTOCOL = ("packed", "amp", "train", "start_epoch", "forward", "forward_shared", "step",
-             "annotate", "split_logits", "finite", "fc_norms", "stacked_state")
+_PROTOCOL = ("policy", "amp", "train", "start_epoch", "forward", "forward_shared", "step",
+             "annotate", "split_logits", "finite", "fc_norms", "stacked_state", "graph")
 
 
 def _models(n: int = 2) -> tuple[list[nn.Module], list[SGD]]:
@@ -43,7 +43,7 @@ class _OnlyTheProtocol:
 
     def __init__(self, stack: Stack) -> None:
         self._stack = stack
-        self.packed, self.amp = stack.packed, stack.amp
+        self.policy, self.amp = stack.policy, stack.amp
 
     def __getattr__(self, name):
         if name not in _PROTOCOL:
@@ -57,7 +57,7 @@ class _OnlyTheProtocol:
 def test_both_stacks_implement_the_protocol_and_hold_no_run(tmp_path):
     models, opts = _models()
     pack = PackedModel(models, opts, "loop")
-    assert isinstance(pack, Stack) and pack.packed and pack.amp == "off"
+    assert isinstance(pack, Stack) and isinstance(pack.policy, PackPolicy) and pack.amp == "off"
     assert not any(isinstance(v, Run) for v in vars(pack).values())
     assert set(pack.stacked_state()) == ({f"p.{k}" for k in pack.params}
                                          | {f"m.{j}" for j in range(len(pack.params))})
@@ -69,7 +69,8 @@ def test_both_stacks_implement_the_protocol_and_hold_no_run(tmp_path):
                                 device=torch.device("cpu"), amp="off", n_batches=3,
                                 loss_fn=nn.CrossEntropyLoss())
     solo = SoloModel(run)
-    assert isinstance(solo, Stack) and not solo.packed and solo.stacked_state() == {}
+    assert isinstance(solo, Stack) and isinstance(solo.policy, AlonePolicy)
+    assert solo.stacked_state() == {} and solo.graph() is None
     assert not any(v is run for v in vars(solo).values())
     torch.testing.assert_close(solo.forward_shared(x), model(x).unsqueeze(1))
 
