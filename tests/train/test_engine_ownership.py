@@ -75,6 +75,36 @@ def test_both_stacks_implement_the_protocol_and_hold_no_run(tmp_path):
     torch.testing.assert_close(solo.forward_shared(x), model(x).unsqueeze(1))
 
 
+def test_the_policies_are_the_only_difference_between_alone_and_packed(tmp_path):
+    """The strategies in place of the engine's flags: a run alone raises what stops it and
+    names no pack; a packed member becomes a ghost holding its error, its checkpoint names the
+    pack's layout, and a diverged one gets a MemberDivergedError naming its run."""
+    alone, pack = AlonePolicy(), PackPolicy()
+    mb = types.SimpleNamespace(index=0, ghost=False, error=None,
+                               run=types.SimpleNamespace(dir=types.SimpleNamespace(path=tmp_path)))
+    err = RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"):
+        alone.stop(mb, err)
+    assert not mb.ghost and mb.error is None
+    pack.stop(mb, err)
+    assert mb.ghost and mb.error is err
+    assert alone.checkpoint_meta(["a", "b"], 1, ["a"]) == {}
+    assert pack.checkpoint_meta(["a", "b"], 1, ["a"]) == {
+        "pack": {"slots": ["a", "b"], "slot": 1, "writers": ["a"]}}
+    drained = []
+    assert pack.stop_error(mb, 2, {"train_loss": 0.5}, True, lambda: drained.append(1)) is None
+    bad = pack.stop_error(mb, 2, {"train_loss": float("nan")}, True, lambda: drained.append(1))
+    assert isinstance(bad, P.MemberDivergedError) and "training loss nan" in str(bad)
+    assert str(tmp_path) in str(bad) and not drained  # a pack waits for no file
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for policy in (pack, alone):
+            with policy.stepping_schedules():
+                warnings.warn("Detected call of `lr_scheduler.step()` before "
+                              "`optimizer.step()`. x", UserWarning, stacklevel=1)
+    assert len(caught) == 1  # the alone policy's; the pack's is ignored
+
+
 def test_split_logits_wants_one_source_per_member():
     models, opts = _models()
     pack = PackedModel(models, opts, "loop")
