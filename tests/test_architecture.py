@@ -9,8 +9,9 @@ command, torch, scikit-learn or matplotlib to start, scikit-learn is imported at
 by the command line and matplotlib only inside functions; every TrainConfig field declares its
 constraint, ``validate`` checks no field by hand and the command line lists no field names;
 every exception or warning class is defined in ``errors.py`` (and the modules of ``_io/`` but
-``jsonio.py`` import the standard library only); and no function takes more than 10
-parameters (but the few excepted, each with its reason).  Each checker is also shown to fail
+``jsonio.py`` import the standard library only); no function takes more than 10
+parameters (but the few excepted, each with its reason); and no module but
+``train/stacks.py`` reads a stack beyond the ``Stack`` protocol or tests which stack it is.  Each checker is also shown to fail
 on a small package written here.
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
@@ -431,3 +432,62 @@ def test_the_unit_of_work_rule_can_fail(tmp_path, where, name, source, expected)
         assert found == [], found
     else:
         assert len(found) == 1 and expected in found[0], found
+def test_no_module_reads_a_stack_beyond_the_protocol(result):
+    assert not result["stack protocol"], "\n".join(result["stack protocol"])
+
+
+_STACKS = """from typing import Protocol
+class Stack(Protocol):
+    policy: object
+    def graph(self): ...
+class PackedModel:
+    policy = None
+    params = {}
+    def graph(self): ...
+def f(s: Stack):
+    return isinstance(s, PackedModel) and s.params  # the stacks module may
+"""
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("from .stacks import PackedModel\ndef f(s):\n    return isinstance(s, PackedModel)\n",
+         "bad.py:3 tests an object against PackedModel"),
+        ("from . import stacks\ndef f(s):\n    return issubclass(s, (int, stacks.PackedModel))\n",
+         "bad.py:3 tests an object against PackedModel"),
+        ("def f(s):\n    return type(s) is PackedModel\n", "bad.py:2 tests an object against"),
+        ("def f(stack: Stack):\n    return stack.params\n",
+         "bad.py:2 reads stack.params, which the Stack protocol"),
+        ("def f(x, *, stack: 'Stack | None' = None):\n    return getattr(stack, 'params')\n",
+         "bad.py:2 reads stack.params"),
+        ("def f(s: Optional[stacks.Stack]):\n    return s.graph().params, s.opt\n",
+         "bad.py:2 reads s.opt"),
+        ("class C:\n    def __init__(self, pack: Stack):\n        self.pack, self.n = pack, 1\n"
+         "    def g(self):\n        return self.pack.params\n", "bad.py:5 reads self.pack.params"),
+        ("class C:\n    def __init__(self, s):\n        self.pack: Stack = s\n"
+         "    def g(self):\n        return self.pack.models\n", "bad.py:5 reads self.pack.models"),
+        # the protocol's names, a protocol class, other objects and other attributes pass
+        ("def f(stack: Stack):\n    return stack.graph().params, stack.policy.stop\n", None),
+        ("def f(stack: Stack):\n    return isinstance(stack, Stack)\n", None),
+        ("def f(x):\n    return x.params, isinstance(x, PackedModels)\n", None),
+        ("class C:\n    def __init__(self, pack: Stack, n):\n        self.pack, self.n = pack, n\n"
+         "    def g(self):\n        return self.pack.graph(), self.n.params\n", None),
+    ],
+)
+def test_stack_protocol_violations_are_found(tmp_path, source, expected):
+    """Rule 15 can fail: a test against a stack class (``isinstance``, ``issubclass``, in a
+    tuple, through the module, ``type(x) is``), a read beyond the protocol of a parameter
+    annotated ``Stack`` (also a string, ``| None``, ``Optional``, ``getattr``, keyword-only)
+    or of an attribute of ``self`` set from one or annotated ``Stack``; the stacks module
+    itself, the protocol's names, the protocol class and other objects pass."""
+    root = _package(tmp_path, "train", source)
+    (root / "torchcal" / "train" / "stacks.py").write_text(_STACKS)
+    found = {k: v for k, v in arch.check(root).items() if v}
+    if expected is None:
+        assert not found, found
+    else:
+        assert list(found) == ["stack protocol"] and len(found["stack protocol"]) == 1, found
+        assert expected in found["stack protocol"][0], found
+    (root / "torchcal" / "train" / "stacks.py").unlink()  # no stacks module: no rule 15
+    assert not arch.check(root)["stack protocol"]

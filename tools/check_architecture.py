@@ -98,6 +98,15 @@ It prints one line per rule with its count, then every violation:
     (``torchcal.experiments.training.run_pack_job``) and the uncertainty suite's units, and
     no module there removes or judges a run directory itself (``shutil.rmtree``,
     ``clear_run_dir``, ``is_stale``, ``is_finished``): one locking rule, one staleness rule.
+16. **stack protocol**: no module but ``torchcal/train/stacks.py`` uses more of a stack than
+    the ``Stack`` protocol declared there (its annotated attributes and its methods): in a
+    function, a parameter annotated ``Stack`` (also ``Stack | None``, ``Optional[Stack]``, a
+    string) is read only through the protocol's names (``stack.X``, ``getattr(stack, "X")``),
+    and so is an attribute of ``self`` a method set from such a parameter (or annotated
+    ``Stack``); and no module but ``stacks.py`` tests an object against a class of
+    ``stacks.py`` other than a protocol (``isinstance``, ``issubclass``, ``type(x) is C``): the
+    engine and the compiled step call the stack's strategies, they do not ask which stack it
+    is.  Not seen: a stack reached through an unannotated name or a plain local alias.
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
 
@@ -185,6 +194,8 @@ BUILTIN_EXCEPTIONS = frozenset(name for name, obj in vars(builtins).items()
 # Rule 14: the most parameters a function takes (self/cls, *args and **kwargs not counted),
 # and the functions excepted ((module, qualified name) -> why).
 MAX_PARAMETERS = 10
+STACKS_MODULE = "torchcal.train.stacks"  # rule 16: the Stack protocol and the stacks
+STACK_PROTOCOL = "Stack"
 MANY_PARAMETERS = {
     ("torchcal.losses.adafocal", "AdaFocalLoss.__init__"):
         "a loss's hyper-parameters are its constructor's keywords, as for every registered "
@@ -762,6 +773,132 @@ def unit_of_work(module: str, tree: ast.AST, rel: Path) -> list[str]:
     return out
 
 
+def stack_protocol(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """Rule 16, from the stacks module: the names the ``Stack`` protocol declares (annotated
+    attributes and methods) and the module's classes that are no protocol (no base named
+    ``Protocol``)."""
+    members: set[str] = set()
+    classes: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        if "Protocol" not in {_base_name(b) for b in node.bases}:
+            classes.add(node.name)
+        elif node.name == STACK_PROTOCOL:
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    members.add(item.target.id)
+                elif isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    members.add(item.name)
+    return members, classes
+
+
+def _is_stack_annotation(node: ast.expr | None) -> bool:
+    """``Stack``, ``stacks.Stack``, ``"Stack"``, ``Stack | None``, ``Optional[Stack]``."""
+    if node is None:
+        return False
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        try:
+            node = ast.parse(node.value, mode="eval").body
+        except SyntaxError:
+            return False
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _is_stack_annotation(node.left) or _is_stack_annotation(node.right)
+    if isinstance(node, ast.Subscript) and _base_name(node.value) == "Optional":
+        return _is_stack_annotation(node.slice)
+    return _base_name(node) == STACK_PROTOCOL
+
+
+def _stack_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    a = fn.args
+    params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+    return {p.arg for p in params if _is_stack_annotation(p.annotation)}
+
+
+def _self_stacks(cls: ast.ClassDef) -> set[str]:
+    """The attributes of ``self`` that hold a stack in ``cls``: annotated ``Stack``, or set
+    from a parameter annotated ``Stack`` (``self.pack = pack``, ``self.pack, self.x = pack,
+    x``)."""
+    out: set[str] = set()
+    for fn in cls.body:
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        names = _stack_names(fn)
+        for node in ast.walk(fn):
+            pairs: list[tuple[ast.expr, ast.expr | None]] = []
+            if isinstance(node, ast.AnnAssign) and _is_stack_annotation(node.annotation):
+                pairs = [(node.target, None)]
+            elif isinstance(node, ast.Assign):
+                tgt, val = node.targets[0], node.value
+                same = (isinstance(tgt, ast.Tuple) and isinstance(val, ast.Tuple)
+                        and len(tgt.elts) == len(val.elts))
+                pairs = list(zip(tgt.elts, val.elts, strict=True)) if same else [(tgt, val)]
+            for t, v in pairs:
+                held = v is None or (isinstance(v, ast.Name) and v.id in names)
+                if (held and isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"):
+                    out.add(t.attr)
+    return out
+
+
+def _reads(node: ast.AST, names: set[str], attrs: set[str]) -> Iterator[tuple[int, str, str]]:
+    """``(line, holder, name)`` of every attribute read of a stack under ``node``: ``s.X`` and
+    ``getattr(s, "X")`` for ``s`` a name in ``names`` or ``self.A``, ``A`` in ``attrs``."""
+    def holder(n: ast.AST) -> str | None:
+        if isinstance(n, ast.Name) and n.id in names:
+            return n.id
+        if (isinstance(n, ast.Attribute) and n.attr in attrs and isinstance(n.value, ast.Name)
+                and n.value.id == "self"):
+            return f"self.{n.attr}"
+        return None
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and holder(n.value):
+            yield n.lineno, holder(n.value), n.attr
+        elif (isinstance(n, ast.Call) and _call_name(n) == "getattr" and len(n.args) >= 2
+              and holder(n.args[0]) and isinstance(n.args[1], ast.Constant)):
+            yield n.lineno, holder(n.args[0]), str(n.args[1].value)
+
+
+def _class_tests(tree: ast.AST, classes: set[str]) -> Iterator[tuple[int, str]]:
+    """``(line, class)`` of every ``isinstance``/``issubclass`` against, or ``type(x) is`` /
+    ``==`` comparison with, one of ``classes``."""
+    for n in ast.walk(tree):
+        named: list[ast.expr] = []
+        if (isinstance(n, ast.Call) and _call_name(n) in ("isinstance", "issubclass")
+                and len(n.args) == 2):
+            second = n.args[1]
+            named = list(second.elts) if isinstance(second, ast.Tuple) else [second]
+        elif (isinstance(n, ast.Compare) and isinstance(n.left, ast.Call)
+              and _call_name(n.left) == "type"
+              and all(isinstance(op, (ast.Is, ast.Eq, ast.IsNot, ast.NotEq)) for op in n.ops)):
+            named = list(n.comparators)
+        for c in named:
+            if _base_name(c) in classes:
+                yield n.lineno, str(_base_name(c))
+
+
+def stack_boundary(tree: ast.AST, rel: Path, members: Collection[str],
+                   classes: Collection[str]) -> list[str]:
+    """Rule 16 in one module (not the stacks module): reads of a stack beyond the protocol's
+    ``members``, and tests against the stacks module's ``classes``."""
+    out = [f"{rel}:{line} tests an object against {name}, a class of torchcal/train/stacks.py "
+           "(call the stack's protocol and its strategies instead)"
+           for line, name in _class_tests(tree, set(classes))]
+    seen: set[tuple[int, str, str]] = set()
+    for node in ast.walk(tree):
+        attrs = _self_stacks(node) if isinstance(node, ast.ClassDef) else set()
+        if attrs:
+            seen.update(_reads(node, set(), attrs))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = _stack_names(node)
+            if names:
+                seen.update(_reads(node, names, set()))
+    out += [f"{rel}:{line} reads {holder}.{name}, which the Stack protocol "
+            f"(torchcal/train/stacks.py) does not declare"
+            for line, holder, name in sorted(seen) if name not in members]
+    return out
+
+
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
@@ -771,12 +908,16 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "standard library only": [], "start-up imports": [],
                                  "heavy imports": [], "config declarations": [],
                                  "exception classes": [],
-                                 "parameters": [], "unit of work": []}
+                                 "parameters": [], "unit of work": [],
+                                 "stack protocol": []}
     spelled: dict[str, list[str]] = {}
     excepted: set[tuple[str, str]] = set()  # the MANY_PARAMETERS entries that take > 10
     mods = dict(modules(src))
     errors_path = mods.get(ERRORS_MODULE)
     known = class_names(ast.parse(errors_path.read_text(encoding="utf-8"))) if errors_path else ()
+    stacks_path = mods.get(STACKS_MODULE)
+    protocol, stack_classes = (stack_protocol(ast.parse(stacks_path.read_text(encoding="utf-8")))
+                               if stacks_path else (set(), set()))
     for module, path in mods.items():
         rel = path.relative_to(src)
         text = path.read_text(encoding="utf-8")
@@ -796,6 +937,8 @@ def check(src: Path) -> dict[str, list[str]]:
             module, path, tree, rel, mods)
         if module != ERRORS_MODULE:
             out["exception classes"] += exception_classes(tree, rel, known)
+        if stacks_path is not None and module != STACKS_MODULE:
+            out["stack protocol"] += stack_boundary(tree, rel, protocol, stack_classes)
         if module != RUN_DIR_OWNER:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")

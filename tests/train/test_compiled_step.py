@@ -37,7 +37,7 @@ from torchcal.train import compiled as compiled_mod
 from torchcal.train.compiled import CompiledStep, CompiledStepWarning, make_compiled_step
 from torchcal.train.engine import PackedStats
 from torchcal.train.loss_groups import LossGroups
-from torchcal.train.stacks import PackedModel
+from torchcal.train.stacks import PackedModel, Stack
 
 NAMES = list_losses()
 D, C, N, B, STEPS = 6, 5, 96, 16, 3
@@ -232,6 +232,57 @@ def test_auto_is_eager_on_the_cpu_and_unpackable_config_warns():
     _Batches.shared = False
     with pytest.warns(CompiledStepWarning, match="not one gather"):
         assert make_compiled_step(pack, groups, _Batches(), "on", 2.0) is None
+
+
+#: the names the Stack protocol declares (its annotated attributes and methods)
+_PROTOCOL = {n for n in vars(Stack) if not n.startswith("_")} | set(Stack.__annotations__)
+
+
+class _OnlyTheProtocol:
+    """A stack that lets its user reach the :class:`Stack` protocol's names only."""
+
+    def __init__(self, stack) -> None:
+        self._stack = stack
+
+    def __getattr__(self, name):
+        if name not in _PROTOCOL:
+            raise AttributeError(f"{name!r} is not in the Stack protocol")
+        return getattr(self._stack, name)
+
+
+def test_the_compiled_step_uses_nothing_but_the_protocol():
+    """A compiled step made through a stack that exposes only the protocol (its ``graph()``)
+    steps the very parameters and momenta of one made on the pack itself; a stack without a
+    graph (a run alone) gets no compiled step and no warning, and ``CompiledStep`` refuses it
+    by name."""
+    assert {"graph", "policy", "step", "forward"} <= _PROTOCOL and "params" not in _PROTOCOL
+    src = _Source()
+    (plain, gp), (proxied, gq) = _pack(["ce", "focal"]), _pack(["ce", "focal"])
+
+    class _Batches:
+        shared = True
+
+    _Batches.src = src
+    a = CompiledStep(plain, gp, src, 2.0, backend="aot_eager")
+    b = make_compiled_step(_OnlyTheProtocol(proxied), gq, _Batches(), "on", 2.0,
+                           backend="aot_eager")
+    stats = [PackedStats(2, 15, torch.device("cpu")) for _ in range(2)]
+    for step in range(2):
+        assert a(_indices(2, step), stats[0]) and b(_indices(2, step), stats[1])
+    for k in plain.params:
+        assert torch.equal(plain.params[k], proxied.params[k]), k
+    assert all(torch.equal(x, y) for x, y in zip(a.momenta, b.momenta, strict=True))
+    assert torch.equal(stats[0].scalars, stats[1].scalars)
+
+    class _Alone:
+        def graph(self):
+            return None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert make_compiled_step(_Alone(), gp, _Batches(), "on", 2.0) is None
+    with pytest.raises(TypeError, match="`pack` to be a stack with a step graph.*_Alone"):
+        CompiledStep(_Alone(), gp, src, 2.0)
 
 
 def _configs(root, mode: str, epochs: int = 2):

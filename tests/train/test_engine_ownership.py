@@ -22,12 +22,12 @@ from torchcal.train.pack_commit import ghost_run
 from torchcal.train.packs import train_packed
 from torchcal.train.plugin import RunPlugin
 from torchcal.train.run import SGD, Run, build_loss, build_optimizer
-from torchcal.train.stacks import PackedModel, SoloModel, Stack
+from torchcal.train.stacks import AlonePolicy, PackedModel, PackPolicy, SoloModel, Stack
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 
-_PROTOCOL = ("packed", "amp", "train", "start_epoch", "forward", "forward_shared", "step",
-             "annotate", "split_logits", "finite", "fc_norms", "stacked_state")
+_PROTOCOL = ("policy", "amp", "train", "start_epoch", "forward", "forward_shared", "step",
+             "annotate", "split_logits", "finite", "fc_norms", "stacked_state", "graph")
 
 
 def _models(n: int = 2) -> tuple[list[nn.Module], list[SGD]]:
@@ -43,7 +43,7 @@ class _OnlyTheProtocol:
 
     def __init__(self, stack: Stack) -> None:
         self._stack = stack
-        self.packed, self.amp = stack.packed, stack.amp
+        self.policy, self.amp = stack.policy, stack.amp
 
     def __getattr__(self, name):
         if name not in _PROTOCOL:
@@ -57,7 +57,7 @@ class _OnlyTheProtocol:
 def test_both_stacks_implement_the_protocol_and_hold_no_run(tmp_path):
     models, opts = _models()
     pack = PackedModel(models, opts, "loop")
-    assert isinstance(pack, Stack) and pack.packed and pack.amp == "off"
+    assert isinstance(pack, Stack) and isinstance(pack.policy, PackPolicy) and pack.amp == "off"
     assert not any(isinstance(v, Run) for v in vars(pack).values())
     assert set(pack.stacked_state()) == ({f"p.{k}" for k in pack.params}
                                          | {f"m.{j}" for j in range(len(pack.params))})
@@ -69,9 +69,40 @@ def test_both_stacks_implement_the_protocol_and_hold_no_run(tmp_path):
                                 device=torch.device("cpu"), amp="off", n_batches=3,
                                 loss_fn=nn.CrossEntropyLoss())
     solo = SoloModel(run)
-    assert isinstance(solo, Stack) and not solo.packed and solo.stacked_state() == {}
+    assert isinstance(solo, Stack) and isinstance(solo.policy, AlonePolicy)
+    assert solo.stacked_state() == {} and solo.graph() is None
     assert not any(v is run for v in vars(solo).values())
     torch.testing.assert_close(solo.forward_shared(x), model(x).unsqueeze(1))
+
+
+def test_the_policies_are_the_only_difference_between_alone_and_packed(tmp_path):
+    """The strategies in place of the engine's flags: a run alone raises what stops it and
+    names no pack; a packed member becomes a ghost holding its error, its checkpoint names the
+    pack's layout, and a diverged one gets a MemberDivergedError naming its run."""
+    alone, pack = AlonePolicy(), PackPolicy()
+    mb = types.SimpleNamespace(index=0, ghost=False, error=None,
+                               run=types.SimpleNamespace(dir=types.SimpleNamespace(path=tmp_path)))
+    err = RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"):
+        alone.stop(mb, err)
+    assert not mb.ghost and mb.error is None
+    pack.stop(mb, err)
+    assert mb.ghost and mb.error is err
+    assert alone.checkpoint_meta(["a", "b"], 1, ["a"]) == {}
+    assert pack.checkpoint_meta(["a", "b"], 1, ["a"]) == {
+        "pack": {"slots": ["a", "b"], "slot": 1, "writers": ["a"]}}
+    drained = []
+    assert pack.stop_error(mb, 2, {"train_loss": 0.5}, True, lambda: drained.append(1)) is None
+    bad = pack.stop_error(mb, 2, {"train_loss": float("nan")}, True, lambda: drained.append(1))
+    assert isinstance(bad, P.MemberDivergedError) and "training loss nan" in str(bad)
+    assert str(tmp_path) in str(bad) and not drained  # a pack waits for no file
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for policy in (pack, alone):
+            with policy.stepping_schedules():
+                warnings.warn("Detected call of `lr_scheduler.step()` before "
+                              "`optimizer.step()`. x", UserWarning, stacklevel=1)
+    assert len(caught) == 1  # the alone policy's; the pack's is ignored
 
 
 def test_split_logits_wants_one_source_per_member():

@@ -7,7 +7,9 @@ of tensors, compiled once per batch shape:
 
 * the batch gather from the shared data on the device (``BatchSource.take``: the step takes the
   members' sample indices (M, B), not the samples);
-* the forward pass of every member (:meth:`PackedModel.forward_with`, vmapped or looped), the
+* the forward pass of every member (the stack's :class:`~torchcal.train.stacks.StepGraph`:
+  :meth:`PackedModel.forward_with <torchcal.train.stacks.PackedModel.forward_with>`, vmapped or
+  looped), the
   grouped losses (:class:`~torchcal.train.loss_groups.LossGroups`) and their gradient with
   :func:`torch.func.grad_and_value` (no ``backward()``: the backward pass is part of the graph);
 * the epoch statistics (:class:`~torchcal.train.engine.PackedStats`, updated in place);
@@ -40,7 +42,7 @@ from torch.func import grad_and_value
 from ..errors import CompiledStepWarning
 from .device import autocast
 from .loss_groups import LossGroups
-from .stacks import PackedModel
+from .stacks import Stack, StepGraph
 
 __all__ = ["COMPILE_STEP", "CompiledStep", "CompiledStepWarning", "compile_problem",
            "make_compiled_step"]
@@ -49,18 +51,21 @@ __all__ = ["COMPILE_STEP", "CompiledStep", "CompiledStepWarning", "compile_probl
 COMPILE_STEP = ("auto", "off", "on")
 
 
-def compile_problem(stack: Any, groups: LossGroups, gather: bool) -> str | None:
-    """Why the step of ``stack`` cannot be one compiled graph (None: it can)."""
-    if not isinstance(stack, PackedModel):
-        return "a run alone steps its own module (head, AMP scaler, DDP)"
-    if stack.buffers:
+def compile_problem(stack: Stack, groups: LossGroups, gather: bool) -> str | None:
+    """Why the step of ``stack`` cannot be one compiled graph (None: it can): what its
+    :meth:`~torchcal.train.stacks.Stack.graph` is, or is not, and how the members' batches and
+    losses are computed."""
+    graph = stack.graph()
+    if graph is None:
+        return "the stack steps its own module (a run alone: head, AMP scaler, DDP)"
+    if graph.buffers:
         return "the model has buffers (batch norm's running statistics are not stacked state)"
     if not gather:
         return "the members' batches are not one gather from shared data (augmentation, " \
                "per-member data or torchrun)"
     if groups.unbatched:
         return "a member's loss cannot join a vmapped group"
-    if any(g.grad is not None for g in stack.params.values()):
+    if any(g.grad is not None for g in graph.params.values()):
         return "the stacked parameters hold gradients"
     return None
 
@@ -88,7 +93,8 @@ class CompiledStep:
     """The packed step of :func:`~torchcal.train.engine.train_epoch` as one compiled function.
 
     Args:
-        pack: the members' stacked model and SGD.
+        pack: the members' stack: its :meth:`~torchcal.train.stacks.Stack.graph` (the stacked
+            parameters, momenta, SGD settings and forward function) is all the step uses.
         groups: the members' losses.
         source: the shared training data (``BatchSource``) the indices gather from.
         max_norm: per-member gradient clipping (None: none).
@@ -97,21 +103,28 @@ class CompiledStep:
         mode: :func:`torch.compile`'s mode (None: ``"reduce-overhead"`` on CUDA, else default).
 
     Call it with ``(index (M, B), stats)``: one training step of every member.
+
+    Raises:
+        TypeError: ``pack`` has no graph (a run alone steps its own module).
     """
 
-    def __init__(self, pack: PackedModel, groups: LossGroups, source: Any,
+    def __init__(self, pack: Stack, groups: LossGroups, source: Any,
                  max_norm: float | None, amp: str = "off", backend: str = "inductor",
                  mode: str | None = None) -> None:
-        self.pack, self.groups, self.source = pack, groups, source
+        graph = pack.graph()
+        if graph is None:
+            raise TypeError(f"Expected `pack` to be a stack with a step graph (a pack), got "
+                            f"{type(pack).__name__}, which steps its own module")
+        self.graph: StepGraph = graph
+        self.groups, self.source = groups, source
         self.max_norm = None if max_norm is None else float(max_norm)
         self.amp = amp
-        self.device = next(iter(pack.params.values())).device
-        group = pack.opt.param_groups[0]
+        self.device = next(iter(graph.params.values())).device
+        group = graph.sgd
         self.momentum, self.dampening = float(group["momentum"]), float(group["dampening"])
         self.weight_decay, self.nesterov = float(group["weight_decay"]), bool(group["nesterov"])
-        self.names = list(pack.params)
-        self.momenta = ([pack.opt.state[p]["momentum_buffer"] for p in pack.params.values()]
-                        if self.momentum else [])
+        self.names = list(graph.params)
+        self.momenta = graph.momenta
         self.lr = torch.zeros((), dtype=torch.float64, device=self.device)
         self._lr_host: float | None = None
         self.mean_rows = groups.mean_rows
@@ -144,29 +157,30 @@ class CompiledStep:
             return
         mark = torch._dynamo.mark_static_address
         state = [t for g in self.groups.groups for t in g.state.values()]
-        for t in [*self.pack.params.values(), *self.momenta, self.lr, self._scalars,
+        for t in [*self.graph.params.values(), *self.momenta, self.lr, self._scalars,
                   self._bins, self.source.data, self.source.labels, self.mean_rows, *state]:
             mark(t)
 
     def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor):
         with autocast(self.device, self.amp):
-            logits = self.pack.forward_with(params, x)
+            logits = self.graph.forward(params, x)
         logits = logits.float()
         loss = self.groups(logits, y)
         return loss.sum(), (loss.detach(), logits.detach())
 
     def _step(self, index: torch.Tensor, stats: Any) -> None:
         x, y = self.source.take(index)
-        params = self.pack.params
+        params = self.graph.params
         grads, (_, (loss, logits)) = grad_and_value(self._loss, has_aux=True)(params, x, y)
         stats.update(logits, y, torch.where(self.mean_rows, loss * y.shape[1], loss))
         self._sgd([params[k] for k in self.names], [grads[k] for k in self.names])
 
     @torch.no_grad()
     def _sgd(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        """Per-member clipping (as :meth:`PackedModel.step`) and ``torch.optim.SGD``'s update,
-        in place on the stacked parameters and momentum buffers."""
-        n = len(self.pack.models)
+        """Per-member clipping (as :meth:`PackedModel.step
+        <torchcal.train.stacks.PackedModel.step>`) and ``torch.optim.SGD``'s update, in place
+        on the stacked parameters and momentum buffers."""
+        n = self.graph.n_members
         if self.max_norm is not None:
             norms = torch.stack([torch.linalg.vector_norm(g.reshape(n, -1), 2.0, dim=1)
                                  for g in grads])
@@ -186,7 +200,7 @@ class CompiledStep:
         the eager step; the reason was warned once and the pack stays eager)."""
         if self.failed is not None:
             return False
-        lr = float(self.pack.opt.param_groups[0]["lr"])
+        lr = float(self.graph.sgd["lr"])
         if lr != self._lr_host:  # the schedule moved: one fill, no recompilation
             self.lr.fill_(lr)
             self._lr_host = lr
@@ -219,19 +233,20 @@ def _wanted(setting: str, device: torch.device) -> bool:
     return setting == "on"
 
 
-def make_compiled_step(stack: Any, groups: LossGroups, batches: Any, setting: str,
+def make_compiled_step(stack: Stack, groups: LossGroups, batches: Any, setting: str,
                        max_norm: float | None, amp: str = "off",
                        backend: str = "inductor") -> CompiledStep | None:
     """The compiled step of ``stack`` when ``setting`` (``TrainConfig.compile_step``) asks for
     one and the pack allows it; None for the eager step (with a :class:`CompiledStepWarning`
-    naming the reason when one was asked for and cannot be had)."""
+    naming the reason when one was asked for and cannot be had; none for a stack without a
+    :meth:`~torchcal.train.stacks.Stack.graph`, a run alone, whose own ``compile`` option
+    compiles its model)."""
     device = groups.device
-    if not _wanted(setting, device):
+    if not _wanted(setting, device) or stack.graph() is None:
         return None
     why = compile_problem(stack, groups, bool(getattr(batches, "shared", False)))
     if why is not None:
-        if isinstance(stack, PackedModel):  # a run alone has its own `compile` option
-            warnings.warn(f"the packed step trains eagerly: {why}", CompiledStepWarning,
-                          stacklevel=2)
+        warnings.warn(f"the packed step trains eagerly: {why}", CompiledStepWarning,
+                      stacklevel=2)
         return None
     return CompiledStep(stack, groups, batches.src, max_norm, amp, backend)

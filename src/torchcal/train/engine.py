@@ -35,26 +35,28 @@ with :class:`~torchcal.errors.DivergedError` (``train`` raises it), and in a pac
 so its companions keep their pack and their numbers.
 
 Ownership: the engine works with a stack only through the
-:class:`~torchcal.train.stacks.Stack` protocol; it owns the members (:class:`Member`: each
-member's run), steps every schedule (:func:`step_schedules`) and sets a pack's learning rate
-(``Stack.start_epoch``); a stack holds modules, optimisers and settings, no run, and computes
-a split's logits from the sources the engine gives it (:func:`split_logits`).
+:class:`~torchcal.train.stacks.Stack` protocol (``tools/check_architecture.py``, rule 15); it
+owns the members (:class:`Member`: each member's run), steps every schedule
+(:func:`step_schedules`) and sets a pack's learning rate (``Stack.start_epoch``); a stack holds
+modules, optimisers and settings, no run, and computes a split's logits from the sources the
+engine gives it (:func:`split_logits`).  Where a run alone and a pack differ (what stops a
+member, what its checkpoint records, the schedules' order check, the final evaluation) the
+engine calls the stack's strategy, :attr:`Stack.policy <torchcal.train.stacks.Stack.policy>`
+(:class:`~torchcal.train.stacks.AlonePolicy`, :class:`~torchcal.train.stacks.PackPolicy`):
+it has no flag for either.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import re
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..errors import MemberDivergedError, diverged_message
+from ..errors import MemberDivergedError
 from ..losses.base import loss_log_state, loss_on_validation, loss_set_epoch, loss_wants_validation
 from ..metrics.binning import calibration_from_sums
 from ..metrics.epoch import (
@@ -70,14 +72,10 @@ from .compiled import CompiledStep, make_compiled_step
 from .device import autocast
 from .distributed import epoch_permutation, epoch_seed
 from .epoch_end import DeviceBest, StateRows, mean_rows, resolve, rows_of
-from .evaluation import write_predictions
-from .inference import predict_logits
 from .loss_groups import LossGroups
 from .pack_commit import EpochJob, EpochWriter, commit_staged, stage_checkpoint
 from .run import (
     Run,
-    divergence_error,
-    final_evaluation,
     finished_run_numbers,
     progress_bar,
     shares_data,
@@ -85,7 +83,7 @@ from .run import (
     train_batches,
     update_every,
 )
-from .stacks import SharedInput, Stack
+from .stacks import Stack
 
 __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
            "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter",
@@ -135,23 +133,18 @@ class Member:
     """One member of a stack (its position ``index`` in the caller's results; -1 for a
     ghost): its :class:`~torchcal.train.run.Run`, its last epoch's numbers and, once it
     stopped, its error.  A *ghost* (a packed member that stopped, or a member whose run does
-    not resume with this pack) is computed with the others but writes nothing; an ``alone``
-    member (the run of :func:`~torchcal.train.train`) raises what stops it.  The engine owns
-    the members' runs: a stack holds none."""
+    not resume with this pack) is computed with the others but writes nothing.  What stopping
+    a member does is its stack's policy's
+    (:meth:`MemberPolicy.stop <torchcal.train.stacks.MemberPolicy.stop>`: a run alone raises
+    the error, a packed member becomes a ghost).  The engine owns the members' runs: a stack
+    holds none."""
 
-    def __init__(self, index: int, run: Run, ghost: bool = False, alone: bool = False) -> None:
-        self.index, self.run, self.ghost, self.alone = index, run, ghost, alone
+    def __init__(self, index: int, run: Run, ghost: bool = False) -> None:
+        self.index, self.run, self.ghost = index, run, ghost
         self.final: dict[str, float] = {} if ghost else finished_run_numbers(run)
         self.error: BaseException | None = None
         self.every = update_every(run.loss_fn)
         self.tb: Any = None  # its TensorBoard logger (rank 0 with ``tensorboard``)
-
-    def stop(self, error: BaseException) -> None:
-        """Stop this member: a packed member stays in its place as a ghost; a member alone
-        raises ``error``."""
-        if self.alone:
-            raise error
-        self.error, self.ghost = error, True
 
 
 def live(members: list[Member]) -> list[Member]:
@@ -166,25 +159,17 @@ def split_logits(stack: Stack, members: list[Member], split: str
     return stack.split_logits([mb.run.src[split] for mb in members], members[0].run.eval_bs)
 
 
-# torch's check that a schedule steps after its optimiser (PyTorch issue 20124)
-_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`")
-
-
 def step_schedules(stack: Stack, members: list[Member], per_step: bool) -> None:
     """Step the members' learning-rate schedules after the stack's optimiser step: those of
     a head stepped at every optimiser step (``per_step``), or the others, at the end of an
-    epoch.  The engine alone steps them (a stack never does).
-
-    A packed stack's members' optimisers are never stepped themselves (the stacked SGD steps
-    for them, :class:`~torchcal.train.stacks.PackedModel`), which torch's check of the order
-    cannot see: its "``lr_scheduler.step()`` before ``optimizer.step()``" warning is ignored
-    for these calls only (the order is the right one)."""
+    epoch.  The engine alone steps them (a stack never does), in the stack's policy's context
+    (:meth:`MemberPolicy.stepping_schedules
+    <torchcal.train.stacks.MemberPolicy.stepping_schedules>`: a pack's members' optimisers are
+    never stepped themselves, which torch's check of the order cannot see)."""
     schedules = [mb.run.scheduler for mb in members if mb.run.plugin.per_step_schedule == per_step]
     if not schedules:
         return
-    with warnings.catch_warnings() if stack.packed else contextlib.nullcontext():
-        if stack.packed:
-            warnings.filterwarnings("ignore", message=_ORDER_WARNING, category=UserWarning)
+    with stack.policy.stepping_schedules():
         for schedule in schedules:
             schedule.step()
 
@@ -280,7 +265,7 @@ def _drive_validation(stack: Stack, members: list[Member], which: list[Member]
         try:
             loss_on_validation(mb.run.loss_fn, logits=lz[:, m].contiguous(), labels=y)
         except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
-            mb.stop(exc)
+            stack.policy.stop(mb, exc)
     return val
 
 
@@ -379,40 +364,23 @@ def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats:
     return keys, host, extra, best
 
 
-def _stop_error(mb: Member, epoch: int, rec: dict[str, Any], finite: bool
-                ) -> BaseException | None:
-    """What stops a member whose training loss or parameters are not finite (None: it goes
-    on)."""
-    finite_loss = math.isfinite(rec["train_loss"])
-    if mb.alone:
-        return divergence_error(mb.run, epoch, finite_loss, finite)
-    if finite_loss and finite:
-        return None
-    what = " and ".join(w for w, bad in (("training loss", not finite_loss),
-                                         ("parameters", not finite)) if bad)
-    return MemberDivergedError(diverged_message(
-        epoch, f"{what} {rec['train_loss'] if 'loss' in what else 'not finite'}",
-        "it stops at its last checkpoint, the other packed runs go on", run=str(mb.run.dir.path)))
-
-
 def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
              extra: dict[str, int], epoch: int, lr: float,
              drain: Callable[[], None] = lambda: None) -> dict[int, dict[str, Any]]:
-    """Each live member's log record from the epoch's host table (a diverged member stops).
-    ``drain`` waits for the earlier epochs' files before a member alone is stopped, so its
-    error says truly whether its last good checkpoint is on disk."""
+    """Each live member's log record from the epoch's host table (a diverged member stops:
+    :meth:`MemberPolicy.stop_error <torchcal.train.stacks.MemberPolicy.stop_error>`).
+    ``drain`` waits for the earlier epochs' files (a run alone's error says truly whether its
+    last good checkpoint is on disk)."""
     k = len(keys)
     recs: dict[int, dict[str, Any]] = {}
+    policy = stack.policy
     for m, mb in enumerate(members):
         if mb.ghost:
             continue
         rec = {"epoch": epoch + 1, "lr": lr, **dict(zip(keys, host[m, :k].tolist(), strict=True))}
-        error = _stop_error(mb, epoch, rec, host[m, extra["finite"]] == 1.0)
-        if error is not None and mb.alone:  # worded once the earlier epochs' files are written
-            drain()
-            error = _stop_error(mb, epoch, rec, host[m, extra["finite"]] == 1.0)
+        error = policy.stop_error(mb, epoch, rec, host[m, extra["finite"]] == 1.0, drain)
         if error is not None:
-            mb.stop(error)
+            policy.stop(mb, error)
             continue
         rec["fc_weight_norm"] = float(host[m, extra["fc"]]) if "fc" in extra else None
         stack.annotate(rec)
@@ -466,7 +434,7 @@ def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: Pa
     ``ctx``'s writer with the epoch's host copy of the stacked weights.  A member whose files
     failed in an earlier epoch stops first."""
     ctx = ctx if ctx is not None else EpochEnd(stack, members, groups)
-    _stop_failed(ctx, members)
+    _stop_failed(stack, ctx, members)
     step_schedules(stack, members, per_step=False)
     keys, host, extra, best = _epoch_table(stack, members, groups, stats, epoch, ctx)
     recs = _records(stack, members, keys, host, extra, epoch, lr, ctx.writer.drain)
@@ -488,12 +456,12 @@ def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: Pa
                         val_err=f"{100 * rec['val_error']:.2f}%", refresh=False)
 
 
-def _stop_failed(ctx: EpochEnd, members: list[Member]) -> None:
+def _stop_failed(stack: Stack, ctx: EpochEnd, members: list[Member]) -> None:
     """Stop the members whose files failed in the writer (an error of a member alone is
     raised)."""
     for mb, exc in ctx.writer.failures():
         if not mb.ghost:
-            mb.stop(exc)
+            stack.policy.stop(mb, exc)
 
 
 class _Files:
@@ -525,9 +493,7 @@ def _epoch_job(ctx: EpochEnd, stack: Stack, members: list[Member],
         rng = rng if rng is not None else rng_state_tensors()
         meta = {"num_classes": r.num_classes, "input_shape": r.input_shape,
                 "config": r.config.to_dict(), "best": dict(r.best)}
-        if not f.mb.alone:
-            # the checkpoint's keys (a file format: "slots" are the members' run directories)
-            meta["pack"] = {"slots": layout, "slot": members.index(f.mb), "writers": writers}
+        meta.update(stack.policy.checkpoint_meta(layout, members.index(f.mb), writers))
         if r.best_snapshot is not None:
             if int(r.best["epoch"]) == epoch + 1:  # this epoch's weights: the current rows
                 for row in rows_of(r.best_snapshot):
@@ -603,29 +569,6 @@ def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
         end_epoch(stack, members, groups, stats, epoch, lr, t0, bar, ctx)
 
 
-def _evaluate_pack(stack: Stack, members: list[Member], ood_sets: dict[str, Any]
-                   ) -> dict[int, dict[str, Any]]:
-    """The final evaluation of every live member with ``evaluate``: one packed forward over
-    the validation, test and OOD sets; each member's logits and results written as a run's."""
-    evaluated = [mb for mb in live(members) if mb.run.config.evaluate]
-    if not evaluated:
-        return {}
-    r0 = members[0].run
-    preds = {s: split_logits(stack, members, s)[0] for s in ("val", "test")}
-    mean, std = getattr(r0.splits, "mean", None), getattr(r0.splits, "std", None)
-    for name, ds in ood_sets.items():
-        preds[f"ood_{name}"] = predict_logits(SharedInput(stack), ds, r0.device, r0.eval_bs,
-                                              mean=mean, std=std, amp=r0.amp)
-    out = {}
-    for mb in evaluated:
-        m, cfg = members.index(mb), mb.run.config
-        own = {k: (z[:, m].contiguous(), y if y.ndim == 1 else y[:, m]) for k, (z, y) in
-               preds.items()}
-        epochs = max(cfg.epochs, mb.run.start_epoch)
-        out[m] = write_predictions(own, mb.run.dir.path, cfg, epoch=epochs, checkpoint="last")
-    return out
-
-
 def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
     """Each member's OOD sets (loaded before training, so that a missing set fails at once; one
     load for members that share their data)."""
@@ -646,15 +589,11 @@ def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
 
 def final_results(stack: Stack, members: list[Member], oods: list[dict[str, Any]]
                   ) -> dict[int, dict[str, Any] | None]:
-    """Each live member's final evaluation (``oods``: each member's OOD sets): packed when the
-    members of a pack share their data, else each run's own."""
-    if stack.packed and shares_data([mb.run for mb in members]):
-        return _evaluate_pack(stack, members, next((o for o in oods if o), {}))
-    out = {}
-    for m, mb in enumerate(members):
-        if mb.alone or (not mb.ghost and mb.run.config.evaluate):
-            out[m] = final_evaluation(mb.run, oods[m], max(mb.run.config.epochs, mb.run.start_epoch))
-    return out
+    """Each live member's final evaluation (``oods``: each member's OOD sets), as the stack's
+    policy does it (:meth:`MemberPolicy.final_results
+    <torchcal.train.stacks.MemberPolicy.final_results>`): one pass of a pack whose members
+    share their data, else each run's own."""
+    return stack.policy.final_results(stack, members, oods)
 
 
 def _summary(mb: Member, results: dict[str, Any] | None) -> dict[str, Any]:
@@ -684,8 +623,9 @@ def _writing():
 
 def run_stack(stack: Stack, members: list[Member], results: list[Any]) -> None:
     """Train one stack to its epochs (when it has any left), evaluate it, fill ``results``
-    (each member's summary, or the error that stopped it; a member ``alone`` raises it)."""
-    r0 = members[0].run
+    (each member's summary, or the error that stopped it; a run alone raises it: the stack's
+    :meth:`MemberPolicy.stop <torchcal.train.stacks.MemberPolicy.stop>`)."""
+    r0, policy = members[0].run, stack.policy
     oods = _ood_sets(members)
     with contextlib.ExitStack() as ctx:
         for mb in live(members):
@@ -696,16 +636,14 @@ def run_stack(stack: Stack, members: list[Member], results: list[Any]) -> None:
                 fit_stack(stack, members, r0.config.epochs, bar, writer)
             for mb, exc in writer.failures():  # the last epochs' files
                 if not mb.ghost:
-                    mb.stop(exc)
+                    policy.stop(mb, exc)
     evaluated = [mb for mb in live(members) if mb.index >= 0]
     try:
         done = final_results(stack, members, oods)
     except Exception as exc:  # noqa: BLE001 - reported in every member's place
-        if members[0].alone:
-            raise
+        done = {}
         for mb in evaluated:
-            results[mb.index] = exc
-        return
+            policy.stop(mb, exc)
     for m, mb in enumerate(members):
         if mb.index >= 0:
             results[mb.index] = mb.error or _summary(mb, done.get(m))

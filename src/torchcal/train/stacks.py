@@ -1,4 +1,5 @@
-"""The model half of the engine's stack of M runs: how their networks run and step.
+"""The model half of the engine's stack of M runs: how their networks run and step, and how
+the engine treats them.
 
 The engine (:mod:`torchcal.train.engine`) drives M runs with one set of steps; the networks and
 optimisers are one of two *stacks* with the same methods:
@@ -15,29 +16,45 @@ optimisers are one of two *stacks* with the same methods:
   DDP's gradient hooks, a compiled graph, dropout's per-member random streams).
 
 Both implement :class:`Stack`, the protocol the engine (:func:`~torchcal.train.engine.run_stack`)
-relies on and the only members of a stack it uses: they take inputs (M, B, ...) and give logits
-(M, B, C); ``step(losses, logits, y, max_norm)`` runs the backward pass and the optimiser;
-``split_logits(sources, batch_size)`` gives every member's logits on a split from the members'
-batch sources; ``finite`` and ``fc_norms`` give the end of epoch's per-member checks on the
-device; ``stacked_state`` the stacked tensors a checkpoint's rows are cut from.  A stack holds
-the modules, optimisers and settings it computes with, never a run
-(:class:`~torchcal.train.run.Run`): the engine owns the members' runs, steps their schedules
-and sets a pack's learning rate (:meth:`Stack.start_epoch`).
+and the compiled step (:mod:`torchcal.train.compiled`) rely on, and the only members of a stack
+they use (``tools/check_architecture.py``, rule 15): they take inputs (M, B, ...) and give
+logits (M, B, C); ``step(losses, logits, y, max_norm)`` runs the backward pass and the
+optimiser; ``split_logits(sources, batch_size)`` gives every member's logits on a split from the
+members' batch sources; ``finite`` and ``fc_norms`` give the end of epoch's per-member checks on
+the device; ``stacked_state`` the stacked tensors a checkpoint's rows are cut from; ``graph()``
+the stack as stacked tensors and one forward function for the compiled step (:class:`StepGraph`;
+None for a run's own module).  A stack holds the modules, optimisers and settings it computes
+with, never a run (:class:`~torchcal.train.run.Run`): the engine owns the members' runs, steps
+their schedules and sets a pack's learning rate (:meth:`Stack.start_epoch`).
+
+What differs between a run alone and a pack in the engine's own steps is a strategy, the
+stack's :attr:`Stack.policy` (a :class:`MemberPolicy`), not a flag: :class:`AlonePolicy` (a
+run of :func:`~torchcal.train.train`: what stops it is raised, its checkpoints name no pack,
+it evaluates itself) and :class:`PackPolicy` (a stopped member stays in its place as a ghost,
+its checkpoints name the pack's layout, one pass of the stack evaluates the members).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import math
+import re
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from ..errors import MemberDivergedError, diverged_message
+from .evaluation import write_predictions
 from .inference import BatchSource, predict_logits
-from .run import SGD, Run
+from .run import SGD, Run, divergence_error, final_evaluation, shares_data
 
-__all__ = ["Stack", "PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
+__all__ = ["Stack", "PackedModel", "SoloModel", "SharedInput", "FORWARDS", "StepGraph",
+           "StackMember", "MemberPolicy", "AlonePolicy", "PackPolicy"]
 
 #: How a pack runs its members' model: ``"vmap"`` (one batched forward and backward: a GPU's
 #: way, whose kernel launches do not grow with the members), ``"loop"`` (each member's forward on
@@ -47,20 +64,93 @@ __all__ = ["Stack", "PackedModel", "SoloModel", "SharedInput", "FORWARDS"]
 FORWARDS = ("auto", "vmap", "loop")
 
 
-@runtime_checkable
-class Stack(Protocol):
-    """What the engine (:mod:`torchcal.train.engine`) relies on in a stack of M members, and
-    all it uses of one.
+@dataclass(frozen=True)
+class StepGraph:
+    """A stack as stacked tensors and one forward function: what a compiled step
+    (:class:`~torchcal.train.compiled.CompiledStep`) needs to write the whole training step as
+    one function of tensors (:meth:`Stack.graph`).
 
     Attributes:
-        packed: True when one stacked optimiser steps for the members (their own optimisers
-            hold views of its state and are never stepped themselves) and their final
-            evaluation is one pass of the stack (:meth:`forward_shared`); False for a run's
-            own module and optimiser.
+        params: the stacked parameters by name (leading member dimension), stepped in place.
+        buffers: the stacked buffers by name (a compiled step wants none).
+        momenta: each parameter's stacked SGD momentum buffer, in the order of ``params``
+            (empty without momentum), updated in place.
+        sgd: the stacked SGD's parameter group (``lr``, set by :meth:`Stack.start_epoch`,
+            ``momentum``, ``dampening``, ``weight_decay``, ``nesterov``): read, never written.
+        n_members: M, the stacks' leading dimension.
+        forward: ``forward(params, x)``: logits (M, B, C) of inputs (M, B, ...) with the stacked
+            parameters ``params`` (those :func:`torch.func.grad` passes), no side effect.
+    """
+
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    momenta: list[torch.Tensor]
+    sgd: dict[str, Any]
+    n_members: int
+    forward: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+class StackMember(Protocol):
+    """What a :class:`MemberPolicy` reads and sets of a stack's member (the engine's
+    :class:`~torchcal.train.engine.Member`).
+
+    Attributes:
+        index: its position in the caller's results (-1 for a ghost that stands in for an
+            absent run).
+        run: its :class:`~torchcal.train.run.Run`.
+        ghost: computed with the others but writing nothing.
+        error: what stopped it (None: it trains).
+    """
+
+    index: int
+    run: Run
+    ghost: bool
+    error: BaseException | None
+
+
+class MemberPolicy(Protocol):
+    """How the engine treats the members of a stack where a run alone and a pack differ: the
+    strategy the engine calls in place of a branch (:class:`AlonePolicy`,
+    :class:`PackPolicy`)."""
+
+    def stop(self, member: StackMember, error: BaseException) -> None:
+        """Stop ``member`` with ``error`` (raised, or kept while it stays a ghost)."""
+
+    def stop_error(self, member: StackMember, epoch: int, rec: dict[str, Any], finite: bool,
+                   drain: Callable[[], None]) -> BaseException | None:
+        """What stops ``member`` after ``epoch`` (``rec``: its log record, ``finite``: all its
+        parameters are finite; None: it goes on); ``drain`` waits for the earlier epochs'
+        files, so that an error may say whether the last checkpoint is on disk."""
+
+    def checkpoint_meta(self, layout: list[str], slot: int, writers: list[str]
+                        ) -> dict[str, Any]:
+        """The entries a member's checkpoint adds for its stack (``layout``: the members' run
+        directories, ``slot``: this member's position, ``writers``: the live members')."""
+
+    def stepping_schedules(self) -> contextlib.AbstractContextManager[Any]:
+        """The context in which the engine steps the members' learning-rate schedules."""
+
+    def final_results(self, stack: Stack, members: Sequence[StackMember],
+                      oods: list[dict[str, Any]]) -> dict[int, dict[str, Any] | None]:
+        """Each member's final evaluation by position in ``members`` (``oods``: each member's
+        OOD sets)."""
+
+
+@runtime_checkable
+class Stack(Protocol):
+    """What the engine (:mod:`torchcal.train.engine`) and the compiled step
+    (:mod:`torchcal.train.compiled`) rely on in a stack of M members, and all they use of one
+    (``tools/check_architecture.py``, rule 15).
+
+    Attributes:
+        policy: how the engine treats the members (:class:`MemberPolicy`):
+            :class:`AlonePolicy` for a run's own module and optimiser, :class:`PackPolicy` when
+            one stacked optimiser steps for the members (their own optimisers hold views of its
+            state and are never stepped themselves).
         amp: the members' ``amp`` (``"off"``, ``"bf16"``, ``"fp16"``).
     """
 
-    packed: bool
+    policy: MemberPolicy
     amp: str
 
     def train(self, mode: bool = True) -> None:
@@ -98,6 +188,128 @@ class Stack(Protocol):
         """The stacked tensors (leading member dimension) a member's checkpoint rows are cut
         from, by name; empty when the stack holds no stacked tensor."""
 
+    def graph(self) -> StepGraph | None:
+        """The stack as stacked tensors and one forward function, for a compiled step; None
+        when its step is its own module's (a run alone, whose own ``compile`` option compiles
+        its model)."""
+
+
+# torch's check that a schedule steps after its optimiser (PyTorch issue 20124)
+_ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before `optimizer.step()`")
+
+
+class AlonePolicy:
+    """The members of a run alone (:class:`SoloModel`, the run of
+    :func:`~torchcal.train.train`): what stops it is raised
+    (:class:`~torchcal.errors.DivergedError` worded once its earlier epochs' files are on disk),
+    its checkpoints name no pack, and it evaluates itself
+    (:func:`~torchcal.train.run.final_evaluation`)."""
+
+    def stop(self, member: StackMember, error: BaseException) -> None:
+        """Raise ``error``."""
+        raise error
+
+    def stop_error(self, member: StackMember, epoch: int, rec: dict[str, Any], finite: bool,
+                   drain: Callable[[], None]) -> BaseException | None:
+        """:func:`~torchcal.train.run.divergence_error`, worded after ``drain``."""
+        finite_loss = math.isfinite(rec["train_loss"])
+        if divergence_error(member.run, epoch, finite_loss, finite) is None:
+            return None
+        drain()  # worded once the earlier epochs' files are written
+        return divergence_error(member.run, epoch, finite_loss, finite)
+
+    def checkpoint_meta(self, layout: list[str], slot: int, writers: list[str]
+                        ) -> dict[str, Any]:
+        """Nothing: a run alone is in no pack."""
+        return {}
+
+    def stepping_schedules(self) -> contextlib.AbstractContextManager[Any]:
+        """No context: the run's own optimiser stepped before its schedule."""
+        return contextlib.nullcontext()
+
+    def final_results(self, stack: Stack, members: Sequence[StackMember],
+                      oods: list[dict[str, Any]]) -> dict[int, dict[str, Any] | None]:
+        """Each member's own :func:`~torchcal.train.run.final_evaluation`."""
+        return {m: final_evaluation(mb.run, oods[m], max(mb.run.config.epochs,
+                                                         mb.run.start_epoch))
+                for m, mb in enumerate(members)}
+
+
+class PackPolicy:
+    """The members of a pack (:class:`PackedModel`): a member that stops stays in its place as
+    a ghost (:class:`~torchcal.errors.MemberDivergedError` when it diverged), so its companions
+    keep their pack and their numbers; its checkpoints name the pack's layout (the
+    ``"pack"`` entry :mod:`torchcal.train.pack_commit` resumes from); one pass of the stack
+    evaluates the members that share their data."""
+
+    def stop(self, member: StackMember, error: BaseException) -> None:
+        """Keep ``error`` and make ``member`` a ghost."""
+        member.error, member.ghost = error, True
+
+    def stop_error(self, member: StackMember, epoch: int, rec: dict[str, Any], finite: bool,
+                   drain: Callable[[], None]) -> BaseException | None:
+        """:class:`~torchcal.errors.MemberDivergedError` when the training loss or a parameter
+        is not finite."""
+        finite_loss = math.isfinite(rec["train_loss"])
+        if finite_loss and finite:
+            return None
+        what = " and ".join(w for w, bad in (("training loss", not finite_loss),
+                                             ("parameters", not finite)) if bad)
+        return MemberDivergedError(diverged_message(
+            epoch, f"{what} {rec['train_loss'] if 'loss' in what else 'not finite'}",
+            "it stops at its last checkpoint, the other packed runs go on",
+            run=str(member.run.dir.path)))
+
+    def checkpoint_meta(self, layout: list[str], slot: int, writers: list[str]
+                        ) -> dict[str, Any]:
+        """The checkpoint's ``"pack"`` entry (a file format: its ``"slots"`` are the members'
+        run directories)."""
+        return {"pack": {"slots": layout, "slot": slot, "writers": writers}}
+
+    @contextlib.contextmanager
+    def stepping_schedules(self) -> Iterator[None]:
+        """torch's "``lr_scheduler.step()`` before ``optimizer.step()``" warning ignored: the
+        members' optimisers are never stepped themselves (the stacked SGD steps for them),
+        which torch's check of the order cannot see (the order is the right one)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_ORDER_WARNING, category=UserWarning)
+            yield
+
+    def final_results(self, stack: Stack, members: Sequence[StackMember],
+                      oods: list[dict[str, Any]]) -> dict[int, dict[str, Any] | None]:
+        """One pass of ``stack`` when the members share their data, else each live member's
+        own :func:`~torchcal.train.run.final_evaluation` (with ``evaluate``)."""
+        if shares_data([mb.run for mb in members]):
+            return _evaluate_pack(stack, members, next((o for o in oods if o), {}))
+        return {m: final_evaluation(mb.run, oods[m], max(mb.run.config.epochs,
+                                                         mb.run.start_epoch))
+                for m, mb in enumerate(members) if not mb.ghost and mb.run.config.evaluate}
+
+
+def _evaluate_pack(stack: Stack, members: Sequence[StackMember], ood_sets: dict[str, Any]
+                   ) -> dict[int, dict[str, Any]]:
+    """The final evaluation of every live member with ``evaluate``: one forward of the stack
+    over the validation, test and OOD sets; each member's logits and results written as a
+    run's."""
+    evaluated = [mb for mb in members if not mb.ghost and mb.run.config.evaluate]
+    if not evaluated:
+        return {}
+    r0 = members[0].run
+    preds = {s: stack.split_logits([mb.run.src[s] for mb in members], r0.eval_bs)[0]
+             for s in ("val", "test")}
+    mean, std = getattr(r0.splits, "mean", None), getattr(r0.splits, "std", None)
+    for name, ds in ood_sets.items():
+        preds[f"ood_{name}"] = predict_logits(SharedInput(stack), ds, r0.device, r0.eval_bs,
+                                              mean=mean, std=std, amp=r0.amp)
+    out = {}
+    for mb in evaluated:
+        m, cfg = members.index(mb), mb.run.config
+        own = {k: (z[:, m].contiguous(), y if y.ndim == 1 else y[:, m]) for k, (z, y) in
+               preds.items()}
+        epochs = max(cfg.epochs, mb.run.start_epoch)
+        out[m] = write_predictions(own, mb.run.dir.path, cfg, epoch=epochs, checkpoint="last")
+    return out
+
 
 def _check_sources(sources: Any) -> None:
     if isinstance(sources, str):
@@ -127,7 +339,7 @@ class PackedModel:
     members' (their evaluation passes' autocast).
     """
 
-    packed = True
+    policy: MemberPolicy = PackPolicy()
 
     def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD],
                  forward: str = "vmap", amp: str = "off") -> None:
@@ -273,6 +485,15 @@ class PackedModel:
         w = self.params.get("fc.weight")
         return None if w is None else w.float().reshape(len(self.models), -1).norm(dim=1)
 
+    def graph(self) -> StepGraph:
+        """The stacked parameters, buffers and momenta, the stacked SGD's settings and
+        :meth:`forward_with`: the whole stack as a compiled step sees it."""
+        group = self.opt.param_groups[0]
+        momenta = ([self.opt.state[p]["momentum_buffer"] for p in self.params.values()]
+                   if group["momentum"] else [])
+        return StepGraph(params=self.params, buffers=self.buffers, momenta=momenta, sgd=group,
+                         n_members=len(self.models), forward=self.forward_with)
+
     def stacked_state(self) -> dict[str, torch.Tensor]:
         """The stacked parameters (``p.NAME``), buffers (``b.NAME``) and SGD momentum buffers
         (``m.J``, J the parameter's position)."""
@@ -309,7 +530,7 @@ class SoloModel:
     the run).  Under ``torchrun`` each rank holds its shard of the batches and of the
     evaluation splits; DDP averages the gradients."""
 
-    packed = False
+    policy: MemberPolicy = AlonePolicy()
 
     def __init__(self, run: Run) -> None:
         self.fwd, self.model, self.plugin = run.fwd, run.model, run.plugin
@@ -392,3 +613,8 @@ class SoloModel:
     def stacked_state(self) -> dict[str, torch.Tensor]:
         """None: a run's own tensors are its checkpoint's."""
         return {}
+
+    def graph(self) -> None:
+        """None: a run alone steps its own module (head, AMP scaler, DDP); its ``compile``
+        option compiles the model."""
+        return None

@@ -100,5 +100,5 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
         dist.barrier()  # every rank reads the checkpoint rank 0 settled
     r = build_run(config, env, resume_state(config, env))
     results: list[Any] = [None]
-    run_stack(SoloModel(r), [Member(0, r, alone=True)], results)
+    run_stack(SoloModel(r), [Member(0, r)], results)
     return results[0]
