@@ -3,7 +3,10 @@ cost (issue 50): the temperature-weighted cross-entropies and label smoothing.
 
 Every Function here is written in the ``setup_context`` form with ``generate_vmap_rule = True``
 (the packed path evaluates the members' losses in one ``torch.func.vmap`` call) and returns the
-intermediates its backward needs as extra, non-differentiable outputs.  The forward computes
+intermediates its backward needs as extra, non-differentiable outputs.  Its forward is the
+loss's formula, differentiable as written (a GRA weight computed from detached
+log-probabilities): ``torch.compile`` under ``torch.func.grad`` (the compiled packed step)
+differentiates the forward itself and never calls the analytic backward.  The forward computes
 nothing in place (under ``torch.compile`` its ops are traced with the surrounding graph); the
 backward works in place on the tensors it creates itself, with the in-place ops that have a
 vmap batching rule (``mul_``, ``sub_``, ``scatter_add_``; not ``addcmul_`` or ``scatter_``).  Each is checked against plain
@@ -107,7 +110,10 @@ class _WeightedCEFunction(torch.autograd.Function):
         lp1 = lp.reshape(-1)
         y = as_index(safe).reshape(-1, 1)
         log_q = _scaled(log_p, x, temperature)
-        w, slope, lq, qj, j, d, m = _weight(kind, gamma, log_q, y)
+        # the forward is itself the loss's formula, differentiable as written (a GRA weight
+        # detached): torch.compile under torch.func.grad differentiates the forward and does
+        # not call the backward below
+        w, slope, lq, qj, j, d, m = _weight(kind, gamma, log_q.detach() if detach else log_q, y)
         loss = (-w * lp1).reshape(target.shape)
         r = lp1.new_empty(0) if detach else -lp1 * slope
         if detach:
