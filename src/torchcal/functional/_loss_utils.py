@@ -20,7 +20,12 @@ import torch.nn.functional as F
 
 from ._common import no_autocast
 
-__all__ = ["check_loss_args", "check_target_range", "target_log_probs", "reduce_loss", "flat_rows",
+try:
+    from torch._C._functorch import maybe_current_level
+except ImportError:  # pragma: no cover - torch without functorch's C API: never in place
+    maybe_current_level = None
+
+__all__ = ["scatter_fresh", "check_loss_args", "check_target_range", "target_log_probs", "reduce_loss", "flat_rows",
            "unflat_rows", "REDUCTIONS", "compute_dtype", "as_compute", "as_index", "sync_free"]
 
 #: The values of every loss' ``reduction``: as ``F.cross_entropy``'s.
@@ -173,6 +178,26 @@ def _target_log_probs_async(log_p, target, ignore_index, validate_args):
     log_p_y = log_p.gather(1, as_index(safe_target).unsqueeze(1)).squeeze(1)
     log_p_y = torch.where(valid, log_p_y, torch.zeros_like(log_p_y))
     return log_p, log_p_y, safe_target, valid
+
+
+def scatter_fresh(t: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor
+                  ) -> torch.Tensor:
+    """``t.scatter(dim, index, src)`` for a fresh ``t`` that nothing else reads and that no
+    autograd graph holds (an ``exp`` inside an ``autograd.Function``'s forward or under
+    ``no_grad``): in place in plain eager mode (the same values without an (N, C) copy); out of
+    place inside any ``torch.func`` transform (``vmap``, the packed path: ``scatter_`` has no
+    batching rule and would fall back to a per-member loop; ``grad``, whose wrappers may track
+    the tensor) and under ``torch.compile`` (whose kernels fuse the copy anyway, and whose
+    tracing of a Function's forward may record it).
+
+    Example:
+        >>> scatter_fresh(torch.zeros(1, 3), 1, torch.tensor([[2]]), torch.ones(1, 1))
+        tensor([[0., 0., 1.]])
+    """
+    if (torch.compiler.is_compiling() or maybe_current_level is None or t.requires_grad
+            or maybe_current_level() is not None):
+        return t.scatter(dim, index, src)
+    return t.scatter_(dim, index, src)
 
 
 def reduce_loss(loss: torch.Tensor, valid: torch.Tensor | None, reduction: str) -> torch.Tensor:

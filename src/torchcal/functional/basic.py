@@ -8,6 +8,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _loss_utils
 from ._common import check_alpha, no_autocast
+from ._fused import label_smoothing_apply
 from ._loss_utils import (
     as_compute,
     as_index,
@@ -15,6 +16,7 @@ from ._loss_utils import (
     check_target_range,
     flat_rows,
     reduce_loss,
+    scatter_fresh,
     target_log_probs,
     unflat_rows,
 )
@@ -104,12 +106,13 @@ def label_smoothing_loss(
         eps = alpha * c / (c - 1)
     else:
         eps = alpha
-    if eps <= 1.0:  # F.cross_entropy's own label smoothing (the "uniform" convention, eps)
+    if eps == 0.0:  # cross-entropy itself
         return _torch_cross_entropy(input, target, reduction, ignore_index, validate_args, eps)
-    with no_autocast(input):  # "others" with C = 2 and alpha > 1/2: eps = 2 alpha > 1
-        log_p, lp, _, valid = target_log_probs(input, target, ignore_index,
-                                               validate_args=validate_args)
-        loss = torch.mul(lp, eps - 1.0).sub_(log_p.sum(1), alpha=eps / c)
+    # one log_softmax, the sum of its row and the analytic backward g (p - q) (also for
+    # "others" with C = 2 and alpha > 1/2, where eps = 2 alpha > 1)
+    with no_autocast(input):
+        loss, valid = label_smoothing_apply(as_compute(input), target, eps, ignore_index,
+                                            validate_args)
         return reduce_loss(loss, valid, reduction)
 
 
@@ -122,6 +125,11 @@ class _BrierFunction(torch.autograd.Function):
     ``∂ℓ/∂z = u·d + (-log p_y)·(γ/2) B^(γ/2-1) ∂B/∂z = d ∘ (u + k (d - m)) - k B e_y`` with
     ``u = B^(γ/2)``, ``k = -γ log p_y B^(γ/2-1)`` (``k = 0`` where ``B = 0``, its limit).
     The backward is two passes over ``d`` (an ``addcmul`` and a multiply) plus a scatter.
+
+    The forward's scatter goes in place on its fresh ``exp`` outside ``vmap`` and
+    ``torch.compile`` (:func:`~torchcal.functional._loss_utils.scatter_fresh`), the backward's
+    multiply and scatter in place on its own fresh tensor, and no (N, C) zero gradient is
+    materialised for the intermediates: the same values, bit for bit, with fewer copies.
 
     Written in the ``setup_context`` form with the intermediates the backward needs returned
     as (non-differentiable) outputs and ``generate_vmap_rule``, so that the loss runs under
@@ -138,7 +146,8 @@ class _BrierFunction(torch.autograd.Function):
         d = flat_rows(log_p).exp()
         lp1 = lp.reshape(-1)
         y = as_index(safe).reshape(-1, 1)
-        d = d.scatter(1, y, torch.expm1(lp1).unsqueeze(1))
+        # in place on the fresh exp where that is safe (the values of ``scatter``, no copy)
+        d = scatter_fresh(d, 1, y, torch.expm1(lp1).unsqueeze(1))
         b = torch.linalg.vector_norm(d, dim=1).square()  # one fast pass (vecdot is mul + sum)
         m = b + torch.expm1(lp1)  # B - q
         if bsce_gamma is None:
@@ -163,12 +172,15 @@ class _BrierFunction(torch.autograd.Function):
         _, valid_out, d, y, m, e, a, k = output
         ctx.shape = x.shape
         ctx.brier = bsce_gamma is None
+        ctx.set_materialize_grads(False)  # no (N, C) zeros for the gradient of ``d``
         ctx.save_for_backward(d, y, m, e, a, k)
         ctx.mark_non_differentiable(valid_out, d, y, m, e, a, k)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor, *_unused):
+        if grad is None:  # the loss itself is not differentiated
+            return None, None, None, None, None
         d, y, m, e, a, k = ctx.saved_tensors
         g = grad.reshape(-1)
         if ctx.brier:  # k = 2, a = 0
@@ -178,8 +190,10 @@ class _BrierFunction(torch.autograd.Function):
             gk = k * g
             base = a * g - gk * m
         gx = torch.addcmul(base.unsqueeze(1), d, gk.unsqueeze(1))  # g (a + k (d - m))
-        gx = gx * d
-        gx = gx.scatter_add(1, y, (g * e).unsqueeze(1))
+        # in place on the fresh gx (the values of ``gx * d`` and ``scatter_add``; both in-place
+        # ops have vmap batching rules)
+        gx.mul_(d)
+        gx.scatter_add_(1, y, (g * e).unsqueeze(1))
         return unflat_rows(gx, ctx.shape), None, None, None, None
 
 

@@ -28,6 +28,7 @@ from ._loss_utils import (
     check_loss_args,
     compute_dtype,
     reduce_loss,
+    scatter_fresh,
     target_log_probs,
 )
 from .basic import brier_apply
@@ -108,7 +109,8 @@ def brier_uncertainty(log_p: torch.Tensor, target: torch.Tensor, beta: float = 2
     """
     p = log_p.exp()
     idx = target.unsqueeze(1)
-    d = p.scatter(1, idx, torch.expm1(log_p.gather(1, idx)))
+    # in place on the fresh exp when nothing differentiates it (the GRA weight under no_grad)
+    d = scatter_fresh(p, 1, idx, torch.expm1(log_p.gather(1, idx)))
     if beta == 2.0:
         s = torch.linalg.vector_norm(d, dim=1).square()
     elif beta == 1.0:
@@ -143,7 +145,9 @@ def bsce_gra_loss(
     gamma = check_hyper(gamma, "gamma")
 
     def weight(log_p, lp, safe):
-        d = log_p.exp().scatter(1, as_index(safe).unsqueeze(1), torch.expm1(lp).unsqueeze(1))
+        # in place on the fresh exp (computed under no_grad): no (N, C) copy
+        d = scatter_fresh(log_p.exp(), 1, as_index(safe).unsqueeze(1),
+                          torch.expm1(lp).unsqueeze(1))
         n = torch.linalg.vector_norm(d, ord=beta, dim=1)
         return n if gamma == 1.0 else n.pow(gamma)
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_hyper, safe_pow
-from ._loss_utils import check_loss_args
+from ._common import check_hyper, no_autocast, safe_pow
+from ._fused import weighted_ce_apply
+from ._loss_utils import as_compute, check_loss_args, reduce_loss, scatter_fresh
 from ._plain import WeightFn, check_temperature, weighted_ce
-from .dual_focal import log_p_below
 from .gradient_weighted import check_beta
 
 __all__ = [
@@ -34,37 +34,39 @@ __all__ = [
     "temperature_bsce_gra_loss",
 ]
 
-def _focal_weight(gamma: float) -> WeightFn:
-    def fn(log_q, y):
-        lq_y = log_q.gather(1, y.unsqueeze(1)).squeeze(1)
-        return safe_pow(-torch.expm1(lq_y), gamma)
-
-    return fn
-
-
-def _dual_focal_weight(gamma: float) -> WeightFn:
-    def fn(log_q, y):
-        lq_y = log_q.gather(1, y.unsqueeze(1)).squeeze(1)
-        lj, _ = log_p_below(log_q, lq_y)
-        return safe_pow(-torch.expm1(lq_y) + lj.exp(), gamma)
-
-    return fn
-
-
 def _bsce_weight(beta: float, gamma: float) -> WeightFn:
     def fn(log_q, y):
         # ‖onehot - q‖_β^γ = (Σ_c |d_c|^β)^(γ/β) with d_y = expm1(log q_y) (exact near q_y = 1);
         # out of place throughout, so that it is differentiable (the non-GRA loss)
         idx = y.unsqueeze(1)
-        d = log_q.exp().scatter(1, idx, torch.expm1(log_q.gather(1, idx)))
+        d = scatter_fresh(log_q.exp(), 1, idx, torch.expm1(log_q.gather(1, idx)))
         return safe_pow(safe_pow(d.abs(), beta).sum(dim=1), gamma / beta)
 
     return fn
 
 
-def _run(input, target, weight: WeightFn, detach: bool, temperature, reduction: str,
-         ignore_index: int, validate_args: bool) -> torch.Tensor:
+def _bsce(input, target, beta, gamma, detach: bool, temperature, reduction: str,
+          ignore_index: int, validate_args: bool) -> torch.Tensor:
+    beta, gamma = check_beta(beta), check_hyper(gamma, "gamma")
+    if beta == 2.0:  # the analytic backward
+        return _run(input, target, "bsce", detach, temperature, reduction, ignore_index,
+                    validate_args, gamma)
+    return _run(input, target, _bsce_weight(beta, gamma), detach, temperature, reduction,
+                ignore_index, validate_args)
+
+
+def _run(input, target, weight: WeightFn | str, detach: bool, temperature, reduction: str,
+         ignore_index: int, validate_args: bool, gamma: float = 0.0) -> torch.Tensor:
+    """The loss with a weight of :data:`~torchcal.functional._fused.WEIGHT_KINDS` (named by
+    ``weight``) through the analytic backward, any other (a ``WeightFn``) through autograd."""
     check_loss_args(input, target, reduction)
+    if isinstance(weight, str):
+        with no_autocast(input):
+            loss, valid = weighted_ce_apply(
+                as_compute(input), target, kind=weight, gamma=gamma,
+                temperature=check_temperature(temperature), detach=detach,
+                ignore_index=ignore_index, validate_args=validate_args)
+            return reduce_loss(loss, valid, reduction)
     return weighted_ce(input, target, weight, detach=detach,
                        temperature=check_temperature(temperature), reduction=reduction,
                        ignore_index=ignore_index, validate_args=validate_args)
@@ -93,8 +95,8 @@ def temperature_focal_loss(
         tensor(0.0341)
         >>> # (1 - sigmoid(1)) · -log sigmoid(2) = 0.2689 · 0.1269
     """
-    return _run(input, target, _focal_weight(check_hyper(gamma, "gamma")), False,
-                temperature, reduction, ignore_index, validate_args)
+    return _run(input, target, "focal", False, temperature, reduction, ignore_index,
+                validate_args, check_hyper(gamma, "gamma"))
 
 
 def temperature_focal_gra_loss(
@@ -110,8 +112,8 @@ def temperature_focal_gra_loss(
         >>> temperature_focal_gra_loss(x, torch.tensor([0]), gamma=1.0, temperature=2.0)
         tensor(0.0341)
     """
-    return _run(input, target, _focal_weight(check_hyper(gamma, "gamma")), True,
-                temperature, reduction, ignore_index, validate_args)
+    return _run(input, target, "focal", True, temperature, reduction, ignore_index,
+                validate_args, check_hyper(gamma, "gamma"))
 
 
 def temperature_dual_focal_loss(
@@ -129,8 +131,8 @@ def temperature_dual_focal_loss(
         >>> temperature_dual_focal_loss(x, torch.tensor([1]), gamma=1.0)  # T = 1: dual focal
         tensor(1.0836)
     """
-    return _run(input, target, _dual_focal_weight(check_hyper(gamma, "gamma")), False,
-                temperature, reduction, ignore_index, validate_args)
+    return _run(input, target, "dual", False, temperature, reduction, ignore_index,
+                validate_args, check_hyper(gamma, "gamma"))
 
 
 def temperature_dual_focal_gra_loss(
@@ -146,8 +148,8 @@ def temperature_dual_focal_gra_loss(
         >>> temperature_dual_focal_gra_loss(x, torch.tensor([1]), gamma=1.0)
         tensor(1.0836)
     """
-    return _run(input, target, _dual_focal_weight(check_hyper(gamma, "gamma")), True,
-                temperature, reduction, ignore_index, validate_args)
+    return _run(input, target, "dual", True, temperature, reduction, ignore_index,
+                validate_args, check_hyper(gamma, "gamma"))
 
 
 def temperature_bsce_loss(
@@ -173,8 +175,8 @@ def temperature_bsce_loss(
         >>> temperature_bsce_loss(x, torch.tensor([0]), temperature=2.0)  # 2·(1-σ(1))²·(-log σ(2))
         tensor(0.0184)
     """
-    return _run(input, target, _bsce_weight(check_beta(beta), check_hyper(gamma, "gamma")), False,
-                temperature, reduction, ignore_index, validate_args)
+    return _bsce(input, target, beta, gamma, False, temperature, reduction, ignore_index,
+                 validate_args)
 
 
 def temperature_bsce_gra_loss(
@@ -190,5 +192,5 @@ def temperature_bsce_gra_loss(
         >>> temperature_bsce_gra_loss(x, torch.tensor([0]), temperature=2.0)
         tensor(0.0184)
     """
-    return _run(input, target, _bsce_weight(check_beta(beta), check_hyper(gamma, "gamma")), True,
-                temperature, reduction, ignore_index, validate_args)
+    return _bsce(input, target, beta, gamma, True, temperature, reduction, ignore_index,
+                 validate_args)
