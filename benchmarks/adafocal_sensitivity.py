@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_demo_check import _configs  # noqa: E402
 
 from torchcal.train.checkpoint import load_checkpoint  # noqa: E402
-from torchcal.train.packed import train_packed  # noqa: E402
+from torchcal.train.packs import train_packed  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Packed training on a CUDA device in under 3 minutes: equivalence, host syncs, step GFLOP/s.
 
 1. Equivalence: three runs (CE, AdaFocal, focal; seeds 0-2; the 1-D CNN on the embedded digits,
-   2 epochs, clipping that bites) trained packed with ``torchcal.train.packed.train_packed`` and
+   2 epochs, clipping that bites) trained packed with ``torchcal.train.packs.train_packed`` and
    separately with ``torchcal.train.train`` on the device (TF32 off); prints each member's
    largest parameter difference to its separate run, and the validation ECEs.
 2. Host syncs: one more packed epoch under ``torch.cuda.set_sync_debug_mode("warn")``; prints
