@@ -28,8 +28,7 @@ def test_the_calibration_demo_passes_the_device_to_every_run(tmp_path, monkeypat
     specs = []
     monkeypatch.setattr(demo, "run_sweep", lambda jobs, *a, **k: specs.extend(jobs) or [])
     main(["demo", "--quick", "--no-progress", "--device", "cpu", "--out", str(tmp_path / "a")])
-    assert specs and all(r["overrides"]["device"] == "cpu"
-                         for j in specs for r in j.spec.get("members", [j.spec]))
+    assert specs and all(c.device == "cpu" for j in specs for c in j.spec["pack"].configs)
 
 
 def test_the_device_is_named_once(tmp_path, capsys):

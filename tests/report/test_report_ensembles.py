@@ -327,6 +327,7 @@ def test_seed_ensembles_add_every_subset_of_3_for_the_claims_losses(tmp_path):
     ensemble of every 3 of their seeds besides the ensemble of all; the report's tables keep
     the ensemble of all, the claims count the subsets, results.csv holds them all."""
     from torchcal.experiments.demo import seed_ensembles
+    from torchcal.train import TrainConfig
 
     specs = []
     for loss in ("ce", "focal"):
@@ -336,7 +337,8 @@ def test_seed_ensembles_add_every_subset_of_3_for_the_claims_losses(tmp_path):
                 {"dataset": "d", "model": "m", "loss": loss, "loss_kwargs": {}, "seed": seed,
                  "epochs": 1}), encoding="utf-8")
             RunDir(d).results().write_text("{}", encoding="utf-8")
-            specs.append({"run_dir": str(d), "loss": loss, "seed": seed})
+            specs.append(TrainConfig(dataset="d", model="m", loss=loss, seed=seed, epochs=1,
+                                     out_dir=str(d)))
     dirs = seed_ensembles(specs, tmp_path / "out", subset_losses={"ce"})
     names = [d.relative_to(tmp_path / "out").as_posix() for d in dirs]
     assert names == ["ensembles/ce", "ensembles/ce/subsets/0-1-2", "ensembles/ce/subsets/0-1-3",
@@ -359,7 +361,7 @@ def test_seed_ensembles_add_every_subset_of_3_for_the_claims_losses(tmp_path):
     # each run's temperatures are fitted once (with the ensemble of all) and reused by the
     # subsets: the same numbers as fitting them afresh
     sub = ce.subsets[1]  # seeds 0, 1, 3
-    fresh = evaluate_ensemble([specs[i]["run_dir"] for i in (0, 1, 3)], meta={"members": [0, 1, 3]})
+    fresh = evaluate_ensemble([specs[i].out_dir for i in (0, 1, 3)], meta={"members": [0, 1, 3]})
     assert sub.results["meta"]["member_temperatures_nll"] == fresh["meta"]["member_temperatures_nll"]
     assert sub.results["meta"]["member_temperatures"] == fresh["meta"]["member_temperatures"]
     got, want = (r["test"]["post"][CALIBRATE_THEN_POOL_NLL] for r in (sub.results, fresh))
@@ -367,5 +369,5 @@ def test_seed_ensembles_add_every_subset_of_3_for_the_claims_losses(tmp_path):
         return {k: v for k, v in d.items() if v is not None and not math.isnan(v)}
     assert known(got) == known(want)
     with pytest.raises(ValueError, match=r"member_temperatures\['nll'\]"):
-        evaluate_ensemble([specs[0]["run_dir"], specs[1]["run_dir"]],
+        evaluate_ensemble([specs[0].out_dir, specs[1].out_dir],
                           member_temperatures={"grid_ece": [1.0, 1.0], "nll": [1.0]})

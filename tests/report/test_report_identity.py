@@ -146,8 +146,12 @@ def test_seed_ensembles_do_not_pool_another_learning_rate(tmp_path):
     from torchcal.experiments.demo import seed_ensembles
 
     a, b = two_learning_rates(tmp_path / "runs", identity_in_meta=False)
-    specs = [{"run_dir": str(d), "loss": "focal", "seed": s}
-             for ds in (a, b) for s, d in enumerate(ds)]
+    import dataclasses
+
+    from torchcal.train.evaluation import read_config
+
+    specs = [dataclasses.replace(read_config(d), out_dir=str(d)) for ds in (a, b) for d in ds]
+    assert [c.seed for c in specs] == [0, 1, 2, 0, 1]
     with pytest.warns(UserWarning) as got:
         dirs = seed_ensembles(specs, tmp_path / "out")
     said = [str(w.message) for w in got if "kept apart" in str(w.message)]
