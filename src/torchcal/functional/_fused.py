@@ -12,7 +12,7 @@ backward works in place on the tensors it creates itself, with the in-place ops 
 vmap batching rule (``mul_``, ``sub_``, ``scatter_add_``; not ``addcmul_`` or ``scatter_``).  Each is checked against plain
 autograd and ``torch.autograd.gradcheck`` (float64) in ``tests/losses/test_losses_fused.py``.
 
-Weighted cross-entropy ``ℓ = -w·log p_y`` (:class:`WeightedCE`), ``p = softmax(z)``, with a
+Weighted cross-entropy ``ℓ = -w·log p_y`` (``_WeightedCEFunction``), ``p = softmax(z)``, with a
 weight read from ``q = softmax(z / T)`` (``q = p`` when ``T`` is the number 1):
 
 * ``"focal"``: ``w = (1 - q_y)^γ``;

@@ -523,7 +523,7 @@ def claims_verdicts(groups: Sequence[Group], claims: Sequence[Claim], *,
     ``results``: as for :func:`claims_section`.
 
     >>> from torchcal.report.aggregate import Group
-    >>> claims_verdicts([Group("d", "m", "ce", {}, runs=[])])
+    >>> claims_verdicts([Group("d", "m", "ce", {}, runs=[])], [])
     []
     """
     results = check_claims(groups, claims) if results is None else results
