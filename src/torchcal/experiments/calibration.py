@@ -29,10 +29,10 @@ from typing import Any
 from ..losses import LOSSES, list_losses
 from ..models.small import MLP
 from ..report.aggregate import loss_label
-from .claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from ..train import TrainConfig, get_recipe
 from ..train.build import build_data
 from .benchmark import Benchmark, IntroContext, Profile, register_benchmark
+from .claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from .demo import TRAINING_RUNS
 
 __all__ = ["ADAFOCAL_LAM", "ADAFOCAL_NOTE", "adafocal_note", "DEMO_LOSS_KWARGS", "CLAIM_LOSSES",
