@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchcal.functional import label_smoothing_loss
+from torchcal.functional import brier_loss, bsce_gra_loss, bsce_loss, label_smoothing_loss
 from torchcal.functional._fused import WEIGHT_KINDS, weighted_ce_apply
 from torchcal.functional.temperature import (
     temperature_bsce_gra_loss,
@@ -60,7 +60,8 @@ def test_gradcheck_and_autograd_formula(kind, detach, temperature):
         x.requires_grad_(True)
         if not detach:  # a GRA gradient is Σ w ∇CE by design, not the value's derivative
             assert torch.autograd.gradcheck(
-                lambda a: fn(a, y, gamma=gamma, temperature=temperature, reduction="sum"), (x,))
+                lambda a, y=y, gamma=gamma: fn(a, y, gamma=gamma, temperature=temperature,
+                                               reduction="sum"), (x,))
         v = fn(x, y, gamma=gamma, temperature=temperature, reduction="none")
         ref = _formula(x, y, kind, gamma, t, detach)
         torch.testing.assert_close(v, ref, rtol=1e-10, atol=1e-12)
@@ -172,8 +173,6 @@ def test_in_place_scatter_only_outside_transforms():
     ``torch.func.grad`` the gradient of a plain backward, bit for bit, and under ``vmap(grad)``
     the same to rounding (β != 2 goes through autograd's pow and sum, whose batched kernels may
     round otherwise: unchanged by issue 50), with no per-member fallback."""
-    from torchcal.functional import bsce_gra_loss, bsce_loss, brier_loss
-
     x, y = _data(11, (8, 5))
     cases = (lambda a: bsce_loss(a, y, beta=1.5), lambda a: bsce_loss(a, y),
              lambda a: bsce_gra_loss(a, y), lambda a: brier_loss(a, y),
