@@ -59,7 +59,8 @@ LOSSES = ("ce", "focal", "flsd53", "dual_focal", "adafocal", "bsce", "bsce_gra")
 def _write_runs(root: Path, n_test: int = 4000, n_classes: int = 10) -> None:
     """Seven losses' evaluated runs (as the demo's: test and OOD logits; AdaFocal's γ per bin
     in its log)."""
-    from torchcal.evaluate import SCHEMA, save_logits, write_results
+    from torchcal.logits_file import save_logits
+    from torchcal.results_file import SCHEMA, write_results
     from torchcal.run_dir import LOSS_STATE_KEY, RunDir
 
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@
 The five lines (between the ``--8<--`` markers, which the documentation's Getting started page
 includes) need only two ``.npz`` files holding ``logits`` (N, C) and ``labels`` (N,): the ones
 ``torchcal eval`` writes to ``RUN_DIR/logits/``, or any saved with ``np.savez`` or
-:func:`torchcal.evaluate.save_logits` from any framework. To make the example self-contained, it
+:func:`torchcal.logits_file.save_logits` from any framework. To make the example self-contained, it
 first writes such files for an over-confident model whose labels follow ``softmax(z / 2.5)``, so
 the temperature found should be close to 2.5.
 
@@ -21,7 +21,7 @@ import torch
 
 # --8<-- [start:imports]
 import torchcal.metrics as M
-from torchcal.evaluate import load_logits, save_logits
+from torchcal.logits_file import load_logits, save_logits
 from torchcal.posthoc import TemperatureScaling
 
 # --8<-- [end:imports]

@@ -11,7 +11,8 @@ constraint, ``validate`` checks no field by hand and the command line lists no f
 every exception or warning class is defined in ``errors.py`` (and the modules of ``_io/`` but
 ``jsonio.py`` import the standard library only); no function takes more than 10
 parameters (but the few excepted, each with its reason); and no module but
-``train/stacks.py`` reads a stack beyond the ``Stack`` protocol or tests which stack it is.  Each checker is also shown to fail
+``train/stacks.py`` reads a stack beyond the ``Stack`` protocol or tests which stack it is; a
+name is imported from the module that defines it and ``__all__`` lists only its own names.  Each checker is also shown to fail
 on a small package written here.
 
 The source root can be overridden with the ``TORCHCAL_SRC`` environment variable (e.g. to check
@@ -491,3 +492,49 @@ def test_stack_protocol_violations_are_found(tmp_path, source, expected):
         assert expected in found["stack protocol"][0], found
     (root / "torchcal" / "train" / "stacks.py").unlink()  # no stacks module: no rule 15
     assert not arch.check(root)["stack protocol"]
+
+
+def test_every_name_is_imported_from_its_home(result):
+    assert not result["one home per name"], "\n".join(result["one home per name"])
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # a name imported through a module that only imported it
+        ("from .home import f\n__all__ = []\n", None),
+        ("from .via import f\n", "bad.py:1 imports f through torchcal.metrics.via"),
+        ("from torchcal.metrics.via import f, g\n", "imports f through torchcal.metrics.via"),
+        ("def h():\n    from .via import f  # why\n", "bad.py:2 imports f through"),
+        # __all__ lists only what the module defines
+        ("from .home import f\n__all__ = ['f']\n", "bad.py:2 lists f in __all__"),
+        ("from .home import f\n__all__ = []\n__all__ += ['f']\n", "bad.py:3 lists f"),
+        ("def f():\n    pass\nX = 1\n__all__ = ['f', 'X']\n", None),
+        ("try:\n    import numpy\n    Y = 1\nexcept ImportError:\n    Y = 0\n__all__ = ['Y']\n",
+         None),
+        # what the module defines, a package __init__, a facade and errors' classes pass
+        ("from .via import g\n", None),
+        ("from . import f\n", None),
+        ("from ..functional.blocks import f\n", None),
+        ("from ..errors import Oops\n__all__ = ['Oops']\n", None),
+    ],
+)
+def test_one_home_violations_are_found(tmp_path, source, expected):
+    """Rule 17 can fail: a name imported through a module that imported it (relative,
+    absolute, deferred), an ``__all__`` entry (``=`` or ``+=``) the module does not define;
+    the module's own definitions (also inside ``try``), a package ``__init__``, a facade of
+    ``FACADES`` and the exception classes of ``errors.py`` pass."""
+    root = _package(tmp_path, "metrics", source)
+    pkg = root / "torchcal"
+    (pkg / "errors.py").write_text("class Oops(Exception):\n    pass\n")
+    (pkg / "metrics" / "home.py").write_text("def f():\n    pass\n")
+    (pkg / "metrics" / "via.py").write_text("from .home import f\n\n\ndef g():\n    return f\n")
+    (pkg / "metrics" / "__init__.py").write_text("from .home import f\n__all__ = ['f']\n")
+    (pkg / "functional").mkdir()
+    (pkg / "functional" / "__init__.py").write_text("")
+    (pkg / "functional" / "blocks.py").write_text("from ..metrics.home import f\n__all__ = ['f']\n")
+    found = arch.check(root)["one home per name"]
+    if expected is None:
+        assert found == [], found
+    else:
+        assert len(found) == 1 and expected in found[0], found

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 import torchcal
-from torchcal.evaluate import load_logits
+from torchcal.logits_file import load_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchcal.metrics as M
 from torchcal.ensemble import from_logits, from_run_dirs, mc_dropout
 from torchcal.errors import ResultsFileError
-from torchcal.evaluate import save_logits
+from torchcal.logits_file import save_logits
 from torchcal.run_dir import RunDir
 
 

@@ -13,18 +13,16 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from torchcal import metrics
 from torchcal.errors import ResultsFileError
-from torchcal.evaluate import (
+from torchcal.evaluate import evaluate_logits, evaluate_saved_logits
+from torchcal.logits_file import load_logits, save_logits
+from torchcal.posthoc import TemperatureScaling
+from torchcal.results_file import (
     METRIC_KEYS,
     SCHEMA,
     TEMPERATURE_METHODS,
-    evaluate_logits,
-    evaluate_saved_logits,
-    load_logits,
     read_results,
-    save_logits,
     write_results,
 )
-from torchcal.posthoc import TemperatureScaling
 
 
 def synthetic(n, c, seed, scale=3.0):

@@ -29,7 +29,7 @@ from torchcal._io import (
 )
 from torchcal.cli import main
 from torchcal.errors import CheckpointError, ChecksumError, DivergedError, ResultsFileError
-from torchcal.evaluate import (
+from torchcal.results_file import (
     SCHEMA,
     read_calibration,
     read_results,
@@ -106,7 +106,7 @@ def test_one_helper_verifies_checkpoints_heads_caches_and_calibrations(tmp_path)
 
 
 def test_calibrate_out_is_written_with_its_sha256(tmp_path, capsys):
-    from torchcal.evaluate import save_logits
+    from torchcal.logits_file import save_logits
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 4, 200)

@@ -260,7 +260,7 @@ def _edit_json(path, fn):
 
 
 def test_results_and_logits_carry_sha256_sidecars(runs):
-    from torchcal.evaluate import read_results
+    from torchcal.results_file import read_results
     run = runs / "ce"
     assert (run / "results.json.sha256").is_file()
     assert sorted(p.name for p in (run / "logits").glob("*.sha256")) == [
@@ -270,7 +270,7 @@ def test_results_and_logits_carry_sha256_sidecars(runs):
 
 
 def test_an_edited_results_file_is_refused_then_recomputed_by_the_sweep(runs):
-    from torchcal.evaluate import read_results
+    from torchcal.results_file import read_results
     run = runs / "ce"
     original = (run / "results.json").read_bytes()
     _edit_json(run / "results.json", lambda d: d["test"]["pre"].update(ece=0.0005, error=0.01))
@@ -283,7 +283,7 @@ def test_an_edited_results_file_is_refused_then_recomputed_by_the_sweep(runs):
 
 
 def test_a_results_file_copied_from_another_run_is_refused_then_recomputed(runs):
-    from torchcal.evaluate import read_results
+    from torchcal.results_file import read_results
     ce, focal = runs / "ce", runs / "focal"
     original = (ce / "results.json").read_bytes()
     for name in ("results.json", "results.json.sha256"):
@@ -297,7 +297,8 @@ def test_a_results_file_copied_from_another_run_is_refused_then_recomputed(runs)
 
 @pytest.mark.parametrize("with_sidecar", [False, True])
 def test_logits_copied_from_another_run_are_refused(runs, with_sidecar):
-    from torchcal.evaluate import load_logits, read_results
+    from torchcal.logits_file import load_logits
+    from torchcal.results_file import read_results
     ce, focal = runs / "ce", runs / "focal"
     shutil.copy(focal / "logits" / "test.npz", ce / "logits" / "test.npz")
     if with_sidecar:
@@ -311,7 +312,8 @@ def test_logits_copied_from_another_run_are_refused(runs, with_sidecar):
 
 
 def test_old_runs_without_sidecars_still_read(runs):
-    from torchcal.evaluate import load_logits, read_results
+    from torchcal.logits_file import load_logits
+    from torchcal.results_file import read_results
     run = runs / "ce"
     for p in run.rglob("*.sha256"):
         if not p.name.endswith(".pt.sha256"):
@@ -327,7 +329,7 @@ def test_old_runs_without_sidecars_still_read(runs):
     (lambda d: d["n"].update(test=-5), r"n\['test'\] .* non-negative integer, got -5"),
 ])
 def test_impossible_results_metadata_is_refused(runs, edit, match):
-    from torchcal.evaluate import read_results
+    from torchcal.results_file import read_results
     run = runs / "ce"
     (run / "results.json.sha256").unlink()  # reach the range checks
     _edit_json(run / "results.json", edit)
@@ -337,7 +339,7 @@ def test_impossible_results_metadata_is_refused(runs, edit, match):
 
 # --- 9. calibrate refuses test logits of another classifier ---------------------------------
 def test_calibrate_refuses_test_logits_of_other_classes(tmp_path, capsys):
-    from torchcal.evaluate import save_logits
+    from torchcal.logits_file import save_logits
     rng = np.random.default_rng(0)
     save_logits(tmp_path / "val.npz", rng.normal(size=(40, 5)), rng.integers(0, 5, 40))
     save_logits(tmp_path / "test.npz", rng.normal(size=(40, 10)), rng.integers(0, 10, 40))
@@ -368,7 +370,7 @@ def _bomb(path, n):
 
 def test_a_deflated_npz_bomb_is_refused_before_loading(tmp_path, capsys, monkeypatch):
     from torchcal import logits_file
-    from torchcal.evaluate import load_logits
+    from torchcal.logits_file import load_logits
     monkeypatch.setattr(logits_file, "NPZ_RATIO_FROM", 1 << 20)  # the campaign's was 8 GB
     bomb = tmp_path / "bomb.npz"
     _bomb(bomb, 4 << 20)  # 16 MiB of zeros in ~16 KiB
@@ -381,7 +383,7 @@ def test_a_deflated_npz_bomb_is_refused_before_loading(tmp_path, capsys, monkeyp
 def test_an_npz_header_declaring_more_than_it_holds_is_refused(tmp_path):
     import zipfile
 
-    from torchcal.evaluate import load_logits
+    from torchcal.logits_file import load_logits
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
         header, {"descr": "<f4", "fortran_order": False, "shape": (10 ** 9, 1000)})
@@ -574,7 +576,9 @@ def test_a_packed_sweep_keeps_the_users_files_of_a_stale_run(runs):
 # --- 17. report pages are committed together; a killed report / ensemble writer's temp files go
 def _results_tree(root):
     """Two seeds of ce evaluated from random logits (no training): what a report reads."""
-    from torchcal.evaluate import evaluate_logits, save_logits, write_results
+    from torchcal.evaluate import evaluate_logits
+    from torchcal.logits_file import save_logits
+    from torchcal.results_file import write_results
     g = torch.Generator().manual_seed(0)
     y = torch.arange(60) % 5
     for seed in (0, 1):

@@ -107,6 +107,16 @@ It prints one line per rule with its count, then every violation:
     ``stacks.py`` other than a protocol (``isinstance``, ``issubclass``, ``type(x) is C``): the
     engine and the compiled step call the stack's strategies, they do not ask which stack it
     is.  Not seen: a stack reached through an unannotated name or a plain local alias.
+17. **one home per name**: a name is imported from the module that defines it, never through
+    another module that imported it (``from ..evaluate import load_logits`` where
+    ``load_logits`` is ``logits_file.py``'s), and a module's ``__all__`` lists only the names
+    it defines.  Excepted: a package's ``__init__.py`` (the package's public face, what it
+    re-exports is its API), the facades of ``FACADES`` (``functional/blocks.py``: the loss
+    authors' building blocks, public names of the functional package's private modules, and
+    ``losses/base.py``'s hyperparameter constraints, whose home ``_validation`` is private), and
+    the exception and warning classes of ``errors.py`` that rule 13 re-exports where they are
+    raised (listed in ``__all__`` there; imported from ``errors``).  Only names defined at a
+    module's top level (``def``, ``class``, assignments) count as defined there.
 ``tests/test_architecture.py`` runs these checks (and checks that each checker can fail).
 """
 
@@ -194,6 +204,15 @@ BUILTIN_EXCEPTIONS = frozenset(name for name, obj in vars(builtins).items()
 # Rule 14: the most parameters a function takes (self/cls, *args and **kwargs not counted),
 # and the functions excepted ((module, qualified name) -> why).
 MAX_PARAMETERS = 10
+#: rule 17: the modules that re-export other modules' names, and which (None: any); a package's
+#: ``__init__`` is one by definition.  ``functional/blocks.py``: the loss authors' building
+#: blocks, public names of the functional package's private modules; ``losses/base.py``: the
+#: hyperparameter constraints a loss class declares (docs/guide/losses.md), whose home,
+#: ``_validation``, is private to users.
+FACADES: dict[str, frozenset[str] | None] = {
+    "torchcal.functional.blocks": None,
+    "torchcal.losses.base": frozenset({"Interval", "Options", "SequenceOf"}),
+}
 STACKS_MODULE = "torchcal.train.stacks"  # rule 16: the Stack protocol and the stacks
 STACK_PROTOCOL = "Stack"
 MANY_PARAMETERS = {
@@ -899,6 +918,79 @@ def stack_boundary(tree: ast.AST, rel: Path, members: Collection[str],
     return out
 
 
+def _top_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """A module's top-level statements, also those inside a top-level ``if`` / ``try``."""
+    for n in body:
+        if isinstance(n, ast.If):
+            yield from _top_statements(n.body + n.orelse)
+        elif isinstance(n, ast.Try):
+            yield from _top_statements(n.body + [s for h in n.handlers for s in h.body]
+                                       + n.orelse + n.finalbody)
+        else:
+            yield n
+
+
+def _defined(tree: ast.Module, imported: bool = False) -> set[str]:
+    """Names a module defines at its top level (``def``, ``class``, assignment targets);
+    ``imported``: the names its top-level imports bind instead."""
+    out: set[str] = set()
+    for n in _top_statements(tree.body):
+        if imported:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            out.update(e.id for t in targets for e in ast.walk(t) if isinstance(e, ast.Name))
+    return out
+
+
+def _dunder_all(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, name)`` of the string entries of a module-level ``__all__`` (``=`` / ``+=``)."""
+    out = []
+    for n in tree.body:
+        targets = (n.targets if isinstance(n, ast.Assign) else
+                   [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else [])
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and \
+                isinstance(n.value, (ast.List, ast.Tuple)):
+            out += [(e.lineno, e.value) for e in n.value.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return out
+
+
+def one_home(mods: dict[str, Path], src: Path) -> list[str]:
+    """Rule 17: names imported through a module that is not their home, and ``__all__``
+    entries a module does not define."""
+    trees = {m: ast.parse(p.read_text(encoding="utf-8"), filename=str(p)) for m, p in mods.items()}
+    defined = {m: _defined(t) for m, t in trees.items()}
+    imported = {m: _defined(t, imported=True) - defined[m] for m, t in trees.items()}
+    errors = defined.get(ERRORS_MODULE, set())
+    facade: dict[str, frozenset[str] | None] = {
+        **{m: None for m, p in mods.items() if p.name == "__init__.py"}, **FACADES}
+    out = []
+    for module, path in mods.items():
+        rel, tree = path.relative_to(src), trees[module]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = from_target(module, path, node)
+            if target not in mods or (target in facade and facade[target] is None):
+                continue
+            for alias in node.names:
+                if alias.name in imported[target] and alias.name not in facade.get(target, ()):
+                    out.append(f"{rel}:{node.lineno} imports {alias.name} through {target}, "
+                               "which does not define it: import it from its module")
+        if module in facade and facade[module] is None:
+            continue
+        for line, name in _dunder_all(tree):
+            if name not in defined[module] and name not in errors \
+                    and name not in facade.get(module, ()):
+                out.append(f"{rel}:{line} lists {name} in __all__ but does not define it: "
+                           "its users import it from its module")
+    return out
+
+
 def check(src: Path) -> dict[str, list[str]]:
     """Every violation of the rules under ``src``, by rule."""
     out: dict[str, list[str]] = {"layers": [], "argparse": [], "function length": [],
@@ -909,7 +1001,7 @@ def check(src: Path) -> dict[str, list[str]]:
                                  "heavy imports": [], "config declarations": [],
                                  "exception classes": [],
                                  "parameters": [], "unit of work": [],
-                                 "stack protocol": []}
+                                 "stack protocol": [], "one home per name": []}
     spelled: dict[str, list[str]] = {}
     excepted: set[tuple[str, str]] = set()  # the MANY_PARAMETERS entries that take > 10
     mods = dict(modules(src))
@@ -943,6 +1035,7 @@ def check(src: Path) -> dict[str, list[str]]:
             for name, lines in run_dir_names(tree).items():
                 spelled.setdefault(name, []).append(f"{rel}:{','.join(map(str, lines))}")
     out["circular imports"] = import_circles(mods)
+    out["one home per name"] = one_home(mods, src)
     out["config declarations"] = _config_rule(src, mods)
     out["parameters"] += [f"{m}.{name} is excepted in MANY_PARAMETERS but is no function with "
                           f"more than {MAX_PARAMETERS} parameters: remove the entry"

@@ -41,16 +41,11 @@ from torch import nn
 from ._io import remove_stale_temp_files
 from ._validation import as_tensor, check_labels, check_positive_int
 from .errors import ResultsFileError
-from .evaluate import (
-    compute_metrics,
-    evaluate_logits,
-    load_logits,
-    read_results,
-    save_logits,
-    write_results,
-)
+from .evaluate import compute_metrics, evaluate_logits
+from .logits_file import load_logits, save_logits
 from .metrics import members as scores
 from .posthoc import TemperatureScaling
+from .results_file import read_results, write_results
 from .run_dir import RunDir
 
 __all__ = ["Ensemble", "from_logits", "from_run_dirs", "evaluate_ensemble", "mc_dropout",

@@ -4,8 +4,8 @@ Logits are the interchange format (DESIGN.md): training writes ``RUN_DIR/logits/
 and ``ood_<name>.npz`` (the logits file, :mod:`torchcal.logits_file`); this module fits the
 temperatures and computes the metrics of the ``torchcal.results/1`` document (the results
 file, :mod:`torchcal.results_file`, whose docstring describes it) that ``torchcal report``
-aggregates.  Nothing here needs the model.  The files' readers and writers are re-exported
-here (``torchcal.evaluate.load_logits``, ``read_results``, ...).
+aggregates.  Nothing here needs the model.  The files' readers and writers live in those two
+modules (``torchcal.logits_file.load_logits``, ``torchcal.results_file.read_results``, ...).
 
 Metric keys are those of :meth:`torchcal.metrics.CalibrationMeter.compute`; values are
 fractions (0..1), never percent.  A metric that is undefined (``s99_accuracy`` when no sample
@@ -27,58 +27,14 @@ from typing import Any
 
 import torch
 
-from ._io import atomic_write_bytes, atomic_write_text
 from ._validation import as_tensor, check_finite, check_labels, check_positive_int
-from .logits_file import load_logits, save_logits
+from .logits_file import load_logits
 from .metrics import CalibrationMeter, aupr, auroc, fpr_at_tpr, ood_scores
 from .posthoc import fit_temperatures
-from .results_file import (
-    DEFAULT_PREDICTOR,
-    METRIC_KEYS,
-    PREDICTORS,
-    SCHEMA,
-    TEMPERATURE_METHODS,
-    config_meta,
-    meta_from_config,
-    predictor_of,
-    read_calibration,
-    read_results,
-    write_calibration,
-    write_results,
-)
-from .run_dir import (
-    CHECKPOINTS,
-    RunDir,
-    checkpoint_of_results_file,
-    logits_dirname,
-    results_filename,
-)
+from .results_file import METRIC_KEYS, SCHEMA, TEMPERATURE_METHODS, meta_from_config, write_results
+from .run_dir import RunDir
 
-__all__ = [
-    "SCHEMA",
-    "PREDICTORS",
-    "DEFAULT_PREDICTOR",
-    "predictor_of",
-    "METRIC_KEYS",
-    "TEMPERATURE_METHODS",
-    "save_logits",
-    "load_logits",
-    "compute_metrics",
-    "ood_metrics",
-    "evaluate_logits",
-    "evaluate_saved_logits",
-    "config_meta",
-    "write_results",
-    "read_results",
-    "write_calibration",
-    "read_calibration",
-    "CHECKPOINTS",
-    "results_filename",
-    "logits_dirname",
-    "checkpoint_of_results_file",
-    "atomic_write_bytes",
-    "atomic_write_text",
-]
+__all__ = ["compute_metrics", "ood_metrics", "evaluate_logits", "evaluate_saved_logits"]
 
 
 def _check_logits(x: Any, name: str, num_classes: int | None = None) -> torch.Tensor:

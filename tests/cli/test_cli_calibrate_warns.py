@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchcal.evaluate import read_calibration
 from torchcal.metrics import ece
 from torchcal.posthoc import calibrator_from_dict
+from torchcal.results_file import read_calibration
 
 
 def _npz(path: Path, logits: np.ndarray, labels: np.ndarray) -> Path:

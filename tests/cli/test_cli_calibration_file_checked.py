@@ -14,7 +14,8 @@ from torchcal import posthoc
 from torchcal._io import write_verified
 from torchcal.cli import main
 from torchcal.errors import ResultsFileError
-from torchcal.evaluate import read_calibration, save_logits
+from torchcal.logits_file import save_logits
+from torchcal.results_file import read_calibration
 
 
 @pytest.fixture

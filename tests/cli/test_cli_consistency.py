@@ -20,7 +20,8 @@ import torchcal
 from torchcal.cli import build_parser, main
 from torchcal.cli._args import parse_loss_args_per_loss
 from torchcal.cli.train import config_from_args
-from torchcal.evaluate import SCHEMA, save_logits, write_results
+from torchcal.logits_file import save_logits
+from torchcal.results_file import SCHEMA, write_results
 
 SRC = str(Path(torchcal.__file__).resolve().parents[1])  # the torchcal under test, for children
 

@@ -12,7 +12,7 @@ import pytest
 
 from torchcal import posthoc
 from torchcal.cli import main
-from torchcal.evaluate import save_logits
+from torchcal.logits_file import save_logits
 
 _ALLOC = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
           "memory: you tried to allocate 3200000000000 bytes. Error code 12 (Cannot allocate "

@@ -79,7 +79,7 @@ def test_lock_names_the_holder_and_a_killed_holders_lock_is_taken_over(tmp_path)
 
 
 def test_a_second_process_fails_at_once_for_every_command_writing_into_the_run(tmp_path, capsys):
-    from torchcal.evaluate import save_logits
+    from torchcal.logits_file import save_logits
 
     run = tmp_path / "run"
     (run / "logits").mkdir(parents=True)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from torchcal.evaluate import read_results
 from torchcal.experiments import DemoConfig, run_demo
 from torchcal.experiments.runner import failed_result
 from torchcal.experiments.training import (
@@ -16,6 +15,7 @@ from torchcal.experiments.training import (
     pack_job,
     run_pack_job,
 )
+from torchcal.results_file import read_results
 from torchcal.train.packs import RunOutcome, form_packs
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")

@@ -15,12 +15,13 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray executor needs `ray` (pip install torchcal[ray])")
 
+from test_experiments_resolved import _cfg, _check_runs, parent_recipe  # noqa: E402, F401 - same folder
+
 import torchcal  # noqa: E402
 from torchcal.cli import main  # noqa: E402
-from test_experiments_resolved import _cfg, _check_runs, parent_recipe  # noqa: E402, F401 - same folder
-from torchcal.evaluate import read_results  # noqa: E402
 from torchcal.experiments import Job, LocalExecutor, RayExecutor, pack_job, run_sweep  # noqa: E402
 from torchcal.experiments.training import benchmark_config, run_pack_job  # noqa: E402
+from torchcal.results_file import read_results  # noqa: E402
 from torchcal.train.packs import form_packs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")

@@ -19,7 +19,6 @@ import torchcal.report.claims as report_claims
 import torchcal.train.packed as train_packed_module
 import torchcal.train.packs as packs_module
 import torchcal.train.run as train_run_module
-from torchcal.evaluate import config_meta
 from torchcal.experiments import (
     Benchmark,
     DemoConfig,
@@ -31,6 +30,7 @@ from torchcal.experiments import (
 )
 from torchcal.experiments import training as training_module
 from torchcal.experiments.training import benchmark_config
+from torchcal.results_file import config_meta
 from torchcal.train import TrainConfig
 from torchcal.train.config import config_identity
 from torchcal.train.packs import Pack, RunOutcome, form_packs, train_pack

@@ -9,7 +9,7 @@ import torch
 from torchcal.losses import BrierLoss, create_loss
 from torchcal.losses.base import published_reduction
 from torchcal.train.config import TrainConfig
-from torchcal.train.trainer import build_loss
+from torchcal.train.run import build_loss
 
 
 def _slow_brier(x, t):

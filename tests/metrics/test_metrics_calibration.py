@@ -317,7 +317,7 @@ def test_confidence_gap_against_numpy(dtype):
 
 
 def test_ece_noise_floor_is_the_metrics_one():
-    from torchcal.report.aggregate import ece_noise_floor
+    from torchcal.metrics import ece_noise_floor
 
     assert ece_noise_floor is M.ece_noise_floor
     # one bin, c = 0.5: E|Bin(n, 1/2)/n - 1/2| (exact by summing the binomial law)

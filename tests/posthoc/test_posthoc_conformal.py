@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from torchcal.conformal import conformal_rank
 from torchcal.errors import NotFittedError
 from torchcal.posthoc import ConformalClassifier, calibrator_from_dict
-from torchcal.conformal import conformal_rank
 
 METHODS = ["lac", "aps", "raps"]
 

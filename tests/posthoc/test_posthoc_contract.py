@@ -16,7 +16,7 @@ from sklearn.pipeline import Pipeline
 
 from torchcal.cli import main as cli_main
 from torchcal.errors import NotFittedError, TorchcalError
-from torchcal.evaluate import save_logits
+from torchcal.logits_file import save_logits
 from torchcal.posthoc import (
     BetaCalibration,
     CalibrationFitError,

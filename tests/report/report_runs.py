@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
 
-from torchcal.evaluate import save_logits, write_results
+from torchcal.logits_file import save_logits
+from torchcal.results_file import write_results
 
 
 def write_runs(root: Path, losses: Sequence[str] = ("ce", "focal"), seeds: int = 1,

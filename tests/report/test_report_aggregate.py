@@ -7,10 +7,10 @@ import math
 import pytest
 
 from torchcal.errors import ResultsFileError
-from torchcal.evaluate import SCHEMA, read_results, write_results
 from torchcal.report.aggregate import flatten_results, group_runs, load_runs, mean_std
 from torchcal.report.build import build_report
 from torchcal.report.tables import main_table
+from torchcal.results_file import SCHEMA, read_results, write_results
 
 KEYS = ("ece", "adaptive_ece", "classwise_ece", "mce", "rmsce", "nll", "brier", "error",
         "topk_error", "s99_share", "s99_accuracy")
@@ -218,7 +218,7 @@ def test_figures_problem_is_a_note_not_a_failure(runs_dir, tmp_path):
     of that data set / model, never the report; runs without logits are noted."""
     import numpy as np
 
-    from torchcal.evaluate import save_logits
+    from torchcal.logits_file import save_logits
 
     rng = np.random.default_rng(0)
     for seed, c in ((0, 10), (1, 7)):

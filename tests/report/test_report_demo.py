@@ -7,10 +7,10 @@ import pytest
 
 from torchcal.cli import main
 from torchcal.cli.demo import parse_seeds
-from torchcal.evaluate import SCHEMA, read_results, write_results
 from torchcal.experiments import DemoConfig, run_demo
 from torchcal.experiments.demo import applicable_losses
 from torchcal.experiments.training import benchmark_config, run_pack_job
+from torchcal.results_file import SCHEMA, read_results, write_results
 
 TINY = dict(seeds=(0,), epochs=3, losses=("ce", "adafocal"), workers=1, progress=False,
             benchmark="digits")
@@ -107,7 +107,7 @@ def test_mnist1d_is_the_default_at_the_papers_defaults(demo_configs):
     from pathlib import Path
 
     from torchcal.experiments.calibration import CLAIM_LOSSES
-    from torchcal.train.trainer import build_loss
+    from torchcal.train.run import build_loss
 
     jobs = demo_configs(DemoConfig(), Path("/x"))
     assert {j.recipe for j in jobs} == {"mnist1d-cnn"}

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from torchcal.ensemble import CALIBRATE_THEN_POOL, CALIBRATE_THEN_POOL_NLL, evaluate_ensemble
-from torchcal.evaluate import load_logits, save_logits
 from torchcal.experiments.claims import ENSEMBLE_CLAIMS, mukhoti_ood_claim
+from torchcal.logits_file import load_logits, save_logits
 from torchcal.report.aggregate import RunRecord, group_runs, load_runs, runs_from_results_csv
 from torchcal.report.claims import (
     CAL_THEN_POOL,

@@ -15,10 +15,10 @@ import torch
 from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
 
 from torchcal.cli import main
-from torchcal.evaluate import write_results
-from torchcal.metrics import ece
-from torchcal.report.aggregate import ece_noise_floor, load_runs
+from torchcal.metrics import ece, ece_noise_floor
+from torchcal.report.aggregate import load_runs
 from torchcal.report.build import build_report
+from torchcal.results_file import write_results
 
 RUNS = dict(losses=("ce", "focal"), seeds=2, n=300)  # the `runs` fixture (conftest.py)
 

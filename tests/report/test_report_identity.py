@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from torchcal.ensemble import evaluate_ensemble
-from torchcal.evaluate import config_meta, evaluate_saved_logits, read_results, save_logits
+from torchcal.evaluate import evaluate_saved_logits
+from torchcal.logits_file import save_logits
 from torchcal.report.aggregate import group_runs, load_runs, runs_from_results_csv
 from torchcal.report.build import build_report
+from torchcal.results_file import config_meta, read_results
 from torchcal.run_dir import RunDir
 from torchcal.train import TrainConfig
 

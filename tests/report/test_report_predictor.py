@@ -11,13 +11,13 @@ import pytest
 from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
 
 from torchcal.errors import ResultsFileError
-from torchcal.evaluate import PREDICTORS, predictor_of, write_results
 from torchcal.experiments.claims import CLAIMS
 from torchcal.report.aggregate import group_runs, load_runs, runs_from_results_csv
 from torchcal.report.build import build_report
 from torchcal.report.claims import check_claims
 from torchcal.report.front import front_table
 from torchcal.report.tables import main_table, runs_csv
+from torchcal.results_file import PREDICTORS, predictor_of, write_results
 
 CE_ECE = {0: 0.10, 1: 0.20, 2: 0.30}
 ENSEMBLE_ECE = 0.45  # apart from the seeds: averaging it in would move the mean to 0.2625

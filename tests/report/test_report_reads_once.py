@@ -9,8 +9,8 @@ import collections
 import numpy as np
 import pytest
 
-from torchcal.evaluate import save_logits
 from torchcal.experiments.claims import CLAIMS
+from torchcal.logits_file import save_logits
 from torchcal.report import aggregate, build
 from torchcal.report.build import build_report
 

@@ -8,7 +8,6 @@ import copy
 
 from test_report_aggregate import fake_results  # same folder (pytest puts it on sys.path)
 
-from torchcal.evaluate import write_results
 from torchcal.report.aggregate import group_runs, load_runs
 from torchcal.report.tables import (
     WORSE_MARK,
@@ -18,6 +17,7 @@ from torchcal.report.tables import (
     main_table,
     ood_tables,
 )
+from torchcal.results_file import write_results
 
 
 def _worse_group(tmp_path, loss="ce", post_nll_grid=0.246, post_nll_fit=0.200, pre_nll=0.211,

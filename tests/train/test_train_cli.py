@@ -79,7 +79,7 @@ def test_user_mistakes_are_one_line(tmp_path, capsys):
     afile.write_text("x")
     _one_line_error(capsys, ["train", "--recipe", "digits-mlp", "--epochs", "1", "--no-progress",
                              "--out", str(afile)], str(afile))
-    from torchcal.evaluate import save_logits
+    from torchcal.logits_file import save_logits
 
     save_logits(tmp_path / "v.npz", np.eye(3, dtype=np.float32) * 2, np.arange(3))
     _one_line_error(capsys, ["calibrate", str(tmp_path / "v.npz"), "--out",
@@ -216,7 +216,7 @@ def test_calibrate_on_saved_logits(tmp_path, capsys):
 
     if not hasattr(posthoc, "TemperatureScaling"):
         pytest.skip("posthoc.TemperatureScaling not built yet")
-    from torchcal.evaluate import save_logits
+    from torchcal.logits_file import save_logits
 
     rng = np.random.default_rng(0)
     y = rng.integers(0, 5, 400)
@@ -279,7 +279,8 @@ def test_eval_command_last_and_best(tmp_path, capsys):
     results.json, `--checkpoint best` the selected one into logits-best/ and results-best.json."""
     import torch
 
-    from torchcal.evaluate import load_logits, read_results
+    from torchcal.logits_file import load_logits
+    from torchcal.results_file import read_results
     from torchcal.train import build_data, load_model_from_run, predict_logits
 
     run = tmp_path / "run"

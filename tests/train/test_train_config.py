@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from torchcal.cli.train import parse_loss_args
+from torchcal.cli._args import parse_loss_args
 from torchcal.errors import TorchcalError
 from torchcal.train import TrainConfig, get_recipe, list_recipes, register_recipe
 

@@ -14,10 +14,11 @@ import sys
 import pytest
 import torch
 
+from torchcal._io.verified import checksum_path
 from torchcal.cli import main
 from torchcal.errors import CheckpointError
 from torchcal.train import get_recipe, train
-from torchcal.train.checkpoint import checksum_path, load_checkpoint, save_checkpoint
+from torchcal.train.checkpoint import load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 

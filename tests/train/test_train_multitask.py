@@ -15,7 +15,8 @@ import torchcal.train.engine as E
 from torchcal.losses import UncertaintyWeighting
 from torchcal.models import create_model
 from torchcal.train import get_recipe, train
-from torchcal.train.multitask import TaskHead, TaskWeighting, parse_task_weighting
+from torchcal.train.config import parse_task_weighting
+from torchcal.train.multitask import TaskHead, TaskWeighting
 
 
 @pytest.mark.parametrize("text,want", [

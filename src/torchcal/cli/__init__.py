@@ -32,8 +32,8 @@ import warnings
 
 from .. import __version__
 from .._signals import interrupt_signal, sigterm_interrupts
-from ..errors import TorchcalError
-from ._args import Parser, one_line_warnings
+from ..errors import TorchcalError, one_line_warnings
+from ._args import Parser
 
 __all__ = ["main", "build_parser", "describe_failure", "COMMAND_HELP"]
 

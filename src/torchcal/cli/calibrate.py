@@ -25,9 +25,10 @@ from sklearn.base import clone
 from .. import posthoc
 from .._io import exclusive_lock
 from ..errors import ResultsFileError
-from ..evaluate import load_logits, write_calibration
+from ..logits_file import load_logits
 from ..metrics import adaptive_ece, ece, error, nll
 from ..posthoc import CalibrationFitError
+from ..results_file import write_calibration
 from ..run_dir import RunDir
 from ._args import PERCENT_NOTE, nonneg_float, pct
 from ._args import fmt as _fmt
@@ -260,6 +261,6 @@ def register(subparsers: Any) -> None:
     c.add_argument("--n-bins", type=int, default=15, help="bins of ECE and the grid search")
     c.add_argument("--out", metavar="OUT.json",
                    help="write the calibrator and metrics as JSON, with its SHA-256 beside it "
-                        "(OUT.json.sha256; torchcal.evaluate.read_calibration verifies it)")
+                        "(OUT.json.sha256; torchcal.results_file.read_calibration verifies it)")
     c.add_argument("--debug", action="store_true", help="show tracebacks")
     c.set_defaults(func=_cmd_calibrate, interrupt_hint=_interrupt_hint)

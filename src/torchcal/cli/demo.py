@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._signals import sigterm_interrupts
-from ..experiments import DemoConfig, DemoResult, get_benchmark, list_benchmarks, run_demo
+from ..experiments import DemoConfig, get_benchmark, list_benchmarks, run_demo
 from ..experiments.benchmark import data_options_help, size_help
 from ..experiments.demo import TRAINING_RUNS, applicable_losses, debug_env, default_out
 from ..experiments.runner import EXECUTORS, make_executor
@@ -34,7 +34,7 @@ from ._args import nonneg_float as _nonneg_float
 from ._args import positive_int as _positive_int
 from .report import print_tail
 
-__all__ = ["DemoConfig", "DemoResult", "run_demo", "register", "parse_seeds",
+__all__ = [ "register", "parse_seeds",
            "parse_demo_loss_args", "cmd_demo"]
 
 

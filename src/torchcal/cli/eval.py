@@ -12,8 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..evaluate import CHECKPOINTS, logits_dirname, results_filename
 from ..report.tables import worse_than
+from ..run_dir import CHECKPOINTS, logits_dirname, results_filename
 from ..train.evaluation import evaluate_checkpoint
 from ._args import PERCENT_NOTE, pct
 from ._args import fmt as _fmt

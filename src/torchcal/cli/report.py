@@ -20,7 +20,7 @@ from ..train.config import config_identity
 from ._args import PERCENT_NOTE, add_figure_options, figure_settings
 from ._args import positive_int as _positive_int
 
-__all__ = ["register", "cmd_report", "prepare_report_dir", "print_tail"]
+__all__ = ["register", "cmd_report", "print_tail"]
 
 
 

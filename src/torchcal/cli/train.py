@@ -40,7 +40,7 @@ from ..train.recipes import get_recipe, list_recipes
 from ..train.trainer import train
 from ._args import PERCENT_NOTE, parse_loss_args, parse_loss_args_per_loss, pct
 
-__all__ = ["register", "parse_loss_args", "config_from_args"]
+__all__ = ["register", "config_from_args"]
 
 
 def _recipe_help() -> str:

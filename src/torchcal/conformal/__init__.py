@@ -14,12 +14,8 @@ Conformal prediction *sets* for classifiers (LAC, APS, RAPS) are a post-hoc cali
 :class:`torchcal.posthoc.ConformalClassifier`.
 """
 
-from .core import (
-    InfiniteIntervalWarning,
-    conformal_quantile,
-    conformal_rank,
-    weighted_conformal_quantile,
-)
+from ..errors import InfiniteIntervalWarning
+from .core import conformal_quantile, conformal_rank, weighted_conformal_quantile
 
 # isort: split
 # regression and risk control (after .core: posthoc, which regression imports, imports

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import builtin  # noqa: F401 - registers torchcal's own data sets and OOD sets
 from ._base import (
     CIFAR_MEAN,
     CIFAR_STD,
@@ -43,7 +44,6 @@ from .download import RESOURCES, download_url, extract_archive, md5sum
 from .mnist1d import load_mnist1d_ood, load_mnist1d_splits
 from .mnist1d_params import ParamDataset, load_mnist1d_param_splits
 from .prepare import prepare
-from . import builtin  # noqa: F401 - registers torchcal's own data sets and OOD sets
 from .registry import (
     DATASETS,
     OOD_SETS,

@@ -35,8 +35,7 @@ from .benchmark import Benchmark, IntroContext, Profile, register_benchmark
 from .claims import CLAIMS, ENSEMBLE_CLAIMS, mukhoti_ood_claim
 from .demo import TRAINING_RUNS
 
-__all__ = ["ADAFOCAL_LAM", "ADAFOCAL_NOTE", "adafocal_note", "DEMO_LOSS_KWARGS", "CLAIM_LOSSES",
-           "IntroContext", "calibration_intro", "calibration_appendix", "MNIST1D",
+__all__ = ["ADAFOCAL_LAM", "ADAFOCAL_NOTE", "adafocal_note", "DEMO_LOSS_KWARGS", "CLAIM_LOSSES", "calibration_intro", "calibration_appendix", "MNIST1D",
            "DIGITS"]
 
 #: The losses the papers' claims compare (:data:`torchcal.experiments.claims.CLAIMS`), table order.

@@ -43,15 +43,15 @@ from .._validation import check_scalar
 from ..data import DATASETS
 from ..ensemble import SEED_SUBSET_SIZE, evaluate_ensemble, seed_subsets
 from ..errors import ResultsFileError
-from ..evaluate import meta_from_config
 from ..losses import list_losses
 from ..report.build import FIGURE_FORMATS, build_report, figure_set, prepare_report_dir
+from ..results_file import meta_from_config
 from ..run_dir import RunDir
 from ..train import TrainConfig, get_recipe
 from ..train.build import build_data
 from ..train.config import config_identity
 from ..train.packs import RunOutcome, form_packs
-from ..train.trainer import build_loss
+from ..train.run import build_loss
 from .benchmark import (
     DEFAULT_KIND,
     KINDS,

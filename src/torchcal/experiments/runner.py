@@ -39,8 +39,7 @@ from .._signals import sigterm_interrupts
 from ..errors import one_line_warnings
 
 __all__ = ["Resources", "Job", "Executor", "LocalExecutor", "run_sweep", "failed_result",
-           "set_threads", "ExecutorType", "EXECUTORS", "register_executor", "make_executor",
-           "sigterm_interrupts"]
+           "set_threads", "ExecutorType", "EXECUTORS", "register_executor", "make_executor"]
 
 #: ``on_done(job, result)``: what an executor calls once per finished job (in the caller's process).
 OnDone = Callable[["Job", dict[str, Any]], None]

@@ -63,7 +63,7 @@ from .runner import Job
 from .uncertainty_regression import LEARNED_VARIANCE, regression_section
 
 __all__ = ["SUMMARY_FILE", "UNCERTAINTY", "UNCERTAINTY_SUITE", "write_suite_report", "UncertaintyProfile",
-           "PROFILES", "SHIFT", "UPSTREAM", "LEARNED_VARIANCE", "DOWNSTREAM", "GRID_DEFAULT", "suite_specs",
+           "PROFILES", "SHIFT", "UPSTREAM", "DOWNSTREAM", "GRID_DEFAULT", "suite_specs",
            "suite_jobs", "kirchhof_unit", "kendall_unit", "run_unit"]
 
 #: The suite's summary file (every unit's result, the claims' verdicts) in its output directory.

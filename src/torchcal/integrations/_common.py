@@ -3,7 +3,7 @@
 * :func:`as_loss_list` / :func:`find_losses`: the stateful losses a callback drives, given or
   found among a module's attributes (the protocol of :mod:`torchcal.losses.base`: an object
   with an ``on_validation`` method);
-* :func:`flatten_valid` (from :mod:`torchcal.metrics`, where every metric applies it):
+* :func:`~torchcal.metrics.flatten_valid` (from :mod:`torchcal.metrics`, where every metric applies it):
   (N, C, d1, ...) logits and (N, d1, ...) labels to (M, C) and (M,), dropping
   ``ignore_index`` entries (token classification, segmentation);
 * :func:`calibration_metrics`: ECE, AdaECE, NLL and error through
@@ -25,15 +25,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..losses.base import (
-    MissingValidationWarning,
-    loss_on_validation,
-    loss_set_epoch,
-    loss_wants_validation,
-)
-from ..metrics import CalibrationMeter, flatten_valid
+from ..errors import MissingValidationWarning
+from ..losses.base import loss_on_validation, loss_set_epoch, loss_wants_validation
+from ..metrics import CalibrationMeter
 
-__all__ = ["METRICS", "missing_extra", "as_loss_list", "find_losses", "flatten_valid", "calibration_metrics",
+__all__ = ["METRICS", "missing_extra", "as_loss_list", "find_losses", "calibration_metrics",
            "feed_losses", "start_epoch", "claim", "warn_unclaimed", "warn_missing"]
 
 #: The metric keys every callback reports (the keys of :class:`~torchcal.metrics.CalibrationMeter`).

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from .._validation import check_positive_int
+from ..metrics import flatten_valid
 from ._common import (
     METRICS,
     as_loss_list,
@@ -50,7 +51,6 @@ from ._common import (
     claim,
     feed_losses,
     find_losses,
-    flatten_valid,
     missing_extra,
     start_epoch,
     warn_missing,

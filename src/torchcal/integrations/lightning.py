@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from .._validation import check_positive_int
+from ..metrics import flatten_valid
 from ._common import (
     METRICS,
     as_loss_list,
@@ -52,7 +53,6 @@ from ._common import (
     claim,
     feed_losses,
     find_losses,
-    flatten_valid,
     missing_extra,
     start_epoch,
     warn_missing,

@@ -1,8 +1,9 @@
 """Training losses (``nn.Module``) behind one registry: :func:`create_loss`, :func:`list_losses`."""
 
+from ..errors import MissingValidationWarning
 from ._registry import LOSSES, create_loss, list_losses, loss_entrypoint, register_loss
 from .adafocal import AdaFocalLoss
-from .base import CalibrationLoss, MissingValidationWarning
+from .base import CalibrationLoss
 from .brier import BrierLoss
 from .cross_entropy import CrossEntropyLoss
 from .dual_focal import DualFocalLoss

@@ -54,7 +54,8 @@ from .._validation import Interval, Options, SequenceOf
 from ..errors import MissingValidationWarning
 from ..functional.blocks import REDUCTIONS
 
-__all__ = ["CalibrationLoss", "MissingValidationWarning", "HYPERPARAMETER_CHECKS", "Interval", "Options", "SequenceOf", "NON_NEGATIVE", "POSITIVE",
+__all__ = ["CalibrationLoss", "MissingValidationWarning", "Interval", "Options", "SequenceOf",
+           "HYPERPARAMETER_CHECKS", "NON_NEGATIVE", "POSITIVE",
            "POSITIVE_INT", "ANY_NUMBER", "NUMBERS",
            "NON_NEGATIVE_NUMBERS", "NON_NEGATIVE_INTS", "loss_set_epoch", "loss_on_validation",
            "loss_wants_validation", "loss_log_state", "published_reduction"]

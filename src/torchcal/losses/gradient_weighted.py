@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .._validation import Options
 from ..functional import (
     bsce_gra_loss,
     bsce_loss,
@@ -17,7 +18,7 @@ from ..functional import (
 )
 from ..functional.gradient_weighted import DFL_GRA_DETACH
 from ._registry import LIN_2025, LIN_2025_CODE, register_loss
-from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss, Options
+from .base import NON_NEGATIVE, POSITIVE, CalibrationLoss
 
 __all__ = ["GradientWeightedLoss", "BSCEGRALoss", "BSCELoss", "FocalGRALoss", "DualFocalGRALoss"]
 

@@ -17,6 +17,7 @@ with 0/1 labels, torchmetrics' ``BinaryCalibrationError``) or ``"multilabel"`` (
 
 from __future__ import annotations
 
+from ..errors import TwoColumnWarning
 from ._common import warn_if_probabilities
 from .binfree import SmoothReliabilityCurve, ks_error, smooth_ece, smooth_reliability_curve
 from .binning import (
@@ -69,7 +70,7 @@ from .ranking import (
     risk_coverage_curve,
 )
 from .scoring import brier, entropy, error, nll, s99, topk_error
-from .tasks import TASKS, TwoColumnWarning
+from .tasks import TASKS
 
 __all__ = [
     "ece",

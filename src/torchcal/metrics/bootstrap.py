@@ -31,8 +31,14 @@ import torch
 
 from .._validation import as_tensor, check_positive_int
 from . import calibration, scoring
-from ._common import binned_sums, calibration_from_sums, prepare, top1
-from .binning import bin_index, equal_mass_edges, equal_width_bin_index
+from ._common import prepare, top1
+from .binning import (
+    bin_index,
+    binned_sums,
+    calibration_from_sums,
+    equal_mass_edges,
+    equal_width_bin_index,
+)
 from .layout import IGNORE_INDEX, flatten_inputs
 
 __all__ = ["bootstrap_ci", "BootstrapResult"]

@@ -31,16 +31,15 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int
-from ._common import (
+from ._common import keyword_inputs, prepare, result_dtype, top1
+from .binning import (
     binned_sums,
     calibration_from_sums,
     classwise_sums,
-    keyword_inputs,
-    prepare,
-    result_dtype,
-    top1,
+    equal_mass_bin_index,
+    equal_width_bin_index,
+    equal_width_edges,
 )
-from .binning import equal_mass_bin_index, equal_width_bin_index, equal_width_edges
 from .layout import IGNORE_INDEX, flatten_inputs
 from .tasks import (
     binary_inputs,

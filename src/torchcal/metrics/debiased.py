@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from .._validation import check_positive_int
-from ._common import binned_sums, keyword_inputs, prepare, result_dtype, top1
-from .binning import bin_index, equal_width_bin_index
+from ._common import keyword_inputs, prepare, result_dtype, top1
+from .binning import bin_index, binned_sums, equal_width_bin_index
 from .layout import IGNORE_INDEX, flatten_inputs
 from .tasks import binary_columns, check_task, warn_two_columns
 

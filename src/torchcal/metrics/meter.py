@@ -7,15 +7,14 @@ from typing import Any
 import torch
 
 from .._validation import as_tensor, check_positive_int
-from ._common import (
+from ._common import check_unit_interval, prepare, top1
+from .binning import (
     binned_sums,
     calibration_from_sums,
-    check_unit_interval,
     classwise_sums,
-    prepare,
-    top1,
+    equal_mass_bin_index,
+    equal_width_bin_index,
 )
-from .binning import equal_mass_bin_index, equal_width_bin_index
 from .distributed import all_gather_uneven, world_size
 from .layout import IGNORE_INDEX, check_ignore_index, flatten_inputs
 from .scoring import (

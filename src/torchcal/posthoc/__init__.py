@@ -40,16 +40,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import CalibrationFitError, MemorizedValidationWarning, WorseThanIdentityWarning
 from ._checks import default_grid
 from ._fitting import cv_folds
-from .base import (
-    CalibrationFitError,
-    Calibrator,
-    Estimator,
-    MemorizedValidationWarning,
-    WorseThanIdentityWarning,
-    identity_check,
-)
+from .base import Calibrator, Estimator, identity_check
 from .binary import BetaCalibration, PlattScaling
 from .conformal import ConformalClassifier
 from .histogram import HistogramBinning

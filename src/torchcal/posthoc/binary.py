@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 from .._validation import check_positive_int
+from ..errors import CalibrationFitError
 from ._checks import PARAMETER_BOUNDS, float_list
 from ._fitting import GRAD_TOL, backtrack
 from ._layout import row_chunks
 from ._toplabel import keep_top_label, log_proba, top_label_rows
-from .base import CalibrationFitError, Calibrator
+from .base import Calibrator
 
 __all__ = ["PlattScaling", "BetaCalibration"]
 

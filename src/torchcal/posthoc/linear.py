@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from .._validation import check_nonneg_finite, check_positive_int
+from ..errors import CalibrationFitError, MemorizedValidationWarning
 from ._checks import PARAMETER_BOUNDS, absent_classes, check_choice, check_n_classes, float_list
 from ._fitting import GRAD_TOL, backtrack, cv_folds
 from ._layout import CHUNK_ELEMENTS, row_chunks
-from .base import CalibrationFitError, Calibrator, MemorizedValidationWarning
+from .base import Calibrator
 from .temperature import fit_nll
 from .vector import absent_hint
 

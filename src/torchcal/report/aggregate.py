@@ -1,10 +1,10 @@
 """Find evaluated runs, read their ``results.json``, group them and average over seeds.
 
-A *run* is a directory holding ``results.json`` (written by :func:`torchcal.evaluate.write_results`)
+A *run* is a directory holding ``results.json`` (written by :func:`torchcal.results_file.write_results`)
 and usually ``config.json``, ``logits/`` and ``log.jsonl``.  Records are grouped by
 ``(dataset, model, loss, loss_kwargs, predictor)``: two focal runs with different γ are different
 rows, and so are a loss's seeds (``predictor`` ``"run"``, the default) and an ensemble of them
-(``"ensemble"``, see :data:`torchcal.evaluate.PREDICTORS`): an ensemble is never averaged in as
+(``"ensemble"``, see :data:`torchcal.results_file.PREDICTORS`): an ensemble is never averaged in as
 one more seed.  Within that key, records are seeds of one configuration only when their
 *identity* matches (``meta.identity``, the hash of every setting that changes training but the
 seed: :meth:`torchcal.train.TrainConfig.identity_hash`): runs of one loss at another learning
@@ -39,7 +39,6 @@ from .._io import find_files, read_json
 from ..errors import ResultsFileError
 from ..logits_file import load_logits
 from ..losses import LOSSES
-from ..metrics import ece_noise_floor
 from ..results_file import (
     DEFAULT_PREDICTOR,
     PREDICTORS,
@@ -71,7 +70,6 @@ __all__ = [
     "loss_label",
     "group_label",
     "meta_problem",
-    "ece_noise_floor",
     "LOSS_ORDER",
     "loss_rank",
     "predictor_rank",
@@ -412,7 +410,7 @@ def meta_problem(meta: Mapping[str, Any]) -> str:
     ``dataset``, ``model``, ``loss`` (and ``recipe``) must be names of letters, digits and
     ``_ . + -`` (at most 64 characters), ``loss_kwargs`` an object of identifiers to finite
     numbers, booleans, null, such names or short lists/objects of them, ``seed`` and ``epochs``
-    integers (or null), ``predictor`` one of :data:`torchcal.evaluate.PREDICTORS` (or absent),
+    integers (or null), ``predictor`` one of :data:`torchcal.results_file.PREDICTORS` (or absent),
     ``members`` a list of at most 1,000 integers (the seeds an ensemble pooled).  Results of
     torchcal always pass; a hand-edited or hostile file (Markdown or HTML in a name, a 10 kB
     label) does not.
@@ -618,7 +616,7 @@ def loss_rank(loss: str) -> tuple[int, str]:
 
 
 def predictor_rank(predictor: str) -> tuple[int, str]:
-    """Sort key of a predictor: :data:`~torchcal.evaluate.PREDICTORS`' order, unknown ones last."""
+    """Sort key of a predictor: :data:`~torchcal.results_file.PREDICTORS`' order, unknown ones last."""
     order = list(PREDICTORS)
     return (order.index(predictor) if predictor in order else len(order), predictor)
 

@@ -49,7 +49,7 @@ from .._io import (
 from .._validation import with_settings
 from ..errors import ResultsFileError, TorchcalError
 from ..logits_file import load_logits
-from ..metrics import entropy
+from ..metrics import ece_noise_floor, entropy
 from ..plot import MIN_COUNT
 from ..results_file import DEFAULT_PREDICTOR
 from ..run_dir import LOSS_STATE_KEY, REPORT_RESULTS_FILE, RunDir, logits_filename
@@ -62,7 +62,6 @@ from .aggregate import (
     LoadReport,
     TestLogits,
     check_checkpoints,
-    ece_noise_floor,
     group_runs,
     identity_notes,
     load_runs,
@@ -239,7 +238,7 @@ def _top1_confidence(z: np.ndarray) -> np.ndarray:
 def _noise_floors(groups: Sequence[Group], logits: dict[str, RunLogits], n_bins: int,
                   ) -> dict[str, float]:
     """Per group label: the mean over its runs of the ECE noise floor at the run's test-set
-    size, from the run's post-T confidences (:func:`~torchcal.report.aggregate.ece_noise_floor`)."""
+    size, from the run's post-T confidences (:func:`~torchcal.metrics.ece_noise_floor`)."""
     out = {}
     for g in groups:
         runs = logits.get(g.label) or []

@@ -259,8 +259,8 @@ def _noise_floor_note(groups: Sequence[Group], noise_floor: Mapping[str, float])
 def main_table(groups: Sequence[Group], noise_floor: Mapping[str, float] | None = None) -> Table:
     """The papers' table for groups of one (dataset, model): pre T | post T (T) per metric.
 
-    ``noise_floor`` maps a group label to its ECE noise floor (:func:`~torchcal.report.
-    aggregate.ece_noise_floor`, a fraction); given, the notes state it.
+    ``noise_floor`` maps a group label to its ECE noise floor (:func:`~torchcal.metrics.
+    ece_noise_floor`, a fraction); given, the notes state it.
     """
     header = ["Loss"]
     for name, _key, _s, _d, _m in MAIN_COLUMNS:

@@ -25,8 +25,9 @@ from .evaluation import evaluate_checkpoint
 from .inference import predict_logits
 from .packs import Pack, RunOutcome, form_packs, train_pack, train_packed
 from .recipes import get_recipe, list_recipes, register_recipe
+from .run import build_loss
 from .tracking import TensorBoardLogger
-from .trainer import build_loss, train
+from .trainer import train
 
 __all__ = [
     "TrainConfig",

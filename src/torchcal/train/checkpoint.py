@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._io import checksum_path, file_kind, read_verified, write_verified
+from .._io import file_kind, read_verified, write_verified
 from .._io import remove_stale_temp_files as _remove_stale
 from ..errors import CheckpointError
 from ..run_dir import RunDir
@@ -55,7 +55,6 @@ __all__ = [
     "MAX_CLASSES",
     "save_checkpoint",
     "load_checkpoint",
-    "checksum_path",
     "rng_state_tensors",
     "restore_rng_state",
     "remove_stale_run_temp_files",

@@ -86,8 +86,7 @@ from .run import (
 from .stacks import Stack
 
 __all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
-           "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "EpochWriter",
-           "Stack", "step_schedules", "split_logits"]
+           "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "step_schedules", "split_logits"]
 
 
 class PackedStats:

@@ -14,7 +14,9 @@ from torch import nn
 
 from .._io import exclusive_lock
 from ..errors import CheckpointError, TorchcalError
-from ..evaluate import config_meta, evaluate_logits, save_logits, write_results
+from ..evaluate import evaluate_logits
+from ..logits_file import save_logits
+from ..results_file import config_meta, write_results
 from ..run_dir import RunDir
 from .build import build_data, load_ood_sets, load_run_checkpoint, model_from_checkpoint
 from .checkpoint import remove_stale_run_temp_files
@@ -28,7 +30,7 @@ __all__ = ["collect_predictions", "write_predictions", "evaluate_checkpoint", "r
 
 
 def _meta(config: TrainConfig, epoch: int, checkpoint: str) -> dict[str, Any]:
-    """A trained run's ``meta`` (:func:`torchcal.evaluate.config_meta`), with its effective loss
+    """A trained run's ``meta`` (:func:`torchcal.results_file.config_meta`), with its effective loss
     arguments, the evaluated epoch and checkpoint, and its identity (``identity``, the hash,
     and ``identity_fields``, the values hashed: :func:`~torchcal.train.config.config_identity`)."""
     meta = config_meta(config.to_dict())
@@ -91,7 +93,7 @@ def evaluate_checkpoint(run_dir: str | Path, checkpoint: str = "last", *,
 
     The last epoch's checkpoint writes ``logits/`` and ``results.json``; ``checkpoint="best"``
     writes ``logits-best/`` and ``results-best.json`` beside them, so that neither evaluation
-    replaces the other (:func:`torchcal.evaluate.results_filename`).
+    replaces the other (:func:`torchcal.run_dir.results_filename`).
 
     Args:
         run_dir: a ``torchcal train`` run directory.

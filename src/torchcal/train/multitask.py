@@ -42,7 +42,7 @@ The run directory is a run's (:mod:`torchcal.run_dir`): ``config.json``, ``log.j
 epoch record plus ``train_ce``, ``train_mse``, ``task_weights`` and ``val_rmse``),
 ``checkpoints/last.pt`` (trunk and ``fc`` as ``model``, the regression head and the weighting as
 ``head``, AdamW, the cosine schedule, RNG) and the common ``results.json``
-(:data:`torchcal.evaluate.SCHEMA`: the classifier's validation and test metrics, with logits)
+(:data:`torchcal.results_file.SCHEMA`: the classifier's validation and test metrics, with logits)
 with a ``multitask`` block: validation and test accuracy, NLL and RMSE, the learned weights and
 log-variances, the target's mean and standard deviation, and the validation and test
 regression predictions in standardised units (``predictions``: means, targets and, with
@@ -65,7 +65,7 @@ from .distributed import epoch_seed
 from .joint_head import FeaturesAndLogits
 from .plugin import RunPlugin
 
-__all__ = ["parse_task_weighting", "TaskWeighting", "TaskHead", "MULTITASK_SCHEMA"]
+__all__ = [ "TaskWeighting", "TaskHead", "MULTITASK_SCHEMA"]
 
 #: The schema of a multi-task run's ``multitask`` block in ``results.json``.
 MULTITASK_SCHEMA = "torchcal.multitask_results/1"

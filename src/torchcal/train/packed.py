@@ -48,18 +48,18 @@ import torch
 from torch import nn
 
 from .._io import exclusive_lock
-from ..errors import CheckpointError, TorchcalError
+from ..errors import CheckpointError, MemberDivergedError, TorchcalError
 from .build import data_seed
 from .config import TrainConfig
 from .distributed import DistEnv
-from .engine import Member, MemberDivergedError, run_stack
+from .engine import Member, run_stack
 from .evaluation import read_config
 from .pack_commit import ghost_run, pack_layout, reconcile_staged
 from .run import build_loss, build_run, build_sources, device_and_amp, resume_state
-from .stacks import FORWARDS, PackedModel
+from .stacks import PackedModel
 from .trainer import fit
 
-__all__ = ["train_lanes", "MemberDivergedError", "FORWARDS"]
+__all__ = ["train_lanes", "MemberDivergedError"]
 
 def _has_dropout(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
@@ -171,7 +171,7 @@ def train_lanes(configs: Sequence[TrainConfig], *, forward: str = "auto", locked
 
     Args:
         configs: the pack's runs, in lane order.
-        forward: how the lanes' model runs (:data:`FORWARDS`).
+        forward: how the lanes' model runs (:data:`~torchcal.train.stacks.FORWARDS`).
         locked: the caller already holds each run directory's lock
             (:func:`torchcal._io.exclusive_lock`), so the runs are not locked again.
 

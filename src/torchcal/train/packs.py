@@ -39,13 +39,14 @@ from typing import Any
 
 from .._io import check_own_path, exclusive_lock
 from ..errors import CheckpointError, ResultsFileError, TorchcalError
-from ..evaluate import read_results
+from ..results_file import read_results
 from ..run_dir import RunDir
 from .checkpoint import remove_stale_run_temp_files
 from .config import TrainConfig, changed_fields
 from .device import is_cuda
 from .evaluation import read_config
-from .packed import FORWARDS, train_lanes
+from .packed import train_lanes
+from .stacks import FORWARDS
 
 __all__ = ["LANE_FIELDS", "CPU_PACK_SIZE", "Pack", "RunOutcome", "form_packs", "pack_problem",
            "train_pack", "train_packed", "is_stale", "is_finished", "untrusted_results",
@@ -241,7 +242,7 @@ def is_finished(run_dir: str | Path, config: TrainConfig) -> bool:
 
 def untrusted_results(run_dir: str | Path) -> str:
     """Why a run's ``results.json`` cannot be trusted (edited after it was written, copied
-    from another run, computed from other logits; :func:`torchcal.evaluate.read_results`),
+    from another run, computed from other logits; :func:`torchcal.results_file.read_results`),
     '' when it can or there is none."""
     p = RunDir(run_dir).results()
     if not os.path.lexists(p):
@@ -355,7 +356,7 @@ def train_pack(pack: Pack, *, forward: str = "auto", keep_results: bool = False
 
     Args:
         pack: the runs, formed by :func:`form_packs` (a run alone is a pack of one).
-        forward: how a pack's model runs (:data:`~torchcal.train.packed.FORWARDS`).
+        forward: how a pack's model runs (:data:`~torchcal.train.stacks.FORWARDS`).
         keep_results: each outcome keeps the run's results (:attr:`RunOutcome.results`).
 
     Returns:
@@ -408,7 +409,7 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
             arguments, run directory, ...) train together.
         max_members: the most runs in one pack (None: no limit); a group larger than that is
             dealt round robin into as few packs as it takes.
-        forward: how the packs' model runs (:data:`~torchcal.train.packed.FORWARDS`):
+        forward: how the packs' model runs (:data:`~torchcal.train.stacks.FORWARDS`):
             ``"auto"`` loops over the lanes on the CPU and vmaps them on a GPU.
 
     A pack of one (a run alone, or one :func:`pack_problem` refuses) is trained as

@@ -33,9 +33,8 @@ from typing import Any
 
 from .._validation import check_scalar
 from ..errors import TorchcalError
-from ..run_dir import TENSORBOARD_DIR
 
-__all__ = ["TENSORBOARD_DIR", "TensorBoardLogger", "tensorboard_scalars", "tensorboard_available"]
+__all__ = [ "TensorBoardLogger", "tensorboard_scalars", "tensorboard_available"]
 
 
 _SPLITS = ("train", "val", "test")

@@ -47,10 +47,10 @@ from .device import is_cuda
 from .distributed import DistEnv, cleanup_distributed, setup_distributed
 from .engine import Member, run_stack
 from .pack_commit import reconcile_staged
-from .run import build_loss, build_run, resume_state
+from .run import build_run, resume_state
 from .stacks import SoloModel
 
-__all__ = ["train", "fit", "build_loss"]
+__all__ = ["train", "fit"]
 
 
 def train(config: TrainConfig) -> dict[str, Any]:

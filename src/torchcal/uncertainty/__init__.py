@@ -12,14 +12,8 @@
 * ``torchcal uncertainty fit | eval RUN_DIR`` (:mod:`torchcal.cli.uncertainty`).
 """
 
-from .cache import (
-    CacheError,
-    CacheOptions,
-    EmbeddingCache,
-    StaleCacheError,
-    data_identity,
-    model_identity,
-)
+from ..errors import CacheError, StaleCacheError
+from .cache import CacheOptions, EmbeddingCache, data_identity, model_identity
 from .fit import (
     HeadFit,
     HeadFitOptions,
