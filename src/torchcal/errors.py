@@ -28,7 +28,7 @@ __all__ = [
     "InUseError",
     "DivergedError",
     "UnsafePathError",
-    "MemberDivergedError",
+    "LaneDivergedError",
     "TwoColumnWarning",
     "MissingValidationWarning",
     "WorseThanIdentityWarning",
@@ -110,7 +110,7 @@ class DivergedError(TorchcalError, RuntimeError):
     :func:`diverged_message`."""
 
 
-class MemberDivergedError(DivergedError, FloatingPointError):
+class LaneDivergedError(DivergedError, FloatingPointError):
     """A packed run's training loss or parameters became non-finite: that run stopped, the other
     runs of its pack go on.  Its message comes from :func:`diverged_message`."""
 
@@ -171,7 +171,7 @@ class NotConvergedWarning(RuntimeWarning):
 
 
 def diverged_message(epoch: int, what: str, then: str, run: str | None = None) -> str:
-    """The message of :class:`DivergedError` and :class:`MemberDivergedError`: who diverged
+    """The message of :class:`DivergedError` and :class:`LaneDivergedError`: who diverged
     (``run``'s path, else "Training"), in which epoch (``epoch`` counts from 0, shown from 1),
     what became non-finite and what happens next or what to do.
 

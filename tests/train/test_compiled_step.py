@@ -1,8 +1,8 @@
 """The packed step as one graph (:mod:`torchcal.train.compiled`, issue 38).
 
 * Dynamo captures the step in one graph (``fullgraph=True``, and ``torch._dynamo.explain`` on
-  the demo's pack) for every registry loss, in a pack (every loss, two members each, in one
-  pack) and alone (a pack of one member);
+  the demo's pack) for every registry loss, in a pack (every loss, two lanes each, in one
+  pack) and alone (a pack of one lane);
 * the captured step equals the eager step (``PackedModel.forward``, ``LossGroups``,
   ``PackedStats.update``, ``PackedModel.step``: autograd and ``torch.optim.SGD``) to float
   rounding, over three steps with clipping, momentum, weight decay and (in one case) Nesterov.
@@ -15,7 +15,7 @@ sweep; the demo's pack also goes through ``aot_eager`` (AOTAutograd's functional
 decompositions).  Every registry loss alone: ``TORCHCAL_TEST_ALL=1`` (a representative set
 otherwise).  Inductor's kernels: every registry loss in ``tests/losses/test_losses_compile.py``,
 a whole inductor step with ``TORCHCAL_TEST_INDUCTOR=1`` (the last test here) and
-``benchmarks/bench_compiled_ops.py`` (whose inductor run at 35 members equals nothing but
+``benchmarks/bench_compiled_ops.py`` (whose inductor run at 35 lanes equals nothing but
 counts).
 """
 
@@ -121,7 +121,7 @@ CLAIMS = ["ce", "focal", "flsd53", "dual_focal", "adafocal", "bsce", "bsce_gra"]
 ALONE = NAMES if os.environ.get("TORCHCAL_TEST_ALL") else [
     "ce", "adafocal", "flsc531", "mmce", "dece", "ece_kde", "temperature_focal", "consistency",
     "dual_focal_gra"]
-SWEEPS = {"packed": [[n for n in NAMES for _ in range(2)]],  # every loss, two members each
+SWEEPS = {"packed": [[n for n in NAMES for _ in range(2)]],  # every loss, two lanes each
           "alone": [[n] for n in ALONE],  # packs of one
           "claims": [CLAIMS]}  # the demo's pack, through AOTAutograd too
 
@@ -191,7 +191,7 @@ def test_compiled_sgd_nesterov_and_no_clipping_equal_eager():
         assert cs(ix, sc)
     for k, p in pe.params.items():
         torch.testing.assert_close(pc.params[k], p, rtol=1e-5, atol=1e-6)
-    # the stacked momentum buffers are the ones the members' optimisers (checkpoints) see
+    # the stacked momentum buffers are the ones the lanes' optimisers (checkpoints) see
     mb = pc.opt.state[pc.params["0.weight"]]["momentum_buffer"]
     assert mb.data_ptr() == cs.momenta[0].data_ptr()
     assert torch.count_nonzero(mb) > 0
@@ -324,7 +324,7 @@ def test_train_epoch_builds_no_tensor_from_a_host_list(tmp_path, monkeypatch):
 
 def test_engine_trains_a_pack_through_the_compiled_step(tmp_path, monkeypatch):
     """``compile_step="on"`` through ``train_packed`` (Dynamo's capture with the eager backend
-    here): the members' parameters and logged numbers equal the eager pack's to float
+    here): the lanes' parameters and logged numbers equal the eager pack's to float
     rounding, and the step compiles once per batch shape (full and last batch)."""
     from torchcal.train.checkpoint import load_checkpoint  # noqa: PLC0415
     from torchcal.train.packs import train_packed  # noqa: PLC0415
@@ -366,7 +366,7 @@ def test_inductor_step_equals_eager():
 
 
 def test_mnist1d_packed_forward_equals_vmap_without_layout_changes():
-    """Issue 38 item 3: the MNIST-1D CNN's packed forward keeps the members' channels side by
+    """Issue 38 item 3: the MNIST-1D CNN's packed forward keeps the lanes' channels side by
     side from the first convolution to the last (no ``permute`` between the layers, one
     contiguous copy of the input); values and gradients equal ``vmap`` over the model's
     forward to float rounding."""

@@ -39,7 +39,7 @@ def _models(n: int = 2) -> tuple[list[nn.Module], list[SGD]]:
 
 
 class _OnlyTheProtocol:
-    """A stack that lets the engine reach the :class:`Stack` protocol's members only."""
+    """A stack that lets the engine reach the :class:`Stack` protocol's lanes only."""
 
     def __init__(self, stack: Stack) -> None:
         self._stack = stack
@@ -77,8 +77,8 @@ def test_both_stacks_implement_the_protocol_and_hold_no_run(tmp_path):
 
 def test_the_policies_are_the_only_difference_between_alone_and_packed(tmp_path):
     """The strategies in place of the engine's flags: a run alone raises what stops it and
-    names no pack; a packed member becomes a ghost holding its error, its checkpoint names the
-    pack's layout, and a diverged one gets a MemberDivergedError naming its run."""
+    names no pack; a packed lane becomes a ghost holding its error, its checkpoint names the
+    pack's layout, and a diverged one gets a LaneDivergedError naming its run."""
     alone, pack = AlonePolicy(), PackPolicy()
     mb = types.SimpleNamespace(index=0, ghost=False, error=None,
                                run=types.SimpleNamespace(dir=types.SimpleNamespace(path=tmp_path)))
@@ -94,7 +94,7 @@ def test_the_policies_are_the_only_difference_between_alone_and_packed(tmp_path)
     drained = []
     assert pack.stop_error(mb, 2, {"train_loss": 0.5}, True, lambda: drained.append(1)) is None
     bad = pack.stop_error(mb, 2, {"train_loss": float("nan")}, True, lambda: drained.append(1))
-    assert isinstance(bad, P.MemberDivergedError) and "training loss nan" in str(bad)
+    assert isinstance(bad, P.LaneDivergedError) and "training loss nan" in str(bad)
     assert str(tmp_path) in str(bad) and not drained  # a pack waits for no file
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -105,12 +105,12 @@ def test_the_policies_are_the_only_difference_between_alone_and_packed(tmp_path)
     assert len(caught) == 1  # the alone policy's; the pack's is ignored
 
 
-def test_split_logits_wants_one_source_per_member():
+def test_split_logits_wants_one_source_per_lane():
     models, opts = _models()
     pack = PackedModel(models, opts, "loop")
-    with pytest.raises(ValueError, match="`sources` to hold one source per member \\(2\\), got 1"):
+    with pytest.raises(ValueError, match="`sources` to hold one source per lane \\(2\\), got 1"):
         pack.split_logits([object()], 8)
-    with pytest.raises(TypeError, match="`sources` to be the members' batch sources.*'val'"):
+    with pytest.raises(TypeError, match="`sources` to be the lanes' batch sources.*'val'"):
         pack.split_logits("val", 8)
     with pytest.raises(TypeError, match="runs"):
         PackedModel(*_models(), "loop", runs=[object(), object()])  # a stack holds no run
@@ -123,7 +123,7 @@ def test_split_logits_wants_one_source_per_member():
 
 
 def test_the_engine_uses_nothing_but_the_protocol(tmp_path, monkeypatch):
-    """A pack trained through a stack that exposes only the protocol's members gives the very
+    """A pack trained through a stack that exposes only the protocol's lanes gives the very
     weights, logs and schedules of the plain pack."""
     def configs(tag):
         return [cfg(tmp_path, f"{tag}{s}", seed=s, loss=loss, eval_test_every=0)
@@ -216,17 +216,17 @@ def test_a_ghost_gets_the_optimiser_and_schedule_of_its_own_run(tmp_path, monkey
 # ------------------------------------------------------------------------------------------
 # a ghost that cannot be built stops its pack
 # ------------------------------------------------------------------------------------------
-def _member(tmp_path, name, index, epoch, model="mnist1d_cnn"):
+def _lane(tmp_path, name, index, epoch, model="mnist1d_cnn"):
     r = types.SimpleNamespace(config=cfg(tmp_path, name, model=model), start_epoch=epoch)
     return types.SimpleNamespace(index=index, run=r)
 
 
 def test_a_ghost_that_cannot_be_built_stops_its_pack(tmp_path):
     """A pack's recorded layout names a run that neither resumes nor has a readable config:
-    the pack is not trained at another size; each of its members gets an error naming it,
+    the pack is not trained at another size; each of its lanes gets an error naming it,
     and the group's other pack goes on."""
-    a, c = _member(tmp_path, "a", 0, 1), _member(tmp_path, "c", 1, 0)
-    layout = (str(tmp_path / "a"), str(tmp_path / "b"))  # "b" was a member; it has no config
+    a, c = _lane(tmp_path, "a", 0, 1), _lane(tmp_path, "c", 1, 0)
+    layout = (str(tmp_path / "a"), str(tmp_path / "b"))  # "b" was a lane; it has no config
     configs = [a.run.config, c.run.config]
     results = [None, None]
     packs = P._packs([(a, layout), (c, (str(tmp_path / "c"),))], configs, [0, 1], results)
@@ -238,7 +238,7 @@ def test_a_ghost_that_cannot_be_built_stops_its_pack(tmp_path):
 
 
 def test_a_ghost_of_another_model_stops_its_pack(tmp_path):
-    a = _member(tmp_path, "a", 0, 1)
+    a = _lane(tmp_path, "a", 0, 1)
     other = cfg(tmp_path, "b", model="mlp")  # passed, but its ghost cannot share the pack
     results = [None]
     packs = P._packs([(a, (str(tmp_path / "a"), other.out_dir))], [a.run.config, other], [0],

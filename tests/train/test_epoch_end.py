@@ -36,7 +36,7 @@ def cfg(tmp_path, name, **kw):
     return dataclasses.replace(get_recipe("digits-mlp"), **base)
 
 
-MEMBERS = [(0, "ce"), (1, "adafocal"), (2, "focal")]
+LANES = [(0, "ce"), (1, "adafocal"), (2, "focal")]
 
 
 def _equal(a, b) -> bool:
@@ -51,30 +51,30 @@ def _equal(a, b) -> bool:
 
 def test_best_and_last_checkpoints_of_a_pack_equal_the_separate_runs(tmp_path):
     """A checkpoint every 4 epochs, so that a ``best.pt`` comes from the device stacks of an
-    earlier epoch (or this epoch's rows): every member's ``best.pt`` and ``last.pt`` equal its
+    earlier epoch (or this epoch's rows): every lane's ``best.pt`` and ``last.pt`` equal its
     separate run's bit for bit (weights, loss state, optimiser, best record)."""
-    packed = [cfg(tmp_path, f"p{s}", seed=s, loss=loss) for s, loss in MEMBERS]
+    packed = [cfg(tmp_path, f"p{s}", seed=s, loss=loss) for s, loss in LANES]
     res = train_packed(packed)
     assert all(isinstance(r, dict) for r in res), res
     best_epochs = set()
-    for (s, loss), c in zip(MEMBERS, packed, strict=True):
+    for (s, loss), c in zip(LANES, packed, strict=True):
         alone = train(dataclasses.replace(c, out_dir=str(tmp_path / f"s{s}")))
         for name in ("best", "last"):
             a = load_checkpoint(tmp_path / f"p{s}" / "checkpoints" / f"{name}.pt")
             b = load_checkpoint(tmp_path / f"s{s}" / "checkpoints" / f"{name}.pt")
             for key in ("model", "loss", "optimizer", "scheduler", "best", "epoch"):
                 assert _equal(a[key], b[key]), (loss, name, key)
-            for k, v in a["model"].items():  # a member's own tensor, not a view of the stack
+            for k, v in a["model"].items():  # a lane's own tensor, not a view of the stack
                 assert v.untyped_storage().nbytes() == v.numel() * v.element_size(), k
         best_epochs.add(alone["best"]["epoch"])
     assert best_epochs - {4}, "no best epoch before the checkpoint: the stacks went untested"
 
 
-def test_a_members_failed_write_stops_it_alone(tmp_path, monkeypatch):
-    """A write that fails in the writer thread stops that member with its error (raised in
+def test_a_lanes_failed_write_stops_it_alone(tmp_path, monkeypatch):
+    """A write that fails in the writer thread stops that lane with its error (raised in
     its place); its companions train to the end."""
     configs = [cfg(tmp_path, f"w{s}", seed=s, loss=loss, epochs=3, checkpoint_every=1)
-               for s, loss in MEMBERS]
+               for s, loss in LANES]
     orig = E.stage_checkpoint
 
     def failing(run_dir, state):
@@ -94,7 +94,7 @@ def test_an_error_in_the_writer_surfaces_and_the_thread_ends(tmp_path, monkeypat
     """An exception that escapes a job (here a KeyboardInterrupt raised while committing) is
     raised by the training, and the writer thread is joined."""
     configs = [cfg(tmp_path, f"k{s}", seed=s, loss=loss, epochs=3, checkpoint_every=1)
-               for s, loss in MEMBERS]
+               for s, loss in LANES]
 
     def dying(dirs):
         raise KeyboardInterrupt
@@ -113,8 +113,8 @@ def test_epoch_writer_order_failures_and_errors():
                                                           else [])))
     w.drain()
     assert done == [0, 1, 2, 3, 4]
-    (member, err), = w.failures()
-    assert member == "m" and isinstance(err, ValueError) and w.failures() == []
+    (lane, err), = w.failures()
+    assert lane == "m" and isinstance(err, ValueError) and w.failures() == []
 
     def boom():
         raise RuntimeError("bug in a job")
@@ -144,16 +144,16 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-#: the claim losses without a validation hook (AdaFocal's update runs per member, the one part of
-#: the end of an epoch that still grows with the members: about 50 operations each)
+#: the claim losses without a validation hook (AdaFocal's update runs per lane, the one part of
+#: the end of an epoch that still grows with the lanes: about 50 operations each)
 NO_HOOK = tuple(loss for loss in CLAIM_LOSSES if loss != "adafocal")
 
 
-def _end_ops(tmp_path, members, monkeypatch, losses=CLAIM_LOSSES) -> int:
-    configs = [cfg(tmp_path, f"o{members}{len(losses)}r{i}", loss=losses[i % len(losses)],
+def _end_ops(tmp_path, lanes, monkeypatch, losses=CLAIM_LOSSES) -> int:
+    configs = [cfg(tmp_path, f"o{lanes}{len(losses)}r{i}", loss=losses[i % len(losses)],
                    seed=i // len(losses), epochs=2, checkpoint_every=1, eval_test_every=10,
                    data_seed=1, loss_kwargs=DEMO_LOSS_KWARGS.get(losses[i % len(losses)], {}))
-               for i in range(members)]
+               for i in range(lanes)]
     mode, orig = _Ops(), E.end_epoch
 
     def counted(stack, mbs, groups, stats, epoch, *a, **kw):
@@ -170,13 +170,13 @@ def _end_ops(tmp_path, members, monkeypatch, losses=CLAIM_LOSSES) -> int:
     return mode.n
 
 
-def test_the_end_of_an_epoch_does_not_grow_with_the_members(tmp_path, monkeypatch):
+def test_the_end_of_an_epoch_does_not_grow_with_the_lanes(tmp_path, monkeypatch):
     """The demo's settings (one data split for every seed, best epoch by ECE, a checkpoint every
     epoch, the test split at the last epoch), the vmapped forward, the claim losses without a
-    validation hook: the end of epoch 2 of 2 dispatches on the training thread at 30 members at
-    most 1.05x its operations at 6 (before: a clone per member and tensor for the best
+    validation hook: the end of epoch 2 of 2 dispatches on the training thread at 30 lanes at
+    most 1.05x its operations at 6 (before: a clone per lane and tensor for the best
     snapshot and the checkpoint: 1,826 -> 3,252, 1.78x; now 1,580 -> 1,584).  With AdaFocal,
-    whose update runs per member, benchmarks/bench_packed_ops.py counts 1.08x at 35 members
+    whose update runs per lane, benchmarks/bench_packed_ops.py counts 1.08x at 35 lanes
     against 7 on MNIST-1D."""
     ops = {m: _end_ops(tmp_path, m, monkeypatch, NO_HOOK) for m in (6, 30)}
     assert ops[30] <= 1.05 * ops[6], ops

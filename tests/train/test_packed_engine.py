@@ -1,5 +1,5 @@
 """The grouped packed engine (issue 31): one loss call per loss configuration, a step whose
-work does not grow with its members, no host synchronisation inside a step, every registry loss
+work does not grow with its lanes, no host synchronisation inside a step, every registry loss
 packed equal to its separate run, and a pack that commits its epoch as one."""
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def _same_weights(a, b):
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list_losses())
 def test_every_registry_loss_runs_under_vmap_with_its_gradient(name):
-    """Value and gradient of the vmapped loss over 3 members equal the 3 separate calls
+    """Value and gradient of the vmapped loss over 3 lanes equal the 3 separate calls
     (float64); brier and bsce used an autograd.Function that vmap refused.  With vmap's slow
-    fallback (a Python loop over the members for an op without a batching rule) turned off,
+    fallback (a Python loop over the lanes for an op without a batching rule) turned off,
     so an in-place op that has no batching rule fails here (bsce_gra's ``scatter_`` did)."""
     torch.manual_seed(0)
     loss = create_loss(name)
@@ -81,10 +81,10 @@ def test_every_registry_loss_runs_under_vmap_with_its_gradient(name):
     torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-14)
 
 
-def test_loss_groups_stack_member_state_and_fall_back_with_a_reason():
-    """Two AdaFocal members with different γ per bin, two focal γ's and a consistency loss
+def test_loss_groups_stack_lane_state_and_fall_back_with_a_reason():
+    """Two AdaFocal lanes with different γ per bin, two focal γ's and a consistency loss
     with a calibrator (not batchable: called alone, and said why): one call gives each
-    member's own loss, in pack order, and after the members' state changed a refresh reads it."""
+    lane's own loss, in pack order, and after the lanes' state changed a refresh reads it."""
     torch.manual_seed(1)
     losses = [create_loss("adafocal"), create_loss("focal", gamma=3.0),
               create_loss("adafocal"), create_loss("focal", gamma=1.0),
@@ -103,14 +103,14 @@ def test_loss_groups_stack_member_state_and_fall_back_with_a_reason():
         return torch.stack([ls(z[m], y[m]) for m, ls in enumerate(losses)])
 
     torch.testing.assert_close(groups(z, y), separate(), rtol=1e-12, atol=0)
-    losses[0].gammas.fill_(7.0)  # a hook moved member 0's state
+    losses[0].gammas.fill_(7.0)  # a hook moved lane 0's state
     assert not torch.allclose(groups(z, y), separate())
     groups.refresh()
     torch.testing.assert_close(groups(z, y), separate(), rtol=1e-12, atol=0)
 
 
 # ------------------------------------------------------------------------------------------
-# the step's work does not grow with the members; no host sync inside a step
+# the step's work does not grow with the lanes; no host sync inside a step
 # ------------------------------------------------------------------------------------------
 class _Ops(TorchDispatchMode):
     def __init__(self) -> None:
@@ -127,23 +127,23 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _ops(tmp_path, members, epochs, tag):
-    configs = [cfg(tmp_path, f"{tag}{members}e{epochs}r{i}",
+def _ops(tmp_path, lanes, epochs, tag):
+    configs = [cfg(tmp_path, f"{tag}{lanes}e{epochs}r{i}",
                    loss=CLAIM_LOSSES[i % len(CLAIM_LOSSES)], seed=i // len(CLAIM_LOSSES),
                    loss_kwargs=DEMO_LOSS_KWARGS.get(CLAIM_LOSSES[i % len(CLAIM_LOSSES)], {}),
                    epochs=epochs, evaluate=False, checkpoint_every=epochs)
-               for i in range(members)]
+               for i in range(lanes)]
     with _Ops() as mode:
         res = train_packed(configs, forward="vmap")
     assert all(isinstance(r, dict) for r in res), res
     return mode.n
 
 
-def test_ops_per_epoch_at_35_members_at_most_1_5x_those_at_7(tmp_path):
+def test_ops_per_epoch_at_35_lanes_at_most_1_5x_those_at_7(tmp_path):
     """The demo's 7 claim losses: aten operations of one epoch (2 epochs minus 1) at 35
-    members over those at 7, with the vmapped forward a GPU runs (the benchmark
+    lanes over those at 7, with the vmapped forward a GPU runs (the benchmark
     benchmarks/bench_packed_ops.py on MNIST-1D measured 3.41x before the grouped engine, 1.07x
-    after; the CPU's per-member forward adds the model's operations per member)."""
+    after; the CPU's per-lane forward adds the model's operations per lane)."""
     per = {m: _ops(tmp_path, m, 2, "a") - _ops(tmp_path, m, 1, "b") for m in (7, 35)}
     assert per[35] <= 1.5 * per[7], per
 
@@ -214,7 +214,7 @@ torch.testing.assert_close(got, want)
 
 
 def test_a_vmapped_adafocal_group_warns_nothing():
-    """Two AdaFocal members vmapped after a validation update: their bin edges are a slice of
+    """Two AdaFocal lanes vmapped after a validation update: their bin edges are a slice of
     the stacked state, which ``searchsorted`` warned about as non-contiguous (a warning the
     demo printed), until ``bin_index`` copied them into contiguous memory.  In a fresh process:
     PyTorch gives that warning once per process."""
@@ -239,7 +239,7 @@ NOT_BITWISE: list[str] = []
 
 def test_every_registry_loss_packed_equals_its_separate_run(tmp_path):
     """All registry losses in one pack (grouped: the focal pair shares one call) against their
-    separate runs after 2 epochs: with the CPU's per-member forward (``forward="loop"``, the
+    separate runs after 2 epochs: with the CPU's per-lane forward (``forward="loop"``, the
     default there) the parameters and the logged numbers bit for bit; vmapped (a GPU's way:
     batched convolutions sum in another order) to float rounding."""
     names = list_losses()
@@ -280,21 +280,21 @@ def test_every_registry_loss_packed_equals_its_separate_run(tmp_path):
 # ------------------------------------------------------------------------------------------
 # a pack's epoch commits as one
 # ------------------------------------------------------------------------------------------
-MEMBERS = [(0, "ce"), (1, "adafocal"), (2, "focal")]
+LANES = [(0, "ce"), (1, "adafocal"), (2, "focal")]
 
 
 def _configs(tmp_path, tag, epochs=4):
     return [cfg(tmp_path, f"{tag}{s}", seed=s, loss=loss, epochs=epochs, resume=True)
-            for s, loss in MEMBERS]
+            for s, loss in LANES]
 
 
 @pytest.mark.parametrize("where", ["staging", "committing"])
-def test_a_kill_between_the_members_checkpoints_resumes_to_the_same_numbers(
+def test_a_kill_between_the_lanes_checkpoints_resumes_to_the_same_numbers(
         tmp_path, monkeypatch, where):
-    """Interrupted after the first member of epoch 3 staged (or committed) its checkpoint, so
-    that the members' ``last.pt`` (or staged files) stand at different epochs: the resume
-    finishes or drops the staged files, every member resumes at one epoch in its pack, and
-    every member ends bit for bit as the uninterrupted pack."""
+    """Interrupted after the first lane of epoch 3 staged (or committed) its checkpoint, so
+    that the lanes' ``last.pt`` (or staged files) stand at different epochs: the resume
+    finishes or drops the staged files, every lane resumes at one epoch in its pack, and
+    every lane ends bit for bit as the uninterrupted pack."""
     train_packed(_configs(tmp_path, "u"))
     name = "stage_checkpoint" if where == "staging" else "commit_staged"
     orig = getattr(E, name)
@@ -303,7 +303,7 @@ def test_a_kill_between_the_members_checkpoints_resumes_to_the_same_numbers(
     def dying(*a, **kw):
         calls["n"] += 1
         out = orig(*a, **kw)
-        if calls["n"] == 2 * len(MEMBERS) + 1:  # epoch 3: one member done, the others not
+        if calls["n"] == 2 * len(LANES) + 1:  # epoch 3: one lane done, the others not
             raise KeyboardInterrupt
         return out
 
@@ -312,8 +312,8 @@ def test_a_kill_between_the_members_checkpoints_resumes_to_the_same_numbers(
         train_packed(_configs(tmp_path, "k"))
     monkeypatch.setattr(E, name, orig)
     epochs = [load_checkpoint(tmp_path / f"k{s}" / "checkpoints" / "last.pt")["epoch"]
-              for s, _ in MEMBERS]
-    staged = [staged_path(tmp_path / f"k{s}").exists() for s, _ in MEMBERS]
+              for s, _ in LANES]
+    staged = [staged_path(tmp_path / f"k{s}").exists() for s, _ in LANES]
     if where == "staging":
         assert epochs == [2, 2, 2] and staged == [True, False, False]
     else:
@@ -321,7 +321,7 @@ def test_a_kill_between_the_members_checkpoints_resumes_to_the_same_numbers(
     res = train_packed(_configs(tmp_path, "k"))
     want = 2 if where == "staging" else 3
     assert [r["resumed_from"] for r in res] == [want] * 3
-    for s, _ in MEMBERS:
+    for s, _ in LANES:
         assert _same_weights(tmp_path / f"k{s}", tmp_path / f"u{s}"), s
         assert not staged_path(tmp_path / f"k{s}").exists()
         lk = (tmp_path / f"k{s}" / "log.jsonl").read_text().splitlines()
@@ -332,9 +332,9 @@ def test_a_kill_between_the_members_checkpoints_resumes_to_the_same_numbers(
                           if k != "seconds"} for x in lu]
 
 
-def test_a_diverged_member_stays_a_ghost_across_a_resume(tmp_path, monkeypatch):
-    """In a pack of 2, a member diverges in epoch 2; the run is interrupted in epoch 3 and
-    resumed: the companion resumes beside the diverged member's ghost (the pack keeps its size,
+def test_a_diverged_lane_stays_a_ghost_across_a_resume(tmp_path, monkeypatch):
+    """In a pack of 2, a lane diverges in epoch 2; the run is interrupted in epoch 3 and
+    resumed: the companion resumes beside the diverged lane's ghost (the pack keeps its size,
     read from the checkpoint's layout) and ends bit for bit as the uninterrupted pack's."""
     from test_train_packed import _Diverging, interrupt_in_epoch
 
@@ -351,8 +351,8 @@ def test_a_diverged_member_stays_a_ghost_across_a_resume(tmp_path, monkeypatch):
         res_k = train_packed(configs("k"))
     finally:
         LOSSES.unregister("test_diverging_ghost")
-    assert isinstance(res_u[1], P.MemberDivergedError)
-    assert isinstance(res_k[1], P.MemberDivergedError)
+    assert isinstance(res_u[1], P.LaneDivergedError)
+    assert isinstance(res_k[1], P.LaneDivergedError)
     assert res_k[0]["resumed_from"] == 2
     assert _same_weights(tmp_path / "k0", tmp_path / "u0")
     assert res_k[0]["results"]["test"]["pre"]["ece"] == res_u[0]["results"]["test"]["pre"]["ece"]

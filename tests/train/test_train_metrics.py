@@ -30,7 +30,7 @@ def test_streaming_train_stats_match_the_full_computation():
     g = torch.Generator().manual_seed(0)
     z = torch.randn(517, 7, generator=g) * 3
     y = torch.randint(0, 7, (517,), generator=g)
-    stats = PackedStats(1, 15, torch.device("cpu"))  # one member
+    stats = PackedStats(1, 15, torch.device("cpu"))  # one lane
     ce = torch.nn.functional.cross_entropy
     for s in range(0, 517, 64):  # batches, with a loss that is the batch sum
         zb, yb = z[s:s + 64], y[s:s + 64]
@@ -64,23 +64,23 @@ def test_epoch_metrics_and_diagnostics():
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("members", [1, 3])
-def test_split_loss_is_the_per_sample_mean(reduction, members):
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_split_loss_is_the_per_sample_mean(reduction, lanes):
     """The logged loss of a split, computed in chunks of 64 (300 = 4 x 64 + 44), is each
-    member's per-sample mean whatever the loss' reduction (a sum must not be divided twice or
+    lane's per-sample mean whatever the loss' reduction (a sum must not be divided twice or
     a mean summed over chunks)."""
     from torchcal.losses import create_loss
 
     g = torch.Generator().manual_seed(1)
-    z = torch.randn(300, members, 5, generator=g)
+    z = torch.randn(300, lanes, 5, generator=g)
     y = torch.randint(0, 5, (300,), generator=g)
-    losses = [create_loss("ce") for _ in range(members)]
+    losses = [create_loss("ce") for _ in range(lanes)]
     for ls in losses:
         ls.reduction = reduction
     groups = LossGroups(losses, torch.device("cpu"))
-    rows = torch.tensor([reduction == "mean"] * members)
+    rows = torch.tensor([reduction == "mean"] * lanes)
     got = split_loss(groups, z, y, 64, rows)
-    want = torch.stack([torch.nn.functional.cross_entropy(z[:, m], y) for m in range(members)])
+    want = torch.stack([torch.nn.functional.cross_entropy(z[:, m], y) for m in range(lanes)])
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 

@@ -132,10 +132,10 @@ def test_a_killed_run_resumes_to_the_uninterrupted_numbers(tmp_path, monkeypatch
     whole = train(_tiny(tmp_path, "whole", epochs=3))["results"]["multitask"]
     orig = E.end_epoch
 
-    def interrupting(stack, members, groups, stats, epoch, *a, **kw):
+    def interrupting(stack, lanes, groups, stats, epoch, *a, **kw):
         if epoch == 1:
             raise KeyboardInterrupt
-        return orig(stack, members, groups, stats, epoch, *a, **kw)
+        return orig(stack, lanes, groups, stats, epoch, *a, **kw)
 
     monkeypatch.setattr(E, "end_epoch", interrupting)
     with pytest.raises(KeyboardInterrupt):

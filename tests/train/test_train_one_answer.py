@@ -1,9 +1,9 @@
 """Issue 40's leftovers: each question has one answer in the code.
 
 "Is this CUDA?" (:func:`torchcal.train.device.is_cuda`, which the trainer's process group and a
-sweep's pack sizes and resources all ask); "do the members share data?"
+sweep's pack sizes and resources all ask); "do the lanes share data?"
 (:func:`torchcal.train.run.shares_data`, for the engine's batches, OOD sets and final evaluation);
-a member's config is read by ``train.evaluation.read_config``; and an earlier version's flat
+a lane's config is read by ``train.evaluation.read_config``; and an earlier version's flat
 name of a plug-in field is TrainConfig's to map, in a sweep's overrides too.
 """
 
@@ -47,7 +47,7 @@ def _run(**src):
                                  env=types.SimpleNamespace(enabled=False))
 
 
-def test_one_answer_to_do_the_members_share_data(monkeypatch):
+def test_one_answer_to_do_the_lanes_share_data(monkeypatch):
     """``torchcal.train.run.shares_data`` decides it for the engine's training batches, its OOD
     sets and its final evaluation (before: three tests, of the train or the val source)."""
     import torchcal.train.engine as E
@@ -57,15 +57,15 @@ def test_one_answer_to_do_the_members_share_data(monkeypatch):
     train = types.SimpleNamespace(array=True)
     one, other = _run(train=train, val=a), _run(train=train, val=b)
     assert shares_data([one, _run(train=train, val=a)]) and not shares_data([one, other])
-    members = [types.SimpleNamespace(run=one), types.SimpleNamespace(run=_run(train=train, val=a))]
-    assert E.Batches(members).shared
+    lanes = [types.SimpleNamespace(run=one), types.SimpleNamespace(run=_run(train=train, val=a))]
+    assert E.Batches(lanes).shared
     asked = []
     monkeypatch.setattr(E, "shares_data", lambda runs: asked.append(len(runs)) or False)
-    assert not E.Batches(members).shared and asked == [2]
+    assert not E.Batches(lanes).shared and asked == [2]
 
 
 def test_a_ghost_config_is_read_as_every_run_config(monkeypatch, tmp_path):
-    """``train/packed.py`` reads a member's config with ``train.evaluation.read_config`` (one
+    """``train/packed.py`` reads a lane's config with ``train.evaluation.read_config`` (one
     reader, one error handling), not by hand."""
     import torchcal.train.packed as P
     from torchcal.errors import CheckpointError, TorchcalError
@@ -73,10 +73,10 @@ def test_a_ghost_config_is_read_as_every_run_config(monkeypatch, tmp_path):
     cfg = TrainConfig(dataset="digits", model="mlp", epochs=1, out_dir=str(tmp_path / "g"))
     read = []
     monkeypatch.setattr(P, "read_config", lambda d: read.append(d) or cfg)
-    assert P._member_config(str(tmp_path / "g"), []) is cfg and read == [str(tmp_path / "g")]
+    assert P._lane_config(str(tmp_path / "g"), []) is cfg and read == [str(tmp_path / "g")]
     monkeypatch.undo()
     with pytest.raises(CheckpointError, match="none can be read") as info:
-        P._member_config(str(tmp_path / "missing"), [])
+        P._lane_config(str(tmp_path / "missing"), [])
     assert isinstance(info.value.__cause__, TorchcalError) and "config.json" in str(info.value)
 
 

@@ -1,4 +1,4 @@
-"""Packed training: a member of a pack is the run ``train`` would give with its seed."""
+"""Packed training: a lane of a pack is the run ``train`` would give with its seed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torchcal.losses._registry import LOSSES
 from torchcal.losses.cross_entropy import CrossEntropyLoss
 from torchcal.train import JointHeadConfig, TrainConfig, get_recipe, train
 from torchcal.train.checkpoint import load_checkpoint
-from torchcal.train.packed import MemberDivergedError
+from torchcal.train.packed import LaneDivergedError
 from torchcal.train.packs import form_packs, pack_problem, train_packed
 from torchcal.train.stacks import PackedModel
 
@@ -69,7 +69,7 @@ def _assert_same_run(packed_dir, separate_dir, atol=1e-5):
     assert (packed_dir / "results.json").is_file() and (packed_dir / "config.json").is_file()
 
 
-MEMBERS = [(0, "ce"), (1, "adafocal"), (2, "focal")]
+LANES = [(0, "ce"), (1, "adafocal"), (2, "focal")]
 
 
 CNN1D = ("mnist1d_cnn", {"in_length": 64, "width": 8})
@@ -77,18 +77,18 @@ BN_CNN = ("small_cnn", {"in_channels": 1, "in_features": 64, "width": 4})
 
 
 @pytest.mark.parametrize("model, data_seed", [(CNN1D, 1), (CNN1D, None), (BN_CNN, 1)])
-def test_members_match_separate_runs(tmp_path, model, data_seed):
-    """Each member (own seed, own loss: AdaFocal's per-bin γ, own clipping, own momentum)
+def test_lanes_match_separate_runs(tmp_path, model, data_seed):
+    """Each lane (own seed, own loss: AdaFocal's per-bin γ, own clipping, own momentum)
     ends with the parameters, optimiser state, loss state and log of a separate run; with a
-    fixed split (``data_seed``) the members' validation runs packed, with the split following
-    the seed each member's own (BatchNorm: running statistics per member)."""
+    fixed split (``data_seed``) the lanes' validation runs packed, with the split following
+    the seed each lane's own (BatchNorm: running statistics per lane)."""
     configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, model=model[0], model_kwargs=model[1],
                    data_seed=data_seed,
                    loss_kwargs={"update_every": 7} if loss == "adafocal" else {})
-               for s, loss in MEMBERS]  # AdaFocal also updates γ every 7 batches
+               for s, loss in LANES]  # AdaFocal also updates γ every 7 batches
     res = train_packed(configs)
     assert all(isinstance(r, dict) for r in res), res
-    for (s, _loss), c in zip(MEMBERS, configs, strict=True):
+    for (s, _loss), c in zip(LANES, configs, strict=True):
         sep = train(dataclasses.replace(c, out_dir=str(tmp_path / f"s{s}")))
         _assert_same_run(tmp_path / f"p{s}", tmp_path / f"s{s}")
         assert res[s]["final"]["val_ece"] == pytest.approx(sep["final"]["val_ece"], rel=1e-4)
@@ -97,7 +97,7 @@ def test_members_match_separate_runs(tmp_path, model, data_seed):
 def test_one_sgd_with_global_clipping_would_differ(tmp_path):
     """The test above can fail: clipping the packed gradient by one global norm (what a plain
     ``clip_grad_norm_`` over the stacked parameters does) gives other weights."""
-    configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, epochs=1) for s, loss in MEMBERS[:2]]
+    configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, epochs=1) for s, loss in LANES[:2]]
 
     def global_clip(self, losses, logits, y, max_norm, index=None):
         self.opt.zero_grad(set_to_none=True)
@@ -139,10 +139,10 @@ def _weights(run_dir):
     return load_checkpoint(run_dir / "checkpoints" / "last.pt")["model"]
 
 
-def test_a_diverging_member_stops_alone(tmp_path):
-    """The diverged member keeps its last good epoch; its companions finish as the runs they
+def test_a_diverging_lane_stops_alone(tmp_path):
+    """The diverged lane keeps its last good epoch; its companions finish as the runs they
     would be alone, and bit for bit as in the same pack without a divergence (the diverged
-    member stays in its slot as a ghost: the pack keeps its size)."""
+    lane stays in its slot as a ghost: the pack keeps its size)."""
     register_loss("test_diverging")(_Diverging)
     register_loss("test_stable")(_Stable)
     try:
@@ -157,7 +157,7 @@ def test_a_diverging_member_stops_alone(tmp_path):
     finally:
         LOSSES.unregister("test_diverging")
         LOSSES.unregister("test_stable")
-    assert isinstance(res[1], MemberDivergedError)
+    assert isinstance(res[1], LaneDivergedError)
     assert "diverged in epoch 2" in str(res[1]) and "p1" in str(res[1])
     assert all(isinstance(r, dict) for r in res_calm), res_calm
     # it keeps its first epoch's log line and checkpoint, nothing after
@@ -175,17 +175,17 @@ def test_a_diverging_member_stops_alone(tmp_path):
 
 
 def test_interrupt_and_resume_give_the_uninterrupted_runs(tmp_path, monkeypatch):
-    """Ctrl-C during epoch 3 leaves every member at its epoch-2 checkpoint; a second call
+    """Ctrl-C during epoch 3 leaves every lane at its epoch-2 checkpoint; a second call
     resumes them (packed again) to the numbers of uninterrupted separate runs; a finished
-    member is not trained again."""
+    lane is not trained again."""
     configs = [cfg(tmp_path, f"p{s}", seed=s, loss=loss, epochs=3, resume=True)
-               for s, loss in MEMBERS]
+               for s, loss in LANES]
     interrupt_in_epoch(monkeypatch, configs, 2)
-    for s, _ in MEMBERS:
+    for s, _ in LANES:
         assert load_checkpoint(tmp_path / f"p{s}" / "checkpoints" / "last.pt")["epoch"] == 2
     res = train_packed(configs)
     assert [r["resumed_from"] for r in res] == [2, 2, 2]
-    for s, _ in MEMBERS:
+    for s, _ in LANES:
         train(dataclasses.replace(configs[s], out_dir=str(tmp_path / f"s{s}"), resume=False))
         _assert_same_run(tmp_path / f"p{s}", tmp_path / f"s{s}")
     again = train_packed(configs)  # finished: evaluated again, not trained
@@ -196,10 +196,10 @@ def interrupt_in_epoch(monkeypatch, configs, epoch: int) -> None:
     """Train ``configs`` packed with a Ctrl-C at the end of (0-based) ``epoch``."""
     orig = E.end_epoch
 
-    def interrupting(pack, members, groups, stats, e, *a, **kw):
+    def interrupting(pack, lanes, groups, stats, e, *a, **kw):
         if e == epoch:
             raise KeyboardInterrupt
-        return orig(pack, members, groups, stats, e, *a, **kw)
+        return orig(pack, lanes, groups, stats, e, *a, **kw)
 
     monkeypatch.setattr(E, "end_epoch", interrupting)
     with pytest.raises(KeyboardInterrupt):
@@ -207,7 +207,7 @@ def interrupt_in_epoch(monkeypatch, configs, epoch: int) -> None:
     monkeypatch.setattr(E, "end_epoch", orig)
 
 
-def test_a_member_that_cannot_start_does_not_stop_the_others(tmp_path):
+def test_a_lane_that_cannot_start_does_not_stop_the_others(tmp_path):
     good = cfg(tmp_path, "a", seed=0, epochs=1)
     train(dataclasses.replace(good, out_dir=str(tmp_path / "b")))
     taken = cfg(tmp_path, "b", seed=1, epochs=1)  # holds a run, resume=False: refused
@@ -233,8 +233,8 @@ def test_form_packs_groups_and_deals_round_robin():
     assert pack_problem(head) is not None and pack_problem(c) is None
     with pytest.raises(ValueError, match="`max_lanes`"):
         form_packs([c], max_lanes=0)
-    with pytest.raises(ValueError, match="`max_members`"):
-        train_packed([c], max_members=0)
+    with pytest.raises(ValueError, match="`max_lanes`"):
+        train_packed([c], max_lanes=0)
     with pytest.raises(TypeError, match="TrainConfig"):
         train_packed([{"seed": 0}])
 
@@ -251,11 +251,11 @@ def test_a_run_that_cannot_be_packed_trains_alone(tmp_path, monkeypatch):
     assert res[1]["epochs"] == 1 and res[2]["epochs"] == 1
 
 
-def test_a_member_does_not_depend_on_its_companions_at_one_pack_size(tmp_path):
-    """In packs of one size a member's numbers are bit for bit the same whichever runs share
+def test_a_lane_does_not_depend_on_its_companions_at_one_pack_size(tmp_path):
+    """In packs of one size a lane's numbers are bit for bit the same whichever runs share
     the pack (another seed, another loss): what makes a sweep's numbers independent of how its
     workers pick packs. (Packs of another size may round differently: docs/guide/packing.md.)"""
-    def member0(name, companions):
+    def lane0(name, companions):
         cs = [cfg(tmp_path, f"{name}0", seed=0, loss="ce")]
         cs += [cfg(tmp_path, f"{name}{i + 1}", seed=s, loss=loss)
                for i, (s, loss) in enumerate(companions)]
@@ -264,8 +264,8 @@ def test_a_member_does_not_depend_on_its_companions_at_one_pack_size(tmp_path):
         ck = torch.load(tmp_path / f"{name}0" / "checkpoints" / "last.pt", weights_only=True)
         return ck["model"] if "model" in ck else ck
 
-    a = member0("a", [(1, "ce"), (2, "ce")])
-    b = member0("b", [(5, "focal"), (3, "adafocal")])
+    a = lane0("a", [(1, "ce"), (2, "ce")])
+    b = lane0("b", [(5, "focal"), (3, "adafocal")])
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -70,7 +70,7 @@ class Job:
         labels: copied into the result the runner writes when the job's process died (so that
             a lost job is still reported by name and run directory).
         resources: CPUs and GPUs one execution needs.
-        n_runs: the runs the job trains (a pack: its members); the progress bar counts runs.
+        n_runs: the runs the job trains (a pack: its lanes); the progress bar counts runs.
     """
 
     name: str

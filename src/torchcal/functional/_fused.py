@@ -2,7 +2,7 @@ r"""Losses with an analytic backward (``torch.autograd.Function``) where autogra
 cost (issue 50): the temperature-weighted cross-entropies and label smoothing.
 
 Every Function here is written in the ``setup_context`` form with ``generate_vmap_rule = True``
-(the packed path evaluates the members' losses in one ``torch.func.vmap`` call) and returns the
+(the packed path evaluates the lanes' losses in one ``torch.func.vmap`` call) and returns the
 intermediates its backward needs as extra, non-differentiable outputs.  Its forward is the
 loss's formula, differentiable as written (a GRA weight computed from detached
 log-probabilities): ``torch.compile`` under ``torch.func.grad`` (the compiled packed step)

@@ -186,7 +186,7 @@ def scatter_fresh(t: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Ten
     autograd graph holds (an ``exp`` inside an ``autograd.Function``'s forward or under
     ``no_grad``): in place in plain eager mode (the same values without an (N, C) copy); out of
     place inside any ``torch.func`` transform (``vmap``, the packed path: ``scatter_`` has no
-    batching rule and would fall back to a per-member loop; ``grad``, whose wrappers may track
+    batching rule and would fall back to a per-lane loop; ``grad``, whose wrappers may track
     the tensor) and under ``torch.compile`` (whose kernels fuse the copy anyway, and whose
     tracing of a Function's forward may record it).
 

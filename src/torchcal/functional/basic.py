@@ -133,7 +133,7 @@ class _BrierFunction(torch.autograd.Function):
 
     Written in the ``setup_context`` form with the intermediates the backward needs returned
     as (non-differentiable) outputs and ``generate_vmap_rule``, so that the loss runs under
-    ``torch.func.vmap`` (packed training evaluates the members' losses in one vmapped call).
+    ``torch.func.vmap`` (packed training evaluates the lanes' losses in one vmapped call).
     """
 
     generate_vmap_rule = True

@@ -191,7 +191,7 @@ class CalibrationLoss(nn.Module):
     unread_state: ClassVar[tuple[str, ...]] = ()
     #: False for a loss whose vmapped call rounds differently from a single call (MMCE: its
     #: weighted kernel sum over the batch runs as a batched product): packed training then
-    #: calls each member's loss on its own rows, so that a packed run equals its separate run
+    #: calls each lane's loss on its own rows, so that a packed run equals its separate run
     #: bit for bit on the CPU.
     vmap_rounds_alike: ClassVar[bool] = True
 
@@ -199,12 +199,12 @@ class CalibrationLoss(nn.Module):
         """Why this loss cannot be evaluated for several packed runs in one vmapped call (None:
         it can).
 
-        Packed training (:mod:`torchcal.train.packed`) evaluates the members that share a loss
+        Packed training (:mod:`torchcal.train.packed`) evaluates the lanes that share a loss
         class and its hyperparameters with one ``torch.func.vmap`` call over
-        ``functional_call(loss, stacked_buffers, ...)``: every piece of state in which members
+        ``functional_call(loss, stacked_buffers, ...)``: every piece of state in which lanes
         may differ must be a buffer (AdaFocal's γ, a temperature), and ``forward`` must be a
         pure function of its inputs, the hyperparameters and the buffers (state changes only
-        in ``set_epoch`` / ``on_validation``, which every member of a group receives at the
+        in ``set_epoch`` / ``on_validation``, which every lane of a group receives at the
         same epoch).  Refused here: trainable parameters and tensors held outside the buffers.
         """
         if any(True for _ in self.parameters()):
@@ -212,7 +212,7 @@ class CalibrationLoss(nn.Module):
         for name, value in vars(self).items():
             if isinstance(value, torch.Tensor) and name not in self.unread_state:
                 return (f"{type(self).__name__} holds the tensor {name!r} outside its buffers "
-                        "(a member's state could not be stacked)")
+                        "(a lane's state could not be stacked)")
         return None
 
     def set_epoch(self, epoch: int) -> None:

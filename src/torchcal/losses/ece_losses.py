@@ -156,7 +156,7 @@ class ECEGapLoss(CalibrationLoss):
         self.epoch = 0
         self.register_buffer("width_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
         self.register_buffer("mass_gaps", torch.zeros(self.n_bins, dtype=torch.float64))
-        # a (non-persistent) buffer: packed training stacks it per member; the checkpoint keeps
+        # a (non-persistent) buffer: packed training stacks it per lane; the checkpoint keeps
         # it in the extra state (None until the first validation pass)
         self.register_buffer("classwise", None, persistent=False)
 

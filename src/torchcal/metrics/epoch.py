@@ -1,6 +1,6 @@
 """The numbers a training loop logs per epoch: the metrics of a whole split
-(:func:`epoch_metrics`, and :func:`stacked_epoch_metrics` for M packed members) and the binned
-sums of M members at once (:func:`stacked_binned_sums`, which the trainer's streaming training
+(:func:`epoch_metrics`, and :func:`stacked_epoch_metrics` for M packed lanes) and the binned
+sums of M lanes at once (:func:`stacked_binned_sums`, which the trainer's streaming training
 statistics, :class:`torchcal.train.engine.PackedStats`, accumulate).
 
 The binned calibration sums and the ECE are those of :mod:`torchcal.metrics` (the same bins and
@@ -62,7 +62,7 @@ DIAGNOSTIC_KEYS = ("nll_correct", "nll_incorrect", "entropy_correct", "entropy_i
 def stacked_binned_sums(conf: torch.Tensor, correct: torch.Tensor, n_bins: int) -> torch.Tensor:
     """Per-bin (count, confidence sum, correct count) of M rows of confidences at once: ``conf``
     and ``correct`` of shape (M, N) give float64 sums (3, M, B), each row binned as
-    :func:`~torchcal.metrics.binning.binned_sums` bins it (one pass, member-offset bin keys)."""
+    :func:`~torchcal.metrics.binning.binned_sums` bins it (one pass, lane-offset bin keys)."""
     m, n = conf.shape
     offset = torch.arange(m, device=conf.device).repeat_interleave(n) * n_bins
     idx = equal_width_bin_index(conf.reshape(-1), n_bins) + offset

@@ -70,14 +70,14 @@ class MNIST1DCNN(nn.Module):
 
     def forward_packed(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
         """Logits (M, B, C) of M stacked copies of this network (``params``: every parameter
-        with a leading member dimension) on inputs (M, B, in_length): the packed engine's
+        with a leading lane dimension) on inputs (M, B, in_length): the packed engine's
         vmapped forward (:class:`torchcal.train.stacks.PackedModel`) in the layout the
         convolutions want.
 
-        The members' channels stay side by side in one (B, M * width, L) tensor from the first
+        The lanes' channels stay side by side in one (B, M * width, L) tensor from the first
         convolution to the last, each convolution one grouped call (``groups = M``) on a
         contiguous input, so that no layout change runs between the layers (``vmap`` moves the
-        member dimension in front of the batch after every layer and back before the next);
+        lane dimension in front of the batch after every layer and back before the next);
         the classifier is one batched matrix product on a strided view.  Equal to ``vmap`` over
         :meth:`forward` to float rounding.
         """

@@ -6,14 +6,14 @@ launches, not by its arithmetic.  :class:`CompiledStep` is the same step as **on
 of tensors, compiled once per batch shape:
 
 * the batch gather from the shared data on the device (``BatchSource.take``: the step takes the
-  members' sample indices (M, B), not the samples);
-* the forward pass of every member (the stack's :class:`~torchcal.train.stacks.StepGraph`:
+  lanes' sample indices (M, B), not the samples);
+* the forward pass of every lane (the stack's :class:`~torchcal.train.stacks.StepGraph`:
   :meth:`PackedModel.forward_with <torchcal.train.stacks.PackedModel.forward_with>`, vmapped or
   looped), the
   grouped losses (:class:`~torchcal.train.loss_groups.LossGroups`) and their gradient with
   :func:`torch.func.grad_and_value` (no ``backward()``: the backward pass is part of the graph);
 * the epoch statistics (:class:`~torchcal.train.engine.PackedStats`, updated in place);
-* per-member gradient-norm clipping and SGD (momentum, dampening, weight decay, Nesterov) on
+* per-lane gradient-norm clipping and SGD (momentum, dampening, weight decay, Nesterov) on
   the stacked parameters and momentum buffers, in place, as ``torch.optim.SGD`` computes it;
   the learning rate is a 0-d tensor on the device, so the schedule never recompiles.
 
@@ -53,7 +53,7 @@ COMPILE_STEP = ("auto", "off", "on")
 
 def compile_problem(stack: Stack, groups: LossGroups, gather: bool) -> str | None:
     """Why the step of ``stack`` cannot be one compiled graph (None: it can): what its
-    :meth:`~torchcal.train.stacks.Stack.graph` is, or is not, and how the members' batches and
+    :meth:`~torchcal.train.stacks.Stack.graph` is, or is not, and how the lanes' batches and
     losses are computed."""
     graph = stack.graph()
     if graph is None:
@@ -61,10 +61,10 @@ def compile_problem(stack: Stack, groups: LossGroups, gather: bool) -> str | Non
     if graph.buffers:
         return "the model has buffers (batch norm's running statistics are not stacked state)"
     if not gather:
-        return "the members' batches are not one gather from shared data (augmentation, " \
-               "per-member data or torchrun)"
+        return "the lanes' batches are not one gather from shared data (augmentation, " \
+               "per-lane data or torchrun)"
     if groups.unbatched:
-        return "a member's loss cannot join a vmapped group"
+        return "a lane's loss cannot join a vmapped group"
     if any(g.grad is not None for g in graph.params.values()):
         return "the stacked parameters hold gradients"
     return None
@@ -93,16 +93,16 @@ class CompiledStep:
     """The packed step of :func:`~torchcal.train.engine.train_epoch` as one compiled function.
 
     Args:
-        pack: the members' stack: its :meth:`~torchcal.train.stacks.Stack.graph` (the stacked
+        pack: the lanes' stack: its :meth:`~torchcal.train.stacks.Stack.graph` (the stacked
             parameters, momenta, SGD settings and forward function) is all the step uses.
-        groups: the members' losses.
+        groups: the lanes' losses.
         source: the shared training data (``BatchSource``) the indices gather from.
-        max_norm: per-member gradient clipping (None: none).
+        max_norm: per-lane gradient clipping (None: none).
         amp: the runs' ``amp`` (``"off"`` or ``"bf16"``).
         backend: :func:`torch.compile`'s backend (``"inductor"``; tests use ``"aot_eager"``).
         mode: :func:`torch.compile`'s mode (None: ``"reduce-overhead"`` on CUDA, else default).
 
-    Call it with ``(index (M, B), stats)``: one training step of every member.
+    Call it with ``(index (M, B), stats)``: one training step of every lane.
 
     Raises:
         TypeError: ``pack`` has no graph (a run alone steps its own module).
@@ -177,10 +177,10 @@ class CompiledStep:
 
     @torch.no_grad()
     def _sgd(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        """Per-member clipping (as :meth:`PackedModel.step
+        """Per-lane clipping (as :meth:`PackedModel.step
         <torchcal.train.stacks.PackedModel.step>`) and ``torch.optim.SGD``'s update, in place
         on the stacked parameters and momentum buffers."""
-        n = self.graph.n_members
+        n = self.graph.n_lanes
         if self.max_norm is not None:
             norms = torch.stack([torch.linalg.vector_norm(g.reshape(n, -1), 2.0, dim=1)
                                  for g in grads])
@@ -196,7 +196,7 @@ class CompiledStep:
             p.sub_(self.lr.to(p.dtype) * d)
 
     def __call__(self, index: torch.Tensor, stats: Any) -> bool:
-        """One step of every member; False when the step cannot compile (the caller then runs
+        """One step of every lane; False when the step cannot compile (the caller then runs
         the eager step; the reason was warned once and the pack stays eager)."""
         if self.failed is not None:
             return False

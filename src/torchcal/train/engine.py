@@ -1,46 +1,46 @@
-"""The training engine: one set of steps that train a stack of M members (each a run).
+"""The training engine: one set of steps that train a stack of M lanes (each a run).
 
 :func:`~torchcal.train.train` is the case M = 1 and :func:`~torchcal.train.train_packed` the
 case of M runs that share a model and a recipe (the seeds of a loss, several losses); both go
 through :func:`run_stack`.  The steps, in the order of an epoch:
 
-* **batches** (:class:`Batches`): every member's batch of a step stacked (M, B, ...), one gather
-  from the data on the device (each member its own order, from its seed; under ``torchrun``
+* **batches** (:class:`Batches`): every lane's batch of a step stacked (M, B, ...), one gather
+  from the data on the device (each lane its own order, from its seed; under ``torchrun``
   each rank its shard);
 * **forward and step**: the stack's (:mod:`torchcal.train.stacks`): a
   :class:`~torchcal.train.stacks.PackedModel` (stacked parameters, one batched forward,
-  per-member clipping, one SGD) or a :class:`~torchcal.train.stacks.SoloModel` (one run's own
+  per-lane clipping, one SGD) or a :class:`~torchcal.train.stacks.SoloModel` (one run's own
   module with its head, DDP, compile and AMP scaler);
 * **losses** (:class:`~torchcal.train.loss_groups.LossGroups`): one call per loss
-  configuration, the members' loss state stacked; the losses' protocol
+  configuration, the lanes' loss state stacked; the losses' protocol
   (:mod:`torchcal.losses.base`: ``set_epoch`` before an epoch, ``on_validation`` after each
-  validation pass, extra passes every ``update_every`` batches) driven per member;
-* **statistics** (:class:`PackedStats`): the training loss, NLL, error and ECE of every member,
+  validation pass, extra passes every ``update_every`` batches) driven per lane;
+* **statistics** (:class:`PackedStats`): the training loss, NLL, error and ECE of every lane,
   accumulated on the device (no host synchronisation in a step);
 * **end of epoch** (:func:`end_epoch`, its state kept in :class:`EpochEnd`): the schedules,
   the loss hooks on the validation logits (one evaluation forward per split for the whole
-  stack), every member's validation (and, when due, test) metrics and loss, the divergence
+  stack), every lane's validation (and, when due, test) metrics and loss, the divergence
   check, the ``fc`` norm and whether it improved on its best, from the stacked tensors with one
   device-to-host copy; the best-epoch weights kept on the device as stacked tensors (one
-  ``where`` per stacked tensor, :mod:`torchcal.train.epoch_end`); then every member's log line,
+  ``where`` per stacked tensor, :mod:`torchcal.train.epoch_end`); then every lane's log line,
   ``best.pt`` and staged checkpoint, committed together (:mod:`torchcal.train.pack_commit`),
   written from one host copy per stacked tensor by the writer thread
   (:class:`~torchcal.train.pack_commit.EpochWriter`) while the next epoch trains;
 * **final evaluation** (:func:`final_results`): one packed pass over the validation, test and
   OOD sets, or a run's own (:func:`~torchcal.train.run.final_evaluation`).
 
-A member whose training loss or parameters become non-finite stops: alone in a stack of one
+A lane whose training loss or parameters become non-finite stops: alone in a stack of one
 with :class:`~torchcal.errors.DivergedError` (``train`` raises it), and in a pack with
-:class:`MemberDivergedError` while it stays in its place as a *ghost* (computed, never written),
+:class:`LaneDivergedError` while it stays in its place as a *ghost* (computed, never written),
 so its companions keep their pack and their numbers.
 
 Ownership: the engine works with a stack only through the
 :class:`~torchcal.train.stacks.Stack` protocol (``tools/check_architecture.py``, rule 15); it
-owns the members (:class:`Member`: each member's run), steps every schedule
+owns the lanes (:class:`Lane`: each lane's run), steps every schedule
 (:func:`step_schedules`) and sets a pack's learning rate (``Stack.start_epoch``); a stack holds
 modules, optimisers and settings, no run, and computes a split's logits from the sources the
 engine gives it (:func:`split_logits`).  Where a run alone and a pack differ (what stops a
-member, what its checkpoint records, the schedules' order check, the final evaluation) the
+lane, what its checkpoint records, the schedules' order check, the final evaluation) the
 engine calls the stack's strategy, :attr:`Stack.policy <torchcal.train.stacks.Stack.policy>`
 (:class:`~torchcal.train.stacks.AlonePolicy`, :class:`~torchcal.train.stacks.PackPolicy`):
 it has no flag for either.
@@ -56,7 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import MemberDivergedError
+from ..errors import LaneDivergedError
 from ..losses.base import loss_log_state, loss_on_validation, loss_set_epoch, loss_wants_validation
 from ..metrics.binning import calibration_from_sums
 from ..metrics.epoch import (
@@ -85,18 +85,18 @@ from .run import (
 )
 from .stacks import Stack
 
-__all__ = ["Member", "MemberDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
+__all__ = ["Lane", "LaneDivergedError", "Batches", "PackedStats", "train_epoch", "split_loss",
            "EpochEnd", "end_epoch", "fit_stack", "final_results", "run_stack", "step_schedules", "split_logits"]
 
 
 class PackedStats:
-    """Fixed-size per-epoch training statistics of M members accumulated on the device (no
+    """Fixed-size per-epoch training statistics of M lanes accumulated on the device (no
     host syncs): the loss, NLL, error and equal-width ECE of the training batches seen."""
 
-    def __init__(self, n_members: int, n_bins: int, device: torch.device) -> None:
-        self.n, self.n_bins = n_members, n_bins
-        self.scalars = torch.zeros(n_members, 4, dtype=torch.float64, device=device)
-        self.bins = torch.zeros(3, n_members, n_bins, dtype=torch.float64, device=device)
+    def __init__(self, n_lanes: int, n_bins: int, device: torch.device) -> None:
+        self.n, self.n_bins = n_lanes, n_bins
+        self.scalars = torch.zeros(n_lanes, 4, dtype=torch.float64, device=device)
+        self.bins = torch.zeros(3, n_lanes, n_bins, dtype=torch.float64, device=device)
 
     @torch.no_grad()
     def update(self, logits: torch.Tensor, y: torch.Tensor, loss_sums: torch.Tensor) -> None:
@@ -126,16 +126,16 @@ class PackedStats:
 
 
 # ------------------------------------------------------------------------------------------
-# members, data
+# lanes, data
 # ------------------------------------------------------------------------------------------
-class Member:
-    """One member of a stack (its position ``index`` in the caller's results; -1 for a
+class Lane:
+    """One lane of a stack (its position ``index`` in the caller's results; -1 for a
     ghost): its :class:`~torchcal.train.run.Run`, its last epoch's numbers and, once it
-    stopped, its error.  A *ghost* (a packed member that stopped, or a member whose run does
+    stopped, its error.  A *ghost* (a packed lane that stopped, or a lane whose run does
     not resume with this pack) is computed with the others but writes nothing.  What stopping
-    a member does is its stack's policy's
-    (:meth:`MemberPolicy.stop <torchcal.train.stacks.MemberPolicy.stop>`: a run alone raises
-    the error, a packed member becomes a ghost).  The engine owns the members' runs: a stack
+    a lane does is its stack's policy's
+    (:meth:`LanePolicy.stop <torchcal.train.stacks.LanePolicy.stop>`: a run alone raises
+    the error, a packed lane becomes a ghost).  The engine owns the lanes' runs: a stack
     holds none."""
 
     def __init__(self, index: int, run: Run, ghost: bool = False) -> None:
@@ -146,26 +146,26 @@ class Member:
         self.tb: Any = None  # its TensorBoard logger (rank 0 with ``tensorboard``)
 
 
-def live(members: list[Member]) -> list[Member]:
-    """The members that train and write (no ghosts)."""
-    return [mb for mb in members if not mb.ghost]
+def live(lanes: list[Lane]) -> list[Lane]:
+    """The lanes that train and write (no ghosts)."""
+    return [mb for mb in lanes if not mb.ghost]
 
 
-def split_logits(stack: Stack, members: list[Member], split: str
+def split_logits(stack: Stack, lanes: list[Lane], split: str
                  ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     """:meth:`Stack.split_logits <torchcal.train.stacks.Stack.split_logits>` of ``split``
-    (``"val"``, ``"test"``) from the members' batch sources of it."""
-    return stack.split_logits([mb.run.src[split] for mb in members], members[0].run.eval_bs)
+    (``"val"``, ``"test"``) from the lanes' batch sources of it."""
+    return stack.split_logits([mb.run.src[split] for mb in lanes], lanes[0].run.eval_bs)
 
 
-def step_schedules(stack: Stack, members: list[Member], per_step: bool) -> None:
-    """Step the members' learning-rate schedules after the stack's optimiser step: those of
+def step_schedules(stack: Stack, lanes: list[Lane], per_step: bool) -> None:
+    """Step the lanes' learning-rate schedules after the stack's optimiser step: those of
     a head stepped at every optimiser step (``per_step``), or the others, at the end of an
     epoch.  The engine alone steps them (a stack never does), in the stack's policy's context
-    (:meth:`MemberPolicy.stepping_schedules
-    <torchcal.train.stacks.MemberPolicy.stepping_schedules>`: a pack's members' optimisers are
+    (:meth:`LanePolicy.stepping_schedules
+    <torchcal.train.stacks.LanePolicy.stepping_schedules>`: a pack's lanes' optimisers are
     never stepped themselves, which torch's check of the order cannot see)."""
-    schedules = [mb.run.scheduler for mb in members if mb.run.plugin.per_step_schedule == per_step]
+    schedules = [mb.run.scheduler for mb in lanes if mb.run.plugin.per_step_schedule == per_step]
     if not schedules:
         return
     with stack.policy.stepping_schedules():
@@ -174,28 +174,28 @@ def step_schedules(stack: Stack, members: list[Member], per_step: bool) -> None:
 
 
 class Batches:
-    """The members' training batches, stacked (M, B, ...): one gather per step from the shared
-    data on the device (each member its own order, from its seed); per member when the members'
-    data differ, augmentation draws per member or each rank trains on its shard."""
+    """The lanes' training batches, stacked (M, B, ...): one gather per step from the shared
+    data on the device (each lane its own order, from its seed); per lane when the lanes'
+    data differ, augmentation draws per lane or each rank trains on its shard."""
 
-    def __init__(self, members: list[Member]) -> None:
-        r0 = members[0].run
+    def __init__(self, lanes: list[Lane]) -> None:
+        r0 = lanes[0].run
         self.src = r0.src["train"]
         augment = bool(getattr(r0.splits, "augment", False))
         self.shared = (self.src.array and not augment and not r0.env.enabled
-                       and shares_data([mb.run for mb in members]))
+                       and shares_data([mb.run for mb in lanes]))
         self.bs = r0.local_bs
         self.gather = True  # False: a compiled step gathers its batch itself (index only)
 
-    def epoch(self, members: list[Member], epoch: int):
+    def epoch(self, lanes: list[Lane], epoch: int):
         """The epoch's steps: ``(x (M, B, ...), y (M, B), index (M, B))``, ``index`` the
         samples' positions in the training split (on the device)."""
         if not self.shared:
-            for batch in zip(*[train_batches(mb.run, epoch) for mb in members], strict=True):
+            for batch in zip(*[train_batches(mb.run, epoch) for mb in lanes], strict=True):
                 yield tuple(torch.stack([b[k] for b in batch]) for k in range(3))
             return
         n = self.src.n
-        perms = torch.stack([epoch_permutation(n, mb.run.config.seed, epoch) for mb in members])
+        perms = torch.stack([epoch_permutation(n, mb.run.config.seed, epoch) for mb in lanes])
         perms = perms.to(self.src.device)
         stop = n - 1 if (n % self.bs == 1 and n > 1) else n  # a lone last sample is dropped
         for s in range(0, stop, self.bs):
@@ -206,36 +206,36 @@ class Batches:
 # ------------------------------------------------------------------------------------------
 # one epoch
 # ------------------------------------------------------------------------------------------
-def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches: Batches,
+def train_epoch(stack: Stack, lanes: list[Lane], groups: LossGroups, batches: Batches,
                 epoch: int, bar: Any, compiled: CompiledStep | None = None) -> PackedStats:
-    """One epoch of every member's batches (each member its own data order), stepped as one
+    """One epoch of every lane's batches (each lane its own data order), stepped as one
     (``compiled``: each step one compiled graph, :mod:`torchcal.train.compiled`); the
-    learning rate is the first live member's (its schedule's), set by the engine."""
-    r0, running = members[0].run, live(members)
-    for mb in members:
+    learning rate is the first live lane's (its schedule's), set by the engine."""
+    r0, running = lanes[0].run, live(lanes)
+    for mb in lanes:
         loss_set_epoch(mb.run.loss_fn, epoch)
     groups.refresh()
-    # the global stream (dropout of a run alone; nothing of a pack) follows the first member
+    # the global stream (dropout of a run alone; nothing of a pack) follows the first lane
     torch.manual_seed(epoch_seed(r0.config.seed, epoch, stream=3 + r0.env.rank))
     stack.start_epoch(running[0].run.optimizer.param_groups[0]["lr"])
-    stats = PackedStats(len(members), r0.config.n_bins, r0.device)
+    stats = PackedStats(len(lanes), r0.config.n_bins, r0.device)
     mean_rows = groups.mean_rows  # built once per pack (a host list would sync every epoch)
     stateful = [mb for mb in running if mb.every]  # losses with extra validation passes
-    per_step = any(mb.run.plugin.per_step_schedule for mb in members)  # a head's schedule
+    per_step = any(mb.run.plugin.per_step_schedule for mb in lanes)  # a head's schedule
     batches.gather = compiled is None or compiled.failed is not None
-    for step, (x, y, index) in enumerate(batches.epoch(members, epoch)):
+    for step, (x, y, index) in enumerate(batches.epoch(lanes, epoch)):
         if not batches.gather and not compiled(index, stats):
             batches.gather = True  # it did not compile: this step and the next ones eager
             x, y = batches.src.take(index)
         if batches.gather:
             _eager_step(stack, groups, stats, x, y, index, mean_rows, r0)
         if per_step:
-            step_schedules(stack, members, per_step=True)
+            step_schedules(stack, lanes, per_step=True)
         if bar is not None:
             bar.update(1)
         extra = [mb for mb in stateful if (step + 1) % mb.every == 0] if stateful else None
         if extra:  # a stateful loss' extra update (AdaFocal & co.)
-            _drive_validation(stack, members, extra)
+            _drive_validation(stack, lanes, extra)
             groups.refresh()
             stack.train()
     return stats
@@ -243,7 +243,7 @@ def train_epoch(stack: Stack, members: list[Member], groups: LossGroups, batches
 
 def _eager_step(stack: Stack, groups: LossGroups, stats: PackedStats, x: torch.Tensor,
                 y: torch.Tensor, index: torch.Tensor, mean_rows: torch.Tensor, r0: Run) -> None:
-    """One step of every member, operation by operation."""
+    """One step of every lane, operation by operation."""
     with autocast(r0.device, r0.amp):
         logits = stack.forward(x)
     logits = logits.float()
@@ -253,24 +253,24 @@ def _eager_step(stack: Stack, groups: LossGroups, stats: PackedStats, x: torch.T
     stack.step(loss, logits, y, r0.config.grad_clip, index)
 
 
-def _drive_validation(stack: Stack, members: list[Member], which: list[Member]
+def _drive_validation(stack: Stack, lanes: list[Lane], which: list[Lane]
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validation logits (N, M, C) and labels of every member; the loss hooks of ``which``
-    driven with their own columns of this process' share (an error stops that member)."""
-    val, (lz, ly) = split_logits(stack, members, "val")
+    """Validation logits (N, M, C) and labels of every lane; the loss hooks of ``which``
+    driven with their own columns of this process' share (an error stops that lane)."""
+    val, (lz, ly) = split_logits(stack, lanes, "val")
     for mb in which:
-        m = members.index(mb)
+        m = lanes.index(mb)
         y = ly if ly.ndim == 1 else ly[:, m]
         try:
             loss_on_validation(mb.run.loss_fn, logits=lz[:, m].contiguous(), labels=y)
-        except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
+        except Exception as exc:  # noqa: BLE001 - this lane stops, the pack goes on
             stack.policy.stop(mb, exc)
     return val
 
 
 def split_loss(groups: LossGroups, z: torch.Tensor, y: torch.Tensor, chunk: int,
                 mean_rows: torch.Tensor) -> torch.Tensor:
-    """(M,) mean per-sample loss of every member over a split (``z`` (N, M, C)), in chunks of
+    """(M,) mean per-sample loss of every lane over a split (``z`` (N, M, C)), in chunks of
     ``chunk`` samples (O(chunk) memory for MMCE)."""
     n, m = z.shape[0], z.shape[1]
     total = torch.zeros(m, device=z.device)
@@ -296,7 +296,7 @@ def _split_numbers(groups: LossGroups, split: tuple[torch.Tensor, torch.Tensor],
 
 
 # ------------------------------------------------------------------------------------------
-# the end of an epoch: every member's numbers from the stacked tensors, one host copy
+# the end of an epoch: every lane's numbers from the stacked tensors, one host copy
 # ------------------------------------------------------------------------------------------
 _TRAIN_KEYS = ("loss", "nll", "error", "ece")
 
@@ -308,15 +308,15 @@ class EpochEnd:
     the device (:class:`~torchcal.train.epoch_end.DeviceBest`), and the
     :class:`~torchcal.train.pack_commit.EpochWriter` that writes the files."""
 
-    def __init__(self, stack: Stack, members: list[Member], groups: LossGroups,
+    def __init__(self, stack: Stack, lanes: list[Lane], groups: LossGroups,
                  writer: EpochWriter | None = None) -> None:
-        r0 = members[0].run
+        r0 = lanes[0].run
         self.mean_rows = mean_rows(groups)
         self.writer = writer if writer is not None else EpochWriter(threaded=False)
         self.metric = r0.config.select_best_by
         self.rows = StateRows(stack)
         self.best = None if self.metric == "none" else DeviceBest(
-            self.rows, [mb.run.best for mb in members], r0.device)
+            self.rows, [mb.run.best for mb in lanes], r0.device)
         self.failed: set[str] = set()  # run directories whose files failed (writer thread)
 
 
@@ -327,15 +327,15 @@ def _epoch_keys(test: bool) -> list[str]:
     return keys
 
 
-def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats: PackedStats,
+def _epoch_table(stack: Stack, lanes: list[Lane], groups: LossGroups, stats: PackedStats,
                  epoch: int, ctx: EpochEnd) -> tuple[list[str], Any, dict[str, int], Any]:
-    """The epoch's numbers of every member as one host array (M, K): training statistics,
+    """The epoch's numbers of every lane as one host array (M, K): training statistics,
     validation metrics and loss (after the loss hooks ran on the validation logits), the test
     split's when due, then "all parameters finite", the ``fc`` weight norm and "improved on
     its best" (the columns named in the returned dict); and that flag and the validation metric
     on the device."""
-    r0 = members[0].run
-    val = _drive_validation(stack, members, [mb for mb in live(members)
+    r0 = lanes[0].run
+    val = _drive_validation(stack, lanes, [mb for mb in live(lanes)
                                              if loss_wants_validation(mb.run.loss_fn)])
     groups.refresh()
     chunk = max(r0.local_bs, 1024)  # chunks of the logged loss (MMCE is O(chunk^2))
@@ -345,7 +345,7 @@ def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats:
     cols = [stats.numbers(sync=r0.env.enabled),
             _split_numbers(groups, val, r0.config.n_bins, chunk, ctx.mean_rows, False)]
     if test:
-        cols.append(_split_numbers(groups, split_logits(stack, members, "test")[0],
+        cols.append(_split_numbers(groups, split_logits(stack, lanes, "test")[0],
                                    r0.config.n_bins, chunk, ctx.mean_rows, True))
     extra = {"finite": len(keys)}
     cols.append(stack.finite().double()[:, None])
@@ -363,17 +363,17 @@ def _epoch_table(stack: Stack, members: list[Member], groups: LossGroups, stats:
     return keys, host, extra, best
 
 
-def _records(stack: Stack, members: list[Member], keys: list[str], host: Any,
+def _records(stack: Stack, lanes: list[Lane], keys: list[str], host: Any,
              extra: dict[str, int], epoch: int, lr: float,
              drain: Callable[[], None] = lambda: None) -> dict[int, dict[str, Any]]:
-    """Each live member's log record from the epoch's host table (a diverged member stops:
-    :meth:`MemberPolicy.stop_error <torchcal.train.stacks.MemberPolicy.stop_error>`).
+    """Each live lane's log record from the epoch's host table (a diverged lane stops:
+    :meth:`LanePolicy.stop_error <torchcal.train.stacks.LanePolicy.stop_error>`).
     ``drain`` waits for the earlier epochs' files (a run alone's error says truly whether its
     last good checkpoint is on disk)."""
     k = len(keys)
     recs: dict[int, dict[str, Any]] = {}
     policy = stack.policy
-    for m, mb in enumerate(members):
+    for m, mb in enumerate(lanes):
         if mb.ghost:
             continue
         rec = {"epoch": epoch + 1, "lr": lr, **dict(zip(keys, host[m, :k].tolist(), strict=True))}
@@ -402,10 +402,10 @@ def _state(r: Run, full: bool) -> dict[str, Any]:
             **r.plugin.state(full)}
 
 
-def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str, Any]],
+def _update_best(ctx: EpochEnd, lanes: list[Lane], recs: dict[int, dict[str, Any]],
                  host: Any, extra: dict[str, int], best: Any, epoch: int) -> None:
-    """Each live member's best epoch from the device's "improved" flag; rank 0 keeps the
-    improved members' loss and head state (their weights stay in the device stacks, updated
+    """Each live lane's best epoch from the device's "improved" flag; rank 0 keeps the
+    improved lanes' loss and head state (their weights stay in the device stacks, updated
     with one ``where`` per stacked tensor)."""
     if ctx.best is None:
         return
@@ -414,7 +414,7 @@ def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str,
         return
     ctx.best.update(*best)
     for m in better:
-        r = members[m].run
+        r = lanes[m].run
         r.best = {"metric": ctx.metric, "value": float(recs[m][f"val_{ctx.metric}"]),
                   "epoch": epoch + 1}
         if r.env.is_main:
@@ -424,39 +424,39 @@ def _update_best(ctx: EpochEnd, members: list[Member], recs: dict[int, dict[str,
             r.best_snapshot = snap
 
 
-def end_epoch(stack: Stack, members: list[Member], groups: LossGroups, stats: PackedStats,
+def end_epoch(stack: Stack, lanes: list[Lane], groups: LossGroups, stats: PackedStats,
               epoch: int, lr: float, t0: float, bar: Any = None, ctx: EpochEnd | None = None
               ) -> None:
-    """The end of an epoch for every member at once: schedules (:func:`step_schedules`), the loss hooks, the numbers (one
-    host copy), each live member's divergence check, best epoch and log record; then the
+    """The end of an epoch for every lane at once: schedules (:func:`step_schedules`), the loss hooks, the numbers (one
+    host copy), each live lane's divergence check, best epoch and log record; then the
     epoch's files (log lines, ``best.pt``, staged checkpoints and their commit) handed to
-    ``ctx``'s writer with the epoch's host copy of the stacked weights.  A member whose files
+    ``ctx``'s writer with the epoch's host copy of the stacked weights.  A lane whose files
     failed in an earlier epoch stops first."""
-    ctx = ctx if ctx is not None else EpochEnd(stack, members, groups)
-    _stop_failed(stack, ctx, members)
-    step_schedules(stack, members, per_step=False)
-    keys, host, extra, best = _epoch_table(stack, members, groups, stats, epoch, ctx)
-    recs = _records(stack, members, keys, host, extra, epoch, lr, ctx.writer.drain)
-    _update_best(ctx, members, recs, host, extra, best, epoch)
+    ctx = ctx if ctx is not None else EpochEnd(stack, lanes, groups)
+    _stop_failed(stack, ctx, lanes)
+    step_schedules(stack, lanes, per_step=False)
+    keys, host, extra, best = _epoch_table(stack, lanes, groups, stats, epoch, ctx)
+    recs = _records(stack, lanes, keys, host, extra, epoch, lr, ctx.writer.drain)
+    _update_best(ctx, lanes, recs, host, extra, best, epoch)
     share = (time.perf_counter() - t0) / max(len(recs), 1)
     for m, rec in recs.items():
-        mb = members[m]
+        mb = lanes[m]
         rec["seconds"] = share
         mb.final = {k: v for k, v in rec.items() if isinstance(v, float) and k != "seconds"}
         if mb.tb is not None and mb.run.env.is_main:
             mb.tb.log_epoch(rec)
-    job = _epoch_job(ctx, stack, members, recs, epoch)
+    job = _epoch_job(ctx, stack, lanes, recs, epoch)
     if job is not None:
         ctx.writer.submit(job)
-    if bar is not None and len(recs) == 1 and len(members) == 1:
+    if bar is not None and len(recs) == 1 and len(lanes) == 1:
         # percent, as every number the command line prints (the log keeps fractions)
         rec = next(iter(recs.values()))
         bar.set_postfix(val_ece=f"{100 * rec['val_ece']:.2f}%",
                         val_err=f"{100 * rec['val_error']:.2f}%", refresh=False)
 
 
-def _stop_failed(stack: Stack, ctx: EpochEnd, members: list[Member]) -> None:
-    """Stop the members whose files failed in the writer (an error of a member alone is
+def _stop_failed(stack: Stack, ctx: EpochEnd, lanes: list[Lane]) -> None:
+    """Stop the lanes whose files failed in the writer (an error of a lane alone is
     raised)."""
     for mb, exc in ctx.writer.failures():
         if not mb.ghost:
@@ -464,26 +464,26 @@ def _stop_failed(stack: Stack, ctx: EpochEnd, members: list[Member]) -> None:
 
 
 class _Files:
-    """One member's files of an epoch: its log record, ``best.pt`` and staged checkpoint
+    """One lane's files of an epoch: its log record, ``best.pt`` and staged checkpoint
     (None: not written this epoch), the states' tensors as rows of the host copy."""
 
-    def __init__(self, mb: Member, rec: dict[str, Any]) -> None:
+    def __init__(self, mb: Lane, rec: dict[str, Any]) -> None:
         self.mb, self.rec = mb, rec
         self.best: dict[str, Any] | None = None
         self.last: dict[str, Any] | None = None
 
 
-def _epoch_job(ctx: EpochEnd, stack: Stack, members: list[Member],
+def _epoch_job(ctx: EpochEnd, stack: Stack, lanes: list[Lane],
                recs: dict[int, dict[str, Any]], epoch: int) -> EpochJob | None:
-    """The epoch's files of every live member (rank 0), with the host copy they need: one
+    """The epoch's files of every live lane (rank 0), with the host copy they need: one
     copy per stacked tensor (this epoch's, and the best stacks' when a ``best.pt`` of an
     earlier epoch is due), taken here, before the next epoch's steps change them."""
-    files = [_Files(members[m], rec) for m, rec in recs.items() if members[m].run.env.is_main]
+    files = [_Files(lanes[m], rec) for m, rec in recs.items() if lanes[m].run.env.is_main]
     if not files:
         return None
     rows = ctx.rows
-    writers = [str(members[m].run.config.out_dir) for m in recs]
-    layout = [str(mb.run.config.out_dir) for mb in members]
+    writers = [str(lanes[m].run.config.out_dir) for m in recs]
+    layout = [str(mb.run.config.out_dir) for mb in lanes]
     rng = None
     for f in files:
         r = f.mb.run
@@ -492,7 +492,7 @@ def _epoch_job(ctx: EpochEnd, stack: Stack, members: list[Member],
         rng = rng if rng is not None else rng_state_tensors()
         meta = {"num_classes": r.num_classes, "input_shape": r.input_shape,
                 "config": r.config.to_dict(), "best": dict(r.best)}
-        meta.update(stack.policy.checkpoint_meta(layout, members.index(f.mb), writers))
+        meta.update(stack.policy.checkpoint_meta(layout, lanes.index(f.mb), writers))
         if r.best_snapshot is not None:
             if int(r.best["epoch"]) == epoch + 1:  # this epoch's weights: the current rows
                 for row in rows_of(r.best_snapshot):
@@ -512,13 +512,13 @@ def _epoch_job(ctx: EpochEnd, stack: Stack, members: list[Member],
 
 
 def _write_files(ctx: EpochEnd, files: list[_Files], host: dict[str, Any], event: Any
-                 ) -> list[tuple[Member, BaseException]]:
-    """Write an epoch's files (the writer thread): each member's log line, ``best.pt`` and
-    staged checkpoint, then the staged checkpoints committed together (a member whose files
+                 ) -> list[tuple[Lane, BaseException]]:
+    """Write an epoch's files (the writer thread): each lane's log line, ``best.pt`` and
+    staged checkpoint, then the staged checkpoints committed together (a lane whose files
     fail is returned with its error; the others go on)."""
     if event is not None:
         event.synchronize()  # the host copy has arrived
-    failed: list[tuple[Member, BaseException]] = []
+    failed: list[tuple[Lane, BaseException]] = []
     staged = []
     for f in files:
         r = f.mb.run
@@ -531,7 +531,7 @@ def _write_files(ctx: EpochEnd, files: list[_Files], host: dict[str, Any], event
             if f.last is not None:
                 stage_checkpoint(r.dir.path, resolve(f.last, host))
                 staged.append(f)
-        except Exception as exc:  # noqa: BLE001 - this member stops, the pack goes on
+        except Exception as exc:  # noqa: BLE001 - this lane stops, the pack goes on
             ctx.failed.add(str(r.config.out_dir))
             failed.append((f.mb, exc))
     for f in staged:
@@ -546,35 +546,35 @@ def _write_files(ctx: EpochEnd, files: list[_Files], host: dict[str, Any], event
 # ------------------------------------------------------------------------------------------
 # a stack: train, then evaluate
 # ------------------------------------------------------------------------------------------
-def fit_stack(stack: Stack, members: list[Member], epochs: int, bar: Any = None,
+def fit_stack(stack: Stack, lanes: list[Lane], epochs: int, bar: Any = None,
               writer: EpochWriter | None = None) -> None:
-    """Train the members (at the same epoch; in a pack, ghosts in the places of absent runs)
-    to ``epochs``; a packed member that stops becomes a ghost, the pack keeps its size.
+    """Train the lanes (at the same epoch; in a pack, ghosts in the places of absent runs)
+    to ``epochs``; a packed lane that stops becomes a ghost, the pack keeps its size.
     The epochs' files go to ``writer`` (None: written at the end of each epoch); the caller
-    closes it, and stops the members whose files failed in its last epochs."""
-    r0 = members[0].run
-    groups = LossGroups([mb.run.loss_fn for mb in members], r0.device)
-    batches = Batches(members)
+    closes it, and stops the lanes whose files failed in its last epochs."""
+    r0 = lanes[0].run
+    groups = LossGroups([mb.run.loss_fn for mb in lanes], r0.device)
+    batches = Batches(lanes)
     compiled = make_compiled_step(stack, groups, batches, r0.config.compile_step,
                                   r0.config.grad_clip, r0.amp)
-    ctx = EpochEnd(stack, members, groups, writer)
-    for epoch in range(members[0].run.start_epoch, epochs):
-        running = live(members)
+    ctx = EpochEnd(stack, lanes, groups, writer)
+    for epoch in range(lanes[0].run.start_epoch, epochs):
+        running = live(lanes)
         if not running:
             return
         t0 = time.perf_counter()
         lr = running[0].run.optimizer.param_groups[0]["lr"]
-        stats = train_epoch(stack, members, groups, batches, epoch, bar, compiled)
-        end_epoch(stack, members, groups, stats, epoch, lr, t0, bar, ctx)
+        stats = train_epoch(stack, lanes, groups, batches, epoch, bar, compiled)
+        end_epoch(stack, lanes, groups, stats, epoch, lr, t0, bar, ctx)
 
 
-def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
-    """Each member's OOD sets (loaded before training, so that a missing set fails at once; one
-    load for members that share their data)."""
+def _ood_sets(lanes: list[Lane]) -> list[dict[str, Any]]:
+    """Each lane's OOD sets (loaded before training, so that a missing set fails at once; one
+    load for lanes that share their data)."""
     shared: dict[str, Any] | None = None
-    one_data = shares_data([mb.run for mb in members])
+    one_data = shares_data([mb.run for mb in lanes])
     out = []
-    for mb in members:
+    for mb in lanes:
         cfg = mb.run.config
         if mb.ghost or not cfg.evaluate:
             out.append({})
@@ -586,16 +586,16 @@ def _ood_sets(members: list[Member]) -> list[dict[str, Any]]:
     return out
 
 
-def final_results(stack: Stack, members: list[Member], oods: list[dict[str, Any]]
+def final_results(stack: Stack, lanes: list[Lane], oods: list[dict[str, Any]]
                   ) -> dict[int, dict[str, Any] | None]:
-    """Each live member's final evaluation (``oods``: each member's OOD sets), as the stack's
-    policy does it (:meth:`MemberPolicy.final_results
-    <torchcal.train.stacks.MemberPolicy.final_results>`): one pass of a pack whose members
+    """Each live lane's final evaluation (``oods``: each lane's OOD sets), as the stack's
+    policy does it (:meth:`LanePolicy.final_results
+    <torchcal.train.stacks.LanePolicy.final_results>`): one pass of a pack whose lanes
     share their data, else each run's own."""
-    return stack.policy.final_results(stack, members, oods)
+    return stack.policy.final_results(stack, lanes, oods)
 
 
-def _summary(mb: Member, results: dict[str, Any] | None) -> dict[str, Any]:
+def _summary(mb: Lane, results: dict[str, Any] | None) -> dict[str, Any]:
     r = mb.run
     return {"run_dir": str(r.dir.path), "epochs": max(r.config.epochs, r.start_epoch),
             "resumed_from": r.start_epoch, "final": mb.final, "best": r.best,
@@ -620,29 +620,29 @@ def _writing():
     writer.close()
 
 
-def run_stack(stack: Stack, members: list[Member], results: list[Any]) -> None:
+def run_stack(stack: Stack, lanes: list[Lane], results: list[Any]) -> None:
     """Train one stack to its epochs (when it has any left), evaluate it, fill ``results``
-    (each member's summary, or the error that stopped it; a run alone raises it: the stack's
-    :meth:`MemberPolicy.stop <torchcal.train.stacks.MemberPolicy.stop>`)."""
-    r0, policy = members[0].run, stack.policy
-    oods = _ood_sets(members)
+    (each lane's summary, or the error that stopped it; a run alone raises it: the stack's
+    :meth:`LanePolicy.stop <torchcal.train.stacks.LanePolicy.stop>`)."""
+    r0, policy = lanes[0].run, stack.policy
+    oods = _ood_sets(lanes)
     with contextlib.ExitStack() as ctx:
-        for mb in live(members):
+        for mb in live(lanes):
             mb.tb = ctx.enter_context(tensorboard_logger(mb.run))
         if r0.start_epoch < r0.config.epochs:
-            bar = ctx.enter_context(progress_bar(r0, len(members)))
+            bar = ctx.enter_context(progress_bar(r0, len(lanes)))
             with _writing() as writer:
-                fit_stack(stack, members, r0.config.epochs, bar, writer)
+                fit_stack(stack, lanes, r0.config.epochs, bar, writer)
             for mb, exc in writer.failures():  # the last epochs' files
                 if not mb.ghost:
                     policy.stop(mb, exc)
-    evaluated = [mb for mb in live(members) if mb.index >= 0]
+    evaluated = [mb for mb in live(lanes) if mb.index >= 0]
     try:
-        done = final_results(stack, members, oods)
-    except Exception as exc:  # noqa: BLE001 - reported in every member's place
+        done = final_results(stack, lanes, oods)
+    except Exception as exc:  # noqa: BLE001 - reported in every lane's place
         done = {}
         for mb in evaluated:
             policy.stop(mb, exc)
-    for m, mb in enumerate(members):
+    for m, mb in enumerate(lanes):
         if mb.index >= 0:
             results[mb.index] = mb.error or _summary(mb, done.get(m))

@@ -1,18 +1,18 @@
 """The state the end of a stack's epochs keeps: built once per stack, updated without a
-per-member copy on the training thread.
+per-lane copy on the training thread.
 
-* :func:`mean_rows`: which members' losses are means, on the device, built once per pack (it
+* :func:`mean_rows`: which lanes' losses are means, on the device, built once per pack (it
   was a ``torch.tensor`` of a Python list, a synchronising copy, at every epoch).
 * :class:`StateRows`: a pack's stacked tensors (parameters, buffers, SGD momentum) found by
-  their storage, so that a member's state dict names its tensors as *rows* of them
-  (:class:`Row`).  :meth:`StateRows.capture` turns a member's state into that form (a tensor
+  their storage, so that a lane's state dict names its tensors as *rows* of them
+  (:class:`Row`).  :meth:`StateRows.capture` turns a lane's state into that form (a tensor
   that is no row, such as a loss' state, is cloned); :meth:`StateRows.host` copies the stacked
-  tensors to the host, one copy per stacked tensor whatever the members; the writer thread
+  tensors to the host, one copy per stacked tensor whatever the lanes; the writer thread
   (:class:`~torchcal.train.pack_commit.EpochWriter`) resolves the rows from that copy
   (:func:`resolve`).
-* :class:`DeviceBest`: every member's best-epoch weights as stacked tensors on the device, and
-  the best value of each member; a member improves where its validation metric is finite and
-  below its best, and the stacks take the improved members' rows with one ``torch.where``
+* :class:`DeviceBest`: every lane's best-epoch weights as stacked tensors on the device, and
+  the best value of each lane; a lane improves where its validation metric is finite and
+  below its best, and the stacks take the improved lanes' rows with one ``torch.where``
   per stacked tensor.
 """
 
@@ -30,7 +30,7 @@ __all__ = ["mean_rows", "Row", "StateRows", "DeviceBest", "resolve"]
 
 
 def mean_rows(groups: LossGroups) -> torch.Tensor:
-    """(M,) bool on the device: the members whose loss reduces by its mean
+    """(M,) bool on the device: the lanes whose loss reduces by its mean
     (:attr:`LossGroups.mean_rows <torchcal.train.loss_groups.LossGroups>`, built once with
     ``groups``: the reductions never change)."""
     return groups.mean_rows
@@ -121,7 +121,7 @@ def rows_of(obj: Any) -> list[Row]:
 
 
 class DeviceBest:
-    """The members' best validation values (M,) float64 on the device and, for a pack, their
+    """The lanes' best validation values (M,) float64 on the device and, for a pack, their
     best-epoch weights as stacked tensors (built at the first improvement)."""
 
     def __init__(self, rows: StateRows, best: list[dict[str, Any]], device: torch.device) -> None:
@@ -131,18 +131,18 @@ class DeviceBest:
         self.stacks: dict[str, torch.Tensor] | None = None
 
     def improved(self, v: torch.Tensor) -> torch.Tensor:
-        """(M,) bool: the members whose metric ``v`` (M,) float64 is finite and below their
+        """(M,) bool: the lanes whose metric ``v`` (M,) float64 is finite and below their
         best (by the validation ``select_best_by`` metric)."""
         return torch.isfinite(v) & (v < self.value)
 
     @torch.no_grad()
     def update(self, improved: torch.Tensor, v: torch.Tensor) -> None:
-        """The improved members' values and weights (one ``where`` per stacked tensor)."""
+        """The improved lanes' values and weights (one ``where`` per stacked tensor)."""
         self.value = torch.where(improved, v, self.value)
         keys = self.rows.model_keys()
         if not keys:
             return
-        if self.stacks is None:  # rows of members that never improved are never read
+        if self.stacks is None:  # rows of lanes that never improved are never read
             self.stacks = {k: self.rows.stacks[k].detach().clone() for k in keys}
             return
         views: dict[int, torch.Tensor] = {}

@@ -1,27 +1,27 @@
-"""The losses of a pack's members evaluated with one call per loss configuration.
+"""The losses of a pack's lanes evaluated with one call per loss configuration.
 
 A pack (:mod:`torchcal.train.packed`) holds M runs, each with its own loss object (AdaFocal's
 per-bin γ, a temperature-aware loss' T, ...).  Calling M loss modules one after the other
 launches every small operation of every loss M times per step; :class:`LossGroups` instead
-groups the members whose losses share a class and its hyperparameters (their reduction and
+groups the lanes whose losses share a class and its hyperparameters (their reduction and
 ``ignore_index`` included) and evaluates each group with one ``torch.func.vmap`` over
-``functional_call(template, stacked_buffers, (logits, labels))``: the members' buffers (the
-state in which they differ) are stacked along a leading member dimension, the Python state they
-share (the epoch of a scheduled loss) is that of a template copy of the first member's loss.
-The cost of a step's losses then grows with the number of loss configurations, not of members.
-A group of one member calls its loss directly (``functional_call`` without ``vmap``: vmap's
+``functional_call(template, stacked_buffers, (logits, labels))``: the lanes' buffers (the
+state in which they differ) are stacked along a leading lane dimension, the Python state they
+share (the epoch of a scheduled loss) is that of a template copy of the first lane's loss.
+The cost of a step's losses then grows with the number of loss configurations, not of lanes.
+A group of one lane calls its loss directly (``functional_call`` without ``vmap``: vmap's
 fixed cost, about 0.5 ms a call on a CPU, bought nothing there), and a loss whose vmapped call
 rounds otherwise than a single call (``vmap_rounds_alike = False``: MMCE) is a group of one in
 every pack, so that on the CPU every packed run equals its separate run bit for bit.
 
-The state stacks are refreshed from the members' own modules by :meth:`LossGroups.refresh`,
+The state stacks are refreshed from the lanes' own modules by :meth:`LossGroups.refresh`,
 which the engine calls after every hook that may change them (``set_epoch``, ``on_validation``,
-a checkpoint loaded): the members' modules stay the objects that checkpoints, logs and hooks
+a checkpoint loaded): the lanes' modules stay the objects that checkpoints, logs and hooks
 see.  A loss that cannot be batched (:meth:`~torchcal.losses.base.CalibrationLoss.vmap_problem`:
 trainable parameters, state outside its buffers, a calibrator object; a loss that is not a
-``CalibrationLoss``) is called on its own member's rows; :attr:`LossGroups.unbatched` says
-why, and a :class:`PackedLossWarning` says so once per pack.  With one member (M = 1, a run
-alone) the call is that member's own loss module, called as it is.
+``CalibrationLoss``) is called on its own lane's rows; :attr:`LossGroups.unbatched` says
+why, and a :class:`PackedLossWarning` says so once per pack.  With one lane (M = 1, a run
+alone) the call is that lane's own loss module, called as it is.
 """
 
 from __future__ import annotations
@@ -53,10 +53,10 @@ def _buffers(loss: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _key(loss: CalibrationLoss, m: int) -> tuple[Any, ...]:
-    """What members of one group share: class, hyperparameters, reduction, ignore_index, and
+    """What lanes of one group share: class, hyperparameters, reduction, ignore_index, and
     the names, shapes and dtypes of the buffers they hold (None buffers left out); a loss
     whose vmapped call rounds otherwise (``vmap_rounds_alike = False``) is a group of its own
-    (member ``m``)."""
+    (lane ``m``)."""
     bufs = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in _buffers(loss).items())
     hyper = tuple((k, repr(v)) for k, v in loss.hyperparameters.items())
     alone = None if getattr(loss, "vmap_rounds_alike", True) else m
@@ -64,7 +64,7 @@ def _key(loss: CalibrationLoss, m: int) -> tuple[Any, ...]:
 
 
 class _Group:
-    """Members ``index`` (positions in the pack) sharing one loss configuration."""
+    """Lanes ``index`` (positions in the pack) sharing one loss configuration."""
 
     def __init__(self, index: list[int], losses: list[CalibrationLoss], device: torch.device):
         self.index = index
@@ -75,8 +75,8 @@ class _Group:
         self.refresh()
 
     def refresh(self) -> None:
-        """Stack the members' buffers (a buffer equal in every member, such as AdaFocal's bin
-        edges, is passed once, unbatched); the template takes the first member's Python
+        """Stack the lanes' buffers (a buffer equal in every lane, such as AdaFocal's bin
+        edges, is passed once, unbatched); the template takes the first lane's Python
         state."""
         first = self.losses[0]
         self.template = copy.deepcopy(first)
@@ -100,29 +100,29 @@ class _Group:
         return functional_call(self.template, {**state, **shared}, (z, y))
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if len(self.index) == 1:  # one member: its loss called as a separate run calls it
+        if len(self.index) == 1:  # one lane: its loss called as a separate run calls it
             return self._one(self.state, self.shared, logits[0], labels[0]).reshape(1)
         return vmap(self._one, in_dims=(0, None, 0, 0), randomness="error")(
             self.state, self.shared, logits, labels)
 
 
 class LossGroups:
-    """The losses of M members as one callable: ``groups(logits (M, B, C), labels (M, B))``
-    gives the M members' reduced losses (M,).
+    """The losses of M lanes as one callable: ``groups(logits (M, B, C), labels (M, B))``
+    gives the M lanes' reduced losses (M,).
 
     Args:
-        losses: the members' loss modules, in pack order.
+        losses: the lanes' loss modules, in pack order.
         device: where the logits are.
 
     Attributes:
-        unbatched: ``{member position: why its loss is called on its own}``.
+        unbatched: ``{lane position: why its loss is called on its own}``.
     """
 
     def __init__(self, losses: Sequence[nn.Module], device: torch.device) -> None:
         self.losses = list(losses)
         self.device = torch.device(device)
         self.unbatched: dict[int, str] = {}
-        #: (M,) bool on the device: the members whose loss is a mean over the batch (built
+        #: (M,) bool on the device: the lanes whose loss is a mean over the batch (built
         #: once: a tensor from a host list is a synchronising copy on an accelerator)
         self.mean_rows = torch.tensor([r == "mean" for r in self.reductions()],
                                       device=self.device)
@@ -155,7 +155,7 @@ class LossGroups:
         self._inverse = inverse.to(self.device)
 
     def refresh(self) -> None:
-        """Re-read every member's state after a hook changed it (regrouping when the members'
+        """Re-read every lane's state after a hook changed it (regrouping when the lanes'
         buffers no longer share names and shapes, e.g. a buffer set by a first validation)."""
         if self._single:
             return
@@ -170,7 +170,7 @@ class LossGroups:
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self._single:
             return self.losses[0](logits[0], labels[0]).reshape(1)
-        if self._whole:  # one configuration for every member, in order
+        if self._whole:  # one configuration for every lane, in order
             return self.groups[0](logits, labels)
         parts = [g(logits.index_select(0, g.idx), labels.index_select(0, g.idx))
                  for g in self.groups]
@@ -179,7 +179,7 @@ class LossGroups:
         return torch.cat([p.reshape(-1) for p in parts]).index_select(0, self._inverse)
 
     def reductions(self) -> list[str]:
-        """Each member's reduction (``"mean"`` unless the loss says otherwise)."""
+        """Each lane's reduction (``"mean"`` unless the loss says otherwise)."""
         return [str(getattr(ls, "reduction", "mean")) for ls in self.losses]
 
     def __len__(self) -> int:

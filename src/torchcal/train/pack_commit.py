@@ -1,26 +1,26 @@
 """A pack's epoch commits as one: staged checkpoints, their reconciliation on resume, and the
-pack's layout (which run is which member) that a resume rebuilds.
+pack's layout (which run is which lane) that a resume rebuilds.
 
-Why: a packed member's numbers depend on the pack it trains in (a batched convolution over M
-members may round differently from one over M - 1), so a member must resume in the very pack
+Why: a packed lane's numbers depend on the pack it trains in (a batched convolution over M
+lanes may round differently from one over M - 1), so a lane must resume in the very pack
 it trained in, at the epoch its companions resume from:
 
-* **Staged checkpoints.**  At a checkpoint epoch every live member writes
+* **Staged checkpoints.**  At a checkpoint epoch every live lane writes
   ``checkpoints/next.pt`` (verified, fsynced; the log is fsynced with it), and only when all of
   them are written is each moved onto ``last.pt`` (:func:`torchcal._io.replace_verified`).  A
   kill while the files are staged leaves every ``last.pt`` at the previous checkpoint; a kill
-  while they are moved leaves some members' ``last.pt`` at the new one and the others'
+  while they are moved leaves some lanes' ``last.pt`` at the new one and the others'
   ``next.pt`` complete.  :func:`reconcile_staged` (run when a pack is opened again) finishes
   the move when every writer of that epoch has its new checkpoint in one of the two places,
-  and otherwise drops the staged files: the members resume from one common epoch.
-* **Layout.**  Each checkpoint records the pack's members (their run directories in pack
-  order, under the checkpoint's ``"slots"`` key) and the writers of that epoch.  A member that
+  and otherwise drops the staged files: the lanes resume from one common epoch.
+* **Layout.**  Each checkpoint records the pack's lanes (their run directories in pack
+  order, under the checkpoint's ``"slots"`` key) and the writers of that epoch.  A lane that
   diverged (or failed) stays in its place as a *ghost* until the pack ends - it is computed but
   never logged or checkpointed - so its companions keep their pack size; a resume puts a ghost
-  back in the place of every member whose run does not resume with the pack
+  back in the place of every lane whose run does not resume with the pack
   (:func:`ghost_run`); a ghost that cannot be built stops the pack with an error, never a
   pack of another size.
-* **Writer.**  The files of an epoch (every member's log line, ``best.pt``, staged checkpoint
+* **Writer.**  The files of an epoch (every lane's log line, ``best.pt``, staged checkpoint
   and the commit) are written by :class:`EpochWriter`, one background thread that takes the
   epoch's host copy and writes the jobs in the order they came, so that the next epoch's steps
   run meanwhile.  The order of the writes, their fsyncs and the commit are those above, so a
@@ -123,7 +123,7 @@ def _remove_staged(run_dir: str | os.PathLike) -> None:
 
 
 def pack_layout(state: dict[str, Any] | None) -> tuple[str, ...] | None:
-    """The members' run directories recorded in a checkpoint (its ``"slots"``; None: a new
+    """The lanes' run directories recorded in a checkpoint (its ``"slots"``; None: a new
     run, or one written before layouts)."""
     record = (state or {}).get("pack") or {}
     dirs = record.get("slots") if isinstance(record, dict) else None
@@ -133,12 +133,12 @@ def pack_layout(state: dict[str, Any] | None) -> tuple[str, ...] | None:
 
 
 def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
-    """A ghost for a member whose run is not trained here: ``template``'s run (a live member
+    """A ghost for a lane whose run is not trained here: ``template``'s run (a live lane
     of the same pack: same model, data and schedule) with ``config``'s loss and seed, its own
     copy of the model, a fresh optimiser and schedule
     (:func:`~torchcal.train.run.build_optimizer`, as a run's).  It writes nothing."""
     if config.model != template.config.model:
-        raise TorchcalError(f"Member {config.out_dir!r} trained model {config.model!r}, "
+        raise TorchcalError(f"Lane {config.out_dir!r} trained model {config.model!r}, "
                             f"not {template.config.model!r}")
     r = copy.copy(template)
     r.config = config
@@ -156,8 +156,8 @@ def ghost_run(template: Any, config: TrainConfig, build_loss: Any) -> Any:
 # ------------------------------------------------------------------------------------------
 @dataclass
 class EpochJob:
-    """One epoch's writing: ``write()`` writes every member's files from the epoch's host copy
-    and returns ``[(member, error)]`` for the members whose files failed (they stop, the
+    """One epoch's writing: ``write()`` writes every lane's files from the epoch's host copy
+    and returns ``[(lane, error)]`` for the lanes whose files failed (they stop, the
     others go on); any other exception it raises stops the training."""
 
     epoch: int
@@ -168,8 +168,8 @@ class EpochWriter:
     """Writes the epochs' jobs in order on one background thread (``threaded=False``: in the
     caller's thread, at :meth:`submit`).
 
-    A member's failed write is handed back by :meth:`failures` (the engine stops that
-    member); an exception that escapes a job (a bug, ``KeyboardInterrupt`` raised in it) stops
+    A lane's failed write is handed back by :meth:`failures` (the engine stops that
+    lane); an exception that escapes a job (a bug, ``KeyboardInterrupt`` raised in it) stops
     the writer, whose pending jobs are dropped, and is raised again in the training thread by
     the next :meth:`submit`, :meth:`drain` or :meth:`close`.  At most ``depth`` jobs wait
     (their host copies are the memory a writer holds): :meth:`submit` blocks beyond.
@@ -220,7 +220,7 @@ class EpochWriter:
         self._jobs.put(job)
 
     def failures(self) -> list[tuple[Any, BaseException]]:
-        """The members whose files failed since the last call, with their errors."""
+        """The lanes whose files failed since the last call, with their errors."""
         with self._lock:
             out, self._failures = self._failures, []
         return out

@@ -2,38 +2,38 @@
 
 A benchmark trains the same network many times (the seeds of a loss, and several losses).  One
 small network leaves most of a GPU idle and pays Python's and the kernels' fixed costs once per
-step; :func:`train_lanes` trains M such runs ("members"; the runs of one pack, formed by
+step; :func:`train_lanes` trains M such runs ("lanes"; the runs of one pack, formed by
 :func:`torchcal.train.packs.form_packs`; :func:`torchcal.train.packs.train_packed` and
 :func:`torchcal.train.packs.train_pack` call it) together: their parameters are stacked
-along a leading member dimension and the M forward and backward passes run as one batched pass
+along a leading lane dimension and the M forward and backward passes run as one batched pass
 (``torch.func.vmap`` over ``functional_call``, chosen by measurement,
 ``benchmarks/results/packing.md``).
 
-Each member is a run in every other respect, built by the steps of a run alone
+Each lane is a run in every other respect, built by the steps of a run alone
 (:mod:`torchcal.train.run`) and trained by the one engine (:mod:`torchcal.train.engine`) with
 a :class:`~torchcal.train.stacks.PackedModel`: its initialisation and data order come from its seed (the same
 weights and batches as ``train(config)`` with that seed), it has its own loss object (AdaFocal's
 per-bin γ, a temperature-aware loss' T), its own gradient-norm clipping, its own SGD state (one
 SGD over the stacked parameters equals M separate SGDs: every operation of SGD with momentum,
-weight decay and Nesterov is elementwise; the members share the learning-rate schedule), its own
+weight decay and Nesterov is elementwise; the lanes share the learning-rate schedule), its own
 validation pass, log, checkpoints, run directory (the format of :mod:`torchcal.run_dir`) and final
-evaluation.  Each member's ``nn.Module`` holds views of its slice of the stacked tensors, so the
+evaluation.  Each lane's ``nn.Module`` holds views of its slice of the stacked tensors, so the
 per-run steps (evaluation, checkpointing) read the packed values without copies.
 
-Resume works per member: members whose checkpoints are at the same epoch are packed together.
-A member whose training loss becomes non-finite stops alone with
-:class:`MemberDivergedError` at the end of that epoch (the members' computations never mix, so a
-non-finite member leaves the others' numbers unchanged); an error of one member's loss or
-evaluation stops that member only.  Ctrl-C stops every member at its last checkpoint, as it
+Resume works per lane: lanes whose checkpoints are at the same epoch are packed together.
+A lane whose training loss becomes non-finite stops alone with
+:class:`LaneDivergedError` at the end of that epoch (the lanes' computations never mix, so a
+non-finite lane leaves the others' numbers unchanged); an error of one lane's loss or
+evaluation stops that lane only.  Ctrl-C stops every lane at its last checkpoint, as it
 stops a run.
 
-No host synchronisation is added per step: the members' losses, statistics and gradient norms
+No host synchronisation is added per step: the lanes' losses, statistics and gradient norms
 stay on the device until the end of the epoch, as in :func:`~torchcal.train.train`.
 
 Not packable (:func:`torchcal.train.packs.pack_problem` says why; such runs train with :func:`~torchcal.train.train`):
-the joint uncertainty head, ``compile``, fp16 AMP (one loss scaler would couple the members),
+the joint uncertainty head, ``compile``, fp16 AMP (one loss scaler would couple the lanes),
 TensorBoard logging, ``torchrun`` (DDP), and models with dropout (one random stream for every
-member).  A member's log line counts in ``seconds`` its share of the pack's training and
+lane).  A lane's log line counts in ``seconds`` its share of the pack's training and
 validation time plus its own evaluation and checkpoint.
 """
 
@@ -48,30 +48,30 @@ import torch
 from torch import nn
 
 from .._io import exclusive_lock
-from ..errors import CheckpointError, MemberDivergedError, TorchcalError
+from ..errors import CheckpointError, LaneDivergedError, TorchcalError
 from .build import data_seed
 from .config import TrainConfig
 from .distributed import DistEnv
-from .engine import Member, run_stack
+from .engine import Lane, run_stack
 from .evaluation import read_config
 from .pack_commit import ghost_run, pack_layout, reconcile_staged
 from .run import build_loss, build_run, build_sources, device_and_amp, resume_state
 from .stacks import PackedModel
 from .trainer import fit
 
-__all__ = ["train_lanes", "MemberDivergedError"]
+__all__ = ["train_lanes", "LaneDivergedError"]
 
 def _has_dropout(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
 
 
-def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: contextlib.ExitStack,
+def _open_lanes(configs: Sequence[TrainConfig], group: list[int], stack: contextlib.ExitStack,
                   results: list[Any], locked_by_caller: bool = False
-                  ) -> list[tuple[Member, tuple[str, ...] | None]]:
+                  ) -> list[tuple[Lane, tuple[str, ...] | None]]:
     """Lock (unless ``locked_by_caller``: the caller holds every run directory's lock), check
-    and build each member of ``group`` as :func:`~torchcal.train.train` does (finishing or
+    and build each lane of ``group`` as :func:`~torchcal.train.train` does (finishing or
     dropping a killed pack's staged checkpoints first, then resuming its checkpoint), with the
-    pack layout its checkpoint records; a member that fails here gets its error in
+    pack layout its checkpoint records; a lane that fails here gets its error in
     ``results``."""
     env, locked, opened, data = DistEnv(), [], [], {}
     for i in group:
@@ -79,7 +79,7 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
             if not locked_by_caller:
                 stack.enter_context(exclusive_lock(configs[i].out_dir))
             locked.append(i)
-        except Exception as exc:  # noqa: BLE001 - this member fails, the pack goes on
+        except Exception as exc:  # noqa: BLE001 - this lane fails, the pack goes on
             results[i] = exc
     reconcile_staged([configs[i].out_dir for i in locked])
     for i in locked:
@@ -92,16 +92,16 @@ def _open_members(configs: Sequence[TrainConfig], group: list[int], stack: conte
             r = build_run(cfg, env, state, data=data[key])
             if _has_dropout(r.model):
                 raise ValueError(f"Run {cfg.out_dir!r}: model {cfg.model!r} has dropout, which a "
-                                 "pack cannot draw per member; train it with train()")
-        except Exception as exc:  # noqa: BLE001 - this member fails, the pack goes on
+                                 "pack cannot draw per lane; train it with train()")
+        except Exception as exc:  # noqa: BLE001 - this lane fails, the pack goes on
             results[i] = exc
             continue
-        opened.append((Member(i, r), pack_layout(state)))
+        opened.append((Lane(i, r), pack_layout(state)))
     return opened
 
 
-def _member_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig:
-    """The config of the pack's member in ``out_dir``: the one passed, else its
+def _lane_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig:
+    """The config of the pack's lane in ``out_dir``: the one passed, else its
     :data:`~torchcal.run_dir.CONFIG_FILE`, read as every run's is
     (:func:`~torchcal.train.evaluation.read_config`; CheckpointError when neither can be had)."""
     for c in configs:
@@ -114,50 +114,50 @@ def _member_config(out_dir: str, configs: Sequence[TrainConfig]) -> TrainConfig:
                               f"{out_dir!r} ({type(exc).__name__}: {exc})") from exc
 
 
-def _pack_members(layout: tuple[str, ...], mbs: list[Member], configs: Sequence[TrainConfig]
-                  ) -> list[Member]:
-    """The members of the pack recorded as ``layout``: ``mbs`` in their places, a ghost in the
+def _pack_lanes(layout: tuple[str, ...], mbs: list[Lane], configs: Sequence[TrainConfig]
+                  ) -> list[Lane]:
+    """The lanes of the pack recorded as ``layout``: ``mbs`` in their places, a ghost in the
     place of every run that does not resume here (CheckpointError naming it when its ghost
     cannot be built: a pack resumes at its recorded size or not at all)."""
     own = {str(mb.run.config.out_dir): mb for mb in mbs}
-    members: list[Member] = []
+    lanes: list[Lane] = []
     for d in layout:
         if d in own:
-            members.append(own.pop(d))
+            lanes.append(own.pop(d))
             continue
         try:
-            ghost = ghost_run(mbs[0].run, _member_config(d, configs), build_loss)
+            ghost = ghost_run(mbs[0].run, _lane_config(d, configs), build_loss)
         except Exception as exc:  # noqa: BLE001 - raised again, naming the pack
             raise CheckpointError(
                 f"Cannot resume the pack of {sorted(str(mb.run.config.out_dir) for mb in mbs)}: "
-                f"its member {d!r} (recorded in their checkpoints' pack layout) does not resume "
+                f"its lane {d!r} (recorded in their checkpoints' pack layout) does not resume "
                 f"with it and cannot be rebuilt as a ghost, so the pack would train at another "
                 f"size: {exc}") from exc
-        members.append(Member(-1, ghost, ghost=True))
-    return members + list(own.values())
+        lanes.append(Lane(-1, ghost, ghost=True))
+    return lanes + list(own.values())
 
 
-def _packs(opened: list[tuple[Member, tuple[str, ...] | None]], configs: Sequence[TrainConfig],
-           group: list[int], results: list[Any]) -> list[list[Member]]:
-    """The packs to train: members at the same epoch with the same recorded layout, each in
+def _packs(opened: list[tuple[Lane, tuple[str, ...] | None]], configs: Sequence[TrainConfig],
+           group: list[int], results: list[Any]) -> list[list[Lane]]:
+    """The packs to train: lanes at the same epoch with the same recorded layout, each in
     its place; a run of the layout that does not resume here is a ghost.  A pack whose ghost
-    cannot be built is not trained: each of its members gets the error in ``results``."""
+    cannot be built is not trained: each of its lanes gets the error in ``results``."""
     default = tuple(str(configs[i].out_dir) for i in group)
-    by_key: dict[tuple[int, tuple[str, ...]], list[Member]] = {}
+    by_key: dict[tuple[int, tuple[str, ...]], list[Lane]] = {}
     for mb, layout in opened:
         by_key.setdefault((mb.run.start_epoch, layout or default), []).append(mb)
     packs = []
     for (_, layout), mbs in sorted(by_key.items(), key=lambda kv: kv[0][0]):
         try:
-            packs.append(_pack_members(layout, mbs, configs))
+            packs.append(_pack_lanes(layout, mbs, configs))
         except CheckpointError as exc:
             for mb in mbs:
                 results[mb.index] = exc
     return packs
 
 
-def _packed_model(members: list[Member], forward: str) -> PackedModel:
-    runs = [mb.run for mb in members]
+def _packed_model(lanes: list[Lane], forward: str) -> PackedModel:
+    runs = [mb.run for mb in lanes]
     return PackedModel([r.model for r in runs], [r.optimizer for r in runs], forward,
                        amp=runs[0].amp)
 
@@ -210,9 +210,9 @@ def _train_group(configs: Sequence[TrainConfig], group: list[int], results: list
     if configs[group[0]].num_threads is not None:
         torch.set_num_threads(int(configs[group[0]].num_threads))
     with contextlib.ExitStack() as stack:
-        opened = _open_members(configs, group, stack, results, locked)
-        for members in _packs(opened, configs, group, results):
-            run_stack(_packed_model(members, forward), members, results)
+        opened = _open_lanes(configs, group, stack, results, locked)
+        for lanes in _packs(opened, configs, group, results):
+            run_stack(_packed_model(lanes, forward), lanes, results)
     for i in group:
         if isinstance(results[i], dict):
             results[i]["seconds"] = (time.perf_counter() - t0) / len(group)

@@ -69,7 +69,7 @@ def pack_problem(config: TrainConfig) -> str | None:
     if config.compile:
         return "compile=True is not packed"
     if config.amp == "fp16":
-        return "fp16 AMP's loss scaler would couple the members"
+        return "fp16 AMP's loss scaler would couple the lanes"
     if config.tensorboard:
         return "TensorBoard logging is not packed"
     return None
@@ -396,7 +396,7 @@ def train_pack(pack: Pack, *, forward: str = "auto", keep_results: bool = False
             for c, o in zip(configs, out, strict=True)]
 
 
-def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = None,
+def train_packed(configs: Sequence[TrainConfig], *, max_lanes: int | None = None,
                  forward: str = "auto") -> list[dict[str, Any] | BaseException]:
     """Train ``configs`` in packs (:func:`form_packs`): one result per config, in order.
 
@@ -407,7 +407,7 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
     Args:
         configs: the runs; those that differ only in :data:`LANE_FIELDS` (seed, loss, loss
             arguments, run directory, ...) train together.
-        max_members: the most runs in one pack (None: no limit); a group larger than that is
+        max_lanes: the most runs in one pack (None: no limit); a group larger than that is
             dealt round robin into as few packs as it takes.
         forward: how the packs' model runs (:data:`~torchcal.train.stacks.FORWARDS`):
             ``"auto"`` loops over the lanes on the CPU and vmaps them on a GPU.
@@ -420,7 +420,7 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
 
     Returns:
         For each config, the summary :func:`~torchcal.train.train` returns, or the exception
-        that stopped that run alone (:class:`~torchcal.train.packed.MemberDivergedError`,
+        that stopped that run alone (:class:`~torchcal.train.packed.LaneDivergedError`,
         ``CheckpointError``, ``InUseError``, a loss' error, ...).
 
     Raises:
@@ -433,11 +433,11 @@ def train_packed(configs: Sequence[TrainConfig], *, max_members: int | None = No
         raise ValueError(f"Expected `forward` to be one of {FORWARDS}, got {forward!r}")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("Packed training runs in one process; run torchrun with train()")
-    if max_members is not None and (isinstance(max_members, bool)
-                                    or not isinstance(max_members, int) or max_members < 1):
-        raise ValueError(f"Expected `max_members` to be a positive integer, got {max_members!r}")
+    if max_lanes is not None and (isinstance(max_lanes, bool)
+                                    or not isinstance(max_lanes, int) or max_lanes < 1):
+        raise ValueError(f"Expected `max_lanes` to be a positive integer, got {max_lanes!r}")
     results: list[Any] = [None] * len(configs)
-    for pack in form_packs(configs, max_lanes=max_members or max(len(configs), 1)):
+    for pack in form_packs(configs, max_lanes=max_lanes or max(len(configs), 1)):
         for i, r in zip(pack.positions, train_lanes(pack.configs, forward=forward), strict=True):
             results[i] = r
     return results

@@ -150,7 +150,7 @@ class Run:
 
 def shares_data(runs: Sequence[Run]) -> bool:
     """Whether ``runs`` hold one data: the same batch sources of every split (built once and given
-    to each :func:`build_run` as ``data``, as a pack does for members of one data seed; a
+    to each :func:`build_run` as ``data``, as a pack does for lanes of one data seed; a
     ghost keeps its template's).  The one answer for the engine's one gather per training step,
     one load of the OOD sets and one packed final evaluation."""
     own = runs[0].src
@@ -353,14 +353,14 @@ def _prepare_run_dir(r: Run) -> None:
 
 
 @contextlib.contextmanager
-def progress_bar(r: Run, members: int = 1):
-    """A tqdm bar over every training batch of the run ``r`` (of a stack of ``members`` runs
+def progress_bar(r: Run, lanes: int = 1):
+    """A tqdm bar over every training batch of the run ``r`` (of a stack of ``lanes`` runs
     that step together; rank 0 with ``progress``), or None."""
     if not (r.config.progress and r.env.is_main):
         yield None
         return
     per_epoch = r.n_batches
-    what = r.config.loss if members == 1 else f"x{members} packed"
+    what = r.config.loss if lanes == 1 else f"x{lanes} packed"
     bar = tqdm(total=r.config.epochs * per_epoch, initial=r.start_epoch * per_epoch,
                desc=f"{r.config.recipe or r.config.dataset} {what}", unit="batch",
                dynamic_ncols=True, leave=True)

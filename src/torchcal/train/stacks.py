@@ -4,34 +4,34 @@ the engine treats them.
 The engine (:mod:`torchcal.train.engine`) drives M runs with one set of steps; the networks and
 optimisers are one of two *stacks* with the same methods:
 
-* :class:`PackedModel` (M >= 1 runs of one model and recipe): the members' parameters and
-  buffers stacked along a leading member dimension, their forward passes as one batched call
-  (``torch.func.vmap`` over ``functional_call``, ``forward="vmap"``) or as each member's own
-  kernels on its slices (``forward="loop"``, the CPU's default), per-member gradient-norm
+* :class:`PackedModel` (M >= 1 runs of one model and recipe): the lanes' parameters and
+  buffers stacked along a leading lane dimension, their forward passes as one batched call
+  (``torch.func.vmap`` over ``functional_call``, ``forward="vmap"``) or as each lane's own
+  kernels on its slices (``forward="loop"``, the CPU's default), per-lane gradient-norm
   clipping and one SGD over the stacks (one SGD with momentum, weight decay and Nesterov over
   the stacked tensors equals M SGDs: every operation is elementwise).
 * :class:`SoloModel` (one run): the run's own module as :func:`~torchcal.train.run.build_run`
   wrapped it (the joint uncertainty head, DistributedDataParallel, ``torch.compile``), its own
   optimiser and AMP scaler: what a stack cannot hold (a head's optimiser, fp16's loss scaler,
-  DDP's gradient hooks, a compiled graph, dropout's per-member random streams).
+  DDP's gradient hooks, a compiled graph, dropout's per-lane random streams).
 
 Both implement :class:`Stack`, the protocol the engine (:func:`~torchcal.train.engine.run_stack`)
-and the compiled step (:mod:`torchcal.train.compiled`) rely on, and the only members of a stack
+and the compiled step (:mod:`torchcal.train.compiled`) rely on, and the only lanes of a stack
 they use (``tools/check_architecture.py``, rule 15): they take inputs (M, B, ...) and give
 logits (M, B, C); ``step(losses, logits, y, max_norm)`` runs the backward pass and the
-optimiser; ``split_logits(sources, batch_size)`` gives every member's logits on a split from the
-members' batch sources; ``finite`` and ``fc_norms`` give the end of epoch's per-member checks on
+optimiser; ``split_logits(sources, batch_size)`` gives every lane's logits on a split from the
+lanes' batch sources; ``finite`` and ``fc_norms`` give the end of epoch's per-lane checks on
 the device; ``stacked_state`` the stacked tensors a checkpoint's rows are cut from; ``graph()``
 the stack as stacked tensors and one forward function for the compiled step (:class:`StepGraph`;
 None for a run's own module).  A stack holds the modules, optimisers and settings it computes
-with, never a run (:class:`~torchcal.train.run.Run`): the engine owns the members' runs, steps
+with, never a run (:class:`~torchcal.train.run.Run`): the engine owns the lanes' runs, steps
 their schedules and sets a pack's learning rate (:meth:`Stack.start_epoch`).
 
 What differs between a run alone and a pack in the engine's own steps is a strategy, the
-stack's :attr:`Stack.policy` (a :class:`MemberPolicy`), not a flag: :class:`AlonePolicy` (a
+stack's :attr:`Stack.policy` (a :class:`LanePolicy`), not a flag: :class:`AlonePolicy` (a
 run of :func:`~torchcal.train.train`: what stops it is raised, its checkpoints name no pack,
-it evaluates itself) and :class:`PackPolicy` (a stopped member stays in its place as a ghost,
-its checkpoints name the pack's layout, one pass of the stack evaluates the members).
+it evaluates itself) and :class:`PackPolicy` (a stopped lane stays in its place as a ghost,
+its checkpoints name the pack's layout, one pass of the stack evaluates the lanes).
 """
 
 from __future__ import annotations
@@ -48,16 +48,16 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from ..errors import MemberDivergedError, diverged_message
+from ..errors import LaneDivergedError, diverged_message
 from .evaluation import write_predictions
 from .inference import BatchSource, predict_logits
 from .run import SGD, Run, divergence_error, final_evaluation, shares_data
 
 __all__ = ["Stack", "PackedModel", "SoloModel", "SharedInput", "FORWARDS", "StepGraph",
-           "StackMember", "MemberPolicy", "AlonePolicy", "PackPolicy"]
+           "StackLane", "LanePolicy", "AlonePolicy", "PackPolicy"]
 
-#: How a pack runs its members' model: ``"vmap"`` (one batched forward and backward: a GPU's
-#: way, whose kernel launches do not grow with the members), ``"loop"`` (each member's forward on
+#: How a pack runs its lanes' model: ``"vmap"`` (one batched forward and backward: a GPU's
+#: way, whose kernel launches do not grow with the lanes), ``"loop"`` (each lane's forward on
 #: its slices of the stacked parameters, with the kernels of a separate run: faster on a CPU,
 #: whose grouped convolutions are slow), ``"auto"`` (``"loop"`` on the CPU, else ``"vmap"``).
 #: Losses, statistics, clipping and SGD are shared either way.
@@ -71,13 +71,13 @@ class StepGraph:
     one function of tensors (:meth:`Stack.graph`).
 
     Attributes:
-        params: the stacked parameters by name (leading member dimension), stepped in place.
+        params: the stacked parameters by name (leading lane dimension), stepped in place.
         buffers: the stacked buffers by name (a compiled step wants none).
         momenta: each parameter's stacked SGD momentum buffer, in the order of ``params``
             (empty without momentum), updated in place.
         sgd: the stacked SGD's parameter group (``lr``, set by :meth:`Stack.start_epoch`,
             ``momentum``, ``dampening``, ``weight_decay``, ``nesterov``): read, never written.
-        n_members: M, the stacks' leading dimension.
+        n_lanes: M, the stacks' leading dimension.
         forward: ``forward(params, x)``: logits (M, B, C) of inputs (M, B, ...) with the stacked
             parameters ``params`` (those :func:`torch.func.grad` passes), no side effect.
     """
@@ -86,13 +86,13 @@ class StepGraph:
     buffers: dict[str, torch.Tensor]
     momenta: list[torch.Tensor]
     sgd: dict[str, Any]
-    n_members: int
+    n_lanes: int
     forward: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 
-class StackMember(Protocol):
-    """What a :class:`MemberPolicy` reads and sets of a stack's member (the engine's
-    :class:`~torchcal.train.engine.Member`).
+class StackLane(Protocol):
+    """What a :class:`LanePolicy` reads and sets of a stack's lane (the engine's
+    :class:`~torchcal.train.engine.Lane`).
 
     Attributes:
         index: its position in the caller's results (-1 for a ghost that stands in for an
@@ -108,84 +108,84 @@ class StackMember(Protocol):
     error: BaseException | None
 
 
-class MemberPolicy(Protocol):
-    """How the engine treats the members of a stack where a run alone and a pack differ: the
+class LanePolicy(Protocol):
+    """How the engine treats the lanes of a stack where a run alone and a pack differ: the
     strategy the engine calls in place of a branch (:class:`AlonePolicy`,
     :class:`PackPolicy`)."""
 
-    def stop(self, member: StackMember, error: BaseException) -> None:
-        """Stop ``member`` with ``error`` (raised, or kept while it stays a ghost)."""
+    def stop(self, lane: StackLane, error: BaseException) -> None:
+        """Stop ``lane`` with ``error`` (raised, or kept while it stays a ghost)."""
 
-    def stop_error(self, member: StackMember, epoch: int, rec: dict[str, Any], finite: bool,
+    def stop_error(self, lane: StackLane, epoch: int, rec: dict[str, Any], finite: bool,
                    drain: Callable[[], None]) -> BaseException | None:
-        """What stops ``member`` after ``epoch`` (``rec``: its log record, ``finite``: all its
+        """What stops ``lane`` after ``epoch`` (``rec``: its log record, ``finite``: all its
         parameters are finite; None: it goes on); ``drain`` waits for the earlier epochs'
         files, so that an error may say whether the last checkpoint is on disk."""
 
     def checkpoint_meta(self, layout: list[str], slot: int, writers: list[str]
                         ) -> dict[str, Any]:
-        """The entries a member's checkpoint adds for its stack (``layout``: the members' run
-        directories, ``slot``: this member's position, ``writers``: the live members')."""
+        """The entries a lane's checkpoint adds for its stack (``layout``: the lanes' run
+        directories, ``slot``: this lane's position, ``writers``: the live lanes')."""
 
     def stepping_schedules(self) -> contextlib.AbstractContextManager[Any]:
-        """The context in which the engine steps the members' learning-rate schedules."""
+        """The context in which the engine steps the lanes' learning-rate schedules."""
 
-    def final_results(self, stack: Stack, members: Sequence[StackMember],
+    def final_results(self, stack: Stack, lanes: Sequence[StackLane],
                       oods: list[dict[str, Any]]) -> dict[int, dict[str, Any] | None]:
-        """Each member's final evaluation by position in ``members`` (``oods``: each member's
+        """Each lane's final evaluation by position in ``lanes`` (``oods``: each lane's
         OOD sets)."""
 
 
 @runtime_checkable
 class Stack(Protocol):
     """What the engine (:mod:`torchcal.train.engine`) and the compiled step
-    (:mod:`torchcal.train.compiled`) rely on in a stack of M members, and all they use of one
+    (:mod:`torchcal.train.compiled`) rely on in a stack of M lanes, and all they use of one
     (``tools/check_architecture.py``, rule 15).
 
     Attributes:
-        policy: how the engine treats the members (:class:`MemberPolicy`):
+        policy: how the engine treats the lanes (:class:`LanePolicy`):
             :class:`AlonePolicy` for a run's own module and optimiser, :class:`PackPolicy` when
-            one stacked optimiser steps for the members (their own optimisers hold views of its
+            one stacked optimiser steps for the lanes (their own optimisers hold views of its
             state and are never stepped themselves).
-        amp: the members' ``amp`` (``"off"``, ``"bf16"``, ``"fp16"``).
+        amp: the lanes' ``amp`` (``"off"``, ``"bf16"``, ``"fp16"``).
     """
 
-    policy: MemberPolicy
+    policy: LanePolicy
     amp: str
 
     def train(self, mode: bool = True) -> None:
-        """Train (or evaluation) mode of every member."""
+        """Train (or evaluation) mode of every lane."""
 
     def start_epoch(self, lr: float) -> None:
-        """Train mode and the epoch's learning rate ``lr`` (the engine's, from the members'
+        """Train mode and the epoch's learning rate ``lr`` (the engine's, from the lanes'
         schedule)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
+        """Logits (M, B, C) of inputs (M, B, ...): lane ``m`` sees ``x[m]``."""
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits (B, M, C) of every member on the same inputs (B, ...)."""
+        """Logits (B, M, C) of every lane on the same inputs (B, ...)."""
 
     def step(self, losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
              max_norm: float | None, index: torch.Tensor | None = None) -> None:
-        """Backward of the members' losses (M,), clipping and one optimiser step."""
+        """Backward of the lanes' losses (M,), clipping and one optimiser step."""
 
     def annotate(self, rec: dict[str, Any]) -> None:
-        """Add what the stack knows to a member's log record."""
+        """Add what the stack knows to a lane's log record."""
 
     def split_logits(self, sources: Sequence[BatchSource], batch_size: int
                      ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """Every member's logits (N, M, C) and labels on a split (``sources[m]``: member
+        """Every lane's logits (N, M, C) and labels on a split (``sources[m]``: lane
         ``m``'s batch source of it), twice: all of them, and this process' share."""
 
     def finite(self) -> torch.Tensor:
-        """(M,) bool: every parameter of member ``m`` is finite."""
+        """(M,) bool: every parameter of lane ``m`` is finite."""
 
     def fc_norms(self) -> torch.Tensor | None:
-        """(M,) norms of each member's ``fc.weight``, None without one."""
+        """(M,) norms of each lane's ``fc.weight``, None without one."""
 
     def stacked_state(self) -> dict[str, torch.Tensor]:
-        """The stacked tensors (leading member dimension) a member's checkpoint rows are cut
+        """The stacked tensors (leading lane dimension) a lane's checkpoint rows are cut
         from, by name; empty when the stack holds no stacked tensor."""
 
     def graph(self) -> StepGraph | None:
@@ -199,24 +199,24 @@ _ORDER_WARNING = re.escape("Detected call of `lr_scheduler.step()` before `optim
 
 
 class AlonePolicy:
-    """The members of a run alone (:class:`SoloModel`, the run of
+    """The lanes of a run alone (:class:`SoloModel`, the run of
     :func:`~torchcal.train.train`): what stops it is raised
     (:class:`~torchcal.errors.DivergedError` worded once its earlier epochs' files are on disk),
     its checkpoints name no pack, and it evaluates itself
     (:func:`~torchcal.train.run.final_evaluation`)."""
 
-    def stop(self, member: StackMember, error: BaseException) -> None:
+    def stop(self, lane: StackLane, error: BaseException) -> None:
         """Raise ``error``."""
         raise error
 
-    def stop_error(self, member: StackMember, epoch: int, rec: dict[str, Any], finite: bool,
+    def stop_error(self, lane: StackLane, epoch: int, rec: dict[str, Any], finite: bool,
                    drain: Callable[[], None]) -> BaseException | None:
         """:func:`~torchcal.train.run.divergence_error`, worded after ``drain``."""
         finite_loss = math.isfinite(rec["train_loss"])
-        if divergence_error(member.run, epoch, finite_loss, finite) is None:
+        if divergence_error(lane.run, epoch, finite_loss, finite) is None:
             return None
         drain()  # worded once the earlier epochs' files are written
-        return divergence_error(member.run, epoch, finite_loss, finite)
+        return divergence_error(lane.run, epoch, finite_loss, finite)
 
     def checkpoint_meta(self, layout: list[str], slot: int, writers: list[str]
                         ) -> dict[str, Any]:
@@ -227,75 +227,75 @@ class AlonePolicy:
         """No context: the run's own optimiser stepped before its schedule."""
         return contextlib.nullcontext()
 
-    def final_results(self, stack: Stack, members: Sequence[StackMember],
+    def final_results(self, stack: Stack, lanes: Sequence[StackLane],
                       oods: list[dict[str, Any]]) -> dict[int, dict[str, Any] | None]:
-        """Each member's own :func:`~torchcal.train.run.final_evaluation`."""
+        """Each lane's own :func:`~torchcal.train.run.final_evaluation`."""
         return {m: final_evaluation(mb.run, oods[m], max(mb.run.config.epochs,
                                                          mb.run.start_epoch))
-                for m, mb in enumerate(members)}
+                for m, mb in enumerate(lanes)}
 
 
 class PackPolicy:
-    """The members of a pack (:class:`PackedModel`): a member that stops stays in its place as
-    a ghost (:class:`~torchcal.errors.MemberDivergedError` when it diverged), so its companions
+    """The lanes of a pack (:class:`PackedModel`): a lane that stops stays in its place as
+    a ghost (:class:`~torchcal.errors.LaneDivergedError` when it diverged), so its companions
     keep their pack and their numbers; its checkpoints name the pack's layout (the
     ``"pack"`` entry :mod:`torchcal.train.pack_commit` resumes from); one pass of the stack
-    evaluates the members that share their data."""
+    evaluates the lanes that share their data."""
 
-    def stop(self, member: StackMember, error: BaseException) -> None:
-        """Keep ``error`` and make ``member`` a ghost."""
-        member.error, member.ghost = error, True
+    def stop(self, lane: StackLane, error: BaseException) -> None:
+        """Keep ``error`` and make ``lane`` a ghost."""
+        lane.error, lane.ghost = error, True
 
-    def stop_error(self, member: StackMember, epoch: int, rec: dict[str, Any], finite: bool,
+    def stop_error(self, lane: StackLane, epoch: int, rec: dict[str, Any], finite: bool,
                    drain: Callable[[], None]) -> BaseException | None:
-        """:class:`~torchcal.errors.MemberDivergedError` when the training loss or a parameter
+        """:class:`~torchcal.errors.LaneDivergedError` when the training loss or a parameter
         is not finite."""
         finite_loss = math.isfinite(rec["train_loss"])
         if finite_loss and finite:
             return None
         what = " and ".join(w for w, bad in (("training loss", not finite_loss),
                                              ("parameters", not finite)) if bad)
-        return MemberDivergedError(diverged_message(
+        return LaneDivergedError(diverged_message(
             epoch, f"{what} {rec['train_loss'] if 'loss' in what else 'not finite'}",
             "it stops at its last checkpoint, the other packed runs go on",
-            run=str(member.run.dir.path)))
+            run=str(lane.run.dir.path)))
 
     def checkpoint_meta(self, layout: list[str], slot: int, writers: list[str]
                         ) -> dict[str, Any]:
-        """The checkpoint's ``"pack"`` entry (a file format: its ``"slots"`` are the members'
+        """The checkpoint's ``"pack"`` entry (a file format: its ``"slots"`` are the lanes'
         run directories)."""
         return {"pack": {"slots": layout, "slot": slot, "writers": writers}}
 
     @contextlib.contextmanager
     def stepping_schedules(self) -> Iterator[None]:
         """torch's "``lr_scheduler.step()`` before ``optimizer.step()``" warning ignored: the
-        members' optimisers are never stepped themselves (the stacked SGD steps for them),
+        lanes' optimisers are never stepped themselves (the stacked SGD steps for them),
         which torch's check of the order cannot see (the order is the right one)."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_ORDER_WARNING, category=UserWarning)
             yield
 
-    def final_results(self, stack: Stack, members: Sequence[StackMember],
+    def final_results(self, stack: Stack, lanes: Sequence[StackLane],
                       oods: list[dict[str, Any]]) -> dict[int, dict[str, Any] | None]:
-        """One pass of ``stack`` when the members share their data, else each live member's
+        """One pass of ``stack`` when the lanes share their data, else each live lane's
         own :func:`~torchcal.train.run.final_evaluation` (with ``evaluate``)."""
-        if shares_data([mb.run for mb in members]):
-            return _evaluate_pack(stack, members, next((o for o in oods if o), {}))
+        if shares_data([mb.run for mb in lanes]):
+            return _evaluate_pack(stack, lanes, next((o for o in oods if o), {}))
         return {m: final_evaluation(mb.run, oods[m], max(mb.run.config.epochs,
                                                          mb.run.start_epoch))
-                for m, mb in enumerate(members) if not mb.ghost and mb.run.config.evaluate}
+                for m, mb in enumerate(lanes) if not mb.ghost and mb.run.config.evaluate}
 
 
-def _evaluate_pack(stack: Stack, members: Sequence[StackMember], ood_sets: dict[str, Any]
+def _evaluate_pack(stack: Stack, lanes: Sequence[StackLane], ood_sets: dict[str, Any]
                    ) -> dict[int, dict[str, Any]]:
-    """The final evaluation of every live member with ``evaluate``: one forward of the stack
-    over the validation, test and OOD sets; each member's logits and results written as a
+    """The final evaluation of every live lane with ``evaluate``: one forward of the stack
+    over the validation, test and OOD sets; each lane's logits and results written as a
     run's."""
-    evaluated = [mb for mb in members if not mb.ghost and mb.run.config.evaluate]
+    evaluated = [mb for mb in lanes if not mb.ghost and mb.run.config.evaluate]
     if not evaluated:
         return {}
-    r0 = members[0].run
-    preds = {s: stack.split_logits([mb.run.src[s] for mb in members], r0.eval_bs)[0]
+    r0 = lanes[0].run
+    preds = {s: stack.split_logits([mb.run.src[s] for mb in lanes], r0.eval_bs)[0]
              for s in ("val", "test")}
     mean, std = getattr(r0.splits, "mean", None), getattr(r0.splits, "std", None)
     for name, ds in ood_sets.items():
@@ -303,7 +303,7 @@ def _evaluate_pack(stack: Stack, members: Sequence[StackMember], ood_sets: dict[
                                               mean=mean, std=std, amp=r0.amp)
     out = {}
     for mb in evaluated:
-        m, cfg = members.index(mb), mb.run.config
+        m, cfg = lanes.index(mb), mb.run.config
         own = {k: (z[:, m].contiguous(), y if y.ndim == 1 else y[:, m]) for k, (z, y) in
                preds.items()}
         epochs = max(cfg.epochs, mb.run.start_epoch)
@@ -313,8 +313,8 @@ def _evaluate_pack(stack: Stack, members: Sequence[StackMember], ood_sets: dict[
 
 def _check_sources(sources: Any) -> None:
     if isinstance(sources, str):
-        raise TypeError(f"Expected `sources` to be the members' batch sources of a split (one "
-                        f"per member), got the split name {sources!r}: a stack holds no run")
+        raise TypeError(f"Expected `sources` to be the lanes' batch sources of a split (one "
+                        f"per lane), got the split name {sources!r}: a stack holds no run")
 
 
 def _bind(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
@@ -329,17 +329,17 @@ def _bind(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, 
 
 
 class PackedModel:
-    """The members' parameters and buffers stacked (leading member dimension), the forward
-    pass of all members at once, per-member gradient clipping, and one SGD over the stacks.
+    """The lanes' parameters and buffers stacked (leading lane dimension), the forward
+    pass of all lanes at once, per-lane gradient clipping, and one SGD over the stacks.
 
     ``models[m]`` and ``optimizers[m]`` (an SGD over ``models[m]``'s parameters, never stepped
     itself) hold views of slice ``m`` afterwards, so checkpoints, evaluation and the schedules
-    see the packed values without copies.  The members' schedules set ``optimizers[m]``'s
+    see the packed values without copies.  The lanes' schedules set ``optimizers[m]``'s
     learning rate; the engine hands it to the stacked SGD (:meth:`start_epoch`).  ``amp``: the
-    members' (their evaluation passes' autocast).
+    lanes' (their evaluation passes' autocast).
     """
 
-    policy: MemberPolicy = PackPolicy()
+    policy: LanePolicy = PackPolicy()
 
     def __init__(self, models: list[nn.Module], optimizers: list[torch.optim.SGD],
                  forward: str = "vmap", amp: str = "off") -> None:
@@ -365,29 +365,29 @@ class PackedModel:
             self._stack_momentum()
 
     def _stack_momentum(self) -> None:
-        """The stacked momentum buffers from the members' SGD states (zeros for a new run:
+        """The stacked momentum buffers from the lanes' SGD states (zeros for a new run:
         SGD's first step then gives ``buf = grad`` exactly as an empty buffer does), and the
-        members' states made views of them."""
-        member_params = [list(model.parameters()) for model in self.models]
+        lanes' states made views of them."""
+        lane_params = [list(model.parameters()) for model in self.models]
         for j, p in enumerate(self.params.values()):
             bufs = []
-            for opt, mp in zip(self.optimizers, member_params, strict=True):
+            for opt, mp in zip(self.optimizers, lane_params, strict=True):
                 b = opt.state.get(mp[j], {}).get("momentum_buffer")
                 bufs.append(torch.zeros_like(p[0]) if b is None else b.to(p.device))
             stacked = torch.stack(bufs)
             self.opt.state[p]["momentum_buffer"] = stacked
-            for m, (opt, mp) in enumerate(zip(self.optimizers, member_params, strict=True)):
+            for m, (opt, mp) in enumerate(zip(self.optimizers, lane_params, strict=True)):
                 opt.state[mp[j]]["momentum_buffer"] = stacked[m]
 
     def _call(self, params, buffers, x):
         return functional_call(self.base, (params, buffers), (x,))
 
-    def _members(self, xs, stacked: dict[str, torch.Tensor] | None = None
+    def _lanes(self, xs, stacked: dict[str, torch.Tensor] | None = None
                  ) -> list[torch.Tensor]:
-        """Each member's forward on its slices of the stacked tensors (``stacked``: these
+        """Each lane's forward on its slices of the stacked tensors (``stacked``: these
         parameters instead of the pack's), with the very kernels of a separate run.  The slices
-        come from one ``unbind`` per tensor, whose backward stacks the members' gradients in one
-        operation (indexing each member would add a zero-filled full-size gradient per member
+        come from one ``unbind`` per tensor, whose backward stacks the lanes' gradients in one
+        operation (indexing each lane would add a zero-filled full-size gradient per lane
         and tensor)."""
         stacked = self.params if stacked is None else stacked
         params = {k: v.unbind(0) for k, v in stacked.items()}
@@ -396,23 +396,23 @@ class PackedModel:
                            {k: v[m] for k, v in buffers.items()}, x) for m, x in enumerate(xs)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits (M, B, C) of inputs (M, B, ...): member ``m`` sees ``x[m]``."""
+        """Logits (M, B, C) of inputs (M, B, ...): lane ``m`` sees ``x[m]``."""
         return self.forward_with(self.params, x)
 
     def forward_with(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` with the stacked parameters ``params`` (the compiled step's
         :func:`torch.func.grad` passes its own)."""
         if self.mode == "loop":
-            return torch.stack(self._members(x.unbind(0), params))
+            return torch.stack(self._lanes(x.unbind(0), params))
         packed = getattr(self.base, "forward_packed", None)
         if packed is not None and not self.buffers:  # the model's own layout for a pack
             return packed(params, x)
         return vmap(self._call, randomness="error")(params, self.buffers, x)
 
     def forward_shared(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits (B, M, C) of every member on the same inputs (B, ...)."""
+        """Logits (B, M, C) of every lane on the same inputs (B, ...)."""
         if self.mode == "loop":
-            return torch.stack(self._members([x] * len(self.models)), 1)
+            return torch.stack(self._lanes([x] * len(self.models)), 1)
         return vmap(self._call, in_dims=(0, 0, None), out_dims=1,
                     randomness="error")(self.params, self.buffers, x)
 
@@ -421,28 +421,28 @@ class PackedModel:
             model.train(mode)
 
     def start_epoch(self, lr: float) -> None:
-        """Train mode and the epoch's learning rate (the members share the schedule)."""
+        """Train mode and the epoch's learning rate (the lanes share the schedule)."""
         self.train()
         for g in self.opt.param_groups:
             g["lr"] = lr
 
     def annotate(self, rec: dict[str, Any]) -> None:
-        """Nothing to add to a member's log record."""
+        """Nothing to add to a lane's log record."""
 
     def split_logits(self, sources: Sequence[BatchSource], batch_size: int
                      ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
-        """Every member's logits (N, M, C) on a split (``sources[m]``: member ``m``'s batch
-        source of it, in ``batch_size`` batches) and the labels ((N,) or, when the members'
+        """Every lane's logits (N, M, C) on a split (``sources[m]``: lane ``m``'s batch
+        source of it, in ``batch_size`` batches) and the labels ((N,) or, when the lanes'
         sources differ, (N, M)), twice: all of them, and this process' share (the same here: a
         pack runs in one process)."""
         _check_sources(sources)
         if len(sources) != len(self.models):
-            raise ValueError(f"Expected `sources` to hold one source per member "
+            raise ValueError(f"Expected `sources` to hold one source per lane "
                              f"({len(self.models)}), got {len(sources)}")
         if all(s is sources[0] for s in sources):
             out = predict_logits(SharedInput(self), None, self.device, batch_size,
                                  source=sources[0], amp=self.amp)
-        else:  # a split that follows the seed: one pass per member
+        else:  # a split that follows the seed: one pass per lane
             outs = [predict_logits(model, None, self.device, batch_size, source=s, amp=self.amp)
                     for model, s in zip(self.models, sources, strict=True)]
             out = torch.stack([o[0] for o in outs], 1), torch.stack([o[1] for o in outs], 1)
@@ -450,14 +450,14 @@ class PackedModel:
 
     def step(self, losses: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
              max_norm: float | None, index: torch.Tensor | None = None) -> None:
-        """Backward of the members' summed losses, each member's gradient clipped by its own
+        """Backward of the lanes' summed losses, each lane's gradient clipped by its own
         norm, one SGD step.
 
-        The clipping is ``clip_grad_norm_``'s computation for every member at once: the norm of
-        each parameter tensor's row of each member (the very reduction ``_foreach_norm`` runs on
-        one member's tensor), the norm of those norms, ``max_norm / (norm + 1e-6)`` clamped at
+        The clipping is ``clip_grad_norm_``'s computation for every lane at once: the norm of
+        each parameter tensor's row of each lane (the very reduction ``_foreach_norm`` runs on
+        one lane's tensor), the norm of those norms, ``max_norm / (norm + 1e-6)`` clamped at
         1, one ``_foreach_mul_``: a number of operations that grows with the parameter tensors,
-        not with the members."""
+        not with the lanes."""
         self.opt.zero_grad(set_to_none=True)
         losses.sum().backward()
         if max_norm is not None:
@@ -473,7 +473,7 @@ class PackedModel:
 
     @torch.no_grad()
     def finite(self) -> torch.Tensor:
-        """(M,) bool: every parameter of member ``m`` is finite (one op per parameter tensor,
+        """(M,) bool: every parameter of lane ``m`` is finite (one op per parameter tensor,
         whatever M)."""
         n = len(self.models)
         flags = [torch.isfinite(p).reshape(n, -1).all(1) for p in self.params.values()]
@@ -481,7 +481,7 @@ class PackedModel:
 
     @torch.no_grad()
     def fc_norms(self) -> torch.Tensor | None:
-        """(M,) norms of each member's ``fc.weight`` (what a run logs), None without one."""
+        """(M,) norms of each lane's ``fc.weight`` (what a run logs), None without one."""
         w = self.params.get("fc.weight")
         return None if w is None else w.float().reshape(len(self.models), -1).norm(dim=1)
 
@@ -492,7 +492,7 @@ class PackedModel:
         momenta = ([self.opt.state[p]["momentum_buffer"] for p in self.params.values()]
                    if group["momentum"] else [])
         return StepGraph(params=self.params, buffers=self.buffers, momenta=momenta, sgd=group,
-                         n_members=len(self.models), forward=self.forward_with)
+                         n_lanes=len(self.models), forward=self.forward_with)
 
     def stacked_state(self) -> dict[str, torch.Tensor]:
         """The stacked parameters (``p.NAME``), buffers (``b.NAME``) and SGD momentum buffers
@@ -508,7 +508,7 @@ class PackedModel:
 
 class SharedInput(nn.Module):
     """A stack as a module for :func:`~torchcal.train.inference.predict_logits`: ``forward(x)``
-    gives every member's logits (B, M, C) on the same batch; ``eval()`` reaches the members."""
+    gives every lane's logits (B, M, C) on the same batch; ``eval()`` reaches the lanes."""
 
     def __init__(self, pack: Stack) -> None:
         super().__init__()
@@ -530,7 +530,7 @@ class SoloModel:
     the run).  Under ``torchrun`` each rank holds its shard of the batches and of the
     evaluation splits; DDP averages the gradients."""
 
-    policy: MemberPolicy = AlonePolicy()
+    policy: LanePolicy = AlonePolicy()
 
     def __init__(self, run: Run) -> None:
         self.fwd, self.model, self.plugin = run.fwd, run.model, run.plugin

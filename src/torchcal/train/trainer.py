@@ -45,7 +45,7 @@ from .._io import exclusive_lock
 from .config import TrainConfig
 from .device import is_cuda
 from .distributed import DistEnv, cleanup_distributed, setup_distributed
-from .engine import Member, run_stack
+from .engine import Lane, run_stack
 from .pack_commit import reconcile_staged
 from .run import build_run, resume_state
 from .stacks import SoloModel
@@ -100,5 +100,5 @@ def fit(config: TrainConfig, env: DistEnv | None = None) -> dict[str, Any]:
         dist.barrier()  # every rank reads the checkpoint rank 0 settled
     r = build_run(config, env, resume_state(config, env))
     results: list[Any] = [None]
-    run_stack(SoloModel(r), [Member(0, r)], results)
+    run_stack(SoloModel(r), [Lane(0, r)], results)
     return results[0]
