@@ -165,19 +165,19 @@ def from_run_dirs(run_dirs: Iterable[str | os.PathLike], split: str = "test", *,
     if not dirs:
         raise ValueError("Expected `run_dirs` to name at least one run directory, got none")
     members, labels = [], None
-    for run in dirs:
-        z, y = load_logits(run.logits(split, checkpoint))
+    for rdir in dirs:
+        z, y = load_logits(rdir.logits(split, checkpoint))
         if labels is not None and (y.shape != labels.shape or not np.array_equal(y, labels)):
             raise ValueError(
                 f"Expected every run to hold the same {split!r} samples in the same order, but "
-                f"the labels of {str(run.path)!r} differ from those of {str(dirs[0].path)!r}"
+                f"the labels of {str(rdir.path)!r} differ from those of {str(dirs[0].path)!r}"
             )
         members.append(z)
         labels = y if labels is None else labels
     stacked = np.stack(members)
     if labels.size and not (labels.min() >= 0 and labels.max() < stacked.shape[2]):
         labels = None  # an OOD set's placeholder labels (-1): not class indices
-    return from_logits(stacked, labels, names=[str(run.path) for run in dirs])
+    return from_logits(stacked, labels, names=[str(rdir.path) for rdir in dirs])
 
 
 def _common_ood_names(dirs: Sequence[RunDir], checkpoint: str) -> list[str]:
@@ -247,14 +247,14 @@ def evaluate_ensemble(run_dirs: Iterable[str | os.PathLike], out_dir: str | os.P
         res["test"]["post"][key] = compute_metrics(pooled, test.labels, n_bins=n_bins)
         res["temperatures"][key] = float(np.mean(temps[method]))
     if out_dir is not None:
-        run = RunDir(out_dir)
-        for directory, patterns in run.stale_temp_patterns():  # a killed writer's temp files
+        rdir = RunDir(out_dir)
+        for directory, patterns in rdir.stale_temp_patterns():  # a killed writer's temp files
             remove_stale_temp_files(directory, patterns)
         for split, ens in (("val", val), ("test", test), *((f"ood_{n}", e) for n, e in ood.items())):
             labels = ens.labels if ens.labels is not None else torch.full(
                 (ens.logits.shape[0],), -1, dtype=torch.int64)
-            save_logits(run.logits(split, checkpoint), ens.logits.float(), labels)
-        write_results(run.results(checkpoint), res)
+            save_logits(rdir.logits(split, checkpoint), ens.logits.float(), labels)
+        write_results(rdir.results(checkpoint), res)
     return res
 
 

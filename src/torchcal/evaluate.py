@@ -179,14 +179,14 @@ def evaluate_saved_logits(
     defaults to the fields of ``RUN_DIR/config.json`` (dataset, model, loss, loss_kwargs, seed,
     recipe, epochs) when that file exists.
     """
-    run = RunDir(run_dir)
-    zv, yv = load_logits(run.logits("val"))
-    zt, yt = load_logits(run.logits("test"))
-    ood = {name: load_logits(p)[0] for name, p in run.ood_logits().items()}
+    rdir = RunDir(run_dir)
+    zv, yv = load_logits(rdir.logits("val"))
+    zt, yt = load_logits(rdir.logits("test"))
+    ood = {name: load_logits(p)[0] for name, p in rdir.ood_logits().items()}
     if meta is None:
-        meta = meta_from_config(run.config) if run.config.exists() else {}
+        meta = meta_from_config(rdir.config) if rdir.config.exists() else {}
     res = evaluate_logits(val_logits=zv, val_labels=yv, test_logits=zt, test_labels=yt,
                           ood_logits=ood, n_bins=n_bins, meta=meta)
     if write:
-        write_results(run.path, res)
+        write_results(rdir.path, res)
     return res

@@ -19,8 +19,8 @@ layout is written down here once.  The epoch log's γ history of a stateful loss
 ``loss_state`` object of each log line (:data:`LOSS_STATE_KEY`, e.g. AdaFocal's per-bin
 ``gammas`` and ``bin_edges``); :func:`read_log` reads it back.
 
->>> run = RunDir("runs/a")
->>> run.results("best").as_posix(), run.logits("test").as_posix(), run.checkpoint().as_posix()
+>>> rdir = RunDir("runs/a")
+>>> rdir.results("best").as_posix(), rdir.logits("test").as_posix(), rdir.checkpoint().as_posix()
 ('runs/a/results-best.json', 'runs/a/logits/test.npz', 'runs/a/checkpoints/last.pt')
 """
 

@@ -120,10 +120,10 @@ def _load_test(test: str, val: str, num_classes: int) -> tuple[np.ndarray, np.nd
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     src = Path(args.logits)
     if src.is_dir():  # a run directory: fit on its validation logits, test on its test logits
-        run = RunDir(src)
-        if args.test is None and run.logits("test").is_file():
-            args.test = str(run.logits("test"))
-        args.logits = str(run.logits("val"))
+        rdir = RunDir(src)
+        if args.test is None and rdir.logits("test").is_file():
+            args.test = str(rdir.logits("test"))
+        args.logits = str(rdir.logits("val"))
     zv, yv = load_logits(args.logits)
     held = _load_test(args.test, args.logits, zv.shape[1]) if args.test else None
     cal = _make_calibrator(args.method, args.n_bins, args.lam, args.mu).fit(zv, yv)
@@ -153,8 +153,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     _check_metrics(cal, report)
     print("\n".join(lines))
     if args.out:
-        run = _run_dir_of(Path(args.out))  # writing into a run: only while no one else owns it
-        with exclusive_lock(run) if run is not None else contextlib.nullcontext():
+        rdir = _run_dir_of(Path(args.out))  # writing into a run: only while no one else owns it
+        with exclusive_lock(rdir) if rdir is not None else contextlib.nullcontext():
             write_calibration(args.out, report)
         print(f"wrote {args.out}")
     return 0

@@ -149,11 +149,11 @@ def _finished(cfg) -> bool:
     """Whether ``cfg.out_dir`` holds all ``cfg.epochs`` epochs and their evaluation (or needs
     none) of a run with ``cfg``'s identity: a resume would train nothing.  A changed identity
     field is not "finished": the trainer refuses it, naming the fields."""
-    run = RunDir(cfg.out_dir)
-    if not run.has_checkpoint("last"):
+    rdir = RunDir(cfg.out_dir)
+    if not rdir.has_checkpoint("last"):
         return False
     try:
-        meta = read_json(run.results(), what="Results file").get("meta", {})
+        meta = read_json(rdir.results(), what="Results file").get("meta", {})
         done = int(meta.get("epoch")) == cfg.epochs and meta.get("checkpoint") == "last"
         old = read_config(cfg.out_dir)
     except (OSError, ValueError, TypeError, AttributeError, TorchcalError):
@@ -166,17 +166,17 @@ def _interrupt_hint(args: argparse.Namespace) -> str | None:
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     out = Path(args.out)
-    run = RunDir(out)
+    rdir = RunDir(out)
     for t in threading.enumerate():  # an epoch writer still committing: its files count
         if t.name == "torchcal-epoch-writer" and t is not threading.current_thread():
             t.join(timeout=30)
-    if run.checkpoint_dir.is_dir():
+    if rdir.checkpoint_dir.is_dir():
         # a kill between staging checkpoints/next.pt and moving it onto last.pt: the next start
         # finishes that move before it looks for last.pt, so the epoch is kept (and a command
         # without --resume would be refused); finish it now, as the trainer would
         with contextlib.suppress(Exception):  # the hint must not hide the interruption
             reconcile_staged([out])
-    if run.has_checkpoint("last"):  # what the trainer refuses without --resume
+    if rdir.has_checkpoint("last"):  # what the trainer refuses without --resume
         return ("finished epochs are kept; continue with: torchcal train --out "
                 f"{shlex.quote(args.out)} --resume")
     argv = list(getattr(args, "argv", None) or [])

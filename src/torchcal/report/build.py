@@ -873,10 +873,10 @@ def prepare_report_dir(out: Path, option: str = "--out") -> list[Path]:
         return []
     if not out.is_dir():
         raise TorchcalError(f"Expected `{option}` to be a directory, got the file {str(out)!r}")
-    run = RunDir(out)
-    held = [p.name for p in (run.config, run.log, run.checkpoint_dir) if p.exists()]
-    if run.results().is_file() and not _is_report_results(run.results()):
-        held.append(run.results().name)
+    rdir = RunDir(out)
+    held = [p.name for p in (rdir.config, rdir.log, rdir.checkpoint_dir) if p.exists()]
+    if rdir.results().is_file() and not _is_report_results(rdir.results()):
+        held.append(rdir.results().name)
     if held:
         raise TorchcalError(
             f"Expected `{option}` to be a new directory or an earlier report's, but "

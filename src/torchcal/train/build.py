@@ -161,10 +161,10 @@ def load_run_checkpoint(run_dir: str | Path, checkpoint: str = "last") -> dict[s
     return load_checkpoint(path)
 
 
-def _explain_missing_best(run: RunDir, path: Path) -> None:
+def _explain_missing_best(rdir: RunDir, path: Path) -> None:
     """Raise a CheckpointError saying why ``best.pt`` is absent and what to do instead."""
     try:
-        select = run.read_config().get("select_best_by")
+        select = rdir.read_config().get("select_best_by")
     except (OSError, ValueError):
         select = None
     if select == "none":

@@ -70,7 +70,7 @@ def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_d
     Run it in one process (under DDP: rank 0, after the process group is gone, since the
     metrics would otherwise try to sync across ranks).
     """
-    run = RunDir(run_dir)
+    rdir = RunDir(run_dir)
     results = evaluate_logits(  # computed and checked before anything is written
         val_logits=preds["val"][0], val_labels=preds["val"][1],
         test_logits=preds["test"][0], test_labels=preds["test"][1],
@@ -80,8 +80,8 @@ def write_predictions(preds: dict[str, tuple[torch.Tensor, torch.Tensor]], run_d
         results.update(extra)
     if write:  # "best" never replaces the last epoch's files
         for name, (z, y) in preds.items():
-            save_logits(run.logits(name, checkpoint), z, y)
-        write_results(run.results(checkpoint), results)
+            save_logits(rdir.logits(name, checkpoint), z, y)
+        write_results(rdir.results(checkpoint), results)
     return results
 
 

@@ -60,8 +60,8 @@ def staged_path(run_dir: str | os.PathLike) -> Path:
 
 def stage_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any]) -> Path:
     """Write ``state`` as the run's staged checkpoint (verified and durable, with the log)."""
-    run = RunDir(run_dir)
-    run.sync_log()
+    rdir = RunDir(run_dir)
+    rdir.sync_log()
     return save_checkpoint(staged_path(run_dir), state)
 
 

@@ -163,15 +163,15 @@ def resume_state(config: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
     ``resume=True`` without a checkpoint starts a new run ("resume if there is anything to
     resume"); a checkpoint without ``resume`` is refused.
     """
-    run = RunDir(config.out_dir)
-    if not run.has_checkpoint("last"):
+    rdir = RunDir(config.out_dir)
+    if not rdir.has_checkpoint("last"):
         return None
     if not config.resume:
         raise TorchcalError(
-            f"Run directory {str(run.path)!r} already holds a run "
-            f"({run.checkpoint('last').relative_to(run.path).as_posix()}); "
+            f"Run directory {str(rdir.path)!r} already holds a run "
+            f"({rdir.checkpoint('last').relative_to(rdir.path).as_posix()}); "
             "pass --resume to continue it or choose another --out")
-    state = load_checkpoint(run.checkpoint("last"), map_location="cpu")
+    state = load_checkpoint(rdir.checkpoint("last"), map_location="cpu")
     _check_resumable(TrainConfig.from_dict(state["config"]), config, int(state["epoch"]), env)
     return state
 
