@@ -1,12 +1,11 @@
-"""Shared settings of the train tests: the one tiny-config factory."""
+"""Shared settings of the train tests: the one tiny-config factory (the configurations live in
+``train_configs.py``) and torch's thread count restored after every test."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-
-from torchcal.train import TrainConfig, get_recipe
+import torch
+from train_configs import tiny_config as _tiny_config
 
 
 @pytest.fixture()
@@ -15,10 +14,16 @@ def tiny_config(tmp_path):
     of this test, in ``tmp_path / name``, one CPU thread, no progress bar, one epoch, not
     evaluated; ``fields`` override any of these (``evaluate=True``, ``epochs=3``, ...)."""
 
-    def make(name: str = "run", **fields) -> TrainConfig:
-        base = dict(out_dir=str(tmp_path / name), progress=False, num_threads=1, device="cpu",
-                    evaluate=False, epochs=1)
-        return dataclasses.replace(get_recipe("digits-mlp"), **{**base, **fields})
+    def make(name: str = "run", **fields):
+        return _tiny_config(tmp_path, name, **fields)
 
     return make
 
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """A test that trains sets torch's thread count (``num_threads=1``): put it back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from test_train_packed import _restore_threads, cfg  # noqa: F401 - the autouse fixture
+from test_train_packed import cfg
 from torch import nn
 
 import torchcal.train.packed as P

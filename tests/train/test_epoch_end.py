@@ -9,10 +9,11 @@ import threading
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from train_configs import cnn_config
 
 import torchcal.train.engine as E
 from torchcal.experiments.calibration import CLAIM_LOSSES, DEMO_LOSS_KWARGS
-from torchcal.train import get_recipe, train
+from torchcal.train import train
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.pack_commit import EpochJob, EpochWriter
 from torchcal.train.packs import train_packed
@@ -20,20 +21,10 @@ from torchcal.train.packs import train_packed
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def cfg(tmp_path, name, **kw):
-    base = dict(out_dir=str(tmp_path / name), epochs=4, progress=False, num_threads=1,
-                device="cpu", model="mnist1d_cnn", model_kwargs={"in_length": 64, "width": 8},
-                grad_clip=0.05, checkpoint_every=4, eval_test_every=2, lr=0.3,
-                select_best_by="ece", evaluate=False)
-    base.update(kw)
-    return dataclasses.replace(get_recipe("digits-mlp"), **base)
+    return cnn_config(tmp_path, name, **{"epochs": 4, "checkpoint_every": 4, "eval_test_every": 2,
+                                         "lr": 0.3, "select_best_by": "ece", "evaluate": False,
+                                         **kw})
 
 
 LANES = [(0, "ce"), (1, "adafocal"), (2, "focal")]

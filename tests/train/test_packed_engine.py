@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_packed import _restore_threads  # noqa: F401 - the autouse fixture
-from test_train_packed import cfg as packed_cfg
 from torch.func import vmap
 from torch.utils._python_dispatch import TorchDispatchMode
+from train_configs import cnn_config
 
 import torchcal
 import torchcal.train.engine as E
@@ -38,7 +37,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:OOD set", "ignore::RuntimeWarnin
 
 def cfg(tmp_path, name, **kw):
     """Digits through a narrow 1-D CNN (test_train_packed's runs), no test pass, no best.pt."""
-    return packed_cfg(tmp_path, name, **{"eval_test_every": 0, "select_best_by": "none", **kw})
+    return cnn_config(tmp_path, name, **{"eval_test_every": 0, "select_best_by": "none", **kw})
 
 
 def _weights(run_dir):

@@ -7,13 +7,14 @@ import json
 
 import pytest
 import torch
+from train_configs import cnn_config
 
 import torchcal.train.engine as E
 import torchcal.train.packed as P
 from torchcal.losses import register_loss
 from torchcal.losses._registry import LOSSES
 from torchcal.losses.cross_entropy import CrossEntropyLoss
-from torchcal.train import JointHeadConfig, TrainConfig, get_recipe, train
+from torchcal.train import JointHeadConfig, TrainConfig, train
 from torchcal.train.checkpoint import load_checkpoint
 from torchcal.train.packed import LaneDivergedError
 from torchcal.train.packs import form_packs, pack_problem, train_packed
@@ -22,21 +23,10 @@ from torchcal.train.stacks import PackedModel
 pytestmark = pytest.mark.filterwarnings("ignore:OOD set")
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def cfg(tmp_path, name, **kw):
     """digits through the 1-D CNN (no BatchNorm) or ``small_cnn`` (BatchNorm), with momentum,
     weight decay and a clipping norm small enough to clip every step."""
-    base = dict(out_dir=str(tmp_path / name), epochs=2, progress=False, num_threads=1,
-                device="cpu", model="mnist1d_cnn", model_kwargs={"in_length": 64, "width": 8},
-                grad_clip=0.05, checkpoint_every=1, eval_test_every=1)
-    base.update(kw)
-    return dataclasses.replace(get_recipe("digits-mlp"), **base)
+    return cnn_config(tmp_path, name, **kw)
 
 
 def _close_states(a, b, atol=1e-5):

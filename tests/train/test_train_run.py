@@ -63,13 +63,6 @@ def digits_config(tmp_path, name="run", **kw):
     return dataclasses.replace(get_recipe("digits-mlp"), **base)
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 # ------------------------------------------------------------------------------------------
 def test_cifar_two_epochs_writes_the_run_directory(tmp_path):
     from torchcal.data.fake import write_fake_cifar10c, write_fake_svhn

@@ -13,13 +13,6 @@ import torch.nn.functional as F
 from torchcal.train import TrainConfig, build_loss, get_recipe, train
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def test_multistep_schedule_and_clipping_as_configured(tiny_config, tmp_path, monkeypatch):
     calls = []
     real = torch.nn.utils.clip_grad_norm_
