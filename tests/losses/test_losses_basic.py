@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_data import logits_targets
 
 import torchcal.functional as TF
 from torchcal.losses import BrierLoss, CrossEntropyLoss, LabelSmoothingLoss
 
-
-def _data(n=10, c=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (2.0 * torch.randn(n, c, generator=g, dtype=torch.float64),
-            torch.randint(0, c, (n,), generator=g))
+_data = partial(logits_targets, n=10, c=4)
 
 
 def _probs(row):

@@ -5,8 +5,11 @@ loss never depends on the order in which its hyperparameters reach :class:`Calib
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
+from loss_data import logits_targets
 
 import torchcal.functional as TF
 from torchcal.losses import (
@@ -22,9 +25,7 @@ from torchcal.losses.base import Interval, Options
 _BASE_ARGS = ("reduction", "ignore_index", "validate_args")
 
 
-def _data(n=8, c=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, c, generator=g) * 3, torch.randint(0, c, (n,), generator=g)
+_data = partial(logits_targets, n=8, c=5, scale=3.0, dtype=torch.float32)
 
 
 def test_temperature_bsce_subclass_with_gamma_before_beta_keeps_them_apart():

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_data import logits_targets
 
 import torchcal.functional as TF
 from torchcal.losses import (
@@ -19,11 +21,7 @@ from torchcal.losses import (
     create_loss,
 )
 
-
-def _data(n=10, c=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (2.0 * torch.randn(n, c, generator=g, dtype=torch.float64),
-            torch.randint(0, c, (n,), generator=g))
+_data = partial(logits_targets, n=10, c=5)
 
 
 def _probs(row):

@@ -5,11 +5,13 @@ Beta densities as the kernels; gradients; the registry's display names."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_data import logits_targets
 from scipy import stats
 from scipy.special import logsumexp
 
@@ -18,11 +20,7 @@ from torchcal.functional.ece_losses import KDE_BANDWIDTHS
 from torchcal.losses import DECELoss, ECEGapLoss, ECEKDELoss, create_loss, list_losses
 from torchcal.losses.base import loss_on_validation, published_reduction
 
-
-def _data(n=10, c=4, seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(n, c, generator=g, dtype=torch.float64),
-            torch.randint(0, c, (n,), generator=g))
+_data = partial(logits_targets, n=10, c=4)
 
 
 # ------------------------------------------------------------------------------------ DECE

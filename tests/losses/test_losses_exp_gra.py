@@ -5,10 +5,12 @@ BSCE-GRA and MMCE_m / MMCE-GRA: slow references written here from the formulas, 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_data import logits_targets
 
 import torchcal.functional as TF
 from torchcal.losses import (
@@ -22,11 +24,7 @@ from torchcal.losses import (
 )
 from torchcal.losses.base import published_reduction
 
-
-def _data(n=10, c=5, seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(n, c, generator=g, dtype=torch.float64),
-            torch.randint(0, c, (n,), generator=g))
+_data = partial(logits_targets, n=10, c=5)
 
 
 def _probs(z):

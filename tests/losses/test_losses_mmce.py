@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_data import logits_targets
 
 import torchcal.functional as TF
 from torchcal.losses import MMCELoss, create_loss
@@ -41,10 +43,7 @@ def ref_penalty(x, t, normalization, width=0.4):
     return math.sqrt(max(sq, 0.0) + 1e-10)
 
 
-def _data(n=16, c=3, seed=0, scale=1.5):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(n, c, generator=g, dtype=torch.float64),
-            torch.randint(0, c, (n,), generator=g))
+_data = partial(logits_targets, n=16, c=3, scale=1.5)
 
 
 @pytest.mark.parametrize("normalization", ["published", "paper"])

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import math
+from functools import partial
 
 import pytest
 import torch
+from loss_data import logits_targets
 
 import torchcal.functional as TF
 from torchcal.losses import (
@@ -25,11 +27,7 @@ from torchcal.losses.base import loss_on_validation, loss_wants_validation, publ
 from torchcal.losses.temperature import PUBLISHED_TEMPERATURE_GRID
 from torchcal.posthoc import TemperatureScaling
 
-
-def _data(n=10, c=5, seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(n, c, generator=g, dtype=torch.float64),
-            torch.randint(0, c, (n,), generator=g))
+_data = partial(logits_targets, n=10, c=5)
 
 
 def _val(n=300, c=6, seed=5):
