@@ -44,3 +44,43 @@ def test_readme_performance_table_equals_the_committed_benchmark_output():
         got = [c.replace("**", "") for c in cells[1:5]]
         want = [*bench[(loss, "4096x100")], *bench[(loss, "4096x1000")]]
         assert got == want, (loss, got, want)
+
+
+TIMING = ROOT / "benchmarks" / "results" / "demo_timing.md"
+
+
+def _timed_walls(text: str) -> dict[str, list[int]]:
+    """label ("before"/"after") -> the WALL seconds of its runs, rounded, in the log's order."""
+    out: dict[str, list[int]] = {}
+    label = None
+    for line in text.splitlines():
+        m = re.match(r"^== (before|after)-\d+ ", line)
+        if m:
+            label = m.group(1)
+        m = re.match(r"^WALL ([\d.]+) s", line)
+        if m and label:
+            out.setdefault(label, []).append(round(float(m.group(1))))
+            label = None
+    return out
+
+
+def _series(xs: list[int]) -> str:
+    return ", ".join(str(x) for x in xs[:-1]) + f" and {xs[-1]} s"
+
+
+def test_readme_command_one_quotes_the_committed_timing_log():
+    """README command 1's comment gives the three alternating /usr/bin/time figures of the
+    committed log (benchmarks/time_readme_demo.sh's output), for main and the main before."""
+    walls = _timed_walls(TIMING.read_text(encoding="utf-8"))
+    assert sorted(walls) == ["after", "before"] and all(len(v) == 3 for v in walls.values()), walls
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("# 1. install and run", 1)[1].split("pip install -e . && torchcal demo", 1)[0]
+    comment = " ".join(line.lstrip("# ").strip() for line in block.splitlines())
+    for label in ("after", "before"):
+        assert _series(walls[label]) in comment, (label, _series(walls[label]), comment)
+
+
+def test_timing_log_parser_reads_labels_in_order():
+    log = "== before-1 abc\nWALL 216.75 s user 1\n== after-1 def\nWALL 210.4 s user 1\n"
+    assert _timed_walls(log) == {"before": [217], "after": [210]}
+    assert _series([217, 207, 209]) == "217, 207 and 209 s"
