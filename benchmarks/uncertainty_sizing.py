@@ -13,6 +13,7 @@ Usage: ``python benchmarks/uncertainty_sizing.py OUT_DIR``
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import subprocess
@@ -63,4 +64,6 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out_dir", help="a directory for the units' runs and data (created)")
+    main(ap.parse_args().out_dir)
