@@ -31,7 +31,7 @@ import sys
 import warnings
 
 from .. import __version__
-from .._signals import interrupt_signal, sigterm_interrupts
+from .._signals import forget_handled_interrupt, interrupt_signal, sigterm_interrupts
 from ..errors import TorchcalError, one_line_warnings
 from ._args import Parser
 
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.formatwarning = one_line_warnings(args.command)  # the display only
             return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:
+        forget_handled_interrupt()  # handled here: the exit status is 128 + the signal
         if args is None or not getattr(args, "func", None):  # still starting: nothing written
             args = _parsed_after_interrupt(argv)
         return _interrupted(args, exc)

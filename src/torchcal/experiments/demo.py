@@ -247,7 +247,11 @@ def verdict_label(cfg: DemoConfig, configs: Sequence[TrainConfig],
 def _check_settings(configs: list[TrainConfig], bench: Benchmark) -> None:
     """Raise ValueError for settings no run could train with (data set options its
     registration does not declare or allow, bad loss arguments; the other fields are checked
-    once per run by :func:`~torchcal.train.packs.form_packs`)."""
+    once per run by :func:`~torchcal.train.packs.form_packs`).
+
+    Each distinct loss is built here once (microseconds), besides the one build per run in
+    the worker that trains it: a bad ``--loss-arg`` then stops the demo with one line before
+    any worker starts, instead of failing every run of that loss in the workers."""
     tc = configs[0]
     DATASETS.get(tc.dataset).check(tc.data_kwargs)
     seen = set()
