@@ -122,6 +122,33 @@ def test_epoch_writer_order_failures_and_errors():
     assert w._thread is None
 
 
+
+def test_epoch_writer_closes_after_an_interrupt_between_queueing_and_waking_the_writer():
+    """A Ctrl-C / SIGTERM can land in ``queue.Queue.put`` after the job is queued and before
+    the waiting writer is woken (``not_empty.notify``).  The writer then slept on with a job
+    in the queue, and ``close`` on the way out waited for it for ever: a killed ``torchcal
+    train`` that never exited (the signal tests' 300 s time-out, about 1 run in 15 under
+    load).  The writer polls its queue: it writes the job, and ``close`` returns."""
+    done: list[int] = []
+    w = EpochWriter()
+    w.submit(EpochJob(0, lambda: done.append(0) or []))
+    w.drain()  # the writer thread now waits in get()
+    real_notify = w._jobs.not_empty.notify
+
+    def interrupted(n=1):
+        w._jobs.not_empty.notify = real_notify
+        raise KeyboardInterrupt  # the signal's exception, raised where it can land
+
+    w._jobs.not_empty.notify = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        w.submit(EpochJob(1, lambda: done.append(1) or []))
+    closing = threading.Thread(target=w.close, daemon=True)
+    closing.start()
+    closing.join(timeout=20)
+    assert not closing.is_alive(), "EpochWriter.close() hung on a job that nobody woke"
+    assert done == [0, 1] and w._thread is None
+
+
 class _Ops(TorchDispatchMode):
     """Counts the aten operations of the training thread inside ``end_epoch`` of epoch 2."""
 

@@ -164,6 +164,10 @@ class EpochJob:
     write: Callable[[], list[tuple[Any, BaseException]]]
 
 
+#: How often an idle epoch writer looks at its queue (seconds).
+_POLL_S = 0.05
+
+
 class EpochWriter:
     """Writes the epochs' jobs in order on one background thread (``threaded=False``: in the
     caller's thread, at :meth:`submit`).
@@ -191,7 +195,13 @@ class EpochWriter:
 
     def _loop(self) -> None:
         while True:
-            job = self._jobs.get()
+            try:
+                # polled: a Ctrl-C or SIGTERM in the training thread can land in ``put`` after
+                # the job is queued and before this thread is woken; a wake-up that never
+                # comes costs one poll here, not a ``close`` that waits for ever
+                job = self._jobs.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
             try:
                 if job is None:
                     return
@@ -200,7 +210,9 @@ class EpochWriter:
             except BaseException as exc:  # noqa: BLE001 - raised again in the training thread
                 self._error, self._stopped = exc, True
             finally:
-                self._jobs.task_done()
+                # ValueError: the interrupted ``put`` had queued the job but not counted it
+                with contextlib.suppress(ValueError):
+                    self._jobs.task_done()
 
     def _raise(self) -> None:
         if self._error is not None:
