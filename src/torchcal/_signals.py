@@ -6,11 +6,14 @@ Standard library only (the command line sets it before any other module loads)."
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import re
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["sigterm_interrupts", "interrupt_signal", "forget_handled_interrupt"]
 
@@ -20,7 +23,13 @@ def sigterm_interrupts() -> Iterator[None]:
     """SIGTERM raises ``KeyboardInterrupt("signal 15")`` in the block, as Ctrl-C raises
     ``KeyboardInterrupt`` (main thread only; elsewhere signals cannot be set).  A library that
     catches the interruption and raises its own ``KeyboardInterrupt`` (Ray's wait does) has the
-    signal's name put back.  The previous handler is restored on the way out."""
+    signal's name put back.  The previous handler is restored on the way out.
+
+    An interruption raised where Python cannot raise it, in a weakref callback or a
+    ``__del__`` (importlib's module-lock callback, while a module loads), is "ignored" by
+    Python: the command then ran on to its end and exited 0 (seen once in 80 SIGTERMs at
+    start-up).  In the block, such a ``KeyboardInterrupt`` sends its signal again
+    (``sys.unraisablehook``, 50 ms later), so that it is raised in the code that runs then."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -31,7 +40,20 @@ def sigterm_interrupts() -> Iterator[None]:
         fired.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
 
+    old_hook = sys.unraisablehook
+
+    def unraisable(info: Any) -> None:
+        if isinstance(info.exc_value, KeyboardInterrupt):  # swallowed: deliver it again,
+            # from a timer: raised in this hook, it would be "ignored" once more
+            timer = threading.Timer(0.05, _thread.interrupt_main,
+                                    args=(interrupt_signal(info.exc_value),))
+            timer.daemon = True
+            timer.start()
+            return
+        old_hook(info)
+
     old = signal.signal(signal.SIGTERM, handler)
+    sys.unraisablehook = unraisable
     try:
         yield
     except KeyboardInterrupt as exc:
@@ -39,6 +61,7 @@ def sigterm_interrupts() -> Iterator[None]:
             raise KeyboardInterrupt(f"signal {fired[-1]}") from exc
         raise
     finally:
+        sys.unraisablehook = old_hook
         signal.signal(signal.SIGTERM, old)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import weakref
 
 import pytest
 
@@ -54,3 +55,28 @@ def test_sigterm_while_the_command_loads_is_an_interruption(monkeypatch, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("torchcal calibrate: interrupted by SIGTERM;")
     assert "cal.json" in err[0]  # the command's own hint, from the command line parsed again
+
+
+@pytest.mark.parametrize("exc, name", [(KeyboardInterrupt("signal 15"), "signal 15"),
+                                       (KeyboardInterrupt(), "")])
+def test_an_interruption_swallowed_by_a_weakref_callback_is_raised_again(exc, name):
+    """A signal whose KeyboardInterrupt is raised inside a weakref callback (importlib's
+    module-lock callback while a module loads) was "ignored" by Python and the command ran on
+    to exit 0; in the block the signal is sent again and raised in the code that runs next."""
+
+    class Thing:
+        pass
+
+    def callback(_ref):  # where the signal's handler happened to run
+        raise exc
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        with sigterm_interrupts():
+            thing = Thing()
+            ref = weakref.ref(thing, callback)
+            del thing  # the callback runs now; its exception cannot propagate
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # the signal sent again is handled here
+                pass
+    assert ref() is None
+    assert interrupt_signal(info.value) == (15 if name else signal.SIGINT)
