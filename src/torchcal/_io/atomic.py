@@ -113,13 +113,16 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     check_own_path(path, "Output file")
-    try:
-        fd, tmp = new_temp_file(path)
-    except OSError as exc:
-        raise write_error(exc, path) from exc
+    made: list[tuple[IO[bytes], Path]] = []
     try:
         try:
-            with os.fdopen(fd, "wb") as f:
+            # the file and its name together: a Ctrl-C or SIGTERM delivered right after the
+            # file is created is raised here, where the clean-up below knows its name
+            with signals_deferred():
+                fd, tmp = new_temp_file(path)
+                made.append((os.fdopen(fd, "wb"), tmp))
+            f, tmp = made[0]
+            with f:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
@@ -127,8 +130,11 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[IO[bytes]]:
         except OSError as exc:
             raise write_error(exc, path) from exc
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        for f, tmp in made:
+            with contextlib.suppress(OSError):
+                f.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
     fsync_dir(path.parent)
 
@@ -199,9 +205,11 @@ def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str], *,
             path.parent.mkdir(parents=True, exist_ok=True)
             check_own_path(path, "Output file")
             try:
-                fd, tmp = new_temp_file(path)
-                staged.append((path, tmp))
-                with os.fdopen(fd, "wb") as f:
+                with signals_deferred():  # created and staged together (see atomic_writer)
+                    fd, tmp = new_temp_file(path)
+                    staged.append((path, tmp))
+                    f = os.fdopen(fd, "wb")
+                with f:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())

@@ -33,6 +33,7 @@ import contextlib
 import copy
 import os
 import queue
+import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -194,6 +195,9 @@ class EpochWriter:
             self._failures.extend(failed)
 
     def _loop(self) -> None:
+        if hasattr(signal, "pthread_sigmask"):  # Ctrl-C and SIGTERM go to the training thread,
+            # which alone can raise them, so that where it holds them back they wait
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         while True:
             try:
                 # polled: a Ctrl-C or SIGTERM in the training thread can land in ``put`` after
