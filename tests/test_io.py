@@ -123,3 +123,25 @@ def test_a_signal_delivered_as_the_temporary_file_is_created_leaves_no_file(
         else:
             atomic.atomic_write_files({tmp_path / "a.md": "# a", tmp_path / "b.md": "# b"})
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_a_signal_delivered_as_a_staged_folder_is_made_leaves_no_folder(tmp_path, monkeypatch):
+    """The same for the staged folders (a report's figures, an embedding cache): made with the
+    signal held back, the folder is removed, not left behind."""
+    import torchcal._io.temp as temp
+    from torchcal._io import staged_temp_dir
+    from torchcal._signals import sigterm_interrupts
+
+    real = temp.make_temp_dir
+
+    def made_then_signalled(parent, prefix):
+        out = real(parent, prefix)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(temp, "make_temp_dir", made_then_signalled)
+    with pytest.raises(KeyboardInterrupt), sigterm_interrupts(), \
+            staged_temp_dir(tmp_path, ".figures.tmp-"):
+        pass
+    assert list(tmp_path.iterdir()) == []

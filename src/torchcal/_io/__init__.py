@@ -44,7 +44,7 @@ from .jsonio import (
 )
 from .links import check_own_path, file_kind, find_files, is_within
 from .lock import LOCK_NAME, exclusive_lock, read_lock_command
-from .temp import make_temp_dir, remove_stale_temp_dirs, remove_stale_temp_files
+from .temp import make_temp_dir, remove_stale_temp_dirs, remove_stale_temp_files, staged_temp_dir
 from .verified import (
     check_listed,
     check_sha256,
@@ -69,6 +69,7 @@ __all__ = [
     "signals_deferred",
     "new_temp_file",
     "make_temp_dir",
+    "staged_temp_dir",
     "remove_stale_temp_files",
     "remove_stale_temp_dirs",
     "exclusive_lock",

@@ -26,9 +26,10 @@ import os
 import re
 import secrets
 import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .links import check_own_path
 
@@ -164,17 +165,33 @@ _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """SIGINT and SIGTERM held back (blocked) for the block and delivered when it ends, so a
-    Ctrl-C or ``kill`` cannot stop a commit of several renames half-way (a report's pages and
-    figures); where signals cannot be blocked (Windows), the block runs as it is."""
+    """SIGINT and SIGTERM held back for the block and delivered when it ends, so a Ctrl-C or
+    ``kill`` cannot stop a commit of several renames half-way (a report's pages and figures)
+    or come between a temporary file's creation and its name.
+
+    Blocked for this thread (``pthread_sigmask``), and, in the main thread, their Python
+    handlers replaced by one that only notes them for the block: another thread that does not
+    block them (a test runner's, a library's) may take the signal, and Python then runs its
+    handler in the main thread, inside the block.  The signals noted are raised again at the
+    end.  Where signals cannot be blocked (Windows), the block runs as it is."""
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
         yield
         return
+    held: list[int] = []
+    handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in _STOP_SIGNALS:
+            if callable(signal.getsignal(signum)):  # a Python handler: noted, not run
+                handlers[signum] = signal.signal(signum, lambda s, _frame: held.append(s))
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a pending one is noted here
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)  # its own handler now (KeyboardInterrupt)
 
 
 def atomic_write_files(files: Mapping[str | os.PathLike, bytes | str], *,

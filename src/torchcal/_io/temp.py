@@ -13,12 +13,12 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .atomic import TEMP_RE
+from .atomic import TEMP_RE, signals_deferred
 
-__all__ = ["make_temp_dir", "remove_stale_temp_files", "remove_stale_temp_dirs"]
+__all__ = ["make_temp_dir", "staged_temp_dir", "remove_stale_temp_files", "remove_stale_temp_dirs"]
 
 
 def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
@@ -33,6 +33,32 @@ def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
         except FileExistsError:  # pragma: no cover - 32 random bits collided
             continue
     raise FileExistsError(errno.EEXIST, "No free temporary directory name", str(parent))  # pragma: no cover
+
+
+
+@contextlib.contextmanager
+def staged_temp_dir(parent: str | os.PathLike, prefix: str) -> Iterator[Path]:
+    """:func:`make_temp_dir` for the block, removed when the block ends (when the block moved
+    it into place, there is nothing left to remove).  It is created with SIGINT/SIGTERM held
+    back, so a Ctrl-C or ``kill`` delivered right after ``mkdir`` is raised where its removal
+    is sure, and no folder is left behind.
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> with staged_temp_dir(root, ".x.tmp-") as d:
+    ...     d.is_dir()
+    True
+    >>> list(root.iterdir())
+    []
+    """
+    made: list[Path] = []
+    try:
+        with signals_deferred():
+            made.append(make_temp_dir(parent, prefix))
+        yield made[0]
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -45,6 +45,7 @@ from .._io import (
     read_json,
     remove_stale_temp_dirs,
     remove_stale_temp_files,
+    staged_temp_dir,
 )
 from .._validation import with_settings
 from ..errors import ResultsFileError, TorchcalError
@@ -525,10 +526,14 @@ class _FigureSwap:
                 shutil.rmtree(d, ignore_errors=True)
 
 
+#: The prefix of the hidden folder a report draws its figures into.
+_FIGURE_STAGE = ".figures.tmp-"
+
+
 def figure_stage(out: str | os.PathLike) -> Path:
     """A new hidden folder in ``out`` to draw a report's figures into; the report's commit
     (:func:`write_report_pages` with ``figures=``) moves them into ``out/figures``."""
-    return make_temp_dir(out, ".figures.tmp-")
+    return make_temp_dir(out, _FIGURE_STAGE)
 
 
 def remove_stale_report_temp_files(out: str | os.PathLike) -> list[Path]:
@@ -644,11 +649,8 @@ def build_report(
 def _staged_figures(out: Path) -> Iterator[Path]:
     """:func:`figure_stage` for the block, removed when the block ends without committing it
     (an error, Ctrl-C): the earlier report's figures stay as they are."""
-    stage = figure_stage(out)
-    try:
+    with staged_temp_dir(out, _FIGURE_STAGE) as stage:
         yield stage
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _build(out: Path, runs: LoadReport, groups: list[Group], errors: list, fig_dir: Path,

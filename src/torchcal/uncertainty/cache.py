@@ -44,9 +44,9 @@ from tqdm.auto import tqdm
 from .._io import (
     check_sha256,
     fsync_dir,
-    make_temp_dir,
     read_json,
     sha256_file,
+    staged_temp_dir,
     write_verified,
 )
 from .._validation import check_positive_int, with_settings
@@ -599,21 +599,20 @@ class EmbeddingCache:
         prep = _input_pipeline(augment, transform, device, seed)
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = make_temp_dir(path.parent, f".{path.name}.tmp-")
         was_training = model.training
         model.eval()
         try:
-            arrays = _embed_all(tmp, model, make_iter, prep, embed or _default_embed,
-                                n=n, n_passes=n_passes, progress=progress)
-            problem = value_problem(arrays)  # checked before it replaces anything
-            if problem:
-                raise CacheError(f"Embedding cache not built at {str(path)!r}: the backbone's "
-                                 f"outputs are unusable ({problem}); a cache there is unchanged")
-            _write_manifest(tmp, arrays, n=n, n_passes=n_passes, identity=identity)
-            _publish(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            # removed unless published (an error, Ctrl-C: a cache there is unchanged)
+            with staged_temp_dir(path.parent, f".{path.name}.tmp-") as tmp:
+                arrays = _embed_all(tmp, model, make_iter, prep, embed or _default_embed,
+                                    n=n, n_passes=n_passes, progress=progress)
+                problem = value_problem(arrays)  # checked before it replaces anything
+                if problem:
+                    raise CacheError(f"Embedding cache not built at {str(path)!r}: the "
+                                     f"backbone's outputs are unusable ({problem}); a cache "
+                                     "there is unchanged")
+                _write_manifest(tmp, arrays, n=n, n_passes=n_passes, identity=identity)
+                _publish(tmp, path)
         finally:
             model.train(was_training)
         return cls(path, verify=False)
